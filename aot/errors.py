@@ -1,0 +1,70 @@
+"""The exception hierarchy: every error jax-aot raises on purpose is an AotError.
+
+Messages say what happened, quote the expected and the received values, and say
+what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class AotError(Exception):
+    """Base class of every error raised by jax-aot."""
+
+
+class SpecError(AotError, ValueError):
+    """A spec string or spec pytree could not be parsed."""
+
+
+class AvalMismatchError(AotError, TypeError):
+    """Inputs do not match the avals (shape, dtype, structure, sharding) compiled for."""
+
+    def __init__(self, message: str, mismatches: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.mismatches = mismatches
+
+
+class SignatureNotFoundError(AotError, LookupError):
+    """No stored executable matches the input signature of a call."""
+
+    def __init__(self, message: str, available: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.available = available
+
+
+class IncompatibleEnvironmentError(AotError):
+    """An artifact was built for another environment (jaxlib, devices, CPU, format)."""
+
+    def __init__(self, message: str, differences: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.differences = differences
+
+
+class CorruptArtifactError(AotError):
+    """Stored bytes do not match their digest, or a manifest cannot be read."""
+
+
+class UnsupportedComputationError(AotError):
+    """The function cannot be served from an artifact (host callbacks, effects, ...)."""
+
+
+class IntegrityError(AotError):
+    """A signature over a manifest is missing or does not verify."""
+
+
+class CacheError(AotError):
+    """The cache cannot do what was asked (unreachable index, bad location, ...)."""
+
+
+class ReadOnlyCacheError(CacheError, PermissionError):
+    """A write was attempted on a cache opened read-only."""
+
+
+class ArtifactNotFoundError(AotError, KeyError):
+    """No artifact with this key or name is stored."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ManifestError(AotError, ValueError):
+    """A warmup manifest (TOML) is malformed."""
