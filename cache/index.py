@@ -1,0 +1,897 @@
+"""The SQL index of the artifact cache: SQLAlchemy 2.0 typed models and :class:`Index`.
+
+One database holds everything the cache knows except the blob bytes (and, for a
+database blob store, those too, in ``blobs_data``):
+
+``programs``
+    one row per program fingerprint: the name and input signature it was first
+    stored under and the digest of its portable HLO (``jax.export`` bytes).
+``artifacts``
+    one row per (program fingerprint x environment fingerprint) = artifact key:
+    the JSON manifest, the executable and HLO digests, sizes, compile time,
+    created / last-used times, hit count, and a state (``ok`` / ``quarantined``).
+``blobs``
+    the blob reference table: every digest the index has registered, with its
+    uncompressed and stored size; reachability for ``gc`` is computed from the
+    digests that ``artifacts`` and ``programs`` rows reference.
+``blobs_data``
+    compressed blob bytes when the blobs live in the database
+    (:class:`aot.cache.blobs.DatabaseBlobStore`), so a PostgreSQL URL alone is a
+    complete shared cache.
+``schema_version``
+    a single row holding the schema version of the database.
+
+Schema versions and migrations
+------------------------------
+The schema carries a version (:data:`SCHEMA_VERSION`) and an ordered tuple of
+migration functions (:data:`MIGRATIONS`), rather than alembic, because:
+
+* jax-aot owns exactly one small table set, so a migration is a few DDL
+  statements; alembic would add a dependency, a migrations folder and an
+  ``alembic.ini`` to every installation for no gain;
+* migrations must run implicitly and safely when *any* process first opens a
+  cache (a CI job, a server fleet starting at once), not from an operator's
+  command line. :func:`ensure_schema` does that in one transaction under a lock:
+  ``pg_advisory_xact_lock`` on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite. The
+  version is re-read under the lock, so concurrent first opens create the tables
+  once and the losers see a finished schema. DDL is transactional on both
+  databases, so a failing migration leaves the previous version intact.
+
+A fresh database is created directly at the current version from the models; an
+older one is upgraded by running every migration whose version is newer than the
+stored one; a *newer* one is refused with a :class:`~aot.errors.CacheError`
+naming both versions (upgrade jax-aot).
+
+Changelog of :data:`SCHEMA_VERSION`:
+
+* 1 (initial): schema_version, programs, artifacts, blobs, blobs_data.
+
+Transactions are short, one per method call. On SQLite the pysqlite driver's own
+transaction handling is switched off and transactions are begun explicitly:
+``BEGIN IMMEDIATE`` for writes (so a writer waits on ``busy_timeout`` instead of
+failing on a read-to-write lock upgrade) and ``BEGIN`` for reads; WAL mode lets
+readers proceed while one process writes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import sqlalchemy as sa
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+    event,
+)
+from sqlalchemy import Index as SqlIndex
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection, Dialect, Engine, make_url
+from sqlalchemy.engine.url import URL
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.pool import StaticPool
+
+from aot.errors import AotError, CacheError, ReadOnlyCacheError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "MIGRATIONS",
+    "ARTIFACT_STATES",
+    "Migration",
+    "IndexEntry",
+    "BlobRow",
+    "Index",
+    "ensure_schema",
+    "mask_url",
+    "utcnow",
+]
+
+#: Version of the database schema this code writes. See the changelog above.
+SCHEMA_VERSION = 1
+
+#: Valid values of ``artifacts.state``.
+ARTIFACT_STATES = ("ok", "quarantined")
+
+#: SQLite waits this long for a lock held by another writer before failing.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+#: Arbitrary constant key of the PostgreSQL advisory lock taken while migrating.
+_PG_MIGRATION_LOCK_KEY = 0x6A61785F616F7431  # "jax_aot1"
+
+#: Rows per statement when deleting by a list of keys (SQLite variable limits).
+_CHUNK = 500
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC (the index stores nothing else)."""
+    return datetime.now(timezone.utc)
+
+
+def _as_utc(value: datetime, what: str) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError(f"{what} must be a timezone-aware datetime, got naive {value!r}")
+    return value.astimezone(timezone.utc)
+
+
+def mask_url(url: str | URL) -> str:
+    """``url`` with any password replaced by ``***`` (for messages and logs)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparsable URL has no password we can find
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(url))
+
+
+# --------------------------------------------------------------------------- models
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that is always timezone-aware UTC in Python.
+
+    PostgreSQL stores ``timestamptz``; SQLite has no time zones, so the value is
+    stored as naive UTC text (which sorts chronologically) and UTC is re-attached
+    on the way out.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = _as_utc(value, "a timestamp stored in the index")
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the index models (one MetaData for the whole schema)."""
+
+
+class SchemaVersionRow(Base):
+    __tablename__ = "schema_version"
+    __table_args__ = (CheckConstraint("id = 1", name="ck_schema_version_single_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ProgramRow(Base):
+    __tablename__ = "programs"
+
+    program_fp: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(512))
+    signature: Mapped[str] = mapped_column(Text)
+    hlo_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ArtifactRow(Base):
+    __tablename__ = "artifacts"
+    __table_args__ = (
+        SqlIndex("ix_artifacts_name_env_state", "name", "env_fp", "state"),
+        CheckConstraint("state IN ('ok', 'quarantined')", name="ck_artifacts_state"),
+    )
+
+    key: Mapped[str] = mapped_column(String(256), primary_key=True)
+    name: Mapped[str] = mapped_column(String(512), index=True)
+    program_fp: Mapped[str] = mapped_column(
+        String(128), ForeignKey("programs.program_fp"), index=True
+    )
+    env_fp: Mapped[str] = mapped_column(String(128), index=True)
+    signature: Mapped[str] = mapped_column(Text)
+    platform: Mapped[str] = mapped_column(String(64))
+    manifest: Mapped[str] = mapped_column(Text)
+    exe_digest: Mapped[str] = mapped_column(String(64))
+    hlo_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    raw_size: Mapped[int] = mapped_column(BigInteger)
+    stored_size: Mapped[int] = mapped_column(BigInteger)
+    compile_seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_used_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    hits: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16), default="ok")
+    state_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class BlobRefRow(Base):
+    __tablename__ = "blobs"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    stored_size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class BlobDataRow(Base):
+    """Compressed blob bytes, used by :class:`aot.cache.blobs.DatabaseBlobStore`."""
+
+    __tablename__ = "blobs_data"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+_ART = ArtifactRow.__table__
+_PROG = ProgramRow.__table__
+_BLOB = BlobRefRow.__table__
+_VER = SchemaVersionRow.__table__
+
+
+# --------------------------------------------------------------------- value objects
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One artifact row of the index (the manifest stays a JSON string)."""
+
+    key: str
+    name: str
+    program_fp: str
+    env_fp: str
+    signature: str
+    platform: str
+    manifest: str
+    exe_digest: str
+    hlo_digest: str | None
+    raw_size: int
+    stored_size: int
+    compile_seconds: float
+    created_at: datetime = field(default_factory=utcnow)
+    last_used_at: datetime = field(default_factory=utcnow)
+    hits: int = 0
+    state: str = "ok"
+    state_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.state not in ARTIFACT_STATES:
+            raise ValueError(f"state must be one of {ARTIFACT_STATES}, got {self.state!r}")
+        object.__setattr__(self, "created_at", _as_utc(self.created_at, "created_at"))
+        object.__setattr__(self, "last_used_at", _as_utc(self.last_used_at, "last_used_at"))
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "ok"
+
+    def manifest_dict(self) -> dict[str, Any]:
+        """The manifest parsed from JSON."""
+        parsed: dict[str, Any] = json.loads(self.manifest)
+        return parsed
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict; datetimes become ISO 8601 UTC strings."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.isoformat() if isinstance(value, datetime) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> IndexEntry:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored (forward compatibility)."""
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            if f.name in ("created_at", "last_used_at") and isinstance(value, str):
+                value = datetime.fromisoformat(value)
+                if value.tzinfo is None:
+                    value = value.replace(tzinfo=timezone.utc)
+            kwargs[f.name] = value
+        return cls(**kwargs)
+
+    def _row(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRow:
+    """One row of the blob reference table."""
+
+    digest: str
+    size: int
+    stored_size: int
+    created_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "digest": self.digest,
+            "size": self.size,
+            "stored_size": self.stored_size,
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+_ENTRY_COLUMNS = tuple(_ART.c[f.name] for f in fields(IndexEntry))
+
+
+def _entry(row: sa.Row[Any]) -> IndexEntry:
+    return IndexEntry(**row._mapping)
+
+
+# ------------------------------------------------------------------------ migrations
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """Upgrade a database from ``version - 1`` to ``version`` (runs inside the lock)."""
+
+    version: int
+    description: str
+    upgrade: Callable[[Connection], None]
+
+
+def _create_v1(conn: Connection) -> None:
+    Base.metadata.create_all(conn, checkfirst=True)
+
+
+#: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
+#: database is created from the models at the current version; migration 1 exists
+#: so that the list is complete and every version has a description.
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial schema: programs, artifacts, blobs, blobs_data", _create_v1),
+)
+
+
+def _jax_aot_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("jax-aot")
+    except Exception:  # noqa: BLE001 - only used in messages
+        return "unknown"
+
+
+def _read_version(conn: Connection) -> int:
+    if not sa.inspect(conn).has_table(_VER.name):
+        return 0
+    value = conn.execute(sa.select(_VER.c.version).where(_VER.c.id == 1)).scalar_one_or_none()
+    return int(value) if value is not None else 0
+
+
+def _too_new(url: str, found: int, supported: int) -> CacheError:
+    return CacheError(
+        f"the cache index at {url} has schema version {found}, but this jax-aot "
+        f"({_jax_aot_version()}) understands schema versions up to {supported}; "
+        f"upgrade jax-aot to use this cache (or use another cache location)"
+    )
+
+
+def ensure_schema(engine: Engine, *, read_only: bool = False) -> int:
+    """Create or migrate the schema of ``engine``'s database; return its version.
+
+    Safe to call concurrently from many processes (see the module docstring).
+    Read-only callers never write: they get a :class:`CacheError` if the database
+    is missing its schema or needs a migration.
+    """
+    target = SCHEMA_VERSION
+    migrations = MIGRATIONS
+    url = mask_url(engine.url)
+    with engine.connect() as conn:
+        with conn.begin():
+            found = _read_version(conn)
+        if found == target:
+            return found
+        if found > target:
+            raise _too_new(url, found, target)
+        if read_only:
+            if found == 0:
+                raise CacheError(
+                    f"no jax-aot cache index at {url} (opened read-only, so it was not "
+                    f"created); open it once without read_only or check the location"
+                )
+            raise CacheError(
+                f"the cache index at {url} has schema version {found} and this jax-aot "
+                f"needs {target}; it was opened read-only so it was not migrated: open "
+                f"it once read-write (any jax-aot command that writes) to upgrade it"
+            )
+        conn.execution_options(aot_write=True)
+        with conn.begin():
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK_KEY})
+            found = _read_version(conn)  # again, under the lock
+            if found > target:
+                raise _too_new(url, found, target)
+            if found == 0:
+                logger.info("creating the cache index schema v%d at %s", target, url)
+                Base.metadata.create_all(conn, checkfirst=True)
+                conn.execute(sa.insert(_VER).values(id=1, version=target, updated_at=utcnow()))
+            elif found < target:
+                for migration in migrations:
+                    if found < migration.version <= target:
+                        logger.info(
+                            "migrating the cache index at %s to schema v%d: %s",
+                            url,
+                            migration.version,
+                            migration.description,
+                        )
+                        migration.upgrade(conn)
+                conn.execute(
+                    sa.update(_VER).where(_VER.c.id == 1).values(version=target, updated_at=utcnow())
+                )
+            return target
+
+
+# -------------------------------------------------------------------------- engines
+
+
+def _sqlite_engine(url: URL, read_only: bool) -> Engine:
+    database = url.database
+    if not database or database == ":memory:":
+        engine = sa.create_engine(
+            url, poolclass=StaticPool, connect_args={"check_same_thread": False}
+        )
+    else:
+        if database.startswith("file:"):
+            raise CacheError(f"SQLite URI filenames are not supported as index URL: {url}")
+        path = Path(database).expanduser()
+        if read_only:
+            if not path.is_file():
+                raise CacheError(
+                    f"no jax-aot cache index at {path} (opened read-only, so it was not "
+                    f"created); check the cache location"
+                )
+            url = url.set(
+                database=f"file:{quote(path.resolve().as_posix())}",
+                query={"mode": "ro", "uri": "true"},
+            )
+        else:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise CacheError(
+                    f"cannot create the folder of the cache index {path}: {e.strerror or e}; "
+                    f"choose a writable cache location (AOT_CACHE)"
+                ) from e
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event below emit BEGIN instead of pysqlite.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cur.execute("PRAGMA foreign_keys = ON")
+            if not read_only:
+                cur.execute("PRAGMA journal_mode = WAL")
+                cur.execute("PRAGMA synchronous = NORMAL")
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get("aot_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def _make_engine(url: str | URL, read_only: bool) -> Engine:
+    try:
+        parsed = make_url(url)
+    except sa_exc.ArgumentError as e:
+        raise CacheError(
+            f"cannot parse the cache index URL {mask_url(url)!r}: {e}; expected e.g. "
+            f"sqlite:///path/index.sqlite or postgresql+psycopg://user@host/db"
+        ) from e
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(parsed, read_only)
+    if backend == "postgresql":
+        if parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        try:
+            return sa.create_engine(
+                parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10}
+            )
+        except ModuleNotFoundError as e:
+            raise CacheError(
+                f"the PostgreSQL driver for {mask_url(parsed)} is not installed ({e}); "
+                f"install it with: pip install 'jax-aot[postgres]'"
+            ) from e
+    raise CacheError(
+        f"unsupported cache index database {backend!r} in {mask_url(url)}: jax-aot "
+        f"supports SQLite (sqlite:///...) and PostgreSQL (postgresql+psycopg://...)"
+    )
+
+
+def _reason(e: BaseException) -> str:
+    orig = getattr(e, "orig", None)
+    text = str(orig if orig is not None else e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _insert_ignore(conn: Connection, table: sa.Table) -> Any:
+    """INSERT ... ON CONFLICT DO NOTHING for the connection's dialect."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table)
+
+
+def _like_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def glob_to_like(pattern: str) -> str:
+    """Translate an fnmatch glob into a LIKE pattern (escape character ``\\``).
+
+    ``*`` -> ``%``, ``?`` -> ``_``, ``[...]`` -> ``_`` (a superset: callers
+    post-filter with :func:`fnmatch.fnmatchcase`), literal ``%``/``_``/``\\``
+    are escaped.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "*":
+            out.append("%")
+        elif ch == "?":
+            out.append("_")
+        elif ch == "[":
+            end = pattern.find("]", i + 2 if pattern[i + 1 : i + 2] in ("!", "]") else i + 1)
+            if end == -1:
+                out.append(_like_escape(ch))
+            else:
+                out.append("_")
+                i = end
+        else:
+            out.append(_like_escape(ch))
+        i += 1
+    return "".join(out)
+
+
+# ----------------------------------------------------------------------------- Index
+
+
+class Index:
+    """The SQL index of a cache: SQLite (default) or PostgreSQL (shared)."""
+
+    def __init__(self, url: str | URL, *, read_only: bool = False) -> None:
+        self.read_only = read_only
+        self.url = mask_url(url)
+        self._engine = _make_engine(url, read_only)
+        try:
+            self._version = ensure_schema(self._engine, read_only=read_only)
+        except AotError:
+            self._engine.dispose()
+            raise
+        except (sa_exc.SQLAlchemyError, OSError) as e:
+            self._engine.dispose()
+            raise CacheError(
+                f"cannot open the cache index at {self.url}: {_reason(e)}; check that the "
+                f"database is reachable and that the URL, user and password are right"
+            ) from e
+        logger.debug("opened cache index %s (schema v%d, read_only=%s)", self.url, self._version, read_only)
+
+    @classmethod
+    def for_folder(cls, path: str | Path, *, read_only: bool = False) -> Index:
+        """The SQLite index of a folder cache: ``path/index.sqlite``."""
+        db = Path(path).expanduser() / "index.sqlite"
+        return cls(URL.create("sqlite", database=str(db)), read_only=read_only)
+
+    # -- plumbing -----------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine (shared with :class:`~aot.cache.blobs.DatabaseBlobStore`)."""
+        return self._engine
+
+    @property
+    def dialect(self) -> str:
+        return self._engine.dialect.name
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Index({self.url!r}, read_only={self.read_only})"
+
+    def _fail(self, what: str, e: BaseException) -> CacheError:
+        return CacheError(f"{what} failed on the cache index at {self.url}: {_reason(e)}")
+
+    @contextmanager
+    def _read(self, what: str) -> Iterator[Connection]:
+        try:
+            with self._engine.connect() as conn, conn.begin():
+                yield conn
+        except sa_exc.SQLAlchemyError as e:
+            raise self._fail(what, e) from e
+
+    @contextmanager
+    def _write(self, what: str) -> Iterator[Connection]:
+        if self.read_only:
+            raise ReadOnlyCacheError(
+                f"cannot {what}: the cache index at {self.url} was opened read-only; "
+                f"open the cache without read_only=True to modify it"
+            )
+        try:
+            with self._engine.connect() as conn:
+                conn.execution_options(aot_write=True)
+                with conn.begin():
+                    yield conn
+        except sa_exc.SQLAlchemyError as e:
+            raise self._fail(what, e) from e
+
+    def schema_version(self) -> int:
+        """The schema version recorded in the database."""
+        with self._read("read the schema version") as conn:
+            return _read_version(conn)
+
+    # -- writes -------------------------------------------------------------------
+
+    def add(self, entry: IndexEntry, *, blob_sizes: Mapping[str, tuple[int, int]]) -> bool:
+        """Record an artifact: blob rows, its program row and its artifact row, atomically.
+
+        ``blob_sizes`` maps each digest the entry uses to ``(size, stored_size)``;
+        call this only after the blobs are durable in the blob store. Returns True
+        if the row was inserted, False if an artifact with this key already exists
+        (concurrent adders of one key all succeed; one row is kept). A
+        ``quarantined`` row with the same key is replaced (healing) -> True.
+        """
+        row = entry._row()
+        now = entry.created_at
+        with self._write(f"add artifact {entry.key}") as conn:
+            if blob_sizes:
+                conn.execute(
+                    _insert_ignore(conn, _BLOB).on_conflict_do_nothing(),
+                    [
+                        {"digest": d, "size": int(s), "stored_size": int(st), "created_at": now}
+                        for d, (s, st) in sorted(blob_sizes.items())
+                    ],
+                )
+            prog = _insert_ignore(conn, _PROG).values(
+                program_fp=entry.program_fp,
+                name=entry.name,
+                signature=entry.signature,
+                hlo_digest=entry.hlo_digest,
+                created_at=now,
+            )
+            conn.execute(
+                prog.on_conflict_do_update(
+                    index_elements=[_PROG.c.program_fp],
+                    set_={"hlo_digest": sa.func.coalesce(_PROG.c.hlo_digest, prog.excluded.hlo_digest)},
+                )
+            )
+            inserted = conn.execute(
+                _insert_ignore(conn, _ART).values(**row).on_conflict_do_nothing()
+            ).rowcount
+            if inserted == 1:
+                logger.debug("index: added %s (%s)", entry.key, entry.name)
+                return True
+            state = conn.execute(
+                sa.select(_ART.c.state).where(_ART.c.key == entry.key)
+            ).scalar_one_or_none()
+            if state == "quarantined":
+                conn.execute(sa.update(_ART).where(_ART.c.key == entry.key).values(**row))
+                logger.info("index: replaced quarantined artifact %s (%s)", entry.key, entry.name)
+                return True
+            logger.debug("index: %s already present", entry.key)
+            return False
+
+    def touch(self, key: str, *, when: datetime | None = None) -> None:
+        """Record a use: ``last_used_at = when or now``, ``hits += 1``.
+
+        Never fails a load: on a read-only index it does nothing, and a database
+        error is logged, not raised.
+        """
+        if self.read_only:
+            logger.debug("index: not touching %s: read-only", key)
+            return
+        when = _as_utc(when, "when") if when is not None else utcnow()
+        try:
+            with self._write(f"touch {key}") as conn:
+                conn.execute(
+                    sa.update(_ART)
+                    .where(_ART.c.key == key)
+                    .values(last_used_at=when, hits=_ART.c.hits + 1)
+                )
+        except CacheError as e:
+            logger.warning("index: could not record the use of %s: %s", key, e)
+
+    def quarantine(self, key: str, reason: str) -> bool:
+        """Mark an artifact unusable (bad digest, undeserializable ...). True if it exists."""
+        with self._write(f"quarantine {key}") as conn:
+            n = conn.execute(
+                sa.update(_ART).where(_ART.c.key == key).values(state="quarantined", state_reason=reason)
+            ).rowcount
+        if n:
+            logger.warning("index: quarantined %s: %s", key, reason)
+        return bool(n)
+
+    def delete(self, keys: Iterable[str], *, keep_programs: bool = False) -> int:
+        """Delete artifact rows; return how many existed.
+
+        Programs rows left without any artifact are deleted too (unless
+        ``keep_programs``), so their portable-HLO blob becomes unreferenced and
+        ``gc`` can free it: deleting every artifact of a program deletes the
+        program. Blob rows are not touched (see :meth:`delete_blob_rows`).
+        """
+        keys = sorted(set(keys))
+        if not keys:
+            return 0
+        deleted = 0
+        with self._write("delete artifacts") as conn:
+            programs: set[str] = set()
+            for i in range(0, len(keys), _CHUNK):
+                chunk = keys[i : i + _CHUNK]
+                programs.update(
+                    conn.execute(
+                        sa.select(_ART.c.program_fp).where(_ART.c.key.in_(chunk)).distinct()
+                    ).scalars()
+                )
+                deleted += conn.execute(sa.delete(_ART).where(_ART.c.key.in_(chunk))).rowcount
+            if not keep_programs and programs:
+                still_used = sa.select(_ART.c.program_fp).where(_ART.c.program_fp == _PROG.c.program_fp)
+                progs = sorted(programs)
+                for i in range(0, len(progs), _CHUNK):
+                    conn.execute(
+                        sa.delete(_PROG).where(
+                            _PROG.c.program_fp.in_(progs[i : i + _CHUNK]), ~still_used.exists()
+                        )
+                    )
+        logger.debug("index: deleted %d artifact rows", deleted)
+        return deleted
+
+    def delete_blob_rows(self, digests: Iterable[str]) -> int:
+        """Delete rows of the blob reference table; return how many existed."""
+        digests = sorted(set(digests))
+        n = 0
+        if not digests:
+            return 0
+        with self._write("delete blob rows") as conn:
+            for i in range(0, len(digests), _CHUNK):
+                n += conn.execute(
+                    sa.delete(_BLOB).where(_BLOB.c.digest.in_(digests[i : i + _CHUNK]))
+                ).rowcount
+        return n
+
+    # -- reads --------------------------------------------------------------------
+
+    def get(self, key: str) -> IndexEntry | None:
+        with self._read(f"get {key}") as conn:
+            row = conn.execute(sa.select(*_ENTRY_COLUMNS).where(_ART.c.key == key)).first()
+        return _entry(row) if row is not None else None
+
+    def by_name(
+        self, name: str, env_fp: str | None = None, state: str | None = "ok"
+    ) -> list[IndexEntry]:
+        """Artifacts stored under ``name`` (for one environment; ``state=None``: any)."""
+        q = sa.select(*_ENTRY_COLUMNS).where(_ART.c.name == name)
+        if env_fp is not None:
+            q = q.where(_ART.c.env_fp == env_fp)
+        if state is not None:
+            q = q.where(_ART.c.state == state)
+        q = q.order_by(_ART.c.created_at, _ART.c.key)
+        with self._read(f"look up {name}") as conn:
+            return [_entry(r) for r in conn.execute(q)]
+
+    def by_program(self, program_fp: str) -> list[IndexEntry]:
+        """Every artifact of one program (all environments and states)."""
+        q = (
+            sa.select(*_ENTRY_COLUMNS)
+            .where(_ART.c.program_fp == program_fp)
+            .order_by(_ART.c.created_at, _ART.c.key)
+        )
+        with self._read(f"look up program {program_fp}") as conn:
+            return [_entry(r) for r in conn.execute(q)]
+
+    def entries(self, name_glob: str | None = None) -> list[IndexEntry]:
+        """All artifacts, or those whose name matches an fnmatch glob (case-sensitive)."""
+        q = sa.select(*_ENTRY_COLUMNS)
+        if name_glob is not None and name_glob != "*":
+            q = q.where(_ART.c.name.like(glob_to_like(name_glob), escape="\\"))
+        q = q.order_by(_ART.c.name, _ART.c.created_at, _ART.c.key)
+        with self._read("list artifacts") as conn:
+            out = [_entry(r) for r in conn.execute(q)]
+        if name_glob is not None and name_glob != "*":
+            # LIKE is case-insensitive on SQLite and has no [...] classes.
+            out = [e for e in out if fnmatch.fnmatchcase(e.name, name_glob)]
+        return out
+
+    def count(self) -> int:
+        with self._read("count artifacts") as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(_ART)).scalar_one())
+
+    def program(self, program_fp: str) -> dict[str, Any] | None:
+        """The programs row as a dict (name, signature, hlo_digest, created_at)."""
+        with self._read(f"look up program {program_fp}") as conn:
+            row = conn.execute(sa.select(_PROG).where(_PROG.c.program_fp == program_fp)).first()
+        return dict(row._mapping) if row is not None else None
+
+    def find_key_prefix(self, prefix: str, *, limit: int | None = None) -> list[str]:
+        """Keys starting with ``prefix`` (for abbreviated keys on the command line)."""
+        q = (
+            sa.select(_ART.c.key)
+            .where(_ART.c.key.like(_like_escape(prefix) + "%", escape="\\"))
+            .order_by(_ART.c.key)
+        )
+        if limit is not None:
+            q = q.limit(limit)
+        with self._read("look up a key prefix") as conn:
+            keys = list(conn.execute(q).scalars())
+        return [k for k in keys if k.startswith(prefix)]  # SQLite LIKE ignores case
+
+    def referenced_digests(self) -> set[str]:
+        """Every blob digest that an artifact or program row references."""
+        q = sa.union(
+            sa.select(_ART.c.exe_digest.label("d")),
+            sa.select(_ART.c.hlo_digest.label("d")).where(_ART.c.hlo_digest.is_not(None)),
+            sa.select(_PROG.c.hlo_digest.label("d")).where(_PROG.c.hlo_digest.is_not(None)),
+        )
+        with self._read("list referenced blobs") as conn:
+            return {d for d in conn.execute(q).scalars() if d is not None}
+
+    def blob_rows(self) -> list[BlobRow]:
+        with self._read("list blob rows") as conn:
+            rows = conn.execute(sa.select(_BLOB).order_by(_BLOB.c.digest)).all()
+        return [BlobRow(**r._mapping) for r in rows]
+
+    def total_stored_size(self) -> int:
+        """Bytes the registered blobs occupy in the blob store (each digest once)."""
+        with self._read("sum blob sizes") as conn:
+            return int(
+                conn.execute(sa.select(sa.func.coalesce(sa.func.sum(_BLOB.c.stored_size), 0))).scalar_one()
+            )
+
+    def bulk_insert(self, entries: Sequence[IndexEntry]) -> None:
+        """Insert many new artifact (and program) rows at once; for benchmarks and imports.
+
+        Unlike :meth:`add` this does not register blobs nor tolerate existing keys.
+        """
+        with self._write("bulk insert") as conn:
+            progs: dict[str, dict[str, Any]] = {}
+            for e in entries:
+                progs.setdefault(
+                    e.program_fp,
+                    {
+                        "program_fp": e.program_fp,
+                        "name": e.name,
+                        "signature": e.signature,
+                        "hlo_digest": e.hlo_digest,
+                        "created_at": e.created_at,
+                    },
+                )
+            if progs:
+                conn.execute(_insert_ignore(conn, _PROG).on_conflict_do_nothing(), list(progs.values()))
+            if entries:
+                conn.execute(sa.insert(_ART), [e._row() for e in entries])
