@@ -1,0 +1,225 @@
+"""MeshComputation and PmapComputation: lowered, fingerprinted, compilable programs."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from functools import cached_property
+from typing import Any
+
+import jax
+import numpy as np
+from jax.tree_util import PyTreeDef
+
+from aot import treedef as treedefs
+from aot.errors import UnsupportedComputationError
+from aot.executable import ArgAval, ExecutableInfo, MeshExecutable, arg_paths, executable_class
+from aot.fingerprint import (
+    Fingerprint,
+    canonical_json,
+    combined_key,
+    environment_fingerprint,
+    program_fingerprint,
+    sha256_hex,
+)
+from aot.shardings import sharding_to_json
+from aot.specs import format_aval
+
+log = logging.getLogger(__name__)
+
+
+class MeshComputation:
+    """A function lowered with ``jax.jit`` against explicit avals (optionally on a mesh)."""
+
+    kind = "jit"
+
+    def __init__(
+        self,
+        name: str,
+        lowered: jax.stages.Lowered,
+        *,
+        arg_names: Sequence[str],
+        export: Callable[[Sequence[Any], Sequence[Any]], bytes],
+        options: dict[str, Any],
+    ) -> None:
+        self.name = name
+        self.lowered = lowered
+        self.arg_names = tuple(arg_names)
+        self._export = export
+        self._options = options
+        self._compile_args = lowered._lowering.compile_args
+
+    # -- structure
+    @property
+    def in_tree(self) -> PyTreeDef:
+        return self.lowered.in_tree
+
+    @property
+    def out_tree(self) -> PyTreeDef:
+        return self.lowered.out_tree
+
+    @cached_property
+    def _args_info(self) -> list[Any]:
+        return jax.tree_util.tree_leaves(
+            self.lowered.args_info, is_leaf=lambda x: isinstance(x, jax.stages.ArgInfo)
+        )
+
+    @property
+    def in_avals(self) -> tuple[jax.ShapeDtypeStruct, ...]:
+        """Global avals of every flat input, dead ones included."""
+        return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self._args_info)
+
+    @property
+    def out_avals(self) -> tuple[jax.ShapeDtypeStruct, ...]:
+        return tuple(
+            jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self._compile_args["global_out_avals"]
+        )
+
+    @property
+    def donated(self) -> tuple[bool, ...]:
+        return tuple(bool(a.donated) for a in self._args_info)
+
+    @property
+    def kept(self) -> frozenset[int]:
+        """Indices of the flat inputs the program uses (jit drops the others)."""
+        return frozenset(int(i) for i in self._compile_args["kept_var_idx"])
+
+    @property
+    def in_shardings(self) -> tuple[Any, ...]:
+        """Shardings of the kept inputs as lowered (may be unspecified before compile)."""
+        return tuple(self._compile_args["in_shardings"])
+
+    @property
+    def out_shardings(self) -> tuple[Any, ...]:
+        return tuple(self._compile_args["out_shardings"])
+
+    @property
+    def devices(self) -> tuple[Any, ...]:
+        return tuple(self.lowered._lowering._device_list)
+
+    @property
+    def signature(self) -> str:
+        return ", ".join(format_aval(a.shape, a.dtype) for a in self.in_avals)
+
+    def as_text(self, *, debug_info: bool = False) -> str:
+        """The StableHLO module as text."""
+        return self.lowered.as_text(debug_info=debug_info)
+
+    # -- fingerprints
+    @cached_property
+    def program_fingerprint(self) -> Fingerprint:
+        def shardings(items: Sequence[Any], avals: Sequence[Any]) -> str:
+            return canonical_json(
+                [_sharding_data(s, len(a.shape)) for s, a in zip(items, avals)]
+            )
+
+        kept_avals = self._compile_args["global_in_avals"]
+        parts = {
+            "kind": self.kind,
+            "stablehlo": "sha256:" + sha256_hex(self.as_text(debug_info=False)),
+            "in_tree": "sha256:" + sha256_hex(treedefs.canonical(self.in_tree)),
+            "out_tree": "sha256:" + sha256_hex(treedefs.canonical(self.out_tree)),
+            "in_avals": self.signature,
+            "in_shardings": shardings(self.in_shardings, kept_avals),
+            "out_shardings": shardings(self.out_shardings, self._compile_args["global_out_avals"]),
+            "donated": canonical_json([i for i, d in enumerate(self.donated) if d]),
+            "kept_args": canonical_json(sorted(self.kept)),
+            "devices": canonical_json([int(d.id) for d in self.devices]),
+            "compile_options": canonical_json(self._options.get("compiler_options") or {}),
+            "x64": str(bool(jax.config.jax_enable_x64)).lower(),
+        }
+        return program_fingerprint(parts)
+
+    @cached_property
+    def environment_fingerprint(self) -> Fingerprint:
+        return environment_fingerprint()
+
+    @property
+    def fingerprint(self) -> str:
+        """The artifact key: program and environment together."""
+        return combined_key(self.program_fingerprint, self.environment_fingerprint)
+
+    key = fingerprint
+
+    # -- compiling
+    def portable_hlo(self, executable: MeshExecutable | None = None) -> bytes:
+        """The program serialized with ``jax.export`` (portable StableHLO, flat avals).
+
+        With ``executable``, its final input and output shardings are exported;
+        otherwise the program is compiled first to learn them.
+        """
+        executable = executable or self.compile()
+        kept = iter(executable.info.in_shardings)
+        in_shardings = [next(kept) if a.kept else None for a in executable.info.args]
+        return self._export(in_shardings, executable.info.out_shardings)
+
+    def compile(self) -> MeshExecutable:
+        start = time.perf_counter()
+        compiler_options = self._options.get("compiler_options")
+        compiled = self.lowered.compile(compiler_options) if compiler_options else self.lowered.compile()
+        seconds = time.perf_counter() - start
+        unloaded = getattr(compiled._executable, "_unloaded_executable", None)
+        if unloaded is None or unloaded.host_callbacks:
+            raise UnsupportedComputationError(
+                f"{self.name}: the compiled program calls back into Python on the host, "
+                "which cannot be served from an artifact; remove jax.debug.print / "
+                "pure_callback / io_callback from the function"
+            )
+        if compiled._params.const_args:
+            raise UnsupportedComputationError(
+                f"{self.name}: the program takes {len(compiled._params.const_args)} "
+                "hoisted constant arguments, which artifacts cannot store yet; pass the "
+                "constants as arguments instead"
+            )
+        log.info("compiled %s (%s) in %.2fs", self.name, self.signature, seconds)
+        info = executable_info(self, compiled, seconds)
+        return executable_class(self.kind)(compiled, info)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, ({self.signature}))"
+
+
+class PmapComputation(MeshComputation):
+    """A function lowered with ``jax.pmap`` (as ``jax.jit(jax.pmap(f))``)."""
+
+    kind = "pmap"
+
+
+def _sharding_data(sharding: Any, ndim: int) -> Any:
+    try:
+        return sharding_to_json(sharding, ndim)
+    except Exception:  # noqa: BLE001 - unspecified shardings before compile
+        return repr(sharding)
+
+
+def executable_info(
+    computation: MeshComputation, compiled: jax.stages.Compiled, seconds: float
+) -> ExecutableInfo:
+    unloaded = compiled._executable._unloaded_executable
+    paths = arg_paths(computation.in_tree, computation.arg_names)
+    kept = computation.kept
+    args = tuple(
+        ArgAval(path, tuple(a.shape), np.dtype(a.dtype), donated, i in kept)
+        for i, (path, a, donated) in enumerate(
+            zip(paths, computation.in_avals, computation.donated)
+        )
+    )
+    out_avals = tuple(
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+        for a, s in zip(unloaded.output_avals, unloaded.output_shardings)
+    )
+    return ExecutableInfo(
+        name=computation.name,
+        kind=computation.kind,
+        in_tree=computation.in_tree,
+        out_tree=computation.out_tree,
+        args=args,
+        out_avals=out_avals,
+        in_shardings=tuple(unloaded.input_shardings),
+        out_shardings=tuple(unloaded.output_shardings),
+        device_ids=tuple(int(d.id) for d in unloaded.device_list),
+        program_fingerprint=computation.program_fingerprint,
+        environment_fingerprint=computation.environment_fingerprint,
+        compile_seconds=seconds,
+    )

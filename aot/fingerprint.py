@@ -1,0 +1,183 @@
+"""Program and environment fingerprints, built from named parts.
+
+Each part is a short, human-readable value (a version, a count, a list of flags) or,
+for large inputs such as the StableHLO text, a sha256 of it. A fingerprint's digest is
+the sha256 of its canonical JSON, so two fingerprints can be compared part by part to
+say *why* they differ (``aot why``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import jax
+import jaxlib
+
+# XLA flags that never change the compiled code; the device-count flag is already
+# covered by the `device_count` part.
+_IGNORED_XLA_FLAGS = ("--xla_force_host_platform_device_count",)
+
+
+def sha256_hex(data: bytes | str) -> str:
+    if isinstance(data, str):
+        data = data.encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+@dataclass(frozen=True, slots=True)
+class PartDifference:
+    """One named part that differs between two fingerprints."""
+
+    part: str
+    expected: str | None
+    actual: str | None
+
+    def describe(self) -> str:
+        expected, actual = self.expected, self.actual
+        if self.part == "cpu_isa" and expected is not None and actual is not None:
+            missing = sorted(set(expected.split()) - set(actual.split()))
+            extra = sorted(set(actual.split()) - set(expected.split()))
+            return (
+                f"cpu_isa: stored artifact needs {missing or 'nothing more'}, "
+                f"this CPU adds {extra or 'nothing'}"
+            )
+        return f"{self.part} {_short(expected)} != {_short(actual)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"part": self.part, "expected": self.expected, "actual": self.actual}
+
+
+def _short(value: str | None, limit: int = 80) -> str:
+    if value is None:
+        return "(absent)"
+    return value if len(value) <= limit else value[: limit - 3] + "..."
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """A named set of parts and the sha256 over them."""
+
+    kind: str
+    parts: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, kind: str, parts: Mapping[str, str]) -> Fingerprint:
+        return cls(kind, tuple(sorted((str(k), str(v)) for k, v in parts.items())))
+
+    @property
+    def digest(self) -> str:
+        return sha256_hex(canonical_json({"kind": self.kind, "parts": dict(self.parts)}))
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.parts)
+
+    def diff(self, actual: Fingerprint) -> tuple[PartDifference, ...]:
+        """Parts of ``self`` (expected) that differ in ``actual``."""
+        mine, theirs = self.as_dict(), actual.as_dict()
+        return tuple(
+            PartDifference(name, mine.get(name), theirs.get(name))
+            for name in sorted(set(mine) | set(theirs))
+            if mine.get(name) != theirs.get(name)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "digest": self.digest, "parts": self.as_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Fingerprint:
+        return cls.of(str(data["kind"]), dict(data["parts"]))
+
+
+def combined_key(program: Fingerprint, environment: Fingerprint) -> str:
+    """The artifact key: one digest over both fingerprints."""
+    return sha256_hex(f"{program.digest}:{environment.digest}")
+
+
+# ---------------------------------------------------------------- environment
+
+
+@lru_cache(maxsize=1)
+def cpu_isa_features() -> str:
+    """The host CPU's ISA feature flags, sorted; XLA's CPU backend compiles for them."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return " ".join(sorted(set(value.split())))
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}".strip()
+
+
+def relevant_xla_flags(flags: str | None = None) -> str:
+    flags = os.environ.get("XLA_FLAGS", "") if flags is None else flags
+    kept = [
+        f for f in flags.split() if not any(f.startswith(p) for p in _IGNORED_XLA_FLAGS)
+    ]
+    return " ".join(sorted(kept))
+
+
+def _topology(devices: Sequence[Any]) -> str:
+    parts = []
+    for d in devices:
+        coords = getattr(d, "coords", None)
+        core = getattr(d, "core_on_chip", None)
+        extra = f"@{tuple(coords)}" if coords is not None else ""
+        extra += f"/{core}" if core is not None else ""
+        parts.append(f"{d.id}{extra}")
+    text = ",".join(parts)
+    return text if len(text) <= 200 else "sha256:" + sha256_hex(text)
+
+
+def environment_parts(backend: str | None = None) -> dict[str, str]:
+    """The parts of the environment that decide whether an executable can run here."""
+    devices = jax.devices(backend)
+    first = devices[0]
+    client = first.client
+    parts = {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "platform": first.platform,
+        "platform_version": str(client.platform_version),
+        "device_kind": first.device_kind,
+        "device_count": str(len(devices)),
+        "process_count": str(jax.process_count()),
+        "topology": _topology(devices),
+        "x64": str(bool(jax.config.jax_enable_x64)).lower(),
+        "xla_flags": relevant_xla_flags(),
+    }
+    if first.platform == "cpu":
+        parts["cpu_isa"] = cpu_isa_features()
+    return parts
+
+
+def environment_fingerprint(backend: str | None = None) -> Fingerprint:
+    return Fingerprint.of("environment", environment_parts(backend))
+
+
+def program_fingerprint(parts: Mapping[str, str]) -> Fingerprint:
+    return Fingerprint.of("program", parts)
+
+
+def describe_differences(diffs: Iterable[PartDifference]) -> str:
+    return "; ".join(d.describe() for d in diffs)
+
+
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def is_digest(text: str) -> bool:
+    return bool(_HEX.match(text))

@@ -1,0 +1,297 @@
+"""lower() and lower_pmap(): trace a function against explicit avals."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
+
+from aot.computation import MeshComputation, PmapComputation
+from aot.errors import SpecError, UnsupportedComputationError
+from aot.specs import parse_partition_spec, spec
+
+log = logging.getLogger(__name__)
+
+# Primitives that call back into the Python host process: an artifact loaded without
+# the model's code has nothing to call.
+_HOST_CALLBACK_PRIMITIVES = {
+    "debug_callback": "jax.debug.callback / jax.debug.print",
+    "debug_print": "jax.debug.print",
+    "pure_callback": "jax.pure_callback",
+    "io_callback": "jax.experimental.io_callback",
+    "callback": "a host callback",
+    "outside_call": "a host callback",
+}
+
+
+def default_name(fn: Callable[..., Any]) -> str:
+    target = inspect.unwrap(fn) if callable(fn) else fn
+    module = getattr(target, "__module__", None) or "__main__"
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if qualname is None:
+        qualname = type(target).__name__
+    return f"{module}.{qualname}"
+
+
+def _as_tuple(value: int | Iterable[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(value)
+
+
+def _as_name_tuple(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value)
+
+
+def _positional_names(fn: Callable[..., Any], count: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return [f"args[{i}]" for i in range(count)]
+    names: list[str] = []
+    for i in range(count):
+        if i < len(params) and params[i].kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            names.append(params[i].name)
+        else:
+            names.append(f"args[{i}]")
+    return names
+
+
+def _resolve_sharding(item: Any, mesh: Mesh | None) -> Any:
+    if item is None or isinstance(item, Sharding):
+        return item
+    if isinstance(item, str):
+        item = parse_partition_spec(item)
+    if isinstance(item, PartitionSpec):
+        if mesh is None:
+            raise SpecError(
+                f"sharding {item} is a PartitionSpec but no mesh was given; pass mesh="
+            )
+        return NamedSharding(mesh, item)
+    raise SpecError(
+        f"cannot use {item!r} as a sharding; expected a PartitionSpec, a Sharding, "
+        "a string like 'data,None', or None"
+    )
+
+
+def _resolve_shardings(tree: Any, mesh: Mesh | None) -> Any:
+    if tree is None:
+        return None
+    return jax.tree_util.tree_map(
+        lambda s: _resolve_sharding(s, mesh),
+        tree,
+        is_leaf=lambda x: isinstance(x, (str, PartitionSpec, Sharding)) or x is None,
+    )
+
+
+def _check_servable(name: str, jaxpr: Any) -> None:
+    """Refuses host callbacks, ordered effects and closed-over refs at lowering time."""
+    for eqn in _all_eqns(jaxpr.jaxpr):
+        what = _HOST_CALLBACK_PRIMITIVES.get(eqn.primitive.name)
+        if what is not None:
+            raise UnsupportedComputationError(
+                f"{name}: uses primitive {eqn.primitive.name!r} ({what}), which calls back "
+                "into the Python host; an artifact cannot be served without the model's "
+                "code. Remove it (or guard it behind a flag) before compiling ahead of time."
+            )
+    for const in getattr(jaxpr, "consts", ()):
+        if "Ref" in type(const).__name__ or "MutableArray" in type(const).__name__:
+            raise UnsupportedComputationError(
+                f"{name}: closes over a mutable array ref ({type(const).__name__}); pass "
+                "its value as an argument instead"
+            )
+    effects = [e for e in jaxpr.effects]
+    if effects:
+        raise UnsupportedComputationError(
+            f"{name}: has side effects {sorted(map(str, effects))} that an artifact cannot "
+            "replay; remove ordered effects and callbacks before compiling ahead of time"
+        )
+
+
+def _all_eqns(jaxpr: Any) -> Iterable[Any]:
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jax.core.subjaxprs(eqn.params) if hasattr(jax.core, "subjaxprs") else _subjaxprs(eqn.params):
+            yield from _all_eqns(sub)
+
+
+def _subjaxprs(params: dict[str, Any]) -> Iterable[Any]:
+    for value in params.values():
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        for item in items:
+            inner = getattr(item, "jaxpr", None)
+            if inner is not None and hasattr(inner, "eqns"):
+                yield inner
+            elif hasattr(item, "eqns"):
+                yield item
+
+
+def _specs_for(args: Sequence[Any], static: set[int], mesh: Mesh | None) -> list[Any]:
+    return [a if i in static else spec(a, mesh=mesh) for i, a in enumerate(args)]
+
+
+def _export_flat(
+    jitted: Any,
+    in_tree: Any,
+    arg_specs: list[Any],
+    kwarg_specs: dict[str, Any],
+    static_nums: set[int],
+    static_names: set[str],
+    mesh: Mesh | None,
+    in_shardings: Sequence[Any],
+    out_shardings: Sequence[Any],
+) -> bytes:
+    """Exports the program with flat inputs and outputs.
+
+    The manifest records the pytree structure itself, so the portable HLO needs no
+    pytree registrations (jax.export cannot serialize namedtuples or custom nodes
+    unless they are registered in both processes).
+    """
+    dynamic_args = [i for i in range(len(arg_specs)) if i not in static_nums]
+    static_args = {i: arg_specs[i] for i in static_nums}
+    dynamic_kwargs = [k for k in kwarg_specs if k not in static_names]
+    static_kwargs = {k: kwarg_specs[k] for k in static_names if k in kwarg_specs}
+
+    def flat_fn(*leaves: Any) -> tuple[Any, ...]:
+        args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
+        full = dict(static_args)
+        full.update(zip(dynamic_args, args))
+        out = jitted(*(full[i] for i in range(len(arg_specs))), **kwargs, **static_kwargs)
+        return tuple(jax.tree_util.tree_leaves(out))
+
+    leaves = jax.tree_util.tree_leaves(
+        ([arg_specs[i] for i in dynamic_args], {k: kwarg_specs[k] for k in dynamic_kwargs})
+    )
+    specs = [
+        jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+        for leaf, sharding in zip(leaves, in_shardings)
+    ]
+    flat_jit = jax.jit(flat_fn, out_shardings=tuple(out_shardings))
+    with jax.set_mesh(mesh) if mesh is not None else _nullcontext():
+        exported = jax.export.export(flat_jit)(*specs)
+    return bytes(exported.serialize())
+
+
+def lower(
+    fn: Callable[..., Any],
+    *args: Any,
+    name: str | None = None,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    donate_argnums: int | Sequence[int] = (),
+    mesh: Mesh | None = None,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
+    compiler_options: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> MeshComputation:
+    """Traces and lowers ``fn`` with ``jax.jit`` against explicit avals.
+
+    ``args`` and ``kwargs`` are spec strings (``"f32[8,128]"``), ``ShapeDtypeStruct``s,
+    arrays or pytrees of them; static arguments are passed as their values.
+    """
+    name = name or default_name(fn)
+    static_nums = {i if i >= 0 else len(args) + i for i in _as_tuple(static_argnums)}
+    static_names = set(_as_name_tuple(static_argnames))
+    arg_specs = _specs_for(args, static_nums, mesh)
+    kwarg_specs = {k: v if k in static_names else spec(v, mesh=mesh) for k, v in kwargs.items()}
+    jitted = jax.jit(
+        fn,
+        static_argnums=tuple(sorted(static_nums)),
+        static_argnames=tuple(sorted(static_names)),
+        donate_argnums=_as_tuple(donate_argnums),
+        in_shardings=_resolve_shardings(in_shardings, mesh),
+        out_shardings=_resolve_shardings(out_shardings, mesh),
+    )
+    arg_names = [n for i, n in enumerate(_positional_names(fn, len(args))) if i not in static_nums]
+    return _trace_and_lower(
+        MeshComputation, name, jitted, arg_specs, kwarg_specs, static_nums, static_names,
+        mesh, arg_names, {"compiler_options": compiler_options},
+    )
+
+
+def lower_pmap(
+    fn: Callable[..., Any],
+    *args: Any,
+    axis_name: str | None = None,
+    in_axes: Any = 0,
+    out_axes: Any = 0,
+    static_broadcasted_argnums: int | Sequence[int] = (),
+    donate_argnums: int | Sequence[int] = (),
+    devices: Sequence[Any] | None = None,
+    name: str | None = None,
+    compiler_options: dict[str, Any] | None = None,
+) -> PmapComputation:
+    """Traces and lowers ``jax.pmap(fn)`` (wrapped in ``jax.jit``) against explicit avals."""
+    name = name or default_name(fn)
+    static = set(_as_tuple(static_broadcasted_argnums))
+    pmapped = jax.pmap(
+        fn,
+        axis_name=axis_name,
+        in_axes=in_axes,
+        out_axes=out_axes,
+        static_broadcasted_argnums=tuple(sorted(static)),
+        donate_argnums=_as_tuple(donate_argnums),
+        devices=devices,
+    )
+    jitted = jax.jit(pmapped, static_argnums=tuple(sorted(static)))
+    arg_specs = _specs_for(args, static, None)
+    arg_names = [n for i, n in enumerate(_positional_names(fn, len(args))) if i not in static]
+    return _trace_and_lower(
+        PmapComputation, name, jitted, arg_specs, {}, static, set(), None, arg_names,
+        {"compiler_options": compiler_options},
+    )
+
+
+def _trace_and_lower(
+    cls: type[MeshComputation],
+    name: str,
+    jitted: Any,
+    arg_specs: list[Any],
+    kwarg_specs: dict[str, Any],
+    static_nums: set[int],
+    static_names: set[str],
+    mesh: Mesh | None,
+    arg_names: list[str],
+    options: dict[str, Any],
+) -> MeshComputation:
+    context = jax.set_mesh(mesh) if mesh is not None else _nullcontext()
+    with context:
+        try:
+            traced = jitted.trace(*arg_specs, **kwarg_specs)
+        except UnsupportedComputationError:
+            raise
+        _check_servable(name, traced.jaxpr)
+        lowered = traced.lower()
+
+    in_tree = lowered.in_tree
+
+    def export(in_shardings: Sequence[Any], out_shardings: Sequence[Any]) -> bytes:
+        return _export_flat(
+            jitted, in_tree, arg_specs, kwarg_specs, static_nums, static_names, mesh,
+            in_shardings, out_shardings,
+        )
+
+    log.debug("lowered %s", name)
+    return cls(name, lowered, arg_names=arg_names, export=export, options=options)
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

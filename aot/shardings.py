@@ -1,0 +1,131 @@
+"""Shardings and avals <-> JSON data, resolved against the live devices by id."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax._src import core
+from jax._src.lib import xla_client as xc
+from jax._src.sharding_impls import GSPMDSharding
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError
+from aot.specs import parse_dtype
+
+Devices = Mapping[int, Any]
+
+
+def spec_to_json(spec: PartitionSpec) -> list[Any]:
+    return [list(e) if isinstance(e, tuple) else e for e in spec]
+
+
+def spec_from_json(data: Sequence[Any]) -> PartitionSpec:
+    return PartitionSpec(*(tuple(e) if isinstance(e, list) else e for e in data))
+
+
+def mesh_to_json(mesh: Mesh) -> dict[str, Any]:
+    return {
+        "axis_names": list(mesh.axis_names),
+        "shape": [int(n) for n in mesh.devices.shape],
+        "device_ids": [int(d.id) for d in mesh.devices.flat],
+        "axis_types": [str(t).rpartition(".")[2] for t in mesh.axis_types],
+    }
+
+
+def mesh_from_json(data: Mapping[str, Any], devices: Devices) -> Mesh:
+    ids = data["device_ids"]
+    grid = np.array([_device(devices, i) for i in ids], dtype=object).reshape(data["shape"])
+    types = tuple(getattr(AxisType, t) for t in data.get("axis_types", []))
+    return Mesh(grid, tuple(data["axis_names"]), axis_types=types or None)
+
+
+def _device(devices: Devices, device_id: int) -> Any:
+    try:
+        return devices[int(device_id)]
+    except KeyError:
+        raise IncompatibleEnvironmentError(
+            f"the artifact needs device id {device_id}, which this runtime does not have "
+            f"(devices {sorted(devices)}); load it on a host with the same devices or "
+            "recompile it from its portable HLO",
+            (f"device {device_id} missing",),
+        ) from None
+
+
+def sharding_to_json(sharding: Any, ndim: int) -> dict[str, Any]:
+    memory_kind = getattr(sharding, "memory_kind", None)
+    if isinstance(sharding, SingleDeviceSharding):
+        (device,) = sharding.device_set
+        return {"type": "single", "device": int(device.id), "memory_kind": memory_kind}
+    if isinstance(sharding, NamedSharding):
+        return {
+            "type": "named",
+            "mesh": mesh_to_json(sharding.mesh),
+            "spec": spec_to_json(sharding.spec),
+            "memory_kind": memory_kind,
+        }
+    device_ids = [int(d.id) for d in sharding._device_assignment]
+    return {
+        "type": "gspmd",
+        "device_ids": device_ids,
+        "hlo": str(sharding._to_xla_hlo_sharding(ndim)),
+        "memory_kind": memory_kind,
+    }
+
+
+def sharding_from_json(data: Mapping[str, Any], devices: Devices) -> Any:
+    kind = data.get("type")
+    memory_kind = data.get("memory_kind")
+    try:
+        if kind == "single":
+            return SingleDeviceSharding(_device(devices, data["device"]), memory_kind=memory_kind)
+        if kind == "named":
+            mesh = mesh_from_json(data["mesh"], devices)
+            return NamedSharding(mesh, spec_from_json(data["spec"]), memory_kind=memory_kind)
+        if kind == "gspmd":
+            assigned = tuple(_device(devices, i) for i in data["device_ids"])
+            hlo = xc.HloSharding.from_string(data["hlo"])
+            return GSPMDSharding(assigned, hlo, memory_kind=memory_kind)
+    except IncompatibleEnvironmentError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - jax raises many kinds on bad data
+        raise CorruptArtifactError(f"malformed sharding {dict(data)!r}: {exc}") from None
+    raise CorruptArtifactError(f"unknown sharding type {kind!r} in manifest")
+
+
+def aval_to_json(aval: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "shape": [int(d) for d in aval.shape],
+        "dtype": np.dtype(aval.dtype).name,
+    }
+    if getattr(aval, "weak_type", False):
+        out["weak_type"] = True
+    sharding = getattr(aval, "sharding", None)
+    if sharding is not None and any(
+        t == AxisType.Explicit for t in getattr(sharding.mesh, "axis_types", ())
+    ):
+        out["spec"] = spec_to_json(sharding.spec)
+    return out
+
+
+def aval_from_json(data: Mapping[str, Any], sharding: Any = None) -> core.ShapedArray:
+    try:
+        shape = tuple(int(d) for d in data["shape"])
+        dtype = np.dtype(data["dtype"]) if data["dtype"] != "bfloat16" else parse_dtype("bf16")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptArtifactError(f"malformed aval {dict(data)!r}: {exc}") from None
+    weak = bool(data.get("weak_type", False))
+    if "spec" in data and isinstance(sharding, NamedSharding):
+        abstract = NamedSharding(sharding.mesh.abstract_mesh, spec_from_json(data["spec"]))
+        return core.ShapedArray(shape, dtype, weak_type=weak, sharding=abstract)
+    return core.ShapedArray(shape, dtype, weak_type=weak)
+
+
+def live_devices(backend: str | None = None) -> dict[int, Any]:
+    return {int(d.id): d for d in jax.devices(backend)}
+
+
+def device_list(ids: Sequence[int], devices: Devices) -> xc.DeviceList:
+    return xc.DeviceList(tuple(_device(devices, i) for i in ids))

@@ -1,0 +1,193 @@
+"""Spec strings and spec pytrees -> ``jax.ShapeDtypeStruct``; input signatures.
+
+Grammar of a spec string::
+
+    SPEC     := DTYPE "[" [DIM ("," DIM)*] "]" ["@" SHARDING]
+    DTYPE    := f16 | bf16 | f32 | f64 | i8 | i16 | i32 | i64 | u8 | u16 | u32 | u64
+              | bool | c64 | c128          (numpy names such as float32 work too)
+    DIM      := a non-negative integer
+    SHARDING := ENTRY ("," ENTRY)*         one entry per dimension, or fewer
+    ENTRY    := "None" | "_" | AXIS ("+" AXIS)*
+
+``"f32[]"`` is a scalar; ``"f32[8,128]@data,None"`` shards the first dimension over
+the mesh axis ``data`` (a mesh is needed to turn that into a sharding).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from aot.errors import SpecError
+
+GRAMMAR = (
+    "DTYPE[DIM,...][@SHARDING], e.g. 'f32[8,128]', 'i32[]' (a scalar), "
+    "'bf16[8,128]@data,None'; DTYPE is one of " 
+)
+
+DTYPES: dict[str, np.dtype] = {
+    "f16": np.dtype("float16"),
+    "bf16": np.dtype(jax.numpy.bfloat16),
+    "f32": np.dtype("float32"),
+    "f64": np.dtype("float64"),
+    "i8": np.dtype("int8"),
+    "i16": np.dtype("int16"),
+    "i32": np.dtype("int32"),
+    "i64": np.dtype("int64"),
+    "u8": np.dtype("uint8"),
+    "u16": np.dtype("uint16"),
+    "u32": np.dtype("uint32"),
+    "u64": np.dtype("uint64"),
+    "bool": np.dtype("bool"),
+    "c64": np.dtype("complex64"),
+    "c128": np.dtype("complex128"),
+}
+_SHORT_NAMES = {dtype: short for short, dtype in DTYPES.items()}
+_ALIASES = {dtype.name: dtype for dtype in DTYPES.values()} | {"pred": DTYPES["bool"]}
+GRAMMAR += ", ".join(DTYPES)
+
+_SPEC_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9]*)\s*\[([^\]]*)\]\s*(?:@(.*))?$")
+_AXIS_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_dtype(text: str) -> np.dtype:
+    """``"f32"`` or ``"float32"`` -> ``np.dtype('float32')``."""
+    key = text.strip()
+    dtype = DTYPES.get(key) or _ALIASES.get(key)
+    if dtype is None:
+        raise SpecError(f"unknown dtype {text!r}; expected one of {', '.join(DTYPES)}")
+    return dtype
+
+
+def dtype_name(dtype: Any) -> str:
+    """``np.dtype('float32')`` -> ``"f32"`` (the short name used in spec strings)."""
+    dtype = np.dtype(dtype)
+    return _SHORT_NAMES.get(dtype, dtype.name)
+
+
+def format_aval(shape: Sequence[int], dtype: Any) -> str:
+    """``((8, 128), float32)`` -> ``"f32[8,128]"``."""
+    return f"{dtype_name(dtype)}[{','.join(str(int(d)) for d in shape)}]"
+
+
+def parse_partition_spec(text: str) -> PartitionSpec:
+    """``"data,None"`` -> ``PartitionSpec('data', None)``; ``"data+model"`` -> a tuple entry."""
+    entries: list[Any] = []
+    stripped = text.strip()
+    if stripped in ("", "()"):
+        return PartitionSpec()
+    for raw in stripped.strip("()").split(","):
+        entry = raw.strip()
+        if entry in ("None", "_", ""):
+            entries.append(None)
+            continue
+        axes = [axis.strip().strip("'\"") for axis in entry.split("+")]
+        if not all(_AXIS_RE.match(axis) for axis in axes):
+            raise SpecError(
+                f"malformed sharding {text!r}: entry {entry!r} is not an axis name, "
+                "'a+b' or None; expected e.g. 'data,None'"
+            )
+        entries.append(axes[0] if len(axes) == 1 else tuple(axes))
+    return PartitionSpec(*entries)
+
+
+def _parse_string(text: str, mesh: Mesh | None) -> jax.ShapeDtypeStruct:
+    match = _SPEC_RE.match(text)
+    if match is None:
+        raise SpecError(f"malformed spec {text!r}; expected {GRAMMAR}")
+    dtype_text, dims_text, sharding_text = match.groups()
+    try:
+        dtype = parse_dtype(dtype_text)
+    except SpecError as exc:
+        raise SpecError(f"malformed spec {text!r}: {exc}; expected {GRAMMAR}") from None
+    dims: list[int] = []
+    for raw in dims_text.split(","):
+        raw = raw.strip()
+        if raw == "" and dims_text.strip() == "":
+            break
+        if not raw.isdigit():
+            raise SpecError(
+                f"malformed spec {text!r}: dimension {raw!r} is not a non-negative "
+                f"integer; expected {GRAMMAR}"
+            )
+        dims.append(int(raw))
+    sharding = None
+    if sharding_text is not None:
+        pspec = parse_partition_spec(sharding_text)
+        if len(pspec) > len(dims):
+            raise SpecError(
+                f"malformed spec {text!r}: sharding has {len(pspec)} entries for "
+                f"{len(dims)} dimensions"
+            )
+        if mesh is None:
+            raise SpecError(
+                f"spec {text!r} names a sharding but no mesh was given; pass mesh= "
+                "(or --mesh on the command line)"
+            )
+        missing = [a for a in _axes_of(pspec) if a not in mesh.axis_names]
+        if missing:
+            raise SpecError(
+                f"spec {text!r} names mesh axes {missing} that the mesh "
+                f"{dict(mesh.shape)} does not have"
+            )
+        sharding = NamedSharding(mesh, pspec)
+    return jax.ShapeDtypeStruct(tuple(dims), dtype, sharding=sharding)
+
+
+def _axes_of(pspec: PartitionSpec) -> Iterable[str]:
+    for entry in pspec:
+        if entry is None:
+            continue
+        yield from (entry if isinstance(entry, tuple) else (entry,))
+
+
+def _is_spec_leaf(x: Any) -> bool:
+    return isinstance(x, (str, jax.ShapeDtypeStruct)) or (
+        hasattr(x, "shape") and hasattr(x, "dtype")
+    )
+
+
+def _to_struct(x: Any, mesh: Mesh | None) -> Any:
+    if isinstance(x, str):
+        return _parse_string(x, mesh)
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    if isinstance(x, jax.Array):
+        sharding = x.sharding if len(x.sharding.device_set) > 1 else None
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jax.ShapeDtypeStruct(tuple(x.shape), np.dtype(x.dtype))
+    if isinstance(x, (bool, int, float, complex)):
+        return jax.ShapeDtypeStruct((), jax.dtypes.canonicalize_dtype(type(x)))
+    raise SpecError(
+        f"cannot make a spec of {type(x).__name__} {x!r}; expected a spec string "
+        f"({GRAMMAR}), a jax.ShapeDtypeStruct, an array, or a pytree of those"
+    )
+
+
+def spec(x: Any, *, mesh: Mesh | None = None) -> Any:
+    """Turns a spec string, array, ``ShapeDtypeStruct`` or pytree of them into structs.
+
+    >>> spec("f32[8,128]")
+    ShapeDtypeStruct(shape=(8, 128), dtype=float32)
+    """
+    return jax.tree_util.tree_map(
+        lambda leaf: _to_struct(leaf, mesh), x, is_leaf=_is_spec_leaf
+    )
+
+
+def leaf_signature(leaves: Iterable[Any]) -> str:
+    """A canonical, human-readable signature of flat leaves: ``"f32[8,784], i32[]"``."""
+    return ", ".join(format_aval(np.shape(leaf), _leaf_dtype(leaf)) for leaf in leaves)
+
+
+def _leaf_dtype(leaf: Any) -> np.dtype:
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is not None:
+        return np.dtype(dtype)
+    return np.dtype(jax.dtypes.canonicalize_dtype(type(leaf)))
