@@ -434,7 +434,16 @@ def ensure_schema(engine: Engine, *, read_only: bool = False) -> int:
                             migration.version,
                             migration.description,
                         )
-                        migration.upgrade(conn)
+                        try:
+                            migration.upgrade(conn)
+                        except Exception as e:
+                            # Leaving the block rolls the whole transaction back.
+                            raise CacheError(
+                                f"migrating the cache index at {url} to schema version "
+                                f"{migration.version} ({migration.description}) failed: "
+                                f"{_reason(e)}; nothing was changed, the database is still "
+                                f"at version {found}"
+                            ) from e
                 conn.execute(
                     sa.update(_VER).where(_VER.c.id == 1).values(version=target, updated_at=utcnow())
                 )
@@ -692,10 +701,14 @@ class Index:
                     set_={"hlo_digest": sa.func.coalesce(_PROG.c.hlo_digest, prog.excluded.hlo_digest)},
                 )
             )
+            # RETURNING, not rowcount: INSERT rowcount is unreliable across drivers.
             inserted = conn.execute(
-                _insert_ignore(conn, _ART).values(**row).on_conflict_do_nothing()
-            ).rowcount
-            if inserted == 1:
+                _insert_ignore(conn, _ART)
+                .values(**row)
+                .on_conflict_do_nothing()
+                .returning(_ART.c.key)
+            ).scalar_one_or_none()
+            if inserted is not None:
                 logger.debug("index: added %s (%s)", entry.key, entry.name)
                 return True
             state = conn.execute(
