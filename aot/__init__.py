@@ -23,10 +23,23 @@ from aot.specs import spec
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):  # noqa: ANN202 - lazy re-exports keep `import aot` light
+    if name == "Cache":
+        from aot.cache.cache import Cache
+
+        return Cache
+    if name == "load":
+        from aot.cache.loader import load
+
+        return load
+    raise AttributeError(f"module 'aot' has no attribute {name!r}")
+
 __all__ = [
     "AotError",
     "ArtifactNotFoundError",
     "AvalMismatchError",
+    "Cache",
     "CacheError",
     "CorruptArtifactError",
     "IncompatibleEnvironmentError",
@@ -42,5 +55,6 @@ __all__ = [
     "UnsupportedComputationError",
     "lower",
     "lower_pmap",
+    "load",
     "spec",
 ]

@@ -174,7 +174,9 @@ class MeshComputation:
             )
         log.info("compiled %s (%s) in %.2fs", self.name, self.signature, seconds)
         info = executable_info(self, compiled, seconds)
-        return executable_class(self.kind)(compiled, info)
+        executable = executable_class(self.kind)(compiled, info)
+        executable.computation = self
+        return executable
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, ({self.signature}))"

@@ -91,6 +91,9 @@ class MeshExecutable:
         self._compiled = compiled
         self.info = info
         self._expected = tuple((a.shape, a.dtype) for a in info.args)
+        # The computation this was compiled from, when compiled in this process (it can
+        # export the portable HLO); None for executables loaded from an artifact.
+        self.computation: Any = None
 
     # -- identity
     @property
@@ -135,6 +138,10 @@ class MeshExecutable:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         if treedef != self.info.in_tree or not self._leaves_match(leaves):
             raise self.mismatch_error(args, kwargs)
+        return self.call_checked(args, kwargs)
+
+    def call_checked(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Runs on inputs whose structure, shapes and dtypes were already checked."""
         try:
             return self._compiled(*args, **kwargs)
         except (TypeError, ValueError) as exc:

@@ -1,0 +1,51 @@
+"""HMAC-SHA256 signatures over manifests (which carry every blob digest)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from dataclasses import replace
+
+from aot.artifact import Manifest
+from aot.errors import IntegrityError
+
+SIGNING_KEY_ENV = "AOT_SIGNING_KEY"
+
+
+def key_from(value: str | bytes | None) -> bytes | None:
+    """``None`` -> ``$AOT_SIGNING_KEY`` (or no key); strings are UTF-8 encoded."""
+    if value is None:
+        value = os.environ.get(SIGNING_KEY_ENV) or None
+    if value is None:
+        return None
+    key = value.encode() if isinstance(value, str) else bytes(value)
+    if not key:
+        raise IntegrityError("the signing key is empty; set a non-empty key or none at all")
+    return key
+
+
+def sign(manifest: Manifest, key: bytes) -> Manifest:
+    digest = hmac.new(key, manifest.signed_payload(), hashlib.sha256).hexdigest()
+    return replace(manifest, hmac=digest)
+
+
+def verify(manifest: Manifest, key: bytes | None, *, require: bool = False) -> None:
+    """Refuses unsigned (with a key or ``require``) and tampered manifests."""
+    label = f"artifact {manifest.name!r} ({manifest.key[:12]})"
+    if manifest.hmac is None:
+        if key is not None or require:
+            raise IntegrityError(
+                f"{label} is not signed, and this cache requires signed artifacts; "
+                "recompile it with the signing key set (AOT_SIGNING_KEY) or load without one"
+            )
+        return
+    if key is None:
+        return
+    expected = hmac.new(key, manifest.signed_payload(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, manifest.hmac):
+        raise IntegrityError(
+            f"{label}: its signature does not verify with this key: the manifest was "
+            "altered or signed with another key. It will not be loaded; recompile it "
+            "with the right key"
+        )

@@ -1,0 +1,204 @@
+"""Bundles: every artifact of some names in one zstd-compressed file, digests checked.
+
+Layout (version 1): the 8-byte magic ``AOTBNDL1``, then one zstd stream holding an
+8-byte little-endian header length, the header (JSON: bundle format, manifests, and the
+digest and size of each blob in order) and the blobs' bytes, back to back. There are
+no paths in a bundle, so nothing in one can name a place outside the cache; every
+size is bounded before it is read and every blob is re-hashed on import.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fnmatch
+import json
+import logging
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import zstandard
+
+from aot.artifact import Artifact, Manifest
+from aot.errors import AotError, CacheError, CorruptArtifactError
+from aot.fingerprint import sha256_hex
+from aot.signing import verify
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"AOTBNDL1"
+BUNDLE_FORMAT = 1
+MAX_HEADER_BYTES = 64 * 1024 * 1024
+MAX_BLOB_BYTES = 8 * 1024**3
+MAX_WINDOW_BYTES = 1 << 27  # refuse zstd frames that ask for more than 128 MiB of window
+_NAME_MAX = 512
+
+
+@dataclass(frozen=True, slots=True)
+class BundleReport:
+    path: str
+    entries: tuple[str, ...]
+    imported: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "entries": list(self.entries),
+            "imported": list(self.imported),
+            "skipped": list(self.skipped),
+            "bytes": self.bytes,
+        }
+
+
+def export_bundle(cache: Cache, path: Path, names: list[str] | None) -> BundleReport:
+    entries = [
+        e for e in cache.index.entries()
+        if e.ok and (not names or any(fnmatch.fnmatchcase(e.name, g) for g in names))
+    ]
+    if not entries:
+        raise CacheError(
+            f"nothing to export: no intact entry matches {names or ['*']} in the cache at "
+            f"{cache.location}; `aot ls` lists what is stored"
+        )
+    artifacts = [cache.artifact(e) for e in entries]  # verifies every blob
+    blob_order: dict[str, bytes] = {}
+    for artifact in artifacts:
+        for ref in artifact.manifest.blobs.values():
+            blob_order.setdefault(ref.digest, artifact.blobs[ref.digest])
+    header = json.dumps(
+        {
+            "bundle_format": BUNDLE_FORMAT,
+            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "manifests": [a.manifest.to_dict() for a in artifacts],
+            "blobs": [{"digest": d, "size": len(b)} for d, b in blob_order.items()],
+        },
+        sort_keys=True,
+    ).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            raw.write(MAGIC)
+            with zstandard.ZstdCompressor(level=3).stream_writer(raw, closefd=False) as out:
+                out.write(struct.pack("<Q", len(header)))
+                out.write(header)
+                for data in blob_order.values():
+                    out.write(data)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise CacheError(f"cannot write bundle {path}: {exc}") from exc
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    size = path.stat().st_size
+    log.info("exported %d entries (%d blobs) to %s", len(artifacts), len(blob_order), path)
+    return BundleReport(str(path), tuple(e.key for e in entries), bytes=size)
+
+
+def _read_exact(stream: IO[bytes], n: int, what: str) -> bytes:
+    chunks: list[bytes] = []
+    remaining = n
+    while remaining:
+        chunk = stream.read(min(remaining, 1 << 20))
+        if not chunk:
+            raise CorruptArtifactError(f"bundle is truncated: {what} ends {remaining} bytes early")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_bundle(path: Path) -> list[Artifact]:
+    """Parses and verifies a bundle; raises CorruptArtifactError on anything amiss."""
+    try:
+        raw = path.open("rb")
+    except OSError as exc:
+        raise CacheError(f"cannot read bundle {path}: {exc}") from exc
+    with raw:
+        if raw.read(len(MAGIC)) != MAGIC:
+            raise CorruptArtifactError(f"{path} is not a jax-aot bundle (bad magic)")
+        decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES)
+        try:
+            with decompressor.stream_reader(raw) as stream:
+                return _parse(stream, path)
+        except zstandard.ZstdError as exc:
+            raise CorruptArtifactError(f"bundle {path}: malformed zstd data: {exc}") from None
+
+
+def _parse(stream: IO[bytes], path: Path) -> list[Artifact]:
+    (header_len,) = struct.unpack("<Q", _read_exact(stream, 8, "header length"))
+    if header_len > MAX_HEADER_BYTES:
+        raise CorruptArtifactError(f"bundle {path}: header of {header_len} bytes is too large")
+    try:
+        header = json.loads(_read_exact(stream, header_len, "header"))
+        if header.get("bundle_format") != BUNDLE_FORMAT:
+            raise CorruptArtifactError(
+                f"bundle {path}: format {header.get('bundle_format')!r} != {BUNDLE_FORMAT}; "
+                "import it with the jax-aot that wrote it"
+            )
+        manifests = [Manifest.from_dict(m) for m in header["manifests"]]
+        blob_list = [(str(b["digest"]), int(b["size"])) for b in header["blobs"]]
+    except CorruptArtifactError:
+        raise
+    except AotError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptArtifactError(f"bundle {path}: malformed header: {exc!r}") from None
+    blobs: dict[str, bytes] = {}
+    for digest, size in blob_list:
+        if digest in blobs:
+            raise CorruptArtifactError(f"bundle {path}: blob {digest[:16]} appears twice")
+        if not 0 <= size <= MAX_BLOB_BYTES:
+            raise CorruptArtifactError(f"bundle {path}: blob {digest[:16]} has size {size}")
+        data = _read_exact(stream, size, f"blob {digest[:16]}")
+        if sha256_hex(data) != digest:
+            raise CorruptArtifactError(
+                f"bundle {path}: blob {digest[:16]} does not match its digest; the bundle "
+                "was altered or damaged in transit. Export it again."
+            )
+        blobs[digest] = data
+    if stream.read(1):
+        raise CorruptArtifactError(f"bundle {path}: unexpected bytes after the last blob")
+    needed = {ref.digest for m in manifests for ref in m.blobs.values()}
+    if needed - set(blobs):
+        raise CorruptArtifactError(f"bundle {path}: blobs {sorted(needed - set(blobs))[:3]} are missing")
+    if set(blobs) - needed:
+        raise CorruptArtifactError(f"bundle {path}: holds blobs no manifest references")
+    keys = [m.key for m in manifests]
+    if len(keys) != len(set(keys)):
+        raise CorruptArtifactError(f"bundle {path}: an entry appears twice")
+    for m in manifests:
+        if not m.name or len(m.name) > _NAME_MAX or any(ord(c) < 32 for c in m.name):
+            raise CorruptArtifactError(f"bundle {path}: entry name {m.name[:80]!r} is not allowed")
+    return [Artifact(m, {r.digest: blobs[r.digest] for r in m.blobs.values()}) for m in manifests]
+
+
+def import_bundle(cache: Cache, path: Path) -> BundleReport:
+    cache._check_writable("import a bundle")
+    artifacts = read_bundle(path)
+    for artifact in artifacts:  # check all signatures before writing anything
+        verify(artifact.manifest, cache.signing_key, require=cache.require_signatures)
+    imported: list[str] = []
+    skipped: list[str] = []
+    for artifact in artifacts:
+        existing = cache.index.get(artifact.manifest.key)
+        if existing is not None and existing.ok:
+            skipped.append(artifact.manifest.key)
+            continue
+        cache.put_artifact(artifact)
+        imported.append(artifact.manifest.key)
+    log.info("imported %d entries from %s (%d already present)", len(imported), path, len(skipped))
+    return BundleReport(
+        str(path), tuple(a.manifest.key for a in artifacts), tuple(imported), tuple(skipped),
+        bytes=path.stat().st_size,
+    )

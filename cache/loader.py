@@ -1,0 +1,277 @@
+"""Serving: ``aot.load(name)`` -> a dispatcher over every stored signature of ``name``.
+
+A call computes the input signature (pytree structure + shape/dtype per leaf), picks
+the executable compiled for it and runs it. Nothing is traced or lowered and the
+model's module is never imported. The fallback ladder for an executable that does not
+fit this environment, or whose blob is corrupt: recompile from the stored portable HLO
+and store the result; ``strict=True`` raises instead (fleets that must never compile).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+from jax.tree_util import PyTreeDef
+
+from aot import treedef as treedefs
+from aot.artifact import Manifest, recompile
+from aot.errors import (
+    AotError,
+    CorruptArtifactError,
+    IncompatibleEnvironmentError,
+    SignatureNotFoundError,
+)
+from aot.executable import MeshExecutable
+from aot.fingerprint import describe_differences
+from aot.specs import format_aval, parse_dtype
+from aot.cache.cache import Cache
+from aot.cache.index import IndexEntry
+
+log = logging.getLogger(__name__)
+
+LeafKey = tuple[tuple[int, ...], np.dtype]
+
+
+@dataclass
+class _Program:
+    """One stored signature of a name: its rows for this and other environments."""
+
+    signature: str
+    treedef: PyTreeDef
+    leaves: tuple[LeafKey, ...]
+    paths: tuple[str, ...]
+    local: list[IndexEntry] = field(default_factory=list)
+    foreign: list[IndexEntry] = field(default_factory=list)
+    executable: MeshExecutable | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _leaf_key(leaf: Any) -> LeafKey:
+    try:
+        return (leaf.shape, leaf.dtype)
+    except AttributeError:
+        if isinstance(leaf, (bool, int, float, complex)):
+            return ((), np.dtype(jax.dtypes.canonicalize_dtype(type(leaf))))
+        return ((-1,), np.dtype("V"))  # matches nothing
+
+
+class Dispatcher:
+    """Calls the executable whose input signature matches the arguments."""
+
+    def __init__(
+        self,
+        cache: Cache,
+        name: str,
+        *,
+        strict: bool = False,
+        fallback: Callable[..., Any] | None = None,
+    ) -> None:
+        self.cache = cache
+        self.name = name
+        self.strict = strict
+        self.fallback = fallback
+        self._programs: dict[tuple[PyTreeDef, tuple[LeafKey, ...]], _Program] = {}
+        env = cache.environment.digest
+        for entry in cache.index.by_name(name):
+            try:
+                manifest = Manifest.from_json(entry.manifest)
+                treedef = treedefs.from_json(manifest.in_tree)
+            except AotError as exc:
+                cache.quarantine(entry, f"unreadable manifest: {exc}")
+                continue
+            leaves = tuple(
+                (tuple(int(d) for d in a["shape"]), parse_dtype(a["dtype"])) for a in manifest.args
+            )
+            program = self._programs.setdefault(
+                (treedef, leaves),
+                _Program(manifest.signature, treedef, leaves, tuple(str(a["path"]) for a in manifest.args)),
+            )
+            (program.local if entry.env_fp == env else program.foreign).append(entry)
+        log.info("aot.load(%r): %d signatures", name, len(self._programs))
+
+    # ------------------------------------------------------------ inspection
+
+    @property
+    def signatures(self) -> list[str]:
+        return sorted(p.signature for p in self._programs.values())
+
+    def __repr__(self) -> str:
+        return f"Dispatcher({self.name!r}, {len(self._programs)} signatures)"
+
+    def warm(self, *, workers: int | None = None) -> Dispatcher:
+        """Loads every signature now (in parallel threads: XLA releases the GIL)."""
+        programs = [p for p in self._programs.values() if p.executable is None]
+        if not programs:
+            return self
+        if len(programs) == 1 or workers == 1:
+            for program in programs:
+                self._executable(program)
+            return self
+        with ThreadPoolExecutor(max_workers=workers or min(8, len(programs))) as pool:
+            list(pool.map(self._executable, programs))
+        return self
+
+    # ------------------------------------------------------------ calling
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        program = self._programs.get((treedef, tuple(map(_leaf_key, leaves))))
+        if program is None:
+            return self._miss(args, kwargs, leaves, treedef)
+        executable = program.executable or self._executable(program)
+        return executable.call_checked(args, kwargs)
+
+    def _executable(self, program: _Program) -> MeshExecutable:
+        with program.lock:
+            if program.executable is None:
+                program.executable = self._load(program)
+            return program.executable
+
+    def _load(self, program: _Program) -> MeshExecutable:
+        problems: list[str] = []
+        for entry in list(program.local):
+            try:
+                return self.cache.load(entry)
+            except CorruptArtifactError as exc:
+                self.cache.quarantine(entry, str(exc))
+                problems.append(str(exc))
+                if self.strict:
+                    raise
+            except IncompatibleEnvironmentError as exc:
+                problems.append(str(exc))
+                program.foreign.append(entry)
+        candidates = program.local + program.foreign
+        if not candidates:
+            raise CorruptArtifactError(
+                f"{self.name} ({program.signature}): no intact artifact is left "
+                f"({'; '.join(problems)}); recompile it (aot warmup / aot compile)"
+            )
+        if self.strict:
+            entry = program.foreign[0] if program.foreign else candidates[0]
+            manifest = Manifest.from_json(entry.manifest)
+            diffs = manifest.environment.diff(self.cache.environment)
+            described = tuple(d.describe() for d in diffs) or tuple(problems)
+            raise IncompatibleEnvironmentError(
+                f"{self.name} ({program.signature}): no executable for this environment "
+                f"and strict=True forbids compiling: {'; '.join(described)}. Compile it for "
+                "this environment in CI (aot warmup) or load with strict=False",
+                described,
+            )
+        return self._recompile(program, candidates)
+
+    def _recompile(self, program: _Program, candidates: Sequence[IndexEntry]) -> MeshExecutable:
+        errors: list[str] = []
+        for entry in candidates:
+            try:
+                artifact = self.cache.artifact(entry)
+                manifest = artifact.manifest
+                diffs = manifest.environment.diff(self.cache.environment)
+                rebuilt = recompile(artifact)
+            except AotError as exc:
+                errors.append(f"{entry.key[:12]}: {exc}")
+                continue
+            log.warning(
+                "%s (%s): recompiled from portable HLO (%s)", self.name, program.signature,
+                describe_differences(diffs) or "stored executable unusable",
+            )
+            if self.cache.read_only:
+                from aot.artifact import load_executable
+
+                return load_executable(rebuilt)
+            stored = self.cache.put_artifact(rebuilt)
+            program.local.append(stored)
+            return self.cache.load(stored)
+        raise CorruptArtifactError(
+            f"{self.name} ({program.signature}): cannot recompile from portable HLO: "
+            + "; ".join(errors)
+        )
+
+    def _miss(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Any:
+        if self.fallback is not None:
+            log.warning(
+                "aot.load(%r): no stored signature for (%s); compiling with the fallback",
+                self.name, _describe(leaves),
+            )
+            result = self.cache.compile_entry(self.fallback, *args, name=self.name, **kwargs)
+            executable = result.executable
+            key = (treedef, tuple(map(_leaf_key, leaves)))
+            self._programs[key] = _Program(
+                executable.signature, treedef, key[1],
+                tuple(a.path for a in executable.info.args), [result.entry], [], executable,
+            )
+            return executable(*args, **kwargs)
+        raise self._not_found(leaves, treedef)
+
+    def _not_found(self, leaves: list[Any], treedef: PyTreeDef) -> SignatureNotFoundError:
+        got = tuple(map(_leaf_key, leaves))
+        stored = self.signatures
+        lines = [f"  {s}" for s in stored] or ["  (none: nothing is stored under this name here)"]
+        message = (
+            f"{self.name}: no executable compiled for ({_describe(leaves)}).\n"
+            f"Stored signatures:\n" + "\n".join(lines)
+        )
+        nearest = self._nearest(treedef, got)
+        if nearest is not None:
+            program, diffs = nearest
+            message += f"\nNearest: ({program.signature}); differs in " + ", ".join(diffs)
+        message += (
+            "\nCompile this signature in CI (aot compile / aot warmup), or pass fallback=fn "
+            "to aot.load to compile it on demand."
+        )
+        return SignatureNotFoundError(message, tuple(stored))
+
+    def _nearest(
+        self, treedef: PyTreeDef, got: tuple[LeafKey, ...]
+    ) -> tuple[_Program, list[str]] | None:
+        best: tuple[int, _Program, list[str]] | None = None
+        for program in self._programs.values():
+            if program.treedef != treedef or len(program.leaves) != len(got):
+                diffs = [f"pytree structure ({len(program.leaves)} leaves vs {len(got)})"]
+                score = 1000
+            else:
+                diffs = [
+                    f"{path}: stored {format_aval(*want)}, got {format_aval(*have)}"
+                    for path, want, have in zip(program.paths, program.leaves, got)
+                    if want != have
+                ]
+                score = len(diffs)
+            if best is None or score < best[0]:
+                best = (score, program, diffs)
+        return (best[1], best[2]) if best is not None else None
+
+
+def _describe(leaves: Sequence[Any]) -> str:
+    parts = []
+    for leaf in leaves:
+        shape, dtype = _leaf_key(leaf)
+        parts.append(format_aval(shape, dtype) if dtype.kind != "V" else type(leaf).__name__)
+    return ", ".join(parts)
+
+
+def load(
+    name: str,
+    cache: Cache | str | None = None,
+    *,
+    strict: bool = False,
+    lazy: bool = False,
+    fallback: Callable[..., Any] | None = None,
+    read_only: bool | None = None,
+) -> Dispatcher:
+    """A callable over every signature stored for ``name`` in this environment.
+
+    ``lazy=False`` (the default) loads every signature now, in parallel, so the first
+    request runs at full speed; ``lazy=True`` loads each on its first call.
+    """
+    if not isinstance(cache, Cache):
+        cache = Cache(cache, read_only=bool(read_only))
+    dispatcher = Dispatcher(cache, name, strict=strict, fallback=fallback)
+    if not lazy:
+        dispatcher.warm()
+    return dispatcher
