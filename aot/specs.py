@@ -110,7 +110,7 @@ def _parse_string(text: str, mesh: Mesh | None) -> jax.ShapeDtypeStruct:
         raw = raw.strip()
         if raw == "" and dims_text.strip() == "":
             break
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit()):
             raise SpecError(
                 f"malformed spec {text!r}: dimension {raw!r} is not a non-negative "
                 f"integer; expected {GRAMMAR}"
@@ -118,11 +118,18 @@ def _parse_string(text: str, mesh: Mesh | None) -> jax.ShapeDtypeStruct:
         dims.append(int(raw))
     sharding = None
     if sharding_text is not None:
-        pspec = parse_partition_spec(sharding_text)
+        if not sharding_text.strip():
+            raise SpecError(
+                f"malformed spec {text!r}: nothing follows '@'; expected {GRAMMAR}"
+            )
+        try:
+            pspec = parse_partition_spec(sharding_text)
+        except SpecError as exc:
+            raise SpecError(f"malformed spec {text!r}: {exc}; expected {GRAMMAR}") from None
         if len(pspec) > len(dims):
             raise SpecError(
                 f"malformed spec {text!r}: sharding has {len(pspec)} entries for "
-                f"{len(dims)} dimensions"
+                f"{len(dims)} dimensions; expected {GRAMMAR}"
             )
         if mesh is None:
             raise SpecError(

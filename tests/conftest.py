@@ -9,8 +9,24 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import sys  # noqa: E402
+
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 import pytest  # noqa: E402
+
+# pytest puts this folder on sys.path, and its tests/aot subfolder (the mirror of the
+# aot package) would then be imported as a namespace package named ``aot`` that
+# shadows the real one under an editable install (setuptools' editable finder runs
+# after the path finder): ``aot.spec`` & co. would be missing. Import the real
+# package first, with this folder off the path.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+_saved_path = sys.path[:]
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _TESTS]
+try:
+    import aot  # noqa: E402,F401
+finally:
+    sys.path[:] = _saved_path
+assert hasattr(aot, "lower"), f"imported the wrong aot: {aot!r}"
 
 assert jax.device_count() == 8, "conftest must run before JAX initialises its backend"
 
