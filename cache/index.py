@@ -335,7 +335,7 @@ _ENTRY_COLUMNS = tuple(_ART.c[f.name] for f in fields(IndexEntry))
 
 
 def _entry(row: sa.Row[Any]) -> IndexEntry:
-    return IndexEntry(**row._mapping)
+    return IndexEntry(*row)  # _ENTRY_COLUMNS are in field order
 
 
 # ------------------------------------------------------------------------ migrations
@@ -816,7 +816,7 @@ class Index:
             q = q.where(_ART.c.state == state)
         q = q.order_by(_ART.c.created_at, _ART.c.key)
         with self._read(f"look up {name}") as conn:
-            return [_entry(r) for r in conn.execute(q)]
+            return [_entry(r) for r in conn.execute(q).all()]
 
     def by_program(self, program_fp: str) -> list[IndexEntry]:
         """Every artifact of one program (all environments and states)."""
@@ -826,7 +826,7 @@ class Index:
             .order_by(_ART.c.created_at, _ART.c.key)
         )
         with self._read(f"look up program {program_fp}") as conn:
-            return [_entry(r) for r in conn.execute(q)]
+            return [_entry(r) for r in conn.execute(q).all()]
 
     def entries(self, name_glob: str | None = None) -> list[IndexEntry]:
         """All artifacts, or those whose name matches an fnmatch glob (case-sensitive)."""
@@ -835,7 +835,7 @@ class Index:
             q = q.where(_ART.c.name.like(glob_to_like(name_glob), escape="\\"))
         q = q.order_by(_ART.c.name, _ART.c.created_at, _ART.c.key)
         with self._read("list artifacts") as conn:
-            out = [_entry(r) for r in conn.execute(q)]
+            out = [_entry(r) for r in conn.execute(q).all()]
         if name_glob is not None and name_glob != "*":
             # LIKE is case-insensitive on SQLite and has no [...] classes.
             out = [e for e in out if fnmatch.fnmatchcase(e.name, name_glob)]
