@@ -303,6 +303,8 @@ class IndexEntry:
                 continue
             value = data[f.name]
             if f.name in ("created_at", "last_used_at") and isinstance(value, str):
+                if value.endswith(("Z", "z")):  # Python 3.10's fromisoformat rejects "Z"
+                    value = value[:-1] + "+00:00"
                 value = datetime.fromisoformat(value)
                 if value.tzinfo is None:
                     value = value.replace(tzinfo=timezone.utc)

@@ -102,6 +102,8 @@ def test_entry_dict_round_trip_is_json() -> None:
     assert data["created_at"] == "2024-05-01T12:00:00.123456+00:00"
     assert IndexEntry.from_dict(data) == entry
     assert IndexEntry.from_dict({**data, "added_in_a_later_version": 1}) == entry
+    zulu = {**data, "created_at": "2024-05-01T12:00:00.123456Z"}
+    assert IndexEntry.from_dict(zulu).created_at == T0
 
 
 def test_adding_an_existing_key_is_a_no_op(index: Index) -> None:
