@@ -95,6 +95,9 @@ class Manifest:
     cost_analysis: Mapping[str, float] | None = None
     memory_analysis: Mapping[str, int] | None = None
     format_version: int = FORMAT_VERSION
+    # Optional (absent in manifests written before it existed): positional parameter
+    # names, so that errors of loaded executables say "nothing", not "args[3]".
+    arg_names: tuple[str, ...] = ()
     hmac: str | None = field(default=None, compare=False)
 
     # -- (de)serialization
@@ -125,6 +128,8 @@ class Manifest:
             "cost_analysis": dict(self.cost_analysis) if self.cost_analysis else None,
             "memory_analysis": dict(self.memory_analysis) if self.memory_analysis else None,
         }
+        if self.arg_names:
+            data["arg_names"] = list(self.arg_names)
         if include_hmac and self.hmac is not None:
             data["hmac"] = self.hmac
         return data
@@ -185,6 +190,7 @@ class Manifest:
                 created_at=str(data.get("created_at", "")),
                 cost_analysis=data.get("cost_analysis"),
                 memory_analysis=data.get("memory_analysis"),
+                arg_names=tuple(str(n) for n in data.get("arg_names", ())),
                 hmac=data.get("hmac"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -334,6 +340,7 @@ def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         cost_analysis=_json_cost_analysis(_safe(exe.cost_analysis)),
         memory_analysis=_json_memory_analysis(_safe(exe.memory_analysis)),
+        arg_names=tuple(info.arg_names),
     )
     return Artifact(manifest, blobs)
 
@@ -398,6 +405,7 @@ def executable_info(manifest: Manifest) -> ExecutableInfo:
         program_fingerprint=manifest.program,
         environment_fingerprint=manifest.environment,
         compile_seconds=manifest.compile_seconds,
+        arg_names=manifest.arg_names,
     )
 
 
@@ -482,7 +490,10 @@ def recompile(artifact: Artifact) -> Artifact:
         for a in info.args
     ]
     start = time.perf_counter()
-    compiled = jax.jit(exported.call).trace(*specs).lower().compile()
+    # jax.export does not record donation; without this the recompiled executable
+    # would silently stop donating (and keep twice the memory alive).
+    donated = tuple(i for i, a in enumerate(info.args) if a.donated)
+    compiled = jax.jit(exported.call, donate_argnums=donated).trace(*specs).lower().compile()
     seconds = time.perf_counter() - start
     environment = environment_fingerprint()
     unloaded = compiled._executable._unloaded_executable

@@ -224,4 +224,5 @@ def executable_info(
         program_fingerprint=computation.program_fingerprint,
         environment_fingerprint=computation.environment_fingerprint,
         compile_seconds=seconds,
+        arg_names=tuple(computation.arg_names),
     )

@@ -51,6 +51,9 @@ class ExecutableInfo:
     program_fingerprint: Fingerprint
     environment_fingerprint: Fingerprint
     compile_seconds: float = 0.0
+    # Names of the positional (non-static) parameters, for error messages; empty
+    # when unknown (they are then recovered from the leaf paths where possible).
+    arg_names: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -157,18 +160,9 @@ class MeshExecutable:
         return self._leaves_match(leaves)
 
     def _leaves_match(self, leaves: Sequence[Any]) -> bool:
-        for leaf, (shape, dtype) in zip(leaves, self._expected):
-            kinds = _SCALAR_KINDS.get(type(leaf))
-            if kinds is not None:
-                if shape != () or dtype.kind not in kinds:
-                    return False
-                continue
-            try:
-                if leaf.shape != shape or leaf.dtype != dtype:
-                    return False
-            except AttributeError:
-                return False
-        return True
+        return all(
+            _leaf_matches(leaf, shape, dtype) for leaf, (shape, dtype) in zip(leaves, self._expected)
+        )
 
     def mismatch_error(self, args: Sequence[Any], kwargs: dict[str, Any]) -> AvalMismatchError:
         return input_mismatch_error(self.info, args, kwargs)
@@ -197,25 +191,28 @@ def executable_class(kind: str) -> type[MeshExecutable]:
     return PmapExecutable if kind == "pmap" else MeshExecutable
 
 
+def _leaf_matches(leaf: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """The one rule for an input leaf: Python scalars of the right kind, else shape+dtype."""
+    kinds = _SCALAR_KINDS.get(type(leaf))
+    if kinds is not None:
+        return shape == () and dtype.kind in kinds
+    try:
+        return tuple(leaf.shape) == tuple(shape) and leaf.dtype == dtype
+    except (AttributeError, TypeError):
+        return False
+
+
 def input_mismatch_error(
     info: ExecutableInfo, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> AvalMismatchError:
-    """Lists every mismatch between the inputs and the compiled avals, by path."""
-    leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
-    problems: list[str] = []
-    if treedef != info.in_tree:
-        expected_args = len(info.in_tree.children()[0].children())
-        got_args = len(args)
-        if expected_args != got_args:
-            problems.append(f"expected {expected_args} positional arguments, got {got_args}")
-        problems.append(
-            f"expected pytree structure {_structure(info.in_tree)}, got {_structure(treedef)}"
-        )
-    else:
-        for arg, leaf in zip(info.args, leaves):
-            got = _describe_leaf(leaf)
-            if got != arg.describe():
-                problems.append(f"{arg.path}: expected {arg.describe()}, got {got}")
+    """Lists every mismatch between the inputs and the compiled avals, by path.
+
+    Structure is compared argument by argument and node by node, so a wrong pytree is
+    reported where it differs (``batch: unexpected keys ['y']``), and the leaves of the
+    parts whose structure matches are still compared (``params['w']: expected f32[4],
+    got f32[5]``).
+    """
+    problems = _input_problems(info, tuple(args), dict(kwargs))
     message = (
         f"{info.name}: inputs do not match the compiled signature ({info.signature}):\n  "
         + "\n  ".join(problems)
@@ -224,13 +221,147 @@ def input_mismatch_error(
     return AvalMismatchError(message, tuple(problems))
 
 
+def _input_problems(
+    info: ExecutableInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[str]:
+    problems: list[str] = []
+    expected_args, expected_kwargs = info.in_tree.children()
+    arg_trees = expected_args.children()
+    names = _positional_names(info)
+    offsets = _offsets([t.num_leaves for t in arg_trees])
+    if len(args) != len(arg_trees):
+        listed = f" ({', '.join(names)})" if names else ""
+        problems.append(
+            f"expected {len(arg_trees)} positional arguments{listed}, got {len(args)}"
+        )
+    for i, (tree, value) in enumerate(zip(arg_trees, args)):
+        problems += _compare(tree, value, names[i], info.args[offsets[i] :])
+
+    kw_node = expected_kwargs.node_data()
+    kw_keys = list(kw_node[1]) if kw_node is not None and kw_node[1] is not None else []
+    kw_trees = expected_kwargs.children()
+    kw_offsets = _offsets([t.num_leaves for t in kw_trees], start=expected_args.num_leaves)
+    for key, tree, offset in zip(kw_keys, kw_trees, kw_offsets):
+        if key not in kwargs:
+            problems.append(f"missing keyword argument {key!r} (expected {_expected(tree, info.args[offset:])})")
+        else:
+            problems += _compare(tree, kwargs[key], str(key), info.args[offset:])
+    for key in kwargs:
+        if key not in kw_keys:
+            problems.append(f"unexpected keyword argument {key!r}")
+    if not problems:  # should not happen; never raise an empty list
+        _, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        problems.append(
+            f"expected pytree structure {_structure(info.in_tree)}, got {_structure(treedef)}"
+        )
+    return problems
+
+
+def _offsets(sizes: Sequence[int], start: int = 0) -> list[int]:
+    out = []
+    for size in sizes:
+        out.append(start)
+        start += size
+    return out
+
+
+def _positional_names(info: ExecutableInfo) -> list[str]:
+    """The names of the positional arguments, recovered from the recorded leaf paths."""
+    names = []
+    offset = 0
+    for i, tree in enumerate(info.in_tree.children()[0].children()):
+        name = info.arg_names[i] if i < len(info.arg_names) else f"args[{i}]"
+        if tree.num_leaves and i >= len(info.arg_names):
+            placeholder = tree.unflatten(range(tree.num_leaves))
+            first = jax.tree_util.tree_flatten_with_path(placeholder)[0][0][0]
+            inner = jax.tree_util.keystr(tuple(first))
+            path = info.args[offset].path
+            if path.endswith(inner) and len(path) > len(inner):
+                name = path[: len(path) - len(inner)]
+        names.append(name)
+        offset += tree.num_leaves
+    return names
+
+
+def _compare(expected: PyTreeDef, value: Any, path: str, args: Sequence[ArgAval]) -> list[str]:
+    """Mismatches between one expected subtree (whose leaves start at ``args``) and a value."""
+    leaves, got = jax.tree_util.tree_flatten(value)
+    if got == expected:
+        return [
+            f"{arg.path}: expected {arg.describe()}, got {_describe_leaf(leaf)}"
+            for arg, leaf in zip(args, leaves)
+            if not _leaf_matches(leaf, arg.shape, arg.dtype)
+        ]
+    node = expected.node_data()
+    got_node = got.node_data()
+    mismatch = [f"{path}: expected {_expected(expected, args)}, got {_got(value, got)}"]
+    if node is None or got_node is None or node[0] is not got_node[0]:
+        return mismatch
+    cls, aux = node
+    children = expected.children()
+    offsets = _offsets([c.num_leaves for c in children])
+    if cls is dict:
+        got_keys = list(value)
+        keys = list(aux)
+        problems = []
+        missing = [k for k in keys if k not in value]
+        extra = [k for k in got_keys if k not in keys]
+        if missing:
+            problems.append(f"{path}: missing keys {sorted(missing, key=repr)}")
+        if extra:
+            problems.append(f"{path}: unexpected keys {sorted(extra, key=repr)}")
+        for key, child, offset in zip(keys, children, offsets):
+            if key in value:
+                problems += _compare(child, value[key], f"{path}[{key!r}]", args[offset:])
+        return problems
+    if cls in (list, tuple) or _is_namedtuple(cls):
+        if len(value) != len(children):
+            return mismatch
+        fields = getattr(cls, "_fields", None)
+        problems = []
+        for i, (child, offset) in enumerate(zip(children, offsets)):
+            sub = f"{path}.{fields[i]}" if fields else f"{path}[{i}]"
+            problems += _compare(child, value[i], sub, args[offset:])
+        return problems
+    return mismatch
+
+
+def _is_namedtuple(cls: type) -> bool:
+    return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
+def _expected(tree: PyTreeDef, args: Sequence[ArgAval]) -> str:
+    if tree.node_data() is None:  # a leaf
+        return args[0].describe() if args else "an array"
+    return _describe_node(tree)
+
+
+def _got(value: Any, tree: PyTreeDef) -> str:
+    if tree.node_data() is None:
+        return _describe_leaf(value)
+    return _describe_node(tree)
+
+
+def _describe_node(tree: PyTreeDef) -> str:
+    cls, aux = tree.node_data()
+    n = len(tree.children())
+    if cls is type(None):
+        return "None"
+    if cls is dict:
+        return f"a dict with keys {sorted(aux, key=repr)}"
+    if cls is list or cls is tuple:
+        return f"a {cls.__name__} of {n} item{'s' if n != 1 else ''}"
+    if _is_namedtuple(cls):
+        return f"{cls.__name__}({', '.join(cls._fields)})"
+    return f"a {cls.__qualname__} node"
+
+
 def _describe_leaf(leaf: Any) -> str:
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
         return format_aval(leaf.shape, leaf.dtype)
-    try:
-        return leaf_signature([leaf])
-    except Exception:  # noqa: BLE001 - anything that is not an array
-        return f"{type(leaf).__name__} {leaf!r}"[:80]
+    if type(leaf) in _SCALAR_KINDS:
+        return f"{leaf_signature([leaf])} (Python {type(leaf).__name__} {leaf!r})"
+    return f"{type(leaf).__name__} {leaf!r}"[:80]
 
 
 def _structure(treedef: PyTreeDef) -> str:
