@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -30,6 +31,8 @@ _HOST_CALLBACK_PRIMITIVES = {
 
 def default_name(fn: Callable[..., Any]) -> str:
     target = inspect.unwrap(fn) if callable(fn) else fn
+    while isinstance(target, functools.partial):  # else every partial is "functools.partial"
+        target = inspect.unwrap(target.func)
     module = getattr(target, "__module__", None) or "__main__"
     qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
     if qualname is None:
