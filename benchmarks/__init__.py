@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of jax-aot against plain JAX (see benchmarks/README.md)."""

@@ -1,0 +1,617 @@
+"""Driver: runs each scenario in fresh worker processes and prints ratio tables.
+
+    python -m benchmarks [--quick] [--only NAME[,NAME]] [--runs N] [--json OUT.json] [--keep]
+
+Scenarios (``--only`` names):
+
+  first_result  time to the first result of the transformer train step in a fresh
+                process: aot.load vs jax.jit cold vs JAX's persistent cache (warm) vs
+                serialize_executable.deserialize_and_load; import time separately
+  buckets       time until all 8 buckets of the MLP forward pass are ready
+  dispatch      per-call time on `tiny` (f32[8]) and on the 4x2 mesh MLP
+  warmup        `aot warmup fixtures/warmup.toml` with --jobs 1 / 2 and fully cached,
+                next to plain JAX compiling the same programs (cold / persistent cache)
+  index         benchmarks/bench_index.py (index lookups at 100,000 artifacts)
+  storage       raw vs stored bytes, dedup, next to JAX's persistent cache and pickles
+
+Every worker runs with 8 virtual CPU devices and the repository root on PYTHONPATH.
+Everything is written under one temporary folder, removed at the end (``--keep`` keeps
+it).  Numbers are medians over runs, with min-max; ratios are aot / JAX (below 1 means
+aot is faster or smaller).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.worker import AOT_MISSING, MARKER
+
+REPO = Path(__file__).resolve().parents[1]
+MANIFEST = REPO / "fixtures" / "warmup.toml"
+XLA_DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+@dataclass
+class Proc:
+    """One finished subprocess: its JSON line (if any), and wall times seen from outside."""
+
+    result: dict[str, Any] | None
+    wall_to_result_s: float | None  # spawn -> the JSON line arrived
+    wall_s: float  # spawn -> exit
+    returncode: int
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def error(self) -> str:
+        tail = "\n".join(self.stderr.strip().splitlines()[-6:])
+        return f"exit {self.returncode}: {tail}"
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    flags = env.get("XLA_FLAGS", "")
+    if XLA_DEVICES_FLAG not in flags:
+        env["XLA_FLAGS"] = (flags + " " + XLA_DEVICES_FLAG).strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    # No ambient cache may leak into a measurement.
+    for name in ("JAX_COMPILATION_CACHE_DIR", "AOT_CACHE"):
+        env.pop(name, None)
+    return env
+
+
+def spawn(cmd: list[str], *, timeout: float = 900) -> Proc:
+    """Runs ``cmd`` from the repo root; times the JSON line and the exit from outside."""
+    with tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=err, text=True
+        )
+        result = None
+        at_result = None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(MARKER) and result is None:
+                at_result = time.perf_counter() - start
+                result = json.loads(line[len(MARKER):])
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        wall = time.perf_counter() - start
+        err.seek(0)
+        return Proc(result, at_result, wall, proc.returncode, err.read())
+
+
+def worker(task: str, folder: Path, variant: str = "", quick: bool = False) -> Proc:
+    cmd = [sys.executable, "-m", "benchmarks.worker", task, "--dir", str(folder)]
+    if variant:
+        cmd += ["--variant", variant]
+    if quick:
+        cmd.append("--quick")
+    return spawn(cmd)
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass
+class Row:
+    label: str
+    side: str  # "jax" or "aot"
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    skipped: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, values: dict[str, float | None]) -> None:
+        for key, value in values.items():
+            if value is not None:
+                self.samples.setdefault(key, []).append(float(value))
+
+    def median(self, metric: str) -> float | None:
+        values = self.samples.get(metric)
+        return statistics.median(values) if values else None
+
+
+@dataclass
+class Scenario:
+    name: str
+    title: str
+    metrics: dict[str, str]  # metric -> column heading
+    ratio_metrics: list[str]
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    skipped: str | None = None
+    unit: str = "s"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def row(self, label: str, side: str) -> Row:
+        for row in self.rows:
+            if row.label == label:
+                return row
+        row = Row(label, side)
+        self.rows.append(row)
+        return row
+
+    def record(self, row: Row, proc: Proc, metrics: Callable[[Proc], dict[str, Any]]) -> None:
+        if proc.result is not None and "skipped" in proc.result:
+            row.skipped = proc.result["skipped"]
+        elif proc.result is None or not proc.ok:
+            row.errors.append(proc.error())
+        else:
+            row.add(metrics(proc))
+
+    def ratios(self) -> list[dict[str, Any]]:
+        out = []
+        for metric in self.ratio_metrics:
+            for mine in (r for r in self.rows if r.side == "aot"):
+                for theirs in (r for r in self.rows if r.side == "jax"):
+                    a, b = mine.median(metric), theirs.median(metric)
+                    if a is not None and b:
+                        out.append({"metric": metric, "aot": mine.label, "jax": theirs.label,
+                                    "ratio": a / b})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "skipped": self.skipped,
+            "unit": self.unit,
+            "metrics": self.metrics,
+            "rows": [
+                {"variant": r.label, "side": r.side, "samples": r.samples,
+                 "median": {m: r.median(m) for m in r.samples}, "skipped": r.skipped,
+                 "errors": r.errors}
+                for r in self.rows
+            ],
+            "ratios": self.ratios(),
+            "notes": self.notes,
+            **self.extra,
+        }
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "us":
+        return f"{value:.1f}"
+    if unit == "B":
+        return human_bytes(value)
+    return f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def render(s: Scenario) -> str:
+    lines = [f"### {s.name}: {s.title}", ""]
+    if s.skipped:
+        lines += [f"skipped: {s.skipped}", ""]
+        return "\n".join(lines)
+    heads = [f"{h} ({s.unit})" for h in s.metrics.values()]
+    lines.append("| variant | " + " | ".join(heads) + " |")
+    lines.append("|---|" + "---|" * len(heads))
+    for row in s.rows:
+        if row.skipped or (row.errors and not row.samples):
+            why = row.skipped or "failed: " + row.errors[0].splitlines()[0]
+            lines.append(f"| {row.label} | {why} |" + " |" * (len(heads) - 1))
+            continue
+        cells = []
+        for metric in s.metrics:
+            values = row.samples.get(metric)
+            if not values:
+                cells.append("-")
+            elif len(values) == 1:
+                cells.append(fmt(values[0], s.unit))
+            else:
+                cells.append(f"{fmt(statistics.median(values), s.unit)} "
+                             f"({fmt(min(values), s.unit)}–{fmt(max(values), s.unit)})")
+        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    ratios = s.ratios()
+    if ratios:
+        lines += ["", "ratios (aot / JAX, medians):"]
+        for r in ratios:
+            lines.append(f"- {s.metrics[r['metric']]}: {r['aot']} / {r['jax']} = "
+                         f"{r['ratio']:.2f}x")
+    errors = [(r.label, e) for r in s.rows for e in r.errors]
+    for label, error in errors[:3]:
+        lines.append(f"- error in {label}: {error}")
+    for note in s.notes:
+        lines.append(f"- {note}")
+    lines.append("")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+
+@dataclass
+class Context:
+    root: Path
+    runs: int | None
+    quick: bool
+
+    def runs_for(self, quick_runs: int, full_runs: int = 5) -> int:
+        if self.runs is not None:
+            return self.runs
+        return quick_runs if self.quick else full_runs
+
+    def folder(self, name: str) -> Path:
+        path = self.root / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+def populate(s: Scenario, task: str, folder: Path) -> bool:
+    proc = worker(task, folder)
+    if not proc.ok or proc.result is None:
+        s.skipped = f"{task} failed: {proc.error()}"
+        return False
+    s.extra["populate"] = proc.result
+    if "aot" in proc.result:
+        s.notes.append(f"aot side: {proc.result['aot']}")
+    return True
+
+
+def first_result(ctx: Context) -> Scenario:
+    s = Scenario(
+        "first_result",
+        "transformer train step (12 layers, 8x128 tokens), time to first result in a "
+        "fresh process",
+        {"import_s": "import jax", "ready_s": "executable ready", "run_s": "first step",
+         "wall_s": "first result, wall"},
+        ["ready_s", "wall_s"],
+    )
+    folder = ctx.folder("first_result")
+    if not populate(s, "transformer.populate", folder):
+        return s
+    variants = [("jit_cold", "jax.jit cold", "jax"),
+                ("pcache", "jax.jit + persistent cache", "jax"),
+                ("deserialize", "deserialize_and_load", "jax"),
+                ("aot", "aot.load", "aot")]
+    for _ in range(ctx.runs_for(2)):
+        for variant, label, side in variants:  # interleaved: drift hits all alike
+            proc = worker("transformer.first", folder, variant)
+            s.record(s.row(label, side), proc, lambda p: {
+                "import_s": p.result["import_s"], "ready_s": p.result["ready_s"],
+                "run_s": p.result["run_s"], "wall_s": p.wall_to_result_s,
+                "aot_import_s": p.result.get("aot_import_s")})
+    aot_row = s.row("aot.load", "aot")
+    if aot_row.samples.get("aot_import_s"):
+        s.notes.append(f"of aot.load's 'executable ready', importing aot (cache, SQL) took "
+                       f"{aot_row.median('aot_import_s'):.2f} s (median)")
+    s.notes.append("'executable ready' counts the imports each way needs beyond JAX "
+                   "(the model module for jax.jit, aot and its cache for aot.load); "
+                   "'first result, wall' is measured from process spawn")
+    s.notes.append("the first step (~1-3 s of compute on 2 cores) is the same program "
+                   "in every row")
+    return s
+
+
+def buckets(ctx: Context) -> Scenario:
+    s = Scenario(
+        "buckets",
+        "MLP forward (784-512-512-10), all 8 batch buckets (1..128) ready in a fresh process",
+        {"import_s": "import jax", "ready_s": "8 executables ready",
+         "run_s": "8 first calls", "wall_s": "all 8 results, wall"},
+        ["ready_s", "wall_s"],
+    )
+    folder = ctx.folder("buckets")
+    if not populate(s, "mlp.populate", folder):
+        return s
+    variants = [("jit_cold", "jax.jit cold", "jax"),
+                ("pcache", "jax.jit + persistent cache", "jax"),
+                ("aot", "aot.load + warm()", "aot")]
+    for _ in range(ctx.runs_for(2)):
+        for variant, label, side in variants:
+            proc = worker("mlp.buckets", folder, variant)
+            s.record(s.row(label, side), proc, lambda p: {
+                "import_s": p.result["import_s"], "ready_s": p.result["ready_s"],
+                "run_s": p.result["run_s"], "wall_s": p.wall_to_result_s,
+                "aot_import_s": p.result.get("aot_import_s")})
+    aot_row = s.row("aot.load + warm()", "aot")
+    if aot_row.samples.get("aot_import_s"):
+        s.notes.append(f"of aot's '8 executables ready', importing aot took "
+                       f"{aot_row.median('aot_import_s'):.2f} s (median)")
+    return s
+
+
+def dispatch(ctx: Context) -> Scenario:
+    s = Scenario(
+        "dispatch",
+        "per-call time (call + block_until_ready), jax.Array inputs",
+        {"tiny": "tiny f32[8]", "sharded_mlp": "4x2 mesh MLP"},
+        ["tiny", "sharded_mlp"],
+        unit="us",
+    )
+    folder = ctx.folder("dispatch")
+    proc = worker("dispatch.populate", folder)
+    aot_missing = proc.result is not None and "skipped" in proc.result
+    if not aot_missing and (not proc.ok or proc.result is None):
+        s.notes.append(f"aot side not populated: {proc.error()}")
+        aot_missing = True
+    ways = [("jit", "jax.jit(f)", "jax"),
+            ("compiled", "jax.jit(f).lower().compile()", "jax"),
+            ("aot_load", "aot.load dispatcher", "aot"),
+            ("aot_executable", "aot executable (cache.get)", "aot")]
+    for _ in range(ctx.runs_for(1, 3)):
+        proc = worker("dispatch.measure", folder, quick=ctx.quick)
+        if proc.result is None or not proc.ok:
+            for _, label, side in ways:
+                s.row(label, side).errors.append(proc.error())
+            continue
+        for way, label, side in ways:
+            row = s.row(label, side)
+            if f"tiny.{way}_us" not in proc.result:
+                row.skipped = proc.result.get("aot", AOT_MISSING)
+                continue
+            row.add({name: proc.result[f"{name}.{way}_us"] for name in s.metrics})
+        s.extra.setdefault("loops", {"number": proc.result["number"],
+                                     "repeats": proc.result["repeats"]})
+    loops = s.extra.get("loops", {})
+    if loops:
+        s.notes.append(f"each process: median of {loops['repeats']} interleaved loops of "
+                       f"{loops['number']} calls per way; table: median over processes")
+    s.notes.append("the issue's goal compares aot with jax.jit(f).lower().compile() "
+                   "called directly")
+    return s
+
+
+def aot_cli() -> tuple[Path | None, str | None]:
+    cli = Path(sys.executable).with_name("aot")
+    if not cli.exists():
+        found = shutil.which("aot")
+        cli = Path(found) if found else None
+    if cli is None:
+        return None, "skipped: the `aot` console script is not installed"
+    proc = spawn([str(cli), "warmup", "--help"], timeout=120)
+    if not proc.ok:
+        return None, "skipped: `aot warmup` not available yet (" + \
+            (proc.stderr.strip().splitlines() or ["?"])[-1] + ")"
+    return cli, None
+
+
+def warmup(ctx: Context) -> Scenario:
+    s = Scenario(
+        "warmup",
+        f"{MANIFEST.relative_to(REPO)} (5 programs), whole process, wall time",
+        {"wall_s": "wall"},
+        ["wall_s"],
+    )
+    folder = ctx.folder("warmup")
+    jax_cache = ctx.folder("warmup/jax")
+    worker("warmup.jax", jax_cache, "pcache")  # fills JAX's persistent cache
+    cli, why = aot_cli()
+    if why:
+        s.notes.append(f"aot side {why}")
+    for run in range(ctx.runs_for(1, 3)):
+        for variant, label in (("cold", "JAX compile, 1 process, cold"),
+                               ("pcache", "JAX compile, persistent cache warm")):
+            proc = worker("warmup.jax", jax_cache, variant)
+            s.record(s.row(label, "jax"), proc, lambda p: {"wall_s": p.wall_s})
+        if cli is None:
+            for label in ("aot warmup --jobs 1", "aot warmup --jobs 2", "aot warmup, all cached"):
+                s.row(label, "aot").skipped = why
+            continue
+        for jobs, cache in ((1, folder / f"jobs1-{run}"), (2, folder / f"jobs2-{run}")):
+            proc = spawn([str(cli), "--cache", str(cache), "warmup", str(MANIFEST),
+                          "--jobs", str(jobs)])
+            _record_cli(s.row(f"aot warmup --jobs {jobs}", "aot"), proc)
+        proc = spawn([str(cli), "--cache", str(folder / f"jobs2-{run}"), "warmup",
+                      str(MANIFEST), "--jobs", "2"])
+        _record_cli(s.row("aot warmup, all cached", "aot"), proc)
+    return s
+
+
+def _record_cli(row: Row, proc: Proc) -> None:
+    if proc.ok:
+        row.add({"wall_s": proc.wall_s})
+    else:
+        row.errors.append(proc.error())
+
+
+def index(ctx: Context) -> Scenario:
+    s = Scenario("index", "index lookups at 100,000 artifacts (benchmarks/bench_index.py)",
+                 {}, [])
+    script = REPO / "benchmarks" / "bench_index.py"
+    if not script.exists():
+        s.skipped = "benchmarks/bench_index.py is not there yet"
+        return s
+    cmd = [sys.executable, str(script)]
+    if ctx.quick:
+        usage = subprocess.run(cmd + ["--help"], cwd=REPO, env=worker_env(),
+                               capture_output=True, text=True, timeout=120)
+        if "--quick" in usage.stdout:
+            cmd.append("--quick")
+    out = subprocess.run(cmd, cwd=REPO, env=worker_env(), capture_output=True, text=True,
+                         timeout=1800)
+    s.extra["command"] = " ".join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))
+    s.extra["stdout"] = out.stdout
+    s.extra["returncode"] = out.returncode
+    for line in reversed(out.stdout.splitlines()):
+        text = line[len(MARKER):] if line.startswith(MARKER) else line
+        if text.startswith("{"):
+            try:
+                s.extra["result"] = json.loads(text)
+                break
+            except ValueError:
+                pass
+    if out.returncode != 0:
+        s.skipped = f"bench_index.py failed (exit {out.returncode}): " + \
+            "\n".join(out.stderr.strip().splitlines()[-4:])
+    return s
+
+
+def storage(ctx: Context) -> Scenario:
+    s = Scenario("storage", "bytes for 12 programs (transformer, 8 MLP buckets, tiny, mesh "
+                 "MLP, pmap all-reduce)", {"bytes": "size"}, ["bytes"], unit="B")
+    proc = worker("storage", ctx.folder("storage"))
+    if proc.result is not None and "skipped" in proc.result:
+        s.skipped = proc.result["skipped"]
+        return s
+    if proc.result is None or not proc.ok:
+        s.skipped = f"storage worker failed: {proc.error()}"
+        return s
+    r = proc.result
+    s.extra["raw"] = r
+    rows = [
+        ("aot: raw (executables + portable HLO)", "info", r["raw_bytes"]),
+        ("aot: stored blobs (zstd)", "aot", r["stored_bytes"]),
+        ("aot: whole cache folder (blobs + SQLite)", "info", r["cache_folder_bytes"]),
+        ("JAX persistent cache folder", "jax", r["jax_pcache_bytes"]),
+        ("JAX serialize_executable, pickled", "jax", r["jax_pickled_serialize_bytes"]),
+    ]
+    for label, side, value in rows:
+        s.row(label, side).add({"bytes": value})
+    dedup_ok = (r["blob_folder_bytes_after_second_put"] == r["blob_folder_bytes"]
+                and r["entries_after_second_put"] == r["entries"])
+    s.notes.append(
+        f"dedup: every executable stored a second time -> blob folder "
+        f"{human_bytes(r['blob_folder_bytes'])} -> "
+        f"{human_bytes(r['blob_folder_bytes_after_second_put'])}, entries {r['entries']} -> "
+        f"{r['entries_after_second_put']} ({'no growth' if dedup_ok else 'GREW'})")
+    s.notes.append("aot stores the portable HLO as well as the executable; JAX's cache "
+                   "stores the executable only")
+    return s
+
+
+SCENARIOS: dict[str, Callable[[Context], Scenario]] = {
+    "first_result": first_result,
+    "buckets": buckets,
+    "dispatch": dispatch,
+    "warmup": warmup,
+    "index": index,
+    "storage": storage,
+}
+
+
+# ----------------------------------------------------------------------------- machine
+
+
+def machine() -> dict[str, Any]:
+    from importlib import metadata
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        info["cpus_usable"] = len(os.sched_getaffinity(0))
+    except AttributeError:
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        info["cpu"] = platform.processor()
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                info["memory_gb"] = round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    for dist in ("jax", "jaxlib", "jax-aot", "numpy", "sqlalchemy"):
+        try:
+            info[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            info[dist] = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+        info["commit"] = commit or None
+    except OSError:
+        info["commit"] = None
+    info["xla_flags"] = worker_env()["XLA_FLAGS"]
+    return info
+
+
+def describe(m: dict[str, Any]) -> str:
+    cores = m.get("cpus_usable", m.get("cpu_count"))
+    return (f"{m.get('cpu', '?')}, {cores} cores, {m.get('memory_gb', '?')} GB; "
+            f"Python {m['python']}, jax {m['jax']}, jaxlib {m['jaxlib']}; "
+            f"commit {m.get('commit')}; {m['xla_flags']}")
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="jax-aot next to plain JAX, in fresh processes, as ratios.",
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer runs and loops (under 2 minutes on 2 cores)")
+    parser.add_argument("--only", default="",
+                        help="comma-separated scenarios: " + ", ".join(SCENARIOS))
+    parser.add_argument("--runs", type=int, default=None,
+                        help="fresh processes per variant (default 5, --quick 1-2)")
+    parser.add_argument("--json", type=Path, default=None, help="write raw numbers here")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    args = parser.parse_args(argv)
+
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(SCENARIOS)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}")
+
+    info = machine()
+    command = "python -m benchmarks " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"machine: {describe(info)}")
+    print(f"command: {command.strip()}\n", flush=True)
+
+    root = Path(tempfile.mkdtemp(prefix="aot-bench-"))
+    ctx = Context(root, args.runs, args.quick)
+    report: dict[str, Any] = {"command": command.strip(), "machine": info, "scenarios": {}}
+    started = time.perf_counter()
+    try:
+        for name in names:
+            t = time.perf_counter()
+            scenario = SCENARIOS[name](ctx)
+            seconds = time.perf_counter() - t
+            data = scenario.to_dict()
+            data["seconds"] = seconds
+            report["scenarios"][name] = data
+            print(render(scenario), flush=True)
+            if name == "index" and scenario.extra.get("stdout"):
+                print(scenario.extra["stdout"].rstrip() + "\n", flush=True)
+            print(f"({name}: {seconds:.0f} s)\n", flush=True)
+    finally:
+        if args.keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    report["seconds"] = time.perf_counter() - started
+    print(f"total: {report['seconds']:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
