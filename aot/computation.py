@@ -49,6 +49,11 @@ class MeshComputation:
         self._export = export
         self._options = options
         self._compile_args = lowered._lowering.compile_args
+        # The fingerprints are computed lazily, but must describe the configuration
+        # the program was lowered under (x64, XLA flags), not the one current when
+        # they are first read.
+        self._x64 = bool(jax.config.jax_enable_x64)
+        self._environment = environment_fingerprint()
 
     # -- structure
     @property
@@ -127,13 +132,13 @@ class MeshComputation:
             "kept_args": canonical_json(sorted(self.kept)),
             "devices": canonical_json([int(d.id) for d in self.devices]),
             "compile_options": canonical_json(self._options.get("compiler_options") or {}),
-            "x64": str(bool(jax.config.jax_enable_x64)).lower(),
+            "x64": str(self._x64).lower(),
         }
         return program_fingerprint(parts)
 
-    @cached_property
+    @property
     def environment_fingerprint(self) -> Fingerprint:
-        return environment_fingerprint()
+        return self._environment
 
     @property
     def fingerprint(self) -> str:
