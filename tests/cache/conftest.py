@@ -12,6 +12,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -168,3 +169,244 @@ def write_raw() -> Callable[[BlobStore, str, bytes], None]:
 @pytest.fixture
 def reopen_read_only() -> Callable[[BlobStore], BlobStore]:
     return read_only_twin
+
+
+# ======================================================================= Cache facade
+#
+# Fixtures of the facade and serving tests (test_cache, test_loader, test_maintenance,
+# test_bundle, test_explain): caches of every backend, and artifacts compiled once
+# per session (compiling is the slow part; storing an artifact is cheap).
+
+
+CACHE_KINDS = [
+    "folder",  # aot.Cache(folder): SQLite index + folder blobs
+    "sqlite-db",  # aot.Cache("sqlite:///..."): SQLite index, blobs in the database
+    pytest.param("postgresql", marks=_postgres),  # aot.Cache(pg_url): blobs in the database
+    pytest.param("postgresql-folder", marks=_postgres),  # aot.Cache(pg_url, blob_location=folder)
+]
+
+
+class CacheFactory:
+    """Opens ``aot.Cache`` objects on one location (like separate processes would)."""
+
+    def __init__(self, kind: str, location: str, blob_location: str | None) -> None:
+        self.kind = kind
+        self.location = location
+        self.blob_location = blob_location
+        self._opened: list[Any] = []
+
+    @property
+    def folder_blobs(self) -> bool:
+        return self.kind in ("folder", "postgresql-folder")
+
+    def __call__(self, **kwargs: Any) -> Any:
+        from aot.cache.cache import Cache
+
+        if self.blob_location is not None:
+            kwargs.setdefault("blob_location", self.blob_location)
+        cache = Cache(self.location, **kwargs)
+        self._opened.append(cache)
+        return cache
+
+    def close_all(self) -> None:
+        for cache in self._opened:
+            cache.close()
+
+
+def _cache_factory(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CacheFactory]:
+    folder = tmp_path / "cache"
+    if kind == "folder":
+        factory = CacheFactory(kind, str(folder), None)
+    elif kind == "sqlite-db":
+        factory = CacheFactory(kind, f"sqlite:///{tmp_path / 'cache.sqlite'}", None)
+    elif kind == "postgresql":
+        factory = CacheFactory(kind, str(request.getfixturevalue("postgres_url")), None)
+    elif kind == "postgresql-folder":
+        factory = CacheFactory(kind, str(request.getfixturevalue("postgres_url")), str(tmp_path / "blobs"))
+    else:
+        raise ValueError(kind)
+    try:
+        yield factory
+    finally:
+        factory.close_all()
+
+
+@pytest.fixture(params=CACHE_KINDS)
+def open_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CacheFactory]:
+    """Opens caches on one fresh location of each backend: ``open_cache(read_only=True)``."""
+    yield from _cache_factory(request.param, request, tmp_path)
+
+
+@pytest.fixture
+def open_folder_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CacheFactory]:
+    """Like ``open_cache``, for the default backend only (SQLite + folder)."""
+    yield from _cache_factory("folder", request, tmp_path)
+
+
+@pytest.fixture
+def cache(open_cache: CacheFactory) -> Any:
+    """A fresh, empty ``aot.Cache`` of each backend."""
+    return open_cache()
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def import_fixture_models() -> Any:
+    """``fixtures.models`` (the repository root is appended to ``sys.path`` if needed:
+    ``fixtures`` is not installed, and appending cannot shadow the installed ``aot``)."""
+    import sys
+
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.append(str(REPO_ROOT))
+    from fixtures import models
+
+    return models
+
+
+class Compiled:
+    """Artifacts compiled once per session, with inputs and ``jax.jit`` reference outputs."""
+
+    MLP_NAME = "mlp.forward"
+    TINY_NAME = "tiny"
+    MLP_BATCHES = (1, 2, 4)
+
+    def __init__(self) -> None:
+        import jax
+        import numpy as np
+
+        import aot
+        from aot.artifact import build_artifact
+
+        models = import_fixture_models()
+
+        self.models = models
+
+        def artifact(fn: Any, *specs: Any, name: str) -> Any:
+            computation = aot.lower(fn, *specs, name=name)
+            executable = computation.compile()
+            return build_artifact(executable, computation.portable_hlo(executable))
+
+        self.params = models.mlp_init(0)
+        self.param_specs = models.mlp_param_specs()
+        self.mlp: dict[int, Any] = {}
+        self.inputs: dict[int, Any] = {}
+        self.expected: dict[int, np.ndarray] = {}
+        reference = jax.jit(models.mlp_forward)
+        for batch in self.MLP_BATCHES:
+            self.mlp[batch] = artifact(
+                models.mlp_forward, self.param_specs, models.mlp_input_spec(batch), name=self.MLP_NAME
+            )
+            self.inputs[batch] = models.mlp_input(batch, seed=batch)
+            self.expected[batch] = np.asarray(reference(self.params, self.inputs[batch]))
+        self.tiny = artifact(models.tiny, *models.tiny_specs(), name=self.TINY_NAME)
+        self.tiny_inputs = models.tiny_inputs()
+        self.tiny_expected = np.asarray(jax.jit(models.tiny)(*self.tiny_inputs))
+
+    def all(self) -> list[Any]:
+        return [*self.mlp.values(), self.tiny]
+
+
+@pytest.fixture(scope="session")
+def compiled() -> Compiled:
+    return Compiled()
+
+
+def with_environment(artifact: Any, **parts: str) -> Any:
+    """``artifact`` as if compiled in another environment: parts replaced, key recomputed.
+
+    The blobs are unchanged (so the executable still runs here, but the loader must
+    not trust it: its environment fingerprint differs).
+    """
+    from dataclasses import replace
+
+    from aot.artifact import Artifact
+    from aot.fingerprint import Fingerprint, combined_key
+
+    manifest = artifact.manifest
+    environment = Fingerprint.of(
+        manifest.environment.kind, {**manifest.environment.as_dict(), **parts}
+    )
+    changed = replace(
+        manifest,
+        environment=environment,
+        key=combined_key(manifest.program, environment),
+        hmac=None,
+    )
+    return Artifact(changed, dict(artifact.blobs))
+
+
+@pytest.fixture
+def foreign() -> Callable[..., Any]:
+    """``foreign(artifact, jaxlib="0.0.1")``: see :func:`with_environment`."""
+    return with_environment
+
+
+def set_manifest(cache: Any, key: str, manifest_json: str) -> None:
+    """Overwrite the manifest text of an index row (tampering, for signature tests)."""
+    from aot.cache.index import ArtifactRow
+
+    t = ArtifactRow.__table__
+    with cache.index.engine.begin() as conn:
+        conn.execute(sa.update(t).where(t.c.key == key).values(manifest=manifest_json))
+
+
+@pytest.fixture
+def tamper_manifest() -> Callable[[Any, str, str], None]:
+    return set_manifest
+
+
+@pytest.fixture(autouse=True)
+def _no_cache_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A developer's AOT_SIGNING_KEY / AOT_CACHE must not change what the tests see."""
+    monkeypatch.delenv("AOT_SIGNING_KEY", raising=False)
+    monkeypatch.delenv("AOT_CACHE", raising=False)
+
+
+@pytest.fixture
+def cache_of_kind(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], CacheFactory]:
+    """``cache_of_kind("postgresql")``: a CacheFactory for a test parametrized by hand."""
+
+    def make(kind: str) -> CacheFactory:
+        gen = _cache_factory(kind, request, tmp_path / kind)
+        factory = next(gen)
+        request.addfinalizer(lambda: next(gen, None))
+        return factory
+
+    return make
+
+
+JAX_WORK_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+
+class JaxWork:
+    """Records JAX's own tracing / lowering / XLA-compile events while active."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def _listener(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event in JAX_WORK_EVENTS:
+            self.events.append(event)
+
+    def __enter__(self) -> JaxWork:
+        import jax.monitoring
+
+        self.events.clear()
+        jax.monitoring.register_event_duration_secs_listener(self._listener)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import jax.monitoring
+
+        jax.monitoring.unregister_event_duration_listener(self._listener)
+
+
+@pytest.fixture
+def jax_work() -> JaxWork:
+    """``with jax_work as w: ...; assert w.events == []`` (no trace, lower or compile)."""
+    return JaxWork()
