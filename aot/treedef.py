@@ -52,7 +52,8 @@ def to_json(treedef: PyTreeDef) -> dict[str, Any]:
     if cls is list:
         return {"t": "list", "c": children}
     if cls is dict:
-        return {"t": "dict", "k": [_json_aux(k, cls) for k in aux], "c": children}
+        # Keys go through the tuple encoding too: JSON would turn ('a', 1) into a list.
+        return {"t": "dict", "k": [_json_aux(_aux_for_json(k), cls) for k in aux], "c": children}
     if cls is type(None):
         return {"t": "none"}
     if _is_namedtuple_class(cls):
@@ -127,7 +128,7 @@ def _from_json(data: Any) -> PyTreeDef:
     elif kind == "list":
         node = (list, None)
     elif kind == "dict":
-        keys = list(data["k"])
+        keys = [_aux_from_json(k) for k in data["k"]]
         if len(keys) != len(children):
             raise CorruptArtifactError("malformed pytree dict: keys and children differ in count")
         node = (dict, keys)
@@ -139,7 +140,7 @@ def _from_json(data: Any) -> PyTreeDef:
             raise UnsupportedComputationError(
                 f"pytree node class {data['type']} cannot be imported in this process; "
                 "import the module that registers it before loading, or ask for flat "
-                "outputs (flat_outputs=True)"
+                "outputs (aot.artifact.load_executable(..., flat_outputs=True))"
             )
         node = (cls, _aux_from_json(data["aux"]))
     else:
