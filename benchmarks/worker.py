@@ -493,12 +493,14 @@ def storage(folder: Path, _variant: str, _quick: bool) -> dict[str, Any]:
     stored = sum(e.stored_size for e in entries)
     on_disk = folder_bytes(cache_dir)
     blob_disk = folder_bytes(cache_dir / "blobs") if (cache_dir / "blobs").exists() else None
+    blob_files = sum(1 for p in (cache_dir / "blobs").rglob("*") if p.is_file())
 
     # Dedup: store every executable a second time; no blob or entry may be added.
     for exe in executables:
         cache.put(exe)
     after_again = folder_bytes(cache_dir / "blobs") if blob_disk is not None else folder_bytes(cache_dir)
     entries_again = len(cache.entries())
+    blob_files_again = sum(1 for p in (cache_dir / "blobs").rglob("*") if p.is_file())
 
     return {
         "programs": len(executables),
@@ -509,6 +511,8 @@ def storage(folder: Path, _variant: str, _quick: bool) -> dict[str, Any]:
         "blob_folder_bytes": blob_disk,
         "blob_folder_bytes_after_second_put": after_again,
         "entries_after_second_put": entries_again,
+        "blob_files": blob_files,
+        "blob_files_after_second_put": blob_files_again,
         "jax_pcache_bytes": folder_bytes(folder / "pcache"),
         "jax_pickled_serialize_bytes": pickled_bytes,
     }
