@@ -44,7 +44,7 @@ from aot.shardings import (
     sharding_from_json,
     sharding_to_json,
 )
-from aot.specs import parse_dtype
+from aot.specs import format_aval, parse_dtype
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +201,16 @@ class Manifest:
             raise CorruptArtifactError(
                 f"manifest of {manifest.name!r}: key {manifest.key[:16]} does not match its "
                 "fingerprints; the manifest was altered"
+            )
+        # The argument avals the loader checks inputs against are not hashed into the
+        # key themselves; the program fingerprint's in_avals part is. They must agree,
+        # or a manifest edited to f32[16,8] would run a f32[8,16] program on it.
+        signature = ", ".join(format_aval(a["shape"], _dtype(a["dtype"])) for a in manifest.args)
+        recorded = manifest.program.as_dict().get("in_avals")
+        if signature != recorded or signature != manifest.signature:
+            raise CorruptArtifactError(
+                f"manifest of {manifest.name!r}: argument avals ({signature}) do not match "
+                f"its program fingerprint ({recorded}); the manifest was altered"
             )
         return manifest
 

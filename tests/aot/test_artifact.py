@@ -591,6 +591,23 @@ def test_a_tampered_manifest_is_corrupt(saved, deserialize_calls, edit):
 
 
 @pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d["args"][0].update(shape=[16, 8]),  # same size: XLA would not notice
+        lambda d: d["args"][1].update(dtype="int32"),
+        lambda d: d.update(signature="f32[1]"),
+    ],
+    ids=["shape", "dtype", "signature"],
+)
+def test_tampered_argument_avals_are_corrupt(saved, edit):
+    folder, _ = saved
+    _edit_manifest(folder, edit, rekey=False)
+    with pytest.raises(aot.CorruptArtifactError) as info:
+        Artifact.open(folder)
+    assert "do not match its program fingerprint (f32[8,16], f32[16,4]); the manifest was altered" in str(info.value)
+
+
+@pytest.mark.parametrize(
     ("content", "fragment"),
     [
         (b"{not json", "manifest is not valid JSON"),
