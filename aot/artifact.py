@@ -205,7 +205,10 @@ class Manifest:
         # The argument avals the loader checks inputs against are not hashed into the
         # key themselves; the program fingerprint's in_avals part is. They must agree,
         # or a manifest edited to f32[16,8] would run a f32[8,16] program on it.
-        signature = ", ".join(format_aval(a["shape"], _dtype(a["dtype"])) for a in manifest.args)
+        try:
+            signature = ", ".join(format_aval(a["shape"], _dtype(a["dtype"])) for a in manifest.args)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptArtifactError(f"manifest has a malformed argument: {exc!r}") from None
         recorded = manifest.program.as_dict().get("in_avals")
         if signature != recorded or signature != manifest.signature:
             raise CorruptArtifactError(
