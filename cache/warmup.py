@@ -8,7 +8,9 @@ A manifest is TOML with one ``[[function]]`` table per function::
     args   = ["@fixtures.models:mlp_param_specs", "f32[{batch},784]"]
     vary   = { batch = [1, 8, 32] }             # one entry per value (cartesian product)
 
-Optional keys: ``kwargs`` (a table of spec strings), ``static`` (a table of JSON-able
+Optional keys: ``args_from = "module:callable"`` (its result comes before ``args``: a
+tuple is several positional arguments, anything else one), ``kwargs`` (a table of
+spec strings), ``static`` (a table of JSON-able
 values passed as static keyword arguments), ``pmap = "AXIS"`` (lower with
 :func:`aot.lower_pmap`), ``mesh = "data=4,model=2"`` with ``in_shardings`` (one
 partition-spec string per positional argument, ``"auto"`` for unspecified) and
@@ -72,6 +74,8 @@ __all__ = [
     "load_manifest",
     "parse_manifest",
     "parse_mesh",
+    "prepare",
+    "resolve_args",
     "resolve_target",
     "run_warmup",
 ]
@@ -88,7 +92,7 @@ RESERVED_KWARGS = frozenset({
 })
 
 _FUNCTION_KEYS = (
-    "name", "target", "args", "kwargs", "static", "vary", "pmap", "mesh",
+    "name", "target", "args", "args_from", "kwargs", "static", "vary", "pmap", "mesh",
     "in_shardings", "out_shardings", "donate",
 )
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -115,6 +119,7 @@ class WarmupItem:
     target: str
     args: tuple[str, ...] = ()
     kwargs: tuple[tuple[str, str], ...] = ()
+    args_from: str | None = None
     static: tuple[tuple[str, Any], ...] = ()
     pmap: str | None = None
     mesh: tuple[tuple[str, int], ...] | None = None
@@ -140,7 +145,7 @@ class WarmupItem:
         return f"{self.name}[{','.join(f'{k}={v}' for k, v in self.bucket)}]"
 
     def describe_args(self) -> str:
-        parts = list(self.args) + [f"{k}={v}" for k, v in self.kwargs]
+        parts = ([f"*@{self.args_from}"] if self.args_from else []) + list(self.args) + [f"{k}={v}" for k, v in self.kwargs]
         parts += [f"{k}={json.dumps(v)}" for k, v in self.static]
         return ", ".join(parts)
 
@@ -150,6 +155,7 @@ class WarmupItem:
             "label": self.label,
             "target": self.target,
             "args": list(self.args),
+            "args_from": self.args_from,
             "kwargs": dict(self.kwargs),
             "static": dict(self.static),
             "bucket": dict(self.bucket),
@@ -170,6 +176,8 @@ def _item_problem(item: WarmupItem) -> str | None:
         return "the name is empty"
     if not _TARGET.match(item.target):
         return f"target {item.target!r} is not MODULE:ATTRIBUTE (e.g. 'fixtures.models:tiny')"
+    if item.args_from is not None and not _TARGET.match(item.args_from.lstrip("@")):
+        return f"args_from {item.args_from!r} is not MODULE:CALLABLE"
     clash = sorted(RESERVED_KWARGS & ({k for k, _ in item.kwargs} | {k for k, _ in item.static}))
     if clash:
         return (
@@ -211,6 +219,7 @@ class FunctionEntry:
     name: str
     target: str
     args: tuple[str, ...]
+    args_from: str | None
     kwargs: tuple[tuple[str, str], ...]
     static: tuple[tuple[str, Any], ...]
     vary: tuple[tuple[str, tuple[Any, ...]], ...]
@@ -313,6 +322,9 @@ def _parse_function(table: dict[str, Any], index: int, line: int | None, path: s
     args = table.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise fail(f"'args' must be a list of spec strings, got {args!r}")
+    args_from = table.get("args_from")
+    if args_from is not None and (not isinstance(args_from, str) or not _TARGET.match(args_from.lstrip("@"))):
+        raise fail(f"'args_from' must be 'MODULE:CALLABLE', got {args_from!r}")
     kwargs = table.get("kwargs", {})
     if not isinstance(kwargs, dict) or not all(isinstance(v, str) for v in kwargs.values()):
         raise fail(f"'kwargs' must be a table of spec strings, got {kwargs!r}")
@@ -368,7 +380,7 @@ def _parse_function(table: dict[str, Any], index: int, line: int | None, path: s
     if unused:
         raise fail(f"vary key(s) {unused} are not used as '{{key}}' in args, kwargs or static")
     entry = FunctionEntry(
-        index=index, line=line, name=name, target=target, args=tuple(args),
+        index=index, line=line, name=name, target=target, args=tuple(args), args_from=args_from,
         kwargs=tuple(sorted(kwargs.items())), static=tuple(sorted(static.items())),
         vary=tuple(vary_items), pmap=pmap, mesh=mesh, in_shardings=in_shardings,
         out_shardings=out_shardings, donate=tuple(donate),
@@ -432,6 +444,7 @@ def _expand_function(
             name=str(_substitute(entry.name, bucket)),
             target=entry.target,
             args=tuple(str(_substitute(a, bucket)) for a in entry.args),
+            args_from=entry.args_from,
             kwargs=tuple((k, str(_substitute(v, bucket))) for k, v in entry.kwargs),
             static=tuple((k, _substitute(v, bucket)) for k, v in entry.static),
             pmap=entry.pmap,
@@ -526,6 +539,27 @@ def _resolve_spec(value: str, base_dir: str | None, mesh: Any) -> Any:
     return spec(value, mesh=mesh)
 
 
+def resolve_args(
+    args: Sequence[str] = (),
+    kwargs: Iterable[tuple[str, str]] = (),
+    args_from: str | None = None,
+    *,
+    base_dir: str | None = None,
+    mesh: Any = None,
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Spec strings / ``@callable`` s -> ``(args, kwargs)`` of ``jax.ShapeDtypeStruct`` trees.
+
+    ``args_from`` names a callable whose result comes first: a tuple is several
+    positional arguments, anything else is one.
+    """
+    positional: list[Any] = []
+    if args_from is not None:
+        tree = _resolve_spec("@" + args_from.lstrip("@"), base_dir, mesh)
+        positional.extend(tree if isinstance(tree, tuple) else (tree,))
+    positional.extend(_resolve_spec(a, base_dir, mesh) for a in args)
+    return tuple(positional), {k: _resolve_spec(v, base_dir, mesh) for k, v in kwargs}
+
+
 def make_mesh(axes: Sequence[tuple[str, int]]) -> Any:
     """A ``jax.sharding.Mesh`` over the first ``prod(sizes)`` devices."""
     import jax
@@ -565,7 +599,7 @@ def prepare(item: WarmupItem) -> Prepared:
     if not callable(fn):
         raise TargetError(f"target {item.target!r} is a {type(fn).__name__}, not a function")
     mesh = make_mesh(item.mesh) if item.mesh is not None else None
-    args = tuple(_resolve_spec(a, item.base_dir, mesh) for a in item.args)
+    args, kwargs = resolve_args(item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh)
     options: dict[str, Any] = {"name": item.name}
     if item.donate:
         options["donate_argnums"] = item.donate
@@ -573,7 +607,7 @@ def prepare(item: WarmupItem) -> Prepared:
         options["pmap"] = True
         options["axis_name"] = item.pmap
         return Prepared(fn, args, options)
-    options.update({k: _resolve_spec(v, item.base_dir, mesh) for k, v in item.kwargs})
+    options.update(kwargs)
     if item.static:
         options.update(dict(item.static))
         options["static_argnames"] = tuple(k for k, _ in item.static)
@@ -602,8 +636,7 @@ def item_signature(item: WarmupItem) -> str:
     from aot.specs import format_aval
 
     mesh = make_mesh(item.mesh) if item.mesh is not None else None
-    args = tuple(_resolve_spec(a, item.base_dir, mesh) for a in item.args)
-    kwargs = {k: _resolve_spec(v, item.base_dir, mesh) for k, v in item.kwargs}
+    args, kwargs = resolve_args(item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh)
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     return ", ".join(format_aval(leaf.shape, leaf.dtype) for leaf in leaves)
 

@@ -1,0 +1,119 @@
+"""Looking entries up by key or name and describing them (``aot show``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aot.artifact import PORTABLE_HLO, Manifest
+from aot.errors import AotError, ArtifactNotFoundError, CorruptArtifactError
+from aot.fingerprint import PartDifference
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+    from aot.cache.index import IndexEntry
+
+_HEX = re.compile(r"^[0-9a-fA-F]{4,64}$")
+
+
+def find_entries(cache: Cache, key_or_name: str) -> list[IndexEntry]:
+    """Every entry (any environment or state) named ``key_or_name``; else the one entry
+    whose key starts with it. Raises :class:`aot.ArtifactNotFoundError`."""
+    entries = cache.index.by_name(key_or_name, state=None)
+    if entries:
+        return entries
+    if _HEX.match(key_or_name):
+        keys = cache.index.find_key_prefix(key_or_name.lower(), limit=3)
+        if len(keys) > 1:
+            raise ArtifactNotFoundError(
+                f"key prefix {key_or_name!r} is ambiguous ({', '.join(k[:16] for k in keys)}, ...); "
+                "give more characters"
+            )
+        if keys:
+            entry = cache.index.get(keys[0])
+            if entry is not None:
+                return [entry]
+    raise ArtifactNotFoundError(
+        f"no entry named {key_or_name!r} and no key starting with it in the cache at "
+        f"{cache.location}; `aot ls` lists what is stored"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EntryDetails:
+    """An entry, its parsed manifest, how it compares with this environment, its HLO."""
+
+    entry: IndexEntry
+    manifest: Manifest | None
+    manifest_error: str | None
+    environment_differences: tuple[PartDifference, ...]
+    hlo: str | None = None
+
+    @property
+    def this_environment(self) -> bool:
+        return self.manifest is not None and not self.environment_differences
+
+    def to_dict(self) -> dict[str, Any]:
+        entry = self.entry.to_dict()
+        entry.pop("manifest", None)
+        return {
+            "entry": entry,
+            "manifest": self.manifest.to_dict() if self.manifest is not None else None,
+            "manifest_error": self.manifest_error,
+            "this_environment": self.this_environment,
+            "environment_differences": [d.to_dict() for d in self.environment_differences],
+            "hlo": self.hlo,
+        }
+
+
+def portable_hlo_text(cache: Cache, entry: IndexEntry, *, debug_info: bool = False) -> str:
+    """The StableHLO text of an entry's portable HLO blob (``jax.export`` bytes).
+
+    Without ``debug_info`` the source locations (``loc(...)``, which name the files of
+    the process that lowered it) are left out.
+    """
+    import jax
+
+    if entry.hlo_digest is None:
+        raise CorruptArtifactError(
+            f"{entry.name} ({entry.key[:12]}) has no portable HLO blob (it was compiled "
+            "into a read-only cache or imported without one); recompile it to get one"
+        )
+    blob = cache.artifact(entry).blob(PORTABLE_HLO)
+    try:
+        text = str(jax.export.deserialize(bytearray(blob)).mlir_module())
+    except Exception as exc:  # noqa: BLE001 - jax raises various kinds on bad bytes
+        raise CorruptArtifactError(
+            f"{entry.name} ({entry.key[:12]}): the portable HLO blob does not deserialize: {exc}"
+        ) from None
+    return text if debug_info else _without_locations(text)
+
+
+def _without_locations(text: str) -> str:
+    try:
+        from jax._src.interpreters import mlir
+        from jax._src.lib.mlir import ir
+
+        with mlir.make_ir_context():
+            return str(ir.Module.parse(text).operation.get_asm(enable_debug_info=False))
+    except Exception:  # noqa: BLE001 - private API: fall back to the text as stored
+        return text
+
+
+def describe_entries(
+    cache: Cache, key_or_name: str, *, hlo: bool = False, debug_info: bool = False
+) -> list[EntryDetails]:
+    """:func:`find_entries`, each with its manifest, environment differences and HLO."""
+    details = []
+    for entry in find_entries(cache, key_or_name):
+        manifest: Manifest | None
+        try:
+            manifest = Manifest.from_json(entry.manifest)
+            error = None
+            diffs = manifest.environment.diff(cache.environment)
+        except AotError as exc:
+            manifest, error, diffs = None, str(exc), ()
+        text = portable_hlo_text(cache, entry, debug_info=debug_info) if hlo else None
+        details.append(EntryDetails(entry, manifest, error, diffs, text))
+    return details

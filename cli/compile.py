@@ -1,0 +1,158 @@
+"""``aot compile`` and ``aot why``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from aot.cli.common import (
+    State,
+    echo_json,
+    human_size,
+    json_option,
+    key_value,
+    parse_kwargs,
+    parse_mesh_option,
+    parse_static,
+    pass_state,
+)
+
+SPEC_HELP = (
+    "A spec like f32[8,784], i32[] or f32[64,512]@data,None (with --mesh), or "
+    "@MODULE:CALLABLE for the pytree of specs it returns. Repeat for each positional argument."
+)
+
+
+@click.command("compile")
+@click.argument("target", metavar="MODULE:FUNCTION")
+@click.option("--arg", "args", multiple=True, metavar="SPEC", help=SPEC_HELP)
+@click.option("--kwarg", "kwargs", multiple=True, metavar="NAME=SPEC", help="A keyword argument's spec.")
+@click.option(
+    "--args-from", metavar="MODULE:CALLABLE",
+    help="A callable returning the argument specs (e.g. via jax.eval_shape): a tuple is "
+    "several positional arguments, anything else one. They come before --arg.",
+)
+@click.option("--static", multiple=True, metavar="NAME=JSON", help="A static keyword argument, e.g. training=false.")
+@click.option("--name", help="The name to store it under (default MODULE.FUNCTION).")
+@click.option("--pmap", "pmap_axis", metavar="AXIS", help="Lower with jax.pmap over this axis name.")
+@click.option(
+    "--mesh", callback=parse_mesh_option, metavar="AXIS=SIZE,...",
+    help="A device mesh, e.g. data=4,model=2 (over the first devices).",
+)
+@click.option(
+    "--in-sharding", "in_shardings", multiple=True, metavar="PSPEC",
+    help="One per positional argument: a partition spec like 'data,None', '' (replicated) "
+    "or 'auto'. Needs --mesh.",
+)
+@click.option(
+    "--out-sharding", "out_shardings", multiple=True, metavar="PSPEC",
+    help="Output partition spec(s); one applies to every output. Needs --mesh.",
+)
+@click.option("--donate", multiple=True, type=click.IntRange(min=0), metavar="I", help="Donate positional argument I.")
+@json_option
+@pass_state
+def compile_command(
+    state: State, target: str, args: tuple[str, ...], kwargs: tuple[str, ...],
+    args_from: str | None, static: tuple[str, ...], name: str | None, pmap_axis: str | None,
+    mesh: tuple[tuple[str, int], ...] | None, in_shardings: tuple[str, ...],
+    out_shardings: tuple[str, ...], donate: tuple[int, ...], as_json: bool,
+) -> None:
+    """Compile MODULE:FUNCTION for the given argument specs into the cache.
+
+    Prints the key, the sizes, the compile time and whether it was already cached.
+
+    \b
+    Examples:
+      aot compile fixtures.models:tiny --arg f32[8] --arg f32[8]
+      aot compile fixtures.models:mlp_forward --name mlp.forward \\
+          --arg @fixtures.models:mlp_param_specs --arg f32[32,784]
+      aot compile fixtures.models:allreduce --pmap i --arg f32[8,1024]
+    """
+    from aot.cache.warmup import WarmupItem, compile_item
+    from aot.errors import ManifestError
+
+    try:
+        item = WarmupItem(
+            name=name or target.replace(":", "."),
+            target=target,
+            args=args,
+            args_from=args_from,
+            kwargs=parse_kwargs(kwargs),
+            static=parse_static(static),
+            pmap=pmap_axis,
+            mesh=mesh,
+            in_shardings=in_shardings or None,
+            out_shardings=(
+                None if not out_shardings
+                else out_shardings[0] if len(out_shardings) == 1 else out_shardings
+            ),
+            donate=donate,
+        )
+    except ManifestError as exc:
+        raise click.UsageError(getattr(exc, "problem", str(exc))) from None
+    result = compile_item(state.cache(), item)
+    if as_json:
+        echo_json(result.to_dict())
+        return
+    entry = result.entry
+    if result.hit:
+        click.echo(f"hit: {entry.name} was in the cache (no compile)")
+    elif entry.stored_size == 0 and state.read_only:
+        click.echo(f"miss: compiled {entry.name} (not stored: the cache is read-only)")
+    else:
+        click.echo(f"miss: compiled and stored {entry.name}")
+    click.echo(key_value([
+        ("signature", entry.signature),
+        ("key", entry.key),
+        ("size", f"{human_size(entry.raw_size)} ({human_size(entry.stored_size)} stored)"),
+        ("compile", f"{entry.compile_seconds:.3f}s" + (" (when it was compiled)" if result.hit else "")),
+        ("this run", f"{result.seconds:.3f}s"),
+        ("cache", state.cache().location),
+    ]))
+
+
+@click.command("why")
+@click.argument("name")
+@click.option("--arg", "args", multiple=True, metavar="SPEC", help=SPEC_HELP)
+@click.option("--kwarg", "kwargs", multiple=True, metavar="NAME=SPEC", help="A keyword argument's spec.")
+@click.option("--args-from", metavar="MODULE:CALLABLE", help="A callable returning the argument specs.")
+@click.option(
+    "--target", metavar="MODULE:FUNCTION",
+    help="Also lower the function and compare every program part (not just the signature).",
+)
+@click.option("--static", multiple=True, metavar="NAME=JSON", help="A static keyword argument (with --target).")
+@json_option
+@pass_state
+def why_command(
+    state: State, name: str, args: tuple[str, ...], kwargs: tuple[str, ...], args_from: str | None,
+    target: str | None, static: tuple[str, ...], as_json: bool,
+) -> None:
+    """Explain a miss: the nearest stored entry of NAME and which parts differ.
+
+    Compares the input signature (and, with --target, every program fingerprint part)
+    and the environment. Exits 0 on a hit, 1 on a miss.
+    """
+    from aot.cache.warmup import resolve_args, resolve_target
+
+    if static and target is None:
+        raise click.UsageError("--static needs --target (static values only matter when lowering)")
+    positional, keywords = resolve_args(args, parse_kwargs(kwargs), args_from)
+    cache = state.cache()
+    if target is not None:
+        statics = dict(parse_static(static))
+        options: dict[str, Any] = {**keywords, **statics}
+        if statics:
+            options["static_argnames"] = tuple(statics)
+        explanation = cache.explain(name, *positional, fn=resolve_target(target), **options)
+    else:
+        # Without the function only the flat input signature is compared: keyword
+        # arguments' leaves follow the positional ones in sorted-name order.
+        flat = positional + tuple(keywords[k] for k in sorted(keywords))
+        explanation = cache.explain(name, *flat)
+    if as_json:
+        echo_json(explanation.to_dict())
+    else:
+        click.echo(explanation.describe())
+    if not explanation.hit:
+        click.get_current_context().exit(1)

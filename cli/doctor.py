@@ -1,0 +1,61 @@
+"""``aot doctor``: is this host ready to compile into / serve from the cache?"""
+
+from __future__ import annotations
+
+import click
+
+from aot.cli.common import State, echo_json, human_size, json_option, key_value, pass_state
+
+
+@click.command("doctor")
+@click.option("--no-verify", is_flag=True, help="Skip re-hashing the blobs (faster on a big cache).")
+@json_option
+@pass_state
+def doctor_command(state: State, no_verify: bool, as_json: bool) -> None:
+    """Versions, devices, the environment fingerprint, cache location, schema and health.
+
+    Opens the cache read-only and changes nothing. Exit status 1 if the cache cannot
+    be opened or has problems.
+    """
+    from aot.cache.doctor import diagnose
+
+    d = diagnose(state.location, check=not no_verify)
+    if as_json:
+        echo_json(d.to_dict())
+    else:
+        click.echo("versions")
+        click.echo(key_value(sorted(d.versions.items())))
+        dev = d.devices
+        click.echo("devices")
+        click.echo(key_value([
+            ("platform", f"{dev['platform']} ({dev['device_kind']})"),
+            ("devices", f"{dev['count']} ({dev['local_count']} local)"),
+            ("process", f"{dev['process_index']} of {dev['process_count']}"),
+        ]))
+        parts = d.environment["parts"]
+        click.echo(f"environment {d.environment['digest'][:16]}")
+        click.echo(key_value([(k, v if len(v) <= 80 else v[:77] + "...") for k, v in sorted(parts.items())]))
+        click.echo("cache")
+        pairs = [("location", d.location)]
+        if d.index is not None:
+            pairs.append(("index", d.index))
+        if d.schema_version is not None:
+            pairs.append(("schema", f"v{d.schema_version} (this jax-aot supports up to v{d.supported_schema_version})"))
+        if d.entries is not None:
+            pairs.append((
+                "entries",
+                f"{d.entries} ({d.entries_here} usable in this environment, {d.quarantined} quarantined), "
+                f"{human_size(d.stored_bytes)} stored",
+            ))
+        if d.error is not None:
+            pairs.append(("error", d.error))
+        elif d.health is not None:
+            h = d.health
+            status = "ok" if h.ok else (
+                f"{len(h.problems)} problems, {len(h.orphan_blobs)} unreferenced blobs "
+                "(run `aot verify`)"
+            )
+            pairs.append(("health", f"{status}: {h.checked_entries} entries, {h.checked_blobs} blobs checked"))
+        click.echo(key_value(pairs))
+    if not d.ok:
+        click.get_current_context().exit(1)
