@@ -215,8 +215,12 @@ class Cache:
         assert entry is not None
         return entry
 
-    def artifact(self, entry: IndexEntry | str) -> Artifact:
-        """The manifest and its verified blobs; raises CorruptArtifactError, IntegrityError."""
+    def artifact(self, entry: IndexEntry | str, *, roles: Iterable[str] | None = None) -> Artifact:
+        """The manifest and its verified blobs; raises CorruptArtifactError, IntegrityError.
+
+        ``roles`` (e.g. ``("portable_hlo",)``) reads only those blobs, so a corrupt or
+        missing executable does not stop a recompilation from the portable HLO.
+        """
         if isinstance(entry, str):
             entry = self.entry(entry)
         label = f"{entry.name} ({entry.key[:12]})"
@@ -230,8 +234,11 @@ class Cache:
                 "run `aot verify` and recompile it"
             )
         verify(manifest, self.signing_key, require=self.require_signatures)
+        wanted = set(roles) if roles is not None else None
         blobs: dict[str, bytes] = {}
-        for ref in manifest.blobs.values():
+        for role, ref in manifest.blobs.items():
+            if wanted is not None and role not in wanted:
+                continue
             data = self.blobs.get(ref.digest)  # the store verifies the digest
             if data is not None:
                 blobs[ref.digest] = data

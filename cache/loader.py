@@ -21,7 +21,7 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
-from aot.artifact import Manifest, recompile
+from aot.artifact import PORTABLE_HLO, Manifest, load_executable, recompile
 from aot.errors import (
     AotError,
     CorruptArtifactError,
@@ -41,7 +41,8 @@ LeafKey = tuple[tuple[int, ...], np.dtype]
 
 @dataclass
 class _Program:
-    """One stored signature of a name: its rows for this and other environments."""
+    """One stored signature of a name: its rows for this and other environments, and
+    quarantined rows (never executed; their portable HLO can still be recompiled)."""
 
     signature: str
     treedef: PyTreeDef
@@ -49,6 +50,7 @@ class _Program:
     paths: tuple[str, ...]
     local: list[IndexEntry] = field(default_factory=list)
     foreign: list[IndexEntry] = field(default_factory=list)
+    quarantined: list[IndexEntry] = field(default_factory=list)
     executable: MeshExecutable | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -79,7 +81,9 @@ class Dispatcher:
         self.fallback = fallback
         self._programs: dict[tuple[PyTreeDef, tuple[LeafKey, ...]], _Program] = {}
         env = cache.environment.digest
-        for entry in cache.index.by_name(name):
+        # Quarantined rows too: their executable is never run, but the signature stays
+        # servable by recompiling their portable HLO (the fallback ladder).
+        for entry in cache.index.by_name(name, state=None):
             try:
                 manifest = Manifest.from_json(entry.manifest)
                 treedef = treedefs.from_json(manifest.in_tree)
@@ -93,7 +97,12 @@ class Dispatcher:
                 (treedef, leaves),
                 _Program(manifest.signature, treedef, leaves, tuple(str(a["path"]) for a in manifest.args)),
             )
-            (program.local if entry.env_fp == env else program.foreign).append(entry)
+            if not entry.ok:
+                program.quarantined.append(entry)
+            elif entry.env_fp == env:
+                program.local.append(entry)
+            else:
+                program.foreign.append(entry)
         log.info("aot.load(%r): %d signatures", name, len(self._programs))
 
     # ------------------------------------------------------------ inspection
@@ -136,58 +145,75 @@ class Dispatcher:
 
     def _load(self, program: _Program) -> MeshExecutable:
         problems: list[str] = []
+        unusable: list[IndexEntry] = []  # rows of this environment that failed to load
         for entry in list(program.local):
             try:
                 return self.cache.load(entry)
             except CorruptArtifactError as exc:
                 self.cache.quarantine(entry, str(exc))
                 problems.append(str(exc))
+                program.local.remove(entry)
+                program.quarantined.append(entry)
                 if self.strict:
                     raise
             except IncompatibleEnvironmentError as exc:
+                # XLA refused the executable although the fingerprint matched: never
+                # try it again (quarantined, so the recompiled artifact replaces it).
+                self.cache.quarantine(entry, str(exc))
                 problems.append(str(exc))
-                program.foreign.append(entry)
-        candidates = program.local + program.foreign
+                program.local.remove(entry)
+                unusable.append(entry)
+        candidates = program.foreign + program.quarantined + unusable
         if not candidates:
             raise CorruptArtifactError(
                 f"{self.name} ({program.signature}): no intact artifact is left "
                 f"({'; '.join(problems)}); recompile it (aot warmup / aot compile)"
             )
         if self.strict:
-            entry = program.foreign[0] if program.foreign else candidates[0]
-            manifest = Manifest.from_json(entry.manifest)
-            diffs = manifest.environment.diff(self.cache.environment)
-            described = tuple(d.describe() for d in diffs) or tuple(problems)
-            raise IncompatibleEnvironmentError(
-                f"{self.name} ({program.signature}): no executable for this environment "
-                f"and strict=True forbids compiling: {'; '.join(described)}. Compile it for "
-                "this environment in CI (aot warmup) or load with strict=False",
-                described,
+            if program.foreign or unusable:
+                entry = program.foreign[0] if program.foreign else unusable[0]
+                manifest = Manifest.from_json(entry.manifest)
+                diffs = manifest.environment.diff(self.cache.environment)
+                described = tuple(d.describe() for d in diffs) or tuple(problems)
+                raise IncompatibleEnvironmentError(
+                    f"{self.name} ({program.signature}): no executable for this environment "
+                    f"and strict=True forbids compiling: {'; '.join(described)}. Compile it for "
+                    "this environment in CI (aot warmup) or load with strict=False",
+                    described,
+                )
+            reasons = "; ".join(problems) or "; ".join(
+                f"{e.key[:12]}: {e.state_reason or 'quarantined'}" for e in program.quarantined
+            )
+            raise CorruptArtifactError(
+                f"{self.name} ({program.signature}): the stored executable is quarantined "
+                f"({reasons}) and strict=True forbids recompiling it. Run `aot verify`, "
+                "recompile it (aot warmup / aot compile) or load with strict=False"
             )
         return self._recompile(program, candidates)
 
     def _recompile(self, program: _Program, candidates: Sequence[IndexEntry]) -> MeshExecutable:
         errors: list[str] = []
+        environment = self.cache.environment
         for entry in candidates:
             try:
-                artifact = self.cache.artifact(entry)
+                # Only the portable HLO is needed: the executable blob may be corrupt.
+                artifact = self.cache.artifact(entry, roles=(PORTABLE_HLO,))
                 manifest = artifact.manifest
-                diffs = manifest.environment.diff(self.cache.environment)
+                diffs = manifest.environment.diff(environment)
                 rebuilt = recompile(artifact)
+                executable = load_executable(rebuilt, current=environment)
             except AotError as exc:
                 errors.append(f"{entry.key[:12]}: {exc}")
                 continue
             log.warning(
                 "%s (%s): recompiled from portable HLO (%s)", self.name, program.signature,
-                describe_differences(diffs) or "stored executable unusable",
+                describe_differences(diffs) or f"stored executable unusable: {entry.state_reason}",
             )
-            if self.cache.read_only:
-                from aot.artifact import load_executable
-
-                return load_executable(rebuilt)
-            stored = self.cache.put_artifact(rebuilt)
-            program.local.append(stored)
-            return self.cache.load(stored)
+            if not self.cache.read_only:
+                # Replaces a quarantined row of the same key; rewrites corrupt blobs.
+                stored = self.cache.put_artifact(rebuilt)
+                program.local.append(stored)
+            return executable
         raise CorruptArtifactError(
             f"{self.name} ({program.signature}): cannot recompile from portable HLO: "
             + "; ".join(errors)
@@ -230,21 +256,36 @@ class Dispatcher:
     def _nearest(
         self, treedef: PyTreeDef, got: tuple[LeafKey, ...]
     ) -> tuple[_Program, list[str]] | None:
-        best: tuple[int, _Program, list[str]] | None = None
+        best: tuple[tuple[int, int], _Program, list[str]] | None = None
         for program in self._programs.values():
             if program.treedef != treedef or len(program.leaves) != len(got):
                 diffs = [f"pytree structure ({len(program.leaves)} leaves vs {len(got)})"]
-                score = 1000
+                score: tuple[int, int] = (1000, 0)
             else:
-                diffs = [
-                    f"{path}: stored {format_aval(*want)}, got {format_aval(*have)}"
+                differing = [
+                    (path, want, have)
                     for path, want, have in zip(program.paths, program.leaves, got)
                     if want != have
                 ]
-                score = len(diffs)
+                diffs = [
+                    f"{path}: stored {format_aval(*want)}, got {format_aval(*have)}"
+                    for path, want, have in differing
+                ]
+                # Fewest differing leaves first, then the closest shapes (batch 8 is
+                # nearer to the batch-4 bucket than to the batch-1 bucket).
+                score = (len(diffs), sum(_distance(want, have) for _, want, have in differing))
             if best is None or score < best[0]:
                 best = (score, program, diffs)
         return (best[1], best[2]) if best is not None else None
+
+
+def _distance(want: LeafKey, have: LeafKey) -> int:
+    (want_shape, want_dtype), (have_shape, have_dtype) = want, have
+    if len(want_shape) != len(have_shape):
+        return 1 << 40
+    return sum(abs(a - b) for a, b in zip(want_shape, have_shape)) + (
+        0 if want_dtype == have_dtype else 1 << 30
+    )
 
 
 def _describe(leaves: Sequence[Any]) -> str:
