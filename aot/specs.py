@@ -165,7 +165,10 @@ def _to_struct(x: Any, mesh: Mesh | None) -> Any:
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
     if isinstance(x, jax.Array):
-        sharding = x.sharding if len(x.sharding.device_set) > 1 else None
+        # A committed array pins its placement, as with jax.jit (an array explicitly
+        # put on device 3 must compile for device 3); an uncommitted one does not.
+        pinned = len(x.sharding.device_set) > 1 or getattr(x, "committed", False)
+        sharding = x.sharding if pinned else None
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return jax.ShapeDtypeStruct(tuple(x.shape), np.dtype(x.dtype))

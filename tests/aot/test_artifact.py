@@ -637,3 +637,11 @@ def test_loader_source_has_no_pickle_marshal_or_eval():
         source = Path(module.__file__).read_text()
         for word in ("import pickle", "import marshal", "eval(", "exec(", "cloudpickle"):
             assert word not in source, f"{module.__name__} uses {word}"
+
+
+def test_loaded_executables_have_cost_and_memory_analysis(built):
+    _, kinds = built
+    _, exe, _, folder, *_ = kinds["jit"]
+    loaded = load_executable(Artifact.open(folder / "artifact"))
+    assert loaded.cost_analysis()["flops"] == exe.cost_analysis()["flops"] > 0
+    assert loaded.memory_analysis().argument_size_in_bytes == (8 * 16 + 16 * 4) * 4

@@ -102,6 +102,15 @@ def test_jit_pinned_to_another_device_runs_there():
     assert "jax.device_put(x, sharding)" in str(info.value)
 
 
+def test_example_array_committed_to_a_device_compiles_for_that_device():
+    device = jax.devices()[3]
+    x = jax.device_put(np.arange(3, dtype=np.float32), device)
+    exe = aot.lower(jnp.sin, x).compile()
+    out = exe(x)
+    assert out.devices() == {device}
+    assert_bitwise_equal(out, jax.jit(jnp.sin)(x))
+
+
 def test_mesh_4x2_sharded_inputs_and_outputs(mesh):
     comp = aot.lower(
         mlp, "f32[8,16]@data,None", "f32[16,4]@None,model", mesh=mesh, out_shardings="data,model"

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 import aot
 from aot.specs import GRAMMAR, format_aval, leaf_signature, parse_partition_spec
@@ -140,8 +140,11 @@ def test_committed_mesh_array_keeps_its_sharding(mesh):
     sharding = NamedSharding(mesh, P("data", "model"))
     x = jax.device_put(np.zeros((8, 4), np.float32), sharding)
     assert aot.spec(x).sharding == sharding
-    # A single-device array does not pin the spec to that device.
+    # An uncommitted single-device array does not pin the spec to a device ...
     assert aot.spec(jnp.zeros((2,))).sharding is None
+    # ... a committed one does, as with jax.jit.
+    device = jax.devices()[3]
+    assert aot.spec(jax.device_put(np.zeros(2), device)).sharding == SingleDeviceSharding(device)
 
 
 def test_python_scalars_become_scalar_specs():
