@@ -262,10 +262,10 @@ class Context:
     runs: int | None
     quick: bool
 
-    def runs_for(self, quick_runs: int, full_runs: int = 5) -> int:
+    def runs_for(self, full_runs: int = 5) -> int:
         if self.runs is not None:
             return self.runs
-        return quick_runs if self.quick else full_runs
+        return 1 if self.quick else full_runs
 
     def folder(self, name: str) -> Path:
         path = self.root / name
@@ -300,7 +300,7 @@ def first_result(ctx: Context) -> Scenario:
                 ("pcache", "jax.jit + persistent cache", "jax"),
                 ("deserialize", "deserialize_and_load", "jax"),
                 ("aot", "aot.load", "aot")]
-    for _ in range(ctx.runs_for(1)):
+    for _ in range(ctx.runs_for()):
         for variant, label, side in variants:  # interleaved: drift hits all alike
             proc = worker("transformer.first", folder, variant)
             s.record(s.row(label, side), proc, lambda p: {
@@ -333,7 +333,7 @@ def buckets(ctx: Context) -> Scenario:
     variants = [("jit_cold", "jax.jit cold", "jax"),
                 ("pcache", "jax.jit + persistent cache", "jax"),
                 ("aot", "aot.load + warm()", "aot")]
-    for _ in range(ctx.runs_for(2)):
+    for _ in range(ctx.runs_for()):
         for variant, label, side in variants:
             proc = worker("mlp.buckets", folder, variant)
             s.record(s.row(label, side), proc, lambda p: {
@@ -365,7 +365,7 @@ def dispatch(ctx: Context) -> Scenario:
             ("compiled", "jax.jit(f).lower().compile()", "jax"),
             ("aot_load", "aot.load dispatcher", "aot"),
             ("aot_executable", "aot executable (cache.get)", "aot")]
-    for _ in range(ctx.runs_for(1, 3)):
+    for _ in range(ctx.runs_for(3)):
         proc = worker("dispatch.measure", folder, quick=ctx.quick)
         if proc.result is None or not proc.ok:
             for _, label, side in ways:
@@ -415,7 +415,7 @@ def warmup(ctx: Context) -> Scenario:
     cli, why = aot_cli()
     if why:
         s.notes.append(f"aot side {why}")
-    for run in range(ctx.runs_for(1, 3)):
+    for run in range(ctx.runs_for(3)):
         for variant, label in (("cold", "JAX compile, 1 process, cold"),
                                ("pcache", "JAX compile, persistent cache warm")):
             proc = worker("warmup.jax", jax_cache, variant)
@@ -561,7 +561,22 @@ def machine() -> dict[str, Any]:
     except OSError:
         info["commit"] = None
     info["xla_flags"] = worker_env()["XLA_FLAGS"]
+    info["loadavg"] = loadavg()
     return info
+
+
+def loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def busy_warning(load: list[float] | None, cores: int | None) -> str | None:
+    if load and cores and load[0] > 0.5 * cores:
+        return (f"warning: load average {load[0]:.1f} on {cores} cores; other processes "
+                "compete for the CPU and the timings are not representative")
+    return None
 
 
 def describe(m: dict[str, Any]) -> str:
@@ -584,7 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="",
                         help="comma-separated scenarios: " + ", ".join(SCENARIOS))
     parser.add_argument("--runs", type=int, default=None,
-                        help="fresh processes per variant (default 5, --quick 1-2)")
+                        help="fresh processes per variant (default 5, 3 for dispatch and "
+                             "warmup; 1 with --quick)")
     parser.add_argument("--json", type=Path, default=None, help="write raw numbers here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args(argv)
@@ -597,6 +613,10 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     command = "python -m benchmarks " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"machine: {describe(info)}")
+    cores = info.get("cpus_usable", info.get("cpu_count"))
+    warning = busy_warning(info["loadavg"], cores)
+    if warning:
+        print(warning)
     print(f"command: {command.strip()}\n", flush=True)
 
     root = Path(tempfile.mkdtemp(prefix="aot-bench-"))
@@ -619,7 +639,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(root, ignore_errors=True)
     report["seconds"] = time.perf_counter() - started
-    print(f"total: {report['seconds']:.0f} s")
+    report["loadavg_at_end"] = loadavg()
+    print(f"total: {report['seconds']:.0f} s; load average at start {info['loadavg']}, "
+          f"at end {report['loadavg_at_end']}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")
