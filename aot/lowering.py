@@ -73,6 +73,30 @@ def _positional_names(fn: Callable[..., Any], count: int) -> list[str]:
     return names
 
 
+def _infer_static(
+    fn: Callable[..., Any], nums: set[int], names: set[str]
+) -> tuple[set[int], set[str]]:
+    """Completes static positions from names and names from positions, as jax.jit does.
+
+    Without this, ``static_argnames="n"`` with ``n`` passed by position (or
+    ``static_argnums=1`` with it passed by keyword) would trace ``n`` as an input.
+    """
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return nums, names
+    positional = [
+        name for name, p in params.items()
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    nums = nums | {positional.index(n) for n in names if n in positional}
+    names = names | {
+        positional[i] for i in nums
+        if i < len(positional) and params[positional[i]].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    }
+    return nums, names
+
+
 def _resolve_sharding(item: Any, mesh: Mesh | None) -> Any:
     if item is None or isinstance(item, Sharding):
         return item
@@ -209,6 +233,7 @@ def lower(
     name = name or default_name(fn)
     static_nums = {i if i >= 0 else len(args) + i for i in _as_tuple(static_argnums)}
     static_names = set(_as_name_tuple(static_argnames))
+    static_nums, static_names = _infer_static(fn, static_nums, static_names)
     arg_specs = _specs_for(args, static_nums, mesh)
     kwarg_specs = {k: v if k in static_names else spec(v, mesh=mesh) for k, v in kwargs.items()}
     jitted = jax.jit(
@@ -250,7 +275,12 @@ def lower_pmap(
         donate_argnums=_as_tuple(donate_argnums),
         devices=devices,
     )
-    jitted = jax.jit(pmapped, static_argnums=tuple(sorted(static)))
+    # The outer jit must donate too: pmap's own donate_argnums is ignored under jit.
+    jitted = jax.jit(
+        pmapped,
+        static_argnums=tuple(sorted(static)),
+        donate_argnums=_as_tuple(donate_argnums),
+    )
     arg_specs = _specs_for(args, static, None)
     arg_names = [n for i, n in enumerate(_positional_names(fn, len(args))) if i not in static]
     return _trace_and_lower(

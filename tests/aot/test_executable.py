@@ -209,6 +209,21 @@ def test_donated_input_is_deleted_after_the_call():
         np.asarray(x)
 
 
+def test_pmap_donation():
+    def double(x):
+        return x * 2
+
+    comp = aot.lower_pmap(double, "f32[8,3]", axis_name="i", donate_argnums=0)
+    assert comp.donated == (True,)
+    exe = comp.compile()
+    # Donation can only reuse an input that already sits on the 8 devices.
+    x = jax.device_put(np.arange(24, dtype=np.float32).reshape(8, 3), exe.info.in_shardings[0])
+    expected = np.asarray(x) * 2
+    out = block(exe(x))
+    assert x.is_deleted()
+    np.testing.assert_array_equal(out, expected)
+
+
 def test_without_donation_inputs_survive():
     exe = aot.lower(add_and_double, "f32[4]", "f32[4]").compile()
     x = jnp.arange(4.0)
@@ -233,6 +248,25 @@ def test_static_args_by_position_and_name():
         results[(n, mode)] = (comp.program_fingerprint.digest, np.asarray(out).tolist())
     assert len({fp for fp, _ in results.values()}) == 3
     assert len({tuple(o) for _, o in results.values()}) == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "static"),
+    [
+        (("f32[3]", 4), {}, {"static_argnames": "n"}),  # a static name passed by position
+        (("f32[3]",), {"n": 4}, {"static_argnums": 1}),  # a static position passed by name
+        (("f32[3]",), {"n": 4}, {"static_argnames": "n"}),
+    ],
+    ids=["name-by-position", "position-by-name", "name-by-name"],
+)
+def test_static_positions_and_names_are_inferred_from_each_other(args, kwargs, static):
+    def times(x, n):
+        return x * n
+
+    comp = aot.lower(times, *args, **kwargs, **static)
+    assert comp.in_avals == (jax.ShapeDtypeStruct((3,), np.float32),)  # n is not an input
+    out = comp.compile()(np.ones(3, np.float32))
+    np.testing.assert_array_equal(out, np.full(3, 4, np.float32))
 
 
 def test_negative_static_argnum():
