@@ -223,9 +223,10 @@ def plan_gc(
     # A blob no row references may belong to a writer that has not committed its row
     # yet: such orphans are collected only once older than ORPHAN_GRACE.
     referenced = cache.index.referenced_digests()
+    young = _young_blobs(cache, stored_digests - referenced)
     dead_blobs = tuple(sorted(
         d for d in stored_digests
-        if d not in keep and (d in referenced or _old_enough(cache, d))
+        if d not in keep and (d in referenced or d not in young)
     ))
     freed = sum(cache.blobs.stored_size(d) or 0 for d in dead_blobs)
     return GcPlan(tuple(victims.values()), dead_blobs, freed, size_before, dry_run=True)
@@ -234,15 +235,34 @@ def plan_gc(
 ORPHAN_GRACE_SECONDS = 600.0
 
 
-def _old_enough(cache: Cache, digest: str) -> bool:
+def _young_blobs(cache: Cache, digests: set[str]) -> set[str]:
+    """The blobs among ``digests`` written less than ORPHAN_GRACE_SECONDS ago: file
+    mtime for a folder store, ``blobs_data.created_at`` for a database store."""
+    if not digests:
+        return set()
     path_for = getattr(cache.blobs, "path_for", None)
-    if path_for is None:
-        return True
-    try:
-        age = time.time() - path_for(digest).stat().st_mtime
-    except OSError:
-        return True
-    return age >= ORPHAN_GRACE_SECONDS
+    if path_for is not None:
+        young = set()
+        now = time.time()
+        for digest in digests:
+            try:
+                if now - path_for(digest).stat().st_mtime < ORPHAN_GRACE_SECONDS:
+                    young.add(digest)
+            except OSError:
+                pass
+        return young
+    engine = getattr(cache.blobs, "engine", None)
+    if engine is not None:
+        import sqlalchemy as sa
+
+        from aot.cache.index import BlobDataRow
+
+        t = BlobDataRow.__table__
+        cutoff = utcnow() - _dt.timedelta(seconds=ORPHAN_GRACE_SECONDS)
+        with engine.connect() as conn:
+            recent = set(conn.execute(sa.select(t.c.digest).where(t.c.created_at > cutoff)).scalars())
+        return recent & digests
+    return set()  # in-memory store: one process, no writer in flight
 
 
 def _live_size(entries: list[IndexEntry], blob_sizes: dict[str, int]) -> int:

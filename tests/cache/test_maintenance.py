@@ -1,0 +1,270 @@
+"""verify (re-hash, report, quarantine, orphans) and gc (plan, dry run, execute; by age
+and by size in least-recently-used order) on every backend."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+
+import pytest
+import sqlalchemy as sa
+
+import aot
+from aot.cache.index import BlobDataRow, utcnow
+from aot.cache.maintenance import ORPHAN_GRACE_SECONDS, human_size, parse_age, parse_size
+from aot.errors import CacheError
+
+
+def _flip(cache, digest: str, read_raw, write_raw) -> None:  # noqa: ANN001
+    stored = bytearray(read_raw(cache.blobs, digest))
+    stored[len(stored) // 2] ^= 0x01
+    write_raw(cache.blobs, digest, bytes(stored))
+
+
+def _age_blob(cache, digest: str) -> None:  # noqa: ANN001
+    """Make a blob older than the orphan grace period (file mtime / blobs_data row)."""
+    path_for = getattr(cache.blobs, "path_for", None)
+    if path_for is not None:
+        old = time.time() - ORPHAN_GRACE_SECONDS - 60
+        os.utime(path_for(digest), (old, old))
+    else:
+        t = BlobDataRow.__table__
+        old_dt = utcnow() - dt.timedelta(seconds=ORPHAN_GRACE_SECONDS + 60)
+        with cache.blobs.engine.begin() as conn:
+            conn.execute(sa.update(t).where(t.c.digest == digest).values(created_at=old_dt))
+
+
+def _stored(cache) -> int:  # noqa: ANN001
+    return sum(cache.blobs.stored_size(d) for d in cache.blobs.digests())
+
+
+# ---------------------------------------------------------------- verify
+
+
+def test_verify_a_healthy_cache(cache: aot.Cache, compiled) -> None:  # noqa: ANN001
+    for artifact in compiled.all():
+        cache.put(artifact)
+    report = cache.verify()
+    assert report.ok
+    assert (report.checked_entries, report.checked_blobs) == (4, 8)
+    assert report.problems == report.quarantined == report.orphan_blobs == ()
+    json.dumps(report.to_dict())
+
+
+def test_verify_finds_a_flipped_byte_a_missing_blob_and_orphans(
+    cache: aot.Cache, compiled, read_raw, write_raw  # noqa: ANN001
+) -> None:
+    entries = {b: cache.put(a) for b, a in compiled.mlp.items()}
+    flipped, missing, intact = entries[1], entries[2], entries[4]
+    _flip(cache, flipped.exe_digest, read_raw, write_raw)
+    assert cache.blobs.delete(missing.hlo_digest) > 0
+    orphan = cache.blobs.put(b"bytes no entry refers to")
+
+    looked = cache.verify(quarantine=False)  # report only
+    assert not looked.ok and looked.quarantined == ()
+    assert all(e.ok for e in cache.entries())
+
+    report = cache.verify()
+    by_key = {}
+    for problem in report.problems:
+        by_key.setdefault(problem.key, []).append(problem.what)
+    assert set(by_key) == {flipped.key, missing.key}
+    assert len(by_key[flipped.key]) == 1 and by_key[flipped.key][0].startswith("executable blob")
+    assert by_key[missing.key] == [f"portable_hlo blob {missing.hlo_digest[:12]}: missing"]
+    assert sorted(report.quarantined) == sorted([flipped.key, missing.key])
+    assert report.orphan_blobs == (orphan,)
+    assert not report.ok
+    states = {e.key: e.state for e in cache.entries()}
+    assert states == {flipped.key: "quarantined", missing.key: "quarantined", intact.key: "ok"}
+    assert "digest mismatch" in cache.index.get(flipped.key).state_reason or "undecodable" in (
+        cache.index.get(flipped.key).state_reason or ""
+    )
+
+    again = cache.verify()  # still reported, not quarantined twice
+    assert {p.key for p in again.problems} == {flipped.key, missing.key}
+    assert again.quarantined == ()
+
+    # gc removes the quarantined entries and the orphan; what is left is healthy.
+    _age_blob(cache, orphan)
+    plan = cache.gc()
+    assert {v.key for v in plan.entries} == {flipped.key, missing.key}
+    assert all(v.reason.startswith("quarantined") for v in plan.entries)
+    assert orphan in plan.blobs
+    assert cache.verify().ok
+    assert [e.key for e in cache.entries()] == [intact.key]
+
+
+def test_verify_on_a_read_only_cache_reports_without_quarantining(
+    open_cache, compiled, read_raw, write_raw  # noqa: ANN001
+) -> None:
+    writer = open_cache()
+    entry = writer.put(compiled.tiny)
+    _flip(writer, entry.exe_digest, read_raw, write_raw)
+    report = open_cache(read_only=True).verify()
+    assert [p.key for p in report.problems] == [entry.key]
+    assert report.quarantined == ()
+    assert writer.index.get(entry.key).ok
+
+
+# ---------------------------------------------------------------- gc
+
+
+@pytest.fixture
+def aged(cache: aot.Cache, compiled):  # noqa: ANN001, ANN201
+    """The three MLP buckets, last used 3 h (batch 1), 2 h (batch 2), 1 h ago (batch 4)."""
+    now = utcnow()
+    entries = {}
+    for batch, hours in ((1, 3), (2, 2), (4, 1)):
+        key = cache.put(compiled.mlp[batch]).key
+        cache.index.touch(key, when=now - dt.timedelta(hours=hours))
+        entries[batch] = cache.index.get(key)
+    digests = {d for e in entries.values() for d in (e.exe_digest, e.hlo_digest)}
+    assert len(digests) == 6  # no blob is shared: each entry frees its own bytes
+    return cache, entries
+
+
+def test_gc_by_size_plans_lru_and_dry_run_deletes_nothing(aged) -> None:  # noqa: ANN001
+    cache, e = aged
+    size = {b: entry.stored_size for b, entry in e.items()}
+    before = (sorted(x.key for x in cache.entries()), sorted(cache.blobs.digests()))
+
+    plan = cache.gc(max_size=size[2] + size[4], dry_run=True)
+    assert [v.key for v in plan.entries] == [e[1].key]  # the least recently used
+    assert plan.dry_run and not plan.executed
+    assert plan.bytes_freed == size[1]
+    assert plan.size_before == _stored(cache) == sum(size.values())
+    assert plan.size_after == size[2] + size[4]
+    assert set(plan.blobs) == {e[1].exe_digest, e[1].hlo_digest}
+    assert "least recently used" in plan.entries[0].reason
+    json.dumps(plan.to_dict())
+
+    plan = cache.gc(max_size=size[2] + size[4] - 1, dry_run=True)
+    assert [v.key for v in plan.entries] == [e[1].key, e[2].key]  # LRU order
+    assert plan.bytes_freed == size[1] + size[2]
+    assert cache.gc(max_size=10 * sum(size.values()), dry_run=True).entries == ()
+
+    assert (sorted(x.key for x in cache.entries()), sorted(cache.blobs.digests())) == before
+
+    # Using batch 1 makes batch 2 the least recently used.
+    cache.index.touch(e[1].key)
+    plan = cache.gc(max_size=size[1] + size[4], dry_run=True)
+    assert [v.key for v in plan.entries] == [e[2].key]
+
+
+def test_gc_by_size_frees_the_planned_bytes(aged, compiled) -> None:  # noqa: ANN001
+    cache, e = aged
+    size = {b: entry.stored_size for b, entry in e.items()}
+    planned = cache.gc(max_size=f"{size[2] + size[4]}B", dry_run=True)
+    done = cache.gc(max_size=f"{size[2] + size[4]}B")
+    assert done.executed and not done.dry_run
+    assert [v.key for v in done.entries] == [v.key for v in planned.entries] == [e[1].key]
+    assert done.bytes_freed == planned.bytes_freed == size[1]
+    assert _stored(cache) == done.size_after == size[2] + size[4]
+    assert {x.key for x in cache.entries()} == {e[2].key, e[4].key}
+    assert not cache.blobs.has(e[1].exe_digest) and not cache.blobs.has(e[1].hlo_digest)
+    assert {r.digest for r in cache.index.blob_rows()} == set(cache.blobs.digests())
+    assert cache.verify().ok
+    cache.get(e[4].key)  # the survivors still load
+
+
+def test_gc_by_age(aged) -> None:  # noqa: ANN001
+    cache, e = aged
+    cache.index.touch(e[1].key, when=utcnow() - dt.timedelta(days=40))
+    plan = cache.gc(older_than="30d", dry_run=True)
+    assert [v.key for v in plan.entries] == [e[1].key]
+    assert "30d" in plan.entries[0].reason
+    assert plan.bytes_freed == e[1].stored_size
+    assert len(cache.entries()) == 3
+
+    done = cache.gc(older_than=dt.timedelta(days=30))
+    assert [v.key for v in done.entries] == [e[1].key]
+    assert done.bytes_freed == e[1].stored_size
+    assert {x.key for x in cache.entries()} == {e[2].key, e[4].key}
+    again = cache.gc(older_than="30d")
+    assert again.entries == () and again.bytes_freed == 0
+
+    assert [v.key for v in cache.gc(older_than="90m", dry_run=True).entries] == [e[2].key]
+
+
+def test_gc_keeps_blobs_another_entry_still_uses(cache: aot.Cache, compiled, foreign) -> None:  # noqa: ANN001
+    here = cache.put(compiled.tiny)
+    there = cache.put(foreign(compiled.tiny, jaxlib="0.0.1"))  # shares both blobs
+    cache.index.touch(here.key, when=utcnow() - dt.timedelta(days=2))
+    plan = cache.gc(older_than="1d")
+    assert [v.key for v in plan.entries] == [here.key]
+    assert plan.blobs == () and plan.bytes_freed == 0
+    assert cache.artifact(there).blob("executable")  # intact, and so is the portable HLO
+    assert cache.artifact(there).blob("portable_hlo")
+
+
+def test_gc_collects_orphans_after_a_grace_period(cache: aot.Cache, compiled) -> None:  # noqa: ANN001
+    cache.put(compiled.tiny)
+    orphan = cache.blobs.put(b"left by a writer that crashed before its index row")
+    assert orphan not in cache.gc().blobs  # young: may be a write in progress
+    assert cache.blobs.has(orphan)
+    _age_blob(cache, orphan)
+    plan = cache.gc()
+    assert plan.blobs == (orphan,) and plan.entries == ()
+    assert not cache.blobs.has(orphan)
+    assert len(cache.entries()) == 1
+
+
+# ---------------------------------------------------------------- units
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("10G", 10 * 1024**3), ("500M", 500 * 1024**2), ("1.5K", 1536), ("1KiB", 1024),
+     ("2kb", 2048), ("123", 123), (123, 123), (None, None)],
+)
+def test_parse_size(text, expected) -> None:  # noqa: ANN001
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("30d", dt.timedelta(days=30)), ("12h", dt.timedelta(hours=12)), ("2w", dt.timedelta(weeks=2)),
+     ("90m", dt.timedelta(minutes=90)), ("45s", dt.timedelta(seconds=45)), (None, None)],
+)
+def test_parse_age(text, expected) -> None:  # noqa: ANN001
+    assert parse_age(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["ten gigs", "-1G", "10X"])
+def test_bad_size_is_refused(bad: str) -> None:
+    with pytest.raises(CacheError, match="500M"):
+        parse_size(bad)
+
+
+@pytest.mark.parametrize("bad", ["30 days", "1y", ""])
+def test_bad_age_is_refused(bad: str) -> None:
+    with pytest.raises(CacheError, match="30d"):
+        parse_age(bad)
+
+
+def test_human_size() -> None:
+    assert [human_size(n) for n in (0, 1023, 1024, 1536 * 1024, 5 * 1024**4)] == [
+        "0 B", "1023 B", "1.0 KiB", "1.5 MiB", "5.0 TiB"
+    ]
+
+
+def test_gc_between_a_writers_blobs_and_its_index_row_loses_nothing(
+    open_cache, compiled, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+) -> None:
+    """put_artifact writes blobs first and the index row last; a gc in another process
+    that runs in between sees unreferenced blobs and must leave young ones alone."""
+    writer, collector = open_cache(), open_cache()
+    real_add = writer.index.add
+    plans = []
+
+    def add_after_a_gc(entry, *, blob_sizes):  # noqa: ANN001, ANN202
+        plans.append(collector.gc())
+        return real_add(entry, blob_sizes=blob_sizes)
+
+    monkeypatch.setattr(writer.index, "add", add_after_a_gc)
+    entry = writer.put(compiled.tiny)
+    assert plans and plans[0].blobs == ()
+    assert writer.verify().ok
+    assert writer.get(entry.key).key == entry.key
