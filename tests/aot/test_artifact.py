@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import jaxlib
 import numpy as np
 import pytest
@@ -64,6 +65,10 @@ def allreduce(x, w):
     return jax.lax.psum(x * w, "i") + x
 
 
+def dtypes(a, b, c, d, e, f):
+    return a * 2, ~b, c * (1 + 2j), d + 1, e * e, (f * 3).astype(jnp.bfloat16), jnp.sum(d)
+
+
 def pytree_fn(params, batch, dead, nothing, *, scale):
     h = batch.x
     for layer in params["layers"]:
@@ -94,6 +99,15 @@ def _inputs(kind, models, seed=0):
         return (f32(8, 16), f32(16, 4)), {}
     if kind == "pmap":
         return (f32(8, 3), f32(3)), {}
+    if kind == "dtypes":
+        return (
+            f32(4).astype(jnp.bfloat16),
+            np.array([True, False, True, True]),
+            (f32(2) + 1j * f32(2)).astype(np.complex64),
+            np.array([0, 7, 255], np.uint8),
+            np.array([-3, 300], np.int16),
+            f32(2).astype(np.float16),
+        ), {}
     params = {
         "layers": [{"w": f32(4, 4), "b": f32(4)} for _ in range(3)],
         "pair": (np.float32(0.5), np.int32(3)),
@@ -121,6 +135,9 @@ def _compile(kind, models, mesh):
     if kind == "pmap":
         comp = aot.lower_pmap(models.allreduce, "f32[8,3]", "f32[3]", axis_name="i", in_axes=(0, None))
         return comp, jax.pmap(models.allreduce, axis_name="i", in_axes=(0, None))
+    if kind == "dtypes":
+        comp = aot.lower(models.dtypes, "bf16[4]", "bool[4]", "c64[2]", "u8[3]", "i16[2]", "f16[2]")
+        return comp, jax.jit(models.dtypes)
     params = {
         "layers": [{"w": "f32[4,4]", "b": "f32[4]"} for _ in range(3)],
         "pair": ("f32[]", "i32[]"),
@@ -132,7 +149,7 @@ def _compile(kind, models, mesh):
     return comp, jax.jit(models.pytree_fn)
 
 
-KINDS = ("jit", "pinned", "mesh", "pmap", "pytree")
+KINDS = ("jit", "pinned", "mesh", "pmap", "pytree", "dtypes")
 
 
 @pytest.fixture(scope="module")
@@ -189,9 +206,18 @@ def no_pickle(event, args):
 sys.addaudithook(no_pickle)
 
 import jax
+import ml_dtypes
 import numpy as np
 
 from aot.artifact import Artifact, load_executable, recompile
+
+
+def load(path):
+    # np.save stores bfloat16 as raw 2-byte void (no pickle): view it back.
+    array = np.load(path, allow_pickle=False)
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2:
+        array = array.view(ml_dtypes.bfloat16)
+    return array
 
 
 def compare(out, folder):
@@ -200,7 +226,7 @@ def compare(out, folder):
     if len(leaves) != len(refs):
         return f"{len(leaves)} outputs, expected {len(refs)}"
     for i, (leaf, ref_path) in enumerate(zip(leaves, refs)):
-        ref = np.load(ref_path, allow_pickle=False)
+        ref = load(ref_path)
         got = np.asarray(leaf)
         if got.dtype != ref.dtype or got.shape != ref.shape or got.tobytes() != ref.tobytes():
             return f"output {i}: {got.dtype}{got.shape} != {ref.dtype}{ref.shape} or bits differ"
@@ -209,7 +235,7 @@ def compare(out, folder):
 
 def call(exe, folder):
     n = exe.info.in_tree.num_leaves
-    leaves = [np.load(folder / f"in_{i}.npy", allow_pickle=False) for i in range(n)]
+    leaves = [load(folder / f"in_{i}.npy") for i in range(n)]
     # Donated inputs go on device first, so that donation can delete them.
     leaves = [jax.device_put(l) if a.donated else l for l, a in zip(leaves, exe.info.args)]
     args, kwargs = jax.tree_util.tree_unflatten(exe.info.in_tree, leaves)
@@ -242,7 +268,7 @@ for kind in sorted(os.listdir(root)):
     # The first leaf gets another dtype and shape; the dead argument (or else the last
     # leaf) one more element.
     n = exe.info.in_tree.num_leaves
-    bad = [np.load(folder / f"in_{i}.npy", allow_pickle=False) for i in range(n)]
+    bad = [load(folder / f"in_{i}.npy") for i in range(n)]
     bad[0] = np.zeros((1,), np.int8)
     dead = [i for i, a in enumerate(exe.info.args) if not a.kept] or [n - 1]
     for i in dead:
