@@ -121,6 +121,9 @@ class MeshComputation:
 
         kept_avals = self._compile_args["global_in_avals"]
         parts = {
+            # The name is part of the program's identity: one program stored under two
+            # names is two entries (their blobs are still stored once).
+            "name": self.name,
             "kind": self.kind,
             "stablehlo": "sha256:" + sha256_hex(self.as_text(debug_info=False)),
             "in_tree": "sha256:" + sha256_hex(treedefs.canonical(self.in_tree)),

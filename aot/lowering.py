@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
+from jax._src import config as jax_config
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from aot.computation import MeshComputation, PmapComputation
@@ -207,8 +208,11 @@ def _export_flat(
         for leaf, sharding in zip(leaves, in_shardings)
     ]
     flat_jit = jax.jit(flat_fn, out_shardings=tuple(out_shardings))
-    with jax.set_mesh(mesh) if mesh is not None else _nullcontext():
-        exported = jax.export.export(flat_jit)(*specs)
+    # No Python tracebacks in the locations: the portable HLO must not depend on where
+    # it was exported from (the same program under two names shares one blob).
+    with jax_config.traceback_in_locations_limit(0):
+        with jax.set_mesh(mesh) if mesh is not None else _nullcontext():
+            exported = jax.export.export(flat_jit)(*specs)
     return bytes(exported.serialize())
 
 

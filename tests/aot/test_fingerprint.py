@@ -122,8 +122,8 @@ def test_moving_the_function_to_another_line_keeps_the_fingerprint(tmp_path):
     a = import_path("fp_model_a", first)
     b = import_path("fp_model_b", second)
     assert a.fn.__code__.co_firstlineno != b.fn.__code__.co_firstlineno
-    comp_a = aot.lower(a.fn, "f32[8,16]", "f32[16,4]")
-    comp_b = aot.lower(b.fn, "f32[8,16]", "f32[16,4]")
+    comp_a = aot.lower(a.fn, "f32[8,16]", "f32[16,4]", name="model.fn")
+    comp_b = aot.lower(b.fn, "f32[8,16]", "f32[16,4]", name="model.fn")
     # Control: the debug locations do see the move ...
     assert comp_a.as_text(debug_info=True) != comp_b.as_text(debug_info=True)
     # ... but the fingerprints do not.

@@ -113,13 +113,6 @@ def test_entries_with_identical_blobs_share_them(cache: aot.Cache, compiled, for
     assert len(cache.index.blob_rows()) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: the artifact key ignores the name (by design, see tests/aot "
-    "test_moving_the_function_to_another_line_keeps_the_fingerprint) but the index keeps "
-    "one name per key (no names table), so the second name's compile is a 'hit' on the "
-    "first name's row and aot.load(second name) finds nothing",
-)
 def test_two_names_with_identical_programs_share_blobs(open_folder_cache, compiled) -> None:  # noqa: ANN001
     cache = open_folder_cache()
     models = compiled.models
