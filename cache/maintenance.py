@@ -295,5 +295,10 @@ def collect_garbage(
         freed += cache.blobs.delete(digest)
         removed.append(digest)
     cache.index.delete_blob_rows(removed)
+    remove_temp_files = getattr(cache.blobs, "remove_stale_temp_files", None)
+    if remove_temp_files is not None:
+        # Temp files of writers killed mid-write (never blobs); younger ones may
+        # belong to a write in progress.
+        freed += remove_temp_files(older_than_seconds=ORPHAN_GRACE_SECONDS)
     log.info("gc: removed %d entries and %d blobs, freed %s", len(plan.entries), len(removed), human_size(freed))
     return GcPlan(plan.entries, tuple(removed), freed, plan.size_before, dry_run=False, executed=True)

@@ -1,0 +1,224 @@
+"""kill -9 of a writer at random points: the cache stays consistent.
+
+A fork server (``reliability_workers.py zygote``) imports JAX and the cache once and
+loads the saved artifacts; for every trial it forks a writer that puts them, in a
+seeded order, in a loop, and the test SIGKILLs it after a seeded random delay (or the
+writer kills itself at a chosen point: inside the atomic blob write, between its
+blobs and its index row, inside the index transaction). The cache accumulates the
+wreckage of every trial. After each kill:
+
+* every index row has all its blobs, intact (no row without its blobs);
+* ``verify`` reports no problem (only orphan blobs, which are intact);
+* no half-written file is visible as a blob (temp files are never listed as blobs);
+* every committed entry still loads, and runs correctly;
+* ``gc`` (orphan grace 0) removes the orphans and the stale temp files; ``verify`` is
+  then clean.
+
+Between trials a random half of the entries is deleted (and gc'ed), so that the next
+writer has work to do.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reliability_helpers import check_scaled, child_env, worker_command
+
+SEED = 7_2026
+
+
+class Zygote:
+    """The fork server: ``trial()`` forks a writer and returns its pid."""
+
+    def __init__(self, location: str, blob_location: str | None, artifact_dir: Path, log: Path) -> None:
+        self._stderr = log.open("w")
+        self.proc = subprocess.Popen(
+            worker_command("zygote", location, blob_location or "-", str(artifact_dir)),
+            env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+            text=True, bufsize=1,
+        )
+        self.log = log
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        ready = self.expect("ready", timeout=120)
+        assert int(ready.split()[1]) > 0
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.strip())
+        self.lines.put("<eof>")
+
+    def expect(self, prefix: str, timeout: float = 30) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {prefix!r} line from the zygote; log:\n{self.log.read_text()[-4000:]}")
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line == "<eof>":
+                raise AssertionError(f"zygote exited; log:\n{self.log.read_text()[-4000:]}")
+            if line.startswith(prefix):
+                return line
+
+    def start(self, seed: int, crash_at: str) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"go {seed} {crash_at}\n")
+        self.proc.stdin.flush()
+        return int(self.expect("pid ").split()[1])
+
+    def wait_exit(self, pid: int) -> int:
+        line = self.expect(f"exit {pid} ", timeout=60)
+        return int(line.split()[2])
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self._stderr.close()
+
+
+@dataclass
+class Tally:
+    trials: int = 0
+    outcomes: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        return f"{self.trials} trials in {self.seconds:.1f}s: " + ", ".join(
+            f"{k} {v}" for k, v in sorted(self.outcomes.items())
+        )
+
+
+def check_consistent(cache: Any, tiny: Any, rng: random.Random, tally: Tally) -> None:
+    """The invariants after a kill (see the module docstring)."""
+    from aot.artifact import Manifest
+
+    entries = cache.entries()
+    for entry in entries:
+        manifest = Manifest.from_json(entry.manifest)
+        digests = {entry.exe_digest, *(r.digest for r in manifest.blobs.values())}
+        if entry.hlo_digest:
+            digests.add(entry.hlo_digest)
+        for digest in digests:
+            assert cache.blobs.check(digest) is None, f"row {entry.key[:12]} without blob {digest[:12]}"
+    report = cache.verify(quarantine=False)
+    assert report.problems == (), report.to_dict()
+    for digest in cache.blobs.digests():  # nothing half-written is visible as a blob
+        assert cache.blobs.check(digest) is None, digest
+    temp = len(cache.blobs.temp_files()) if hasattr(cache.blobs, "temp_files") else 0
+    if temp:
+        tally.outcomes["left a temp file"] += 1
+    if report.orphan_blobs:
+        tally.outcomes["left orphan blobs"] += 1
+    sizes = {}
+    for entry in entries:
+        exe = cache.load(entry)
+        sizes[entry.key] = exe.info.args[0].shape[0]
+    if entries:
+        key = rng.choice(sorted(sizes))
+        check_scaled(cache.load(cache.entry(key)), sizes[key])
+    tally.outcomes["nothing committed yet" if not entries else "entries committed"] += 1
+
+
+def collect_and_make_work(cache: Any, rng: random.Random, monkeypatch: pytest.MonkeyPatch) -> None:
+    from aot.cache import maintenance
+
+    monkeypatch.setattr(maintenance, "ORPHAN_GRACE_SECONDS", 0.0)
+    cache.gc()
+    if hasattr(cache.blobs, "temp_files"):
+        assert cache.blobs.temp_files() == [], "gc leaves stale temp files of killed writers"
+    report = cache.verify()
+    assert report.ok, report.to_dict()
+    entries = cache.entries()
+    victims = [e.key for e in entries if rng.random() < 0.5]
+    cache.index.delete(victims)
+    cache.gc()
+    assert cache.verify().ok
+
+
+def run_trials(
+    location: str, blob_location: str | None, tiny: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, schedule: list[tuple[str, float]],
+) -> Tally:
+    from aot.cache.cache import Cache
+
+    artifact_dir = tiny.save(tmp_path / "artifacts")
+    zygote = Zygote(location, blob_location, artifact_dir, tmp_path / "zygote.log")
+    rng = random.Random(SEED)
+    tally = Tally()
+    start = time.perf_counter()
+    try:
+        for trial, (crash_at, delay) in enumerate(schedule):
+            pid = zygote.start(SEED + trial, crash_at)
+            if crash_at == "none":
+                time.sleep(delay)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            status = zygote.wait_exit(pid)
+            assert os.WIFSIGNALED(status) or os.WEXITSTATUS(status) == 0, (
+                f"trial {trial}: the writer failed (status {status}):\n"
+                + (tmp_path / "zygote.log").read_text()[-4000:]
+            )
+            tally.outcomes["killed" if os.WIFSIGNALED(status) else f"{crash_at}: finished first"] += 1
+            cache = Cache(location, blob_location=blob_location)
+            try:
+                check_consistent(cache, tiny, rng, tally)
+                collect_and_make_work(cache, rng, monkeypatch)
+            finally:
+                cache.close()
+            tally.trials += 1
+    finally:
+        zygote.close()
+    tally.seconds = time.perf_counter() - start
+    assert "Traceback" not in (tmp_path / "zygote.log").read_text()
+    return tally
+
+
+def random_schedule(n: int, seed: int, max_delay: float) -> list[tuple[str, float]]:
+    rng = random.Random(seed)
+    return [("none", rng.uniform(0.0, max_delay)) for _ in range(n)]
+
+
+@pytest.mark.slow
+def test_kill_9_sqlite_folder_cache(tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    schedule = random_schedule(50, SEED, 0.5)
+    schedule += [(point, 0.0) for point in ("before_replace", "after_blobs", "before_commit") for _ in range(4)]
+    tally = run_trials(str(tmp_path / "cache"), None, tiny, tmp_path, monkeypatch, schedule)
+    print("sqlite+folder:", tally.summary())
+    assert tally.trials == 62
+    assert tally.outcomes["killed"] >= 55
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_kill_9_postgresql_cache(
+    tiny: Any, postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schedule = random_schedule(20, SEED + 1, 0.5)
+    schedule += [(point, 0.0) for point in ("after_blobs", "before_commit") for _ in range(4)]
+    tally = run_trials(postgres_url, None, tiny, tmp_path, monkeypatch, schedule)
+    print("postgresql:", tally.summary())
+    assert tally.trials == 28
