@@ -209,7 +209,7 @@ def test_fingerprint_combines_program_and_environment():
     assert exe.key == comp.fingerprint
     assert exe.program_fingerprint == comp.program_fingerprint
     assert set(comp.program_fingerprint.as_dict()) == {
-        "kind", "stablehlo", "in_tree", "out_tree", "in_avals", "in_shardings",
+        "name", "kind", "stablehlo", "in_tree", "out_tree", "in_avals", "in_shardings",
         "out_shardings", "donated", "kept_args", "devices", "compile_options", "x64",
     }
     assert comp.program_fingerprint.as_dict()["in_avals"] == "f32[8,16], f32[16,4]"
@@ -295,7 +295,16 @@ def test_source_text_is_not_part_of_the_fingerprint():
     scope = {"jnp": jnp}
     exec(compile(src, "<alt>", "exec"), scope)  # noqa: S102 - test-only source
     alt = scope["alt"]
-    alt.__name__ = "fn"
-    assert aot.lower(alt, "f32[8,16]", "f32[16,4]").program_fingerprint == (
-        aot.lower(fn, "f32[8,16]", "f32[16,4]").program_fingerprint
+    alt.__name__ = "fn"  # the jit module name (@jit_fn) is in the StableHLO
+    assert aot.lower(alt, "f32[8,16]", "f32[16,4]", name="m.fn").program_fingerprint == (
+        aot.lower(fn, "f32[8,16]", "f32[16,4]", name="m.fn").program_fingerprint
     )
+
+
+def test_the_name_is_part_of_the_program_fingerprint():
+    a = aot.lower(fn, "f32[8,16]", "f32[16,4]", name="model.a")
+    b = aot.lower(fn, "f32[8,16]", "f32[16,4]", name="model.b")
+    assert [d.describe() for d in a.program_fingerprint.diff(b.program_fingerprint)] == [
+        "name model.a != model.b"
+    ]
+    assert a.fingerprint != b.fingerprint
