@@ -45,7 +45,7 @@ def error_message(exc: BaseException) -> str:
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.group(cls=AotGroup, context_settings=CONTEXT_SETTINGS)
+@click.group("aot", cls=AotGroup, context_settings=CONTEXT_SETTINGS)
 @click.option(
     "--cache", "location", envvar="AOT_CACHE", metavar="LOCATION", show_envvar=True,
     help="Cache folder or SQLAlchemy URL (postgresql+psycopg://...). "

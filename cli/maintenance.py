@@ -20,7 +20,8 @@ from aot.cli.common import State, echo_json, human_size, json_option, pass_state
 def verify_command(state: State, manifest: str | None, strict: bool, as_json: bool) -> None:
     """Check the cache: re-hash every blob, parse every manifest.
 
-    Bad entries are quarantined (unless --read-only); exit status 1 on any problem.
+    Bad entries are quarantined (unless --read-only); exit status 1 on any problem
+    with an entry (blobs that no entry references are reported; `aot gc` removes them).
     With --manifest --strict this is the CI coverage check: it also fails when an
     entry of the manifest is missing for this environment.
     """
@@ -32,7 +33,9 @@ def verify_command(state: State, manifest: str | None, strict: bool, as_json: bo
     cache = state.cache()
     report = cache.verify()
     missing = coverage(cache, items) if items is not None else None
-    failed = not report.ok or (strict and bool(missing))
+    # Unreferenced blobs are garbage, not damage (a writer may be between its blob and
+    # its index row): reported, but only problems with entries fail the check.
+    failed = bool(report.problems) or (strict and bool(missing))
     if as_json:
         echo_json({
             "ok": not failed,
@@ -45,7 +48,7 @@ def verify_command(state: State, manifest: str | None, strict: bool, as_json: bo
             },
         })
     else:
-        status = "ok" if report.ok else "PROBLEMS"
+        status = "PROBLEMS" if report.problems else "ok"
         click.echo(
             f"verified {report.checked_entries} entries and {report.checked_blobs} blobs "
             f"in {cache.location}: {status}"

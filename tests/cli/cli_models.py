@@ -1,0 +1,49 @@
+"""Small functions for the CLI tests (importable as ``cli_models`` from tests/cli)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import jax
+import jax.numpy as jnp
+
+
+def affine(x, *, bias, double=False):
+    y = x + bias
+    return y * 2 if double else y
+
+
+def matmul(x, w):
+    return x @ w
+
+
+def donating(x, y):
+    return x + y
+
+
+def three_specs():
+    s = jax.ShapeDtypeStruct((4,), jnp.float32)
+    return (s, s, s)
+
+
+def add3(a, b, c):
+    return a + b + c
+
+
+def not_callable_specs():
+    raise RuntimeError("spec builder broke")
+
+
+def broken(x):
+    raise ValueError("this model is broken\nsecond line of the message")
+
+
+def dies_in_worker(x):
+    """Kills a spawned warmup worker while tracing; harmless in the main process."""
+    if multiprocessing.parent_process() is not None:
+        os._exit(3)
+    return x + 1
+
+
+NOT_A_FUNCTION = 42

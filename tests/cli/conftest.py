@@ -1,0 +1,81 @@
+"""Fixtures of the CLI tests: a CliRunner bound to a temporary cache, a warmed cache.
+
+Tests run from the repository root (``fixtures.models`` is importable from there, as
+the warmup manifest expects) with a cache folder under ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from aot.cli.main import cli
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFEST = REPO / "fixtures" / "warmup.toml"
+# The manifest's entries: (label, name), in file order.
+MANIFEST_LABELS = [
+    "mlp.forward[batch=1]", "mlp.forward[batch=8]", "mlp.forward[batch=32]", "tiny", "allreduce",
+]
+
+Invoke = Callable[..., Result]
+
+
+@pytest.fixture(autouse=True)
+def _at_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("AOT_CACHE", raising=False)
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+def _invoker(location: Path) -> Invoke:
+    runner = CliRunner()
+
+    def invoke(*args: str, cache: Path | str | None = location, **kwargs) -> Result:
+        prefix = ["--cache", str(cache)] if cache is not None else []
+        return runner.invoke(cli, [*prefix, *map(str, args)], **kwargs)
+
+    return invoke
+
+
+@pytest.fixture
+def invoke(cache_dir: Path) -> Invoke:
+    """``invoke("ls", "--json")`` runs ``aot --cache <tmp cache> ls --json`` in-process."""
+    return _invoker(cache_dir)
+
+
+@pytest.fixture(scope="session")
+def _warmed_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from aot.cache.warmup import expand, load_manifest, run_warmup
+
+    folder = tmp_path_factory.mktemp("warmed") / "cache"
+    report = run_warmup(str(folder), expand(load_manifest(MANIFEST)), jobs=1)
+    assert report.ok, report.to_dict()
+    return folder
+
+
+@pytest.fixture
+def warmed(_warmed_template: Path, cache_dir: Path) -> Iterator[Path]:
+    """A copy of a cache holding every entry of fixtures/warmup.toml."""
+    shutil.copytree(_warmed_template, cache_dir)
+    yield cache_dir
+
+
+def one_line_error(result: Result, *, code: int = 1) -> str:
+    """Asserts a failure reported as a single ``Error:`` line without a traceback."""
+    assert result.exit_code == code, (result.exit_code, result.output)
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("Error: ")]
+    assert len(errors) == 1, result.output
+    if code == 1:
+        assert lines == errors, result.output
+    return errors[0]

@@ -1,0 +1,235 @@
+"""aot compile and aot why, and how the command line reports errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aot.cache.warmup import TargetError
+from conftest import Invoke, one_line_error
+
+COMPILE_KEYS = {
+    "key", "name", "signature", "hit", "seconds", "compile_seconds", "raw_size", "stored_size",
+}
+MLP_PARAMS = "f32[512], f32[784,512], f32[512], f32[512,512], f32[10], f32[512,10]"
+
+
+def compile_json(invoke: Invoke, *args: str) -> dict:
+    result = invoke("compile", *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_compile_miss_then_hit(invoke: Invoke, cache_dir) -> None:
+    args = ("compile", "fixtures.models:tiny", "--arg", "f32[8]", "--arg", "f32[8]", "--name", "tiny")
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    lines = first.stdout.splitlines()
+    assert lines[0] == "miss: compiled and stored tiny"
+    assert lines[1] == "  signature  f32[8], f32[8]"
+    key = lines[2].split()[-1]
+    assert len(key) == 64
+    assert lines[3].startswith("  size       ") and "stored)" in lines[3]
+    assert lines[4].startswith("  compile    ")
+    assert lines[-1] == f"  cache      {cache_dir}"
+    second = invoke(*args)
+    assert second.exit_code == 0, second.output
+    assert second.stdout.splitlines()[0] == "hit: tiny was in the cache (no compile)"
+    assert f"  key        {key}" in second.stdout
+
+
+def test_compile_json_shape_and_default_name(invoke: Invoke) -> None:
+    data = compile_json(invoke, "fixtures.models:tiny", "--arg", "f32[8]", "--arg", "f32[8]")
+    assert set(data) == COMPILE_KEYS
+    assert data["name"] == "fixtures.models.tiny"
+    assert data["signature"] == "f32[8], f32[8]"
+    assert data["hit"] is False
+    assert data["stored_size"] > 0 and data["raw_size"] >= data["stored_size"] // 2
+    again = compile_json(invoke, "fixtures.models:tiny", "--arg", "f32[8]", "--arg", "f32[8]")
+    assert again["hit"] is True and again["key"] == data["key"]
+
+
+def test_compile_pytree_of_specs_from_a_callable(invoke: Invoke) -> None:
+    data = compile_json(
+        invoke, "fixtures.models:mlp_forward", "--name", "mlp.forward",
+        "--arg", "@fixtures.models:mlp_param_specs", "--arg", "f32[2,784]",
+    )
+    assert data["signature"] == f"{MLP_PARAMS}, f32[2,784]"
+
+
+def test_compile_args_from(invoke: Invoke) -> None:
+    data = compile_json(invoke, "fixtures.models:tiny", "--args-from", "fixtures.models:tiny_specs")
+    assert data["signature"] == "f32[8], f32[8]"
+    # A tuple is several positional arguments, and --arg values follow them.
+    data = compile_json(invoke, "cli_models:add3", "--args-from", "cli_models:three_specs")
+    assert data["signature"] == "f32[4], f32[4], f32[4]"
+    data = compile_json(
+        invoke, "fixtures.models:mlp_forward", "--args-from", "fixtures.models:mlp_param_specs",
+        "--arg", "f32[3,784]",
+    )
+    assert data["signature"] == f"{MLP_PARAMS}, f32[3,784]"
+
+
+def test_compile_pmap(invoke: Invoke) -> None:
+    data = compile_json(invoke, "fixtures.models:allreduce", "--pmap", "i", "--arg", "f32[8,1024]", "--name", "allreduce")
+    assert data["signature"] == "f32[8,1024]"
+    shown = invoke("show", "allreduce", "--json")
+    assert json.loads(shown.stdout)["entries"][0]["manifest"]["kind"] == "pmap"
+
+
+def test_compile_kwargs_and_static(invoke: Invoke) -> None:
+    plain = compile_json(invoke, "cli_models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
+    doubled = compile_json(
+        invoke, "cli_models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]", "--static", "double=true",
+    )
+    assert plain["signature"] == doubled["signature"] == "f32[8], f32[8]"
+    assert plain["key"] != doubled["key"]  # a static value is part of the program
+
+
+def test_compile_on_a_mesh(invoke: Invoke) -> None:
+    in_specs = compile_json(
+        invoke, "cli_models:matmul", "--mesh", "data=4,model=2",
+        "--arg", "f32[64,32]@data,None", "--arg", "f32[32,16]@None,model",
+    )
+    shardings = compile_json(
+        invoke, "cli_models:matmul", "--mesh", "data=4,model=2",
+        "--arg", "f32[64,32]", "--arg", "f32[32,16]",
+        "--in-sharding", "data,None", "--in-sharding", "None,model", "--out-sharding", "data,model",
+    )
+    assert in_specs["signature"] == shardings["signature"] == "f32[64,32], f32[32,16]"
+    manifest = json.loads(invoke("show", shardings["key"], "--json").stdout)["entries"][0]["manifest"]
+    assert manifest["out_shardings"][0]["spec"] == ["data", "model"]
+    assert len(manifest["device_ids"]) == 8
+
+
+def test_compile_donate(invoke: Invoke) -> None:
+    kept = compile_json(invoke, "cli_models:donating", "--arg", "f32[8]", "--arg", "f32[8]")
+    donated = compile_json(invoke, "cli_models:donating", "--arg", "f32[8]", "--arg", "f32[8]", "--donate", "0")
+    assert kept["key"] != donated["key"]
+    program = json.loads(invoke("show", donated["key"], "--json").stdout)["entries"][0]["manifest"]["program"]
+    assert program["parts"]["donated"] == "[0]"
+
+
+def test_compile_into_a_read_only_cache_stores_nothing(invoke: Invoke, warmed) -> None:
+    result = invoke("--read-only", "compile", "cli_models:add3", "--arg", "f32[2]", "--arg", "f32[2]", "--arg", "f32[2]")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("miss: compiled cli_models.add3 (not stored: the cache is read-only)")
+    assert "cli_models.add3" not in invoke("ls").stdout
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["nosuch.module:f", "--arg", "f32[8]"],
+         "Error: cannot import 'nosuch.module' for 'nosuch.module:f': no module named 'nosuch'"),
+        (["fixtures.models:nope", "--arg", "f32[8]"],
+         "Error: 'fixtures.models:nope': module 'fixtures.models' has no attribute 'nope'"),
+        (["cli_models:NOT_A_FUNCTION"], "Error: target 'cli_models:NOT_A_FUNCTION' is a int, not a function"),
+        (["fixtures.models:tiny", "--arg", "f32[8", "--arg", "f32[8]"], "Error: malformed spec 'f32[8'"),
+        (["fixtures.models:tiny", "--arg", "q32[8]", "--arg", "f32[8]"], "Error: malformed spec 'q32[8]': unknown dtype 'q32'"),
+        (["fixtures.models:tiny", "--arg", "@cli_models:not_callable_specs"],
+         "Error: calling 'cli_models:not_callable_specs' failed: RuntimeError: spec builder broke"),
+        (["cli_models:broken", "--arg", "f32[8]"],
+         "Error: ValueError: this model is broken (run `aot --debug ...` for the traceback)"),
+        (["cli_models:matmul", "--mesh", "data=64", "--arg", "f32[64,32]@data", "--arg", "f32[32,16]"],
+         "Error: mesh data=64 needs 64 devices; this host has 8 (cpu)"),
+    ],
+)
+def test_compile_errors_are_one_line(invoke: Invoke, args: list[str], message: str) -> None:
+    line = one_line_error(invoke("compile", *args))
+    assert line.startswith(message), line
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["fixtures.models:tiny", "--static", "x=tru"], "'x=tru': 'tru' is not JSON"),
+        (["fixtures.models:tiny", "--kwarg", "nonsense"], "'nonsense' is not NAME=SPEC"),
+        (["fixtures.models:tiny", "--mesh", "data:4"], "malformed mesh 'data:4'"),
+        (["fixtures.models:tiny", "--pmap", "i", "--kwarg", "y=f32[8]"], "pmap entries take positional args only"),
+        (["fixtures.models:tiny", "--in-sharding", "data"], "in_shardings / out_shardings need a mesh"),
+        (["fixtures.models:tiny", "--arg", "f32[8]@data"], "names a sharding but no mesh is given"),
+        (["fixtures.models:tiny", "--kwarg", "mesh=f32[8]"], "clash with aot.lower()'s own parameters"),
+        (["tiny-without-colon"], "is not MODULE:ATTRIBUTE"),
+        (["fixtures.models:tiny", "--donate", "-1"], "-1 is not in the range x>=0"),
+    ],
+)
+def test_compile_usage_errors_exit_2(invoke: Invoke, args: list[str], message: str) -> None:
+    result = invoke("compile", *args)
+    line = one_line_error(result, code=2)
+    assert message in line, line
+    assert "Try 'aot compile --help' for help." in result.output
+
+
+def test_debug_shows_the_exception(invoke: Invoke) -> None:
+    quiet = invoke("compile", "nosuch.module:f")
+    assert quiet.exit_code == 1 and quiet.exception is not None
+    assert isinstance(quiet.exception, SystemExit)
+    loud = invoke("--debug", "compile", "nosuch.module:f")
+    assert loud.exit_code == 1
+    assert isinstance(loud.exception, TargetError)
+
+
+def test_verbose_logs_what_the_library_does(invoke: Invoke) -> None:
+    result = invoke("-v", "compile", "fixtures.models:tiny", "--arg", "f32[8]", "--arg", "f32[8]")
+    assert result.exit_code == 0, result.output
+    assert "aot: INFO: stored fixtures.models.tiny (f32[8], f32[8])" in result.stderr
+    quiet = invoke("compile", "fixtures.models:tiny", "--arg", "f32[8]", "--arg", "f32[8]")
+    assert quiet.stderr == ""
+
+
+def test_environment_variable_names_the_cache(invoke: Invoke, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("AOT_CACHE", str(tmp_path / "from-env"))
+    result = invoke("compile", "fixtures.models:tiny", "--arg", "f32[8]", "--arg", "f32[8]", cache=None)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "from-env" / "index.sqlite").exists()
+
+
+# ---------------------------------------------------------------- why
+
+WHY_KEYS = {"name", "signature", "hit", "nearest_key", "nearest_signature", "differences", "stored"}
+
+
+def test_why_explains_a_miss(invoke: Invoke, warmed) -> None:
+    result = invoke("why", "mlp.forward", "--arg", "@fixtures.models:mlp_param_specs", "--arg", "f32[4,784]")
+    assert result.exit_code == 1, result.output
+    first, *rest = result.stdout.splitlines()
+    assert first.startswith(f"mlp.forward ({MLP_PARAMS}, f32[4,784]): miss; nearest of 3 stored entries is ")
+    assert rest == [f"  in_avals {MLP_PARAMS}, f32[1,784] != {MLP_PARAMS}, f32[4,784]"]
+
+
+def test_why_hit_and_json(invoke: Invoke, warmed) -> None:
+    result = invoke("why", "tiny", "--arg", "f32[8]", "--arg", "f32[8]")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("tiny (f32[8], f32[8]): hit, key ")
+    data = json.loads(invoke("why", "tiny", "--arg", "f32[4]", "--arg", "f32[8]", "--json").stdout)
+    assert set(data) == WHY_KEYS
+    assert data["hit"] is False and data["stored"] == 1
+    assert data["differences"] == [
+        {"part": "in_avals", "expected": "f32[8], f32[8]", "actual": "f32[4], f32[8]"}
+    ]
+
+
+def test_why_with_target_compares_the_program(invoke: Invoke) -> None:
+    invoke("compile", "cli_models:affine", "--name", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
+    result = invoke(
+        "why", "affine", "--target", "cli_models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]",
+        "--static", "double=true", "--json",
+    )
+    assert result.exit_code == 1, result.output
+    parts = {d["part"] for d in json.loads(result.stdout)["differences"]}
+    assert "stablehlo" in parts and "in_avals" not in parts
+    same = invoke("why", "affine", "--target", "cli_models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
+    assert same.exit_code == 0, same.output
+    # Without --target only the flat signature is compared, keyword arguments included.
+    assert invoke("why", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]").exit_code == 0
+
+
+def test_why_unknown_name(invoke: Invoke, warmed) -> None:
+    result = invoke("why", "nothing.here", "--arg", "f32[8]")
+    assert result.exit_code == 1
+    assert result.stdout.strip() == "nothing.here: nothing is stored under this name; compile it first"

@@ -1,0 +1,211 @@
+"""aot verify, aot gc, aot bundle, and errors about the cache itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import aot
+from conftest import MANIFEST, Invoke, one_line_error
+
+VERIFY_KEYS = {"ok", "integrity", "coverage"}
+INTEGRITY_KEYS = {"ok", "checked_entries", "checked_blobs", "problems", "quarantined", "orphan_blobs"}
+GC_KEYS = {"dry_run", "executed", "entries", "blobs", "bytes_freed", "size_before", "size_after"}
+BUNDLE_KEYS = {"path", "entries", "imported", "skipped", "bytes"}
+
+
+def _corrupt_executable_of(cache_dir: Path, name: str) -> str:
+    cache = aot.Cache(cache_dir)
+    entry = cache.entries(name)[0]
+    path = cache.blobs.path_for(entry.exe_digest)
+    path.write_bytes(b"not what was stored")
+    return entry.key
+
+
+# ---------------------------------------------------------------- verify
+
+
+def test_verify_ok(invoke: Invoke, warmed, cache_dir) -> None:
+    result = invoke("verify")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"verified 5 entries and 10 blobs in {cache_dir}: ok\n"
+    data = json.loads(invoke("verify", "--json").stdout)
+    assert set(data) == VERIFY_KEYS and set(data["integrity"]) == INTEGRITY_KEYS
+    assert data["ok"] is True and data["coverage"] is None
+
+
+def test_verify_finds_and_quarantines_a_corrupt_blob(invoke: Invoke, warmed) -> None:
+    key = _corrupt_executable_of(warmed, "tiny")
+    result = invoke("verify")
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith(": PROBLEMS")
+    assert lines[1].startswith(f"problem: tiny ({key[:12]}): executable blob ")
+    assert "quarantined 1 entries (`aot gc` removes them)" in lines
+    assert "quarantined" in invoke("ls", "tiny").stdout
+    data = json.loads(invoke("verify", "--json").stdout)
+    assert data["ok"] is False and data["integrity"]["problems"][0]["key"] == key
+    # gc removes the quarantined entry; verify is clean again.
+    plan = json.loads(invoke("gc", "--json").stdout)
+    assert [v["key"] for v in plan["entries"]] == [key]
+    assert plan["entries"][0]["reason"].startswith("quarantined: ")
+    assert invoke("verify").exit_code == 0
+
+
+def test_verify_read_only_does_not_quarantine(invoke: Invoke, warmed) -> None:
+    _corrupt_executable_of(warmed, "tiny")
+    result = invoke("--read-only", "verify")
+    assert result.exit_code == 1
+    assert "quarantined" not in result.stdout
+    assert " ok\n" in invoke("ls", "tiny").stdout
+
+
+def test_verify_manifest_coverage(invoke: Invoke, warmed) -> None:
+    result = invoke("verify", "--manifest", MANIFEST, "--strict")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1] == f"{MANIFEST}: all 5 entries are stored for this environment"
+    cache = aot.Cache(warmed)
+    (entry,) = [e for e in cache.entries("mlp.forward") if e.signature.endswith("f32[8,784]")]
+    cache.index.delete([entry.key])
+    strict = invoke("verify", "--manifest", MANIFEST, "--strict")
+    assert strict.exit_code == 1, strict.output
+    assert strict.stdout.splitlines()[-2:] == [
+        f"{MANIFEST}: 1 of 5 entries missing for this environment:",
+        f"  mlp.forward[batch=8] ({MANIFEST}:17): @fixtures.models:mlp_param_specs, f32[8,784]",
+    ]
+    lenient = invoke("verify", "--manifest", MANIFEST)
+    assert lenient.exit_code == 0, lenient.output
+    assert lenient.stdout.splitlines()[:2] == [
+        f"verified 4 entries and 8 blobs in {warmed}: ok",
+        "2 blobs no entry references (`aot gc` removes them once they are old enough)",
+    ]
+    assert "missing for this environment (not a failure without --strict):" in lenient.stdout
+    data = json.loads(invoke("verify", "--manifest", MANIFEST, "--strict", "--json").stdout)
+    assert data["ok"] is False and data["integrity"]["problems"] == []
+    assert len(data["integrity"]["orphan_blobs"]) == 2  # the deleted entry's blobs: not a failure
+    coverage = data["coverage"]
+    assert set(coverage) == {"manifest", "strict", "items", "missing"}
+    assert coverage["items"] == 5 and coverage["strict"] is True
+    assert [m["label"] for m in coverage["missing"]] == ["mlp.forward[batch=8]"]
+    assert set(coverage["missing"][0]) == {
+        "name", "label", "target", "args", "args_from", "kwargs", "static", "bucket", "pmap",
+        "mesh", "in_shardings", "out_shardings", "donate", "source",
+    }
+
+
+def test_verify_strict_needs_a_manifest(invoke: Invoke) -> None:
+    line = one_line_error(invoke("verify", "--strict"), code=2)
+    assert line == "Error: --strict needs --manifest"
+
+
+def test_verify_bad_manifest_fails_before_checking(invoke: Invoke, warmed, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[function]]\nname = 'x'\ntarget = 'm:f'\nargs = ['f32[{b}]']\n")
+    line = one_line_error(invoke("verify", "--manifest", bad, "--strict"))
+    assert line.startswith(f"Error: {bad}:1: [[function]] #1 ('x'): placeholder(s)")
+
+
+# ---------------------------------------------------------------- gc
+
+
+def test_gc_nothing_to_do(invoke: Invoke, warmed) -> None:
+    result = invoke("gc")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("nothing to collect (cache ")
+
+
+def test_gc_dry_run_then_execute(invoke: Invoke, warmed) -> None:
+    dry = invoke("gc", "--max-size", "1", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    lines = dry.stdout.splitlines()
+    assert lines[0].startswith("would remove 5 entries and 10 blobs, freeing ")
+    assert lines[0].endswith("[dry run]")
+    assert len(lines) == 6 and all("least recently used; cache over 1 B" in line for line in lines[1:])
+    assert json.loads(invoke("ls", "--json").stdout)["count"] == 5  # nothing removed
+    data = json.loads(invoke("gc", "--max-size", "1", "--dry-run", "--json").stdout)
+    assert set(data) == GC_KEYS
+    assert data["dry_run"] is True and data["executed"] is False and len(data["entries"]) == 5
+    assert data["size_after"] == data["size_before"] - data["bytes_freed"] == 0
+    done = invoke("gc", "--max-size", "1")
+    assert done.exit_code == 0, done.output
+    assert done.stdout.startswith("removed 5 entries and 10 blobs, freeing ")
+    assert json.loads(invoke("ls", "--json").stdout)["count"] == 0
+
+
+def test_gc_older_than_keeps_recent_entries(invoke: Invoke, warmed) -> None:
+    assert invoke("gc", "--older-than", "30d").stdout.startswith("nothing to collect")
+
+
+@pytest.mark.parametrize(
+    "option,value,message",
+    [
+        ("--max-size", "10Q", "cannot read size '10Q'; expected e.g. 500M, 10G or a byte count"),
+        ("--older-than", "yesterday", "cannot read age 'yesterday'; expected e.g. 12h, 30d or 2w"),
+    ],
+)
+def test_gc_bad_values_are_usage_errors(invoke: Invoke, option: str, value: str, message: str) -> None:
+    line = one_line_error(invoke("gc", option, value), code=2)
+    assert message in line
+
+
+def test_gc_on_a_read_only_cache(invoke: Invoke, warmed, cache_dir) -> None:
+    assert invoke("--read-only", "gc", "--max-size", "1", "--dry-run").exit_code == 0
+    line = one_line_error(invoke("--read-only", "gc", "--max-size", "1"))
+    assert line.startswith(f"Error: cannot collect garbage: the cache at {cache_dir} is read-only")
+
+
+# ---------------------------------------------------------------- bundles
+
+
+def test_bundle_export_and_import(invoke: Invoke, warmed, tmp_path: Path) -> None:
+    bundle = tmp_path / "mlp.aotb"
+    result = invoke("bundle", "export", bundle, "mlp.*", "tiny")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"exported 4 entries to {bundle} (")
+    other = tmp_path / "other"
+    imported = invoke("bundle", "import", bundle, cache=other)
+    assert imported.exit_code == 0, imported.output
+    assert imported.stdout == f"imported 4 entries from {bundle} (0 already present)\n"
+    again = json.loads(invoke("bundle", "import", bundle, "--json", cache=other).stdout)
+    assert set(again) == BUNDLE_KEYS
+    assert len(again["entries"]) == 4 and again["imported"] == [] and len(again["skipped"]) == 4
+    names = [e["name"] for e in json.loads(invoke("ls", "--json", cache=other).stdout)["entries"]]
+    assert names == ["mlp.forward"] * 3 + ["tiny"]
+    exported = json.loads(invoke("bundle", "export", tmp_path / "all.aotb", "--json").stdout)
+    assert set(exported) == BUNDLE_KEYS and len(exported["entries"]) == 5 and exported["bytes"] > 0
+
+
+def test_bundle_errors(invoke: Invoke, warmed, tmp_path: Path, cache_dir) -> None:
+    line = one_line_error(invoke("bundle", "export", tmp_path / "x.aotb", "nothing*"))
+    assert line.startswith("Error: nothing to export: no intact entry matches ['nothing*']")
+    not_a_bundle = tmp_path / "not.aotb"
+    not_a_bundle.write_bytes(b"hello")
+    line = one_line_error(invoke("bundle", "import", not_a_bundle))
+    assert line == f"Error: {not_a_bundle} is not a jax-aot bundle (bad magic)"
+    invoke("bundle", "export", tmp_path / "ok.aotb")
+    line = one_line_error(invoke("--read-only", "bundle", "import", tmp_path / "ok.aotb"))
+    assert line.startswith(f"Error: cannot import a bundle: the cache at {cache_dir} is read-only")
+
+
+# ---------------------------------------------------------------- the cache location
+
+
+def test_unreachable_database_is_one_line(invoke: Invoke) -> None:
+    url = "postgresql+psycopg://someone:secret@127.0.0.1:1/aot"
+    line = one_line_error(invoke("ls", cache=url))
+    assert line.startswith("Error: cannot open the cache index at postgresql+psycopg://someone:***@127.0.0.1:1/aot")
+    assert "secret" not in line
+
+
+def test_unsupported_url_is_one_line(invoke: Invoke) -> None:
+    line = one_line_error(invoke("ls", cache="mysql://localhost/aot"))
+    assert line.startswith("Error: ")
+
+
+def test_cache_path_that_is_a_file(invoke: Invoke, tmp_path: Path) -> None:
+    path = tmp_path / "a-file"
+    path.write_text("x")
+    line = one_line_error(invoke("ls", cache=path))
+    assert line.startswith("Error: ")

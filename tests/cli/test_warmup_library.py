@@ -1,0 +1,132 @@
+"""aot.cache.warmup as a library: parsing, expansion, parallel runs, coverage."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+import aot
+from aot.cache.warmup import (
+    WarmupItem,
+    coverage,
+    expand,
+    item_signature,
+    load_manifest,
+    parse_manifest,
+    run_warmup,
+)
+from conftest import MANIFEST, MANIFEST_LABELS
+
+
+def test_fixture_manifest_expands_to_its_buckets() -> None:
+    manifest = load_manifest(MANIFEST)
+    assert [(f.name, f.buckets, f.line) for f in manifest.functions] == [
+        ("mlp.forward", 3, 17), ("tiny", 1, 23), ("allreduce", 1, 28),
+    ]
+    items = expand(manifest)
+    assert [i.label for i in items] == MANIFEST_LABELS
+    assert items[1].args == ("@fixtures.models:mlp_param_specs", "f32[8,784]")
+    assert items[1].name == "mlp.forward" and items[1].bucket == (("batch", 8),)
+    assert items[4].pmap == "i"
+    assert items[0].base_dir == str(MANIFEST.parent)
+    # Items are plain data: they cross into spawned worker processes.
+    assert pickle.loads(pickle.dumps(items[1])) == items[1]
+
+
+def test_vary_is_a_cartesian_product_and_keeps_static_types() -> None:
+    manifest = parse_manifest("""
+[[function]]
+name = "f"
+target = "m:f"
+args = ["f32[{b},{d}]"]
+static = { depth = "{d}", tag = "d{d}" }
+vary = { b = [1, 2], d = [16, 32, 64] }
+""")
+    items = expand(manifest)
+    assert len(items) == 6
+    assert {i.name for i in items} == {"f"}
+    assert items[0].args == ("f32[1,16]",) and items[-1].args == ("f32[2,64]",)
+    assert dict(items[-1].static) == {"depth": 64, "tag": "d64"}
+    assert items[-1].label == "f[b=2,d=64]"
+
+
+def test_inline_tables_have_no_line_numbers() -> None:
+    manifest = parse_manifest('function = [{ name = "f", target = "m:f", args = ["f32[2]"] }]', "x.toml")
+    assert manifest.functions[0].line is None
+    assert expand(manifest)[0].source == "x.toml"
+
+
+def test_item_signature_matches_the_compiled_signature(tmp_path: Path) -> None:
+    items = expand(load_manifest(MANIFEST))
+    report = run_warmup(str(tmp_path / "c"), items[:2] + items[3:])
+    by_label = {r.label: r.signature for r in report.results}
+    for item in items[:2] + items[3:]:
+        assert item_signature(item) == by_label[item.label]
+
+
+def test_run_warmup_reports_in_item_order(tmp_path: Path) -> None:
+    items = expand(load_manifest(MANIFEST))[3:]
+    seen: list[str] = []
+    report = run_warmup(str(tmp_path / "c"), items, on_result=lambda r: seen.append(r.status))
+    assert seen == ["compiled", "compiled"]
+    assert (report.compiled, report.hit, report.failed, report.ok) == (2, 0, 0, True)
+    assert report.summary().startswith("2 entries: 2 compiled, 0 hit, 0 failed in ")
+    again = run_warmup(aot.Cache(tmp_path / "c"), items)
+    assert [r.status for r in again.results] == ["hit", "hit"]
+    assert [r.key for r in again.results] == [r.key for r in report.results]
+
+
+def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
+    """jobs=2: hits are found without a worker, misses compile in spawned workers,
+    and a worker that dies fails only its own entry."""
+    location = str(tmp_path / "c")
+    run_warmup(location, [WarmupItem("tiny", "fixtures.models:tiny", ("f32[8]", "f32[8]"))])
+    items = [
+        WarmupItem("tiny", "fixtures.models:tiny", ("f32[8]", "f32[8]")),       # hit
+        WarmupItem("dies", "cli_models:dies_in_worker", ("f32[4]",)),           # kills its worker
+        WarmupItem("tiny", "fixtures.models:tiny", ("f32[2]", "f32[2]")),       # compiles
+        WarmupItem("broken", "cli_models:broken", ("f32[4]",)),                 # fails in the parent
+    ]
+    report = run_warmup(location, items, jobs=2)
+    statuses = [(r.label, r.status) for r in report.results]
+    assert statuses == [("tiny", "hit"), ("dies", "failed"), ("tiny", "compiled"), ("broken", "failed")]
+    assert report.results[1].error == "the worker process died while compiling it (crash or out of memory)"
+    assert report.results[3].error == "ValueError: this model is broken"
+    assert report.to_dict()["failed"] == 2
+
+
+def test_parallel_warmup_of_a_cached_manifest_starts_no_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    items = expand(load_manifest(MANIFEST))
+    run_warmup(str(tmp_path / "c"), items)
+    import aot.cache.warmup as warmup
+
+    def no_worker(*args, **kwargs):  # pragma: no cover - must not run
+        raise AssertionError("a worker was started for a cached entry")
+
+    monkeypatch.setattr(warmup, "_worker_run", no_worker)
+    report = run_warmup(str(tmp_path / "c"), items, jobs=2)
+    assert (report.hit, report.compiled, report.failed) == (5, 0, 0)
+
+
+def test_coverage_lists_what_is_missing_for_this_environment(tmp_path: Path) -> None:
+    items = expand(load_manifest(MANIFEST))
+    cache = aot.Cache(tmp_path / "c")
+    assert [i.label for i in coverage(cache, items)] == MANIFEST_LABELS
+    run_warmup(cache, items[:4])
+    assert [i.label for i in coverage(cache, items)] == ["allreduce"]
+    run_warmup(cache, items[4:])
+    assert coverage(cache, items) == []
+    entry = cache.entries("tiny")[0]
+    cache.index.quarantine(entry.key, "test")
+    assert [i.label for i in coverage(cache, items)] == ["tiny"]
+
+
+def test_item_validation() -> None:
+    with pytest.raises(aot.ManifestError, match="pmap entries take positional args only; remove mesh"):
+        WarmupItem("x", "m:f", ("f32[8]",), pmap="i", mesh=(("data", 8),))
+    with pytest.raises(aot.ManifestError, match="is not MODULE:ATTRIBUTE"):
+        WarmupItem("x", "m.f")
