@@ -1,10 +1,12 @@
 """Bundles: every artifact of some names in one zstd-compressed file, digests checked.
 
-Layout (version 1): the 8-byte magic ``AOTBNDL1``, then one zstd stream holding an
-8-byte little-endian header length, the header (JSON: bundle format, manifests, and the
-digest and size of each blob in order) and the blobs' bytes, back to back. There are
-no paths in a bundle, so nothing in one can name a place outside the cache; every
-size is bounded before it is read and every blob is re-hashed on import.
+Layout (version 1): the 8-byte magic ``AOTBNDL1``, then one zstd frame, written with
+zstd's content checksum, holding an 8-byte little-endian header length, the header
+(JSON: bundle format, manifests, and the digest and size of each blob in order) and
+the blobs' bytes, back to back. There are no paths in a bundle, so nothing in one can
+name a place outside the cache; every size is bounded before it is read, every blob is
+re-hashed on import, and the checksum (required on import) covers the manifests too,
+which no blob digest does.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_BLOB_BYTES = 8 * 1024**3
 MAX_WINDOW_BYTES = 1 << 27  # refuse zstd frames that ask for more than 128 MiB of window
 _NAME_MAX = 512
+_FRAME_HEADER_MAX = 18  # zstd: 4-byte magic + at most 14 bytes of frame header
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +90,8 @@ def export_bundle(cache: Cache, path: Path, names: list[str] | None) -> BundleRe
     try:
         with os.fdopen(fd, "wb") as raw:
             raw.write(MAGIC)
-            with zstandard.ZstdCompressor(level=3).stream_writer(raw, closefd=False) as out:
+            compressor = zstandard.ZstdCompressor(level=3, write_checksum=True)
+            with compressor.stream_writer(raw, closefd=False) as out:
                 out.write(struct.pack("<Q", len(header)))
                 out.write(header)
                 for data in blob_order.values():
@@ -127,6 +131,18 @@ def read_bundle(path: Path) -> list[Artifact]:
     with raw:
         if raw.read(len(MAGIC)) != MAGIC:
             raise CorruptArtifactError(f"{path} is not a jax-aot bundle (bad magic)")
+        try:
+            frame = zstandard.get_frame_parameters(raw.read(_FRAME_HEADER_MAX))
+        except zstandard.ZstdError as exc:
+            raise CorruptArtifactError(f"bundle {path}: malformed zstd frame header: {exc}") from None
+        if not frame.has_checksum:
+            # Blob digests do not cover the manifests; the checksum does.
+            raise CorruptArtifactError(
+                f"bundle {path}: the zstd frame carries no content checksum, so the "
+                "manifests cannot be checked; the bundle was damaged, or written by an "
+                "older jax-aot: export it again"
+            )
+        raw.seek(len(MAGIC))
         decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES)
         try:
             with decompressor.stream_reader(raw) as stream:

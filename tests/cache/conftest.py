@@ -240,7 +240,7 @@ def open_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cache
 @pytest.fixture
 def open_folder_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CacheFactory]:
     """Like ``open_cache``, for the default backend only (SQLite + folder)."""
-    yield from _cache_factory("folder", request, tmp_path)
+    yield from _cache_factory("folder", request, tmp_path / "folder-cache")
 
 
 @pytest.fixture
