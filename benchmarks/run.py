@@ -284,6 +284,15 @@ def populate(s: Scenario, task: str, folder: Path) -> bool:
     return True
 
 
+def same_output(s: Scenario, key: str) -> None:
+    """Notes whether every way computed the same result (they run the same program)."""
+    values = {v for row in s.rows for v in row.samples.get(key, [])}
+    if len(values) > 1:
+        s.notes.append(f"MISMATCH: the ways computed different {key}s: {sorted(values)}")
+    elif values:
+        s.notes.append(f"every way computed the same {key} ({values.pop():.6g})")
+
+
 def first_result(ctx: Context) -> Scenario:
     s = Scenario(
         "first_result",
@@ -306,7 +315,8 @@ def first_result(ctx: Context) -> Scenario:
             s.record(s.row(label, side), proc, lambda p: {
                 "import_s": p.result["import_s"], "ready_s": p.result["ready_s"],
                 "run_s": p.result["run_s"], "wall_s": p.wall_to_result_s,
-                "aot_import_s": p.result.get("aot_import_s")})
+                "aot_import_s": p.result.get("aot_import_s"), "loss": p.result["loss"]})
+    same_output(s, "loss")
     aot_row = s.row("aot.load", "aot")
     if aot_row.samples.get("aot_import_s"):
         s.notes.append(f"of aot.load's 'executable ready', importing aot (cache, SQL) took "
@@ -339,7 +349,8 @@ def buckets(ctx: Context) -> Scenario:
             s.record(s.row(label, side), proc, lambda p: {
                 "import_s": p.result["import_s"], "ready_s": p.result["ready_s"],
                 "run_s": p.result["run_s"], "wall_s": p.wall_to_result_s,
-                "aot_import_s": p.result.get("aot_import_s")})
+                "aot_import_s": p.result.get("aot_import_s"), "checksum": p.result["checksum"]})
+    same_output(s, "checksum")
     aot_row = s.row("aot.load + warm()", "aot")
     if aot_row.samples.get("aot_import_s"):
         s.notes.append(f"of aot's '8 executables ready', importing aot took "
