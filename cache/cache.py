@@ -239,7 +239,10 @@ class Cache:
         for role, ref in manifest.blobs.items():
             if wanted is not None and role not in wanted:
                 continue
-            data = self.blobs.get(ref.digest)  # the store verifies the digest
+            try:
+                data = self.blobs.get(ref.digest)  # the store verifies the digest
+            except CorruptArtifactError as exc:
+                raise CorruptArtifactError(f"{label}: {role} {exc}") from None
             if data is not None:
                 blobs[ref.digest] = data
         return Artifact(manifest, blobs)
@@ -248,7 +251,9 @@ class Cache:
         """Rehydrates the executable of one entry (no recompilation)."""
         if isinstance(entry, str):
             entry = self.entry(entry)
-        executable = load_executable(self.artifact(entry), current=self.environment)
+        # Only the executable: a damaged portable HLO must not block an intact one.
+        artifact = self.artifact(entry, roles=(EXECUTABLE,))
+        executable = load_executable(artifact, current=self.environment)
         if not self.read_only:
             self.index.touch(entry.key)
         return executable

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aot.artifact import Manifest
+from aot.artifact import EXECUTABLE, PORTABLE_HLO, Manifest
 from aot.errors import AotError, CacheError
 from aot.cache.index import IndexEntry, utcnow
 
@@ -92,6 +92,14 @@ def _entry_problems(entry: IndexEntry, check: Any) -> list[str]:
         return [f"manifest: {exc}"]
     if manifest.key != entry.key:
         found.append(f"manifest is for key {manifest.key[:12]}, not this row")
+    # gc keeps the blobs the index columns name: they must be the manifest's.
+    for role, column in ((EXECUTABLE, entry.exe_digest), (PORTABLE_HLO, entry.hlo_digest)):
+        ref = manifest.blobs.get(role)
+        if (ref.digest if ref is not None else None) != column:
+            found.append(
+                f"the index row names {role} blob {str(column)[:12]} but the manifest names "
+                f"{ref.digest[:12] if ref is not None else 'none'}"
+            )
     for role, ref in sorted(manifest.blobs.items()):
         problem = check(ref.digest)
         if problem is not None:
