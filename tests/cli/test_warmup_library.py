@@ -78,6 +78,7 @@ def test_run_warmup_reports_in_item_order(tmp_path: Path) -> None:
     assert [r.key for r in again.results] == [r.key for r in report.results]
 
 
+@pytest.mark.slow
 def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
     """jobs=2: hits are found without a worker, misses compile in spawned workers,
     and a worker that dies fails only its own entry."""

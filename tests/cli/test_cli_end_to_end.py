@@ -1,0 +1,95 @@
+"""The installed ``aot`` script end to end, in subprocesses, as CI and a server use it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import aot
+from conftest import MANIFEST, REPO
+
+pytestmark = pytest.mark.slow
+
+
+def _aot_command() -> list[str]:
+    script = shutil.which("aot") or str(Path(sys.executable).with_name("aot"))
+    return [script] if Path(script).exists() else [sys.executable, "-m", "aot"]
+
+
+def run(*args: object, module: bool = False, check: int = 0) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "aot"] if module else _aot_command()
+    result = subprocess.run(
+        [*command, *map(str, args)], cwd=REPO, env=os.environ.copy(), capture_output=True,
+        text=True, timeout=300,
+    )
+    assert result.returncode == check, (args, result.returncode, result.stdout, result.stderr)
+    return result
+
+
+SERVE = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import aot
+
+    folder = sys.argv[1]
+    out = {}
+    mlp = aot.load("mlp.forward", cache=folder, strict=True)
+    out["signatures"] = len(mlp.signatures)
+    # Real inputs; the model module is imported only to build them and a reference.
+    from fixtures import models
+    import jax
+    params, x = models.mlp_init(0), models.mlp_input(8)
+    got = np.asarray(mlp(params, x))
+    want = np.asarray(jax.jit(models.mlp_forward)(params, x))
+    out["mlp_shape"] = list(got.shape)
+    out["mlp_max_abs_diff"] = float(np.max(np.abs(got - want)))
+    tiny = aot.load("tiny", cache=folder, strict=True)
+    out["tiny"] = np.asarray(tiny(*models.tiny_inputs())).tolist()
+    print(json.dumps(out))
+""")
+
+
+def test_ci_to_serving(tmp_path: Path) -> None:
+    ci_cache, served, bundle = tmp_path / "ci", tmp_path / "served", tmp_path / "models.aotb"
+
+    warm = run("--cache", ci_cache, "warmup", MANIFEST, "--jobs", "2")
+    assert warm.stdout.splitlines()[-1].startswith("5 entries: 5 compiled, 0 hit, 0 failed in ")
+
+    listed = json.loads(run("--cache", ci_cache, "ls", "--json").stdout)
+    assert listed["count"] == 5
+    assert sorted({e["name"] for e in listed["entries"]}) == ["allreduce", "mlp.forward", "tiny"]
+
+    verified = run("--cache", ci_cache, "verify", "--manifest", MANIFEST, "--strict")
+    assert "all 5 entries are stored for this environment" in verified.stdout
+
+    cache = aot.Cache(ci_cache)
+    (allreduce,) = cache.entries("allreduce")
+    cache.index.delete([allreduce.key])
+    cache.close()
+    failed = run("--cache", ci_cache, "verify", "--manifest", MANIFEST, "--strict", check=1)
+    assert f"  allreduce ({MANIFEST}:28): f32[8,1024]" in failed.stdout
+
+    plan = run("--cache", ci_cache, "gc", "--max-size", "1", "--dry-run")
+    assert plan.stdout.startswith("would remove 4 entries and ")
+
+    exported = run("--cache", ci_cache, "bundle", "export", bundle)
+    assert exported.stdout.startswith(f"exported 4 entries to {bundle} (")
+    imported = run("--cache", served, "bundle", "import", bundle, module=True)  # python -m aot
+    assert imported.stdout == f"imported 4 entries from {bundle} (0 already present)\n"
+
+    serving = subprocess.run(
+        [sys.executable, "-c", SERVE, str(served)], cwd=REPO, env=os.environ.copy(),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert serving.returncode == 0, serving.stderr
+    out = json.loads(serving.stdout.splitlines()[-1])
+    assert out["signatures"] == 3
+    assert out["mlp_shape"] == [8, 10] and out["mlp_max_abs_diff"] < 1e-4
+    assert out["tiny"] == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0, 13.0, 15.0]
