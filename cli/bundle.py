@@ -7,7 +7,7 @@ import click
 from aot.cli.common import State, echo_json, human_size, json_option, pass_state
 
 
-@click.group("bundle")
+@click.group("bundle", short_help="Export or import entries as one file.")
 def bundle_group() -> None:
     """Export entries to one file, or import such a file into the cache."""
 

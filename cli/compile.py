@@ -24,7 +24,7 @@ SPEC_HELP = (
 )
 
 
-@click.command("compile")
+@click.command("compile", short_help="Compile a function for given argument specs into the cache.")
 @click.argument("target", metavar="MODULE:FUNCTION")
 @click.option("--arg", "args", multiple=True, metavar="SPEC", help=SPEC_HELP)
 @click.option("--kwarg", "kwargs", multiple=True, metavar="NAME=SPEC", help="A keyword argument's spec.")
@@ -112,7 +112,7 @@ def compile_command(
     ]))
 
 
-@click.command("why")
+@click.command("why", short_help="Explain a miss: the nearest entry and what differs.")
 @click.argument("name")
 @click.option("--arg", "args", multiple=True, metavar="SPEC", help=SPEC_HELP)
 @click.option("--kwarg", "kwargs", multiple=True, metavar="NAME=SPEC", help="A keyword argument's spec.")

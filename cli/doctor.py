@@ -7,7 +7,7 @@ import click
 from aot.cli.common import State, echo_json, human_size, json_option, key_value, pass_state
 
 
-@click.command("doctor")
+@click.command("doctor", short_help="Versions, devices, cache location and health.")
 @click.option("--no-verify", is_flag=True, help="Skip re-hashing the blobs (faster on a big cache).")
 @json_option
 @pass_state

@@ -21,7 +21,7 @@ SIGNATURE_WIDTH = 60
 PART_WIDTH = 100
 
 
-@click.command("ls")
+@click.command("ls", short_help="List entries.")
 @click.argument("glob", required=False, metavar="[NAME_GLOB]")
 @json_option
 @pass_state
@@ -109,7 +109,7 @@ def _render(details) -> str:  # type: ignore[no-untyped-def]
     return "\n".join(out)
 
 
-@click.command("show")
+@click.command("show", short_help="Show an entry: manifest, fingerprints, analysis, HLO.")
 @click.argument("key_or_name", metavar="KEY|NAME")
 @click.option("--hlo", is_flag=True, help="Print the StableHLO text of the portable HLO instead.")
 @click.option("--debug-info", is_flag=True, help="With --hlo: keep the source locations.")

@@ -15,7 +15,11 @@ from aot.cli.common import State, configure_logging
 
 
 class AotGroup(click.Group):
-    """Maps exceptions raised by commands to one clear line (unless ``--debug``)."""
+    """Maps exceptions raised by commands to one clear line (unless ``--debug``) and
+    lists commands in the order of the workflow, not alphabetically."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

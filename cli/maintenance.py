@@ -9,7 +9,7 @@ import click
 from aot.cli.common import State, echo_json, human_size, json_option, pass_state, shorten_middle
 
 
-@click.command("verify")
+@click.command("verify", short_help="Check integrity (and manifest coverage).")
 @click.option(
     "--manifest", metavar="MANIFEST.toml",
     help="Also check that every entry the manifest lists is stored for this environment.",
@@ -103,7 +103,7 @@ def _age_option(ctx: click.Context, param: click.Parameter, value: str | None) -
     return value  # the plan quotes it as given
 
 
-@click.command("gc")
+@click.command("gc", short_help="Remove stale entries and unreferenced blobs.")
 @click.option("--max-size", callback=_size_option, metavar="SIZE", help="Evict least recently used entries until the cache fits, e.g. 10G.")
 @click.option("--older-than", callback=_age_option, metavar="AGE", help="Remove entries unused for longer than this, e.g. 30d, 12h, 2w.")
 @click.option("--dry-run", is_flag=True, help="Only print the plan.")

@@ -20,7 +20,7 @@ def _line(result) -> str:  # type: ignore[no-untyped-def]
     return f"{status:<9} {result.label} ({result.signature}) {result.seconds:.2f}s"
 
 
-@click.command("warmup")
+@click.command("warmup", short_help="Compile everything a manifest lists (CI).")
 @click.argument("manifest", metavar="MANIFEST.toml")
 @click.option(
     "-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
