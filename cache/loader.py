@@ -98,11 +98,14 @@ class Dispatcher:
                 _Program(manifest.signature, treedef, leaves, tuple(str(a["path"]) for a in manifest.args)),
             )
             if not entry.ok:
-                program.quarantined.append(entry)
+                program.quarantined.insert(0, entry)
             elif entry.env_fp == env:
-                program.local.append(entry)
+                program.local.insert(0, entry)
             else:
-                program.foreign.append(entry)
+                program.foreign.insert(0, entry)
+            # Rows come oldest first and are inserted at the front: the newest row of
+            # a signature is tried first (a name recompiled from changed code must not
+            # keep serving the old program).
         log.info("aot.load(%r): %d signatures", name, len(self._programs))
 
     # ------------------------------------------------------------ inspection

@@ -219,9 +219,23 @@ def plan_gc(
     survivors = [e for e in entries if e.key not in victims]
     if limit is not None:
         lru = sorted(survivors, key=lambda e: (e.last_used_at, e.created_at))
-        while lru and _live_size(lru, blob_sizes) > limit:
-            add(lru.pop(0), f"least recently used; cache over {human_size(limit)}")
-        survivors = lru
+        # Reference counts keep eviction linear in the entries (re-summing every
+        # survivor after each eviction was quadratic: too slow for a large cache).
+        refs: dict[str, int] = {}
+        for e in lru:
+            for d in _digests(e):
+                refs[d] = refs.get(d, 0) + 1
+        live = sum(blob_sizes.get(d, 0) for d in refs)
+        evicted = 0
+        while evicted < len(lru) and live > limit:
+            victim = lru[evicted]
+            add(victim, f"least recently used; cache over {human_size(limit)}")
+            for d in _digests(victim):
+                refs[d] -= 1
+                if refs[d] == 0:
+                    live -= blob_sizes.get(d, 0)
+            evicted += 1
+        survivors = lru[evicted:]
     keep: set[str] = set()
     for entry in survivors:
         keep.add(entry.exe_digest)
@@ -273,13 +287,8 @@ def _young_blobs(cache: Cache, digests: set[str]) -> set[str]:
     return set()  # in-memory store: one process, no writer in flight
 
 
-def _live_size(entries: list[IndexEntry], blob_sizes: dict[str, int]) -> int:
-    digests: set[str] = set()
-    for e in entries:
-        digests.add(e.exe_digest)
-        if e.hlo_digest:
-            digests.add(e.hlo_digest)
-    return sum(blob_sizes.get(d, 0) for d in digests)
+def _digests(entry: IndexEntry) -> set[str]:
+    return {entry.exe_digest, entry.hlo_digest} - {None}  # type: ignore[return-value]
 
 
 def collect_garbage(

@@ -287,8 +287,23 @@ class Compiled:
             executable = computation.compile()
             return build_artifact(executable, computation.portable_hlo(executable))
 
-        self.params = models.mlp_init(0)
-        self.param_specs = models.mlp_param_specs()
+        # Parameters of mlp_init's structure from numpy: mlp_init runs a dozen eager
+        # jax.random ops, each compiled, which takes seconds on a loaded 2-core box.
+        rng = np.random.default_rng(0)
+        sizes = models.MLP_SIZES
+        self.params = jax.device_put([
+            {
+                "b": (0.1 * rng.standard_normal(n_out)).astype(np.float32),
+                "w": (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32),
+            }
+            for n_in, n_out in zip(sizes[:-1], sizes[1:])
+        ])
+        self.param_specs = jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.params
+        )
+        assert jax.tree_util.tree_structure(self.param_specs) == jax.tree_util.tree_structure(
+            models.mlp_param_specs()
+        )
         self.mlp: dict[int, Any] = {}
         self.inputs: dict[int, Any] = {}
         self.expected: dict[int, np.ndarray] = {}

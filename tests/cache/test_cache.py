@@ -362,3 +362,24 @@ def test_concurrent_compile_of_one_key_from_two_processes(
     assert len(list(cache.blobs.digests())) == 2
     report = cache.verify()
     assert report.ok, report.to_dict()
+
+
+def test_compile_heals_a_corrupt_or_quarantined_hit(
+    cache: aot.Cache, compiled, read_raw, write_raw  # noqa: ANN001
+) -> None:
+    models = compiled.models
+    first = cache.compile_entry(models.tiny, *models.tiny_specs(), name=compiled.TINY_NAME)
+    stored = bytearray(read_raw(cache.blobs, first.entry.exe_digest))
+    stored[len(stored) // 2] ^= 0xFF
+    write_raw(cache.blobs, first.entry.exe_digest, bytes(stored))
+
+    healed = cache.compile_entry(models.tiny, *models.tiny_specs(), name=compiled.TINY_NAME)
+    assert not healed.hit  # the corrupt executable was not used ...
+    np.testing.assert_array_equal(np.asarray(healed.executable(*compiled.tiny_inputs)), compiled.tiny_expected)
+    assert cache.index.get(first.entry.key).ok  # ... the row was replaced, the blob rewritten
+    assert cache.verify().problems == ()
+
+    cache.quarantine(cache.entry(first.entry.key), "by hand")
+    again = cache.compile_entry(models.tiny, *models.tiny_specs(), name=compiled.TINY_NAME)
+    assert not again.hit and cache.index.get(first.entry.key).ok
+    assert cache.compile_entry(models.tiny, *models.tiny_specs(), name=compiled.TINY_NAME).hit

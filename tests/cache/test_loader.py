@@ -364,3 +364,19 @@ def test_serving_process_without_the_model_code(served, compiled, tmp_path: Path
     assert sorted(result["available"]) == result["signatures"]
     assert "f32[8,784]" in result["error"] and "Nearest" in result["error"]
     assert not result["model_imported"]
+
+
+def test_the_newest_program_of_a_signature_is_served(open_folder_cache, compiled) -> None:  # noqa: ANN001
+    """A name recompiled from changed code (same signature, new program) serves the new
+    program, not the first one stored."""
+    cache = open_folder_cache()
+    cache.put(compiled.tiny)
+
+    def tiny_v2(x, y):  # noqa: ANN001, ANN202
+        return x * y + 2
+
+    cache.compile(tiny_v2, *compiled.models.tiny_specs(), name=compiled.TINY_NAME)
+    assert len(cache.entries(compiled.TINY_NAME)) == 2
+    fn = aot.load(compiled.TINY_NAME, cache=cache)
+    assert len(fn.signatures) == 1
+    np.testing.assert_array_equal(np.asarray(fn(*compiled.tiny_inputs)), compiled.tiny_expected + 1)

@@ -1,0 +1,91 @@
+"""cache.explain(name, *specs): the nearest stored entry and the fingerprint parts that
+differ (what `aot why` prints)."""
+
+from __future__ import annotations
+
+import json
+
+import aot
+
+
+def _parts(explanation) -> list[str]:  # noqa: ANN001
+    return [d.part for d in explanation.differences]
+
+
+def test_a_stored_signature_is_a_hit(open_folder_cache, compiled) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    for artifact in compiled.mlp.values():
+        cache.put(artifact)
+    models = compiled.models
+    got = cache.explain(compiled.MLP_NAME, compiled.param_specs, models.mlp_input_spec(2))
+    assert got.hit and got.differences == ()
+    assert got.nearest_key == compiled.mlp[2].manifest.key
+    assert got.stored == 3
+    assert "hit" in got.describe()
+
+
+def test_another_shape_names_the_input_avals(open_folder_cache, compiled) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    for artifact in compiled.mlp.values():
+        cache.put(artifact)
+    got = cache.explain(compiled.MLP_NAME, compiled.param_specs, "f32[8,784]")
+    assert not got.hit
+    assert _parts(got) == ["in_avals"]
+    assert got.differences[0].actual.endswith("f32[8,784]")
+    assert got.signature.endswith("f32[8,784]")
+    text = got.describe()
+    assert "miss" in text and "in_avals" in text and "f32[8,784]" in text
+    json.dumps(got.to_dict())
+
+
+def test_another_environment_names_the_differing_part(
+    open_folder_cache, compiled, foreign  # noqa: ANN001
+) -> None:
+    cache = open_folder_cache()
+    cache.put(foreign(compiled.mlp[4], jaxlib="0.0.1"))
+    got = cache.explain(compiled.MLP_NAME, compiled.param_specs, "f32[4,784]")
+    assert not got.hit
+    assert _parts(got) == ["jaxlib"]
+    difference = got.differences[0]
+    assert (difference.expected, difference.actual) == ("0.0.1", cache.environment.as_dict()["jaxlib"])
+    assert f"jaxlib 0.0.1 != {difference.actual}" in got.describe()
+
+
+def test_with_the_function_the_program_parts_are_compared(open_folder_cache, compiled) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    cache.put(compiled.tiny)
+    models = compiled.models
+    same = cache.explain(compiled.TINY_NAME, *models.tiny_specs(), fn=models.tiny)
+    assert same.hit
+
+    def tiny_changed(x, y):  # noqa: ANN001, ANN202
+        return x * y + 2
+
+    got = cache.explain(compiled.TINY_NAME, *models.tiny_specs(), fn=tiny_changed)
+    assert not got.hit
+    assert "stablehlo" in _parts(got)
+    assert "in_avals" not in _parts(got)
+
+
+def test_a_quarantined_entry_says_so(open_folder_cache, compiled) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    entry = cache.put(compiled.tiny)
+    cache.quarantine(entry, "test")
+    got = cache.explain(compiled.TINY_NAME, *compiled.models.tiny_specs())
+    assert not got.hit and _parts(got) == ["state"]
+
+
+def test_nothing_stored_under_the_name(open_folder_cache, compiled) -> None:  # noqa: ANN001
+    got = open_folder_cache().explain("no.such.model", "f32[8]")
+    assert not got.hit and got.stored == 0 and got.nearest_key is None
+    assert "nothing is stored" in got.describe()
+
+
+def test_the_nearest_of_several_entries(open_folder_cache, compiled, foreign) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    cache.put(compiled.mlp[1])  # differs in in_avals
+    cache.put(foreign(compiled.mlp[2], jaxlib="0.0.1", device_kind="tpu"))  # two env parts
+    got = cache.explain(compiled.MLP_NAME, compiled.param_specs, "f32[2,784]")
+    assert got.nearest_key == compiled.mlp[1].manifest.key
+    assert _parts(got) == ["in_avals"]
+    assert aot.load(compiled.MLP_NAME, cache=cache, lazy=True).signatures  # both listed
