@@ -69,7 +69,7 @@ def export_bundle(cache: Cache, path: Path, names: list[str] | None) -> BundleRe
     if not entries:
         raise CacheError(
             f"nothing to export: no intact entry matches {names or ['*']} in the cache at "
-            f"{cache.location}; `aot ls` lists what is stored"
+            f"{cache.display_location}; `aot ls` lists what is stored"
         )
     artifacts = [cache.artifact(e) for e in entries]  # verifies every blob
     blob_order: dict[str, bytes] = {}

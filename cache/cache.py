@@ -26,7 +26,7 @@ from aot.fingerprint import environment_fingerprint
 from aot.lowering import lower, lower_pmap
 from aot.signing import key_from, sign, verify
 from aot.cache.blobs import BlobStore, DatabaseBlobStore, FolderBlobStore
-from aot.cache.index import Index, IndexEntry
+from aot.cache.index import Index, IndexEntry, mask_url
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,11 @@ class Cache:
     def __repr__(self) -> str:
         return f"Cache({self.index.url!r}, read_only={self.read_only})"
 
+    @property
+    def display_location(self) -> str:
+        """``location`` for messages and logs: a database URL's password is masked."""
+        return mask_url(self.location) if is_url(self.location) else self.location
+
     def close(self) -> None:
         self.index.close()
 
@@ -136,7 +141,7 @@ class Cache:
     def _check_writable(self, what: str) -> None:
         if self.read_only:
             raise ReadOnlyCacheError(
-                f"cannot {what}: the cache at {self.location} is read-only; open it "
+                f"cannot {what}: the cache at {self.display_location} is read-only; open it "
                 "without read_only=True (or compile in CI and ship a bundle)"
             )
 
@@ -206,7 +211,7 @@ class Cache:
                 "give more characters"
             )
         raise ArtifactNotFoundError(
-            f"no artifact with key {key_or_prefix!r} in the cache at {self.location}; "
+            f"no artifact with key {key_or_prefix!r} in the cache at {self.display_location}; "
             "`aot ls` lists what is stored"
         )
 

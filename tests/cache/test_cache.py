@@ -383,3 +383,42 @@ def test_compile_heals_a_corrupt_or_quarantined_hit(
     again = cache.compile_entry(models.tiny, *models.tiny_specs(), name=compiled.TINY_NAME)
     assert not again.hit and cache.index.get(first.entry.key).ok
     assert cache.compile_entry(models.tiny, *models.tiny_specs(), name=compiled.TINY_NAME).hit
+
+
+def test_default_location_is_aot_cache(tmp_path: Path, compiled, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("AOT_CACHE", str(tmp_path / "from-env"))
+    with aot.Cache() as cache:
+        assert cache.location == str(tmp_path / "from-env")
+        cache.put(compiled.tiny)
+    fn = aot.load(compiled.TINY_NAME)
+    try:
+        np.testing.assert_array_equal(np.asarray(fn(*compiled.tiny_inputs)), compiled.tiny_expected)
+    finally:
+        fn.cache.close()
+
+
+@pytest.mark.postgres
+def test_messages_never_show_the_database_password(postgres_url: str, compiled, tmp_path: Path) -> None:  # noqa: ANN001
+    from sqlalchemy.engine import make_url
+
+    secret = "hunter2-secret"
+    url = make_url(postgres_url).set(password=secret).render_as_string(hide_password=False)
+    writer = aot.Cache(url)  # the test server trusts loopback: any password works
+    reader = aot.Cache(url, read_only=True)
+    try:
+        writer.put(compiled.tiny)
+        failures = [
+            lambda: reader.put(compiled.tiny),
+            lambda: reader.gc(max_size=0),
+            lambda: writer.get("0" * 64),
+            lambda: writer.export_bundle(tmp_path / "b.aotb", ["no.such.*"]),
+        ]
+        for failure in failures:
+            with pytest.raises(aot.AotError) as info:
+                failure()
+            assert secret not in str(info.value)
+        assert secret not in repr(writer) and secret not in writer.display_location
+        assert writer.location == url  # the real URL stays available (worker processes)
+    finally:
+        writer.close()
+        reader.close()
