@@ -173,7 +173,10 @@ class Cache:
         sizes: dict[str, tuple[int, int]] = {}
         for role, ref in manifest.blobs.items():
             data = artifact.blob(role)  # verifies the digest
-            digest = self.blobs.put(data)
+            try:
+                digest = self.blobs.put(data)
+            except CacheError as exc:  # full disk, permissions: say which entry
+                raise type(exc)(f"storing {manifest.name!r} ({manifest.key[:12]}): {exc}") from exc
             stored = self.blobs.stored_size(digest) or len(data)
             sizes[digest] = (len(data), stored)
         entry = IndexEntry(
@@ -190,7 +193,10 @@ class Cache:
             stored_size=sum(stored for _, stored in sizes.values()),
             compile_seconds=manifest.compile_seconds,
         )
-        added = self.index.add(entry, blob_sizes=sizes)
+        try:
+            added = self.index.add(entry, blob_sizes=sizes)
+        except CacheError as exc:
+            raise type(exc)(f"storing {manifest.name!r} ({manifest.key[:12]}): {exc}") from exc
         log.info(
             "%s %s (%s) key %s", "stored" if added else "already had", manifest.name,
             manifest.signature, manifest.key[:12],

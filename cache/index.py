@@ -58,6 +58,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -455,6 +456,13 @@ def ensure_schema(engine: Engine, *, read_only: bool = False) -> int:
 # -------------------------------------------------------------------------- engines
 
 
+def _on_read_only_file_system(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows)
+        return False
+
+
 def _sqlite_engine(url: URL, read_only: bool) -> Engine:
     database = url.database
     if not database or database == ":memory:":
@@ -471,10 +479,12 @@ def _sqlite_engine(url: URL, read_only: bool) -> Engine:
                     f"no jax-aot cache index at {path} (opened read-only, so it was not "
                     f"created); check the cache location"
                 )
-            url = url.set(
-                database=f"file:{quote(path.resolve().as_posix())}",
-                query={"mode": "ro", "uri": "true"},
-            )
+            query = {"mode": "ro", "uri": "true"}
+            if _on_read_only_file_system(path):
+                # A WAL database opened read-only needs its -shm file, which cannot be
+                # created here; nobody can write this file system, so it is immutable.
+                query["immutable"] = "1"
+            url = url.set(database=f"file:{quote(path.resolve().as_posix())}", query=query)
         else:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -542,6 +552,19 @@ def _reason(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+def _advice(reason: str) -> str:
+    """What to do about the database errors a user can fix."""
+    text = reason.lower()
+    if "disk is full" in text or "no space left" in text or "quota" in text:
+        return "; free disk space (e.g. `aot gc --max-size ...`) or move the cache (AOT_CACHE)"
+    if "readonly database" in text or "read-only" in text or "unable to open database file" in text:
+        return (
+            "; the index cannot be written here: fix the permissions of the cache folder, "
+            "or open the cache read-only (read_only=True) on a read-only file system"
+        )
+    return ""
+
+
 def _insert_ignore(conn: Connection, table: sa.Table) -> Any:
     """INSERT ... ON CONFLICT DO NOTHING for the connection's dialect."""
     if conn.dialect.name == "postgresql":
@@ -602,9 +625,11 @@ class Index:
             raise
         except (sa_exc.SQLAlchemyError, OSError) as e:
             self._engine.dispose()
+            reason = _reason(e)
             raise CacheError(
-                f"cannot open the cache index at {self.url}: {_reason(e)}; check that the "
-                f"database is reachable and that the URL, user and password are right"
+                f"cannot open the cache index at {self.url}: {reason}"
+                + (_advice(reason) or "; check that the database is reachable and that "
+                   "the URL, user and password are right")
             ) from e
         logger.debug("opened cache index %s (schema v%d, read_only=%s)", self.url, self._version, read_only)
 
@@ -638,7 +663,8 @@ class Index:
         return f"Index({self.url!r}, read_only={self.read_only})"
 
     def _fail(self, what: str, e: BaseException) -> CacheError:
-        return CacheError(f"{what} failed on the cache index at {self.url}: {_reason(e)}")
+        reason = _reason(e)
+        return CacheError(f"{what} failed on the cache index at {self.url}: {reason}{_advice(reason)}")
 
     @contextmanager
     def _read(self, what: str) -> Iterator[Connection]:
