@@ -26,6 +26,7 @@ from aot.errors import (
     AotError,
     CorruptArtifactError,
     IncompatibleEnvironmentError,
+    IntegrityError,
     SignatureNotFoundError,
 )
 from aot.executable import MeshExecutable
@@ -205,6 +206,8 @@ class Dispatcher:
                 diffs = manifest.environment.diff(environment)
                 rebuilt = recompile(artifact)
                 executable = load_executable(rebuilt, current=environment)
+            except IntegrityError:
+                raise  # unsigned or tampered: never compiled from, and said as such
             except AotError as exc:
                 errors.append(f"{entry.key[:12]}: {exc}")
                 continue

@@ -380,3 +380,13 @@ def test_the_newest_program_of_a_signature_is_served(open_folder_cache, compiled
     fn = aot.load(compiled.TINY_NAME, cache=cache)
     assert len(fn.signatures) == 1
     np.testing.assert_array_equal(np.asarray(fn(*compiled.tiny_inputs)), compiled.tiny_expected + 1)
+
+
+def test_a_foreign_unsigned_artifact_is_not_recompiled_by_a_keyed_loader(
+    open_folder_cache, compiled, foreign  # noqa: ANN001
+) -> None:
+    open_folder_cache().put(foreign(compiled.tiny, jaxlib="0.0.1"))  # stored without a key
+    keyed = open_folder_cache(signing_key="k")
+    with pytest.raises(aot.IntegrityError, match="not signed"):
+        aot.load(compiled.TINY_NAME, cache=keyed)
+    assert len(keyed.entries()) == 1  # nothing was compiled from it
