@@ -330,9 +330,12 @@ class Cache:
 
         return collect_garbage(self, max_size=max_size, older_than=older_than, dry_run=dry_run)
 
-    def export_bundle(self, path: str | os.PathLike[str], names: Iterable[str] | None = None) -> Any:
+    def export_bundle(self, path: str | os.PathLike[str], names: str | Iterable[str] | None = None) -> Any:
+        """Every intact entry whose name matches one of the globs ``names`` (all if None)."""
         from aot.cache.bundle import export_bundle
 
+        if isinstance(names, str):  # one glob, not its characters
+            names = [names]
         return export_bundle(self, Path(path), list(names) if names else None)
 
     def import_bundle(self, path: str | os.PathLike[str]) -> Any:

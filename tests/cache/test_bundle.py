@@ -237,3 +237,8 @@ def test_signed_bundles(open_folder_cache, compiled, tmp_path: Path) -> None:  #
     finally:
         plain.close()
         strict.close()
+
+
+def test_one_glob_may_be_given_as_a_string(source, compiled, tmp_path: Path) -> None:  # noqa: ANN001
+    report = source.export_bundle(tmp_path / "tiny.aotb", "tiny")
+    assert report.entries == (compiled.tiny.manifest.key,)
