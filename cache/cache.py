@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import platformdirs
 
@@ -25,8 +25,12 @@ from aot.executable import MeshExecutable
 from aot.fingerprint import environment_fingerprint
 from aot.lowering import lower, lower_pmap
 from aot.signing import key_from, sign, verify
-from aot.cache.blobs import BlobStore, DatabaseBlobStore, FolderBlobStore
-from aot.cache.index import Index, IndexEntry, mask_url
+from aot.cache.blobs import BlobStore, FolderBlobStore
+from aot.cache.entry import IndexEntry
+
+if TYPE_CHECKING:
+    from aot.cache.index import Index
+    from aot.cache.sqlite_reader import SqliteReader
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +93,19 @@ class Cache:
         self.read_only = read_only
         self.signing_key = key_from(signing_key)
         self.require_signatures = require_signatures
+        self._index: Index | None = None
+        self._index_file: Path | None = None
+        self._reader: SqliteReader | None = None
         if is_url(location):
-            self.index = Index(location, read_only=read_only)
-            self.blobs: BlobStore = (
-                FolderBlobStore(Path(blob_location), read_only=read_only)
-                if blob_location is not None
-                else DatabaseBlobStore(self.index.engine, read_only=read_only)
-            )
+            from aot.cache.index import Index
+
+            self._index = Index(location, read_only=read_only)
+            if blob_location is not None:
+                self.blobs: BlobStore = FolderBlobStore(Path(blob_location), read_only=read_only)
+            else:
+                from aot.cache.dbblobs import DatabaseBlobStore
+
+                self.blobs = DatabaseBlobStore(self._index.engine, read_only=read_only)
         else:
             folder = Path(location).expanduser()
             if not read_only:
@@ -108,21 +118,71 @@ class Cache:
                     f"no cache at {folder} (opened read-only, so nothing was created); "
                     "check the path or AOT_CACHE"
                 )
-            self.index = Index.for_folder(folder, read_only=read_only)
+            self._index_file = folder / "index.sqlite"
+            if not self._index_file.exists():
+                self.index  # noqa: B018 - creates the schema of a new cache now
             blob_root = Path(blob_location) if blob_location is not None else folder / "blobs"
             self.blobs = FolderBlobStore(blob_root, read_only=read_only)
         self._environment = None
 
     def __repr__(self) -> str:
-        return f"Cache({self.index.url!r}, read_only={self.read_only})"
+        return f"Cache({self.display_location!r}, read_only={self.read_only})"
+
+    @property
+    def index(self) -> Index:
+        """The SQL index (SQLAlchemy), opened on first use."""
+        if self._index is None:
+            from aot.cache.index import Index
+
+            assert self._index_file is not None
+            self._index = Index.for_folder(self._index_file.parent, read_only=self.read_only)
+        return self._index
+
+    def _serving_reader(self) -> SqliteReader | None:
+        """The stdlib reader of a folder cache, while SQLAlchemy is not loaded yet."""
+        if self._index is not None or self._index_file is None:
+            return None
+        if self._reader is None:
+            from aot.cache.sqlite_reader import SqliteReader
+
+            try:
+                self._reader = SqliteReader(self._index_file, read_only=self.read_only)
+            except CacheError as exc:
+                log.debug("serving reader unavailable (%s); using the SQL index", exc)
+                return None
+        return self._reader
+
+    def entries_named(self, name: str, *, state: str | None = "ok") -> list[IndexEntry]:
+        """Every entry stored under ``name`` (all environments)."""
+        reader = self._serving_reader()
+        if reader is not None:
+            return reader.by_name(name, state=state)
+        return self.index.by_name(name, state=state)
+
+    def touch(self, key: str) -> None:
+        """Records a use of ``key`` (last-used time for gc, hit count)."""
+        if self.read_only:
+            return
+        reader = self._serving_reader()
+        if reader is not None:
+            reader.touch(key)
+        else:
+            self.index.touch(key)
 
     @property
     def display_location(self) -> str:
         """``location`` for messages and logs: a database URL's password is masked."""
-        return mask_url(self.location) if is_url(self.location) else self.location
+        if not is_url(self.location):
+            return self.location
+        from aot.cache.index import mask_url
+
+        return mask_url(self.location)
 
     def close(self) -> None:
-        self.index.close()
+        if self._reader is not None:
+            self._reader.close()
+        if self._index is not None:
+            self._index.close()
 
     def __enter__(self) -> Cache:
         return self
@@ -265,8 +325,7 @@ class Cache:
         # Only the executable: a damaged portable HLO must not block an intact one.
         artifact = self.artifact(entry, roles=(EXECUTABLE,))
         executable = load_executable(artifact, current=self.environment)
-        if not self.read_only:
-            self.index.touch(entry.key)
+        self.touch(entry.key)
         return executable
 
     def get(self, key: str) -> MeshExecutable:

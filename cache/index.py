@@ -56,13 +56,12 @@ readers proceed while one process writes.
 from __future__ import annotations
 
 import fnmatch
-import json
 import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -89,6 +88,7 @@ from sqlalchemy.engine.url import URL
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.pool import StaticPool
 
+from aot.cache.entry import ARTIFACT_STATES, SCHEMA_VERSION, IndexEntry, _as_utc, utcnow
 from aot.errors import AotError, CacheError, ReadOnlyCacheError
 
 logger = logging.getLogger(__name__)
@@ -106,12 +106,6 @@ __all__ = [
     "utcnow",
 ]
 
-#: Version of the database schema this code writes. See the changelog above.
-SCHEMA_VERSION = 1
-
-#: Valid values of ``artifacts.state``.
-ARTIFACT_STATES = ("ok", "quarantined")
-
 #: SQLite waits this long for a lock held by another writer before failing.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -120,17 +114,6 @@ _PG_MIGRATION_LOCK_KEY = 0x6A61785F616F7431  # "jax_aot1"
 
 #: Rows per statement when deleting by a list of keys (SQLite variable limits).
 _CHUNK = 500
-
-
-def utcnow() -> datetime:
-    """The current time, timezone-aware UTC (the index stores nothing else)."""
-    return datetime.now(timezone.utc)
-
-
-def _as_utc(value: datetime, what: str) -> datetime:
-    if value.tzinfo is None:
-        raise ValueError(f"{what} must be a timezone-aware datetime, got naive {value!r}")
-    return value.astimezone(timezone.utc)
 
 
 def mask_url(url: str | URL) -> str:
@@ -248,72 +231,6 @@ _VER = SchemaVersionRow.__table__
 
 
 # --------------------------------------------------------------------- value objects
-
-
-@dataclass(frozen=True, slots=True)
-class IndexEntry:
-    """One artifact row of the index (the manifest stays a JSON string)."""
-
-    key: str
-    name: str
-    program_fp: str
-    env_fp: str
-    signature: str
-    platform: str
-    manifest: str
-    exe_digest: str
-    hlo_digest: str | None
-    raw_size: int
-    stored_size: int
-    compile_seconds: float
-    created_at: datetime = field(default_factory=utcnow)
-    last_used_at: datetime = field(default_factory=utcnow)
-    hits: int = 0
-    state: str = "ok"
-    state_reason: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.state not in ARTIFACT_STATES:
-            raise ValueError(f"state must be one of {ARTIFACT_STATES}, got {self.state!r}")
-        object.__setattr__(self, "created_at", _as_utc(self.created_at, "created_at"))
-        object.__setattr__(self, "last_used_at", _as_utc(self.last_used_at, "last_used_at"))
-
-    @property
-    def ok(self) -> bool:
-        return self.state == "ok"
-
-    def manifest_dict(self) -> dict[str, Any]:
-        """The manifest parsed from JSON."""
-        parsed: dict[str, Any] = json.loads(self.manifest)
-        return parsed
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict; datetimes become ISO 8601 UTC strings."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = value.isoformat() if isinstance(value, datetime) else value
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> IndexEntry:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored (forward compatibility)."""
-        kwargs: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name not in data:
-                continue
-            value = data[f.name]
-            if f.name in ("created_at", "last_used_at") and isinstance(value, str):
-                if value.endswith(("Z", "z")):  # Python 3.10's fromisoformat rejects "Z"
-                    value = value[:-1] + "+00:00"
-                value = datetime.fromisoformat(value)
-                if value.tzinfo is None:
-                    value = value.replace(tzinfo=timezone.utc)
-            kwargs[f.name] = value
-        return cls(**kwargs)
-
-    def _row(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True, slots=True)

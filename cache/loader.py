@@ -33,7 +33,7 @@ from aot.executable import MeshExecutable
 from aot.fingerprint import describe_differences
 from aot.specs import format_aval, parse_dtype
 from aot.cache.cache import Cache
-from aot.cache.index import IndexEntry
+from aot.cache.entry import IndexEntry
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Dispatcher:
         env = cache.environment.digest
         # Quarantined rows too: their executable is never run, but the signature stays
         # servable by recompiling their portable HLO (the fallback ladder).
-        for entry in cache.index.by_name(name, state=None):
+        for entry in cache.entries_named(name, state=None):
             try:
                 manifest = Manifest.from_json(entry.manifest)
                 treedef = treedefs.from_json(manifest.in_tree)
