@@ -18,7 +18,7 @@ from aot.specs import format_aval, leaf_signature
 
 log = logging.getLogger(__name__)
 
-_SCALAR_KINDS = {bool: "b", int: "iu", float: "f", complex: "c"}
+_PY_SCALARS = frozenset({bool, int, float, complex})
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,9 +193,9 @@ def executable_class(kind: str) -> type[MeshExecutable]:
 
 def _leaf_matches(leaf: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
     """The one rule for an input leaf: Python scalars of the right kind, else shape+dtype."""
-    kinds = _SCALAR_KINDS.get(type(leaf))
-    if kinds is not None:
-        return shape == () and dtype.kind in kinds
+    if type(leaf) in _PY_SCALARS:
+        # As JAX: a Python scalar is a weakly typed value of the default dtype of its kind.
+        return shape == () and np.dtype(jax.dtypes.canonicalize_dtype(type(leaf))) == dtype
     try:
         return tuple(leaf.shape) == tuple(shape) and leaf.dtype == dtype
     except (AttributeError, TypeError):
@@ -359,7 +359,7 @@ def _describe_node(tree: PyTreeDef) -> str:
 def _describe_leaf(leaf: Any) -> str:
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
         return format_aval(leaf.shape, leaf.dtype)
-    if type(leaf) in _SCALAR_KINDS:
+    if type(leaf) in _PY_SCALARS:
         return f"{leaf_signature([leaf])} (Python {type(leaf).__name__} {leaf!r})"
     return f"{type(leaf).__name__} {leaf!r}"[:80]
 
