@@ -36,7 +36,7 @@ def find_entries(cache: Cache, key_or_name: str) -> list[IndexEntry]:
                 return [entry]
     raise ArtifactNotFoundError(
         f"no entry named {key_or_name!r} and no key starting with it in the cache at "
-        f"{cache.location}; `aot ls` lists what is stored"
+        f"{cache.display_location}; `aot ls` lists what is stored"
     )
 
 

@@ -70,8 +70,8 @@ def diagnose(location: str | None = None, *, check: bool = True) -> Diagnosis:
     reported in ``error``, not raised."""
     import jax
 
-    from aot.cache.cache import Cache, default_location
-    from aot.cache.index import SCHEMA_VERSION
+    from aot.cache.cache import Cache, default_location, is_url
+    from aot.cache.index import SCHEMA_VERSION, mask_url
     from aot.fingerprint import environment_fingerprint
 
     devices = jax.devices()
@@ -87,8 +87,9 @@ def diagnose(location: str | None = None, *, check: bool = True) -> Diagnosis:
     env = environment_fingerprint()
     environment = {"digest": env.digest, "parts": env.as_dict()}
     location = str(location) if location is not None else default_location()
+    shown = mask_url(location) if is_url(location) else location
     base = dict(
-        versions=versions(), devices=device_info, environment=environment, location=location,
+        versions=versions(), devices=device_info, environment=environment, location=shown,
         supported_schema_version=SCHEMA_VERSION,
     )
     try:

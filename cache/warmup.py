@@ -820,6 +820,21 @@ def _probe(cache: Cache, index: int, item: WarmupItem) -> ItemResult | None:
     )
 
 
+def _maybe_stored(cache: Cache, item: WarmupItem, stored: dict[str, set[str]]) -> bool:
+    """False when no intact entry of this name and signature exists for this environment."""
+    if item.name not in stored:
+        stored[item.name] = {
+            e.signature
+            for e in cache.index.by_name(item.name, env_fp=cache.environment.digest, state="ok")
+        }
+    if not stored[item.name]:
+        return False
+    try:
+        return item_signature(item) in stored[item.name]
+    except Exception:  # noqa: BLE001 - the probe reports the error with the item
+        return True
+
+
 def _collect(
     futures: dict[Any, tuple[int, WarmupItem]], emit: Callable[[ItemResult], None],
     broken: list[tuple[int, WarmupItem]], *, block: bool,
@@ -855,7 +870,7 @@ def _emit_future(
 def _run_parallel(
     cache: Cache, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None]
 ) -> None:
-    """Probes each item here; sends the misses to ``jobs`` spawned workers.
+    """Finds the hits here; sends the misses to ``jobs`` spawned workers.
 
     The pool starts a worker only when one is needed, so a fully cached run starts
     none. A worker that dies (crash, out of memory) breaks the pool: the unfinished
@@ -875,14 +890,24 @@ def _run_parallel(
 
     broken: list[tuple[int, WarmupItem]] = []
     futures: dict[Any, tuple[int, WarmupItem]] = {}
+    stored: dict[str, set[str]] = {}
     with pool(jobs) as executor:
+        # An item with no entry of its name and input signature for this environment
+        # is certainly a miss: it goes straight to a worker and is lowered only there.
+        # The others are probably hits: they are lowered and looked up here (exactly,
+        # by key) while the workers start.
+        probable_hits = []
         for index, item in enumerate(items):
+            if _maybe_stored(cache, item, stored):
+                probable_hits.append((index, item))
+            else:
+                futures[executor.submit(_worker_run, cache.location, index, item)] = (index, item)
+        for index, item in probable_hits:
             result = _probe(cache, index, item)
             if result is not None:
                 emit(result)
             else:
-                future = executor.submit(_worker_run, cache.location, index, item)
-                futures[future] = (index, item)
+                futures[executor.submit(_worker_run, cache.location, index, item)] = (index, item)
             _collect(futures, emit, broken, block=False)
         _collect(futures, emit, broken, block=True)
     while broken:
@@ -929,7 +954,7 @@ def run_warmup(
         from aot.errors import ReadOnlyCacheError
 
         raise ReadOnlyCacheError(
-            f"cannot warm up the cache at {cache.location}: it is opened read-only; "
+            f"cannot warm up the cache at {cache.display_location}: it is opened read-only; "
             "warm up a writable cache (in CI) and ship it or a bundle"
         )
     results: dict[int, ItemResult] = {}
@@ -950,7 +975,7 @@ def run_warmup(
         if not isinstance(location, Cache):
             cache.close()
     ordered = tuple(results[i] for i in sorted(results))
-    return WarmupReport(cache.location, jobs, ordered, time.perf_counter() - start)
+    return WarmupReport(cache.display_location, jobs, ordered, time.perf_counter() - start)
 
 
 # ---------------------------------------------------------------- coverage

@@ -44,14 +44,6 @@ class State:
             self._cache.close()
             self._cache = None
 
-    @property
-    def display_location(self) -> str:
-        if self.location is not None:
-            return self.location
-        from aot.cache.cache import default_location
-
-        return default_location()
-
 
 pass_state = click.make_pass_decorator(State, ensure=True)
 

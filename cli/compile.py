@@ -108,7 +108,7 @@ def compile_command(
         ("size", f"{human_size(entry.raw_size)} ({human_size(entry.stored_size)} stored)"),
         ("compile", f"{entry.compile_seconds:.3f}s" + (" (when it was compiled)" if result.hit else "")),
         ("this run", f"{result.seconds:.3f}s"),
-        ("cache", state.cache().location),
+        ("cache", state.cache().display_location),
     ]))
 
 

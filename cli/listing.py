@@ -35,11 +35,11 @@ def ls_command(state: State, glob: str | None, as_json: bool) -> None:
             data = entry.to_dict()
             data.pop("manifest", None)
             rows.append(data)
-        echo_json({"cache": cache.location, "count": len(rows), "entries": rows})
+        echo_json({"cache": cache.display_location, "count": len(rows), "entries": rows})
         return
     if not entries:
         what = f" matching {glob!r}" if glob else ""
-        click.echo(f"no entries{what} in the cache at {cache.location}")
+        click.echo(f"no entries{what} in the cache at {cache.display_location}")
         return
     rows = [
         (

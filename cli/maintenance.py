@@ -51,7 +51,7 @@ def verify_command(state: State, manifest: str | None, strict: bool, as_json: bo
         status = "PROBLEMS" if report.problems else "ok"
         click.echo(
             f"verified {report.checked_entries} entries and {report.checked_blobs} blobs "
-            f"in {cache.location}: {status}"
+            f"in {cache.display_location}: {status}"
         )
         for problem in report.problems:
             click.echo(f"problem: {problem.name} ({problem.key[:12]}): {problem.what}")

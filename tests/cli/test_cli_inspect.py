@@ -163,3 +163,13 @@ def test_doctor_reports_a_cache_it_cannot_open(invoke: Invoke, cache_dir) -> Non
     assert not cache_dir.exists()  # doctor never creates a cache
     data = json.loads(invoke("doctor", "--json", "--no-verify").stdout)
     assert data["ok"] is False and data["cache"]["error"].startswith("no cache at ")
+
+
+def test_doctor_masks_a_database_password(invoke: Invoke) -> None:
+    url = "postgresql+psycopg://someone:secret@127.0.0.1:1/aot"
+    result = invoke("doctor", "--json", cache=url)
+    assert result.exit_code == 1
+    assert "secret" not in result.output
+    data = json.loads(result.stdout)
+    assert data["cache"]["location"] == "postgresql+psycopg://someone:***@127.0.0.1:1/aot"
+    assert data["cache"]["error"].startswith("cannot open the cache index at ")
