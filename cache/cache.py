@@ -228,8 +228,11 @@ class Cache:
         """Blobs first (durable), index row last, in one transaction."""
         self._check_writable("store an artifact")
         manifest = artifact.manifest
-        if self.signing_key is not None and manifest.hmac is None:
-            manifest = sign(manifest, self.signing_key)
+        if self.signing_key is not None:
+            if manifest.hmac is None:
+                manifest = sign(manifest, self.signing_key)
+            else:  # signed elsewhere: store it only if this cache could load it
+                verify(manifest, self.signing_key)
         sizes: dict[str, tuple[int, int]] = {}
         for role, ref in manifest.blobs.items():
             data = artifact.blob(role)  # verifies the digest
