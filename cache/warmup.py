@@ -764,24 +764,39 @@ def _run_one(cache: Cache, index: int, item: WarmupItem) -> ItemResult:
 
 # ---------------------------------------------------------------- worker processes
 
-_WORKER_CACHES: dict[str, Any] = {}
+_WORKER: dict[str, Any] = {}
 
 
-def _worker_init(env: dict[str, str], x64: bool, log_level: int) -> None:
+def _cache_options(cache: Cache) -> dict[str, Any]:
+    """How a worker process opens the same cache (signing key included)."""
+    from aot.cache.blobs import FolderBlobStore
+
+    root = getattr(cache.blobs, "root", None)
+    return {
+        "location": cache.location,
+        "signing_key": cache.signing_key,
+        "require_signatures": cache.require_signatures,
+        "blob_location": str(root) if isinstance(cache.blobs, FolderBlobStore) and root else None,
+    }
+
+
+def _worker_init(env: dict[str, str], x64: bool, log_level: int, cache_options: dict[str, Any]) -> None:
     os.environ.update(env)
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
     import jax
 
     jax.config.update("jax_enable_x64", x64)
+    _WORKER["options"] = cache_options
 
 
-def _worker_run(location: str, index: int, item: WarmupItem) -> ItemResult:
+def _worker_run(index: int, item: WarmupItem) -> ItemResult:
     from aot.cache.cache import Cache
 
-    cache = _WORKER_CACHES.get(location)
+    cache = _WORKER.get("cache")
     if cache is None:
+        options = dict(_WORKER["options"])
         try:
-            cache = _WORKER_CACHES[location] = Cache(location)
+            cache = _WORKER["cache"] = Cache(options.pop("location"), **options)
         except Exception as exc:  # noqa: BLE001
             return ItemResult(index, item.name, item.label, "failed", 0.0,
                               error=_error_text(exc), source=item.source)
@@ -880,7 +895,10 @@ def _run_parallel(
     import jax
 
     env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
-    initargs = (env, bool(jax.config.jax_enable_x64), logging.getLogger("aot").getEffectiveLevel())
+    initargs = (
+        env, bool(jax.config.jax_enable_x64), logging.getLogger("aot").getEffectiveLevel(),
+        _cache_options(cache),
+    )
     context = multiprocessing.get_context("spawn")
 
     def pool(workers: int) -> ProcessPoolExecutor:
@@ -901,13 +919,13 @@ def _run_parallel(
             if _maybe_stored(cache, item, stored):
                 probable_hits.append((index, item))
             else:
-                futures[executor.submit(_worker_run, cache.location, index, item)] = (index, item)
+                futures[executor.submit(_worker_run, index, item)] = (index, item)
         for index, item in probable_hits:
             result = _probe(cache, index, item)
             if result is not None:
                 emit(result)
             else:
-                futures[executor.submit(_worker_run, cache.location, index, item)] = (index, item)
+                futures[executor.submit(_worker_run, index, item)] = (index, item)
             _collect(futures, emit, broken, block=False)
         _collect(futures, emit, broken, block=True)
     while broken:
@@ -916,7 +934,7 @@ def _run_parallel(
         pending, broken = broken, []
         with pool(1) as executor:
             futures = {
-                executor.submit(_worker_run, cache.location, i, item): (i, item) for i, item in pending
+                executor.submit(_worker_run, i, item): (i, item) for i, item in pending
             }
             _collect(futures, emit, broken, block=True)
         if broken:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -80,22 +81,30 @@ def test_run_warmup_reports_in_item_order(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
-    """jobs=2: hits are found without a worker, misses compile in spawned workers,
-    and a worker that dies fails only its own entry."""
+    """jobs=2: hits are found without a worker, misses compile in spawned workers
+    (which open the cache with the caller's signing key), and a worker that dies fails
+    only its own entry."""
     location = str(tmp_path / "c")
-    run_warmup(location, [WarmupItem("tiny", "fixtures.models:tiny", ("f32[8]", "f32[8]"))])
+    run_warmup(
+        aot.Cache(location, signing_key="ci-secret"),
+        [WarmupItem("tiny", "fixtures.models:tiny", ("f32[8]", "f32[8]"))],
+    )
     items = [
         WarmupItem("tiny", "fixtures.models:tiny", ("f32[8]", "f32[8]")),       # hit
         WarmupItem("dies", "cli_models:dies_in_worker", ("f32[4]",)),           # kills its worker
         WarmupItem("tiny", "fixtures.models:tiny", ("f32[2]", "f32[2]")),       # compiles
         WarmupItem("broken", "cli_models:broken", ("f32[4]",)),                 # fails (the error is recorded)
     ]
-    report = run_warmup(location, items, jobs=2)
+    signed = aot.Cache(location, signing_key="ci-secret")
+    report = run_warmup(signed, items, jobs=2)
     statuses = [(r.label, r.status) for r in report.results]
     assert statuses == [("tiny", "hit"), ("dies", "failed"), ("tiny", "compiled"), ("broken", "failed")]
     assert report.results[1].error == "the worker process died while compiling it (crash or out of memory)"
     assert report.results[3].error == "ValueError: this model is broken"
     assert report.to_dict()["failed"] == 2
+    # The workers opened the cache as the caller did: with its signing key.
+    compiled = signed.index.get(report.results[2].key)
+    assert json.loads(compiled.manifest)["hmac"]
 
 
 def test_parallel_warmup_of_a_cached_manifest_starts_no_worker(
