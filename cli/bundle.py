@@ -32,7 +32,7 @@ def export_command(state: State, file: str, globs: tuple[str, ...], as_json: boo
 @pass_state
 def import_command(state: State, file: str, as_json: bool) -> None:
     """Import the entries of bundle FILE (every blob is re-hashed first)."""
-    report = state.cache().import_bundle(file)
+    report = state.cache(create=True).import_bundle(file)
     if as_json:
         echo_json(report.to_dict())
     else:

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -30,12 +31,26 @@ class State:
     debug: bool = False
     _cache: Cache | None = field(default=None, repr=False)
 
-    def cache(self) -> Cache:
-        """The cache named by ``--cache`` / ``AOT_CACHE`` (opened once, closed at exit)."""
-        if self._cache is None:
-            from aot.cache.cache import Cache
+    def cache(self, *, create: bool = False) -> Cache:
+        """The cache named by ``--cache`` / ``AOT_CACHE`` (opened once, closed at exit).
 
-            self._cache = Cache(self.location, read_only=self.read_only)
+        Only commands that store (``create=True``: compile, warmup, bundle import)
+        create a cache folder; the others report a folder without a cache, so a typo
+        in ``--cache`` is not an empty cache.
+        """
+        if self._cache is None:
+            from aot.cache.cache import Cache, default_location, is_url
+            from aot.errors import CacheError
+
+            location = self.location if self.location is not None else default_location()
+            if not create and not is_url(location):
+                folder = Path(location).expanduser()
+                if not (folder / "index.sqlite").exists():
+                    raise CacheError(
+                        f"no cache at {folder}: nothing was compiled into it yet (aot compile, "
+                        "aot warmup and aot bundle import create one); check --cache or AOT_CACHE"
+                    )
+            self._cache = Cache(location, read_only=self.read_only)
             click.get_current_context().call_on_close(self._close)
         return self._cache
 

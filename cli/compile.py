@@ -91,7 +91,7 @@ def compile_command(
         )
     except ManifestError as exc:
         raise click.UsageError(getattr(exc, "problem", str(exc))) from None
-    result = compile_item(state.cache(), item)
+    result = compile_item(state.cache(create=True), item)
     if as_json:
         echo_json(result.to_dict())
         return

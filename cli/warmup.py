@@ -37,7 +37,7 @@ def warmup_command(state: State, manifest: str, jobs: int, as_json: bool) -> Non
     from aot.cache.warmup import expand, load_manifest, run_warmup
 
     items = expand(load_manifest(manifest))
-    cache = state.cache()
+    cache = state.cache(create=True)
     if as_json:
         report = run_warmup(cache, items, jobs=jobs)
     elif _stdout_is_tty():

@@ -15,7 +15,15 @@ ENTRY_KEYS = {
 SHOW_KEYS = {"entry", "manifest", "manifest_error", "this_environment", "environment_differences", "hlo"}
 
 
+def test_ls_without_a_cache_creates_nothing(invoke: Invoke, cache_dir) -> None:
+    for command in (["ls"], ["show", "tiny"], ["verify"], ["gc", "--dry-run"], ["why", "x"]):
+        line = one_line_error(invoke(*command))
+        assert line.startswith(f"Error: no cache at {cache_dir}: nothing was compiled into it yet"), line
+    assert not cache_dir.exists()
+
+
 def test_ls_empty(invoke: Invoke, cache_dir) -> None:
+    aot.Cache(cache_dir).close()
     result = invoke("ls")
     assert result.exit_code == 0, result.output
     assert result.stdout == f"no entries in the cache at {cache_dir}\n"
