@@ -1,8 +1,14 @@
-"""jax-aot: ahead-of-time compilation of JAX programs and a fingerprint-keyed cache."""
+"""jax-aot: ahead-of-time compilation of JAX programs and a fingerprint-keyed cache.
+
+The errors are imported eagerly (they are light); everything that needs JAX is
+imported on first use, so ``import aot`` (and ``aot --help``) stays quick.
+"""
 
 from __future__ import annotations
 
-from aot.computation import MeshComputation, PmapComputation
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from aot.errors import (
     AotError,
     ArtifactNotFoundError,
@@ -15,25 +21,45 @@ from aot.errors import (
     ReadOnlyCacheError,
     SignatureNotFoundError,
     SpecError,
+    TargetError,
     UnsupportedComputationError,
 )
-from aot.executable import MeshExecutable, PmapExecutable
-from aot.lowering import lower, lower_pmap
-from aot.specs import spec
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+    from aot.cache.loader import load
+    from aot.computation import MeshComputation, PmapComputation
+    from aot.executable import MeshExecutable, PmapExecutable
+    from aot.lowering import lower, lower_pmap
+    from aot.specs import spec
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "Cache": "aot.cache.cache",
+    "load": "aot.cache.loader",
+    "MeshComputation": "aot.computation",
+    "PmapComputation": "aot.computation",
+    "MeshExecutable": "aot.executable",
+    "PmapExecutable": "aot.executable",
+    "lower": "aot.lowering",
+    "lower_pmap": "aot.lowering",
+    "spec": "aot.specs",
+}
 
-def __getattr__(name: str):  # noqa: ANN202 - lazy re-exports keep `import aot` light
-    if name == "Cache":
-        from aot.cache.cache import Cache
 
-        return Cache
-    if name == "load":
-        from aot.cache.loader import load
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aot' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-        return load
-    raise AttributeError(f"module 'aot' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "AotError",
@@ -52,9 +78,10 @@ __all__ = [
     "ReadOnlyCacheError",
     "SignatureNotFoundError",
     "SpecError",
+    "TargetError",
     "UnsupportedComputationError",
+    "load",
     "lower",
     "lower_pmap",
-    "load",
     "spec",
 ]

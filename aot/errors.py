@@ -66,5 +66,9 @@ class ArtifactNotFoundError(AotError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class TargetError(AotError, LookupError):
+    """A ``module:attribute`` target cannot be imported or found."""
+
+
 class ManifestError(AotError, ValueError):
     """A warmup manifest (TOML) is malformed."""

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aot.errors import AotError, ManifestError, SpecError
+from aot.errors import AotError, ManifestError, SpecError, TargetError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -79,10 +79,6 @@ __all__ = [
     "resolve_target",
     "run_warmup",
 ]
-
-
-class TargetError(AotError, LookupError):
-    """A ``module:attribute`` target cannot be imported or found."""
 
 
 # Keyword arguments of aot.lower(): a function's own kwargs cannot use these names.

@@ -19,6 +19,7 @@ HIERARCHY = {
     aot.ReadOnlyCacheError: (aot.CacheError, PermissionError),
     aot.ArtifactNotFoundError: (KeyError,),
     aot.ManifestError: (ValueError,),
+    aot.TargetError: (LookupError,),
 }
 
 
