@@ -26,7 +26,7 @@ from jax._src import core, stages
 from jax._src.interpreters import pxla
 
 from aot import treedef as treedefs
-from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError
+from aot.errors import AotError, CorruptArtifactError, IncompatibleEnvironmentError
 from aot.executable import ArgAval, ExecutableInfo, MeshExecutable, executable_class
 from aot.fingerprint import (
     Fingerprint,
@@ -145,7 +145,7 @@ class Manifest:
     def from_json(cls, text: str | bytes) -> Manifest:
         try:
             data = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # too deep: recursion
             raise CorruptArtifactError(f"manifest is not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
@@ -188,10 +188,10 @@ class Manifest:
                 jaxlib_version=str(data["jaxlib_version"]),
                 compile_seconds=float(data.get("compile_seconds", 0.0)),
                 created_at=str(data.get("created_at", "")),
-                cost_analysis=data.get("cost_analysis"),
-                memory_analysis=data.get("memory_analysis"),
+                cost_analysis=_object_or_none(data.get("cost_analysis")),
+                memory_analysis=_object_or_none(data.get("memory_analysis")),
                 arg_names=tuple(str(n) for n in data.get("arg_names", ())),
-                hmac=data.get("hmac"),
+                hmac=_string_or_none(data.get("hmac")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptArtifactError(f"manifest is missing or has a malformed field: {exc!r}") from None
@@ -265,6 +265,18 @@ class Artifact:
             if path.exists():
                 blobs[ref.digest] = path.read_bytes()
         return cls(manifest, blobs)
+
+
+def _object_or_none(value: Any) -> Any:
+    if value is not None and not isinstance(value, dict):
+        raise TypeError(f"expected an object or null, got {str(value)[:40]!r}")
+    return value
+
+
+def _string_or_none(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"expected a string or null, got {str(value)[:40]!r}")
+    return value
 
 
 def verify_digest(data: bytes, digest: str, *, what: str) -> None:
@@ -393,6 +405,20 @@ def executable_info(manifest: Manifest, *, flat_outputs: bool = False) -> Execut
     With ``flat_outputs``, the outputs are a flat tuple of arrays, so that an output
     pytree node whose class cannot be imported here does not prevent loading.
     """
+    try:
+        return _executable_info(manifest, flat_outputs)
+    except AotError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
+        # The key covers the fingerprints, not these fields: an unsigned manifest can
+        # carry anything here.
+        raise CorruptArtifactError(
+            f"manifest of {manifest.name!r} ({manifest.key[:12]}) has a malformed field: "
+            f"{exc!r}; run `aot verify` and recompile the entry"
+        ) from None
+
+
+def _executable_info(manifest: Manifest, flat_outputs: bool) -> ExecutableInfo:
     devices = live_devices()
     args = tuple(
         ArgAval(
@@ -409,7 +435,7 @@ def executable_info(manifest: Manifest, *, flat_outputs: bool = False) -> Execut
         jax.ShapeDtypeStruct(tuple(a["shape"]), _dtype(a["dtype"]), sharding=s)
         for a, s in zip(manifest.out_avals, out_shardings)
     )
-    return ExecutableInfo(
+    info = ExecutableInfo(
         name=manifest.name,
         kind=manifest.kind,
         in_tree=treedefs.from_json(manifest.in_tree),
@@ -428,6 +454,19 @@ def executable_info(manifest: Manifest, *, flat_outputs: bool = False) -> Execut
         compile_seconds=manifest.compile_seconds,
         arg_names=manifest.arg_names,
     )
+    counts = {
+        "in_tree leaves vs args": (info.in_tree.num_leaves, len(args)),
+        "kept args vs in_shardings": (sum(a.kept for a in args), len(info.in_shardings)),
+        "kept args vs in_avals": (sum(a.kept for a in args), len(manifest.in_avals)),
+        "out_tree leaves vs out_avals": (info.out_tree.num_leaves, len(out_avals)),
+        "out_avals vs out_shardings": (len(manifest.out_avals), len(out_shardings)),
+    }
+    for what, (left, right) in counts.items():
+        if left != right:
+            raise ValueError(f"{what}: {left} != {right}")
+    if not manifest.device_ids:
+        raise ValueError("no device ids")
+    return info
 
 
 def _dtype(name: Any) -> np.dtype:

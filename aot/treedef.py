@@ -9,9 +9,9 @@ and their auxiliary data is JSON; otherwise ``from_json`` raises a clear error.
 from __future__ import annotations
 
 import collections
-import importlib
 import json
 import logging
+import sys
 from typing import Any
 
 import jax
@@ -84,9 +84,17 @@ def _aux_from_json(aux: Any) -> Any:
 
 
 def _import_class(path: str) -> type | None:
+    """The class at ``module:qualname`` if its module is already imported.
+
+    Never imports: a manifest (possibly from a bundle) must not make this process run
+    a module's top-level code, and serving never imports the model's code (the caller
+    imports whatever registers its custom pytree nodes, as the error message says).
+    """
     module_name, _, qualname = path.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = sys.modules.get(module_name)
+        if obj is None:
+            return None
         for part in qualname.split("."):
             obj = getattr(obj, part)
     except Exception:  # noqa: BLE001 - any import failure means "not available here"
@@ -110,7 +118,7 @@ def from_json(data: Any) -> PyTreeDef:
     """Rebuilds a ``PyTreeDef`` from :func:`to_json` output."""
     try:
         return _from_json(data)
-    except (KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as exc:
         raise CorruptArtifactError(f"malformed pytree structure in manifest: {exc!r}") from None
 
 
@@ -133,7 +141,10 @@ def _from_json(data: Any) -> PyTreeDef:
             raise CorruptArtifactError("malformed pytree dict: keys and children differ in count")
         node = (dict, keys)
     elif kind == "namedtuple":
-        node = (_namedtuple_class(data["type"], list(data["fields"])), None)
+        fields = [str(f) for f in data["fields"]]
+        if len(fields) != len(children):
+            raise CorruptArtifactError("malformed pytree namedtuple: fields and children differ in count")
+        node = (_namedtuple_class(str(data["type"]), fields), None)
     elif kind == "custom":
         cls = _import_class(data["type"])
         if cls is None:

@@ -110,13 +110,16 @@ def export_bundle(cache: Cache, path: Path, names: list[str] | None) -> BundleRe
     return BundleReport(str(path), tuple(e.key for e in entries), bytes=size)
 
 
-def _read_exact(stream: IO[bytes], n: int, what: str) -> bytes:
+def _read_exact(stream: IO[bytes], n: int, what: str, path: Path) -> bytes:
     chunks: list[bytes] = []
     remaining = n
     while remaining:
         chunk = stream.read(min(remaining, 1 << 20))
         if not chunk:
-            raise CorruptArtifactError(f"bundle is truncated: {what} ends {remaining} bytes early")
+            raise CorruptArtifactError(
+                f"bundle {path} is truncated: {what} ends {remaining} bytes early; copy or "
+                "export it again"
+            )
         chunks.append(chunk)
         remaining -= len(chunk)
     return b"".join(chunks)
@@ -152,11 +155,11 @@ def read_bundle(path: Path) -> list[Artifact]:
 
 
 def _parse(stream: IO[bytes], path: Path) -> list[Artifact]:
-    (header_len,) = struct.unpack("<Q", _read_exact(stream, 8, "header length"))
+    (header_len,) = struct.unpack("<Q", _read_exact(stream, 8, "header length", path))
     if header_len > MAX_HEADER_BYTES:
         raise CorruptArtifactError(f"bundle {path}: header of {header_len} bytes is too large")
     try:
-        header = json.loads(_read_exact(stream, header_len, "header"))
+        header = json.loads(_read_exact(stream, header_len, "header", path))
         if header.get("bundle_format") != BUNDLE_FORMAT:
             raise CorruptArtifactError(
                 f"bundle {path}: format {header.get('bundle_format')!r} != {BUNDLE_FORMAT}; "
@@ -168,7 +171,7 @@ def _parse(stream: IO[bytes], path: Path) -> list[Artifact]:
         raise
     except AotError:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise CorruptArtifactError(f"bundle {path}: malformed header: {exc!r}") from None
     blobs: dict[str, bytes] = {}
     for digest, size in blob_list:
@@ -176,7 +179,7 @@ def _parse(stream: IO[bytes], path: Path) -> list[Artifact]:
             raise CorruptArtifactError(f"bundle {path}: blob {digest[:16]} appears twice")
         if not 0 <= size <= MAX_BLOB_BYTES:
             raise CorruptArtifactError(f"bundle {path}: blob {digest[:16]} has size {size}")
-        data = _read_exact(stream, size, f"blob {digest[:16]}")
+        data = _read_exact(stream, size, f"blob {digest[:16]}", path)
         if sha256_hex(data) != digest:
             raise CorruptArtifactError(
                 f"bundle {path}: blob {digest[:16]} does not match its digest; the bundle "
