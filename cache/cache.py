@@ -302,6 +302,8 @@ class Cache:
             manifest = Manifest.from_json(entry.manifest)
         except CorruptArtifactError as exc:
             raise CorruptArtifactError(f"{label}: {exc}; run `aot verify` and recompile it") from None
+        except IncompatibleEnvironmentError as exc:  # another format version: say which entry
+            raise IncompatibleEnvironmentError(f"{label}: {exc}", exc.differences) from None
         if manifest.key != entry.key:
             raise CorruptArtifactError(
                 f"{label}: the index row's manifest is for key {manifest.key[:12]}; "

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Manifest
-from aot.errors import AotError, CacheError
+from aot.errors import AotError, CacheError, IntegrityError
+from aot.signing import verify as verify_signature
 from aot.cache.index import IndexEntry, utcnow
 
 if TYPE_CHECKING:
@@ -74,6 +75,11 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
         if found and entry.ok and quarantine and not cache.read_only:
             cache.index.quarantine(entry.key, "; ".join(found))
             quarantined.append(entry.key)
+        # Reported, never quarantined: a wrong key must not condemn good entries (a
+        # loader with the key refuses the bad ones anyway).
+        unsigned = None if found else _signature_problem(cache, entry)
+        if unsigned is not None:
+            problems.append(Problem(entry.key, entry.name, unsigned))
     referenced = cache.index.referenced_digests()
     orphans = tuple(sorted(d for d in cache.blobs.digests() if d not in referenced))
     report = VerifyReport(len(entries), len(blob_state), tuple(problems), tuple(quarantined), orphans)
@@ -82,6 +88,16 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
         report.checked_entries, report.checked_blobs, len(problems), len(orphans),
     )
     return report
+
+
+def _signature_problem(cache: Cache, entry: IndexEntry) -> str | None:
+    if cache.signing_key is None and not cache.require_signatures:
+        return None
+    try:
+        verify_signature(Manifest.from_json(entry.manifest), cache.signing_key, require=cache.require_signatures)
+    except IntegrityError as exc:
+        return f"signature: {exc}"
+    return None
 
 
 def _entry_problems(entry: IndexEntry, check: Any) -> list[str]:
