@@ -16,6 +16,7 @@ import copy
 import hashlib
 import json
 import math
+import re
 import struct
 import sys
 from pathlib import Path
@@ -78,7 +79,9 @@ spec_like = st.from_regex(
 @given(st.one_of(st.text(max_size=40), spec_like))
 def test_spec_strings(text: str) -> None:
     result = only_aot_errors(aot.spec, text)
-    if not isinstance(result, aot.AotError):
+    if isinstance(result, aot.AotError):  # quotes the spec, says what is expected
+        assert repr(text) in str(result) and re.search("expected|pass mesh|the mesh", str(result)), str(result)
+    else:
         assert isinstance(result, jax.ShapeDtypeStruct) and all(d >= 0 for d in result.shape)
 
 
