@@ -97,6 +97,7 @@ class MeshExecutable:
         # The computation this was compiled from, when compiled in this process (it can
         # export the portable HLO); None for executables loaded from an artifact.
         self.computation: Any = None
+        self._fast_call: Any = None
 
     # -- identity
     @property
@@ -146,7 +147,13 @@ class MeshExecutable:
     def call_checked(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """Runs on inputs whose structure, shapes and dtypes were already checked."""
         try:
-            return self._compiled(*args, **kwargs)
+            if self._fast_call is not None:
+                return self._fast_call(*args, **kwargs)
+            out = self._compiled(*args, **kwargs)
+            # The first call built JAX's C++ dispatch function; call it directly from
+            # now on (one Python frame less per call).
+            self._fast_call = getattr(self._compiled, "_call", None)
+            return out
         except (TypeError, ValueError) as exc:
             # Avals matched, so what JAX refuses is placement (committed arrays on
             # other devices or with another sharding).

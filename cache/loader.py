@@ -56,6 +56,9 @@ class _Program:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+_flatten = jax.tree_util.tree_flatten
+
+
 def _leaf_key(leaf: Any) -> LeafKey:
     try:
         return (leaf.shape, leaf.dtype)
@@ -134,8 +137,12 @@ class Dispatcher:
     # ------------------------------------------------------------ calling
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-        program = self._programs.get((treedef, tuple(map(_leaf_key, leaves))))
+        leaves, treedef = _flatten((args, kwargs))
+        try:  # the common case, arrays only, without a Python call per leaf
+            signature = tuple([(leaf.shape, leaf.dtype) for leaf in leaves])
+        except AttributeError:
+            signature = tuple(map(_leaf_key, leaves))
+        program = self._programs.get((treedef, signature))
         if program is None:
             return self._miss(args, kwargs, leaves, treedef)
         executable = program.executable or self._executable(program)
