@@ -310,6 +310,13 @@ class FolderBlobStore:
         if existing is not None:
             problem = _problem(digest, existing)[0]
             if problem is None:
+                # The caller is about to reference it: make it young again, so that gc
+                # (which spares orphans younger than its grace, by mtime) leaves it be
+                # even if it is the old orphan of a killed writer.
+                try:
+                    os.utime(path)
+                except OSError:
+                    pass
                 return digest
             logger.warning("blob %s at %s is corrupt (%s); rewriting it", digest, path, problem)
         self._write_atomic(path, compress(data, self.level))

@@ -115,6 +115,21 @@ class DatabaseBlobStore:
             raise self._fail("list blobs", e) from e
         yield from found
 
+    def _refresh(self, digest: str) -> None:
+        """The caller is about to reference an existing blob: make it young again, so
+        that gc (which spares orphans younger than its grace, by ``created_at``) leaves
+        it be even if it is the old orphan of a killed writer."""
+        t = self._table
+        try:
+            with self.engine.connect() as conn:
+                conn.execution_options(aot_write=True)
+                with conn.begin():
+                    conn.execute(
+                        sa.update(t).where(t.c.digest == digest).values(created_at=datetime.now(timezone.utc))
+                    )
+        except sa_exc.SQLAlchemyError as e:
+            raise self._fail(f"store blob {digest}", e) from e
+
     def put(self, data: bytes) -> str:
         digest = digest_of(data)
         if self.read_only:
@@ -123,6 +138,7 @@ class DatabaseBlobStore:
         if existing is not None:
             problem = _problem(digest, existing)[0]
             if problem is None:
+                self._refresh(digest)
                 return digest
             logger.warning("blob %s in %s is corrupt (%s); rewriting it", digest, self.url, problem)
         payload = compress(data, self.level)

@@ -93,7 +93,9 @@ def concurrent(location: str, worker: int, ops: int, seed: int, sync_dir: str) -
             np.testing.assert_allclose(out, expected_scaled(n))
     finally:
         cache.close()
-    print(json.dumps({"worker": worker, "hits": hits, "misses": misses}))
+    # one write(2) of less than PIPE_BUF bytes: atomic, even with 8 writers on one pipe
+    sys.stdout.flush()
+    os.write(1, (json.dumps({"worker": worker, "hits": hits, "misses": misses}) + "\n").encode())
     return 0
 
 
@@ -139,6 +141,12 @@ CRASH_POINTS = (
     "after_blobs",  # every blob durable, index transaction not begun
     "before_commit",  # inside the index transaction, before COMMIT
 )
+
+
+def _say(line: str) -> None:
+    """One line in one write(2): the zygote and its writers share a pipe, and print()
+    may write a line and its newline separately (PYTHONUNBUFFERED), interleaving them."""
+    os.write(1, (line + "\n").encode())
 
 
 def _suicide() -> None:
@@ -193,13 +201,13 @@ def _writer(location: str, blob_location: str | None, artifacts: list, seed: int
             return real_add(entry, **kwargs)
 
         cache.index.add = add
-    print(f"writing {os.getpid()}", flush=True)
+    _say(f"writing {os.getpid()}")
     while True:  # until killed
         for artifact in order:
             cache.put_artifact(artifact)
         if crash_at != "none":
             break
-    print(f"done {os.getpid()}", flush=True)
+    _say(f"done {os.getpid()}")
 
 
 def zygote(location: str, blob_location: str, artifact_dir: str) -> int:
@@ -209,7 +217,7 @@ def zygote(location: str, blob_location: str, artifact_dir: str) -> int:
     import sqlalchemy.dialects.sqlite.pysqlite  # noqa: F401
 
     artifacts = [Artifact.open(p) for p in sorted(Path(artifact_dir).iterdir()) if p.is_dir()]
-    print(f"ready {len(artifacts)}", flush=True)
+    _say(f"ready {len(artifacts)}")
     for line in sys.stdin:
         parts = line.split()
         if not parts or parts[0] == "quit":
@@ -227,9 +235,9 @@ def zygote(location: str, blob_location: str, artifact_dir: str) -> int:
                 code = 3
             sys.stdout.flush()
             os._exit(code)
-        print(f"pid {pid}", flush=True)
+        _say(f"pid {pid}")
         _, status = os.waitpid(pid, 0)
-        print(f"exit {pid} {status}", flush=True)
+        _say(f"exit {pid} {status}")
     return 0
 
 
