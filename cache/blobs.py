@@ -39,6 +39,7 @@ import os
 import re
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -63,6 +64,12 @@ __all__ = [
     "PROBLEM_MISMATCH",
     "PROBLEM_UNDECODABLE",
 ]
+
+#: A store that is asked to store bytes it already has marks the blob as just written
+#: when it is older than this, so that gc, which spares unreferenced blobs younger than
+#: its grace (``maintenance.ORPHAN_GRACE_SECONDS``, much longer), cannot take an old
+#: orphan that a writer is about to reference.
+REFRESH_AFTER_SECONDS = 60.0
 
 #: zstd level of every store (see the measurements in the module docstring).
 DEFAULT_LEVEL = 3
@@ -314,7 +321,8 @@ class FolderBlobStore:
                 # (which spares orphans younger than its grace, by mtime) leaves it be
                 # even if it is the old orphan of a killed writer.
                 try:
-                    os.utime(path)
+                    if time.time() - path.stat().st_mtime > REFRESH_AFTER_SECONDS:
+                        os.utime(path)
                 except OSError:
                     pass
                 return digest

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 from aot.cache.blobs import (
     DEFAULT_LEVEL,
     PROBLEM_MISSING,
+    REFRESH_AFTER_SECONDS,
     _problem,
     _read_only_error,
     check_digest,
@@ -120,13 +121,16 @@ class DatabaseBlobStore:
         that gc (which spares orphans younger than its grace, by ``created_at``) leaves
         it be even if it is the old orphan of a killed writer."""
         t = self._table
+        now = datetime.now(timezone.utc)
+        old = t.c.created_at < now - timedelta(seconds=REFRESH_AFTER_SECONDS)
         try:
+            with self.engine.connect() as conn:
+                if conn.execute(sa.select(t.c.digest).where(t.c.digest == digest, old)).first() is None:
+                    return  # young already: no write transaction
             with self.engine.connect() as conn:
                 conn.execution_options(aot_write=True)
                 with conn.begin():
-                    conn.execute(
-                        sa.update(t).where(t.c.digest == digest).values(created_at=datetime.now(timezone.utc))
-                    )
+                    conn.execute(sa.update(t).where(t.c.digest == digest).values(created_at=now))
         except sa_exc.SQLAlchemyError as e:
             raise self._fail(f"store blob {digest}", e) from e
 
