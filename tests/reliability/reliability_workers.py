@@ -19,6 +19,7 @@ the parent and in the children, so that keys agree).
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import os
 import random
@@ -202,9 +203,13 @@ def _writer(location: str, blob_location: str | None, artifacts: list, seed: int
 
         cache.index.add = add
     _say(f"writing {os.getpid()}")
+    rounds = 0
     while True:  # until killed
-        for artifact in order:
+        for i, artifact in enumerate(order):
             cache.put_artifact(artifact)
+            if rounds == 0:
+                _say(f"put {i}")  # progress: the parent kills relative to it
+        rounds += 1
         if crash_at != "none":
             break
     _say(f"done {os.getpid()}")
@@ -217,6 +222,20 @@ def zygote(location: str, blob_location: str, artifact_dir: str) -> int:
     import sqlalchemy.dialects.sqlite.pysqlite  # noqa: F401
 
     artifacts = [Artifact.open(p) for p in sorted(Path(artifact_dir).iterdir()) if p.is_dir()]
+    # Warm up once here what every writer would otherwise do on its first put (~1 s of
+    # lazy imports and SQLAlchemy statement compilation), on a throw-away cache whose
+    # engine is closed before any fork; and keep the writers' garbage collector off the
+    # inherited heap (copy-on-write).
+    import tempfile
+
+    from aot.cache.cache import Cache
+
+    with tempfile.TemporaryDirectory() as scratch:
+        warm = Cache(scratch)
+        warm.put_artifact(artifacts[0])
+        warm.put_artifact(artifacts[0])
+        warm.close()
+    gc.freeze()
     _say(f"ready {len(artifacts)}")
     for line in sys.stdin:
         parts = line.split()

@@ -2,9 +2,12 @@
 
 A fork server (``reliability_workers.py zygote``) imports JAX and the cache once and
 loads the saved artifacts; for every trial it forks a writer that puts them, in a
-seeded order, in a loop, and the test SIGKILLs it after a seeded random delay (or the
-writer kills itself at a chosen point: inside the atomic blob write, between its
-blobs and its index row, inside the index transaction). The cache accumulates the
+seeded order, in a loop, and the test SIGKILLs it at a seeded random point: after a
+random number of completed puts plus a random fraction of the next one (measured from
+the writer's progress, so the points are the same on a busy machine), or while it
+opens the cache; or the writer kills itself at a chosen point: inside the atomic blob
+write (temp file written, not renamed), between its blobs and its index row, inside
+the index transaction. The cache accumulates the
 wreckage of every trial. After each kill:
 
 * every index row has all its blobs, intact (no row without its blobs);
@@ -102,11 +105,14 @@ class Zygote:
 class Tally:
     trials: int = 0
     outcomes: Counter = field(default_factory=Counter)
+    phases: Counter = field(default_factory=Counter)  # seconds spent per phase
     seconds: float = 0.0
 
     def summary(self) -> str:
-        return f"{self.trials} trials in {self.seconds:.1f}s: " + ", ".join(
-            f"{k} {v}" for k, v in sorted(self.outcomes.items())
+        return (
+            f"{self.trials} trials in {self.seconds:.1f}s: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()))
+            + " | seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in self.phases.items())
         )
 
 
@@ -152,7 +158,7 @@ def collect_and_make_work(cache: Any, rng: random.Random, monkeypatch: pytest.Mo
 
 def run_trials(
     location: str, blob_location: str | None, tiny: Any, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, schedule: list[tuple[str, float]],
+    monkeypatch: pytest.MonkeyPatch, schedule: list[tuple[str, int, float]],
 ) -> Tally:
     from aot.cache.cache import Cache
 
@@ -162,15 +168,20 @@ def run_trials(
     tally = Tally()
     start = time.perf_counter()
     try:
-        for trial, (crash_at, delay) in enumerate(schedule):
+        for trial, (crash_at, after_put, delay) in enumerate(schedule):
+            t0 = time.perf_counter()
             pid = zygote.start(SEED + trial, crash_at)
             if crash_at == "none":
+                if after_put >= 0:  # relative to the writer's progress, not the clock:
+                    zygote.expect(f"put {after_put}")  # the same points on a busy machine
                 time.sleep(delay)
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
             status = zygote.wait_exit(pid)
+            t1 = time.perf_counter()
+            tally.phases["writer"] += t1 - t0
             assert os.WIFSIGNALED(status) or os.WEXITSTATUS(status) == 0, (
                 f"trial {trial}: the writer failed (status {status}):\n"
                 + (tmp_path / "zygote.log").read_text()[-4000:]
@@ -179,7 +190,10 @@ def run_trials(
             cache = Cache(location, blob_location=blob_location)
             try:
                 check_consistent(cache, tiny, rng, tally)
+                t2 = time.perf_counter()
+                tally.phases["checks"] += t2 - t1
                 collect_and_make_work(cache, rng, monkeypatch)
+                tally.phases["gc"] += time.perf_counter() - t2
             finally:
                 cache.close()
             tally.trials += 1
@@ -190,15 +204,21 @@ def run_trials(
     return tally
 
 
-def random_schedule(n: int, seed: int, max_delay: float) -> list[tuple[str, float]]:
+def random_schedule(n: int, seed: int, puts: int) -> list[tuple[str, int, float]]:
+    """Kill points: after a random number of completed puts (-1: while the writer
+    opens the cache), plus a random fraction of one put's time."""
     rng = random.Random(seed)
-    return [("none", rng.uniform(0.0, max_delay)) for _ in range(n)]
+    out = []
+    for _ in range(n):
+        after = rng.randrange(-1, puts)
+        out.append(("none", after, rng.uniform(0.0, 0.25 if after < 0 else 0.02)))
+    return out
 
 
 @pytest.mark.slow
 def test_kill_9_sqlite_folder_cache(tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    schedule = random_schedule(50, SEED, 0.5)
-    schedule += [(point, 0.0) for point in ("before_replace", "after_blobs", "before_commit") for _ in range(4)]
+    schedule = random_schedule(50, SEED, 12)
+    schedule += [(point, 0, 0.0) for point in ("before_replace", "after_blobs", "before_commit") for _ in range(4)]
     tally = run_trials(str(tmp_path / "cache"), None, tiny, tmp_path, monkeypatch, schedule)
     print("sqlite+folder:", tally.summary())
     assert tally.trials == 62
@@ -210,11 +230,11 @@ def test_kill_9_sqlite_folder_cache(tiny: Any, tmp_path: Path, monkeypatch: pyte
 def test_kill_9_postgresql_cache(
     tiny: Any, postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    schedule = random_schedule(16, SEED + 1, 0.5)
-    schedule += [(point, 0.0) for point in ("after_blobs", "before_commit") for _ in range(3)]
+    schedule = random_schedule(12, SEED + 1, 12)
+    schedule += [(point, 0, 0.0) for point in ("after_blobs", "before_commit") for _ in range(3)]
     tally = run_trials(postgres_url, None, tiny, tmp_path, monkeypatch, schedule)
     print("postgresql:", tally.summary())
-    assert tally.trials == 22
+    assert tally.trials == 18
 
 
 # ---------------------------------------------------------------- gc racing a writer
