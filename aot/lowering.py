@@ -255,6 +255,25 @@ def lower(
     )
 
 
+def _check_pmap_devices(
+    name: str, arg_specs: list[Any], static: set[int], in_axes: Any, devices: Sequence[Any] | None
+) -> None:
+    """A mapped axis longer than the devices there are fails deep in JAX; say it here."""
+    available = len(devices) if devices is not None else jax.local_device_count()
+    axes = in_axes if isinstance(in_axes, (list, tuple)) else [in_axes] * len(arg_specs)
+    for i, (spec_tree, axis) in enumerate(zip(arg_specs, axes)):
+        if i in static or not isinstance(axis, int):
+            continue
+        for leaf in jax.tree_util.tree_leaves(spec_tree):
+            shape = getattr(leaf, "shape", ())
+            if len(shape) > axis and shape[axis] > available:
+                raise UnsupportedComputationError(
+                    f"{name}: pmap maps axis {axis} of size {shape[axis]} (argument {i}, "
+                    f"{leaf.dtype}{list(shape)}), but only {available} device(s) are available. Run on a host with {shape[axis]} devices (on CPU: "
+                    f"XLA_FLAGS=--xla_force_host_platform_device_count={shape[axis]})"
+                )
+
+
 def lower_pmap(
     fn: Callable[..., Any],
     *args: Any,
@@ -286,6 +305,7 @@ def lower_pmap(
         donate_argnums=_as_tuple(donate_argnums),
     )
     arg_specs = _specs_for(args, static, None)
+    _check_pmap_devices(name, arg_specs, static, in_axes, devices)
     arg_names = [n for i, n in enumerate(_positional_names(fn, len(args))) if i not in static]
     return _trace_and_lower(
         PmapComputation, name, jitted, arg_specs, {}, static, set(), None, arg_names,

@@ -172,3 +172,12 @@ def test_the_same_function_without_callbacks_lowers():
     comp = aot.lower(lambda x: jax.lax.cond(x[0] > 0, jnp.sin, lambda y: y, x), "f32[3]")
     out = comp.compile()(np.ones(3, np.float32))
     np.testing.assert_array_equal(out, jnp.sin(np.ones(3, np.float32)))
+
+
+def test_pmap_axis_longer_than_the_devices_is_refused_with_the_fix():
+    with pytest.raises(aot.UnsupportedComputationError) as info:
+        aot.lower_pmap(lambda x: jax.lax.psum(x, "i"), "f32[8,4]", axis_name="i",
+                       devices=jax.devices()[:2])
+    message = str(info.value)
+    assert "axis 0 of size 8" in message and "only 2 device(s)" in message
+    assert "--xla_force_host_platform_device_count=8" in message
