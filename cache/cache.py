@@ -233,6 +233,14 @@ class Cache:
                 manifest = sign(manifest, self.signing_key)
             else:  # signed elsewhere: store it only if this cache could load it
                 verify(manifest, self.signing_key)
+        existing = self.index.get(manifest.key)
+        if existing is not None and existing.ok and all(
+            self.blobs.check(d) is None for d in (existing.exe_digest, existing.hlo_digest) if d
+        ):
+            # Stored and intact. XLA's executables are not byte-identical from one compile
+            # to the next, so writing this one would only leave an orphan blob behind
+            # (and `aot verify` reports orphans).
+            return existing
         sizes: dict[str, tuple[int, int]] = {}
         for role, ref in manifest.blobs.items():
             data = artifact.blob(role)  # verifies the digest

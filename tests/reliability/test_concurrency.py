@@ -13,6 +13,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,3 +120,32 @@ def test_postgresql_cache_8_writers(
     assert sum(r["hits"] + r["misses"] for r in results) == WORKERS * OPS * 4 // 5
     orphans = check_cache(postgres_url, results, monkeypatch)
     print(f"postgresql: {sum(r['misses'] for r in results)} misses, {orphans} orphan blobs of lost races")
+
+
+def test_storing_an_entry_again_leaves_no_orphan(tmp_path: Path, tiny: Any) -> None:
+    """XLA executables differ from one compile to the next: a second put (or a second
+    `aot compile`) of a stored key must not write a blob no row will reference; and a
+    put over a damaged entry still repairs it."""
+    import aot
+    from aot.artifact import EXECUTABLE
+    from aot.cache.cache import Cache
+
+    with Cache(tmp_path / "cache") as cache:
+        first = cache.put(aot.lower(workers.scaled, aot.spec("f32[7]"), name="rel.again"))
+        again = cache.put(aot.lower(workers.scaled, aot.spec("f32[7]"), name="rel.again"))
+        assert again.key == first.key and again.exe_digest == first.exe_digest
+        report = cache.verify()
+        assert report.ok and report.orphan_blobs == (), report.to_dict()
+        # damaged: the next put writes its blobs and replaces the quarantined row
+        cache.blobs.path_for(first.exe_digest).unlink()
+        artifact = tiny.by_size[3]
+        cache.put_artifact(artifact)
+        digest = artifact.manifest.blobs[EXECUTABLE].digest
+        cache.blobs.path_for(digest).unlink()
+        assert set(cache.verify().quarantined) == {first.key, artifact.manifest.key}
+        cache.put_artifact(artifact)
+        check_scaled(cache.get(artifact.manifest.key), 3)
+        cache.put(aot.lower(workers.scaled, aot.spec("f32[7]"), name="rel.again"))
+        check_scaled(cache.get(first.key), 7)
+        cache.gc()
+        assert cache.verify().ok

@@ -230,11 +230,11 @@ def test_kill_9_sqlite_folder_cache(tiny: Any, tmp_path: Path, monkeypatch: pyte
 def test_kill_9_postgresql_cache(
     tiny: Any, postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    schedule = random_schedule(12, SEED + 1, 12)
-    schedule += [(point, 0, 0.0) for point in ("after_blobs", "before_commit") for _ in range(3)]
+    schedule = random_schedule(8, SEED + 1, 12)
+    schedule += [(point, 0, 0.0) for point in ("after_blobs", "before_commit") for _ in range(2)]
     tally = run_trials(postgres_url, None, tiny, tmp_path, monkeypatch, schedule)
     print("postgresql:", tally.summary())
-    assert tally.trials == 18
+    assert tally.trials == 12
 
 
 # ---------------------------------------------------------------- gc racing a writer
