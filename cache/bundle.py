@@ -148,10 +148,34 @@ def read_bundle(path: Path) -> list[Artifact]:
         raw.seek(len(MAGIC))
         decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES)
         try:
-            with decompressor.stream_reader(raw) as stream:
-                return _parse(stream, path)
+            with decompressor.stream_reader(raw, closefd=False) as stream:
+                artifacts = _parse(stream, path)
+            _check_frame_end(raw, path)
         except zstandard.ZstdError as exc:
             raise CorruptArtifactError(f"bundle {path}: malformed zstd data: {exc}") from None
+        return artifacts
+
+
+def _check_frame_end(raw: IO[bytes], path: Path) -> None:
+    """The frame must be complete, content checksum included.
+
+    python-zstandard's stream reader ends quietly on a frame cut short and then never
+    checks the checksum: with 1-3 of its bytes cut, any change to the content passed.
+    So decode once more, discarding the output (no more than what was just read), and
+    require the frame's end.
+    """
+    raw.seek(len(MAGIC))
+    frame = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES).decompressobj()
+    while not frame.eof:
+        chunk = raw.read(1 << 20)
+        if not chunk:
+            raise CorruptArtifactError(
+                f"bundle {path} is truncated: its zstd frame (or its checksum) ends early; "
+                "copy or export it again"
+            )
+        frame.decompress(chunk)
+    if frame.unused_data or raw.read(1):
+        raise CorruptArtifactError(f"bundle {path}: unexpected bytes after the zstd frame")
 
 
 def _parse(stream: IO[bytes], path: Path) -> list[Artifact]:
