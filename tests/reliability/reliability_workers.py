@@ -164,9 +164,14 @@ def _writer(location: str, blob_location: str | None, artifacts: list, seed: int
     rng = random.Random(seed)
     order = list(artifacts)
     rng.shuffle(order)
+    cache = Cache(location, blob_location=blob_location)
+    # Stored, intact entries are not written again: a chosen crash point is counted
+    # among the writes this writer will really do.
+    pending = sum(1 for a in order if not getattr(cache.index.get(a.manifest.key), "ok", False))
+    pending = max(pending, 1)
     if crash_at == "before_replace":
         real_replace = os.replace
-        countdown = [rng.randrange(1, 2 * len(order) + 1)]
+        countdown = [rng.randrange(1, 2 * pending + 1)]
 
         class _Os:
             def __getattr__(self, name):  # noqa: ANN001, ANN204
@@ -180,9 +185,8 @@ def _writer(location: str, blob_location: str | None, artifacts: list, seed: int
                 return real_replace(src, dst)
 
         blobs_module.os = _Os()
-    cache = Cache(location, blob_location=blob_location)
     if crash_at == "before_commit":
-        commits = [rng.randrange(1, len(order) + 1)]
+        commits = [rng.randrange(1, pending + 1)]
 
         @event.listens_for(cache.index.engine, "commit")
         def _before_commit(conn):  # noqa: ANN001, ANN202
@@ -193,7 +197,7 @@ def _writer(location: str, blob_location: str | None, artifacts: list, seed: int
 
     if crash_at == "after_blobs":
         real_add = cache.index.add
-        adds = [rng.randrange(1, len(order) + 1)]
+        adds = [rng.randrange(1, pending + 1)]
 
         def add(entry, **kwargs):  # noqa: ANN001, ANN202
             adds[0] -= 1
