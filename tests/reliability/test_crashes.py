@@ -222,9 +222,11 @@ def test_kill_9_sqlite_folder_cache(tiny: Any, tmp_path: Path, monkeypatch: pyte
     tally = run_trials(str(tmp_path / "cache"), None, tiny, tmp_path, monkeypatch, schedule)
     print("sqlite+folder:", tally.summary())
     assert tally.trials == 62
-    # Kill points are timed from the writer's progress; on a heavily loaded machine a
-    # few writers finish their puts first (51 of 62 were killed at load 7).
-    assert tally.outcomes["killed"] >= 40
+    # Random kills always land (the writer loops until killed); a chosen crash point is
+    # counted among the writes the writer really does, so it is missed only when a
+    # trial has nothing new to store (51 of 62 were killed before that was so, because
+    # stored entries stopped being rewritten: the load of the machine plays no part).
+    assert tally.outcomes["killed"] >= 58
 
 
 @pytest.mark.slow
