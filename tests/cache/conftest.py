@@ -8,16 +8,12 @@ parametrizations are skipped with a visible reason.
 
 from __future__ import annotations
 
-import os
-import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
-from sqlalchemy.pool import NullPool
 
 from aot.cache.blobs import (
     BlobStore,
@@ -27,35 +23,10 @@ from aot.cache.blobs import (
 )
 from aot.cache.index import BlobDataRow, Index
 
-POSTGRES_ENV = "AOT_TEST_POSTGRES_URL"
-POSTGRES_SKIP_REASON = (
-    "AOT_TEST_POSTGRES_URL not set: PostgreSQL tests need a server (.ci/run starts one)"
-)
 
 _postgres = pytest.mark.postgres
 
 
-@pytest.fixture(scope="session")
-def postgres_admin_url() -> str:
-    url = os.environ.get(POSTGRES_ENV, "").strip()
-    if not url:
-        pytest.skip(POSTGRES_SKIP_REASON)
-    return url
-
-
-@pytest.fixture
-def postgres_url(postgres_admin_url: str) -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for one test (dropped afterwards)."""
-    name = f"aot_test_{secrets.token_hex(6)}"
-    admin = sa.create_engine(postgres_admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(postgres_admin_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
 
 
 @pytest.fixture
