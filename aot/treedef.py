@@ -151,7 +151,7 @@ def _from_json(data: Any) -> PyTreeDef:
             raise UnsupportedComputationError(
                 f"pytree node class {data['type']} cannot be imported in this process; "
                 "import the module that registers it before loading, or ask for flat "
-                "outputs (aot.artifact.load_executable(..., flat_outputs=True))"
+                "outputs (aot.rehydrate.load_executable(..., flat_outputs=True))"
             )
         node = (cls, _aux_from_json(data["aux"]))
     else:

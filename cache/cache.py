@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import platformdirs
 
-from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest, build_artifact, load_executable
+from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
+from aot.rehydrate import build_artifact, load_executable
 from aot.computation import MeshComputation
 from aot.errors import (
     ArtifactNotFoundError,

@@ -21,7 +21,8 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
-from aot.artifact import PORTABLE_HLO, Manifest, load_executable, recompile
+from aot.artifact import PORTABLE_HLO, Manifest
+from aot.rehydrate import load_executable, recompile
 from aot.errors import (
     AotError,
     CorruptArtifactError,

@@ -31,11 +31,9 @@ from aot.artifact import (
     PORTABLE_HLO,
     Artifact,
     Manifest,
-    build_artifact,
-    load_executable,
-    recompile,
 )
 from aot.fingerprint import Fingerprint, combined_key
+from aot.rehydrate import build_artifact, load_executable, recompile
 from aot_test_helpers import assert_bitwise_equal, block
 
 # batch.mask is donated but no output can reuse it: JAX warns, as it should.
@@ -209,7 +207,8 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from aot.artifact import Artifact, load_executable, recompile
+from aot.artifact import Artifact
+from aot.rehydrate import load_executable, recompile
 
 
 def load(path):
@@ -656,10 +655,11 @@ def test_a_folder_without_manifest_is_corrupt(tmp_path):
 def test_loader_source_has_no_pickle_marshal_or_eval():
     # The load path in the library itself (the subprocess test checks it at run time).
     import aot.artifact
+    import aot.rehydrate
     import aot.shardings
     import aot.treedef
 
-    for module in (aot.artifact, aot.shardings, aot.treedef):
+    for module in (aot.artifact, aot.rehydrate, aot.shardings, aot.treedef):
         source = Path(module.__file__).read_text()
         for word in ("import pickle", "import marshal", "eval(", "exec(", "cloudpickle"):
             assert word not in source, f"{module.__name__} uses {word}"

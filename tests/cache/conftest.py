@@ -247,7 +247,7 @@ class Compiled:
         import numpy as np
 
         import aot
-        from aot.artifact import build_artifact
+        from aot.rehydrate import build_artifact
 
         models = import_fixture_models()
 

@@ -47,7 +47,8 @@ class TinyArtifacts:
 
     def __init__(self, count: int) -> None:
         import aot
-        from aot.artifact import EXECUTABLE, build_artifact
+        from aot.artifact import EXECUTABLE
+        from aot.rehydrate import build_artifact
 
         import reliability_workers as workers
 

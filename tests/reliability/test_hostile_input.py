@@ -32,7 +32,8 @@ from jax.sharding import Mesh
 
 import aot
 from aot import treedef as treedefs
-from aot.artifact import Manifest, executable_info
+from aot.artifact import Manifest
+from aot.rehydrate import executable_info
 from aot.cache import bundle as bundles
 from aot.cache.cache import Cache
 

@@ -1,0 +1,127 @@
+"""The raw storage layer under the blob cache: ``ObjectStore``, bytes by digest.
+
+An object store keeps opaque payloads (already compressed by
+:class:`aot.cache.content.ContentStore`, which hashes, compresses, verifies and
+repairs) under a sha256 digest. It knows nothing of zstd, manifests or the index.
+Modelled on JAX's ``CacheInterface`` and dvc-objects' ODB over a FileSystem.
+
+Implementations: a local folder, a SQL table in the index database, and fsspec
+(``s3://``, ``gs://``, ``az://``, ``memory://``, ``file://``). :func:`blob_path` is
+the one layout every path-based store uses (``ab/<digest>.zst``), so a folder
+store and a ``file://`` store over the same folder see the same blobs.
+
+Contract, for every implementation:
+
+* ``write`` publishes all or nothing (temp file + rename, a transaction, or an
+  object PUT, which is atomic): a reader never sees a partial payload under its
+  final name. Writing an existing digest overwrites it (that is how a corrupt
+  blob is repaired).
+* ``modified`` times are UTC and come from the store's own clock, and ``now()``
+  reads that same clock, so an age is always ``store.now() - modified`` and never
+  mixes two machines' clocks. A store that cannot tell a blob's age reports it as
+  ``now()``: too young for gc to delete.
+* ``touch`` makes a blob young again (gc's grace period starts over).
+* Batched calls (``exists``, ``stat``, ``delete``) take any iterable of digests and
+  ignore digests that are absent.
+* Errors are :class:`aot.errors.CacheError` (or ``ReadOnlyCacheError``) with advice;
+  never a raw ``OSError`` or a library's own exception.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from aot.errors import CorruptArtifactError
+
+__all__ = ["BlobStat", "ObjectStore", "blob_path", "check_digest", "digest_from_path"]
+
+_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+_PATH_RE = re.compile(r"^([0-9a-f]{2})/([0-9a-f]{64})\.zst$")
+
+
+def check_digest(digest: str) -> str:
+    """``digest`` if it is 64 lowercase hex characters, else CorruptArtifactError.
+
+    Digests come from manifests and index rows and become file and object names, so
+    anything else (``../``, upper case, a truncated value) is refused.
+    """
+    if not isinstance(digest, str) or not _DIGEST_RE.fullmatch(digest):
+        raise CorruptArtifactError(
+            f"invalid blob digest {digest!r}: expected 64 lowercase hex characters "
+            f"(a sha256); the manifest or index row naming it is damaged, run `aot verify`"
+        )
+    return digest
+
+
+def blob_path(digest: str) -> str:
+    """The relative path of a blob in every path-based store: ``ab/<digest>.zst``."""
+    check_digest(digest)
+    return f"{digest[:2]}/{digest}.zst"
+
+
+def digest_from_path(relative: str) -> str | None:
+    """The digest of a relative path laid out by :func:`blob_path`, else None."""
+    match = _PATH_RE.fullmatch(relative.replace("\\", "/"))
+    if match is None or not match.group(2).startswith(match.group(1)):
+        return None
+    return match.group(2)
+
+
+@dataclass(frozen=True, slots=True)
+class BlobStat:
+    """One stored payload: its digest, stored (compressed) size and last write/touch."""
+
+    digest: str
+    stored_size: int
+    modified: datetime  # UTC, on the store's clock; ``now()`` when unknown
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """Raw payloads by digest. See the module docstring for the contract."""
+
+    read_only: bool
+
+    @property
+    def location(self) -> str:
+        """Where the payloads live, for messages (no credentials)."""
+        ...
+
+    def read(self, digest: str) -> bytes | None:
+        """The stored payload, or None if absent."""
+        ...
+
+    def write(self, digest: str, payload: bytes) -> None:
+        """Publishes ``payload`` under ``digest``, all or nothing (overwrites)."""
+        ...
+
+    def exists(self, digests: Iterable[str]) -> set[str]:
+        """The subset of ``digests`` that are stored."""
+        ...
+
+    def stat(self, digests: Iterable[str]) -> dict[str, BlobStat]:
+        """Size and age of each stored digest among ``digests``."""
+        ...
+
+    def delete(self, digests: Iterable[str]) -> int:
+        """Removes the stored ones among ``digests``; the stored bytes freed."""
+        ...
+
+    def list(self) -> Iterator[BlobStat]:
+        """Every stored payload."""
+        ...
+
+    def touch(self, digest: str) -> None:
+        """Marks a stored payload as just written (gc's grace starts over)."""
+        ...
+
+    def now(self) -> datetime:
+        """The current UTC time on the clock that stamps ``modified``."""
+        ...
+
+    def close(self) -> None:
+        ...

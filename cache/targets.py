@@ -1,0 +1,204 @@
+"""Resolving warmup items: import targets, build specs, meshes and shardings.
+
+Used by ``aot warmup``, ``aot compile`` and ``aot why``: a :class:`WarmupItem` (plain
+data) becomes the function and the arguments :meth:`aot.Cache.compile_entry` takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aot.errors import AotError, SpecError, TargetError
+from aot.cache.warmup_manifest import AUTO_SHARDING, WarmupItem
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache, CompileResult
+
+__all__ = [
+    "Prepared",
+    "compile_item",
+    "item_signature",
+    "make_mesh",
+    "prepare",
+    "resolve_args",
+    "resolve_target",
+    "search_path",
+]
+
+
+@contextlib.contextmanager
+def search_path(*folders: str | None) -> Iterator[None]:
+    """Puts ``folders`` (and the working directory) first on ``sys.path`` for a while."""
+    added = []
+    for folder in (*folders, os.getcwd()):
+        if folder and folder not in sys.path:
+            sys.path.insert(0, folder)
+            added.append(folder)
+    try:
+        yield
+    finally:
+        for folder in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
+
+
+def resolve_target(target: str, *, base_dir: str | None = None) -> Any:
+    """``"package.module:attr.sub"`` -> the object; raises :class:`TargetError`."""
+    module_name, sep, attr_path = target.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise TargetError(
+            f"target {target!r} is not MODULE:ATTRIBUTE (e.g. 'fixtures.models:mlp_forward')"
+        )
+    with search_path(base_dir):
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            missing = exc.name or module_name
+            hint = (
+                "run from the folder that contains it, or install it"
+                if missing == module_name.split(".")[0] or missing == module_name
+                else "it is imported by that module; install it"
+            )
+            raise TargetError(
+                f"cannot import {module_name!r} for {target!r}: no module named {missing!r}; {hint}"
+            ) from None
+        except AotError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the module's own import failed
+            raise TargetError(
+                f"importing {module_name!r} for {target!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise TargetError(
+                f"{target!r}: module {module_name!r} has no attribute {attr_path!r}"
+            ) from None
+    return obj
+
+
+def _resolve_spec(value: str, base_dir: str | None, mesh: Any) -> Any:
+    from aot.specs import spec
+
+    if value.startswith("@"):
+        target = value[1:]
+        fn = resolve_target(target, base_dir=base_dir)
+        if not callable(fn):
+            raise TargetError(f"{value!r} is not callable; '@' names a function returning specs")
+        try:
+            tree = fn()
+        except AotError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - user code
+            raise TargetError(f"calling {target!r} failed: {type(exc).__name__}: {exc}") from exc
+        return spec(tree, mesh=mesh)
+    return spec(value, mesh=mesh)
+
+
+def resolve_args(
+    args: Sequence[str] = (),
+    kwargs: Iterable[tuple[str, str]] = (),
+    args_from: str | None = None,
+    *,
+    base_dir: str | None = None,
+    mesh: Any = None,
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Spec strings / ``@callable`` s -> ``(args, kwargs)`` of ``jax.ShapeDtypeStruct`` trees.
+
+    ``args_from`` names a callable whose result comes first: a tuple is several
+    positional arguments, anything else is one.
+    """
+    positional: list[Any] = []
+    if args_from is not None:
+        tree = _resolve_spec("@" + args_from.lstrip("@"), base_dir, mesh)
+        positional.extend(tree if isinstance(tree, tuple) else (tree,))
+    positional.extend(_resolve_spec(a, base_dir, mesh) for a in args)
+    return tuple(positional), {k: _resolve_spec(v, base_dir, mesh) for k, v in kwargs}
+
+
+def make_mesh(axes: Sequence[tuple[str, int]]) -> Any:
+    """A ``jax.sharding.Mesh`` over the first ``prod(sizes)`` devices."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    sizes = [s for _, s in axes]
+    count = int(np.prod(sizes))
+    devices = jax.devices()
+    if count > len(devices):
+        raise SpecError(
+            f"mesh {','.join(f'{n}={s}' for n, s in axes)} needs {count} devices; "
+            f"this host has {len(devices)} ({devices[0].platform})"
+        )
+    grid = np.asarray(devices[:count], dtype=object).reshape(sizes)
+    return Mesh(grid, tuple(n for n, _ in axes))
+
+
+def _sharding_value(text: str) -> Any:
+    from aot.specs import parse_partition_spec
+
+    return None if text.strip().lower() == AUTO_SHARDING else parse_partition_spec(text)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An item resolved into what :meth:`aot.Cache.compile_entry` takes."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def prepare(item: WarmupItem) -> Prepared:
+    """Imports the target, resolves ``@callable`` specs, builds the mesh and shardings."""
+    fn = resolve_target(item.target, base_dir=item.base_dir)
+    if not callable(fn):
+        raise TargetError(f"target {item.target!r} is a {type(fn).__name__}, not a function")
+    mesh = make_mesh(item.mesh) if item.mesh is not None else None
+    args, kwargs = resolve_args(item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh)
+    options: dict[str, Any] = {"name": item.name}
+    if item.donate:
+        options["donate_argnums"] = item.donate
+    if item.pmap is not None:
+        options["pmap"] = True
+        options["axis_name"] = item.pmap
+        return Prepared(fn, args, options)
+    options.update(kwargs)
+    if item.static:
+        options.update(dict(item.static))
+        options["static_argnames"] = tuple(k for k, _ in item.static)
+    if mesh is not None:
+        options["mesh"] = mesh
+    if item.in_shardings is not None:
+        options["in_shardings"] = tuple(_sharding_value(s) for s in item.in_shardings)
+    if item.out_shardings is not None:
+        out = item.out_shardings
+        options["out_shardings"] = (
+            tuple(_sharding_value(s) for s in out) if isinstance(out, tuple) else _sharding_value(out)
+        )
+    return Prepared(fn, args, options)
+
+
+def compile_item(cache: Cache, item: WarmupItem) -> CompileResult:
+    """Lowers ``item``; loads it on a hit, compiles and stores it on a miss."""
+    prepared = prepare(item)
+    return cache.compile_entry(prepared.fn, *prepared.args, **prepared.options)
+
+
+def item_signature(item: WarmupItem) -> str:
+    """The input signature ``item`` compiles to (``"f32[8,784], ..."``), without lowering."""
+    import jax
+
+    from aot.specs import format_aval
+
+    mesh = make_mesh(item.mesh) if item.mesh is not None else None
+    args, kwargs = resolve_args(item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh)
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    return ", ".join(format_aval(leaf.shape, leaf.dtype) for leaf in leaves)
