@@ -332,6 +332,9 @@ class FsspecObjectStore:
     def read(self, digest: str) -> bytes | None:
         path = self._path(digest)
         try:
+            if self.protocol == "s3":
+                # One GET: with concurrency s3fs first HEADs every object for its size.
+                return bytes(self._fs.cat_file(path, max_concurrency=1))
             return bytes(self._fs.cat_file(path))
         except Exception as exc:  # noqa: BLE001
             if self._missing(exc) or isinstance(exc, IsADirectoryError):

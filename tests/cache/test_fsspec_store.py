@@ -90,11 +90,11 @@ def test_an_empty_or_new_prefix_lists_nothing(url: str) -> None:
     assert list(FsspecObjectStore(url + "/never-written").list()) == []
 
 
-def test_touch_makes_a_blob_young(store: FsspecObjectStore) -> None:
+def test_touch_makes_a_blob_young(store: FsspecObjectStore, url: str) -> None:
     store.write(D1, b"payload")
     before = store.stat([D1])[D1].modified
-    time.sleep(1.2)  # S3's LastModified has one-second resolution
-    assert store.now() - before >= dt.timedelta(seconds=1)
+    time.sleep(1.2 if url.startswith("s3://") else 0.05)  # S3: one-second resolution
+    assert store.now() > before
     store.touch(D1)
     after = store.stat([D1])[D1].modified
     assert after > before
