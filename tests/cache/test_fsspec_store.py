@@ -256,8 +256,10 @@ def test_refused_and_denied_credentials(private_moto, monkeypatch: pytest.Monkey
         with pytest.raises(CacheError, match="credentials were refused") as refused:
             FsspecObjectStore("s3://private/p").write(D1, b"p")
         assert "not-a-real-secret" not in str(refused.value)
+        with pytest.raises(CacheError, match="credentials were refused"):
+            FsspecObjectStore("s3://private/p").read(D1)
         with pytest.raises(CacheError, match="access denied.*HTTP 403.*AWS_ACCESS_KEY_ID"):
-            FsspecObjectStore("s3://private/p").read(D1)  # a HEAD: no error code to tell
+            FsspecObjectStore("s3://private/p").exists([D1])  # a HEAD: no error code to tell
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
         with pytest.raises(CacheError, match="access denied") as denied:
