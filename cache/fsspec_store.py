@@ -26,16 +26,21 @@ import datetime as _dt
 import errno
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import urlsplit
 
 from aot.errors import CacheError, ReadOnlyCacheError
 from aot.cache.objectstore import BlobStat, blob_path, check_digest, digest_from_path
 
-__all__ = ["SCHEMES", "FsspecObjectStore", "open_fsspec_store", "translate_error"]
+__all__ = [
+    "SCHEMES", "FsspecObjectStore", "UrlTarget", "is_url", "open_fsspec_store", "open_url",
+    "translate_error",
+]
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +186,75 @@ def translate_error(exc: BaseException, action: str, location: str, protocol: st
     )
 
 
+# ---------------------------------------------------------------- opening a URL
+
+
+@dataclass(frozen=True, slots=True)
+class UrlTarget:
+    """An fsspec filesystem and the path a URL names in it (no credentials anywhere)."""
+
+    fs: Any
+    protocol: str  # fsspec's: s3, gcs, az, memory, file
+    path: str  # the URL's bucket/key (or absolute folder) without the scheme
+    location: str  # the URL for messages: scheme://bucket/key, no user info or query
+
+
+def is_url(value: str | os.PathLike[str]) -> bool:
+    """True for ``scheme://...`` (a two-letter or longer scheme, so never ``C:/``)."""
+    return isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]+://", value) is not None
+
+
+def _default_options(protocol: str) -> dict[str, Any]:
+    if protocol == "file":
+        return {"auto_mkdir": True}
+    options: dict[str, Any] = {"use_listings_cache": False}
+    if protocol == "s3":
+        # botocore's standard retry mode (3 attempts, backoff), so an unreachable
+        # endpoint fails in seconds, not after the legacy mode's long backoff.
+        options["config_kwargs"] = {"retries": {"max_attempts": 3, "mode": "standard"}}
+    return options
+
+
+def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> UrlTarget:
+    """The filesystem for an object-store URL (``s3://``, ``gs://``, ``az://``,
+    ``memory://``, ``file://``); an unknown scheme is refused, never taken as a path."""
+    url = os.fspath(url)
+    scheme = urlsplit(url).scheme.lower() if is_url(url) else ""
+    if scheme not in _BACKENDS:
+        raise CacheError(
+            f"unsupported object-store URL {_public_url(url) if scheme else url!r}: expected "
+            f"one of {', '.join(sorted(s + '://' for s in SCHEMES))}"
+        )
+    protocol, package, extra = _BACKENDS[scheme]
+    location = _public_url(url).rstrip("/")
+    try:
+        import fsspec
+
+        cls = fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError) as exc:
+        raise CacheError(
+            f"cannot open {location}: {scheme}:// needs the {package} package; "
+            f"install it with `pip install 'jax-aot[{extra}]'`"
+        ) from exc
+    options = _default_options(protocol)
+    options.update(storage_options or {})
+    try:
+        # Each caller owns its filesystem object: fsspec's instance cache would hand
+        # back one built with other credentials or another endpoint.
+        fs = cls(skip_instance_cache=True, **options)
+    except Exception as exc:  # noqa: BLE001 - any library error becomes a CacheError
+        raise translate_error(exc, "open the object store", location, protocol) from exc
+    if protocol == "s3":
+        fs.retries = 2  # s3fs's own retry loop, on top of botocore's
+    path = cls._strip_protocol(url).rstrip("/")
+    if protocol == "file":
+        path = os.path.abspath(os.path.expanduser(path))
+        location = "file://" + path
+    if not path.strip("/"):
+        raise CacheError(f"{url!r} names no bucket or folder; expected e.g. s3://bucket/prefix")
+    return UrlTarget(fs, protocol, path, location)
+
+
 # ---------------------------------------------------------------- the store
 
 
@@ -213,53 +287,13 @@ class FsspecObjectStore:
         read_only: bool = False,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        url = os.fspath(url)
-        scheme = urlsplit(url).scheme.lower() if "://" in url else ""
-        if scheme not in _BACKENDS:
-            raise CacheError(
-                f"unsupported object-store URL {_public_url(url) if scheme else url!r}: expected "
-                f"one of {', '.join(sorted(s + '://' for s in SCHEMES))}"
-            )
         self.read_only = read_only
-        self.protocol, package, extra = _BACKENDS[scheme]
-        self._location = _public_url(url).rstrip("/")
-        try:
-            import fsspec
-
-            cls = fsspec.get_filesystem_class(self.protocol)
-        except (ImportError, ValueError) as exc:
-            raise CacheError(
-                f"cannot open {self._location}: {scheme}:// needs the {package} package; "
-                f"install it with `pip install 'jax-aot[{extra}]'`"
-            ) from exc
-        options = self._default_options()
-        options.update(storage_options or {})
-        try:
-            # Each store owns its filesystem object: fsspec's instance cache would hand
-            # back one built with other credentials or another endpoint.
-            self._fs = cls(skip_instance_cache=True, **options)
-        except Exception as exc:  # noqa: BLE001 - any library error becomes a CacheError
-            raise translate_error(exc, "open the object store", self._location, self.protocol) from exc
-        if self.protocol == "s3":
-            self._fs.retries = 2  # s3fs's own retry loop, on top of botocore's
-        self._root = cls._strip_protocol(url).rstrip("/")
-        if self.protocol == "file":
-            self._root = os.path.abspath(os.path.expanduser(self._root))
-            self._location = "file://" + self._root
-        if not self._root:
-            raise CacheError(f"{url!r} names no bucket or folder; expected e.g. s3://bucket/prefix")
+        target = open_url(url, storage_options)
+        self._fs, self.protocol, self._root, self._location = (
+            target.fs, target.protocol, target.path, target.location
+        )
         self._clock: tuple[_dt.datetime, float] | None = None
         self._closed = False
-
-    def _default_options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {"use_listings_cache": False}
-        if self.protocol == "s3":
-            # botocore's standard retry mode (3 attempts, backoff), so an unreachable
-            # endpoint fails in seconds, not after the legacy mode's long backoff.
-            options["config_kwargs"] = {"retries": {"max_attempts": 3, "mode": "standard"}}
-        if self.protocol == "file":
-            options = {"auto_mkdir": True}
-        return options
 
     def __repr__(self) -> str:
         return f"FsspecObjectStore({self._location!r}, read_only={self.read_only})"
