@@ -276,9 +276,10 @@ def _classify(path: Any, *, reading: bool) -> _Where:
 
     if not is_url(text):
         # pathlib folds "s3://b/x" into "s3:/b/x": read that back as the URL it was,
-        # and refuse other "scheme:/..." forms rather than create a folder "scheme:".
+        # and refuse other "scheme:/..." forms rather than create a folder "scheme:"
+        # (a local folder of that name is reached as "./scheme:/...").
         match = _COLLAPSED_URL.match(text)
-        if match is not None and not os.path.exists(match.group(1) + ":"):
+        if match is not None:
             scheme, rest = match.group(1).lower(), match.group(2)
             text = f"{scheme}:///{rest}" if scheme == "file" else f"{scheme}://{rest}"
     if is_url(text):

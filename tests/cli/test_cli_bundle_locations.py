@@ -74,3 +74,14 @@ def test_library_bundle_through_memory_url(warmed, tmp_path: Path) -> None:  # n
     served = aot.Cache(tmp_path / "served")
     assert len(served.import_bundle(url).imported) == 1
     assert [e.name for e in served.entries()] == ["tiny"]
+
+
+def test_library_takes_a_url_even_through_pathlib(warmed, tmp_path: Path) -> None:  # noqa: ANN001
+    # Path("memory://b/x") is "memory:/b/x": still the URL, never a local folder.
+    url = f"memory://aot-test-{secrets.token_hex(4)}/x.aotb"
+    report = aot.Cache(warmed).export_bundle(Path(url), "tiny")
+    assert report.path == url
+    assert len(aot.Cache(tmp_path / "served").import_bundle(Path(url)).imported) == 1
+    local = tmp_path / "s3:" / "x.aotb"  # an absolute (or ./) path is always local
+    report = aot.Cache(warmed).export_bundle(local, "tiny")
+    assert report.path == str(local) and local.is_file()
