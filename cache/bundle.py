@@ -11,16 +11,22 @@ which no blob digest does.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fnmatch
 import json
 import logging
 import os
+import re
+import shutil
 import struct
+import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Union
+from urllib.parse import urlsplit
 
 import zstandard
 
@@ -42,6 +48,10 @@ MAX_WINDOW_BYTES = 1 << 27  # refuse zstd frames that ask for more than 128 MiB 
 _NAME_MAX = 512
 _FRAME_HEADER_MAX = 18  # zstd: 4-byte magic + at most 14 bytes of frame header
 
+# A file path, an object-store URL (s3://, gs://, az://, memory://, file://), "-"
+# (stdout / stdin) or a binary stream: see "where a bundle lives" below.
+BundlePath = Union[str, "os.PathLike[str]", IO[bytes]]
+
 
 @dataclass(frozen=True, slots=True)
 class BundleReport:
@@ -61,7 +71,10 @@ class BundleReport:
         }
 
 
-def export_bundle(cache: Cache, path: Path, names: list[str] | None) -> BundleReport:
+def export_bundle(cache: Cache, path: BundlePath, names: list[str] | None) -> BundleReport:
+    """Writes every intact entry matching ``names`` (globs; all if None) to ``path``:
+    a file (mode 0644), an object-store URL, ``"-"`` (stdout) or a binary stream."""
+    where = _destination(path)  # an unsupported URL is refused before any work
     entries = [
         e for e in cache.index.entries()
         if e.ok and (not names or any(fnmatch.fnmatchcase(e.name, g) for g in names))
@@ -85,32 +98,12 @@ def export_bundle(cache: Cache, path: Path, names: list[str] | None) -> BundleRe
         },
         sort_keys=True,
     ).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            raw.write(MAGIC)
-            compressor = zstandard.ZstdCompressor(level=3, write_checksum=True)
-            with compressor.stream_writer(raw, closefd=False) as out:
-                out.write(struct.pack("<Q", len(header)))
-                out.write(header)
-                for data in blob_order.values():
-                    out.write(data)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise CacheError(f"cannot write bundle {path}: {exc}") from exc
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    size = path.stat().st_size
-    log.info("exported %d entries (%d blobs) to %s", len(artifacts), len(blob_order), path)
-    return BundleReport(str(path), tuple(e.key for e in entries), bytes=size)
+    size = _write_bundle(where, header, list(blob_order.values()))
+    log.info("exported %d entries (%d blobs) to %s", len(artifacts), len(blob_order), where.label)
+    return BundleReport(where.label, tuple(e.key for e in entries), bytes=size)
 
 
-def _read_exact(stream: IO[bytes], n: int, what: str, path: Path) -> bytes:
+def _read_exact(stream: IO[bytes], n: int, what: str, path: str) -> bytes:
     chunks: list[bytes] = []
     remaining = n
     while remaining:
@@ -125,38 +118,40 @@ def _read_exact(stream: IO[bytes], n: int, what: str, path: Path) -> bytes:
     return b"".join(chunks)
 
 
-def read_bundle(path: Path) -> list[Artifact]:
-    """Parses and verifies a bundle; raises CorruptArtifactError on anything amiss."""
+def read_bundle(path: BundlePath) -> list[Artifact]:
+    """Parses and verifies a bundle (a file, an object-store URL, ``"-"`` for stdin, or
+    a binary stream); raises CorruptArtifactError on anything amiss."""
+    with _open_source(path) as (raw, label, _size):
+        return _read_bundle(raw, label)
+
+
+def _read_bundle(raw: IO[bytes], path: str) -> list[Artifact]:
+    """Parses and verifies the bundle in ``raw`` (seekable; ``path`` names it in messages)."""
+    if raw.read(len(MAGIC)) != MAGIC:
+        raise CorruptArtifactError(f"{path} is not a jax-aot bundle (bad magic)")
     try:
-        raw = path.open("rb")
-    except OSError as exc:
-        raise CacheError(f"cannot read bundle {path}: {exc}") from exc
-    with raw:
-        if raw.read(len(MAGIC)) != MAGIC:
-            raise CorruptArtifactError(f"{path} is not a jax-aot bundle (bad magic)")
-        try:
-            frame = zstandard.get_frame_parameters(raw.read(_FRAME_HEADER_MAX))
-        except zstandard.ZstdError as exc:
-            raise CorruptArtifactError(f"bundle {path}: malformed zstd frame header: {exc}") from None
-        if not frame.has_checksum:
-            # Blob digests do not cover the manifests; the checksum does.
-            raise CorruptArtifactError(
-                f"bundle {path}: the zstd frame carries no content checksum, so the "
-                "manifests cannot be checked; the bundle was damaged, or written by an "
-                "older jax-aot: export it again"
-            )
-        raw.seek(len(MAGIC))
-        decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES)
-        try:
-            with decompressor.stream_reader(raw, closefd=False) as stream:
-                artifacts = _parse(stream, path)
-            _check_frame_end(raw, path)
-        except zstandard.ZstdError as exc:
-            raise CorruptArtifactError(f"bundle {path}: malformed zstd data: {exc}") from None
-        return artifacts
+        frame = zstandard.get_frame_parameters(raw.read(_FRAME_HEADER_MAX))
+    except zstandard.ZstdError as exc:
+        raise CorruptArtifactError(f"bundle {path}: malformed zstd frame header: {exc}") from None
+    if not frame.has_checksum:
+        # Blob digests do not cover the manifests; the checksum does.
+        raise CorruptArtifactError(
+            f"bundle {path}: the zstd frame carries no content checksum, so the "
+            "manifests cannot be checked; the bundle was damaged, or written by an "
+            "older jax-aot: export it again"
+        )
+    raw.seek(len(MAGIC))
+    decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES)
+    try:
+        with decompressor.stream_reader(raw, closefd=False) as stream:
+            artifacts = _parse(stream, path)
+        _check_frame_end(raw, path)
+    except zstandard.ZstdError as exc:
+        raise CorruptArtifactError(f"bundle {path}: malformed zstd data: {exc}") from None
+    return artifacts
 
 
-def _check_frame_end(raw: IO[bytes], path: Path) -> None:
+def _check_frame_end(raw: IO[bytes], path: str) -> None:
     """The frame must be complete, content checksum included.
 
     python-zstandard's stream reader ends quietly on a frame cut short and then never
@@ -178,7 +173,7 @@ def _check_frame_end(raw: IO[bytes], path: Path) -> None:
         raise CorruptArtifactError(f"bundle {path}: unexpected bytes after the zstd frame")
 
 
-def _parse(stream: IO[bytes], path: Path) -> list[Artifact]:
+def _parse(stream: IO[bytes], path: str) -> list[Artifact]:
     (header_len,) = struct.unpack("<Q", _read_exact(stream, 8, "header length", path))
     if header_len > MAX_HEADER_BYTES:
         raise CorruptArtifactError(f"bundle {path}: header of {header_len} bytes is too large")
@@ -226,9 +221,11 @@ def _parse(stream: IO[bytes], path: Path) -> list[Artifact]:
     return [Artifact(m, {r.digest: blobs[r.digest] for r in m.blobs.values()}) for m in manifests]
 
 
-def import_bundle(cache: Cache, path: Path) -> BundleReport:
+def import_bundle(cache: Cache, path: BundlePath) -> BundleReport:
+    """Imports a bundle (a file, an object-store URL, ``"-"`` for stdin, or a stream)."""
     cache._check_writable("import a bundle")
-    artifacts = read_bundle(path)
+    with _open_source(path) as (raw, label, size):
+        artifacts = _read_bundle(raw, label)
     for artifact in artifacts:  # check all signatures before writing anything
         verify(artifact.manifest, cache.signing_key, require=cache.require_signatures)
     imported: list[str] = []
@@ -240,8 +237,190 @@ def import_bundle(cache: Cache, path: Path) -> BundleReport:
             continue
         cache.put_artifact(artifact)
         imported.append(artifact.manifest.key)
-    log.info("imported %d entries from %s (%d already present)", len(imported), path, len(skipped))
+    log.info("imported %d entries from %s (%d already present)", len(imported), label, len(skipped))
     return BundleReport(
-        str(path), tuple(a.manifest.key for a in artifacts), tuple(imported), tuple(skipped),
-        bytes=path.stat().st_size,
+        label, tuple(a.manifest.key for a in artifacts), tuple(imported), tuple(skipped),
+        bytes=size,
     )
+
+
+# ---------------------------------------------------------------- where a bundle lives
+#
+# A bundle is a local file, an object-store URL (s3://, gs://, az://, memory://,
+# file://, through fsspec), "-" (stdout on export, stdin on import) or a binary stream.
+# Files are written to a temp file, fsynced and renamed, with mode 0644 so that a
+# server running as another user can read them; uploads are one object PUT (or a
+# multipart upload completed at the end): never a partial bundle under the final name.
+
+STDIO = "-"
+_COLLAPSED_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)(.*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    kind: str  # "file", "url", "stream"
+    label: str  # for messages and reports (a URL without credentials)
+    file: Path | None = None
+    url: str | None = None
+    stream: IO[bytes] | None = None
+
+
+def _classify(path: Any, *, reading: bool) -> _Where:
+    if hasattr(path, "read" if reading else "write"):
+        return _Where("stream", getattr(path, "name", None) or "<stream>", stream=path)
+    text = os.fspath(path)
+    if text == STDIO:
+        std = sys.stdin if reading else sys.stdout
+        return _Where("stream", "<stdin>" if reading else "<stdout>", stream=std.buffer)
+    from aot.cache.fsspec_store import is_url
+
+    if not is_url(text):
+        # pathlib folds "s3://b/x" into "s3:/b/x": read that back as the URL it was,
+        # and refuse other "scheme:/..." forms rather than create a folder "scheme:"
+        # (a local folder of that name is reached as "./scheme:/...").
+        match = _COLLAPSED_URL.match(text)
+        if match is not None:
+            scheme, rest = match.group(1).lower(), match.group(2)
+            text = f"{scheme}:///{rest}" if scheme == "file" else f"{scheme}://{rest}"
+    if is_url(text):
+        if urlsplit(text).scheme.lower() == "file":
+            local = Path(urlsplit(text).path)
+            return _Where("file", str(local), file=local)
+        from aot.cache.fsspec_store import open_url
+
+        target = open_url(text)  # refuses unknown schemes with the list of known ones
+        return _Where("url", target.location, url=text)
+    return _Where("file", str(path), file=Path(text))
+
+
+def _destination(path: Any) -> _Where:
+    where = _classify(path, reading=False)
+    if where.kind == "file" and where.file is not None and where.file.is_dir():
+        raise CacheError(f"cannot write bundle {where.label}: it is a folder; name a file")
+    return where
+
+
+def _encode(raw: IO[bytes], header: bytes, blobs: list[bytes]) -> None:
+    raw.write(MAGIC)
+    compressor = zstandard.ZstdCompressor(level=3, write_checksum=True)
+    with compressor.stream_writer(raw, closefd=False) as out:
+        out.write(struct.pack("<Q", len(header)))
+        out.write(header)
+        for data in blobs:
+            out.write(data)
+    raw.flush()
+
+
+def _write_bundle(where: _Where, header: bytes, blobs: list[bytes]) -> int:
+    """Writes the bundle all or nothing; returns its size in bytes."""
+    if where.kind == "stream":
+        assert where.stream is not None
+        counter = _CountingWriter(where.stream)
+        try:
+            _encode(counter, header, blobs)  # type: ignore[arg-type]
+            where.stream.flush()
+        except OSError as exc:
+            raise CacheError(f"cannot write bundle to {where.label}: {exc}") from exc
+        return counter.count
+    if where.kind == "file":
+        assert where.file is not None
+        return _write_file(where.file, header, blobs)
+    # An object store: encode to a local temp file, then one upload of the whole file.
+    from aot.cache.fsspec_store import open_url, translate_error
+
+    assert where.url is not None
+    target = open_url(where.url)
+    fd, tmp = tempfile.mkstemp(prefix=".aot-bundle.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            _encode(raw, header, blobs)
+        size = os.path.getsize(tmp)
+        try:
+            target.fs.put_file(tmp, target.path)
+        except Exception as exc:  # noqa: BLE001 - every store error becomes a CacheError
+            raise translate_error(exc, "write the bundle", target.location, target.protocol) from exc
+        return size
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _write_file(path: Path, header: bytes, blobs: list[bytes]) -> int:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise CacheError(f"cannot write bundle {path}: {exc}") from exc
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            # mkstemp makes it 0600; a bundle is for others to read (a server's user).
+            os.chmod(tmp, 0o644)
+            _encode(raw, header, blobs)
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise CacheError(f"cannot write bundle {path}: {exc}") from exc
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
+class _CountingWriter:
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self.count = 0
+
+    def write(self, data: bytes) -> int:
+        self.stream.write(data)
+        self.count += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+@contextlib.contextmanager
+def _open_source(path: Any) -> Iterator[tuple[IO[bytes], str, int]]:
+    """A seekable binary handle on the bundle, its label and its size.
+
+    Reading checks the zstd frame in a second pass, so stdin, streams and object-store
+    URLs are first copied to an unnamed local temp file (one download, disk-backed).
+    """
+    where = _classify(path, reading=True)
+    if where.kind == "file":
+        assert where.file is not None
+        try:
+            raw = where.file.open("rb")
+        except OSError as exc:
+            raise CacheError(f"cannot read bundle {where.label}: {exc}") from exc
+        with raw:
+            yield raw, where.label, os.fstat(raw.fileno()).st_size
+        return
+    with tempfile.TemporaryFile(prefix="aot-bundle.") as spool:
+        if where.kind == "stream":
+            assert where.stream is not None
+            try:
+                shutil.copyfileobj(where.stream, spool, 1 << 20)
+            except OSError as exc:
+                raise CacheError(f"cannot read bundle from {where.label}: {exc}") from exc
+        else:
+            from aot.cache.fsspec_store import open_url, translate_error
+
+            assert where.url is not None
+            target = open_url(where.url)
+            try:
+                with target.fs.open(target.path, "rb") as remote:
+                    shutil.copyfileobj(remote, spool, 8 << 20)
+            except FileNotFoundError as exc:
+                if "bucket" in str(exc).lower():
+                    raise translate_error(exc, "read the bundle", target.location, target.protocol) from exc
+                raise CacheError(
+                    f"cannot read bundle {target.location}: no such object; check the URL "
+                    "(export it first with `aot bundle export URL`)"
+                ) from exc
+            except Exception as exc:  # noqa: BLE001 - every store error becomes a CacheError
+                raise translate_error(exc, "read the bundle", target.location, target.protocol) from exc
+        size = spool.tell()
+        spool.seek(0)
+        yield spool, where.label, size

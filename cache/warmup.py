@@ -9,12 +9,14 @@ manifest format lives in :mod:`aot.cache.warmup_manifest`, target resolution in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, ProcessPoolExecutor, as_completed, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,6 +32,7 @@ from aot.cache.targets import (
     resolve_target,
     search_path,
 )
+from aot.cache.warmup_shard import parse_shard, select_shard
 from aot.cache.warmup_manifest import (
     FunctionEntry,
     WarmupItem,
@@ -66,6 +69,7 @@ __all__ = [
     "resolve_target",
     "run_warmup",
     "search_path",
+    "warmup_task",
 ]
 
 
@@ -120,6 +124,7 @@ class WarmupReport:
     jobs: int
     results: tuple[ItemResult, ...]
     seconds: float
+    shard: tuple[int, int] | None = None  # (i, n): this runner's share of the manifest
 
     def _count(self, status: str) -> int:
         return sum(1 for r in self.results if r.status == status)
@@ -145,8 +150,9 @@ class WarmupReport:
         return tuple(r for r in self.results if r.status == "failed")
 
     def summary(self) -> str:
+        where = f" (shard {self.shard[0]}/{self.shard[1]})" if self.shard else ""
         return (
-            f"{len(self.results)} entries: {self.compiled} compiled, {self.hit} hit, "
+            f"{len(self.results)} entries{where}: {self.compiled} compiled, {self.hit} hit, "
             f"{self.failed} failed in {self.seconds:.1f}s"
         )
 
@@ -154,6 +160,7 @@ class WarmupReport:
         return {
             "cache": self.location,
             "jobs": self.jobs,
+            "shard": f"{self.shard[0]}/{self.shard[1]}" if self.shard else None,
             "total": len(self.results),
             "compiled": self.compiled,
             "hit": self.hit,
@@ -380,6 +387,9 @@ def run_warmup(
     items: Iterable[WarmupItem],
     jobs: int = 1,
     on_result: Callable[[ItemResult], None] | None = None,
+    *,
+    shard: tuple[int, int] | str | None = None,
+    executor: Executor | None = None,
 ) -> WarmupReport:
     """Compiles every item into the cache at ``location`` (hits cost no compile).
 
@@ -388,12 +398,24 @@ def run_warmup(
     in the report with the item and the error. ``on_result`` is called with each
     :class:`ItemResult` as it completes (in completion order); the report lists them
     in item order.
+
+    ``shard=(i, n)`` (or ``"i/n"``, 1 <= i <= n) compiles only this runner's share of
+    the items, chosen by :mod:`aot.cache.warmup_shard` (deterministic, balanced by
+    estimated compile time); result indices stay the items' positions.
+
+    ``executor`` runs the items on any :class:`concurrent.futures.Executor` instead of
+    here or in ``jobs`` processes (a thread or process pool, a ``dask.distributed``
+    client's ``get_executor()``, ...): each task opens the cache by its location, so
+    the executor's workers must reach it. Process pools must not fork a process that
+    has JAX loaded: use ``mp_context=multiprocessing.get_context("spawn")``.
     """
     from aot.cache.cache import Cache
 
     items = list(items)
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if executor is not None and jobs != 1:
+        raise ValueError("give either jobs or executor, not both")
     start = time.perf_counter()
     cache = location if isinstance(location, Cache) else Cache(location)  # fail early
     if cache.read_only:
@@ -404,15 +426,25 @@ def run_warmup(
             "warm up a writable cache (in CI) and ship it or a bundle"
         )
     results: dict[int, ItemResult] = {}
+    positions = list(range(len(items)))  # the manifest position of each item run
 
     def emit(result: ItemResult) -> None:
+        if positions[result.index] != result.index:
+            result = dataclasses.replace(result, index=positions[result.index])
         results[result.index] = result
         log.info("warmup: %s %s", result.status, result.describe())
         if on_result is not None:
             on_result(result)
 
     try:
-        if jobs == 1 or len(items) <= 1:
+        if shard is not None:
+            shard = parse_shard(shard)
+            chosen = select_shard(items, shard, cache)
+            positions = [i for i, _ in chosen]
+            items = [item for _, item in chosen]
+        if executor is not None:
+            _run_on_executor(cache, items, executor, emit)
+        elif jobs == 1 or len(items) <= 1:
             for index, item in enumerate(items):
                 emit(_run_one(cache, index, item))
         else:
@@ -421,7 +453,65 @@ def run_warmup(
         if not isinstance(location, Cache):
             cache.close()
     ordered = tuple(results[i] for i in sorted(results))
-    return WarmupReport(cache.display_location, jobs, ordered, time.perf_counter() - start)
+    return WarmupReport(
+        cache.display_location, jobs, ordered, time.perf_counter() - start,
+        shard=shard if isinstance(shard, tuple) else None,
+    )
+
+
+# ---------------------------------------------------------------- any executor
+
+_TASK_CACHES: dict[tuple[Any, ...], Cache] = {}
+_TASK_LOCK = threading.Lock()
+
+
+def warmup_task(cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem) -> ItemResult:
+    """Compiles one item into the cache ``cache_options`` names; what an executor runs.
+
+    A module-level function of plain data, so any executor can ship it (pickled by a
+    process pool, cloudpickled by dask). Each worker process (and thread) opens the
+    cache once and keeps it.
+    """
+    import jax
+
+    from aot.cache.cache import Cache
+
+    if bool(jax.config.jax_enable_x64) != x64:
+        jax.config.update("jax_enable_x64", x64)
+    key = (os.getpid(), threading.get_ident(), repr(sorted(cache_options.items())))
+    with _TASK_LOCK:
+        cache = _TASK_CACHES.get(key)
+    if cache is None:
+        options = dict(cache_options)
+        try:
+            cache = Cache(options.pop("location"), **options)
+        except Exception as exc:  # noqa: BLE001
+            return ItemResult(index, item.name, item.label, "failed", 0.0,
+                              error=_error_text(exc), source=item.source)
+        with _TASK_LOCK:
+            _TASK_CACHES[key] = cache
+    return _run_one(cache, index, item)
+
+
+def _run_on_executor(
+    cache: Cache, items: list[WarmupItem], executor: Executor, emit: Callable[[ItemResult], None]
+) -> None:
+    import jax
+
+    options = _cache_options(cache)
+    x64 = bool(jax.config.jax_enable_x64)
+    futures = {
+        executor.submit(warmup_task, options, x64, index, item): (index, item)
+        for index, item in enumerate(items)
+    }
+    for future in as_completed(futures):
+        index, item = futures[future]
+        try:
+            result = future.result()
+        except Exception as exc:  # noqa: BLE001 - a worker that died, a task that did not ship
+            result = ItemResult(index, item.name, item.label, "failed", 0.0,
+                                error=_error_text(exc), source=item.source)
+        emit(result)
 
 
 # ---------------------------------------------------------------- coverage

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from aot.cli.common import State, echo_json, human_size, json_option, pass_state
-
 
 @click.group("bundle", short_help="Export or import entries as one file.")
 def bundle_group() -> None:
@@ -13,25 +14,35 @@ def bundle_group() -> None:
 
 
 @bundle_group.command("export")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", metavar="FILE|URL|-")
 @click.argument("globs", nargs=-1, metavar="[NAME_GLOB]...")
 @json_option
 @pass_state
 def export_command(state: State, file: str, globs: tuple[str, ...], as_json: bool) -> None:
-    """Write every intact entry (or those whose names match NAME_GLOBs) to FILE."""
+    """Write every intact entry (or those whose names match NAME_GLOBs) to FILE:
+    a file (mode 0644), an object-store URL (s3://, gs://, az://, file://), or - for
+    standard output (the report then goes to standard error)."""
     report = state.cache().export_bundle(file, list(globs) or None)
+    to_stderr = file == "-"
     if as_json:
-        echo_json(report.to_dict())
+        if to_stderr:  # standard output carries the bundle
+            click.echo(json.dumps(report.to_dict(), indent=2, default=str), err=True)
+        else:
+            echo_json(report.to_dict())
     else:
-        click.echo(f"exported {len(report.entries)} entries to {report.path} ({human_size(report.bytes)})")
+        click.echo(
+            f"exported {len(report.entries)} entries to {report.path} ({human_size(report.bytes)})",
+            err=to_stderr,
+        )
 
 
 @bundle_group.command("import")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", metavar="FILE|URL|-")
 @json_option
 @pass_state
 def import_command(state: State, file: str, as_json: bool) -> None:
-    """Import the entries of bundle FILE (every blob is re-hashed first)."""
+    """Import the entries of bundle FILE (every blob is re-hashed first): a file, an
+    object-store URL (s3://, gs://, az://, file://), or - for standard input."""
     report = state.cache(create=True).import_bundle(file)
     if as_json:
         echo_json(report.to_dict())
@@ -40,3 +51,4 @@ def import_command(state: State, file: str, as_json: bool) -> None:
             f"imported {len(report.imported)} entries from {report.path} "
             f"({len(report.skipped)} already present)"
         )
+

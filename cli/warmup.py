@@ -20,15 +20,33 @@ def _line(result) -> str:  # type: ignore[no-untyped-def]
     return f"{status:<9} {result.label} ({result.signature}) {result.seconds:.2f}s"
 
 
+def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    from aot.cache.warmup_shard import parse_shard
+
+    try:
+        return parse_shard(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.command("warmup", short_help="Compile everything a manifest lists (CI).")
 @click.argument("manifest", metavar="MANIFEST.toml")
 @click.option(
     "-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
     help="Compile in this many worker processes.",
 )
+@click.option(
+    "--shard", metavar="I/N", callback=_parse_shard, default=None,
+    help="Compile only share I of N (1 <= I <= N), balanced by estimated compile time: "
+    "one CI runner's part of the manifest.",
+)
 @json_option
 @pass_state
-def warmup_command(state: State, manifest: str, jobs: int, as_json: bool) -> None:
+def warmup_command(
+    state: State, manifest: str, jobs: int, shard: tuple[int, int] | None, as_json: bool
+) -> None:
     """Compile every (function x bucket) listed in MANIFEST.toml into the cache.
 
     Entries already in the cache cost no compile. Every entry is tried; the exit
@@ -39,15 +57,23 @@ def warmup_command(state: State, manifest: str, jobs: int, as_json: bool) -> Non
     items = expand(load_manifest(manifest))
     cache = state.cache(create=True)
     if as_json:
-        report = run_warmup(cache, items, jobs=jobs)
+        report = run_warmup(cache, items, jobs=jobs, shard=shard)
     elif _stdout_is_tty():
+        if shard is not None:
+            from aot.cache.warmup_shard import select_shard
+
+            length = len(select_shard(items, shard, cache))
+        else:
+            length = len(items)
         with click.progressbar(
-            length=len(items), label=f"warmup ({jobs} job{'s' if jobs > 1 else ''})",
+            length=length, label=f"warmup ({jobs} job{'s' if jobs > 1 else ''})",
             item_show_func=lambda r: r.label if r is not None else None,
         ) as bar:
-            report = run_warmup(cache, items, jobs=jobs, on_result=lambda r: bar.update(1, r))
+            report = run_warmup(cache, items, jobs=jobs, shard=shard,
+                                on_result=lambda r: bar.update(1, r))
     else:
-        report = run_warmup(cache, items, jobs=jobs, on_result=lambda r: click.echo(_line(r)))
+        report = run_warmup(cache, items, jobs=jobs, shard=shard,
+                            on_result=lambda r: click.echo(_line(r)))
     if as_json:
         echo_json(report.to_dict())
     else:

@@ -74,3 +74,69 @@ def postgres_url(postgres_admin_url: str) -> Iterator[str]:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
+
+
+# S3 comes from AOT_TEST_S3_ENDPOINT: an S3-compatible server on loopback (.ci/moto.sh
+# starts moto in server mode and prints it). Every test gets a fresh, empty bucket,
+# emptied and removed afterwards. Credentials are fake (moto accepts any) unless the
+# environment already has some; they, the region and AWS_ENDPOINT_URL are set for the
+# test's duration, so subprocesses inherit them.
+S3_ENV = "AOT_TEST_S3_ENDPOINT"
+S3_SKIP_REASON = (
+    "AOT_TEST_S3_ENDPOINT not set: object-store tests need an S3-compatible server "
+    "(.ci/run starts moto; or `bash .ci/moto.sh`)"
+)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> str:
+    endpoint = os.environ.get(S3_ENV, "").strip()
+    if not endpoint:
+        pytest.skip(S3_SKIP_REASON)
+    return endpoint
+
+
+@pytest.fixture
+def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The standard AWS configuration pointed at the test server; returns the endpoint."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", os.environ.get("AWS_ACCESS_KEY_ID", "testing"))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"))
+    monkeypatch.setenv("AWS_DEFAULT_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return s3_endpoint
+
+
+def _s3_client(endpoint: str):  # type: ignore[no-untyped-def]
+    import boto3
+
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
+        aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
+    )
+
+
+@pytest.fixture
+def s3_bucket(s3_env: str) -> Iterator[str]:
+    """A fresh, empty bucket on the test server (its name; removed afterwards)."""
+    name = f"aot-test-{secrets.token_hex(6)}"
+    client = _s3_client(s3_env)
+    client.create_bucket(Bucket=name)
+    try:
+        yield name
+    finally:
+        paginator = client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=name):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=name, Delete={"Objects": keys})
+        client.delete_bucket(Bucket=name)
+
+
+@pytest.fixture
+def s3_url(s3_bucket: str) -> str:
+    """``s3://BUCKET/PREFIX`` in a fresh bucket."""
+    return f"s3://{s3_bucket}/blobs"
