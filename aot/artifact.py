@@ -193,6 +193,8 @@ class Manifest:
                 memory_analysis=_object_or_none(data.get("memory_analysis")),
                 arg_names=tuple(str(n) for n in data.get("arg_names", ())),
                 symbolic=_symbolic_or_none(data.get("symbolic")),
+                # As written: a version-1 manifest stays version 1 (its HMAC covers it).
+                format_version=int(version),
                 hmac=_string_or_none(data.get("hmac")),
             )
             _check_symbolic(manifest)

@@ -270,7 +270,7 @@ class Dispatcher:
     def _miss(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Any:
         notes: list[str] = []
         if self.pad is not None:
-            result = self._padded_call(leaves, treedef)
+            result = self._padded_call(leaves, treedef, notes)
             if result is not _NO_MATCH:
                 return result
         if self._symbolic:
@@ -453,8 +453,12 @@ class Dispatcher:
         if programs:
             self.pad.axes_for(sorted({p for program in programs for p in program.paths}))
 
-    def _padded_call(self, leaves: list[Any], treedef: PyTreeDef) -> Any:
-        """Pads the declared inputs up to the smallest stored bucket that fits."""
+    def _padded_call(self, leaves: list[Any], treedef: PyTreeDef, notes: list[str]) -> Any:
+        """Pads the declared inputs up to the smallest stored bucket that fits.
+
+        No bucket large enough: refused, naming the largest; unless a symbolic entry
+        may serve the exact shape (``strict=False``), which is then tried.
+        """
         assert self.pad is not None
         candidates = [p for p in self._programs.values() if p.treedef == treedef]
         if not candidates:
@@ -471,9 +475,15 @@ class Dispatcher:
         large = [(size, p) for size, p in usable if size >= n]
         if not large:
             largest, program = max(usable, key=lambda pair: pair[0])
+            message = (
+                f"{n} rows do not fit any stored bucket: the largest is {largest} "
+                f"({program.signature})"
+            )
+            if self._symbolic and not self.strict:
+                notes.append(f"Padding: {message}.")
+                return _NO_MATCH
             raise SignatureNotFoundError(
-                f"{self.name}: {n} rows do not fit any stored bucket: the largest is "
-                f"{largest} ({program.signature}). Compile a bucket of at least {n} rows "
+                f"{self.name}: {message}. Compile a bucket of at least {n} rows "
                 "(aot compile / aot warmup), or split the request.",
                 tuple(sorted(p.signature for _, p in usable)),
             )
