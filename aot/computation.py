@@ -232,7 +232,14 @@ class MeshComputation:
         ]
         out_shardings = [_given(s) for s in self.out_shardings]
         try:
-            return self._export(in_shardings, out_shardings)
+            try:
+                # Outside the mesh context when the program allows it: exported under
+                # jax.set_mesh with Explicit axes, JAX puts a sharding constraint on
+                # the shape assertions' constants, and no concrete shape can then be
+                # compiled ("Error refining shapes"; JAX 0.10.2).
+                return self._export(in_shardings, out_shardings, mesh_context=False)
+            except Exception:  # noqa: BLE001 - the program needs the mesh context
+                return self._export(in_shardings, out_shardings)
         except jax.errors.InconclusiveDimensionOperation as exc:
             raise SymbolicShapeError(
                 f"{self.name} ({self.signature}): jax.export cannot export it for symbolic "

@@ -346,10 +346,12 @@ def _trace_and_lower(
 
     in_tree = lowered.in_tree
 
-    def export(in_shardings: Sequence[Any], out_shardings: Sequence[Any]) -> bytes:
+    def export(
+        in_shardings: Sequence[Any], out_shardings: Sequence[Any], *, mesh_context: bool = True
+    ) -> bytes:
         return _export_flat(
-            jitted, in_tree, arg_specs, kwarg_specs, static_nums, static_names, mesh,
-            in_shardings, out_shardings,
+            jitted, in_tree, arg_specs, kwarg_specs, static_nums, static_names,
+            mesh if mesh_context else None, in_shardings, out_shardings,
         )
 
     log.debug("lowered %s", name)

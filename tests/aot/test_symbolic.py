@@ -267,3 +267,19 @@ def test_bind_solves_or_says_why_not(patterns, shapes, constraints, values, reas
 
 def test_evaluate_shape():
     assert evaluate_shape(("2*b", 3, "b+s"), {"b": 4, "s": 1}) == (8, 3, 5)
+
+
+def test_a_symbolic_program_on_an_explicit_mesh_compiles_for_concrete_shapes():
+    """Exported under jax.set_mesh with Explicit axes, the shape assertions carry a
+    sharding constraint and XLA cannot refine shapes: exported outside the context."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    comp = aot.lower(
+        lambda x: (jnp.tanh(x) * 2, x.sum(axis=1)),
+        aot.spec("f32[4*b,16]@data,None", mesh=mesh), mesh=mesh, name="rows",
+    )
+    concrete = compile_symbolic(build_symbolic_artifact(comp), [(8, 16)])
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data", None))
+    x = jax.device_put(np.arange(128, dtype=np.float32).reshape(8, 16), sharding)
+    out = load_executable(concrete)(x)
+    assert_bitwise_equal(out, jax.jit(lambda x: (jnp.tanh(x) * 2, x.sum(axis=1)))(x))
+    assert out[0].sharding.is_equivalent_to(sharding, 2)
