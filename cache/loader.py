@@ -154,7 +154,7 @@ class Dispatcher:
         )
 
     def __repr__(self) -> str:
-        return f"Dispatcher({self.name!r}, {len(self._programs)} signatures)"
+        return f"Dispatcher({self.name!r}, {len(self.signatures)} signatures)"
 
     def warm(self, *, workers: int | None = None) -> Dispatcher:
         """Loads every signature now (in parallel threads: XLA releases the GIL)."""
