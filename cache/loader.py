@@ -108,6 +108,9 @@ class Dispatcher:
         self._symbolic: dict[tuple[Any, ...], _SymbolicProgram] = {}
         self._symbolic_lock = threading.Lock()
         self._pad_axes: dict[PyTreeDef, dict[int, int]] = {}
+        # (treedef, leaf keys) -> (bucket program, its size, rows): a request size seen
+        # before skips the search.
+        self._pad_choice: dict[tuple[PyTreeDef, tuple[LeafKey, ...]], tuple[_Program, int, int]] = {}
         env = cache.environment.digest
         # Quarantined rows too: their executable is never run, but the signature stays
         # servable by recompiling their portable HLO (the fallback ladder).
@@ -460,18 +463,39 @@ class Dispatcher:
         may serve the exact shape (``strict=False``), which is then tried.
         """
         assert self.pad is not None
+        got = tuple(map(_leaf_key, leaves))
+        choice = self._pad_choice.get((treedef, got))
+        if choice is None:
+            choice = self._choose_bucket(leaves, treedef, got, notes)
+            if choice is None:
+                return _NO_MATCH
+            self._pad_choice[(treedef, got)] = choice
+        program, size, n = choice
+        axes = self._pad_axes[treedef]
+        padded = [
+            pad_leaf(leaf, axes[i], size, self.pad.value) if i in axes else leaf
+            for i, leaf in enumerate(leaves)
+        ]
+        args, kwargs = jax.tree_util.tree_unflatten(treedef, padded)
+        executable = program.executable or self._executable(program)
+        out = executable.call_checked(args, kwargs)
+        return unpad_outputs(out, self.pad, size, n)
+
+    def _choose_bucket(
+        self, leaves: list[Any], treedef: PyTreeDef, got: tuple[LeafKey, ...], notes: list[str],
+    ) -> tuple[_Program, int, int] | None:
+        assert self.pad is not None
         candidates = [p for p in self._programs.values() if p.treedef == treedef]
         if not candidates:
-            return _NO_MATCH
+            return None
         axes = self._pad_axes.get(treedef)
         if axes is None:
             axes = self._pad_axes[treedef] = self.pad.axes_for(candidates[0].paths)
-        got = tuple(map(_leaf_key, leaves))
         n = rows(leaves, got, axes)
         sizes = [(fits(p.leaves, got, axes, n), p) for p in candidates]
         usable = [(size, p) for size, p in sizes if size is not None]
         if not usable:
-            return _NO_MATCH  # other dimensions or dtypes differ: not a padding question
+            return None  # other dimensions or dtypes differ: not a padding question
         large = [(size, p) for size, p in usable if size >= n]
         if not large:
             largest, program = max(usable, key=lambda pair: pair[0])
@@ -481,21 +505,14 @@ class Dispatcher:
             )
             if self._symbolic and not self.strict:
                 notes.append(f"Padding: {message}.")
-                return _NO_MATCH
+                return None
             raise SignatureNotFoundError(
                 f"{self.name}: {message}. Compile a bucket of at least {n} rows "
                 "(aot compile / aot warmup), or split the request.",
                 tuple(sorted(p.signature for _, p in usable)),
             )
         size, program = min(large, key=lambda pair: pair[0])
-        padded = [
-            pad_leaf(leaf, axes[i], size, self.pad.value) if i in axes else leaf
-            for i, leaf in enumerate(leaves)
-        ]
-        args, kwargs = jax.tree_util.tree_unflatten(treedef, padded)
-        executable = program.executable or self._executable(program)
-        out = executable.call_checked(args, kwargs)
-        return unpad_outputs(out, self.pad, size, n)
+        return program, size, n
 
 
 def _describe_keys(keys: Sequence[LeafKey]) -> str:

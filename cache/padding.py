@@ -171,9 +171,13 @@ def pad_leaf(leaf: Any, axis: int, size: int, value: Any) -> Any:
         config[axis] = (0, extra, 0)
         return jax.lax.pad(leaf, np.asarray(value, dtype=leaf.dtype), config)
     array = np.asarray(leaf)
-    widths = [(0, 0)] * array.ndim
-    widths[axis] = (0, extra)
-    return np.pad(array, widths, constant_values=np.asarray(value, dtype=array.dtype))
+    shape = list(array.shape)
+    shape[axis] = size
+    out = np.full(shape, value, dtype=array.dtype)  # a few times faster than np.pad
+    index = [slice(None)] * array.ndim
+    index[axis] = slice(0, array.shape[axis])
+    out[tuple(index)] = array
+    return out
 
 
 def unpad_outputs(out: Any, plan: PadPlan, size: int, n: int) -> Any:
