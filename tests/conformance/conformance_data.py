@@ -326,6 +326,8 @@ INPUTS["pair_4"] = lambda: args(normal(92, 8), normal(93, 4))
 INPUTS["pair_7"] = lambda: args(normal(94, 14), normal(95, 7))
 INPUTS["sharded_rows_8"] = lambda: args(jax.device_put(normal(98, 8, 16), named(mesh_4x2(), "data", None)))
 INPUTS["sharded_rows_16"] = lambda: args(jax.device_put(normal(99, 16, 16), named(mesh_4x2(), "data", None)))
+INPUTS["rows_and_ids_3"] = lambda: args(normal(100, 3, 8), np.arange(3, dtype=np.int32))
+INPUTS["rows_and_ids_6"] = lambda: args(normal(101, 6, 8), np.arange(6, dtype=np.int32))
 INPUTS["tokens_2x6"] = lambda: args({"ids": np.arange(12, dtype=np.int32).reshape(2, 6) % 5, "scale": normal(96, 2)})
 INPUTS["tokens_3x4"] = lambda: args({"ids": np.arange(12, dtype=np.int32).reshape(3, 4) % 5, "scale": normal(97, 3)})
 

@@ -530,6 +530,16 @@ def symbolic_sharded_rows(x):
     return jnp.tanh(x) * 2, x.sum(axis=1)
 
 
+def _export_struct_specs() -> data.Call:
+    shape = jax.export.symbolic_shape("b, 8", constraints=["b >= 2"])
+    return data.args(jax.ShapeDtypeStruct(shape, np.float32), aot_spec("i32[b]"))
+
+
+@program(inputs="rows_and_ids_3", serve=("rows_and_ids_3", "rows_and_ids_6"), specs=_export_struct_specs)
+def symbolic_jax_export_structs(x, ids):
+    return x * ids[:, None].astype(x.dtype), jnp.cumsum(x, axis=0)
+
+
 def aot_spec(text: str, **kwargs: Any) -> Any:
     import aot
 
