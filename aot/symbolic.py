@@ -256,17 +256,6 @@ def _short_reason(message: str) -> str:
     return first.replace("Input shapes do not match the polymorphic shapes specification. ", "")
 
 
-def evaluate_shape(pattern: Sequence[int | str], values: dict[str, int]) -> tuple[int, ...]:
-    """A stored (symbolic) shape for the given variable values."""
-    import jax
-    from jax._src import core
-
-    scope = jax.export.SymbolicScope()
-    names = tuple(sorted(values))
-    shape = tuple(parse_dim(d, scope) if isinstance(d, str) else int(d) for d in pattern)
-    return tuple(int(d) for d in core.evaluate_shape(shape, names, *(values[n] for n in names)))
-
-
 def check_dim_text(text: Any) -> str:
     """A manifest's dimension text, refused unless it looks like a dimension expression."""
     if not isinstance(text, str) or not text or len(text) > MAX_DIM_TEXT or not _DIM_TEXT_RE.match(text):

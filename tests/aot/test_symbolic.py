@@ -14,7 +14,7 @@ import aot
 from aot.artifact import EXECUTABLE, FORMAT_VERSION, PORTABLE_HLO, Artifact, Manifest
 from aot.fingerprint import combined_key
 from aot.rehydrate import build_artifact, build_symbolic_artifact, compile_symbolic, load_executable
-from aot.symbolic import bind, evaluate_shape, split_dims
+from aot.symbolic import bind, split_dims
 from aot_test_helpers import assert_bitwise_equal
 
 
@@ -263,10 +263,6 @@ def test_bind_solves_or_says_why_not(patterns, shapes, constraints, values, reas
     assert binding.values == values
     assert reason in binding.reason
     assert binding.ok is (values is not None)
-
-
-def test_evaluate_shape():
-    assert evaluate_shape(("2*b", 3, "b+s"), {"b": 4, "s": 1}) == (8, 3, 5)
 
 
 def test_a_symbolic_program_on_an_explicit_mesh_compiles_for_concrete_shapes():
