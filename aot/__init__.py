@@ -21,6 +21,7 @@ from aot.errors import (
     ReadOnlyCacheError,
     SignatureNotFoundError,
     SpecError,
+    SymbolicShapeError,
     TargetError,
     UnsupportedComputationError,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "ReadOnlyCacheError",
     "SignatureNotFoundError",
     "SpecError",
+    "SymbolicShapeError",
     "TargetError",
     "UnsupportedComputationError",
     "load",

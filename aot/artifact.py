@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,13 +35,20 @@ from aot.fingerprint import (
     sha256_hex,
 )
 from aot.specs import format_aval, parse_dtype
+from aot.symbolic import check_dim_text
 
 log = logging.getLogger(__name__)
 
 # The on-disk format. Bump on any change a reader of the previous version would
 # misread, and say what changed:
 #   1 (2026-12-02): first format: manifest JSON + executable and portable_hlo blobs.
-FORMAT_VERSION = 1
+#   2 (2026-12-09): symbolic (shape-polymorphic) entries: a "symbolic" object
+#                   ({"constraints": [...]}), argument and output shapes whose
+#                   symbolic dimensions are expression strings ("b", "2*b"), and no
+#                   executable blob (portable_hlo only). Version-1 manifests are
+#                   version-2 manifests without those and are still read.
+FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)
 
 EXECUTABLE = "executable"
 PORTABLE_HLO = "portable_hlo"
@@ -87,6 +95,8 @@ class Manifest:
     # Optional (absent in manifests written before it existed): positional parameter
     # names, so that errors of loaded executables say "nothing", not "args[3]".
     arg_names: tuple[str, ...] = ()
+    # Present only for a symbolic entry (format 2): {"constraints": ["b <= 64", ...]}.
+    symbolic: Mapping[str, Any] | None = None
     hmac: str | None = field(default=None, compare=False)
 
     # -- (de)serialization
@@ -119,6 +129,8 @@ class Manifest:
         }
         if self.arg_names:
             data["arg_names"] = list(self.arg_names)
+        if self.symbolic is not None:
+            data["symbolic"] = dict(self.symbolic)
         if include_hmac and self.hmac is not None:
             data["hmac"] = self.hmac
         return data
@@ -143,10 +155,10 @@ class Manifest:
         if not isinstance(data, dict):
             raise CorruptArtifactError(f"manifest is not a JSON object: {str(data)[:80]!r}")
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_FORMAT_VERSIONS or isinstance(version, bool):
             raise IncompatibleEnvironmentError(
                 f"artifact format version {version!r} != {FORMAT_VERSION} (this jax-aot "
-                "reads only its own format); recompile the entry with this jax-aot "
+                f"reads formats {', '.join(map(str, READABLE_FORMAT_VERSIONS))}); recompile the entry with this jax-aot "
                 "(aot warmup / aot compile) or use the jax-aot that wrote it",
                 (f"format_version {version!r} != {FORMAT_VERSION}",),
             )
@@ -180,8 +192,12 @@ class Manifest:
                 cost_analysis=_object_or_none(data.get("cost_analysis")),
                 memory_analysis=_object_or_none(data.get("memory_analysis")),
                 arg_names=tuple(str(n) for n in data.get("arg_names", ())),
+                symbolic=_symbolic_or_none(data.get("symbolic")),
+                # As written: a version-1 manifest stays version 1 (its HMAC covers it).
+                format_version=int(version),
                 hmac=_string_or_none(data.get("hmac")),
             )
+            _check_symbolic(manifest)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptArtifactError(f"manifest is missing or has a malformed field: {exc!r}") from None
         if manifest.kind not in ("jit", "pmap"):
@@ -209,6 +225,15 @@ class Manifest:
     @property
     def raw_size(self) -> int:
         return sum(ref.size for ref in self.blobs.values())
+
+    @property
+    def is_symbolic(self) -> bool:
+        """A shape-polymorphic entry: portable HLO only, compiled per concrete shape."""
+        return self.symbolic is not None
+
+    @property
+    def symbolic_constraints(self) -> tuple[str, ...]:
+        return tuple(self.symbolic.get("constraints", ())) if self.symbolic is not None else ()
 
 
 @dataclass(frozen=True)
@@ -260,6 +285,37 @@ def _object_or_none(value: Any) -> Any:
     if value is not None and not isinstance(value, dict):
         raise TypeError(f"expected an object or null, got {str(value)[:40]!r}")
     return value
+
+
+def _symbolic_or_none(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"constraints"}:
+        raise TypeError(f"expected a symbolic object {{'constraints': [...]}}, got {str(value)[:60]!r}")
+    constraints = value.get("constraints", [])
+    if not isinstance(constraints, list) or not all(
+        isinstance(c, str) and 0 < len(c) <= 200 and re.fullmatch(r"[A-Za-z0-9_+\-*(), <>=]+", c)
+        for c in constraints
+    ):
+        raise ValueError(f"malformed symbolic constraints {str(constraints)[:60]!r}")
+    return {"constraints": list(constraints)}
+
+
+def _check_symbolic(manifest: Manifest) -> None:
+    """A symbolic manifest has dimension texts and portable HLO only; a concrete one
+    has integer dimensions and an executable."""
+    shapes = [a["shape"] for a in manifest.args] + [a["shape"] for a in manifest.out_avals]
+    texts = [d for shape in shapes for d in shape if isinstance(d, str)]
+    if manifest.symbolic is None:
+        if texts:
+            raise ValueError(f"symbolic dimension {texts[0][:40]!r} in a concrete manifest")
+        if EXECUTABLE not in manifest.blobs:
+            raise ValueError("a concrete manifest without an executable blob")
+        return
+    for text in texts:
+        check_dim_text(text)
+    if EXECUTABLE in manifest.blobs or PORTABLE_HLO not in manifest.blobs:
+        raise ValueError("a symbolic manifest must have a portable_hlo blob and no executable")
 
 
 def _string_or_none(value: Any) -> str | None:

@@ -13,7 +13,7 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
-from aot.errors import UnsupportedComputationError
+from aot.errors import SymbolicShapeError, UnsupportedComputationError
 from aot.executable import ArgAval, ExecutableInfo, MeshExecutable, arg_paths, executable_class
 from aot.fingerprint import (
     Fingerprint,
@@ -25,6 +25,7 @@ from aot.fingerprint import (
 )
 from aot.shardings import sharding_to_json
 from aot.specs import format_aval
+from aot.symbolic import constraints_of, is_symbolic_dim, is_symbolic_shape
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,10 @@ class MeshComputation:
             "compile_options": canonical_json(self._options.get("compiler_options") or {}),
             "x64": str(self._x64).lower(),
         }
+        if self.symbolic:
+            # Constraints change what the program may assume (and which shapes it
+            # serves); concrete programs keep exactly the parts they always had.
+            parts["symbolic_constraints"] = canonical_json(list(self.symbolic_constraints))
         return program_fingerprint(parts)
 
     @property
@@ -157,12 +162,16 @@ class MeshComputation:
         With ``executable``, its final input and output shardings are exported;
         otherwise the program is compiled first to learn them.
         """
+        if self.symbolic:
+            return self._symbolic_portable_hlo()
         executable = executable or self.compile()
         kept = iter(executable.info.in_shardings)
         in_shardings = [next(kept) if a.kept else None for a in executable.info.args]
         return self._export(in_shardings, executable.info.out_shardings)
 
     def compile(self) -> MeshExecutable:
+        if self.symbolic:
+            raise self._symbolic_compile_error()
         start = time.perf_counter()
         compiler_options = self._options.get("compiler_options")
         compiled = self.lowered.compile(compiler_options) if compiler_options else self.lowered.compile()
@@ -188,6 +197,59 @@ class MeshComputation:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, ({self.signature}))"
+
+    # -- symbolic (shape-polymorphic) programs
+    @cached_property
+    def symbolic(self) -> bool:
+        """True when an input has a symbolic dimension: stored as portable HLO only,
+        compiled per concrete shape when served (``aot.load``)."""
+        return any(is_symbolic_shape(a.shape) for a in self.in_avals)
+
+    @cached_property
+    def symbolic_constraints(self) -> tuple[str, ...]:
+        """The constraints of the inputs' symbolic scope (``("b <= 512",)``)."""
+        for aval in self.in_avals:
+            for dim in aval.shape:
+                if is_symbolic_dim(dim):
+                    return constraints_of(dim.scope)
+        return ()
+
+    def _symbolic_compile_error(self) -> SymbolicShapeError:
+        return SymbolicShapeError(
+            f"{self.name} ({self.signature}) has symbolic dimensions, and XLA compiles "
+            "only concrete shapes. Store it (cache.put(computation) or aot compile): the "
+            "cache keeps its shape-polymorphic portable HLO, and aot.load(name) compiles "
+            "it for each concrete shape it is called with; or lower it with concrete specs"
+        )
+
+    def _symbolic_portable_hlo(self) -> bytes:
+        """The shape-polymorphic ``jax.export`` bytes, with the shardings as lowered
+        (given ones kept; unspecified ones left to the compile for a concrete shape)."""
+        lowered = iter(self.in_shardings)
+        kept = self.kept
+        in_shardings = [
+            _given(next(lowered)) if i in kept else None for i in range(len(self.in_avals))
+        ]
+        out_shardings = [_given(s) for s in self.out_shardings]
+        try:
+            try:
+                # Outside the mesh context when the program allows it: exported under
+                # jax.set_mesh with Explicit axes, JAX puts a sharding constraint on
+                # the shape assertions' constants, and no concrete shape can then be
+                # compiled ("Error refining shapes"; JAX 0.10.2).
+                return self._export(in_shardings, out_shardings, mesh_context=False)
+            except Exception:  # noqa: BLE001 - the program needs the mesh context
+                return self._export(in_shardings, out_shardings)
+        except jax.errors.InconclusiveDimensionOperation as exc:
+            raise SymbolicShapeError(
+                f"{self.name} ({self.signature}): jax.export cannot export it for symbolic "
+                f"shapes: {str(exc).splitlines()[0]}"
+            ) from exc
+
+
+def _given(sharding: Any) -> Any:
+    """A sharding the user gave, or None for one left unspecified at lowering."""
+    return sharding if isinstance(sharding, jax.sharding.Sharding) else None
 
 
 class PmapComputation(MeshComputation):

@@ -47,6 +47,11 @@ class UnsupportedComputationError(AotError):
     """The function cannot be served from an artifact (host callbacks, effects, ...)."""
 
 
+class SymbolicShapeError(UnsupportedComputationError):
+    """A program cannot be lowered for symbolic shapes (says which dimension or
+    constraint), or symbolic dimensions from incompatible scopes were mixed."""
+
+
 class IntegrityError(AotError):
     """A signature over a manifest is missing or does not verify."""
 

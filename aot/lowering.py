@@ -13,8 +13,9 @@ from jax._src import config as jax_config
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from aot.computation import MeshComputation, PmapComputation
-from aot.errors import SpecError, UnsupportedComputationError
-from aot.specs import parse_partition_spec, spec
+from aot.errors import SpecError, SymbolicShapeError, UnsupportedComputationError
+from aot.specs import format_aval, parse_partition_spec, spec
+from aot.symbolic import is_symbolic_shape, unify_scopes
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +241,7 @@ def lower(
     static_nums, static_names = _infer_static(fn, static_nums, static_names)
     arg_specs = _specs_for(args, static_nums, mesh)
     kwarg_specs = {k: v if k in static_names else spec(v, mesh=mesh) for k, v in kwargs.items()}
+    arg_specs, kwarg_specs = _unify_symbolic(name, arg_specs, kwarg_specs, static_nums, static_names)
     jitted = jax.jit(
         fn,
         static_argnums=tuple(sorted(static_nums)),
@@ -305,6 +307,7 @@ def lower_pmap(
         donate_argnums=_as_tuple(donate_argnums),
     )
     arg_specs = _specs_for(args, static, None)
+    _refuse_symbolic_pmap(name, arg_specs, static)
     _check_pmap_devices(name, arg_specs, static, in_axes, devices)
     arg_names = [n for i, n in enumerate(_positional_names(fn, len(args))) if i not in static]
     return _trace_and_lower(
@@ -329,21 +332,109 @@ def _trace_and_lower(
     with context:
         try:
             traced = jitted.trace(*arg_specs, **kwarg_specs)
+            _check_servable(name, traced.jaxpr)
+            lowered = traced.lower()
         except UnsupportedComputationError:
             raise
-        _check_servable(name, traced.jaxpr)
-        lowered = traced.lower()
+        except Exception as exc:
+            symbolic_error = _symbolic_lowering_error(
+                name, exc, _dynamic_leaves(arg_specs, kwarg_specs, static_nums, static_names)
+            )
+            if symbolic_error is None:
+                raise
+            raise symbolic_error from exc
 
     in_tree = lowered.in_tree
 
-    def export(in_shardings: Sequence[Any], out_shardings: Sequence[Any]) -> bytes:
+    def export(
+        in_shardings: Sequence[Any], out_shardings: Sequence[Any], *, mesh_context: bool = True
+    ) -> bytes:
         return _export_flat(
-            jitted, in_tree, arg_specs, kwarg_specs, static_nums, static_names, mesh,
-            in_shardings, out_shardings,
+            jitted, in_tree, arg_specs, kwarg_specs, static_nums, static_names,
+            mesh if mesh_context else None, in_shardings, out_shardings,
         )
 
     log.debug("lowered %s", name)
     return cls(name, lowered, arg_names=arg_names, export=export, options=options)
+
+
+# ---------------------------------------------------------------- symbolic shapes
+
+
+def _dynamic_leaves(
+    arg_specs: Sequence[Any], kwarg_specs: dict[str, Any], static_nums: set[int],
+    static_names: Iterable[str] = (),
+) -> list[Any]:
+    static_names = set(static_names)
+    dynamic = (
+        [a for i, a in enumerate(arg_specs) if i not in static_nums],
+        {k: v for k, v in kwarg_specs.items() if k not in static_names},
+    )
+    return [leaf for leaf in jax.tree_util.tree_leaves(dynamic) if isinstance(leaf, jax.ShapeDtypeStruct)]
+
+
+def _unify_symbolic(
+    name: str,
+    arg_specs: list[Any],
+    kwarg_specs: dict[str, Any],
+    static_nums: set[int],
+    static_names: set[str],
+) -> tuple[list[Any], dict[str, Any]]:
+    """Puts every symbolic dimension of the inputs in one jax.export scope.
+
+    Spec strings share one scope already; structs made with
+    ``jax.export.symbolic_shape`` bring their own, which jax.export refuses to mix.
+    """
+    leaves = _dynamic_leaves(arg_specs, kwarg_specs, static_nums, static_names)
+    if not any(is_symbolic_shape(leaf.shape) for leaf in leaves):
+        return arg_specs, kwarg_specs
+    unified = iter(unify_scopes(leaves, name=name))
+    replace = {id(leaf): next(unified) for leaf in leaves}
+
+    def swap(tree: Any) -> Any:
+        return jax.tree_util.tree_map(
+            lambda x: replace.get(id(x), x), tree,
+            is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
+        )
+
+    new_args = [a if i in static_nums else swap(a) for i, a in enumerate(arg_specs)]
+    new_kwargs = {k: v if k in static_names else swap(v) for k, v in kwarg_specs.items()}
+    return new_args, new_kwargs
+
+
+def _refuse_symbolic_pmap(name: str, arg_specs: Sequence[Any], static: set[int]) -> None:
+    for leaf in _dynamic_leaves(arg_specs, {}, static):
+        if is_symbolic_shape(leaf.shape):
+            raise SymbolicShapeError(
+                f"{name}: pmap cannot be lowered for symbolic shapes "
+                f"({format_aval(leaf.shape, leaf.dtype)}); use aot.lower with a mesh (jit "
+                "with shardings or shard_map) for shape-polymorphic programs, or compile "
+                "concrete pmap buckets"
+            )
+
+
+def _symbolic_lowering_error(
+    name: str, exc: Exception, leaves: Sequence[Any]
+) -> SymbolicShapeError | None:
+    """A clear error for a program that cannot be shape-polymorphic, else None."""
+    if not any(is_symbolic_shape(leaf.shape) for leaf in leaves):
+        return None
+    message = str(exc)
+    if not (
+        isinstance(exc, jax.errors.InconclusiveDimensionOperation)
+        or "symbolic" in message.lower()
+        or "DimExpr" in message
+    ):
+        return None
+    reason = message.split("\nThis error arises")[0].strip().splitlines()[0]
+    signature = ", ".join(format_aval(leaf.shape, leaf.dtype) for leaf in leaves)
+    return SymbolicShapeError(
+        f"{name}: cannot be lowered for the symbolic shapes ({signature}): {reason}. "
+        "The program needs a property of the symbolic dimensions that jax.export cannot "
+        "prove for every value: declare it as a constraint (aot.spec(..., "
+        "constraints=['b >= 4']) or jax.export.symbolic_shape(..., constraints=[...])), "
+        "make that dimension concrete, or compile concrete shape buckets instead"
+    )
 
 
 class _nullcontext:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -26,9 +27,20 @@ from aot.artifact import (
     _dtype,
     check_environment,
 )
-from aot.errors import AotError, CorruptArtifactError, IncompatibleEnvironmentError
-from aot.executable import ArgAval, ExecutableInfo, MeshExecutable, executable_class
-from aot.fingerprint import Fingerprint, environment_fingerprint, sha256_hex
+from aot.errors import (
+    AotError,
+    CorruptArtifactError,
+    IncompatibleEnvironmentError,
+    SymbolicShapeError,
+)
+from aot.executable import ArgAval, ExecutableInfo, MeshExecutable, arg_paths, executable_class
+from aot.fingerprint import (
+    Fingerprint,
+    canonical_json,
+    combined_key,
+    environment_fingerprint,
+    sha256_hex,
+)
 from aot.shardings import (
     aval_from_json,
     aval_to_json,
@@ -37,6 +49,7 @@ from aot.shardings import (
     sharding_from_json,
     sharding_to_json,
 )
+from aot.symbolic import format_dim, is_symbolic_dim
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +224,12 @@ def load_executable(
 ) -> MeshExecutable:
     """Rehydrates a stored executable: digest first, then environment, then XLA."""
     manifest = artifact.manifest
+    if manifest.is_symbolic:
+        raise SymbolicShapeError(
+            f"{manifest.name} ({manifest.signature}, {manifest.key[:12]}) is a symbolic "
+            "entry: it holds portable HLO and no executable. Serve it with "
+            "aot.load(name), which compiles it for each concrete shape it is called with"
+        )
     exe_bytes = artifact.blob(EXECUTABLE)  # verifies the digest before anything else
     if check_env:
         check_environment(manifest, current)
@@ -300,3 +319,161 @@ def recompile(artifact: Artifact) -> Artifact:
     log.info("recompiled %s (%s) from portable HLO in %.2fs", manifest.name, manifest.signature, seconds)
     rebuilt = build_artifact(exe, artifact.blob(PORTABLE_HLO))
     return rebuilt
+
+
+# ---------------------------------------------------------------- symbolic shapes
+
+
+_UNSPECIFIED = {"type": "unspecified"}
+
+
+def _symbolic_aval_json(aval: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "shape": [format_dim(d) if is_symbolic_dim(d) else int(d) for d in aval.shape],
+        "dtype": np.dtype(aval.dtype).name,
+    }
+    if getattr(aval, "weak_type", False):
+        out["weak_type"] = True
+    return out
+
+
+def _given_sharding_json(sharding: Any, ndim: int) -> dict[str, Any]:
+    if isinstance(sharding, jax.sharding.Sharding):
+        return sharding_to_json(sharding, ndim)
+    return dict(_UNSPECIFIED)
+
+
+def build_symbolic_artifact(computation: Any) -> Artifact:
+    """A symbolic (shape-polymorphic) computation as an artifact: its ``jax.export``
+    bytes and a manifest whose shapes keep their dimension expressions. There is no
+    executable: :func:`compile_symbolic` makes one per concrete shape."""
+    hlo = computation.portable_hlo()
+    digest = sha256_hex(hlo)
+    compile_args = computation.lowered._lowering.compile_args
+    kept = computation.kept
+    paths = arg_paths(computation.in_tree, computation.arg_names)
+    args = tuple(
+        {
+            "path": path,
+            "shape": _symbolic_aval_json(aval)["shape"],
+            "dtype": np.dtype(aval.dtype).name,
+            "donated": donated,
+            "kept": i in kept,
+        }
+        for i, (path, aval, donated) in enumerate(zip(paths, computation.in_avals, computation.donated))
+    )
+    kept_avals = list(compile_args["global_in_avals"])
+    out_avals = list(compile_args["global_out_avals"])
+    program = computation.program_fingerprint
+    environment = computation.environment_fingerprint
+    try:
+        xla_name = str(computation.lowered.compiler_ir().operation.attributes["sym_name"]).strip('"')
+    except Exception:  # noqa: BLE001 - only a label
+        xla_name = "jit_" + computation.name.rpartition(".")[2]
+    manifest = Manifest(
+        name=computation.name,
+        kind=computation.kind,
+        key=combined_key(program, environment),
+        signature=computation.signature,
+        program=program,
+        environment=environment,
+        in_tree=treedefs.to_json(computation.in_tree),
+        out_tree=treedefs.to_json(computation.out_tree),
+        args=args,
+        in_avals=tuple(_symbolic_aval_json(a) for a in kept_avals),
+        in_shardings=tuple(
+            _given_sharding_json(s, len(a.shape)) for s, a in zip(computation.in_shardings, kept_avals)
+        ),
+        out_avals=tuple(_symbolic_aval_json(a) for a in out_avals),
+        out_shardings=tuple(
+            _given_sharding_json(s, len(a.shape)) for s, a in zip(computation.out_shardings, out_avals)
+        ),
+        device_ids=tuple(int(d.id) for d in computation.devices),
+        committed=bool(compile_args.get("committed", False)),
+        xla_name=xla_name,
+        blobs={PORTABLE_HLO: BlobRef(digest, len(hlo))},
+        compile_seconds=0.0,
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        arg_names=tuple(computation.arg_names),
+        symbolic={"constraints": list(computation.symbolic_constraints)},
+    )
+    return Artifact(manifest, {digest: hlo})
+
+
+def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Artifact:
+    """Compiles a symbolic entry's portable HLO for concrete input ``shapes``.
+
+    No tracing of the model and no model code: the ``jax.export`` bytes are
+    deserialized and ``exported.call`` is compiled for the concrete avals. The result
+    is a concrete artifact of the same name (program fingerprint: the symbolic one's
+    parts with the concrete signature, shardings and the symbolic program's digest),
+    holding the executable and the same portable HLO.
+    """
+    manifest = artifact.manifest
+    if not manifest.is_symbolic:
+        raise ValueError(f"{manifest.name}: not a symbolic entry")
+    hlo = artifact.blob(PORTABLE_HLO)
+    exported = jax.export.deserialize(bytearray(hlo))
+    devices = live_devices()
+    shardings = iter(manifest.in_shardings)
+    specs = []
+    for a, shape in zip(manifest.args, shapes):
+        sharding = None
+        if a["kept"]:
+            data = next(shardings)
+            if data.get("type") != "unspecified":
+                sharding = sharding_from_json(data, devices)
+        specs.append(jax.ShapeDtypeStruct(tuple(int(d) for d in shape), _dtype(a["dtype"]), sharding=sharding))
+    donated = tuple(i for i, a in enumerate(manifest.args) if a["donated"])
+    start = time.perf_counter()
+    compiled = jax.jit(exported.call, donate_argnums=donated).trace(*specs).lower().compile()
+    seconds = time.perf_counter() - start
+    unloaded = compiled._executable._unloaded_executable
+    kept = set(unloaded.kept_var_idx)
+    args = tuple(
+        ArgAval(str(a["path"]), tuple(s.shape), np.dtype(s.dtype), bool(a["donated"]), i in kept)
+        for i, (a, s) in enumerate(zip(manifest.args, specs))
+    )
+    signature = ", ".join(arg.describe() for arg in args)
+    kept_args = [arg for arg in args if arg.kept]
+    parts = manifest.program.as_dict()
+    parts.pop("symbolic_constraints", None)
+    parts.update(
+        in_avals=signature,
+        in_shardings=canonical_json(
+            [sharding_to_json(s, len(a.shape)) for s, a in zip(unloaded.input_shardings, kept_args)]
+        ),
+        out_shardings=canonical_json(
+            [sharding_to_json(s, len(a.shape)) for s, a in zip(unloaded.output_shardings, unloaded.output_avals)]
+        ),
+        kept_args=canonical_json(sorted(kept)),
+        devices=canonical_json([int(d.id) for d in unloaded.device_list]),
+        symbolic_program=manifest.program.digest,
+    )
+    info = ExecutableInfo(
+        name=manifest.name,
+        kind=manifest.kind,
+        in_tree=treedefs.from_json(manifest.in_tree),
+        out_tree=jax.tree_util.tree_structure(tuple(range(len(unloaded.output_avals)))),
+        args=args,
+        out_avals=tuple(
+            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+            for a, s in zip(unloaded.output_avals, unloaded.output_shardings)
+        ),
+        in_shardings=tuple(unloaded.input_shardings),
+        out_shardings=tuple(unloaded.output_shardings),
+        device_ids=tuple(int(d.id) for d in unloaded.device_list),
+        program_fingerprint=Fingerprint.of(manifest.program.kind, parts),
+        environment_fingerprint=environment_fingerprint(),
+        compile_seconds=seconds,
+        arg_names=manifest.arg_names,
+    )
+    executable = executable_class(manifest.kind)(compiled, info)
+    built = build_artifact(executable, hlo)
+    # The stored structures as written at lowering (not re-derived from treedefs).
+    concrete = replace(built.manifest, in_tree=manifest.in_tree, out_tree=manifest.out_tree)
+    log.info(
+        "compiled %s (%s) from its symbolic portable HLO (%s) in %.2fs",
+        manifest.name, signature, manifest.signature, seconds,
+    )
+    return Artifact(concrete, built.blobs)

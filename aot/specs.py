@@ -5,11 +5,14 @@ Grammar of a spec string::
     SPEC     := DTYPE "[" [DIM ("," DIM)*] "]" ["@" SHARDING]
     DTYPE    := f16 | bf16 | f32 | f64 | i8 | i16 | i32 | i64 | u8 | u16 | u32 | u64
               | bool | c64 | c128          (numpy names such as float32 work too)
-    DIM      := a non-negative integer
+    DIM      := a non-negative integer, or a symbolic dimension expression in
+                jax.export's syntax: an identifier ("b") or an expression of
+                identifiers and integers ("2*b", "b+1", "max(a, b)")
     SHARDING := ENTRY ("," ENTRY)*         one entry per dimension, or fewer
     ENTRY    := "None" | "_" | AXIS ("+" AXIS)*
 
-``"f32[]"`` is a scalar; ``"f32[8,128]@data,None"`` shards the first dimension over
+``"f32[]"`` is a scalar; ``"f32[b,784]"`` has a symbolic first dimension (every
+symbolic dimension parsed from a spec string shares one ``jax.export`` scope); ``"f32[8,128]@data,None"`` shards the first dimension over
 the mesh axis ``data`` (a mesh is needed to turn that into a sharding).
 """
 
@@ -24,6 +27,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from aot.errors import SpecError
+from aot.symbolic import format_dim, parse_dim, split_dims
 
 GRAMMAR = (
     "DTYPE[DIM,...][@SHARDING], e.g. 'f32[8,128]', 'i32[]' (a scalar), "
@@ -72,7 +76,7 @@ def dtype_name(dtype: Any) -> str:
 
 def format_aval(shape: Sequence[int], dtype: Any) -> str:
     """``((8, 128), float32)`` -> ``"f32[8,128]"``."""
-    return f"{dtype_name(dtype)}[{','.join(str(int(d)) for d in shape)}]"
+    return f"{dtype_name(dtype)}[{','.join(format_dim(d) for d in shape)}]"
 
 
 def parse_partition_spec(text: str) -> PartitionSpec:
@@ -96,7 +100,20 @@ def parse_partition_spec(text: str) -> PartitionSpec:
     return PartitionSpec(*entries)
 
 
-def _parse_string(text: str, mesh: Mesh | None) -> jax.ShapeDtypeStruct:
+def _parse_dims(text: str, dims_text: str, scope: Any) -> list[Any]:
+    """The dimensions of a spec: integers, or symbolic dimension expressions."""
+    if dims_text.strip() == "":
+        return []
+    dims: list[Any] = []
+    for raw in split_dims(dims_text):
+        try:
+            dims.append(parse_dim(raw, scope))
+        except SpecError as exc:
+            raise SpecError(f"malformed spec {text!r}: {exc}; expected {GRAMMAR}") from None
+    return dims
+
+
+def _parse_string(text: str, mesh: Mesh | None, scope: Any = None) -> jax.ShapeDtypeStruct:
     match = _SPEC_RE.match(text)
     if match is None:
         raise SpecError(f"malformed spec {text!r}; expected {GRAMMAR}")
@@ -105,17 +122,7 @@ def _parse_string(text: str, mesh: Mesh | None) -> jax.ShapeDtypeStruct:
         dtype = parse_dtype(dtype_text)
     except SpecError as exc:
         raise SpecError(f"malformed spec {text!r}: {exc}; expected {GRAMMAR}") from None
-    dims: list[int] = []
-    for raw in dims_text.split(","):
-        raw = raw.strip()
-        if raw == "" and dims_text.strip() == "":
-            break
-        if not (raw.isascii() and raw.isdigit()):
-            raise SpecError(
-                f"malformed spec {text!r}: dimension {raw!r} is not a non-negative "
-                f"integer; expected {GRAMMAR}"
-            )
-        dims.append(int(raw))
+    dims = _parse_dims(text, dims_text, scope)
     sharding = None
     if sharding_text is not None:
         if not sharding_text.strip():
@@ -159,9 +166,9 @@ def _is_spec_leaf(x: Any) -> bool:
     )
 
 
-def _to_struct(x: Any, mesh: Mesh | None) -> Any:
+def _to_struct(x: Any, mesh: Mesh | None, scope: Any = None) -> Any:
     if isinstance(x, str):
-        return _parse_string(x, mesh)
+        return _parse_string(x, mesh, scope)
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
     if isinstance(x, jax.Array):
@@ -180,14 +187,27 @@ def _to_struct(x: Any, mesh: Mesh | None) -> Any:
     )
 
 
-def spec(x: Any, *, mesh: Mesh | None = None) -> Any:
+def spec(x: Any, *, mesh: Mesh | None = None, constraints: Sequence[str] = ()) -> Any:
     """Turns a spec string, array, ``ShapeDtypeStruct`` or pytree of them into structs.
 
     >>> spec("f32[8,128]")
     ShapeDtypeStruct(shape=(8, 128), dtype=float32)
+
+    A dimension may be symbolic (``"f32[b,784]"``, ``"i32[2*b]"``): the struct then
+    has ``jax.export`` dimension expressions, and a program lowered against it is
+    stored once as shape-polymorphic portable HLO (see docs/symbolic.md).
+    ``constraints`` (``["b <= 512"]``, jax.export's syntax) bound its variables.
     """
+    scope = None
+    if constraints:
+        if isinstance(constraints, str):
+            constraints = [constraints]
+        try:
+            scope = jax.export.SymbolicScope(tuple(constraints))
+        except Exception as exc:  # noqa: BLE001 - jax raises ValueError and others
+            raise SpecError(f"malformed symbolic constraints {list(constraints)!r}: {exc}") from None
     return jax.tree_util.tree_map(
-        lambda leaf: _to_struct(leaf, mesh), x, is_leaf=_is_spec_leaf
+        lambda leaf: _to_struct(leaf, mesh, scope), x, is_leaf=_is_spec_leaf
     )
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import platformdirs
 
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
-from aot.rehydrate import build_artifact, load_executable
+from aot.rehydrate import build_artifact, build_symbolic_artifact, load_executable
 from aot.computation import MeshComputation
 from aot.errors import (
     ArtifactNotFoundError,
@@ -51,9 +51,13 @@ def is_url(location: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class CompileResult:
-    """What :meth:`Cache.compile_entry` did: the executable, its entry, hit or miss."""
+    """What :meth:`Cache.compile_entry` did: the executable, its entry, hit or miss.
 
-    executable: MeshExecutable
+    ``executable`` is None for a symbolic (shape-polymorphic) program: it is stored
+    as portable HLO and compiled per concrete shape by ``aot.load``.
+    """
+
+    executable: MeshExecutable | None
     entry: IndexEntry
     hit: bool
     seconds: float
@@ -209,7 +213,9 @@ class Cache:
     def put(self, item: MeshComputation | MeshExecutable | Artifact) -> IndexEntry:
         """Stores a computation (compiling it), an executable or an artifact."""
         self._check_writable("store an artifact")
-        if isinstance(item, MeshComputation):
+        if isinstance(item, MeshComputation) and item.symbolic:
+            artifact = build_symbolic_artifact(item)
+        elif isinstance(item, MeshComputation):
             executable = item.compile()
             artifact = build_artifact(executable, item.portable_hlo(executable))
         elif isinstance(item, MeshExecutable):
@@ -259,8 +265,8 @@ class Cache:
             signature=manifest.signature,
             platform=manifest.environment.as_dict().get("platform", "?"),
             manifest=manifest.to_json(),
-            exe_digest=manifest.blobs[EXECUTABLE].digest,
-            hlo_digest=manifest.blobs[PORTABLE_HLO].digest if PORTABLE_HLO in manifest.blobs else None,
+            exe_digest=_digest_of(manifest, EXECUTABLE),  # None: a symbolic entry
+            hlo_digest=_digest_of(manifest, PORTABLE_HLO),
             raw_size=sum(size for size, _ in sizes.values()),
             stored_size=sum(stored for _, stored in sizes.values()),
             compile_seconds=manifest.compile_seconds,
@@ -360,6 +366,8 @@ class Cache:
         """Lowers ``fn``; on a hit loads the stored executable, on a miss compiles and stores."""
         start = time.perf_counter()
         computation = (lower_pmap if pmap else lower)(fn, *args, name=name, **lower_kwargs)
+        if computation.symbolic:
+            return self._store_symbolic(computation, start)
         key = computation.fingerprint
         entry = self.index.get(key)
         if entry is not None and entry.ok:
@@ -381,9 +389,34 @@ class Cache:
     def compile(
         self, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
         **lower_kwargs: Any,
-    ) -> MeshExecutable:
-        """Lower ``fn``; on a hit load the stored executable, on a miss compile and store."""
-        return self.compile_entry(fn, *args, name=name, pmap=pmap, **lower_kwargs).executable
+    ) -> Any:
+        """Lower ``fn``; on a hit load the stored executable, on a miss compile and store.
+
+        With symbolic specs (``"f32[b,784]"``) the shape-polymorphic program is stored
+        and the result is ``aot.load(name)``'s dispatcher (lazy), which compiles it for
+        each concrete shape it is called with.
+        """
+        result = self.compile_entry(fn, *args, name=name, pmap=pmap, **lower_kwargs)
+        if result.executable is None:
+            from aot.cache.loader import Dispatcher
+
+            return Dispatcher(self, result.entry.name)
+        return result.executable
+
+    def _store_symbolic(self, computation: MeshComputation, start: float) -> CompileResult:
+        """Stores a symbolic computation's portable HLO (nothing to compile yet)."""
+        entry = self.index.get(computation.fingerprint)
+        if entry is not None and entry.ok:
+            return CompileResult(None, entry, True, time.perf_counter() - start)
+        if self.read_only:
+            raise ReadOnlyCacheError(
+                f"cannot store the symbolic program {computation.name} "
+                f"({computation.signature}): the cache at {self.display_location} is "
+                "read-only, and a symbolic program has no executable to return without "
+                "storing it; open the cache writable or lower with concrete specs"
+            )
+        stored = self.put_artifact(build_symbolic_artifact(computation))
+        return CompileResult(None, stored, False, time.perf_counter() - start)
 
     def entries(self, name: str | None = None) -> list[IndexEntry]:
         """Stored entries, all or those whose name matches a glob."""
@@ -429,7 +462,12 @@ def _unstored_entry(artifact: Artifact) -> IndexEntry:
         key=manifest.key, name=manifest.name, program_fp=manifest.program.digest,
         env_fp=manifest.environment.digest, signature=manifest.signature,
         platform=manifest.environment.as_dict().get("platform", "?"),
-        manifest=manifest.to_json(), exe_digest=manifest.blobs[EXECUTABLE].digest,
+        manifest=manifest.to_json(), exe_digest=_digest_of(manifest, EXECUTABLE),
         hlo_digest=None, raw_size=size, stored_size=0,
         compile_seconds=manifest.compile_seconds,
     )
+
+
+def _digest_of(manifest: Manifest, role: str) -> str | None:
+    ref = manifest.blobs.get(role)
+    return ref.digest if ref is not None else None

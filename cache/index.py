@@ -45,6 +45,9 @@ naming both versions (upgrade jax-aot).
 Changelog of :data:`SCHEMA_VERSION`:
 
 * 1 (initial): schema_version, programs, artifacts, blobs, blobs_data.
+* 2 (2026-12-09): ``artifacts.exe_digest`` may be NULL: a symbolic
+  (shape-polymorphic) entry stores portable HLO and no executable
+  (``_migrate_exe_digest_nullable``).
 
 Transactions are short, one per method call. On SQLite the pysqlite driver's own
 transaction handling is switched off and transactions are begun explicitly:
@@ -193,7 +196,8 @@ class ArtifactRow(Base):
     signature: Mapped[str] = mapped_column(Text)
     platform: Mapped[str] = mapped_column(String(64))
     manifest: Mapped[str] = mapped_column(Text)
-    exe_digest: Mapped[str] = mapped_column(String(64))
+    # NULL for a symbolic (shape-polymorphic) entry: portable HLO only (schema 2).
+    exe_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     hlo_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     raw_size: Mapped[int] = mapped_column(BigInteger)
     stored_size: Mapped[int] = mapped_column(BigInteger)
@@ -274,11 +278,34 @@ def _create_v1(conn: Connection) -> None:
     Base.metadata.create_all(conn, checkfirst=True)
 
 
+def _migrate_exe_digest_nullable(conn: Connection) -> None:
+    """``artifacts.exe_digest`` NULL-able, for symbolic entries (no executable).
+
+    PostgreSQL alters the column in place. SQLite cannot drop a NOT NULL: the table
+    is rebuilt (new table from the model, rows copied, old table dropped, new one
+    renamed, indexes recreated), inside the migration's transaction.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("ALTER TABLE artifacts ALTER COLUMN exe_digest DROP NOT NULL"))
+        return
+    metadata = sa.MetaData()
+    _PROG.to_metadata(metadata)  # the foreign key's target, for the DDL
+    staging = _ART.to_metadata(metadata, name="artifacts__v2")
+    conn.execute(sa.schema.CreateTable(staging))
+    columns = ", ".join(c.name for c in _ART.columns)
+    conn.execute(sa.text(f"INSERT INTO artifacts__v2 ({columns}) SELECT {columns} FROM artifacts"))
+    conn.execute(sa.text("DROP TABLE artifacts"))
+    conn.execute(sa.text("ALTER TABLE artifacts__v2 RENAME TO artifacts"))
+    for index in _ART.indexes:
+        index.create(conn)
+
+
 #: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
 #: database is created from the models at the current version; migration 1 exists
 #: so that the list is complete and every version has a description.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: programs, artifacts, blobs, blobs_data", _create_v1),
+    Migration(2, "artifacts.exe_digest may be NULL (symbolic entries)", _migrate_exe_digest_nullable),
 )
 
 
@@ -812,7 +839,7 @@ class Index:
     def referenced_digests(self) -> set[str]:
         """Every blob digest that an artifact or program row references."""
         q = sa.union(
-            sa.select(_ART.c.exe_digest.label("d")),
+            sa.select(_ART.c.exe_digest.label("d")).where(_ART.c.exe_digest.is_not(None)),
             sa.select(_ART.c.hlo_digest.label("d")).where(_ART.c.hlo_digest.is_not(None)),
             sa.select(_PROG.c.hlo_digest.label("d")).where(_PROG.c.hlo_digest.is_not(None)),
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +22,7 @@ from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
 from aot.artifact import PORTABLE_HLO, Manifest
-from aot.rehydrate import load_executable, recompile
+from aot.rehydrate import compile_symbolic, load_executable, recompile
 from aot.errors import (
     AotError,
     CorruptArtifactError,
@@ -33,8 +33,10 @@ from aot.errors import (
 from aot.executable import MeshExecutable
 from aot.fingerprint import describe_differences
 from aot.specs import format_aval, parse_dtype
+from aot.symbolic import bind, patterns_of
 from aot.cache.cache import Cache
 from aot.cache.entry import IndexEntry
+from aot.cache.padding import PadPlan, fits, pad_leaf, rows, unpad_outputs
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,22 @@ class _Program:
     executable: MeshExecutable | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+
+@dataclass
+class _SymbolicProgram:
+    """A stored shape-polymorphic signature of a name (``f32[b,784]``): its intact
+    rows, newest first, any environment (portable HLO compiles anywhere)."""
+
+    signature: str
+    treedef: PyTreeDef
+    patterns: tuple[tuple[int | str, ...], ...]
+    dtypes: tuple[np.dtype, ...]
+    paths: tuple[str, ...]
+    constraints: tuple[str, ...]
+    entries: list[IndexEntry] = field(default_factory=list)
+
+
+_NO_MATCH = object()
 
 _flatten = jax.tree_util.tree_flatten
 
@@ -79,12 +97,20 @@ class Dispatcher:
         *,
         strict: bool = False,
         fallback: Callable[..., Any] | None = None,
+        pad: PadPlan | None = None,
     ) -> None:
         self.cache = cache
         self.name = name
         self.strict = strict
         self.fallback = fallback
+        self.pad = pad
         self._programs: dict[tuple[PyTreeDef, tuple[LeafKey, ...]], _Program] = {}
+        self._symbolic: dict[tuple[Any, ...], _SymbolicProgram] = {}
+        self._symbolic_lock = threading.Lock()
+        self._pad_axes: dict[PyTreeDef, dict[int, int]] = {}
+        # (treedef, leaf keys) -> (bucket program, its size, rows): a request size seen
+        # before skips the search.
+        self._pad_choice: dict[tuple[PyTreeDef, tuple[LeafKey, ...]], tuple[_Program, int, int]] = {}
         env = cache.environment.digest
         # Quarantined rows too: their executable is never run, but the signature stays
         # servable by recompiling their portable HLO (the fallback ladder).
@@ -94,6 +120,9 @@ class Dispatcher:
                 treedef = treedefs.from_json(manifest.in_tree)
             except AotError as exc:
                 cache.quarantine(entry, f"unreadable manifest: {exc}")
+                continue
+            if manifest.is_symbolic:
+                self._add_symbolic(entry, manifest, treedef)
                 continue
             leaves = tuple(
                 (tuple(int(d) for d in a["shape"]), parse_dtype(a["dtype"])) for a in manifest.args
@@ -111,16 +140,24 @@ class Dispatcher:
             # Rows come oldest first and are inserted at the front: the newest row of
             # a signature is tried first (a name recompiled from changed code must not
             # keep serving the old program).
-        log.info("aot.load(%r): %d signatures", name, len(self._programs))
+        log.info(
+            "aot.load(%r): %d signatures, %d symbolic", name, len(self._programs), len(self._symbolic)
+        )
+        if pad is not None:
+            self._check_pad_paths()
 
     # ------------------------------------------------------------ inspection
 
     @property
     def signatures(self) -> list[str]:
-        return sorted(p.signature for p in self._programs.values())
+        """Every stored signature: concrete ones, and symbolic ones (``f32[b,784]``)."""
+        return sorted(
+            [p.signature for p in self._programs.values()]
+            + [p.signature for p in self._symbolic.values()]
+        )
 
     def __repr__(self) -> str:
-        return f"Dispatcher({self.name!r}, {len(self._programs)} signatures)"
+        return f"Dispatcher({self.name!r}, {len(self.signatures)} signatures)"
 
     def warm(self, *, workers: int | None = None) -> Dispatcher:
         """Loads every signature now (in parallel threads: XLA releases the GIL)."""
@@ -234,6 +271,15 @@ class Dispatcher:
         )
 
     def _miss(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Any:
+        notes: list[str] = []
+        if self.pad is not None:
+            result = self._padded_call(leaves, treedef, notes)
+            if result is not _NO_MATCH:
+                return result
+        if self._symbolic:
+            result = self._symbolic_call(args, kwargs, leaves, treedef, notes)
+            if result is not _NO_MATCH:
+                return result
         if self.fallback is not None:
             log.warning(
                 "aot.load(%r): no stored signature for (%s); compiling with the fallback",
@@ -247,9 +293,11 @@ class Dispatcher:
                 tuple(a.path for a in executable.info.args), [result.entry], [], executable,
             )
             return executable(*args, **kwargs)
-        raise self._not_found(leaves, treedef)
+        raise self._not_found(leaves, treedef, notes)
 
-    def _not_found(self, leaves: list[Any], treedef: PyTreeDef) -> SignatureNotFoundError:
+    def _not_found(
+        self, leaves: list[Any], treedef: PyTreeDef, notes: Sequence[str] = ()
+    ) -> SignatureNotFoundError:
         got = tuple(map(_leaf_key, leaves))
         stored = self.signatures
         lines = [f"  {s}" for s in stored] or ["  (none: nothing is stored under this name here)"]
@@ -257,6 +305,8 @@ class Dispatcher:
             f"{self.name}: no executable compiled for ({_describe(leaves)}).\n"
             f"Stored signatures:\n" + "\n".join(lines)
         )
+        for note in notes:
+            message += f"\n{note}"
         nearest = self._nearest(treedef, got)
         if nearest is not None:
             program, diffs = nearest
@@ -293,6 +343,182 @@ class Dispatcher:
         return (best[1], best[2]) if best is not None else None
 
 
+    # ------------------------------------------------------------ symbolic shapes
+
+    def _add_symbolic(self, entry: IndexEntry, manifest: Manifest, treedef: PyTreeDef) -> None:
+        if not entry.ok:  # its portable HLO is what is damaged: nothing to compile from
+            log.warning("%s (%s): symbolic entry %s is quarantined: %s", self.name,
+                        manifest.signature, entry.key[:12], entry.state_reason)
+            return
+        patterns = patterns_of(manifest.args)
+        dtypes = tuple(parse_dtype(a["dtype"]) for a in manifest.args)
+        key = (treedef, patterns, dtypes, manifest.symbolic_constraints)
+        program = self._symbolic.setdefault(key, _SymbolicProgram(
+            manifest.signature, treedef, patterns, dtypes,
+            tuple(str(a["path"]) for a in manifest.args), manifest.symbolic_constraints,
+        ))
+        # Newest first; this environment's rows before others (same portable HLO kind).
+        program.entries.insert(0, entry)
+        program.entries.sort(key=lambda e: e.env_fp != self.cache.environment.digest)
+
+    def _symbolic_call(
+        self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef, notes: list[str],
+    ) -> Any:
+        """Serves a call with no stored executable from a symbolic signature: compiles
+        its portable HLO for these shapes (no tracing, no model code), stores the
+        executable under the same name, and runs it. ``strict=True`` refuses."""
+        got = tuple(map(_leaf_key, leaves))
+        for program in self._symbolic.values():
+            if program.treedef != treedef or len(program.patterns) != len(got):
+                continue
+            wrong = [
+                f"{path}: {format_aval(shape, have)} is not {np.dtype(want).name}"
+                for path, want, (shape, have) in zip(program.paths, program.dtypes, got)
+                if np.dtype(want) != np.dtype(have)
+            ]
+            if wrong:
+                notes.append(f"Symbolic ({program.signature}) does not fit: {wrong[0]}")
+                continue
+            binding = bind(
+                program.patterns, [shape for shape, _ in got], program.constraints,
+                paths=program.paths,
+            )
+            if not binding.ok:
+                notes.append(f"Symbolic ({program.signature}) does not fit: {binding.reason}")
+                continue
+            if self.strict:
+                raise self._strict_symbolic_error(program, got, binding.values or {})
+            executable = self._compile_symbolic(program, treedef, got, binding.values or {})
+            return executable.call_checked(args, kwargs)
+        return _NO_MATCH
+
+    def _strict_symbolic_error(
+        self, program: _SymbolicProgram, got: tuple[LeafKey, ...], values: dict[str, int]
+    ) -> SignatureNotFoundError:
+        concrete = sorted(p.signature for p in self._programs.values())
+        lines = [f"  {s}" for s in concrete] or ["  (none)"]
+        bound = ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
+        return SignatureNotFoundError(
+            f"{self.name}: no executable compiled for ({_describe_keys(got)}). The symbolic "
+            f"program ({program.signature}) would serve it ({bound}), but strict=True "
+            "forbids compiling. Concrete signatures stored:\n" + "\n".join(lines)
+            + "\nCompile this shape in CI (aot compile / aot warmup with concrete specs), or "
+            "load with strict=False to compile it from the stored portable HLO.",
+            tuple(concrete),
+        )
+
+    def _compile_symbolic(
+        self, program: _SymbolicProgram, treedef: PyTreeDef, got: tuple[LeafKey, ...],
+        values: dict[str, int],
+    ) -> MeshExecutable:
+        with self._symbolic_lock:
+            existing = self._programs.get((treedef, got))
+            if existing is not None:  # another thread compiled it meanwhile
+                return existing.executable or self._executable(existing)
+            errors: list[str] = []
+            for entry in program.entries:
+                try:
+                    artifact = self.cache.artifact(entry, roles=(PORTABLE_HLO,))
+                    concrete = compile_symbolic(artifact, [shape for shape, _ in got])
+                    executable = load_executable(concrete, current=self.cache.environment)
+                except IntegrityError:
+                    raise  # unsigned or tampered: never compiled from, and said as such
+                except AotError as exc:
+                    errors.append(f"{entry.key[:12]}: {exc}")
+                    continue
+                except Exception as exc:  # noqa: BLE001 - jax/XLA refusing the program
+                    errors.append(f"{entry.key[:12]}: {type(exc).__name__}: {exc}")
+                    continue
+                log.warning(
+                    "%s: compiled (%s) from the symbolic portable HLO (%s; %s)", self.name,
+                    concrete.manifest.signature, program.signature,
+                    ", ".join(f"{k}={v}" for k, v in sorted(values.items())),
+                )
+                stored: list[IndexEntry] = []
+                if not self.cache.read_only:
+                    stored.append(self.cache.put_artifact(concrete))
+                self._programs[(treedef, got)] = _Program(
+                    concrete.manifest.signature, treedef, got, program.paths, stored, [], [],
+                    executable,
+                )
+                return executable
+            raise CorruptArtifactError(
+                f"{self.name}: cannot compile ({_describe_keys(got)}) from the symbolic "
+                f"program ({program.signature}): " + "; ".join(errors)
+            )
+
+    # ------------------------------------------------------------ padding
+
+    def _check_pad_paths(self) -> None:
+        """Every padded path must name an input of the stored programs (at load time)."""
+        assert self.pad is not None
+        programs = list(self._programs.values()) + list(self._symbolic.values())
+        if programs:
+            self.pad.axes_for(sorted({p for program in programs for p in program.paths}))
+
+    def _padded_call(self, leaves: list[Any], treedef: PyTreeDef, notes: list[str]) -> Any:
+        """Pads the declared inputs up to the smallest stored bucket that fits.
+
+        No bucket large enough: refused, naming the largest; unless a symbolic entry
+        may serve the exact shape (``strict=False``), which is then tried.
+        """
+        assert self.pad is not None
+        got = tuple(map(_leaf_key, leaves))
+        choice = self._pad_choice.get((treedef, got))
+        if choice is None:
+            choice = self._choose_bucket(leaves, treedef, got, notes)
+            if choice is None:
+                return _NO_MATCH
+            self._pad_choice[(treedef, got)] = choice
+        program, size, n = choice
+        axes = self._pad_axes[treedef]
+        padded = [
+            pad_leaf(leaf, axes[i], size, self.pad.value) if i in axes else leaf
+            for i, leaf in enumerate(leaves)
+        ]
+        args, kwargs = jax.tree_util.tree_unflatten(treedef, padded)
+        executable = program.executable or self._executable(program)
+        out = executable.call_checked(args, kwargs)
+        return unpad_outputs(out, self.pad, size, n)
+
+    def _choose_bucket(
+        self, leaves: list[Any], treedef: PyTreeDef, got: tuple[LeafKey, ...], notes: list[str],
+    ) -> tuple[_Program, int, int] | None:
+        assert self.pad is not None
+        candidates = [p for p in self._programs.values() if p.treedef == treedef]
+        if not candidates:
+            return None
+        axes = self._pad_axes.get(treedef)
+        if axes is None:
+            axes = self._pad_axes[treedef] = self.pad.axes_for(candidates[0].paths)
+        n = rows(leaves, got, axes)
+        sizes = [(fits(p.leaves, got, axes, n), p) for p in candidates]
+        usable = [(size, p) for size, p in sizes if size is not None]
+        if not usable:
+            return None  # other dimensions or dtypes differ: not a padding question
+        large = [(size, p) for size, p in usable if size >= n]
+        if not large:
+            largest, program = max(usable, key=lambda pair: pair[0])
+            message = (
+                f"{n} rows do not fit any stored bucket: the largest is {largest} "
+                f"({program.signature})"
+            )
+            if self._symbolic and not self.strict:
+                notes.append(f"Padding: {message}.")
+                return None
+            raise SignatureNotFoundError(
+                f"{self.name}: {message}. Compile a bucket of at least {n} rows "
+                "(aot compile / aot warmup), or split the request.",
+                tuple(sorted(p.signature for _, p in usable)),
+            )
+        size, program = min(large, key=lambda pair: pair[0])
+        return program, size, n
+
+
+def _describe_keys(keys: Sequence[LeafKey]) -> str:
+    return ", ".join(format_aval(shape, dtype) for shape, dtype in keys)
+
+
 def _distance(want: LeafKey, have: LeafKey) -> int:
     (want_shape, want_dtype), (have_shape, have_dtype) = want, have
     if len(want_shape) != len(have_shape):
@@ -318,15 +544,30 @@ def load(
     lazy: bool = False,
     fallback: Callable[..., Any] | None = None,
     read_only: bool | None = None,
+    pad: Mapping[str, int] | None = None,
+    pad_outputs: int | Mapping[str, int] | None = None,
+    pad_value: Any = 0,
 ) -> Dispatcher:
     """A callable over every signature stored for ``name`` in this environment.
 
     ``lazy=False`` (the default) loads every signature now, in parallel, so the first
     request runs at full speed; ``lazy=True`` loads each on its first call.
+
+    A call whose shapes match no stored executable is served, in this order: by
+    padding (with ``pad=``) up to the smallest stored bucket that fits; by compiling
+    a stored symbolic signature (``f32[b,784]``) for its shapes, stored back under
+    ``name`` (not with ``strict=True``); by ``fallback``; else
+    :class:`SignatureNotFoundError`.
+
+    ``pad={"x": 0}`` pads input ``x`` along axis 0 and slices the outputs back (see
+    :mod:`aot.cache.padding` for the rules). It declares that rows along that axis
+    are independent (no batch norm, no reduction across the batch): jax-aot cannot
+    check that without the model.
     """
+    plan = PadPlan.of(pad, pad_outputs, pad_value) if pad is not None else None
     if not isinstance(cache, Cache):
         cache = Cache(cache, read_only=bool(read_only))
-    dispatcher = Dispatcher(cache, name, strict=strict, fallback=fallback)
+    dispatcher = Dispatcher(cache, name, strict=strict, fallback=fallback, pad=plan)
     if not lazy:
         dispatcher.warm()
     return dispatcher

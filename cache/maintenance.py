@@ -254,9 +254,7 @@ def plan_gc(
         survivors = lru[evicted:]
     keep: set[str] = set()
     for entry in survivors:
-        keep.add(entry.exe_digest)
-        if entry.hlo_digest:
-            keep.add(entry.hlo_digest)
+        keep |= _digests(entry)  # no executable digest for a symbolic entry
     # Programs rows keep their HLO only while an artifact of the program survives.
     # A blob no row references may belong to a writer that has not committed its row
     # yet: such orphans are collected only once older than ORPHAN_GRACE.

@@ -260,7 +260,8 @@ def _probe(cache: Cache, index: int, item: WarmupItem) -> ItemResult | None:
     if entry is None or not entry.ok:
         return None
     try:
-        cache.load(entry)
+        if not computation.symbolic:  # a symbolic entry has no executable to load
+            cache.load(entry)
     except AotError:
         return None  # the worker's compile_entry quarantines it and compiles again
     return ItemResult(

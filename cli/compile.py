@@ -100,6 +100,11 @@ def compile_command(
         click.echo(f"hit: {entry.name} was in the cache (no compile)")
     elif entry.stored_size == 0 and state.read_only:
         click.echo(f"miss: compiled {entry.name} (not stored: the cache is read-only)")
+    elif entry.exe_digest is None:
+        click.echo(
+            f"stored the symbolic program {entry.name} (portable HLO; compiled for each "
+            "concrete shape when served)"
+        )
     else:
         click.echo(f"miss: compiled and stored {entry.name}")
     click.echo(key_value([

@@ -74,6 +74,17 @@ def _numbers(title: str, values) -> str:  # type: ignore[no-untyped-def]
     return f"{title}\n{key_value(pairs)}"
 
 
+def _symbolic_summary(manifest) -> str:  # type: ignore[no-untyped-def]
+    from aot.symbolic import patterns_of, variables_of
+
+    names = ", ".join(variables_of(patterns_of(manifest.args)))
+    constraints = "; ".join(manifest.symbolic_constraints) or "no constraints"
+    return (
+        f"symbolic in {names} ({constraints}); no executable: aot.load compiles one "
+        "per concrete shape"
+    )
+
+
 def _render(details) -> str:  # type: ignore[no-untyped-def]
     e = details.entry
     m = details.manifest
@@ -93,6 +104,8 @@ def _render(details) -> str:  # type: ignore[no-untyped-def]
             ("jax", f"{m.jax_version} (jaxlib {m.jaxlib_version}), format v{m.format_version}"),
             ("signed", "yes" if m.hmac else "no"),
         ]
+        if m.is_symbolic:
+            pairs.append(("shapes", _symbolic_summary(m)))
     if details.this_environment:
         pairs.append(("environment", "this one"))
     elif m is not None:

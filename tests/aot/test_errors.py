@@ -14,6 +14,7 @@ HIERARCHY = {
     aot.IncompatibleEnvironmentError: (),
     aot.CorruptArtifactError: (),
     aot.UnsupportedComputationError: (),
+    aot.SymbolicShapeError: (aot.UnsupportedComputationError,),
     aot.IntegrityError: (),
     aot.CacheError: (),
     aot.ReadOnlyCacheError: (aot.CacheError, PermissionError),

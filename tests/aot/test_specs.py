@@ -169,7 +169,9 @@ MALFORMED = [
     ("f32[8]x", "malformed spec 'f32[8]x'; expected "),
     ("f33[8]", "malformed spec 'f33[8]': unknown dtype 'f33'; expected one of f16, bf16"),
     ("float[8]", "malformed spec 'float[8]': unknown dtype 'float'"),
-    ("f32[8,x]", "malformed spec 'f32[8,x]': dimension 'x' is not a non-negative integer"),
+    ("f32[8,x y]", "malformed spec 'f32[8,x y]': dimension 'x y' is not a non-negative integer or a symbolic dimension expression"),
+    ("f32[b-]", "malformed spec 'f32[b-]': dimension 'b-' is not a non-negative integer or a symbolic dimension expression"),
+    ("f32[b;1]", "malformed spec 'f32[b;1]': dimension 'b;1' is not a non-negative integer"),
     ("f32[-1]", "malformed spec 'f32[-1]': dimension '-1' is not a non-negative integer"),
     ("f32[8,]", "malformed spec 'f32[8,]': dimension '' is not a non-negative integer"),
     ("f32[2.5]", "malformed spec 'f32[2.5]': dimension '2.5' is not a non-negative integer"),
@@ -219,8 +221,8 @@ def test_sharded_spec_with_an_unknown_axis_names_the_axis(mesh):
 
 def test_malformed_leaf_inside_a_pytree_is_reported():
     with pytest.raises(aot.SpecError) as info:
-        aot.spec({"a": "f32[2]", "b": ["i32[3]", "i32[three]"]})
-    assert "malformed spec 'i32[three]': dimension 'three'" in str(info.value)
+        aot.spec({"a": "f32[2]", "b": ["i32[3]", "i32[3.5]"]})
+    assert "malformed spec 'i32[3.5]': dimension '3.5'" in str(info.value)
 
 
 def test_unspeccable_leaf_names_its_type():

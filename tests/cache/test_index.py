@@ -56,7 +56,7 @@ def make_entry(
 
 
 def sizes(entry: IndexEntry) -> dict[str, tuple[int, int]]:
-    out = {entry.exe_digest: (2000, 700)}
+    out = {entry.exe_digest: (2000, 700)} if entry.exe_digest else {}
     if entry.hlo_digest:
         out[entry.hlo_digest] = (1000, 300)
     return out
@@ -493,3 +493,62 @@ def test_concurrent_adds_from_processes(index_url: str, tmp_path: Path) -> None:
     assert sorted(out.strip() for out, _ in outputs) == ["false", "true"]
     with Index(index_url) as idx:
         assert idx.count() == 1 and idx.get(entry.key) == entry
+
+
+# ------------------------------------------------------------ migration 2: symbolic
+
+
+def _create_schema_v1(url: str) -> None:
+    """A database as schema version 1 created it (``exe_digest`` NOT NULL)."""
+    metadata = sa.MetaData()
+    for table in index_mod.Base.metadata.sorted_tables:
+        table.to_metadata(metadata)
+    metadata.tables["artifacts"].c.exe_digest.nullable = False
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        metadata.create_all(conn)
+        conn.execute(
+            sa.insert(metadata.tables["schema_version"]).values(id=1, version=1, updated_at=T0)
+        )
+    engine.dispose()
+
+
+def _exe_digest_nullable(url: str) -> bool:
+    engine = sa.create_engine(url)
+    try:
+        columns = {c["name"]: c for c in sa.inspect(engine).get_columns("artifacts")}
+        return bool(columns["exe_digest"]["nullable"])
+    finally:
+        engine.dispose()
+
+
+def test_schema_1_is_migrated_to_allow_entries_without_an_executable(index_url: str) -> None:
+    _create_schema_v1(index_url)
+    entry = make_entry()
+    symbolic = make_entry("mlp.symbolic", signature="f32[b,784]", exe_digest=None)
+    assert not _exe_digest_nullable(index_url)
+    engine = sa.create_engine(index_url)  # a row written by the old version
+    with engine.begin() as conn:
+        conn.execute(sa.insert(index_mod.ProgramRow.__table__).values(
+            program_fp=entry.program_fp, name=entry.name, signature=entry.signature,
+            hlo_digest=entry.hlo_digest, created_at=T0,
+        ))
+        conn.execute(sa.insert(index_mod.ArtifactRow.__table__).values(**entry._row()))
+    engine.dispose()
+    with pytest.raises(CacheError, match="opened read-only so it was not migrated"):
+        Index(index_url, read_only=True)
+    with Index(index_url) as idx:
+        assert idx.schema_version() == SCHEMA_VERSION
+        assert idx.get(entry.key) == entry  # the old row survived the table rebuild
+        add(idx, symbolic)
+        assert idx.get(symbolic.key).exe_digest is None
+        assert idx.by_name("mlp.symbolic")[0].signature == "f32[b,784]"
+        # gc's reachability: the HLO of the symbolic entry, no NULL digest.
+        assert idx.referenced_digests() == {entry.exe_digest, entry.hlo_digest, symbolic.hlo_digest}
+    assert _exe_digest_nullable(index_url)
+    engine = sa.create_engine(index_url)
+    try:
+        names = {ix["name"] for ix in sa.inspect(engine).get_indexes("artifacts")}
+    finally:
+        engine.dispose()
+    assert {"ix_artifacts_name_env_state", "ix_artifacts_name", "ix_artifacts_last_used_at"} <= names
