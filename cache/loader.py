@@ -35,6 +35,7 @@ from aot.fingerprint import describe_differences
 from aot.specs import format_aval, parse_dtype
 from aot.cache.cache import Cache
 from aot.cache.entry import IndexEntry
+from aot.cache.signatures import describe_call, path_head
 
 log = logging.getLogger(__name__)
 
@@ -247,14 +248,18 @@ class Dispatcher:
                 tuple(a.path for a in executable.info.args), [result.entry], [], executable,
             )
             return executable(*args, **kwargs)
-        raise self._not_found(leaves, treedef)
+        raise self._not_found(leaves, treedef, args, kwargs)
 
-    def _not_found(self, leaves: list[Any], treedef: PyTreeDef) -> SignatureNotFoundError:
+    def _not_found(
+        self, leaves: list[Any], treedef: PyTreeDef, args: Any = (), kwargs: Any = None
+    ) -> SignatureNotFoundError:
         got = tuple(map(_leaf_key, leaves))
         stored = self.signatures
         lines = [f"  {s}" for s in stored] or ["  (none: nothing is stored under this name here)"]
+        # Per argument, by name: a list of 1000 floats is one phrase, not 1000 leaves.
+        call = describe_call(args, kwargs or {}, self._arg_names()) if args or kwargs else _describe(leaves)
         message = (
-            f"{self.name}: no executable compiled for ({_describe(leaves)}).\n"
+            f"{self.name}: no executable compiled for ({call}).\n"
             f"Stored signatures:\n" + "\n".join(lines)
         )
         nearest = self._nearest(treedef, got)
@@ -266,6 +271,17 @@ class Dispatcher:
             "to aot.load to compile it on demand."
         )
         return SignatureNotFoundError(message, tuple(stored))
+
+    def _arg_names(self) -> list[str]:
+        """The positional parameter names, from the stored leaf paths."""
+        names: list[str] = []
+        for program in self._programs.values():
+            for path in program.paths:
+                head = path_head(path)
+                if head not in names:
+                    names.append(head)
+            break
+        return names
 
     def _nearest(
         self, treedef: PyTreeDef, got: tuple[LeafKey, ...]

@@ -4,36 +4,36 @@ from __future__ import annotations
 
 import click
 
-from aot.cli.common import State, echo_json, human_size, json_option, pass_state
+from aot.cli.common import State, echo_json, human_size, pass_state
+from aot.cli.group import AotGroup
+from aot.cli.params import complete_entry_names
 
 
-@click.group("bundle", short_help="Export or import entries as one file.")
+@click.group("bundle", cls=AotGroup, short_help="Export or import entries as one file.")
 def bundle_group() -> None:
     """Export entries to one file, or import such a file into the cache."""
 
 
-@bundle_group.command("export")
+@bundle_group.command("export", short_help="Write entries (all, or matching NAME_GLOBs) to FILE.")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.argument("globs", nargs=-1, metavar="[NAME_GLOB]...")
-@json_option
+@click.argument("globs", nargs=-1, metavar="[NAME_GLOB]...", shell_complete=complete_entry_names)
 @pass_state
-def export_command(state: State, file: str, globs: tuple[str, ...], as_json: bool) -> None:
+def export_command(state: State, file: str, globs: tuple[str, ...]) -> None:
     """Write every intact entry (or those whose names match NAME_GLOBs) to FILE."""
     report = state.cache().export_bundle(file, list(globs) or None)
-    if as_json:
+    if state.json:
         echo_json(report.to_dict())
     else:
         click.echo(f"exported {len(report.entries)} entries to {report.path} ({human_size(report.bytes)})")
 
 
-@bundle_group.command("import")
+@bundle_group.command("import", short_help="Import the entries of FILE (blobs re-hashed first).")
 @click.argument("file", type=click.Path(dir_okay=False))
-@json_option
 @pass_state
-def import_command(state: State, file: str, as_json: bool) -> None:
+def import_command(state: State, file: str) -> None:
     """Import the entries of bundle FILE (every blob is re-hashed first)."""
     report = state.cache(create=True).import_bundle(file)
-    if as_json:
+    if state.json:
         echo_json(report.to_dict())
     else:
         click.echo(

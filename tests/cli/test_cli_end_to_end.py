@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import aot
-from conftest import MANIFEST, REPO
+from cli_helpers import MANIFEST, REPO
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import aot
-from conftest import MANIFEST_LABELS, Invoke, one_line_error
+from cli_helpers import MANIFEST_LABELS, Invoke, one_line_error
 
 ENTRY_KEYS = {
     "key", "name", "program_fp", "env_fp", "signature", "platform", "exe_digest", "hlo_digest",

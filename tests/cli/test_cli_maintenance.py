@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import aot
-from conftest import MANIFEST, Invoke, one_line_error
+from cli_helpers import MANIFEST, Invoke, one_line_error
 
 VERIFY_KEYS = {"ok", "integrity", "coverage"}
 INTEGRITY_KEYS = {"ok", "checked_entries", "checked_blobs", "problems", "quarantined", "orphan_blobs"}

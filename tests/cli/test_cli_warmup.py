@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MANIFEST, MANIFEST_LABELS, Invoke, one_line_error
+from cli_helpers import MANIFEST, MANIFEST_LABELS, Invoke, one_line_error
 
 REPORT_KEYS = {"cache", "jobs", "total", "compiled", "hit", "failed", "seconds", "ok", "results"}
 RESULT_KEYS = {

@@ -18,7 +18,7 @@ from aot.cache.warmup import (
     parse_manifest,
     run_warmup,
 )
-from conftest import MANIFEST, MANIFEST_LABELS
+from cli_helpers import MANIFEST, MANIFEST_LABELS
 
 
 def test_fixture_manifest_expands_to_its_buckets() -> None:
