@@ -30,3 +30,24 @@ def one_line_error(result: Result, *, code: int = 1) -> str:
     if code == 1:
         assert lines == errors, result.output
     return errors[0]
+
+
+def store_for_another_environment(cache_dir: Path, name: str, **parts: str) -> str:
+    """Stores a copy of ``name``'s first entry as if compiled where the environment
+    ``parts`` differ (e.g. ``device_count="4"``); returns its key."""
+    from dataclasses import replace
+
+    import aot
+    from aot.artifact import Artifact
+    from aot.fingerprint import Fingerprint, combined_key
+
+    cache = aot.Cache(cache_dir)
+    try:
+        artifact = cache.artifact(cache.entries(name)[0])
+        manifest = artifact.manifest
+        environment = Fingerprint.of("environment", manifest.environment.as_dict() | parts)
+        foreign = replace(manifest, environment=environment, key=combined_key(manifest.program, environment))
+        cache.put_artifact(Artifact(foreign, artifact.blobs))
+        return foreign.key
+    finally:
+        cache.close()

@@ -100,7 +100,14 @@ def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
     statuses = [(r.label, r.status) for r in report.results]
     assert statuses == [("tiny", "hit"), ("dies", "failed"), ("tiny", "compiled"), ("broken", "failed")]
     assert report.results[1].error == "the worker process died while compiling it (crash or out of memory)"
-    assert report.results[3].error == "ValueError: this model is broken"
+    # The worker's failure arrives whole: the full message, the user's line, the traceback.
+    assert report.results[3].error.splitlines() == [
+        "ValueError: this model is broken",
+        "second line of the message",
+        '  at tests/cli/cli_models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
+    ]
+    assert "Traceback (most recent call last)" in report.results[3].traceback
+    assert 'cli_models.py", line 39, in broken' in report.results[3].traceback
     assert report.to_dict()["failed"] == 2
     # The workers opened the cache as the caller did: with its signing key.
     compiled = signed.index.get(report.results[2].key)
