@@ -205,12 +205,6 @@ def plan_gc(
             add(entry, f"superseded by {newer[entry.key][:12]}")
     blob_sizes = {row.digest: row.stored_size for row in cache.index.blob_rows()}
     stored_digests = set(cache.blobs.digests())
-    if not entries and stored_digests and not force:
-        raise CacheError(
-            f"the index of {cache.display_location} holds no entry but the blob store holds "
-            f"{len(stored_digests)} blobs: is the index file lost or replaced? gc would delete "
-            "every blob; check the cache (aot doctor), or pass force (--force) to collect them"
-        )
     size_before = sum(cache.blobs.stored_size(d) or 0 for d in stored_digests)
     survivors = [e for e in entries if e.key not in victims]
     if limit is not None:
@@ -246,6 +240,13 @@ def plan_gc(
         d for d in stored_digests
         if d not in keep and (d in referenced or d not in young)
     ))
+    if not entries and dead_blobs and not force:
+        raise CacheError(
+            f"the index of {cache.display_location} holds no entry but the blob store holds "
+            f"{len(stored_digests)} blobs: is the index file lost or replaced? gc would delete "
+            f"{len(dead_blobs)} of them; check the cache (aot doctor), or pass force (--force) "
+            "to collect them"
+        )
     freed = sum(cache.blobs.stored_size(d) or 0 for d in dead_blobs)
     return GcPlan(tuple(victims.values()), dead_blobs, freed, size_before, dry_run=True)
 
