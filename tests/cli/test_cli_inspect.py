@@ -287,3 +287,23 @@ def test_doctor_masks_a_database_password(invoke: Invoke) -> None:
     data = json.loads(result.stdout)
     assert data["cache"]["location"] == "postgresql+psycopg://someone:***@127.0.0.1:1/aot"
     assert data["cache"]["error"].startswith("cannot open the cache index at ")
+
+
+# ---------------------------------------------------------------- shell completion
+
+
+def _complete(args: list[str], incomplete: str) -> list[str]:
+    from click.shell_completion import ShellComplete
+
+    from aot.cli.main import cli
+
+    completer = ShellComplete(cli, {}, "aot", "_AOT_COMPLETE")
+    return [item.value for item in completer.get_completions(args, incomplete)]
+
+
+def test_completion_of_entry_names_and_manifests(warmed, cache_dir, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    assert _complete(["--cache", str(cache_dir), "show"], "ml") == ["mlp.forward"]
+    assert _complete(["rm", "--cache", str(cache_dir)], "") == ["allreduce", "mlp.forward", "tiny"]
+    assert _complete(["ls", "--cache", str(tmp_path / "none")], "") == []  # never an error
+    assert _complete(["warmup"], "fixtures/") == ["fixtures/warmup.toml"]
+    assert _complete(["verify", "--manifest"], "fix") == ["fixtures/"]
