@@ -230,3 +230,20 @@ def test_warmup_jobs_must_be_positive(invoke: Invoke) -> None:
     result = invoke("warmup", MANIFEST, "--jobs", "0")
     assert result.exit_code == 2
     assert "Invalid value for '-j' / '--jobs'" in result.output
+
+
+def test_the_eta_comes_from_the_finished_entries() -> None:
+    from aot.cli.progress import Progress, eta_seconds
+
+    assert eta_seconds(12.0, 0, 5) is None  # nothing finished: no guess
+    assert eta_seconds(12.0, 3, 5) == 8.0
+    assert eta_seconds(12.0, 5, 5) == 0.0
+    now = [100.0]
+    progress = Progress(4, "warmup (1 job)", clock=lambda: now[0])
+    assert progress.line() == "warmup (1 job) [------------------------] 0/4"
+    now[0] = 103.0
+    progress.done = 1  # one entry took 3 s: 9 s for the other three
+    assert progress.line("tiny") == "warmup (1 job) [######------------------] 1/4, ETA 0:09  tiny"
+    now[0] = 160.0
+    progress.done, progress.failed = 2, 1
+    assert progress.line() == "warmup (1 job) [############------------] 2/4, 1 failed, ETA 1:00"

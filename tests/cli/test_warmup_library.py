@@ -94,11 +94,17 @@ def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
         WarmupItem("dies", "cli_models:dies_in_worker", ("f32[4]",)),           # kills its worker
         WarmupItem("tiny", "fixtures.models:tiny", ("f32[2]", "f32[2]")),       # compiles
         WarmupItem("broken", "cli_models:broken", ("f32[4]",)),                 # fails (the error is recorded)
+        WarmupItem("tiny64", "fixtures.models:tiny", ("f64[2]", "f64[2]"), x64=True),  # x64 in the worker
     ]
     signed = aot.Cache(location, signing_key="ci-secret")
     report = run_warmup(signed, items, jobs=2)
     statuses = [(r.label, r.status) for r in report.results]
-    assert statuses == [("tiny", "hit"), ("dies", "failed"), ("tiny", "compiled"), ("broken", "failed")]
+    assert statuses == [
+        ("tiny", "hit"), ("dies", "failed"), ("tiny", "compiled"), ("broken", "failed"), ("tiny64", "compiled"),
+    ]
+    assert report.results[4].signature == "f64[2], f64[2]"
+    x64_entry = signed.index.get(report.results[4].key)
+    assert '"x64":"true"' in x64_entry.manifest
     assert report.results[1].error == "the worker process died while compiling it (crash or out of memory)"
     # The worker's failure arrives whole: the full message, the user's line, the traceback.
     assert report.results[3].error.splitlines() == [
