@@ -25,6 +25,7 @@ __all__ = [
     "Prepared",
     "compile_item",
     "compile_target",
+    "x64_hint",
     "x64_mode",
     "item_signature",
     "make_mesh",
@@ -171,11 +172,15 @@ def x64_mode(item: WarmupItem) -> contextlib.AbstractContextManager[Any]:
 _WIDE_DTYPE = re.compile(r"(?<![A-Za-z0-9_])(f64|i64|u64|c128|float64|int64|uint64|complex128)\s*\[")
 
 
-def _with_x64_hint(item: WarmupItem, exc: SpecError) -> SpecError:
-    """A spec error about a 64-bit dtype of an item without ``x64``: say how to opt in."""
+def x64_hint(item: WarmupItem, exc: SpecError) -> SpecError:
+    """A spec error of an item that names a 64-bit dtype without ``x64`` (refused, never
+    narrowed to 32 bits): the same error, saying how to opt in for this entry."""
     texts = [*item.args, *(v for _, v in item.kwargs)]
     if item.x64 or not any(_WIDE_DTYPE.search(t) for t in texts):
         return exc
+    message = str(exc)
+    if not (_WIDE_DTYPE.search(message) or "x64" in message or "64-bit" in message):
+        return exc  # about something else
     if "x64" in str(exc) and "--x64" in str(exc):
         return exc
     return SpecError(
@@ -209,7 +214,7 @@ def prepare(item: WarmupItem) -> Prepared:
     try:
         args, kwargs = resolve_args(item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh)
     except SpecError as exc:
-        raise _with_x64_hint(item, exc) from None
+        raise x64_hint(item, exc) from None
     if item.in_shardings is not None and len(item.in_shardings) != len(args):
         names = ", ".join(_positional_names(fn, len(args)))
         problem = (
@@ -248,7 +253,10 @@ def compile_item(cache: Cache, item: WarmupItem) -> CompileResult:
     :func:`x64_mode`)."""
     with x64_mode(item):
         prepared = prepare(item)
-        return cache.compile_entry(prepared.fn, *prepared.args, **prepared.options)
+        try:
+            return cache.compile_entry(prepared.fn, *prepared.args, **prepared.options)
+        except SpecError as exc:  # e.g. a 64-bit dtype refused while lowering
+            raise x64_hint(item, exc) from None
 
 
 def compile_target(
@@ -305,6 +313,6 @@ def item_signature(item: WarmupItem) -> str:
                 item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh
             )
         except SpecError as exc:
-            raise _with_x64_hint(item, exc) from None
+            raise x64_hint(item, exc) from None
         leaves = jax.tree_util.tree_leaves((args, [kwargs[k] for k in sorted(kwargs)]))
         return ", ".join(format_aval(leaf.shape, leaf.dtype) for leaf in leaves)

@@ -19,7 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aot.errors import AotError, ManifestError, TargetError
+from aot.errors import AotError, ManifestError, SpecError, TargetError
 from aot.cache.failures import Failure
 from aot.cache.signatures import Signature
 from aot.cache.targets import (
@@ -32,6 +32,7 @@ from aot.cache.targets import (
     resolve_args,
     resolve_target,
     search_path,
+    x64_hint,
     x64_mode,
 )
 from aot.cache.warmup_manifest import (
@@ -278,6 +279,8 @@ def _probe(cache: Cache, index: int, item: WarmupItem) -> ItemResult | None:
             entry = cache.index.get(computation.fingerprint)
         except Exception as exc:  # noqa: BLE001 - recorded like a worker's failure
             log.debug("warmup: %s failed", item.label, exc_info=True)
+            if isinstance(exc, SpecError):
+                exc = x64_hint(item, exc)
             return ItemResult.failed(index, item, exc, time.perf_counter() - start)
         if entry is None or not entry.ok:
             return None

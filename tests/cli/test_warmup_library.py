@@ -153,3 +153,24 @@ def test_item_validation() -> None:
         WarmupItem("x", "m:f", ("f32[8]",), pmap="i", mesh=(("data", 8),))
     with pytest.raises(aot.ManifestError, match="is not MODULE:ATTRIBUTE"):
         WarmupItem("x", "m.f")
+
+
+def test_a_64_bit_spec_error_says_how_to_opt_in() -> None:
+    from aot.cache.targets import x64_hint
+    from aot.errors import SpecError
+
+    refused = SpecError("spec 'f64[8]' needs 64-bit types, but x64 is disabled")
+    plain = WarmupItem("t", "fixtures.models:tiny", ("f64[8]", "f64[8]"))
+    hinted = x64_hint(plain, refused)
+    assert str(hinted) == (
+        "spec 'f64[8]' needs 64-bit types, but x64 is disabled (to compile this entry with "
+        "64-bit types, set x64 = true in its [[function]] table, or pass --x64 to aot compile)"
+    )
+    opted_in = WarmupItem("t", "fixtures.models:tiny", ("f64[8]", "f64[8]"), x64=True)
+    assert x64_hint(opted_in, refused) is refused
+    narrow = WarmupItem("t", "fixtures.models:tiny", ("f32[8]", "f32[8]"))
+    assert x64_hint(narrow, refused) is refused
+    aliased = WarmupItem("t", "fixtures.models:tiny", ("float64[8]",), kwargs=(("y", "i64[]"),))
+    assert str(x64_hint(aliased, refused)).endswith("or pass --x64 to aot compile)")
+    unrelated = SpecError("malformed sharding 'da-ta'")
+    assert x64_hint(plain, unrelated) is unrelated
