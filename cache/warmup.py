@@ -19,7 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aot.errors import AotError, ManifestError, SpecError, TargetError
+from aot.errors import AotError, SpecError, TargetError
 from aot.cache.failures import Failure
 from aot.cache.signatures import Signature
 from aot.cache.targets import (

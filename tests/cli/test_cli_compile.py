@@ -7,7 +7,7 @@ import json
 import pytest
 
 from aot.cache.warmup import TargetError
-from cli_helpers import MLP_PARAMS, MLP_TREE, Invoke, one_line_error
+from cli_helpers import MLP_PARAMS, Invoke, one_line_error
 
 COMPILE_KEYS = {
     "key", "name", "signature", "hit", "seconds", "compile_seconds", "raw_size", "stored_size",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import aot
-from cli_helpers import MANIFEST, Invoke, one_line_error
+from cli_helpers import Invoke, one_line_error
 
 
 def _project(folder: Path, table: str) -> Path:
