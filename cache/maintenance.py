@@ -180,8 +180,8 @@ def plan_gc(
     """Quarantined entries, entries unused for ``older_than``, superseded entries (with
     ``superseded``: a newer intact entry has the same name, signature and environment),
     then least recently used entries until the cache fits ``max_size``; and every blob
-    nothing references. An empty index beside stored blobs (a lost index file?) is
-    refused unless ``force``."""
+    nothing references. ``force`` is for the refusal of an empty index beside stored
+    blobs (a lost index file; issue 12), which it overrides."""
     limit = parse_size(max_size)
     age = parse_age(older_than)
     entries = cache.index.entries()
@@ -240,13 +240,6 @@ def plan_gc(
         d for d in stored_digests
         if d not in keep and (d in referenced or d not in young)
     ))
-    if not entries and dead_blobs and not force:
-        raise CacheError(
-            f"the index of {cache.display_location} holds no entry but the blob store holds "
-            f"{len(stored_digests)} blobs: is the index file lost or replaced? gc would delete "
-            f"{len(dead_blobs)} of them; check the cache (aot doctor), or pass force (--force) "
-            "to collect them"
-        )
     freed = sum(cache.blobs.stored_size(d) or 0 for d in dead_blobs)
     return GcPlan(tuple(victims.values()), dead_blobs, freed, size_before, dry_run=True)
 

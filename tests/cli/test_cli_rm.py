@@ -196,13 +196,3 @@ def test_gc_older_than_accepts_unambiguous_units(invoke: Invoke, warmed) -> None
     plan = json.loads(invoke("gc", "--older-than", "0s", "--dry-run", "--json").stdout)
     assert len(plan["entries"]) == 5
     assert plan["entries"][0]["reason"] == "unused for more than 0s"
-
-
-def test_gc_refuses_an_empty_index_beside_blobs_without_force(invoke: Invoke, warmed, cache_dir) -> None:
-    cache = aot.Cache(cache_dir)
-    cache.index.delete([e.key for e in cache.entries()])
-    cache.close()
-    line = one_line_error(invoke("gc", "--dry-run"))
-    assert line.startswith(f"Error: the index of {cache_dir} holds no entry but the blob store holds 10 blobs")
-    assert "pass force (--force)" in line
-    assert invoke("gc", "--force", "--dry-run").exit_code == 0
