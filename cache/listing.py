@@ -123,12 +123,15 @@ def _structure(entry: IndexEntry) -> str:
 def superseded_keys(entries: Iterable[IndexEntry]) -> dict[str, str]:
     """``{superseded key: key of the newest entry that supersedes it}`` among the
     intact entries (same name, signature, pytree structure and environment)."""
-    groups: dict[tuple[str, str, str, str], list[IndexEntry]] = {}
+    candidates: dict[tuple[str, str, str], list[IndexEntry]] = {}
     for entry in entries:
         if entry.ok:
-            groups.setdefault(
-                (entry.name, entry.env_fp, entry.signature, _structure(entry)), []
-            ).append(entry)
+            candidates.setdefault((entry.name, entry.env_fp, entry.signature), []).append(entry)
+    groups: dict[tuple[str, str, str, str], list[IndexEntry]] = {}
+    for key, members in candidates.items():
+        if len(members) > 1:  # only then is the pytree structure worth parsing
+            for entry in members:
+                groups.setdefault((*key, _structure(entry)), []).append(entry)
     out: dict[str, str] = {}
     for group in groups.values():
         if len(group) < 2:

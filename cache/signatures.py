@@ -21,6 +21,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 __all__ = [
@@ -138,12 +139,10 @@ class Signature:
     @classmethod
     def from_manifest_args(cls, args: Iterable[Mapping[str, Any]]) -> Signature:
         """From a manifest's ``args`` (``path``, ``shape``, ``dtype`` per leaf)."""
-        from aot.specs import format_aval, parse_dtype
-
         leaves = []
         for arg in args:
-            aval = format_aval(arg["shape"], parse_dtype(str(arg["dtype"])))
-            leaves.append(ArgLeaf(str(arg.get("path", "")), aval))
+            dims = ",".join(str(int(d)) for d in arg["shape"])
+            leaves.append(ArgLeaf(str(arg.get("path", "")), f"{_short_dtype(str(arg['dtype']))}[{dims}]"))
         return cls(tuple(leaves))
 
     @classmethod
@@ -236,6 +235,14 @@ class Signature:
 
     def to_list(self) -> list[dict[str, str]]:
         return [leaf.to_dict() for leaf in self.leaves]
+
+
+@lru_cache(maxsize=None)
+def _short_dtype(name: str) -> str:
+    """``"float32"`` -> ``"f32"`` (raises SpecError for an unknown dtype)."""
+    from aot.specs import dtype_name, parse_dtype
+
+    return dtype_name(parse_dtype(name))
 
 
 def _shape_dtype(leaf: Any) -> tuple[tuple[int, ...], Any]:
