@@ -18,6 +18,7 @@ the mesh axis ``data`` (a mesh is needed to turn that into a sharding).
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -59,12 +60,30 @@ _SPEC_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9]*)\s*\[([^\]]*)\]\s*(?:@(.*))?$"
 _AXIS_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+# Names people write for a dtype that is spelled otherwise here.
+_SUGGESTIONS = {
+    "fp16": "f16", "fp32": "f32", "fp64": "f64", "half": "f16", "float": "f32",
+    "double": "f64", "int": "i32", "long": "i64", "uint": "u32", "bf": "bf16",
+    "bfloat": "bf16", "boolean": "bool", "complex": "c64",
+}
+
+
+def _unknown_dtype(text: str) -> str:
+    """``unknown dtype 'fp32' (did you mean f32?)``."""
+    key = text.strip().lower()
+    hint = key if key in DTYPES else _SUGGESTIONS.get(key)
+    if hint is None:
+        close = difflib.get_close_matches(key, list(DTYPES), n=1, cutoff=0.6)
+        hint = close[0] if close else None
+    return f"unknown dtype {text!r}" + (f" (did you mean {hint}?)" if hint else "")
+
+
 def parse_dtype(text: str) -> np.dtype:
     """``"f32"`` or ``"float32"`` -> ``np.dtype('float32')``."""
     key = text.strip()
     dtype = DTYPES.get(key) or _ALIASES.get(key)
     if dtype is None:
-        raise SpecError(f"unknown dtype {text!r}; expected one of {', '.join(DTYPES)}")
+        raise SpecError(f"{_unknown_dtype(text)}; expected one of {', '.join(DTYPES)}")
     return dtype
 
 
@@ -118,10 +137,9 @@ def _parse_string(text: str, mesh: Mesh | None, scope: Any = None) -> jax.ShapeD
     if match is None:
         raise SpecError(f"malformed spec {text!r}; expected {GRAMMAR}")
     dtype_text, dims_text, sharding_text = match.groups()
-    try:
-        dtype = parse_dtype(dtype_text)
-    except SpecError as exc:
-        raise SpecError(f"malformed spec {text!r}: {exc}; expected {GRAMMAR}") from None
+    dtype = DTYPES.get(dtype_text) or _ALIASES.get(dtype_text)
+    if dtype is None:  # GRAMMAR ends with the dtype list: say it once
+        raise SpecError(f"malformed spec {text!r}: {_unknown_dtype(dtype_text)}; expected {GRAMMAR}")
     dims = _parse_dims(text, dims_text, scope)
     sharding = None
     if sharding_text is not None:

@@ -49,6 +49,20 @@ def is_url(location: str) -> bool:
     return "://" in location
 
 
+def require_cache(
+    location: str, why: str = "nothing was compiled into it yet",
+    advice: str = "check the path or AOT_CACHE",
+) -> None:
+    """Raises :class:`CacheError` when ``location`` is a folder that holds no cache
+    (a database URL is checked when it is opened), so that a mistyped path is never
+    taken for an empty cache."""
+    if is_url(location):
+        return
+    folder = Path(location).expanduser()
+    if not (folder / "index.sqlite").exists():
+        raise CacheError(f"no cache at {folder} ({why}); {advice}")
+
+
 @dataclass(frozen=True, slots=True)
 class CompileResult:
     """What :meth:`Cache.compile_entry` did: the executable, its entry, hit or miss.
@@ -118,17 +132,14 @@ class Cache:
                     folder.mkdir(parents=True, exist_ok=True)
                 except OSError as exc:
                     raise CacheError(f"cannot create the cache folder {folder}: {exc}") from exc
-            elif not (folder / "index.sqlite").exists():
-                raise CacheError(
-                    f"no cache at {folder} (opened read-only, so nothing was created); "
-                    "check the path or AOT_CACHE"
-                )
+            else:
+                require_cache(location, "opened read-only, so nothing was created")
             self._index_file = folder / "index.sqlite"
             if not self._index_file.exists():
                 self.index  # noqa: B018 - creates the schema of a new cache now
             blob_root = Path(blob_location) if blob_location is not None else folder / "blobs"
             self.blobs = FolderBlobStore(blob_root, read_only=read_only)
-        self._environment = None
+        self._environment: dict[bool, Any] = {}
 
     def __repr__(self) -> str:
         return f"Cache({self.display_location!r}, read_only={self.read_only})"
@@ -197,9 +208,14 @@ class Cache:
 
     @property
     def environment(self):  # type: ignore[no-untyped-def]
-        if self._environment is None:
-            self._environment = environment_fingerprint()
-        return self._environment
+        """This process's environment fingerprint, in the current x64 mode (an entry
+        compiled under ``jax.enable_x64(True)`` is checked against an x64 environment)."""
+        import jax
+
+        x64 = bool(jax.config.jax_enable_x64)
+        if x64 not in self._environment:
+            self._environment[x64] = environment_fingerprint()
+        return self._environment[x64]
 
     # ------------------------------------------------------------------ writing
 
@@ -431,10 +447,14 @@ class Cache:
 
     def gc(
         self, max_size: int | str | None = None, older_than: Any = None, *, dry_run: bool = False,
+        superseded: bool = False, force: bool = False,
     ) -> Any:
         from aot.cache.maintenance import collect_garbage
 
-        return collect_garbage(self, max_size=max_size, older_than=older_than, dry_run=dry_run)
+        return collect_garbage(
+            self, max_size=max_size, older_than=older_than, dry_run=dry_run,
+            superseded=superseded, force=force,
+        )
 
     def export_bundle(self, path: str | os.PathLike[str], names: str | Iterable[str] | None = None) -> Any:
         """Every intact entry whose name matches one of the globs ``names`` (all if None)."""

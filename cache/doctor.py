@@ -38,6 +38,7 @@ class Diagnosis:
     stored_bytes: int | None = None
     health: Any = None  # VerifyReport
     error: str | None = None
+    settings: Any = None  # aot.cache.config.Settings: each setting and its source
 
     @property
     def ok(self) -> bool:
@@ -61,13 +62,17 @@ class Diagnosis:
                 "error": self.error,
             },
             "health": self.health.to_dict() if self.health is not None else None,
+            "settings": self.settings.to_dict() if self.settings is not None else None,
         }
 
 
-def diagnose(location: str | None = None, *, check: bool = True) -> Diagnosis:
+def diagnose(
+    location: str | None = None, *, check: bool = True, settings: Any = None
+) -> Diagnosis:
     """Gathers everything ``aot doctor`` shows. Opens the cache read-only (it never
     creates, migrates or quarantines anything); a cache that cannot be opened is
-    reported in ``error``, not raised."""
+    reported in ``error``, not raised. ``settings`` (:class:`aot.cache.config.Settings`)
+    name the cache, blob location and signing key, and are reported with their sources."""
     import jax
 
     from aot.cache.cache import Cache, default_location, is_url
@@ -86,14 +91,21 @@ def diagnose(location: str | None = None, *, check: bool = True) -> Diagnosis:
     }
     env = environment_fingerprint()
     environment = {"digest": env.digest, "parts": env.as_dict()}
+    options: dict[str, Any] = {}
+    if settings is not None:
+        location = location if location is not None else settings.cache.value
+        if settings.blobs.value is not None:
+            options["blob_location"] = settings.blobs.value
     location = str(location) if location is not None else default_location()
     shown = mask_url(location) if is_url(location) else location
     base = dict(
         versions=versions(), devices=device_info, environment=environment, location=shown,
-        supported_schema_version=SCHEMA_VERSION,
+        supported_schema_version=SCHEMA_VERSION, settings=settings,
     )
     try:
-        cache = Cache(location, read_only=True)
+        if settings is not None:
+            options["signing_key"] = settings.signing_key()
+        cache = Cache(location, read_only=True, **options)
     except AotError as exc:
         return Diagnosis(**base, error=str(exc))  # type: ignore[arg-type]
     try:

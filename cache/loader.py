@@ -37,6 +37,7 @@ from aot.symbolic import bind, patterns_of
 from aot.cache.cache import Cache
 from aot.cache.entry import IndexEntry
 from aot.cache.padding import PadPlan, fits, pad_leaf, rows, unpad_outputs
+from aot.cache.signatures import describe_call, path_head
 
 log = logging.getLogger(__name__)
 
@@ -293,16 +294,19 @@ class Dispatcher:
                 tuple(a.path for a in executable.info.args), [result.entry], [], executable,
             )
             return executable(*args, **kwargs)
-        raise self._not_found(leaves, treedef, notes)
+        raise self._not_found(leaves, treedef, notes, args, kwargs)
 
     def _not_found(
-        self, leaves: list[Any], treedef: PyTreeDef, notes: Sequence[str] = ()
+        self, leaves: list[Any], treedef: PyTreeDef, notes: Sequence[str] = (),
+        args: Any = (), kwargs: Any = None,
     ) -> SignatureNotFoundError:
         got = tuple(map(_leaf_key, leaves))
         stored = self.signatures
         lines = [f"  {s}" for s in stored] or ["  (none: nothing is stored under this name here)"]
+        # Per argument, by name: a list of 1000 floats is one phrase, not 1000 leaves.
+        call = describe_call(args, kwargs or {}, self._arg_names()) if args or kwargs else _describe(leaves)
         message = (
-            f"{self.name}: no executable compiled for ({_describe(leaves)}).\n"
+            f"{self.name}: no executable compiled for ({call}).\n"
             f"Stored signatures:\n" + "\n".join(lines)
         )
         for note in notes:
@@ -316,6 +320,17 @@ class Dispatcher:
             "to aot.load to compile it on demand."
         )
         return SignatureNotFoundError(message, tuple(stored))
+
+    def _arg_names(self) -> list[str]:
+        """The positional parameter names, from the stored leaf paths."""
+        names: list[str] = []
+        for program in self._programs.values():
+            for path in program.paths:
+                head = path_head(path)
+                if head not in names:
+                    names.append(head)
+            break
+        return names
 
     def _nearest(
         self, treedef: PyTreeDef, got: tuple[LeafKey, ...]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -13,6 +12,8 @@ from aot.artifact import EXECUTABLE, PORTABLE_HLO, Manifest
 from aot.errors import AotError, CacheError, IntegrityError
 from aot.signing import verify as verify_signature
 from aot.cache.index import IndexEntry, utcnow
+from aot.cache.listing import superseded_keys
+from aot.cache.units import human_size, parse_age, parse_size  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -125,41 +126,7 @@ def _entry_problems(entry: IndexEntry, check: Any) -> list[str]:
 
 # ---------------------------------------------------------------- gc
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
-_AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_size(value: int | str | None) -> int | None:
-    """``"10G"`` -> bytes (binary units); ints pass through."""
-    if value is None or isinstance(value, int):
-        return value
-    match = _SIZE_RE.match(value)
-    if match is None:
-        raise CacheError(f"cannot read size {value!r}; expected e.g. 500M, 10G or a byte count")
-    number, unit, _ = match.groups()
-    return int(float(number) * _SIZE_UNITS[unit.upper()])
-
-
-def parse_age(value: _dt.timedelta | str | None) -> _dt.timedelta | None:
-    """``"30d"`` -> a timedelta (s, m, h, d, w)."""
-    if value is None or isinstance(value, _dt.timedelta):
-        return value
-    match = _AGE_RE.match(value)
-    if match is None:
-        raise CacheError(f"cannot read age {value!r}; expected e.g. 12h, 30d or 2w")
-    number, unit = match.groups()
-    return _dt.timedelta(seconds=float(number) * _AGE_UNITS[unit.lower()])
-
-
-def human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+# Sizes and ages: aot.cache.units (re-exported here, where they used to live).
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,9 +175,13 @@ class GcPlan:
 
 def plan_gc(
     cache: Cache, *, max_size: int | str | None = None, older_than: Any = None,
+    superseded: bool = False, force: bool = False,
 ) -> GcPlan:
-    """Quarantined entries, entries unused for ``older_than``, then least recently used
-    entries until the cache fits ``max_size``; and every blob nothing references."""
+    """Quarantined entries, entries unused for ``older_than``, superseded entries (with
+    ``superseded``: a newer intact entry has the same name, signature and environment),
+    then least recently used entries until the cache fits ``max_size``; and every blob
+    nothing references. ``force`` is for the refusal of an empty index beside stored
+    blobs (a lost index file; issue 12), which it overrides."""
     limit = parse_size(max_size)
     age = parse_age(older_than)
     entries = cache.index.entries()
@@ -224,11 +195,14 @@ def plan_gc(
                      entry.last_used_at.isoformat(timespec="seconds"), reason),
         )
 
+    newer = superseded_keys(entries) if superseded else {}
     for entry in entries:
         if not entry.ok:
             add(entry, f"quarantined: {entry.state_reason or ''}".strip())
         elif age is not None and now - entry.last_used_at > age:
             add(entry, f"unused for more than {older_than}")
+        elif entry.key in newer:
+            add(entry, f"superseded by {newer[entry.key][:12]}")
     blob_sizes = {row.digest: row.stored_size for row in cache.index.blob_rows()}
     stored_digests = set(cache.blobs.digests())
     size_before = sum(cache.blobs.stored_size(d) or 0 for d in stored_digests)
@@ -307,11 +281,13 @@ def _digests(entry: IndexEntry) -> set[str]:
 
 def collect_garbage(
     cache: Cache, *, max_size: int | str | None = None, older_than: Any = None,
-    dry_run: bool = False,
+    dry_run: bool = False, superseded: bool = False, force: bool = False,
 ) -> GcPlan:
     """Plans, then (unless ``dry_run``) deletes index rows first and blobs after, so a
     crash in between leaves only orphan blobs, which the next gc removes."""
-    plan = plan_gc(cache, max_size=max_size, older_than=older_than)
+    plan = plan_gc(
+        cache, max_size=max_size, older_than=older_than, superseded=superseded, force=force
+    )
     if dry_run:
         return plan
     cache._check_writable("collect garbage")

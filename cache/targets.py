@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aot.errors import AotError, SpecError, TargetError
+from aot.errors import AotError, ManifestError, SpecError, TargetError
 from aot.cache.warmup_manifest import AUTO_SHARDING, WarmupItem
 
 if TYPE_CHECKING:
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 __all__ = [
     "Prepared",
     "compile_item",
+    "compile_target",
+    "x64_hint",
+    "x64_mode",
     "item_signature",
     "make_mesh",
     "prepare",
@@ -156,13 +160,71 @@ class Prepared:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+def x64_mode(item: WarmupItem) -> contextlib.AbstractContextManager[Any]:
+    """``jax.enable_x64(True)`` for an item with ``x64 = true``; else the process's mode."""
+    if not item.x64:
+        return contextlib.nullcontext()
+    import jax
+
+    return jax.enable_x64(True)
+
+
+_WIDE_DTYPE = re.compile(r"(?<![A-Za-z0-9_])(f64|i64|u64|c128|float64|int64|uint64|complex128)\s*\[")
+
+
+def x64_hint(item: WarmupItem, exc: SpecError) -> SpecError:
+    """A spec error of an item that names a 64-bit dtype without ``x64`` (refused, never
+    narrowed to 32 bits): the same error, saying how to opt in for this entry."""
+    texts = [*item.args, *(v for _, v in item.kwargs)]
+    if item.x64 or not any(_WIDE_DTYPE.search(t) for t in texts):
+        return exc
+    message = str(exc)
+    if not (_WIDE_DTYPE.search(message) or "x64" in message or "64-bit" in message):
+        return exc  # about something else
+    if "x64" in str(exc) and "--x64" in str(exc):
+        return exc
+    return SpecError(
+        f"{exc} (to compile this entry with 64-bit types, set x64 = true in its "
+        "[[function]] table, or pass --x64 to aot compile)"
+    )
+
+
+def _positional_names(fn: Callable[..., Any], count: int) -> list[str]:
+    import inspect
+
+    try:
+        params = [
+            p.name for p in inspect.signature(fn).parameters.values()
+            if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"args[{i}]" for i in range(count)]
+
+
 def prepare(item: WarmupItem) -> Prepared:
-    """Imports the target, resolves ``@callable`` specs, builds the mesh and shardings."""
+    """Imports the target, resolves ``@callable`` specs, builds the mesh and shardings.
+
+    Raises :class:`aot.ManifestError` when ``in_shardings`` does not give one entry per
+    positional argument (a usage error, said before JAX sees it)."""
     fn = resolve_target(item.target, base_dir=item.base_dir)
     if not callable(fn):
         raise TargetError(f"target {item.target!r} is a {type(fn).__name__}, not a function")
     mesh = make_mesh(item.mesh) if item.mesh is not None else None
-    args, kwargs = resolve_args(item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh)
+    try:
+        args, kwargs = resolve_args(item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh)
+    except SpecError as exc:
+        raise x64_hint(item, exc) from None
+    if item.in_shardings is not None and len(item.in_shardings) != len(args):
+        names = ", ".join(_positional_names(fn, len(args)))
+        problem = (
+            f"{len(item.in_shardings)} in_shardings for {len(args)} positional argument"
+            f"{'s' if len(args) != 1 else ''} ({names}); give one per positional argument "
+            "('' for replicated, 'auto' to let the compiler choose)"
+        )
+        error = ManifestError(f"{item.label}: {problem}")
+        error.problem = problem  # type: ignore[attr-defined]
+        raise error
     options: dict[str, Any] = {"name": item.name}
     if item.donate:
         options["donate_argnums"] = item.donate
@@ -187,9 +249,55 @@ def prepare(item: WarmupItem) -> Prepared:
 
 
 def compile_item(cache: Cache, item: WarmupItem) -> CompileResult:
-    """Lowers ``item``; loads it on a hit, compiles and stores it on a miss."""
-    prepared = prepare(item)
-    return cache.compile_entry(prepared.fn, *prepared.args, **prepared.options)
+    """Lowers ``item``; loads it on a hit, compiles and stores it on a miss (under
+    :func:`x64_mode`)."""
+    with x64_mode(item):
+        prepared = prepare(item)
+        try:
+            return cache.compile_entry(prepared.fn, *prepared.args, **prepared.options)
+        except SpecError as exc:  # e.g. a 64-bit dtype refused while lowering
+            raise x64_hint(item, exc) from None
+
+
+def compile_target(
+    cache: Cache,
+    target: str,
+    *,
+    args: Sequence[str] = (),
+    kwargs: Iterable[tuple[str, str]] = (),
+    args_from: str | None = None,
+    static: Iterable[tuple[str, Any]] = (),
+    name: str | None = None,
+    pmap: str | None = None,
+    mesh: Sequence[tuple[str, int]] | None = None,
+    in_shardings: Sequence[str] = (),
+    out_shardings: Sequence[str] = (),
+    donate: Sequence[int] = (),
+    x64: bool = False,
+) -> CompileResult:
+    """``aot compile``: one function for one set of specs, as a warm-up entry would be.
+
+    ``name`` defaults to the target with ``:`` replaced by ``.``; one ``out_shardings``
+    applies to every output, several form a tuple. Raises :class:`aot.ManifestError`
+    for inconsistent options (a usage error) before importing anything."""
+    item = WarmupItem(
+        name=name or target.replace(":", "."),
+        target=target,
+        args=tuple(args),
+        args_from=args_from,
+        kwargs=tuple(kwargs),
+        static=tuple(static),
+        pmap=pmap,
+        mesh=tuple(mesh) if mesh is not None else None,
+        in_shardings=tuple(in_shardings) or None,
+        out_shardings=(
+            None if not out_shardings
+            else out_shardings[0] if len(out_shardings) == 1 else tuple(out_shardings)
+        ),
+        donate=tuple(donate),
+        x64=x64,
+    )
+    return compile_item(cache, item)
 
 
 def item_signature(item: WarmupItem) -> str:
@@ -198,7 +306,13 @@ def item_signature(item: WarmupItem) -> str:
 
     from aot.specs import format_aval
 
-    mesh = make_mesh(item.mesh) if item.mesh is not None else None
-    args, kwargs = resolve_args(item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh)
-    leaves = jax.tree_util.tree_leaves((args, kwargs))
-    return ", ".join(format_aval(leaf.shape, leaf.dtype) for leaf in leaves)
+    with x64_mode(item):
+        mesh = make_mesh(item.mesh) if item.mesh is not None else None
+        try:
+            args, kwargs = resolve_args(
+                item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh
+            )
+        except SpecError as exc:
+            raise x64_hint(item, exc) from None
+        leaves = jax.tree_util.tree_leaves((args, [kwargs[k] for k in sorted(kwargs)]))
+        return ", ".join(format_aval(leaf.shape, leaf.dtype) for leaf in leaves)

@@ -21,16 +21,21 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aot.errors import AotError, ManifestError, TargetError
+from aot.errors import AotError, SpecError, TargetError
+from aot.cache.failures import Failure
+from aot.cache.signatures import Signature
 from aot.cache.targets import (
     Prepared,
     compile_item,
+    compile_target,
     item_signature,
     make_mesh,
     prepare,
     resolve_args,
     resolve_target,
     search_path,
+    x64_hint,
+    x64_mode,
 )
 from aot.cache.warmup_shard import parse_shard, select_shard
 from aot.cache.warmup_manifest import (
@@ -48,6 +53,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Width of the signature in a report line (both ends kept; --json has it whole).
+SIGNATURE_WIDTH = 72
+
 __all__ = [
     "FunctionEntry",
     "ItemResult",
@@ -56,7 +64,9 @@ __all__ = [
     "WarmupItem",
     "WarmupManifest",
     "WarmupReport",
+    "available_cores",
     "compile_item",
+    "compile_target",
     "coverage",
     "expand",
     "item_signature",
@@ -92,15 +102,36 @@ class ItemResult:
     stored_size: int | None = None
     error: str | None = None
     source: str | None = None
+    traceback: str | None = None  # of a failure (shown by `aot warmup --debug`)
+    arguments: Signature | None = None  # the signature with pytree paths
 
     @property
     def ok(self) -> bool:
         return self.status != "failed"
 
-    def describe(self) -> str:
+    def describe(self, width: int | None = SIGNATURE_WIDTH) -> str:
+        """``label (x: f32[8], ...) 0.27s``, or ``label: error`` for a failure."""
         if self.status == "failed":
             return f"{self.label}: {self.error}"
-        return f"{self.label} ({self.signature}) {self.seconds:.2f}s"
+        shown = self.arguments.compact(width) if self.arguments is not None else self.signature
+        return f"{self.label} ({shown}) {self.seconds:.2f}s"
+
+    def line(self, width: int | None = SIGNATURE_WIDTH) -> str:
+        """One report line: ``compiled  label (...) 0.27s`` / ``FAILED    label: error``
+        (a multi-line error's further lines are indented under it)."""
+        status = {"compiled": "compiled", "hit": "hit", "failed": "FAILED"}[self.status]
+        first, *rest = self.describe(width).splitlines() or [""]
+        return "\n".join([f"{status:<9} {first}", *(f"{'':10}{r}" for r in rest)])
+
+    @classmethod
+    def failed(
+        cls, index: int, item: WarmupItem, exc: BaseException, seconds: float = 0.0
+    ) -> ItemResult:
+        failure = Failure.of(exc)
+        return cls(
+            index, item.name, item.label, "failed", seconds, error=failure.describe(),
+            source=item.source, traceback=failure.traceback,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -115,6 +146,8 @@ class ItemResult:
             "stored_size": self.stored_size,
             "error": self.error,
             "source": self.source,
+            "arguments": self.arguments.to_list() if self.arguments is not None else None,
+            "traceback": self.traceback,
         }
 
 
@@ -172,10 +205,16 @@ class WarmupReport:
 
 
 def _error_text(exc: BaseException) -> str:
-    if isinstance(exc, AotError):
-        return str(exc)
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return Failure.of(exc).describe()
+
+
+def _done(index: int, item: WarmupItem, entry: Any, status: str, seconds: float) -> ItemResult:
+    return ItemResult(
+        index, item.name, item.label, status, seconds, key=entry.key,
+        signature=entry.signature, compile_seconds=entry.compile_seconds,
+        raw_size=entry.raw_size, stored_size=entry.stored_size, source=item.source,
+        arguments=Signature.from_manifest_json(entry.manifest, entry.signature),
+    )
 
 
 def _run_one(cache: Cache, index: int, item: WarmupItem) -> ItemResult:
@@ -184,17 +223,9 @@ def _run_one(cache: Cache, index: int, item: WarmupItem) -> ItemResult:
         result = compile_item(cache, item)
     except Exception as exc:  # noqa: BLE001 - every item is tried; failures are recorded
         log.debug("warmup: %s failed", item.label, exc_info=True)
-        return ItemResult(
-            index, item.name, item.label, "failed", time.perf_counter() - start,
-            error=_error_text(exc), source=item.source,
-        )
-    entry = result.entry
-    return ItemResult(
-        index, item.name, item.label, "hit" if result.hit else "compiled",
-        time.perf_counter() - start, key=entry.key, signature=entry.signature,
-        compile_seconds=entry.compile_seconds, raw_size=entry.raw_size,
-        stored_size=entry.stored_size, source=item.source,
-    )
+        return ItemResult.failed(index, item, exc, time.perf_counter() - start)
+    return _done(index, item, result.entry, "hit" if result.hit else "compiled",
+                 time.perf_counter() - start)
 
 
 # ---------------------------------------------------------------- worker processes
@@ -233,8 +264,7 @@ def _worker_run(index: int, item: WarmupItem) -> ItemResult:
         try:
             cache = _WORKER["cache"] = Cache(options.pop("location"), **options)
         except Exception as exc:  # noqa: BLE001
-            return ItemResult(index, item.name, item.label, "failed", 0.0,
-                              error=_error_text(exc), source=item.source)
+            return ItemResult.failed(index, item, exc)
     return _run_one(cache, index, item)
 
 
@@ -247,36 +277,35 @@ def _probe(cache: Cache, index: int, item: WarmupItem) -> ItemResult | None:
     from aot.lowering import lower, lower_pmap
 
     start = time.perf_counter()
-    try:
-        prepared = prepare(item)
-        options = dict(prepared.options)
-        pmap = options.pop("pmap", False)
-        computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
-        entry = cache.index.get(computation.fingerprint)
-    except Exception as exc:  # noqa: BLE001 - recorded like a worker's failure
-        log.debug("warmup: %s failed", item.label, exc_info=True)
-        return ItemResult(index, item.name, item.label, "failed", time.perf_counter() - start,
-                          error=_error_text(exc), source=item.source)
-    if entry is None or not entry.ok:
-        return None
-    try:
-        if not computation.symbolic:  # a symbolic entry has no executable to load
-            cache.load(entry)
-    except AotError:
-        return None  # the worker's compile_entry quarantines it and compiles again
-    return ItemResult(
-        index, item.name, item.label, "hit", time.perf_counter() - start, key=entry.key,
-        signature=entry.signature, compile_seconds=entry.compile_seconds,
-        raw_size=entry.raw_size, stored_size=entry.stored_size, source=item.source,
-    )
+    with x64_mode(item):
+        try:
+            prepared = prepare(item)
+            options = dict(prepared.options)
+            pmap = options.pop("pmap", False)
+            computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
+            entry = cache.index.get(computation.fingerprint)
+        except Exception as exc:  # noqa: BLE001 - recorded like a worker's failure
+            log.debug("warmup: %s failed", item.label, exc_info=True)
+            if isinstance(exc, SpecError):
+                exc = x64_hint(item, exc)
+            return ItemResult.failed(index, item, exc, time.perf_counter() - start)
+        if entry is None or not entry.ok:
+            return None
+        try:
+            if not computation.symbolic:  # a symbolic entry has no executable to load
+                cache.load(entry)
+        except AotError:
+            return None  # the worker's compile_entry quarantines it and compiles again
+    return _done(index, item, entry, "hit", time.perf_counter() - start)
 
 
 def _maybe_stored(cache: Cache, item: WarmupItem, stored: dict[str, set[str]]) -> bool:
     """False when no intact entry of this name and signature exists for this environment."""
     if item.name not in stored:
+        with x64_mode(item):
+            env = cache.environment.digest
         stored[item.name] = {
-            e.signature
-            for e in cache.index.by_name(item.name, env_fp=cache.environment.digest, state="ok")
+            e.signature for e in cache.index.by_name(item.name, env_fp=env, state="ok")
         }
     if not stored[item.name]:
         return False
@@ -313,8 +342,7 @@ def _emit_future(
         broken.append(pair)
         return
     except Exception as exc:  # noqa: BLE001 - e.g. a result that did not pickle
-        result = ItemResult(index, item.name, item.label, "failed", 0.0,
-                            error=_error_text(exc), source=item.source)
+        result = ItemResult.failed(index, item, exc)
     emit(result)
 
 
@@ -417,6 +445,13 @@ def run_warmup(
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     if executor is not None and jobs != 1:
         raise ValueError("give either jobs or executor, not both")
+    cores = available_cores()
+    if jobs > cores and len(items) > 1:
+        log.warning(
+            "--jobs %d exceeds the %d core%s available to this process: the workers will "
+            "compete for them (XLA's compiler already uses several threads); --jobs %d "
+            "or fewer is usually faster", jobs, cores, "s" if cores != 1 else "", cores,
+        )
     start = time.perf_counter()
     cache = location if isinstance(location, Cache) else Cache(location)  # fail early
     if cache.read_only:
@@ -487,8 +522,7 @@ def warmup_task(cache_options: dict[str, Any], x64: bool, index: int, item: Warm
         try:
             cache = Cache(options.pop("location"), **options)
         except Exception as exc:  # noqa: BLE001
-            return ItemResult(index, item.name, item.label, "failed", 0.0,
-                              error=_error_text(exc), source=item.source)
+            return ItemResult.failed(index, item, exc)
         with _TASK_LOCK:
             _TASK_CACHES[key] = cache
     return _run_one(cache, index, item)
@@ -510,28 +544,24 @@ def _run_on_executor(
         try:
             result = future.result()
         except Exception as exc:  # noqa: BLE001 - a worker that died, a task that did not ship
-            result = ItemResult(index, item.name, item.label, "failed", 0.0,
-                                error=_error_text(exc), source=item.source)
+            result = ItemResult.failed(index, item, exc)
         emit(result)
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where there is one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------- coverage
 
 
 def coverage(cache: Cache, items: Iterable[WarmupItem]) -> list[WarmupItem]:
-    """The items with no intact entry (same name and signature) for this environment."""
-    env = cache.environment.digest
-    stored: dict[str, set[str]] = {}
-    missing: list[WarmupItem] = []
-    for item in items:
-        if item.name not in stored:
-            stored[item.name] = {
-                e.signature for e in cache.index.by_name(item.name, env_fp=env, state="ok")
-            }
-        try:
-            signature = item_signature(item)
-        except AotError as exc:
-            raise ManifestError(f"{item.source or item.name}: {item.label}: {exc}") from None
-        if signature not in stored[item.name]:
-            missing.append(item)
-    return missing
+    """The items with no intact entry (same name and signature) for this environment
+    (:func:`aot.cache.coverage.check_coverage` also says why each is missing)."""
+    from aot.cache.coverage import check_coverage
+
+    return [m.item for m in check_coverage(cache, items).missing]

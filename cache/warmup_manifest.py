@@ -14,7 +14,9 @@ spec strings), ``static`` (a table of JSON-able
 values passed as static keyword arguments), ``pmap = "AXIS"`` (lower with
 :func:`aot.lower_pmap`), ``mesh = "data=4,model=2"`` with ``in_shardings`` (one
 partition-spec string per positional argument, ``"auto"`` for unspecified) and
-``out_shardings`` (a string or a list), ``donate`` (argument indices).
+``out_shardings`` (a string or a list), ``donate`` (argument indices), ``x64 = true``
+(lower and compile this entry with 64-bit types enabled, as under
+``jax.enable_x64(True)``; without it the process's own mode applies).
 
 A spec string is ``DTYPE[DIMS][@SHARDING]`` (see :mod:`aot.specs`); ``"@module:callable"``
 stands for the pytree of specs that the callable returns (for example
@@ -68,7 +70,7 @@ RESERVED_KWARGS = frozenset({
 
 _FUNCTION_KEYS = (
     "name", "target", "args", "args_from", "kwargs", "static", "vary", "pmap", "mesh",
-    "in_shardings", "out_shardings", "donate",
+    "in_shardings", "out_shardings", "donate", "x64",
 )
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -101,6 +103,7 @@ class WarmupItem:
     in_shardings: tuple[str, ...] | None = None
     out_shardings: str | tuple[str, ...] | None = None
     donate: tuple[int, ...] = ()
+    x64: bool = False  # lower and compile under jax.enable_x64(True)
     bucket: tuple[tuple[str, Any], ...] = ()
     base_dir: str | None = None
     source: str | None = None  # "file.toml:LINE" of the [[function]] it came from
@@ -142,6 +145,7 @@ class WarmupItem:
                 else self.out_shardings
             ),
             "donate": list(self.donate),
+            "x64": self.x64,
             "source": self.source,
         }
 
@@ -203,6 +207,7 @@ class FunctionEntry:
     in_shardings: tuple[str, ...] | None
     out_shardings: str | tuple[str, ...] | None
     donate: tuple[int, ...]
+    x64: bool = False
 
     @property
     def buckets(self) -> int:
@@ -225,7 +230,8 @@ class WarmupManifest:
         return {
             "path": self.path,
             "functions": [
-                {"name": f.name, "target": f.target, "line": f.line, "buckets": f.buckets}
+                {"name": f.name, "target": f.target, "line": f.line, "buckets": f.buckets,
+                 "x64": f.x64}
                 for f in self.functions
             ],
         }
@@ -343,6 +349,9 @@ def _parse_function(table: dict[str, Any], index: int, line: int | None, path: s
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in donate
     ):
         raise fail(f"'donate' must be a list of argument indices, got {donate!r}")
+    x64 = table.get("x64", False)
+    if not isinstance(x64, bool):
+        raise fail(f"'x64' must be true or false, got {x64!r}")
     # Every placeholder must be a vary key, and every vary key must be used.
     texts = [name, *args, *kwargs.values(), json.dumps(static)]
     used = {m for t in texts for m in _PLACEHOLDER.findall(t)}
@@ -358,7 +367,7 @@ def _parse_function(table: dict[str, Any], index: int, line: int | None, path: s
         index=index, line=line, name=name, target=target, args=tuple(args), args_from=args_from,
         kwargs=tuple(sorted(kwargs.items())), static=tuple(sorted(static.items())),
         vary=tuple(vary_items), pmap=pmap, mesh=mesh, in_shardings=in_shardings,
-        out_shardings=out_shardings, donate=tuple(donate),
+        out_shardings=out_shardings, donate=tuple(donate), x64=x64,
     )
     try:  # check the combination once, with the first bucket
         next(_expand_function(entry, None, path))
@@ -427,6 +436,7 @@ def _expand_function(
             in_shardings=entry.in_shardings,
             out_shardings=entry.out_shardings,
             donate=entry.donate,
+            x64=entry.x64,
             bucket=tuple(bucket.items()),
             base_dir=base_dir,
             source=source,

@@ -6,25 +6,27 @@ import json
 
 import click
 
-from aot.cli.common import State, echo_json, human_size, json_option, pass_state
+from aot.cli.common import State, echo_json, human_size, pass_state
+from aot.cli.group import AotGroup
+from aot.cli.params import complete_entry_names
 
-@click.group("bundle", short_help="Export or import entries as one file.")
+
+@click.group("bundle", cls=AotGroup, short_help="Export or import entries as one file.")
 def bundle_group() -> None:
     """Export entries to one file, or import such a file into the cache."""
 
 
-@bundle_group.command("export")
+@bundle_group.command("export", short_help="Write entries (all, or matching NAME_GLOBs) to FILE.")
 @click.argument("file", metavar="FILE|URL|-")
-@click.argument("globs", nargs=-1, metavar="[NAME_GLOB]...")
-@json_option
+@click.argument("globs", nargs=-1, metavar="[NAME_GLOB]...", shell_complete=complete_entry_names)
 @pass_state
-def export_command(state: State, file: str, globs: tuple[str, ...], as_json: bool) -> None:
+def export_command(state: State, file: str, globs: tuple[str, ...]) -> None:
     """Write every intact entry (or those whose names match NAME_GLOBs) to FILE:
     a file (mode 0644), an object-store URL (s3://, gs://, az://, file://), or - for
     standard output (the report then goes to standard error)."""
     report = state.cache().export_bundle(file, list(globs) or None)
     to_stderr = file == "-"
-    if as_json:
+    if state.json:
         if to_stderr:  # standard output carries the bundle
             click.echo(json.dumps(report.to_dict(), indent=2, default=str), err=True)
         else:
@@ -36,15 +38,14 @@ def export_command(state: State, file: str, globs: tuple[str, ...], as_json: boo
         )
 
 
-@bundle_group.command("import")
+@bundle_group.command("import", short_help="Import the entries of FILE (blobs re-hashed first).")
 @click.argument("file", metavar="FILE|URL|-")
-@json_option
 @pass_state
-def import_command(state: State, file: str, as_json: bool) -> None:
+def import_command(state: State, file: str) -> None:
     """Import the entries of bundle FILE (every blob is re-hashed first): a file, an
     object-store URL (s3://, gs://, az://, file://), or - for standard input."""
     report = state.cache(create=True).import_bundle(file)
-    if as_json:
+    if state.json:
         echo_json(report.to_dict())
     else:
         click.echo(

@@ -1,4 +1,5 @@
-"""Shared pieces of the command line: the cache handle, --json, rendering helpers.
+"""Shared pieces of the command line: the state the global options set, the cache
+handle, --json, confirmation, terminal checks, rendering helpers.
 
 Nothing here imports JAX at module level, so ``aot --help`` stays fast; commands import
 the library when they run.
@@ -8,49 +9,69 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
+    from aot.cache.config import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass
 class State:
-    """What the ``aot`` group's options set up for its commands."""
+    """What the global options (before or after the subcommand) set up for commands."""
 
-    location: str | None = None
+    location: str | None = None  # --cache
+    blobs: str | None = None  # --blobs
     read_only: bool = False
+    json: bool = False
     debug: bool = False
+    _settings: Settings | None = field(default=None, repr=False)
     _cache: Cache | None = field(default=None, repr=False)
 
+    @property
+    def settings(self) -> Settings:
+        """Flags > environment > ``[tool.aot]`` in pyproject.toml > defaults."""
+        if self._settings is None:
+            from aot.cache.config import resolve_settings
+
+            self._settings = resolve_settings({"cache": self.location, "blobs": self.blobs})
+        return self._settings
+
     def cache(self, *, create: bool = False) -> Cache:
-        """The cache named by ``--cache`` / ``AOT_CACHE`` (opened once, closed at exit).
+        """The cache of the settings (opened once, closed when the command ends).
 
         Only commands that store (``create=True``: compile, warmup, bundle import)
         create a cache folder; the others report a folder without a cache, so a typo
         in ``--cache`` is not an empty cache.
         """
         if self._cache is None:
-            from aot.cache.cache import Cache, default_location, is_url
-            from aot.errors import CacheError
+            from aot.cache.cache import Cache, require_cache
 
-            location = self.location if self.location is not None else default_location()
-            if not create and not is_url(location):
-                folder = Path(location).expanduser()
-                if not (folder / "index.sqlite").exists():
-                    raise CacheError(
-                        f"no cache at {folder}: nothing was compiled into it yet (aot compile, "
-                        "aot warmup and aot bundle import create one); check --cache or AOT_CACHE"
-                    )
-            self._cache = Cache(location, read_only=self.read_only)
+            settings = self.settings
+            location = settings.cache.value
+            assert location is not None
+            if not create:
+                require_cache(
+                    location,
+                    "nothing was compiled into it yet: aot compile, aot warmup and aot "
+                    "bundle import create one",
+                    f"check --cache, AOT_CACHE or [tool.aot] (the location came from "
+                    f"{settings.cache.source})",
+                )
+            self._cache = Cache(
+                location, read_only=self.read_only, blob_location=settings.blobs.value,
+                signing_key=settings.signing_key(),
+            )
             click.get_current_context().call_on_close(self._close)
         return self._cache
 
@@ -63,14 +84,114 @@ class State:
 pass_state = click.make_pass_decorator(State, ensure=True)
 
 
+def state_of(ctx: click.Context) -> State:
+    return ctx.ensure_object(State)
+
+
+# ---------------------------------------------------------------- global options
+#
+# Accepted before or after the subcommand (`aot --cache D ls` and `aot ls --cache D`):
+# the group declares them, and AotGroup.add_command gives every command it registers
+# (fleet's future ones too) the same options, which set the same State.
+
+
+def _setter(attribute: str, flag: bool) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if (flag and value) or (not flag and value is not None):
+            state = state_of(ctx)
+            setattr(state, attribute, value)
+            state._settings = None  # resolved again with the new flag
+        return value
+
+    return callback
+
+
+def global_options() -> list[click.Option]:
+    """Fresh instances of the global options (one set per command)."""
+    return [
+        click.Option(
+            ["--cache"], metavar="LOCATION", expose_value=False, callback=_setter("location", False),
+            help="Cache folder or SQLAlchemy URL (env AOT_CACHE, [tool.aot] cache).",
+        ),
+        click.Option(
+            ["--blobs"], metavar="LOCATION", expose_value=False, callback=_setter("blobs", False),
+            help="Blob location, if not inside the cache (env AOT_BLOBS, [tool.aot] blobs).",
+        ),
+        click.Option(
+            ["--read-only"], is_flag=True, expose_value=False, callback=_setter("read_only", True),
+            help="Open the cache read-only (never write to it).",
+        ),
+        click.Option(
+            ["--json"], is_flag=True, expose_value=False, callback=_setter("json", True),
+            help="Print one JSON document (see docs/cli.md).",
+        ),
+        click.Option(
+            ["--debug"], is_flag=True, expose_value=False, callback=_setter("debug", True),
+            help="Show tracebacks instead of one-line errors.",
+        ),
+    ]
+
+
+def add_global_options(command: click.Command) -> None:
+    """Appends the global options a command does not declare itself."""
+    taken = {opt for param in command.params for opt in getattr(param, "opts", ())}
+    for option in global_options():
+        if not set(option.opts) & taken:
+            command.params.append(option)
+
+
 def json_option(fn: F) -> F:
+    """``--json`` passed to the command as ``as_json`` (also true after ``aot --json``)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+        state = state_of(ctx)
+        state.json = bool(value or state.json)
+        return state.json
+
     return click.option(
-        "--json", "as_json", is_flag=True, help="Print one JSON document (see docs/cli.md)."
+        "--json", "as_json", is_flag=True, callback=callback,
+        help="Print one JSON document (see docs/cli.md).",
     )(fn)
 
 
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
+
+
+# ---------------------------------------------------------------- terminals
+
+
+def stdin_is_tty() -> bool:
+    return sys.stdin.isatty()
+
+
+def stdout_is_tty() -> bool:
+    return sys.stdout.isatty()
+
+
+def stderr_is_tty() -> bool:
+    return sys.stderr.isatty()
+
+
+def terminal_width() -> int | None:
+    """``$COLUMNS``, else the terminal's width; ``None`` when stdout is no terminal
+    (piped output is not abbreviated)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if stdout_is_tty():
+        return shutil.get_terminal_size((100, 24)).columns
+    return None
+
+
+def confirm(question: str, *, yes: bool) -> None:
+    """Asks ``question`` on a terminal (stdin), unless ``--yes``; without a terminal
+    the answer is yes (scripts). A no ends the command: nothing changed, exit 1."""
+    if yes or not stdin_is_tty():
+        return
+    if not click.confirm(question, default=False, err=True):
+        click.echo("Aborted: nothing was removed.", err=True)
+        click.get_current_context().exit(1)
 
 
 # ---------------------------------------------------------------- rendering
@@ -79,7 +200,7 @@ def echo_json(data: Any) -> None:
 def human_size(n: int | None) -> str:
     if n is None:
         return "-"
-    from aot.cache.maintenance import human_size as _human_size
+    from aot.cache.units import human_size as _human_size
 
     return _human_size(int(n))
 
@@ -100,14 +221,6 @@ def shorten(text: str | None, width: int) -> str:
     if text is None:
         return "-"
     return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def shorten_middle(text: str, width: int) -> str:
-    """Keeps both ends (a signature's last arguments are usually the batch)."""
-    if len(text) <= width:
-        return text
-    head = (width - 5) // 2
-    return f"{text[:head]} ... {text[-(width - 5 - head):]}"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
@@ -181,17 +294,3 @@ def parse_static(values: Sequence[str]) -> tuple[tuple[str, Any], ...]:
 
 def parse_kwargs(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
     return tuple(split_assignment(v, "NAME=SPEC", "'--kwarg'") for v in values)
-
-
-def parse_mesh_option(
-    ctx: click.Context, param: click.Parameter, value: str | None
-) -> tuple[tuple[str, int], ...] | None:
-    if value is None:
-        return None
-    from aot.cache.warmup import parse_mesh
-    from aot.errors import SpecError
-
-    try:
-        return parse_mesh(value)
-    except SpecError as exc:
-        raise click.BadParameter(str(exc)) from None

@@ -10,13 +10,12 @@ from aot.cli.common import (
     State,
     echo_json,
     human_size,
-    json_option,
     key_value,
     parse_kwargs,
-    parse_mesh_option,
     parse_static,
     pass_state,
 )
+from aot.cli.params import MESH, complete_entry_names
 
 SPEC_HELP = (
     "A spec like f32[8,784], i32[] or f32[64,512]@data,None (with --mesh), or "
@@ -37,7 +36,7 @@ SPEC_HELP = (
 @click.option("--name", help="The name to store it under (default MODULE.FUNCTION).")
 @click.option("--pmap", "pmap_axis", metavar="AXIS", help="Lower with jax.pmap over this axis name.")
 @click.option(
-    "--mesh", callback=parse_mesh_option, metavar="AXIS=SIZE,...",
+    "--mesh", type=MESH, metavar="AXIS=SIZE,...",
     help="A device mesh, e.g. data=4,model=2 (over the first devices).",
 )
 @click.option(
@@ -50,13 +49,17 @@ SPEC_HELP = (
     help="Output partition spec(s); one applies to every output. Needs --mesh.",
 )
 @click.option("--donate", multiple=True, type=click.IntRange(min=0), metavar="I", help="Donate positional argument I.")
-@json_option
+@click.option(
+    "--x64", is_flag=True,
+    help="Lower and compile with 64-bit types enabled (f64, i64 specs), as under "
+    "jax.enable_x64(True); serve it from a process with x64 enabled.",
+)
 @pass_state
 def compile_command(
     state: State, target: str, args: tuple[str, ...], kwargs: tuple[str, ...],
     args_from: str | None, static: tuple[str, ...], name: str | None, pmap_axis: str | None,
     mesh: tuple[tuple[str, int], ...] | None, in_shardings: tuple[str, ...],
-    out_shardings: tuple[str, ...], donate: tuple[int, ...], as_json: bool,
+    out_shardings: tuple[str, ...], donate: tuple[int, ...], x64: bool,
 ) -> None:
     """Compile MODULE:FUNCTION for the given argument specs into the cache.
 
@@ -69,30 +72,20 @@ def compile_command(
           --arg @fixtures.models:mlp_param_specs --arg f32[32,784]
       aot compile fixtures.models:allreduce --pmap i --arg f32[8,1024]
     """
-    from aot.cache.warmup import WarmupItem, compile_item
+    from aot.cache.signatures import Signature
+    from aot.cache.targets import compile_target
     from aot.errors import ManifestError
 
+    options = dict(
+        args=args, kwargs=parse_kwargs(kwargs), args_from=args_from, static=parse_static(static),
+        name=name, pmap=pmap_axis, mesh=mesh, in_shardings=in_shardings,
+        out_shardings=out_shardings, donate=donate, x64=x64,
+    )
     try:
-        item = WarmupItem(
-            name=name or target.replace(":", "."),
-            target=target,
-            args=args,
-            args_from=args_from,
-            kwargs=parse_kwargs(kwargs),
-            static=parse_static(static),
-            pmap=pmap_axis,
-            mesh=mesh,
-            in_shardings=in_shardings or None,
-            out_shardings=(
-                None if not out_shardings
-                else out_shardings[0] if len(out_shardings) == 1 else out_shardings
-            ),
-            donate=donate,
-        )
-    except ManifestError as exc:
+        result = compile_target(state.cache(create=True), target, **options)  # type: ignore[arg-type]
+    except ManifestError as exc:  # inconsistent options: a usage error
         raise click.UsageError(getattr(exc, "problem", str(exc))) from None
-    result = compile_item(state.cache(create=True), item)
-    if as_json:
+    if state.json:
         echo_json(result.to_dict())
         return
     entry = result.entry
@@ -108,7 +101,7 @@ def compile_command(
     else:
         click.echo(f"miss: compiled and stored {entry.name}")
     click.echo(key_value([
-        ("signature", entry.signature),
+        ("signature", Signature.from_manifest_json(entry.manifest, entry.signature).compact()),
         ("key", entry.key),
         ("size", f"{human_size(entry.raw_size)} ({human_size(entry.stored_size)} stored)"),
         ("compile", f"{entry.compile_seconds:.3f}s" + (" (when it was compiled)" if result.hit else "")),
@@ -118,7 +111,7 @@ def compile_command(
 
 
 @click.command("why", short_help="Explain a miss: the nearest entry and what differs.")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_entry_names)
 @click.option("--arg", "args", multiple=True, metavar="SPEC", help=SPEC_HELP)
 @click.option("--kwarg", "kwargs", multiple=True, metavar="NAME=SPEC", help="A keyword argument's spec.")
 @click.option("--args-from", metavar="MODULE:CALLABLE", help="A callable returning the argument specs.")
@@ -127,16 +120,15 @@ def compile_command(
     help="Also lower the function and compare every program part (not just the signature).",
 )
 @click.option("--static", multiple=True, metavar="NAME=JSON", help="A static keyword argument (with --target).")
-@json_option
 @pass_state
 def why_command(
     state: State, name: str, args: tuple[str, ...], kwargs: tuple[str, ...], args_from: str | None,
-    target: str | None, static: tuple[str, ...], as_json: bool,
+    target: str | None, static: tuple[str, ...],
 ) -> None:
     """Explain a miss: the nearest stored entry of NAME and which parts differ.
 
-    Compares the input signature (and, with --target, every program fingerprint part)
-    and the environment. Exits 0 on a hit, 1 on a miss.
+    Compares the input signature argument by argument (and, with --target, every
+    program fingerprint part) and the environment. Exits 0 on a hit, 1 on a miss.
     """
     from aot.cache.warmup import resolve_args, resolve_target
 
@@ -151,11 +143,10 @@ def why_command(
             options["static_argnames"] = tuple(statics)
         explanation = cache.explain(name, *positional, fn=resolve_target(target), **options)
     else:
-        # Without the function only the flat input signature is compared: keyword
-        # arguments' leaves follow the positional ones in sorted-name order.
-        flat = positional + tuple(keywords[k] for k in sorted(keywords))
-        explanation = cache.explain(name, *flat)
-    if as_json:
+        # Without the function only the input signature is compared (keyword
+        # arguments' leaves follow the positional ones in sorted-name order).
+        explanation = cache.explain(name, *positional, **keywords)
+    if state.json:
         echo_json(explanation.to_dict())
     else:
         click.echo(explanation.describe())

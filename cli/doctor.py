@@ -4,23 +4,31 @@ from __future__ import annotations
 
 import click
 
-from aot.cli.common import State, echo_json, human_size, json_option, key_value, pass_state
+from aot.cli.common import State, echo_json, human_size, key_value, pass_state
+
+_SETTING_LABELS = {
+    "cache": "cache",
+    "blobs": "blobs",
+    "signing_key_file": "signing key",
+    "manifest": "manifest",
+}
 
 
-@click.command("doctor", short_help="Versions, devices, cache location and health.")
+@click.command("doctor", short_help="Versions, devices, settings, cache location and health.")
 @click.option("--no-verify", is_flag=True, help="Skip re-hashing the blobs (faster on a big cache).")
-@json_option
 @pass_state
-def doctor_command(state: State, no_verify: bool, as_json: bool) -> None:
-    """Versions, devices, the environment fingerprint, cache location, schema and health.
+def doctor_command(state: State, no_verify: bool) -> None:
+    """Versions, devices, the environment fingerprint, the settings and where each came
+    from (flag, environment, [tool.aot] in pyproject.toml, default), cache location,
+    schema and health.
 
     Opens the cache read-only and changes nothing. Exit status 1 if the cache cannot
     be opened or has problems.
     """
     from aot.cache.doctor import diagnose
 
-    d = diagnose(state.location, check=not no_verify)
-    if as_json:
+    d = diagnose(check=not no_verify, settings=state.settings)
+    if state.json:
         echo_json(d.to_dict())
     else:
         click.echo("versions")
@@ -35,6 +43,11 @@ def doctor_command(state: State, no_verify: bool, as_json: bool) -> None:
         parts = d.environment["parts"]
         click.echo(f"environment {d.environment['digest'][:16]}")
         click.echo(key_value([(k, v if len(v) <= 80 else v[:77] + "...") for k, v in sorted(parts.items())]))
+        settings = state.settings
+        click.echo("settings" + (f" (config: {settings.config_file})" if settings.config_file else " (no [tool.aot] found)"))
+        click.echo(key_value([
+            (_SETTING_LABELS[s.name], f"{s.shown()}  ({s.source})") for s in settings.all()
+        ]))
         click.echo("cache")
         pairs = [("location", d.location)]
         if d.index is not None:

@@ -8,52 +8,82 @@ from aot.cli.common import (
     State,
     echo_json,
     human_size,
-    json_option,
     key_value,
     pass_state,
     shorten,
-    shorten_middle,
     table,
+    terminal_width,
     when,
 )
+from aot.cli.params import complete_entry_names
 
-SIGNATURE_WIDTH = 60
 PART_WIDTH = 100
+# Narrowest signature column, however narrow the terminal.
+MIN_SIGNATURE_WIDTH = 24
+
+ENV_OPTION_HELP = (
+    "'this': only entries built for this environment; 'all': every entry, "
+    "with the ENV column naming what differs."
+)
+
+
+def env_option(fn):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--env", type=click.Choice(["this", "all"]), default="all", show_default=True,
+        help=ENV_OPTION_HELP,
+    )(fn)
 
 
 @click.command("ls", short_help="List entries.")
-@click.argument("glob", required=False, metavar="[NAME_GLOB]")
-@json_option
+@click.argument("glob", required=False, metavar="[NAME_GLOB]", shell_complete=complete_entry_names)
+@env_option
 @pass_state
-def ls_command(state: State, glob: str | None, as_json: bool) -> None:
-    """List the cache's entries (all, or those whose name matches NAME_GLOB)."""
+def ls_command(state: State, glob: str | None, env: str) -> None:
+    """List the cache's entries (all, or those whose name matches NAME_GLOB).
+
+    SIGNATURE names each argument (params: [{b: f32[512], w: f32[784,512]}, ...],
+    x: f32[8,784]), folded to fit the terminal; ENV is 'this' or the first part of the
+    environment that differs (device_count 8: the stored value); STATE is ok,
+    superseded (a newer entry has the same name, signature and environment; `aot gc
+    --superseded` removes it) or quarantined.
+    """
+    from aot.cache.listing import list_entries
+
     cache = state.cache()
-    entries = cache.entries(glob)
-    if as_json:
-        rows = []
-        for entry in entries:
-            data = entry.to_dict()
-            data.pop("manifest", None)
-            rows.append(data)
-        echo_json({"cache": cache.display_location, "count": len(rows), "entries": rows})
+    listing = list_entries(cache, glob, env=env)
+    if state.json:
+        echo_json(listing.to_dict())
         return
-    if not entries:
+    if not listing.rows:
         what = f" matching {glob!r}" if glob else ""
-        click.echo(f"no entries{what} in the cache at {cache.display_location}")
+        where = " for this environment" if env == "this" else ""
+        click.echo(f"no entries{what}{where} in the cache at {listing.location}")
         return
+    headers = ("KEY", "NAME", "SIGNATURE", "ENV", "SIZE", "COMPILED", "LAST USED", "HITS", "STATE")
     rows = [
-        (
-            e.key[:12], e.name, shorten_middle(e.signature, SIGNATURE_WIDTH), e.platform,
-            human_size(e.stored_size), when(e.created_at), when(e.last_used_at), e.hits, e.state,
-        )
-        for e in entries
+        [
+            r.entry.key[:12], r.entry.name, "", r.environment.short(), human_size(r.entry.stored_size),
+            when(r.entry.created_at), when(r.entry.last_used_at), r.entry.hits, r.status,
+        ]
+        for r in listing.rows
     ]
-    click.echo(table(
-        ("KEY", "NAME", "SIGNATURE", "PLATFORM", "SIZE", "COMPILED", "LAST USED", "HITS", "STATE"),
-        rows, right=(4, 7),
-    ))
-    total = sum(e.stored_size for e in entries)
-    click.echo(f"{len(entries)} entries, {human_size(total)} stored")
+    width = terminal_width()
+    signature_width = None
+    if width is not None:
+        others = sum(
+            max(len(str(headers[i])), *(len(str(row[i])) for row in rows)) + 2
+            for i in range(len(headers)) if i != 2
+        )
+        signature_width = max(MIN_SIGNATURE_WIDTH, width - others - 2)
+    for row, r in zip(rows, listing.rows):
+        row[2] = r.signature.compact(signature_width)
+    click.echo(table(headers, rows, right=(4, 7)))
+    footer = f"{len(listing.rows)} entries, {human_size(listing.stored_size)} stored"
+    if listing.other_environments:
+        footer += f"; {listing.other_environments} for other environments (--env this hides them)"
+    if listing.superseded:
+        footer += f"; {listing.superseded} superseded (aot gc --superseded removes them)"
+    click.echo(footer)
 
 
 def _parts(title: str, fingerprint) -> str:  # type: ignore[no-untyped-def]
@@ -88,10 +118,17 @@ def _symbolic_summary(manifest) -> str:  # type: ignore[no-untyped-def]
 def _render(details) -> str:  # type: ignore[no-untyped-def]
     e = details.entry
     m = details.manifest
-    out = [f"{e.name} ({e.signature})"]
+    arguments = details.arguments
+    out = [f"{e.name} ({arguments.compact()})"]
+    state = e.state + (f": {e.state_reason}" if e.state_reason else "")
+    if details.superseded_by:
+        state = (
+            f"superseded by {details.superseded_by[:12]} (a newer entry of this name, "
+            "signature and environment; aot gc --superseded removes this one)"
+        )
     pairs = [
         ("key", e.key),
-        ("state", e.state + (f": {e.state_reason}" if e.state_reason else "")),
+        ("state", state),
         ("platform", e.platform),
         ("size", f"{human_size(e.raw_size)} ({human_size(e.stored_size)} stored)"),
         ("compiled", f"{when(e.created_at)} UTC in {e.compile_seconds:.3f}s"),
@@ -112,6 +149,9 @@ def _render(details) -> str:  # type: ignore[no-untyped-def]
         diffs = "; ".join(d.describe() for d in details.environment_differences)
         pairs.append(("environment", f"another one: {diffs}"))
     out.append(key_value(pairs))
+    if arguments.has_paths:
+        out.append("arguments")
+        out.append(key_value([(leaf.path, leaf.aval) for leaf in arguments.leaves]))
     if m is None:
         out.append(f"manifest: unreadable: {details.manifest_error}")
         return "\n".join(out)
@@ -122,22 +162,23 @@ def _render(details) -> str:  # type: ignore[no-untyped-def]
     return "\n".join(out)
 
 
-@click.command("show", short_help="Show an entry: manifest, fingerprints, analysis, HLO.")
-@click.argument("key_or_name", metavar="KEY|NAME")
+@click.command("show", short_help="Show an entry: arguments, fingerprints, analysis, HLO.")
+@click.argument("key_or_name", metavar="KEY|NAME", shell_complete=complete_entry_names)
 @click.option("--hlo", is_flag=True, help="Print the StableHLO text of the portable HLO instead.")
 @click.option("--debug-info", is_flag=True, help="With --hlo: keep the source locations.")
-@json_option
 @pass_state
-def show_command(state: State, key_or_name: str, hlo: bool, debug_info: bool, as_json: bool) -> None:
-    """Show an entry (a key or a unique key prefix) or every entry of a NAME.
+def show_command(state: State, key_or_name: str, hlo: bool, debug_info: bool) -> None:
+    """Show an entry (a key, or a unique key prefix of 4+ hex digits) or every entry
+    of a NAME.
 
-    Prints the manifest, the program and environment fingerprint parts, and XLA's
-    cost and memory analysis; --hlo prints the stored StableHLO.
+    Prints the arguments by pytree path, the manifest, the program and environment
+    fingerprint parts, and XLA's cost and memory analysis; --hlo prints the stored
+    StableHLO.
     """
     from aot.cache.details import describe_entries
 
     details = describe_entries(state.cache(), key_or_name, hlo=hlo, debug_info=debug_info)
-    if as_json:
+    if state.json:
         echo_json({"entries": [d.to_dict() for d in details]})
     elif hlo:
         for d in details:

@@ -1,137 +1,206 @@
-"""``aot verify`` and ``aot gc``."""
+"""``aot verify``, ``aot gc`` and ``aot rm``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from aot.cli.common import State, echo_json, human_size, json_option, pass_state, shorten_middle
+from aot.cli.common import (
+    State,
+    confirm,
+    echo_json,
+    human_size,
+    pass_state,
+    stdin_is_tty,
+    terminal_width,
+)
+from aot.cli.listing import env_option
+from aot.cli.params import AGE, SIZE, complete_entry_names, complete_manifests
+
+VICTIM_SIGNATURE_WIDTH = 60
 
 
 @click.command("verify", short_help="Check integrity (and manifest coverage).")
 @click.option(
-    "--manifest", metavar="MANIFEST.toml",
+    "--manifest", metavar="MANIFEST.toml", shell_complete=complete_manifests,
     help="Also check that every entry the manifest lists is stored for this environment.",
 )
-@click.option("--strict", is_flag=True, help="With --manifest: exit 1 when any entry is missing.")
-@json_option
+@click.option(
+    "--strict", is_flag=True,
+    help="Exit 1 when an entry of the manifest is missing (the manifest defaults to "
+    "AOT_MANIFEST or [tool.aot] manifest).",
+)
 @pass_state
-def verify_command(state: State, manifest: str | None, strict: bool, as_json: bool) -> None:
+def verify_command(state: State, manifest: str | None, strict: bool) -> None:
     """Check the cache: re-hash every blob, parse every manifest.
 
     Bad entries are quarantined (unless --read-only); exit status 1 on any problem
     with an entry (blobs that no entry references are reported; `aot gc` removes them).
     With --manifest --strict this is the CI coverage check: it also fails when an
-    entry of the manifest is missing for this environment.
+    entry of the manifest is missing for this environment, and says why (not stored,
+    quarantined, or stored for another environment: device_count 8 != 1).
     """
-    from aot.cache.warmup import coverage, expand, load_manifest
+    from aot.cache.coverage import verify_with_coverage
 
     if strict and manifest is None:
-        raise click.UsageError("--strict needs --manifest")
-    items = expand(load_manifest(manifest)) if manifest is not None else None  # fail early
+        manifest = state.settings.manifest.value
+        if manifest is None:
+            raise click.UsageError(
+                "--strict needs --manifest (or AOT_MANIFEST, or manifest in [tool.aot])"
+            )
     cache = state.cache()
-    report = cache.verify()
-    missing = coverage(cache, items) if items is not None else None
-    # Unreferenced blobs are garbage, not damage (a writer may be between its blob and
-    # its index row): reported, but only problems with entries fail the check.
-    failed = bool(report.problems) or (strict and bool(missing))
-    if as_json:
-        echo_json({
-            "ok": not failed,
-            "integrity": report.to_dict(),
-            "coverage": None if items is None else {
-                "manifest": manifest,
-                "strict": strict,
-                "items": len(items),
-                "missing": [item.to_dict() for item in missing or ()],
-            },
-        })
+    report = verify_with_coverage(cache, manifest, strict=strict)
+    if state.json:
+        echo_json(report.to_dict())
     else:
-        status = "PROBLEMS" if report.problems else "ok"
-        click.echo(
-            f"verified {report.checked_entries} entries and {report.checked_blobs} blobs "
-            f"in {cache.display_location}: {status}"
-        )
-        for problem in report.problems:
-            click.echo(f"problem: {problem.name} ({problem.key[:12]}): {problem.what}")
-        if report.quarantined:
-            click.echo(f"quarantined {len(report.quarantined)} entries (`aot gc` removes them)")
-        if report.orphan_blobs:
+        click.echo(report.summary())
+        for line in report.problem_lines():
+            click.echo(line)
+        integrity = report.integrity
+        if integrity.quarantined:
+            click.echo(f"quarantined {len(integrity.quarantined)} entries (`aot gc` removes them)")
+        if integrity.orphan_blobs:
             click.echo(
-                f"{len(report.orphan_blobs)} blobs no entry references (`aot gc` removes "
+                f"{len(integrity.orphan_blobs)} blobs no entry references (`aot gc` removes "
                 "them once they are old enough)"
             )
-        if items is not None:
-            if not missing:
-                click.echo(f"{manifest}: all {len(items)} entries are stored for this environment")
-            else:
-                note = "" if strict else " (not a failure without --strict)"
-                click.echo(
-                    f"{manifest}: {len(missing)} of {len(items)} entries missing for this "
-                    f"environment{note}:"
-                )
-                for item in missing:
-                    where = f" ({item.source})" if item.source else ""
-                    click.echo(f"  {item.label}{where}: {item.describe_args()}")
-    if failed:
+        if report.coverage is not None:
+            click.echo(report.coverage.summary())
+            for missing in report.coverage.missing:
+                click.echo(f"  {missing.describe()}")
+    if not report.ok:
         click.get_current_context().exit(1)
 
 
-def _size_option(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
-    if value is None:
-        return None
-    from aot.cache.maintenance import parse_size
-    from aot.errors import AotError
+def _victim_line(victim) -> str:  # type: ignore[no-untyped-def]
+    from aot.cache.signatures import shorten_middle
 
-    try:
-        return parse_size(value)
-    except AotError as exc:
-        raise click.BadParameter(str(exc)) from None
+    return (
+        f"  {victim.key[:12]}  {victim.name} ({shorten_middle(victim.signature, VICTIM_SIGNATURE_WIDTH)})  "
+        f"{human_size(victim.stored_size)}  {victim.reason}"
+    )
 
 
-def _age_option(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
-    if value is None:
-        return None
-    from aot.cache.maintenance import parse_age
-    from aot.errors import AotError
-
-    try:
-        parse_age(value)
-    except AotError as exc:
-        raise click.BadParameter(str(exc)) from None
-    return value  # the plan quotes it as given
-
-
-@click.command("gc", short_help="Remove stale entries and unreferenced blobs.")
-@click.option("--max-size", callback=_size_option, metavar="SIZE", help="Evict least recently used entries until the cache fits, e.g. 10G.")
-@click.option("--older-than", callback=_age_option, metavar="AGE", help="Remove entries unused for longer than this, e.g. 30d, 12h, 2w.")
-@click.option("--dry-run", is_flag=True, help="Only print the plan.")
-@json_option
-@pass_state
-def gc_command(
-    state: State, max_size: int | None, older_than: str | None, dry_run: bool, as_json: bool
-) -> None:
-    """Remove quarantined, stale and least recently used entries, and unreferenced blobs.
-
-    Prints the plan (what goes and the bytes it frees), then carries it out unless
-    --dry-run.
-    """
-    plan = state.cache().gc(max_size=max_size, older_than=older_than, dry_run=dry_run)
-    if as_json:
-        echo_json(plan.to_dict())
-        return
+def _render_gc(plan, *, err: bool = False, asking: bool = False) -> None:  # type: ignore[no-untyped-def]
     if not plan.entries and not plan.blobs:
-        click.echo(f"nothing to collect (cache {human_size(plan.size_before)})")
+        click.echo(f"nothing to collect (cache {human_size(plan.size_before)})", err=err)
         return
-    verb = "would remove" if plan.dry_run else "removed"
+    verb = "would remove" if not plan.executed else "removed"
     click.echo(
         f"{verb} {len(plan.entries)} entries and {len(plan.blobs)} blobs, freeing "
         f"{human_size(plan.bytes_freed)} (cache {human_size(plan.size_before)} -> "
-        f"{human_size(plan.size_after)})" + (" [dry run]" if plan.dry_run else "")
+        f"{human_size(plan.size_after)})" + (" [dry run]" if plan.dry_run and not asking else ""),
+        err=err,
     )
     for victim in plan.entries:
-        click.echo(
-            f"  {victim.key[:12]}  {victim.name} ({shorten_middle(victim.signature, 50)})  "
-            f"{human_size(victim.stored_size)}  {victim.reason}"
+        click.echo(_victim_line(victim), err=err)
+
+
+@click.command("gc", short_help="Remove stale entries and unreferenced blobs.")
+@click.option("--max-size", type=SIZE, metavar="SIZE", help="Evict least recently used entries until the cache fits, e.g. 10G.")
+@click.option(
+    "--older-than", type=AGE, metavar="AGE",
+    help="Remove entries unused for longer than this: 30d, 12h, 15min, 2w, 1mo (30 days).",
+)
+@click.option("--superseded", is_flag=True, help="Also remove entries a newer one of the same name, signature and environment supersedes.")
+@click.option("--force", is_flag=True, help="Collect even when the index is empty but blobs exist (a lost index?).")
+@click.option("--dry-run", is_flag=True, help="Only print the plan.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation on a terminal.")
+@pass_state
+def gc_command(
+    state: State, max_size: int | None, older_than: str | None, superseded: bool, force: bool,
+    dry_run: bool, yes: bool,
+) -> None:
+    """Remove quarantined, stale, superseded and least recently used entries, and
+    unreferenced blobs.
+
+    Prints the plan (what goes and the bytes it frees); on a terminal asks before
+    carrying it out (--yes does not ask; without a terminal nothing asks), and
+    --dry-run stops after the plan.
+    """
+    cache = state.cache()
+    options = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force)
+    if not dry_run and not yes and stdin_is_tty():
+        plan = cache.gc(dry_run=True, **options)
+        if not plan.entries and not plan.blobs:
+            _finish_gc(state, plan)
+            return
+        _render_gc(plan, err=state.json, asking=True)
+        confirm(
+            f"Remove {len(plan.entries)} entries and {len(plan.blobs)} blobs "
+            f"({human_size(plan.bytes_freed)})?", yes=yes,
         )
+    _finish_gc(state, cache.gc(dry_run=dry_run, **options))
+
+
+def _finish_gc(state: State, plan) -> None:  # type: ignore[no-untyped-def]
+    if state.json:
+        echo_json(plan.to_dict())
+    else:
+        _render_gc(plan)
+
+
+@click.command("rm", short_help="Remove entries by key or name, planned and confirmed.")
+@click.argument("target", metavar="KEY|NAME_GLOB", shell_complete=complete_entry_names)
+@click.option(
+    "--signature", "signatures", multiple=True, metavar="SPEC",
+    help="Only entries with this input signature: the whole flat one ('f32[8], f32[8]') or "
+    "leaves by path ('x: f32[1,784]'). Repeat for several.",
+)
+@env_option
+@click.option("--dry-run", is_flag=True, help="Only print the plan.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation on a terminal.")
+@pass_state
+def rm_command(
+    state: State, target: str, signatures: tuple[str, ...], env: str, dry_run: bool, yes: bool,
+) -> None:
+    """Remove the entry KEY (a full key or a unique prefix of 4+ hex digits) or every
+    entry whose name matches NAME_GLOB, with their blobs (those no other entry uses).
+
+    Prints the plan; on a terminal asks before removing (--yes does not ask; without a
+    terminal nothing asks); --dry-run stops after the plan. Exit status 1 when the
+    target matches nothing.
+    """
+    from aot.cache.removal import SignatureFilter, execute_removal, plan_removal
+    from aot.errors import SpecError
+
+    for text in signatures:
+        try:
+            SignatureFilter.parse(text)
+        except SpecError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--signature'") from None
+    cache = state.cache()
+    plan = plan_removal(cache, target, signatures=signatures, env=env)
+    if dry_run or not plan.entries:
+        _finish_rm(state, plan)
+        return
+    if not yes and stdin_is_tty():
+        _render_rm(plan, err=state.json)
+        confirm(f"Remove {len(plan.entries)} entr{'y' if len(plan.entries) == 1 else 'ies'} "
+                f"({human_size(plan.bytes_freed)})?", yes=yes)
+    _finish_rm(state, execute_removal(cache, plan))
+
+
+def _render_rm(plan, *, err: bool = False) -> None:  # type: ignore[no-untyped-def]
+    if not plan.entries:
+        narrowed = " with those signatures" if plan.signatures else ""
+        narrowed += " for this environment" if plan.env == "this" else ""
+        click.echo(f"nothing to remove: no entry of {plan.target!r}{narrowed}", err=err)
+        return
+    click.echo(plan.summary() + ("" if plan.executed else " [plan]"), err=err)
+    width = terminal_width()
+    for victim in plan.entries:
+        extra = [victim.status] if victim.status != "ok" else []
+        if victim.environment != "this":
+            extra.append(f"env {victim.environment}")
+        note = f"  ({', '.join(extra)})" if extra else ""
+        click.echo(
+            f"  {victim.describe(None if width is None else max(24, width - 40))}  "
+            f"{human_size(victim.stored_size)}{note}", err=err,
+        )
+
+
+def _finish_rm(state: State, plan) -> None:  # type: ignore[no-untyped-def]
+    if state.json:
+        echo_json(plan.to_dict())
+    else:
+        _render_rm(plan)

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from aot.cli.common import State, echo_json, json_option, pass_state
-
-
-def _stdout_is_tty() -> bool:
-    return sys.stdout.isatty()
-
-
-def _line(result) -> str:  # type: ignore[no-untyped-def]
-    status = {"compiled": "compiled", "hit": "hit", "failed": "FAILED"}[result.status]
-    if result.status == "failed":
-        return f"{status:<9} {result.label}: {result.error}"
-    return f"{status:<9} {result.label} ({result.signature}) {result.seconds:.2f}s"
+from aot.cli.common import State, echo_json, pass_state, stderr_is_tty, stdout_is_tty
+from aot.cli.params import complete_manifests
+from aot.cli.progress import Progress
 
 
 def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
@@ -32,54 +21,74 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
 
 
 @click.command("warmup", short_help="Compile everything a manifest lists (CI).")
-@click.argument("manifest", metavar="MANIFEST.toml")
+@click.argument("manifest", required=False, metavar="[MANIFEST.toml]", shell_complete=complete_manifests)
 @click.option(
     "-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-    help="Compile in this many worker processes.",
+    help="Compile in this many worker processes (a warning when it exceeds the cores).",
 )
 @click.option(
     "--shard", metavar="I/N", callback=_parse_shard, default=None,
     help="Compile only share I of N (1 <= I <= N), balanced by estimated compile time: "
     "one CI runner's part of the manifest.",
 )
-@json_option
 @pass_state
 def warmup_command(
-    state: State, manifest: str, jobs: int, shard: tuple[int, int] | None, as_json: bool
+    state: State, manifest: str | None, jobs: int, shard: tuple[int, int] | None
 ) -> None:
     """Compile every (function x bucket) listed in MANIFEST.toml into the cache.
 
-    Entries already in the cache cost no compile. Every entry is tried; the exit
-    status is 1 if any failed. The manifest format is in docs/cli.md.
+    MANIFEST.toml defaults to AOT_MANIFEST or [tool.aot] manifest. Entries already in
+    the cache cost no compile. Every entry is tried; the exit status is 1 if any
+    failed (--debug prints their tracebacks). Progress goes to stderr when it is a
+    terminal; otherwise one line per entry. The manifest format is in
+    docs/manifest.md.
     """
     from aot.cache.warmup import expand, load_manifest, run_warmup
 
+    if manifest is None:
+        manifest = state.settings.manifest.value
+        if manifest is None:
+            raise click.UsageError(
+                "no manifest: give MANIFEST.toml, or set AOT_MANIFEST or manifest in "
+                "[tool.aot] of pyproject.toml"
+            )
     items = expand(load_manifest(manifest))
     cache = state.cache(create=True)
-    if as_json:
-        report = run_warmup(cache, items, jobs=jobs, shard=shard)
-    elif _stdout_is_tty():
-        if shard is not None:
-            from aot.cache.warmup_shard import select_shard
+    if shard is not None:
+        from aot.cache.warmup_shard import select_shard
 
-            length = len(select_shard(items, shard, cache))
-        else:
-            length = len(items)
-        with click.progressbar(
-            length=length, label=f"warmup ({jobs} job{'s' if jobs > 1 else ''})",
-            item_show_func=lambda r: r.label if r is not None else None,
-        ) as bar:
-            report = run_warmup(cache, items, jobs=jobs, shard=shard,
-                                on_result=lambda r: bar.update(1, r))
+        total = len(select_shard(items, shard, cache))
     else:
-        report = run_warmup(cache, items, jobs=jobs, shard=shard,
-                            on_result=lambda r: click.echo(_line(r)))
-    if as_json:
+        total = len(items)
+    progress = None
+    if stderr_is_tty():
+        progress = Progress(total, f"warmup ({jobs} job{'s' if jobs > 1 else ''})")
+    # One line per entry, unless --json, or a progress bar already shows it on the
+    # terminal the lines would go to.
+    lines = not state.json and not (progress is not None and stdout_is_tty())
+
+    def on_result(result) -> None:  # type: ignore[no-untyped-def]
+        if progress is not None:
+            progress.update(result.label, failed=not result.ok)
+        if lines:
+            click.echo(result.line())
+
+    if progress is not None:
+        progress.start()
+    try:
+        report = run_warmup(cache, items, jobs=jobs, shard=shard, on_result=on_result)
+    finally:
+        if progress is not None:
+            progress.finish()
+    if state.json:
         echo_json(report.to_dict())
     else:
         click.echo(report.summary())
         for failure in report.failures:
             where = f" ({failure.source})" if failure.source else ""
             click.echo(f"failed: {failure.label}{where}: {failure.error}", err=True)
+    if state.debug:
+        for failure in report.failures:
+            click.echo(f"traceback of {failure.label}:\n{(failure.traceback or '').rstrip()}", err=True)
     if not report.ok:
         click.get_current_context().exit(1)

@@ -34,8 +34,22 @@ def test_another_shape_names_the_input_avals(open_folder_cache, compiled) -> Non
     assert got.differences[0].actual.endswith("f32[8,784]")
     assert got.signature.endswith("f32[8,784]")
     text = got.describe()
-    assert "miss" in text and "in_avals" in text and "f32[8,784]" in text
-    json.dumps(got.to_dict())
+    # The argument that differs, by name (not two whole signatures); the nearest
+    # bucket by shape (4 is nearer 8 than 2 is).
+    assert "miss" in text and text.splitlines()[1:] == ["  x: stored f32[4,784], got f32[8,784]"]
+    assert got.nearest_key == compiled.mlp[4].manifest.key
+    data = json.loads(json.dumps(got.to_dict()))
+    assert data["argument_differences"] == [{"path": "x", "stored": "f32[4,784]", "requested": "f32[8,784]"}]
+
+
+def test_a_different_pytree_names_missing_and_unexpected_leaves(open_folder_cache, compiled) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    cache.put(compiled.mlp[4])
+    params = list(compiled.param_specs[:2]) + [{"w": compiled.param_specs[2]["w"]}]
+    got = cache.explain(compiled.MLP_NAME, params, "f32[4,784]")
+    assert [d.describe() for d in got.argument_differences] == [
+        "params[2]['b']: stored f32[10], missing from the request",
+    ]
 
 
 def test_another_environment_names_the_differing_part(

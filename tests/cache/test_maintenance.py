@@ -185,7 +185,7 @@ def test_gc_by_age(aged) -> None:  # noqa: ANN001
     again = cache.gc(older_than="30d")
     assert again.entries == () and again.bytes_freed == 0
 
-    assert [v.key for v in cache.gc(older_than="90m", dry_run=True).entries] == [e[2].key]
+    assert [v.key for v in cache.gc(older_than="90min", dry_run=True).entries] == [e[2].key]
 
 
 def test_gc_keeps_blobs_another_entry_still_uses(cache: aot.Cache, compiled, foreign) -> None:  # noqa: ANN001
@@ -226,7 +226,7 @@ def test_parse_size(text, expected) -> None:  # noqa: ANN001
 @pytest.mark.parametrize(
     ("text", "expected"),
     [("30d", dt.timedelta(days=30)), ("12h", dt.timedelta(hours=12)), ("2w", dt.timedelta(weeks=2)),
-     ("90m", dt.timedelta(minutes=90)), ("45s", dt.timedelta(seconds=45)), (None, None)],
+     ("90min", dt.timedelta(minutes=90)), ("45s", dt.timedelta(seconds=45)), (None, None)],
 )
 def test_parse_age(text, expected) -> None:  # noqa: ANN001
     assert parse_age(text) == expected
@@ -238,7 +238,7 @@ def test_bad_size_is_refused(bad: str) -> None:
         parse_size(bad)
 
 
-@pytest.mark.parametrize("bad", ["30 days", "1y", ""])
+@pytest.mark.parametrize("bad", ["30 dayz", "1y", ""])
 def test_bad_age_is_refused(bad: str) -> None:
     with pytest.raises(CacheError, match="30d"):
         parse_age(bad)

@@ -39,6 +39,24 @@ def broken(x):
     raise ValueError("this model is broken\nsecond line of the message")
 
 
+def branches_on_a_value(x):
+    if x > 0:
+        return x
+    return -x
+
+
+def mlp_params_wider():
+    """The fixture MLP's parameter specs with a last layer of 12 outputs, not 10."""
+    from fixtures.models import mlp_param_specs
+
+    params = mlp_param_specs()
+    params[2] = {
+        "b": jax.ShapeDtypeStruct((12,), jnp.float32),
+        "w": jax.ShapeDtypeStruct((512, 12), jnp.float32),
+    }
+    return params
+
+
 def dies_in_worker(x):
     """Kills a spawned warmup worker while tracing; harmless in the main process."""
     if multiprocessing.parent_process() is not None:

@@ -7,28 +7,26 @@ the warmup manifest expects) with a cache folder under ``tmp_path``.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
 from aot.cli.main import cli
+from cli_helpers import MANIFEST, REPO, Invoke
 
-REPO = Path(__file__).resolve().parents[2]
-MANIFEST = REPO / "fixtures" / "warmup.toml"
-# The manifest's entries: (label, name), in file order.
-MANIFEST_LABELS = [
-    "mlp.forward[batch=1]", "mlp.forward[batch=8]", "mlp.forward[batch=32]", "tiny", "allreduce",
-]
-
-Invoke = Callable[..., Result]
+# A developer's settings must not change what the tests see.
+_SETTINGS_ENV = (
+    "AOT_CACHE", "AOT_BLOBS", "AOT_SIGNING_KEY", "AOT_SIGNING_KEY_FILE", "AOT_MANIFEST", "COLUMNS",
+)
 
 
 @pytest.fixture(autouse=True)
 def _at_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    monkeypatch.delenv("AOT_CACHE", raising=False)
+    for name in _SETTINGS_ENV:
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
@@ -67,15 +65,3 @@ def warmed(_warmed_template: Path, cache_dir: Path) -> Iterator[Path]:
     """A copy of a cache holding every entry of fixtures/warmup.toml."""
     shutil.copytree(_warmed_template, cache_dir)
     yield cache_dir
-
-
-def one_line_error(result: Result, *, code: int = 1) -> str:
-    """Asserts a failure reported as a single ``Error:`` line without a traceback."""
-    assert result.exit_code == code, (result.exit_code, result.output)
-    assert "Traceback" not in result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("Error: ")]
-    assert len(errors) == 1, result.output
-    if code == 1:
-        assert lines == errors, result.output
-    return errors[0]

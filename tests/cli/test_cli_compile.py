@@ -7,12 +7,11 @@ import json
 import pytest
 
 from aot.cache.warmup import TargetError
-from conftest import Invoke, one_line_error
+from cli_helpers import MLP_PARAMS, Invoke, one_line_error
 
 COMPILE_KEYS = {
     "key", "name", "signature", "hit", "seconds", "compile_seconds", "raw_size", "stored_size",
 }
-MLP_PARAMS = "f32[512], f32[784,512], f32[512], f32[512,512], f32[10], f32[512,10]"
 
 
 def compile_json(invoke: Invoke, *args: str) -> dict:
@@ -27,7 +26,7 @@ def test_compile_miss_then_hit(invoke: Invoke, cache_dir) -> None:
     assert first.exit_code == 0, first.output
     lines = first.stdout.splitlines()
     assert lines[0] == "miss: compiled and stored tiny"
-    assert lines[1] == "  signature  f32[8], f32[8]"
+    assert lines[1] == "  signature  x: f32[8], y: f32[8]"  # named after tiny(x, y)
     key = lines[2].split()[-1]
     assert len(key) == 64
     assert lines[3].startswith("  size       ") and "stored)" in lines[3]
@@ -133,8 +132,6 @@ def test_compile_into_a_read_only_cache_stores_nothing(invoke: Invoke, warmed) -
         (["fixtures.models:tiny", "--arg", "q32[8]", "--arg", "f32[8]"], "Error: malformed spec 'q32[8]': unknown dtype 'q32'"),
         (["fixtures.models:tiny", "--arg", "@cli_models:not_callable_specs"],
          "Error: calling 'cli_models:not_callable_specs' failed: RuntimeError: spec builder broke"),
-        (["cli_models:broken", "--arg", "f32[8]"],
-         "Error: ValueError: this model is broken (run `aot --debug ...` for the traceback)"),
         (["cli_models:matmul", "--mesh", "data=64", "--arg", "f32[64,32]@data", "--arg", "f32[32,16]"],
          "Error: mesh data=64 needs 64 devices; this host has 8 (cpu)"),
     ],
@@ -165,6 +162,62 @@ def test_compile_usage_errors_exit_2(invoke: Invoke, args: list[str], message: s
     assert "Try 'aot compile --help' for help." in result.output
 
 
+def test_a_failure_in_user_code_keeps_the_whole_message_and_the_users_line(invoke: Invoke) -> None:
+    result = invoke("compile", "cli_models:broken", "--arg", "f32[8]")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.splitlines() == [
+        "Error: ValueError: this model is broken",
+        "second line of the message",
+        '  at tests/cli/cli_models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
+        "(run `aot --debug ...` for the traceback)",
+    ]
+
+
+def test_a_trace_error_keeps_jaxs_explanation_and_the_users_line(invoke: Invoke) -> None:
+    result = invoke("compile", "cli_models:branches_on_a_value", "--arg", "f32[]")
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.splitlines()
+    assert lines[0] == "Error: TracerBoolConversionError: Attempted boolean conversion of traced array with shape bool[]."
+    # JAX's second half, which points at the user's function and argument, is kept.
+    assert "The error occurred while tracing the function branches_on_a_value at " in lines[1]
+    assert "depends on the value of the argument x" in lines[1]
+    assert "  at tests/cli/cli_models.py:" in result.stderr
+    assert " in branches_on_a_value: if x > 0:" in result.stderr
+    assert lines[-1] == "(run `aot --debug ...` for the traceback)"
+
+
+def test_in_sharding_count_mismatch_is_a_usage_error(invoke: Invoke) -> None:
+    result = invoke(
+        "compile", "cli_models:matmul", "--mesh", "data=4,model=2", "--arg", "f32[64,32]",
+        "--arg", "f32[32,16]", "--in-sharding", "data,None",
+    )
+    line = one_line_error(result, code=2)
+    assert line == (
+        "Error: 1 in_shardings for 2 positional arguments (x, w); give one per positional "
+        "argument ('' for replicated, 'auto' to let the compiler choose)"
+    )
+
+
+def test_an_unknown_dtype_lists_the_dtypes_once_and_suggests_one(invoke: Invoke) -> None:
+    line = one_line_error(invoke("compile", "fixtures.models:tiny", "--arg", "fp32[8]", "--arg", "f32[8]"))
+    assert line.startswith("Error: malformed spec 'fp32[8]': unknown dtype 'fp32' (did you mean f32?); expected ")
+    assert line.count("c64, c128") == 1
+
+
+def test_x64_flag_compiles_with_64_bit_types(invoke: Invoke) -> None:
+    data = compile_json(invoke, "fixtures.models:tiny", "--arg", "f64[8]", "--arg", "f64[8]", "--x64", "--name", "tiny64")
+    assert data["signature"] == "f64[8], f64[8]"  # never narrowed to f32
+    manifest = json.loads(invoke("show", "tiny64", "--json").stdout)["entries"][0]["manifest"]
+    assert manifest["program"]["parts"]["x64"] == "true"
+    assert manifest["environment"]["parts"]["x64"] == "true"
+    # An x64 entry is looked up under x64 too: the second compile is a hit.
+    again = compile_json(invoke, "fixtures.models:tiny", "--arg", "f64[8]", "--arg", "f64[8]", "--x64", "--name", "tiny64")
+    assert again["hit"] is True and again["key"] == data["key"]
+    # ls in a process without x64 names the difference.
+    row = [line for line in invoke("ls", "tiny64").stdout.splitlines() if "tiny64" in line][0]
+    assert " x64 true " in row
+
+
 def test_debug_shows_the_exception(invoke: Invoke) -> None:
     quiet = invoke("compile", "nosuch.module:f")
     assert quiet.exit_code == 1 and quiet.exception is not None
@@ -191,27 +244,45 @@ def test_environment_variable_names_the_cache(invoke: Invoke, tmp_path, monkeypa
 
 # ---------------------------------------------------------------- why
 
-WHY_KEYS = {"name", "signature", "hit", "nearest_key", "nearest_signature", "differences", "stored"}
+WHY_KEYS = {
+    "name", "signature", "hit", "nearest_key", "nearest_signature", "differences", "stored",
+    "arguments", "argument_differences",
+}
 
 
 def test_why_explains_a_miss(invoke: Invoke, warmed) -> None:
     result = invoke("why", "mlp.forward", "--arg", "@fixtures.models:mlp_param_specs", "--arg", "f32[4,784]")
     assert result.exit_code == 1, result.output
     first, *rest = result.stdout.splitlines()
-    assert first.startswith(f"mlp.forward ({MLP_PARAMS}, f32[4,784]): miss; nearest of 3 stored entries is ")
-    assert rest == [f"  in_avals {MLP_PARAMS}, f32[1,784] != {MLP_PARAMS}, f32[4,784]"]
+    folded = "params: [{2 arrays}, {2 arrays}, {2 arrays}]"
+    assert first.startswith(f"mlp.forward ({folded}, x: f32[4,784]): miss; nearest of 3 stored entries is ")
+    # The nearest bucket by shape (batch 1 is 3 away from 4, batch 8 is 4 away).
+    assert first.endswith(f" ({folded}, x: f32[1,784])")
+    # The argument that differs, by name, as the loader says it.
+    assert rest == ["  x: stored f32[1,784], got f32[4,784]"]
+
+
+def test_why_names_a_leaf_deep_in_a_pytree(invoke: Invoke, warmed) -> None:
+    result = invoke("why", "mlp.forward", "--arg", "@cli_models:mlp_params_wider", "--arg", "f32[8,784]")
+    assert result.exit_code == 1, result.output
+    assert result.stdout.splitlines()[1:] == [
+        "  params[2]['b']: stored f32[10], got f32[12]",
+        "  params[2]['w']: stored f32[512,10], got f32[512,12]",
+    ]
 
 
 def test_why_hit_and_json(invoke: Invoke, warmed) -> None:
     result = invoke("why", "tiny", "--arg", "f32[8]", "--arg", "f32[8]")
     assert result.exit_code == 0, result.output
-    assert result.stdout.startswith("tiny (f32[8], f32[8]): hit, key ")
+    assert result.stdout.startswith("tiny (x: f32[8], y: f32[8]): hit, key ")
     data = json.loads(invoke("why", "tiny", "--arg", "f32[4]", "--arg", "f32[8]", "--json").stdout)
     assert set(data) == WHY_KEYS
     assert data["hit"] is False and data["stored"] == 1
     assert data["differences"] == [
         {"part": "in_avals", "expected": "f32[8], f32[8]", "actual": "f32[4], f32[8]"}
     ]
+    assert data["argument_differences"] == [{"path": "x", "stored": "f32[8]", "requested": "f32[4]"}]
+    assert data["arguments"] == [{"path": "x", "aval": "f32[4]"}, {"path": "y", "aval": "f32[8]"}]
 
 
 def test_why_with_target_compares_the_program(invoke: Invoke) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import aot
-from conftest import MANIFEST, REPO
+from cli_helpers import MANIFEST, REPO
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +52,8 @@ SERVE = textwrap.dedent("""
     out["mlp_max_abs_diff"] = float(np.max(np.abs(got - want)))
     tiny = aot.load("tiny", cache=folder, strict=True)
     out["tiny"] = np.asarray(tiny(*models.tiny_inputs())).tolist()
+    # Serving a folder cache reads its index with the standard library's sqlite3.
+    out["sqlalchemy"] = sorted(m for m in sys.modules if m == "sqlalchemy" or m.startswith("sqlalchemy."))
     print(json.dumps(out))
 """)
 
@@ -62,7 +64,7 @@ def test_ci_to_serving(tmp_path: Path) -> None:
     warm = run("--cache", ci_cache, "warmup", MANIFEST, "--jobs", "2")
     assert warm.stdout.splitlines()[-1].startswith("5 entries: 5 compiled, 0 hit, 0 failed in ")
 
-    listed = json.loads(run("--cache", ci_cache, "ls", "--json").stdout)
+    listed = json.loads(run("ls", "--cache", ci_cache, "--json").stdout)  # options after the command
     assert listed["count"] == 5
     assert sorted({e["name"] for e in listed["entries"]}) == ["allreduce", "mlp.forward", "tiny"]
 
@@ -93,3 +95,4 @@ def test_ci_to_serving(tmp_path: Path) -> None:
     assert out["signatures"] == 3
     assert out["mlp_shape"] == [8, 10] and out["mlp_max_abs_diff"] < 1e-4
     assert out["tiny"] == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0, 13.0, 15.0]
+    assert out["sqlalchemy"] == []  # the serving process never imported SQLAlchemy

@@ -20,9 +20,10 @@ def _commands(group: click.Group, path: tuple[str, ...] = ()):
 
 COMMANDS = list(_commands(cli))
 EXPECTED = {
-    "compile", "warmup", "ls", "show", "verify", "gc", "bundle", "bundle export",
+    "compile", "warmup", "ls", "show", "verify", "gc", "rm", "bundle", "bundle export",
     "bundle import", "why", "doctor",
 }
+GLOBAL = ("--cache", "--blobs", "--read-only", "--json", "--debug")
 
 
 def test_every_documented_command_exists() -> None:
@@ -41,6 +42,38 @@ def test_help(path: tuple[str, ...], command: click.Command) -> None:
             assert longest in result.output, f"{path}: --help does not mention {longest}"
         elif isinstance(param, click.Argument):
             assert param.make_metavar(click.Context(command)) in result.output
+
+
+@pytest.mark.parametrize("path,command", COMMANDS, ids=[" ".join(p) or "aot" for p, _ in COMMANDS])
+def test_every_command_takes_the_global_options(path: tuple[str, ...], command: click.Command) -> None:
+    options = {opt for param in command.params for opt in getattr(param, "opts", ())}
+    assert set(GLOBAL) <= options, sorted(set(GLOBAL) - options)
+
+
+def test_a_command_added_later_gets_the_global_options() -> None:
+    """fleet's push/pull/stats will join the group: the mechanism must cover them."""
+    from aot.cli.common import State, pass_state
+    from aot.cli.group import AotGroup
+
+    group = AotGroup("g")
+
+    @group.command("later")
+    @pass_state
+    def later(state: State) -> None:
+        click.echo(f"{state.location} {state.read_only} {state.json}")
+
+    result = CliRunner().invoke(group, ["later", "--cache", "/x", "--read-only", "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.output == "/x True True\n"
+
+
+def test_bundle_help_lists_its_commands_without_cutting_them_off() -> None:
+    result = CliRunner().invoke(cli, ["bundle", "--help"])
+    assert result.exit_code == 0
+    assert "  export  Write entries (all, or matching NAME_GLOBs) to FILE.\n" in result.output
+    assert "  import  Import the entries of FILE (blobs re-hashed first).\n" in result.output
+    commands = result.output.split("Commands:\n", 1)[1]
+    assert "..." not in commands
 
 
 def test_short_help_flag_and_version() -> None:

@@ -4,22 +4,32 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import aot
 from aot.cache.entry import SCHEMA_VERSION
-from conftest import MANIFEST_LABELS, Invoke, one_line_error
+from cli_helpers import MLP_TREE, Invoke, one_line_error, store_for_another_environment
 
 ENTRY_KEYS = {
     "key", "name", "program_fp", "env_fp", "signature", "platform", "exe_digest", "hlo_digest",
     "raw_size", "stored_size", "compile_seconds", "created_at", "last_used_at", "hits", "state",
     "state_reason",
 }
-SHOW_KEYS = {"entry", "manifest", "manifest_error", "this_environment", "environment_differences", "hlo"}
+LS_ENTRY_KEYS = ENTRY_KEYS | {"arguments", "this_environment", "environment_differences", "superseded_by"}
+SHOW_KEYS = {
+    "entry", "manifest", "manifest_error", "this_environment", "environment_differences", "hlo",
+    "arguments", "superseded_by",
+}
 
 
 def test_ls_without_a_cache_creates_nothing(invoke: Invoke, cache_dir) -> None:
-    for command in (["ls"], ["show", "tiny"], ["verify"], ["gc", "--dry-run"], ["why", "x"]):
+    for command in (["ls"], ["show", "tiny"], ["verify"], ["gc", "--dry-run"], ["why", "x"], ["rm", "x"]):
         line = one_line_error(invoke(*command))
-        assert line.startswith(f"Error: no cache at {cache_dir}: nothing was compiled into it yet"), line
+        assert line == (
+            f"Error: no cache at {cache_dir} (nothing was compiled into it yet: aot compile, aot "
+            "warmup and aot bundle import create one); check --cache, AOT_CACHE or [tool.aot] "
+            "(the location came from flag --cache)"
+        ), line
     assert not cache_dir.exists()
 
 
@@ -28,22 +38,69 @@ def test_ls_empty(invoke: Invoke, cache_dir) -> None:
     result = invoke("ls")
     assert result.exit_code == 0, result.output
     assert result.stdout == f"no entries in the cache at {cache_dir}\n"
-    assert json.loads(invoke("ls", "--json").stdout) == {"cache": str(cache_dir), "count": 0, "entries": []}
+    assert json.loads(invoke("ls", "--json").stdout) == {
+        "cache": str(cache_dir), "env": "all", "count": 0, "entries": [],
+    }
 
 
 def test_ls_table(invoke: Invoke, warmed) -> None:
-    result = invoke("ls")
+    result = invoke("ls")  # not a terminal, no COLUMNS: signatures are not abbreviated
     assert result.exit_code == 0, result.output
     header, *rows, footer = result.stdout.splitlines()
     assert header.split() == [
-        "KEY", "NAME", "SIGNATURE", "PLATFORM", "SIZE", "COMPILED", "LAST", "USED", "HITS", "STATE",
+        "KEY", "NAME", "SIGNATURE", "ENV", "SIZE", "COMPILED", "LAST", "USED", "HITS", "STATE",
     ]
     assert [row.split()[1] for row in rows] == ["allreduce"] + ["mlp.forward"] * 3 + ["tiny"]
-    assert all(row.split()[-1] == "ok" and " cpu " in row for row in rows)
-    # Long signatures keep both ends: the batch dimension stays visible.
-    assert "f32[512], f32[784,512], f32 ... " in rows[1] and rows[1].count("f32[") >= 4
-    assert any("f32[32,784]" in row for row in rows)
+    assert all(row.split()[-1] == "ok" for row in rows)
+    # Each argument by name, pytrees as trees.
+    assert "  x: f32[8,1024]  " in rows[0]
+    assert f"  {MLP_TREE}, x: f32[1,784]   this  " in rows[1]
+    assert "  x: f32[8], y: f32[8]  " in rows[4]
     assert footer.startswith("5 entries, ") and footer.endswith(" stored")
+
+
+@pytest.mark.parametrize(
+    "columns,mlp_signature",
+    [
+        (180, "params: [{2 arrays}, {2 arrays}, {2 arrays}], x: f32[8,784]"),
+        (140, "params: [6 arrays], x: f32[8,784]"),
+        (100, "..., x: f32[8,784]"),
+    ],
+)
+def test_ls_folds_signatures_to_the_terminal_width(
+    invoke: Invoke, warmed, columns: int, mlp_signature: str
+) -> None:
+    result = invoke("ls", "mlp.*", env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    rows = result.stdout.splitlines()[1:-1]
+    assert f"  {mlp_signature}  " in rows[1]
+    # Inner levels fold first; the batch argument stays visible. (The signature column
+    # is never narrower than 24 characters: a 100-column terminal overflows a little.)
+    if columns >= 140:
+        assert max(len(row) for row in rows) <= columns
+
+
+def test_ls_env_column_and_filter(invoke: Invoke, warmed, cache_dir) -> None:
+    key = store_for_another_environment(cache_dir, "tiny", device_count="4", xla_flags="--xla_foo")
+    rows = invoke("ls", "tiny").stdout.splitlines()
+    (foreign,) = [row for row in rows if row.startswith(key[:12])]
+    (local,) = [row for row in rows if row.startswith("tiny") is False and key[:12] not in row and "tiny" in row]
+    # The most telling part that differs, with its stored value, and how many more.
+    assert "  device_count 4 +1  " in foreign
+    assert "  this  " in local
+    assert rows[-1].endswith("; 1 for other environments (--env this hides them)")
+    only_here = invoke("ls", "tiny", "--env", "this").stdout
+    assert key[:12] not in only_here and only_here.splitlines()[-1].startswith("1 entries, ")
+    data = json.loads(invoke("ls", "tiny", "--json").stdout)
+    by_key = {e["key"]: e for e in data["entries"]}
+    assert by_key[key]["this_environment"] is False
+    assert by_key[key]["environment_differences"] == [
+        {"part": "device_count", "expected": "4", "actual": "8"},
+        {"part": "xla_flags", "expected": "--xla_foo", "actual": ""},
+    ]
+    assert json.loads(invoke("ls", "--env", "this", "--json").stdout)["count"] == 5
+    bad = invoke("ls", "--env", "mine")
+    assert bad.exit_code == 2 and "'mine' is not one of 'this', 'all'" in bad.output
 
 
 def test_ls_glob_and_json(invoke: Invoke, warmed, cache_dir) -> None:
@@ -52,7 +109,10 @@ def test_ls_glob_and_json(invoke: Invoke, warmed, cache_dir) -> None:
     data = json.loads(result.stdout)
     assert data["cache"] == str(cache_dir) and data["count"] == 3
     for entry in data["entries"]:
-        assert set(entry) == ENTRY_KEYS
+        assert set(entry) == LS_ENTRY_KEYS
+        assert entry["this_environment"] is True and entry["superseded_by"] is None
+        assert entry["arguments"][0] == {"path": "params[0]['b']", "aval": "f32[512]"}
+        assert entry["arguments"][-1]["path"] == "x"
         assert entry["name"] == "mlp.forward" and entry["state"] == "ok" and entry["platform"] == "cpu"
     assert sorted(e["signature"].rsplit(", ", 1)[1] for e in data["entries"]) == [
         "f32[1,784]", "f32[32,784]", "f32[8,784]",
@@ -64,11 +124,12 @@ def test_show_by_name_and_key_prefix(invoke: Invoke, warmed) -> None:
     result = invoke("show", "tiny")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0] == "tiny (f32[8], f32[8])"
+    assert lines[0] == "tiny (x: f32[8], y: f32[8])"
     key = lines[1].split()[-1]
     text = result.stdout
     for expected in (
         "  state        ok", "  kind         jit", "  environment  this one",
+        "arguments\n  x  f32[8]\n  y  f32[8]\n",
         "program fingerprint ", "  stablehlo ", "  in_avals ", "environment fingerprint ",
         "  jaxlib ", "  device_count      8", "cost analysis", "  flops ", "memory analysis",
         "  argument_size_in_bytes ",
@@ -78,6 +139,7 @@ def test_show_by_name_and_key_prefix(invoke: Invoke, warmed) -> None:
     assert by_key.exit_code == 0 and by_key.stdout == result.stdout
     several = invoke("show", "mlp.forward")
     assert several.stdout.count("\nprogram fingerprint ") == 3
+    assert "arguments\n  params[0]['b']  f32[512]\n  params[0]['w']  f32[784,512]\n" in several.stdout
 
 
 def test_show_json(invoke: Invoke, warmed) -> None:
@@ -87,6 +149,8 @@ def test_show_json(invoke: Invoke, warmed) -> None:
     assert entry["this_environment"] is True and entry["environment_differences"] == []
     assert entry["hlo"] is None and entry["manifest_error"] is None
     assert set(entry["entry"]) == ENTRY_KEYS
+    assert entry["arguments"] == [{"path": "x", "aval": "f32[8,1024]"}]
+    assert entry["superseded_by"] is None
     manifest = entry["manifest"]
     assert manifest["name"] == "allreduce" and manifest["kind"] == "pmap"
     assert manifest["program"]["parts"]["in_avals"] == "f32[8,1024]"
@@ -114,29 +178,71 @@ def test_show_unknown(invoke: Invoke, warmed, cache_dir) -> None:
     )
 
 
+def test_show_a_short_prefix_lists_the_candidates(invoke: Invoke, warmed) -> None:
+    keys = {e["key"]: e["name"] for e in json.loads(invoke("ls", "--json").stdout)["entries"]}
+    key = sorted(keys)[0]
+    line = one_line_error(invoke("show", key[:2]))
+    candidates = [k for k in sorted(keys) if k.startswith(key[:2])]
+    assert line == (
+        f"Error: no entry named '{key[:2]}', and '{key[:2]}' is too short for a key prefix "
+        "(give at least 4 hex digits); keys starting with it: "
+        + ", ".join(f"{k[:12]} ({keys[k]})" for k in candidates)
+    )
+    assert invoke("show", key[:4]).exit_code == 0
+
+
+def test_show_a_mistyped_name_suggests_close_ones(invoke: Invoke, warmed, cache_dir) -> None:
+    line = one_line_error(invoke("show", "mlp.froward"))
+    assert line == (
+        f"Error: no entry named 'mlp.froward' and no key starting with it in the cache at "
+        f"{cache_dir} (did you mean 'mlp.forward'?); `aot ls` lists what is stored"
+    )
+
+
 def test_show_a_foreign_entry_names_the_differences(invoke: Invoke, warmed) -> None:
     """An entry from another environment (here: its manifest says 4 devices)."""
-    from aot.artifact import Artifact
-    from aot.fingerprint import Fingerprint, combined_key
-
-    cache = aot.Cache(warmed)
-    artifact = cache.artifact(cache.entries("tiny")[0])
-    manifest = artifact.manifest
-    parts = manifest.environment.as_dict() | {"device_count": "4"}
-    environment = Fingerprint.of("environment", parts)
-    from dataclasses import replace
-
-    foreign = replace(manifest, environment=environment, key=combined_key(manifest.program, environment))
-    cache.put_artifact(Artifact(foreign, artifact.blobs))
-    data = json.loads(invoke("show", foreign.key, "--json").stdout)["entries"][0]
+    key = store_for_another_environment(warmed, "tiny", device_count="4")
+    data = json.loads(invoke("show", key, "--json").stdout)["entries"][0]
     assert data["this_environment"] is False
     assert data["environment_differences"] == [{"part": "device_count", "expected": "4", "actual": "8"}]
-    assert "  environment  another one: device_count 4 != 8" in invoke("show", foreign.key).stdout
+    assert "  environment  another one: device_count 4 != 8" in invoke("show", key).stdout
+
+
+def _two_programs_one_signature(invoke: Invoke) -> tuple[str, str]:
+    """``affine`` compiled twice for the same signature, the function changed between."""
+    base = ("compile", "cli_models:affine", "--name", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]", "--json")
+    old = json.loads(invoke(*base).stdout)["key"]
+    new = json.loads(invoke(*base, "--static", "double=true").stdout)["key"]
+    assert old != new
+    return old, new
+
+
+def test_superseded_entries_are_marked_and_gc_removes_them(invoke: Invoke) -> None:
+    old, new = _two_programs_one_signature(invoke)
+    rows = invoke("ls").stdout.splitlines()
+    (old_row,) = [r for r in rows if r.startswith(old[:12])]
+    (new_row,) = [r for r in rows if r.startswith(new[:12])]
+    assert old_row.endswith("  superseded") and new_row.endswith("  ok")
+    assert rows[-1].endswith("; 1 superseded (aot gc --superseded removes them)")
+    data = {e["key"]: e for e in json.loads(invoke("ls", "--json").stdout)["entries"]}
+    assert data[old]["superseded_by"] == new and data[new]["superseded_by"] is None
+    assert f"  state        superseded by {new[:12]} " in invoke("show", old).stdout
+    # Plain gc keeps it; --superseded removes only it.
+    assert invoke("gc", "--dry-run", "--json").exit_code == 0
+    assert json.loads(invoke("gc", "--dry-run", "--json").stdout)["entries"] == []
+    plan = json.loads(invoke("gc", "--superseded", "--json").stdout)
+    assert [(v["key"], v["reason"]) for v in plan["entries"]] == [(old, f"superseded by {new[:12]}")]
+    assert [e["key"] for e in json.loads(invoke("ls", "--json").stdout)["entries"]] == [new]
+
+
+def test_entries_of_other_environments_do_not_supersede(invoke: Invoke, warmed) -> None:
+    store_for_another_environment(warmed, "tiny", device_count="4")
+    assert "superseded" not in invoke("ls", "tiny").stdout
 
 
 # ---------------------------------------------------------------- doctor
 
-DOCTOR_KEYS = {"ok", "versions", "devices", "environment", "cache", "health"}
+DOCTOR_KEYS = {"ok", "versions", "devices", "environment", "cache", "health", "settings"}
 DOCTOR_CACHE_KEYS = {
     "location", "index", "schema_version", "supported_schema_version", "entries",
     "entries_this_environment", "quarantined", "stored_bytes", "error",
@@ -182,3 +288,23 @@ def test_doctor_masks_a_database_password(invoke: Invoke) -> None:
     data = json.loads(result.stdout)
     assert data["cache"]["location"] == "postgresql+psycopg://someone:***@127.0.0.1:1/aot"
     assert data["cache"]["error"].startswith("cannot open the cache index at ")
+
+
+# ---------------------------------------------------------------- shell completion
+
+
+def _complete(args: list[str], incomplete: str) -> list[str]:
+    from click.shell_completion import ShellComplete
+
+    from aot.cli.main import cli
+
+    completer = ShellComplete(cli, {}, "aot", "_AOT_COMPLETE")
+    return [item.value for item in completer.get_completions(args, incomplete)]
+
+
+def test_completion_of_entry_names_and_manifests(warmed, cache_dir, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    assert _complete(["--cache", str(cache_dir), "show"], "ml") == ["mlp.forward"]
+    assert _complete(["rm", "--cache", str(cache_dir)], "") == ["allreduce", "mlp.forward", "tiny"]
+    assert _complete(["ls", "--cache", str(tmp_path / "none")], "") == []  # never an error
+    assert _complete(["warmup"], "fixtures/") == ["fixtures/warmup.toml"]
+    assert _complete(["verify", "--manifest"], "fix") == ["fixtures/"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import aot
-from conftest import MANIFEST, Invoke, one_line_error
+from cli_helpers import MANIFEST, Invoke, one_line_error, store_for_another_environment
 
 VERIFY_KEYS = {"ok", "integrity", "coverage"}
 INTEGRITY_KEYS = {"ok", "checked_entries", "checked_blobs", "problems", "quarantined", "orphan_blobs"}
@@ -42,7 +42,7 @@ def test_verify_finds_and_quarantines_a_corrupt_blob(invoke: Invoke, warmed) -> 
     assert result.exit_code == 1, result.output
     lines = result.stdout.splitlines()
     assert lines[0].endswith(": PROBLEMS")
-    assert lines[1].startswith(f"problem: tiny ({key[:12]}): executable blob ")
+    assert lines[1].startswith(f"problem: tiny (x: f32[8], y: f32[8]) {key[:12]}: executable blob ")
     assert "quarantined 1 entries (`aot gc` removes them)" in lines
     assert "quarantined" in invoke("ls", "tiny").stdout
     data = json.loads(invoke("verify", "--json").stdout)
@@ -73,7 +73,8 @@ def test_verify_manifest_coverage(invoke: Invoke, warmed) -> None:
     assert strict.exit_code == 1, strict.output
     assert strict.stdout.splitlines()[-2:] == [
         f"{MANIFEST}: 1 of 5 entries missing for this environment:",
-        f"  mlp.forward[batch=8] ({MANIFEST}:17): @fixtures.models:mlp_param_specs, f32[8,784]",
+        f"  mlp.forward[batch=8] ({MANIFEST}:17): @fixtures.models:mlp_param_specs, f32[8,784]: "
+        "not stored (2 other signatures of 'mlp.forward' are)",
     ]
     lenient = invoke("verify", "--manifest", MANIFEST)
     assert lenient.exit_code == 0, lenient.output
@@ -91,13 +92,40 @@ def test_verify_manifest_coverage(invoke: Invoke, warmed) -> None:
     assert [m["label"] for m in coverage["missing"]] == ["mlp.forward[batch=8]"]
     assert set(coverage["missing"][0]) == {
         "name", "label", "target", "args", "args_from", "kwargs", "static", "bucket", "pmap",
-        "mesh", "in_shardings", "out_shardings", "donate", "source",
+        "mesh", "in_shardings", "out_shardings", "donate", "x64", "source", "reason",
     }
+    assert coverage["missing"][0]["reason"] == "not stored (2 other signatures of 'mlp.forward' are)"
+
+
+def test_verify_says_an_entry_is_stored_for_another_environment(invoke: Invoke, warmed) -> None:
+    """The cache was warmed where XLA_FLAGS gave 8 devices; this shell has fewer."""
+    store_for_another_environment(warmed, "tiny", device_count="1")
+    cache = aot.Cache(warmed)
+    (local,) = [e for e in cache.entries("tiny") if e.env_fp == cache.environment.digest]
+    cache.index.delete([local.key])
+    cache.close()
+    result = invoke("verify", "--manifest", MANIFEST, "--strict")
+    assert result.exit_code == 1, result.output
+    assert result.stdout.splitlines()[-1] == (
+        f"  tiny ({MANIFEST}:23): f32[8], f32[8]: stored for another environment (device_count 1 != 8)"
+    )
+    data = json.loads(invoke("verify", "--manifest", MANIFEST, "--json").stdout)
+    (missing,) = data["coverage"]["missing"]
+    assert missing["reason"] == "stored for another environment (device_count 1 != 8)"
+
+
+def test_verify_says_an_entry_is_quarantined(invoke: Invoke, warmed) -> None:
+    _corrupt_executable_of(warmed, "allreduce")
+    result = invoke("verify", "--manifest", MANIFEST, "--strict")
+    assert result.exit_code == 1
+    last = result.stdout.splitlines()[-1]
+    assert last.startswith(f"  allreduce ({MANIFEST}:28): f32[8,1024]: quarantined (executable blob ")
+    assert last.endswith("; `aot gc` removes it and `aot warmup` compiles it again")
 
 
 def test_verify_strict_needs_a_manifest(invoke: Invoke) -> None:
     line = one_line_error(invoke("verify", "--strict"), code=2)
-    assert line == "Error: --strict needs --manifest"
+    assert line == "Error: --strict needs --manifest (or AOT_MANIFEST, or manifest in [tool.aot])"
 
 
 def test_verify_bad_manifest_fails_before_checking(invoke: Invoke, warmed, tmp_path: Path) -> None:
@@ -142,7 +170,9 @@ def test_gc_older_than_keeps_recent_entries(invoke: Invoke, warmed) -> None:
     "option,value,message",
     [
         ("--max-size", "10Q", "cannot read size '10Q'; expected e.g. 500M, 10G or a byte count"),
-        ("--older-than", "yesterday", "cannot read age 'yesterday'; expected e.g. 12h, 30d or 2w"),
+        ("--older-than", "yesterday", "cannot read age 'yesterday'; expected e.g. 45s, 15min, 12h, 30d, 2w or 1mo (30 days)"),
+        ("--older-than", "1m", "age '1m' is ambiguous: 'm' could mean minutes or months; write 1min for 1 minute(s) or 1mo for 1 x 30 days"),
+        ("--older-than", "3y", "cannot read age '3y': unknown unit 'y'; expected e.g. 45s, 15min"),
     ],
 )
 def test_gc_bad_values_are_usage_errors(invoke: Invoke, option: str, value: str, message: str) -> None:

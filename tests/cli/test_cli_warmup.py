@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MANIFEST, MANIFEST_LABELS, Invoke, one_line_error
+from cli_helpers import MANIFEST, MANIFEST_LABELS, Invoke, one_line_error
 
 REPORT_KEYS = {"cache", "jobs", "shard", "total", "compiled", "hit", "failed", "seconds", "ok", "results"}
 RESULT_KEYS = {
     "name", "label", "status", "key", "signature", "seconds", "compile_seconds", "raw_size",
-    "stored_size", "error", "source",
+    "stored_size", "error", "source", "arguments", "traceback",
 }
 
 
@@ -28,7 +28,10 @@ def test_warmup_compiles_then_hits(invoke: Invoke) -> None:
     lines = first.stdout.splitlines()
     assert [line.split()[0] for line in lines[:-1]] == ["compiled"] * 5
     assert [line.split()[1] for line in lines[:-1]] == MANIFEST_LABELS
-    assert "tiny (f32[8], f32[8])" in first.stdout
+    assert "\ncompiled  tiny (x: f32[8], y: f32[8]) " in first.stdout
+    assert first.stdout.startswith(
+        "compiled  mlp.forward[batch=1] (params: [{2 arrays}, {2 arrays}, {2 arrays}], x: f32[1,784]) "
+    )
     assert lines[-1].startswith("5 entries: 5 compiled, 0 hit, 0 failed in ")
     second = invoke("warmup", str(MANIFEST))
     assert second.exit_code == 0, second.output
@@ -48,6 +51,8 @@ def test_warmup_json_report(invoke: Invoke, warmed, cache_dir) -> None:
     for r in report["results"]:
         assert set(r) == RESULT_KEYS
         assert r["status"] == "hit" and len(r["key"]) == 64 and r["error"] is None
+        assert r["traceback"] is None
+    assert report["results"][3]["arguments"] == [{"path": "x", "aval": "f32[8]"}, {"path": "y", "aval": "f32[8]"}]
     assert report["results"][0]["source"].endswith("fixtures/warmup.toml:17")
 
 
@@ -71,29 +76,83 @@ args = ["f32[8]", "f32[8]"]
 """)
     result = invoke("warmup", manifest)
     assert result.exit_code == 1, result.output
-    assert result.stdout.splitlines() == [
+    broken_lines = [
+        "second line of the message",
+        '  at tests/cli/cli_models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
+    ]
+    lines = result.stdout.splitlines()
+    assert lines[:7] == [
         "FAILED    broken[n=1]: ValueError: this model is broken",
+        *(" " * 10 + line for line in broken_lines),
         "FAILED    broken[n=2]: ValueError: this model is broken",
+        *(" " * 10 + line for line in broken_lines),
         "FAILED    missing: cannot import 'no_such_module_anywhere' for 'no_such_module_anywhere:f': "
         "no module named 'no_such_module_anywhere'; run from the folder that contains it, or install it",
-        result.stdout.splitlines()[3],
-        result.stdout.splitlines()[4],
     ]
-    assert result.stdout.splitlines()[3].startswith("compiled  tiny (f32[8], f32[8]) ")
-    assert result.stdout.splitlines()[4].startswith("4 entries: 1 compiled, 0 hit, 3 failed in ")
-    assert f"failed: broken[n=1] ({manifest}:2): ValueError: this model is broken" in result.stderr
+    assert lines[7].startswith("compiled  tiny (x: f32[8], y: f32[8]) ")
+    assert lines[8].startswith("4 entries: 1 compiled, 0 hit, 3 failed in ")
+    assert len(lines) == 9
+    assert f"failed: broken[n=1] ({manifest}:2): ValueError: this model is broken\n" in result.stderr
+    assert "Traceback" not in result.output  # without --debug
     assert f"failed: missing ({manifest}:8): cannot import" in result.stderr
     report = json.loads(invoke("warmup", manifest, "--json").stdout)
     assert (report["compiled"], report["hit"], report["failed"], report["ok"]) == (0, 1, 3, False)
 
 
-def test_warmup_progress_bar_on_a_terminal(invoke: Invoke, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("aot.cli.warmup._stdout_is_tty", lambda: True)
+def test_warmup_debug_prints_the_traceback_of_a_failed_entry(invoke: Invoke, tmp_path: Path) -> None:
+    manifest = write(tmp_path, '[[function]]\nname = "broken"\ntarget = "cli_models:broken"\nargs = ["f32[8]"]\n')
+    result = invoke("warmup", manifest, "--debug")
+    assert result.exit_code == 1
+    assert "traceback of broken:\nTraceback (most recent call last):\n" in result.stderr
+    assert 'cli_models.py", line 39, in broken' in result.stderr
+    assert "\nValueError: this model is broken\nsecond line of the message\n" in result.stderr
+
+
+def _terminal(monkeypatch: pytest.MonkeyPatch, stdout: bool, stderr: bool) -> None:
+    monkeypatch.setattr("aot.cli.warmup.stdout_is_tty", lambda: stdout)
+    monkeypatch.setattr("aot.cli.warmup.stderr_is_tty", lambda: stderr)
+
+
+def test_warmup_progress_on_a_terminal(invoke: Invoke, monkeypatch: pytest.MonkeyPatch) -> None:
+    _terminal(monkeypatch, stdout=True, stderr=True)
     result = invoke("warmup", MANIFEST)
     assert result.exit_code == 0, result.output
-    assert "warmup (1 job)" in result.stdout
     assert "compiled  " not in result.stdout  # no per-entry lines under a progress bar
-    assert result.stdout.splitlines()[-1].startswith("5 entries: 5 compiled, 0 hit, 0 failed in ")
+    assert result.stdout.splitlines() == [result.stdout.splitlines()[0]]
+    assert result.stdout.startswith("5 entries: 5 compiled, 0 hit, 0 failed in ")
+    frames = result.stderr.split("\r")
+    assert frames[1].startswith("warmup (1 job) [------------------------] 0/5")
+    assert frames[2].startswith("warmup (1 job) [####--------------------] 1/5, ETA ")
+    assert frames[2].rstrip().endswith("  mlp.forward[batch=1]")
+    assert frames[-1].startswith("warmup (1 job) [########################] 5/5  allreduce")
+    assert result.stderr.endswith("\n")
+
+
+def test_warmup_json_with_progress_on_stderr(invoke: Invoke, warmed, monkeypatch: pytest.MonkeyPatch) -> None:
+    _terminal(monkeypatch, stdout=False, stderr=True)
+    result = invoke("warmup", MANIFEST, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["hit"] == 5  # stdout is only the JSON
+    assert "\rwarmup (1 job) [########################] 5/5" in result.stderr
+
+
+def test_warmup_json_without_a_terminal_prints_only_json(invoke: Invoke, warmed) -> None:
+    result = invoke("--json", "warmup", MANIFEST)
+    assert result.exit_code == 0 and result.stderr == ""
+    assert json.loads(result.stdout)["total"] == 5
+
+
+def test_warmup_warns_when_jobs_exceed_the_cores(invoke: Invoke, warmed, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("aot.cache.warmup.available_cores", lambda: 2)
+    result = invoke("warmup", MANIFEST, "--jobs", "3")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == (
+        "aot: WARNING: --jobs 3 exceeds the 2 cores available to this process: the workers "
+        "will compete for them (XLA's compiler already uses several threads); --jobs 2 or "
+        "fewer is usually faster"
+    )
+    quiet = invoke("warmup", MANIFEST, "--jobs", "2")
+    assert "WARNING" not in quiet.stderr
 
 
 @pytest.mark.parametrize(
@@ -144,7 +203,47 @@ def test_warmup_read_only_cache_that_does_not_exist(invoke: Invoke, cache_dir) -
     assert line.startswith(f"Error: no cache at {cache_dir} (opened read-only")
 
 
+def test_manifest_x64_key(invoke: Invoke, tmp_path: Path) -> None:
+    manifest = write(tmp_path, """
+[[function]]
+name = "tiny64"
+target = "fixtures.models:tiny"
+args = ["f64[8]", "f64[8]"]
+x64 = true
+""")
+    result = invoke("warmup", manifest, "--json")
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(result.stdout)["results"]
+    assert entry["signature"] == "f64[8], f64[8]" and entry["status"] == "compiled"
+    again = json.loads(invoke("warmup", manifest, "--json").stdout)["results"][0]
+    assert again["status"] == "hit" and again["key"] == entry["key"]
+    # Coverage is checked under x64 too.
+    verified = invoke("verify", "--manifest", manifest, "--strict")
+    assert verified.exit_code == 0, verified.output
+    assert verified.stdout.splitlines()[-1] == f"{manifest}: all 1 entries are stored for this environment"
+    bad = write(tmp_path, '[[function]]\nname = "x"\ntarget = "m:f"\nx64 = "yes"\n', "bad.toml")
+    line = one_line_error(invoke("warmup", bad))
+    assert line == f"Error: {bad}:1: [[function]] #1 ('x'): 'x64' must be true or false, got 'yes'"
+
+
 def test_warmup_jobs_must_be_positive(invoke: Invoke) -> None:
     result = invoke("warmup", MANIFEST, "--jobs", "0")
     assert result.exit_code == 2
     assert "Invalid value for '-j' / '--jobs'" in result.output
+
+
+def test_the_eta_comes_from_the_finished_entries() -> None:
+    from aot.cli.progress import Progress, eta_seconds
+
+    assert eta_seconds(12.0, 0, 5) is None  # nothing finished: no guess
+    assert eta_seconds(12.0, 3, 5) == 8.0
+    assert eta_seconds(12.0, 5, 5) == 0.0
+    now = [100.0]
+    progress = Progress(4, "warmup (1 job)", clock=lambda: now[0])
+    assert progress.line() == "warmup (1 job) [------------------------] 0/4"
+    now[0] = 103.0
+    progress.done = 1  # one entry took 3 s: 9 s for the other three
+    assert progress.line("tiny") == "warmup (1 job) [######------------------] 1/4, ETA 0:09  tiny"
+    now[0] = 160.0
+    progress.done, progress.failed = 2, 1
+    assert progress.line() == "warmup (1 job) [############------------] 2/4, 1 failed, ETA 1:00"

@@ -18,7 +18,7 @@ from aot.cache.warmup import (
     parse_manifest,
     run_warmup,
 )
-from conftest import MANIFEST, MANIFEST_LABELS
+from cli_helpers import MANIFEST, MANIFEST_LABELS
 
 
 def test_fixture_manifest_expands_to_its_buckets() -> None:
@@ -94,13 +94,26 @@ def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
         WarmupItem("dies", "cli_models:dies_in_worker", ("f32[4]",)),           # kills its worker
         WarmupItem("tiny", "fixtures.models:tiny", ("f32[2]", "f32[2]")),       # compiles
         WarmupItem("broken", "cli_models:broken", ("f32[4]",)),                 # fails (the error is recorded)
+        WarmupItem("tiny64", "fixtures.models:tiny", ("f64[2]", "f64[2]"), x64=True),  # x64 in the worker
     ]
     signed = aot.Cache(location, signing_key="ci-secret")
     report = run_warmup(signed, items, jobs=2)
     statuses = [(r.label, r.status) for r in report.results]
-    assert statuses == [("tiny", "hit"), ("dies", "failed"), ("tiny", "compiled"), ("broken", "failed")]
+    assert statuses == [
+        ("tiny", "hit"), ("dies", "failed"), ("tiny", "compiled"), ("broken", "failed"), ("tiny64", "compiled"),
+    ]
+    assert report.results[4].signature == "f64[2], f64[2]"
+    x64_entry = signed.index.get(report.results[4].key)
+    assert '"x64":"true"' in x64_entry.manifest
     assert report.results[1].error == "the worker process died while compiling it (crash or out of memory)"
-    assert report.results[3].error == "ValueError: this model is broken"
+    # The worker's failure arrives whole: the full message, the user's line, the traceback.
+    assert report.results[3].error.splitlines() == [
+        "ValueError: this model is broken",
+        "second line of the message",
+        '  at tests/cli/cli_models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
+    ]
+    assert "Traceback (most recent call last)" in report.results[3].traceback
+    assert 'cli_models.py", line 39, in broken' in report.results[3].traceback
     assert report.to_dict()["failed"] == 2
     # The workers opened the cache as the caller did: with its signing key.
     compiled = signed.index.get(report.results[2].key)
@@ -140,3 +153,24 @@ def test_item_validation() -> None:
         WarmupItem("x", "m:f", ("f32[8]",), pmap="i", mesh=(("data", 8),))
     with pytest.raises(aot.ManifestError, match="is not MODULE:ATTRIBUTE"):
         WarmupItem("x", "m.f")
+
+
+def test_a_64_bit_spec_error_says_how_to_opt_in() -> None:
+    from aot.cache.targets import x64_hint
+    from aot.errors import SpecError
+
+    refused = SpecError("spec 'f64[8]' needs 64-bit types, but x64 is disabled")
+    plain = WarmupItem("t", "fixtures.models:tiny", ("f64[8]", "f64[8]"))
+    hinted = x64_hint(plain, refused)
+    assert str(hinted) == (
+        "spec 'f64[8]' needs 64-bit types, but x64 is disabled (to compile this entry with "
+        "64-bit types, set x64 = true in its [[function]] table, or pass --x64 to aot compile)"
+    )
+    opted_in = WarmupItem("t", "fixtures.models:tiny", ("f64[8]", "f64[8]"), x64=True)
+    assert x64_hint(opted_in, refused) is refused
+    narrow = WarmupItem("t", "fixtures.models:tiny", ("f32[8]", "f32[8]"))
+    assert x64_hint(narrow, refused) is refused
+    aliased = WarmupItem("t", "fixtures.models:tiny", ("float64[8]",), kwargs=(("y", "i64[]"),))
+    assert str(x64_hint(aliased, refused)).endswith("or pass --x64 to aot compile)")
+    unrelated = SpecError("malformed sharding 'da-ta'")
+    assert x64_hint(plain, unrelated) is unrelated

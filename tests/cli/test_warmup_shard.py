@@ -21,7 +21,7 @@ from aot.cache.warmup_shard import (
     plan_shards,
     select_shard,
 )
-from conftest import MANIFEST, MANIFEST_LABELS, Invoke
+from cli_helpers import MANIFEST, MANIFEST_LABELS, Invoke
 
 
 @pytest.fixture(scope="module")
