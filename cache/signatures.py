@@ -141,7 +141,8 @@ class Signature:
         """From a manifest's ``args`` (``path``, ``shape``, ``dtype`` per leaf)."""
         leaves = []
         for arg in args:
-            dims = ",".join(str(int(d)) for d in arg["shape"])
+            # A symbolic dimension is stored as its expression ("b", "2*b").
+            dims = ",".join(str(d) if isinstance(d, str) else str(int(d)) for d in arg["shape"])
             leaves.append(ArgLeaf(str(arg.get("path", "")), f"{_short_dtype(str(arg['dtype']))}[{dims}]"))
         return cls(tuple(leaves))
 

@@ -11,6 +11,10 @@ import aot
 from cli_helpers import Invoke
 
 MLP_PARAMS = "f32[512], f32[784,512], f32[512], f32[512,512], f32[10], f32[512,10]"
+MLP_TREE = (
+    "params: [{b: f32[512], w: f32[784,512]}, {b: f32[512], w: f32[512,512]}, "
+    "{b: f32[10], w: f32[512,10]}]"
+)
 ARGS = (
     "compile", "fixtures.models:mlp_forward", "--arg", "@fixtures.models:mlp_param_specs",
     "--arg", "f32[b,784]", "--name", "mlp.any",
@@ -25,7 +29,7 @@ def test_compile_stores_a_symbolic_entry_that_every_command_handles(invoke: Invo
         "stored the symbolic program mlp.any (portable HLO; compiled for each concrete shape "
         "when served)"
     )
-    assert lines[1] == f"  signature  {MLP_PARAMS}, f32[b,784]"
+    assert lines[1] == f"  signature  {MLP_TREE}, x: f32[b,784]"
     assert invoke(*ARGS).stdout.splitlines()[0] == "hit: mlp.any was in the cache (no compile)"
 
     listing = json.loads(invoke("ls", "--json").stdout)["entries"]
