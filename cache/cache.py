@@ -6,7 +6,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +26,11 @@ from aot.executable import MeshExecutable
 from aot.fingerprint import environment_fingerprint
 from aot.lowering import lower, lower_pmap
 from aot.signing import key_from, sign, verify
-from aot.cache.blobs import BlobStore, FolderBlobStore
+from aot.cache.content import ContentStore
 from aot.cache.entry import IndexEntry
+from aot.cache.names import check_name
+from aot.cache.objectstore import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
+from aot.cache.pauses import reached
 
 if TYPE_CHECKING:
     from aot.cache.index import Index
@@ -46,7 +49,51 @@ def default_location() -> str:
 
 
 def is_url(location: str) -> bool:
-    return "://" in location
+    """Whether ``location`` is a URL (a database, or file://), not a plain folder path.
+
+    Recognised by scheme (:func:`aot.cache.objectstore.classify_location`); an
+    unknown scheme raises :class:`CacheError`.
+    """
+    return classify_location(location).scheme is not None
+
+
+#: How many times a writer starts over when gc took its expired lease.
+_LEASE_ATTEMPTS = 3
+
+
+def check_folder_cache(folder: str | os.PathLike[str]) -> None:
+    """Raises :class:`CacheError` unless ``folder`` holds a cache index; says so when
+    the index is missing or empty but blobs are there (a lost or truncated index)."""
+    folder = Path(folder).expanduser()
+    index_file = folder / "index.sqlite"
+    try:
+        size = index_file.stat().st_size
+    except FileNotFoundError:
+        size = None
+    if size:
+        return
+    blobs = _count_blob_files(folder / "blobs")
+    if blobs:
+        state = "is missing" if size is None else "is empty (0 bytes)"
+        raise CacheError(
+            f"the cache index {index_file} {state}, but {folder / 'blobs'} holds {blobs} "
+            "blobs: the index was lost or truncated. Restore index.sqlite from a backup, or "
+            "rebuild it (`aot bundle import` a bundle, or `aot warmup` again: stored blobs are "
+            "reused; `aot gc` will not delete them while the index is empty)"
+        )
+    raise CacheError(
+        f"no cache at {folder}: nothing was compiled into it yet (aot compile, "
+        "aot warmup and aot bundle import create one); check --cache or AOT_CACHE"
+    )
+
+
+def _count_blob_files(root: Path) -> int:
+    """Blob files in a folder store, without opening the store (cheap, read-only)."""
+    from aot.cache.blobs import FolderObjectStore
+
+    if not root.is_dir():
+        return 0
+    return sum(1 for _ in FolderObjectStore(root, read_only=True).list())
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,37 +141,56 @@ class Cache:
         self.read_only = read_only
         self.signing_key = key_from(signing_key)
         self.require_signatures = require_signatures
+        self.blob_location = str(blob_location) if blob_location is not None else None
         self._index: Index | None = None
         self._index_file: Path | None = None
         self._reader: SqliteReader | None = None
-        if is_url(location):
+        where = classify_location(location)
+        if where.kind == OBJECT:
+            raise CacheError(
+                f"{where.scheme}:// cannot hold a cache index: give a folder or a database URL "
+                f"as the cache, and the object store as its blob location, e.g. "
+                f"Cache('postgresql+psycopg://host/db', blob_location={location!r}) "
+                f"(aot --cache URL --blobs {location})"
+            )
+        if where.kind == DATABASE:
             from aot.cache.index import Index
 
             self._index = Index(location, read_only=read_only)
-            if blob_location is not None:
-                self.blobs: BlobStore = FolderBlobStore(Path(blob_location), read_only=read_only)
-            else:
-                from aot.cache.dbblobs import DatabaseBlobStore
+            if self.blob_location is None or _same_database(self.blob_location, location):
+                from aot.cache.dbblobs import SqlObjectStore
 
-                self.blobs = DatabaseBlobStore(self._index.engine, read_only=read_only)
+                store = SqlObjectStore(self._index.engine, read_only=read_only)
+            else:
+                store = self._open_blobs(self.blob_location)
         else:
-            folder = Path(location).expanduser()
+            folder = Path(where.target)
+            self._index_file = folder / "index.sqlite"
             if not read_only:
                 try:
                     folder.mkdir(parents=True, exist_ok=True)
                 except OSError as exc:
                     raise CacheError(f"cannot create the cache folder {folder}: {exc}") from exc
-            elif not (folder / "index.sqlite").exists():
+            elif not self._index_file.is_file() or self._index_file.stat().st_size == 0:
+                check_folder_cache(folder)  # says what is wrong
                 raise CacheError(
                     f"no cache at {folder} (opened read-only, so nothing was created); "
                     "check the path or AOT_CACHE"
                 )
-            self._index_file = folder / "index.sqlite"
             if not self._index_file.exists():
                 self.index  # noqa: B018 - creates the schema of a new cache now
-            blob_root = Path(blob_location) if blob_location is not None else folder / "blobs"
-            self.blobs = FolderBlobStore(blob_root, read_only=read_only)
+            store = self._open_blobs(self.blob_location or str(folder / "blobs"))
+        self.blobs = ContentStore(store)
         self._environment = None
+
+    def _open_blobs(self, location: str) -> Any:
+        engine = self._index.engine if self._index is not None and _same_database(location, self.location) else None
+        try:
+            return open_object_store(location, read_only=self.read_only, engine=engine)
+        except CacheError:
+            if self._index is not None:
+                self._index.close()
+            raise
 
     def __repr__(self) -> str:
         return f"Cache({self.display_location!r}, read_only={self.read_only})"
@@ -173,7 +239,7 @@ class Cache:
     @property
     def display_location(self) -> str:
         """``location`` for messages and logs: a database URL's password is masked."""
-        if not is_url(self.location):
+        if classify_location(self.location).kind == FOLDER:
             return self.location
         from aot.cache.index import mask_url
 
@@ -182,6 +248,7 @@ class Cache:
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
+        self.blobs.close()
         if self._index is not None:
             self._index.close()
 
@@ -226,31 +293,36 @@ class Cache:
         return self.put_artifact(artifact)
 
     def put_artifact(self, artifact: Artifact) -> IndexEntry:
-        """Blobs first (durable), index row last, in one transaction."""
+        """Stores an artifact: blobs first (durable), the index row last.
+
+        Safe against a concurrent gc (the protocol is in docs/reliability.md): the
+        blobs are leased in the index before they are checked or written, and the
+        lease is released in the transaction that commits the row.
+        """
+        return self.store_artifact(artifact)[0]
+
+    def store_artifact(self, artifact: Artifact) -> tuple[IndexEntry, str]:
+        """:meth:`put_artifact`, and what it did: ``"stored"``, ``"present"`` (stored
+        and intact already: nothing written) or ``"repaired"`` (the stored row's blobs
+        were missing or corrupt; blobs written again and the row replaced)."""
         self._check_writable("store an artifact")
         manifest = artifact.manifest
+        check_name(manifest.name)  # before any blob is written
         if self.signing_key is not None:
             if manifest.hmac is None:
                 manifest = sign(manifest, self.signing_key)
             else:  # signed elsewhere: store it only if this cache could load it
                 verify(manifest, self.signing_key)
         existing = self.index.get(manifest.key)
-        if existing is not None and existing.ok and all(
-            self.blobs.check(d) is None for d in (existing.exe_digest, existing.hlo_digest) if d
-        ):
-            # Stored and intact. XLA's executables are not byte-identical from one compile
-            # to the next, so writing this one would only leave an orphan blob behind
-            # (and `aot verify` reports orphans).
-            return existing
-        sizes: dict[str, tuple[int, int]] = {}
-        for role, ref in manifest.blobs.items():
-            data = artifact.blob(role)  # verifies the digest
-            try:
-                digest = self.blobs.put(data)
-            except CacheError as exc:  # full disk, permissions: say which entry
-                raise type(exc)(f"storing {manifest.name!r} ({manifest.key[:12]}): {exc}") from exc
-            stored = self.blobs.stored_size(digest) or len(data)
-            sizes[digest] = (len(data), stored)
+        broken = False
+        if existing is not None and existing.ok:
+            if all(self.blobs.check(d) is None for d in _entry_digests(existing)):
+                # Stored and intact. XLA's executables are not byte-identical from one
+                # compile to the next, so writing this one would only leave an orphan
+                # blob behind (and `aot verify` reports orphans).
+                return existing, "present"
+            broken = True
+        data = {ref.digest: artifact.blob(role) for role, ref in manifest.blobs.items()}  # verified
         entry = IndexEntry(
             key=manifest.key,
             name=manifest.name,
@@ -261,19 +333,52 @@ class Cache:
             manifest=manifest.to_json(),
             exe_digest=manifest.blobs[EXECUTABLE].digest,
             hlo_digest=manifest.blobs[PORTABLE_HLO].digest if PORTABLE_HLO in manifest.blobs else None,
-            raw_size=sum(size for size, _ in sizes.values()),
-            stored_size=sum(stored for _, stored in sizes.values()),
+            raw_size=0,
+            stored_size=0,
             compile_seconds=manifest.compile_seconds,
         )
-        try:
-            added = self.index.add(entry, blob_sizes=sizes)
-        except CacheError as exc:
-            raise type(exc)(f"storing {manifest.name!r} ({manifest.key[:12]}): {exc}") from exc
-        log.info(
-            "%s %s (%s) key %s", "stored" if added else "already had", manifest.name,
-            manifest.signature, manifest.key[:12],
+        label = f"{manifest.name!r} ({manifest.key[:12]})"
+        from aot.cache.index import LeaseLostError
+
+        for attempt in range(1, _LEASE_ATTEMPTS + 1):
+            reached("put.start")
+            try:
+                lease = self.index.lease(data)
+            except CacheError as exc:
+                raise type(exc)(f"storing {label}: {exc}") from exc
+            try:
+                reached("put.leased")
+                sizes: dict[str, tuple[int, int]] = {}
+                for digest, blob in data.items():
+                    stored = self.blobs.store_bytes(blob)
+                    sizes[digest] = (stored.size, stored.stored_size)
+                reached("put.blobs_ready")
+                final = replace(
+                    entry,
+                    raw_size=sum(size for size, _ in sizes.values()),
+                    stored_size=sum(stored for _, stored in sizes.values()),
+                )
+                added = self.index.add(final, blob_sizes=sizes, lease=lease, stamp=True, replace=broken)
+            except LeaseLostError as exc:
+                log.warning("%s (attempt %d of %d)", exc, attempt, _LEASE_ATTEMPTS)
+                continue
+            except BaseException as exc:
+                self.index.release(lease)
+                if isinstance(exc, CacheError):  # full disk, permissions: say which entry
+                    raise type(exc)(f"storing {label}: {exc}") from exc
+                raise
+            reached("put.committed")
+            log.info(
+                "%s %s (%s) key %s", "stored" if added else "already had", manifest.name,
+                manifest.signature, manifest.key[:12],
+            )
+            outcome = "repaired" if broken else ("stored" if added else "present")
+            return self.index.get(entry.key) or final, outcome
+        raise CacheError(
+            f"storing {label}: its blob leases expired {_LEASE_ATTEMPTS} times before the "
+            "row could be committed (each lease lasts an hour on the database clock); is the "
+            "blob store very slow, or this process being suspended?"
         )
-        return self.index.get(entry.key) or entry
 
     # ------------------------------------------------------------------ reading
 
@@ -360,6 +465,8 @@ class Cache:
         """Lowers ``fn``; on a hit loads the stored executable, on a miss compiles and stores."""
         start = time.perf_counter()
         computation = (lower_pmap if pmap else lower)(fn, *args, name=name, **lower_kwargs)
+        if not self.read_only:
+            check_name(computation.name)  # before an XLA compile that could not be stored
         key = computation.fingerprint
         entry = self.index.get(key)
         if entry is not None and entry.ok:
@@ -398,10 +505,13 @@ class Cache:
 
     def gc(
         self, max_size: int | str | None = None, older_than: Any = None, *, dry_run: bool = False,
+        force: bool = False,
     ) -> Any:
+        """Plan-then-execute garbage collection; ``force`` deletes blobs even when the
+        index is empty (it refuses otherwise: a lost index is not an empty cache)."""
         from aot.cache.maintenance import collect_garbage
 
-        return collect_garbage(self, max_size=max_size, older_than=older_than, dry_run=dry_run)
+        return collect_garbage(self, max_size=max_size, older_than=older_than, dry_run=dry_run, force=force)
 
     def export_bundle(self, path: str | os.PathLike[str], names: str | Iterable[str] | None = None) -> Any:
         """Every intact entry whose name matches one of the globs ``names`` (all if None)."""
@@ -420,6 +530,19 @@ class Cache:
         from aot.cache.explain import explain
 
         return explain(self, name, *args, fn=fn, **lower_kwargs)
+
+
+def _entry_digests(entry: IndexEntry) -> list[str]:
+    return [d for d in (entry.exe_digest, entry.hlo_digest) if d]
+
+
+def _same_database(a: str, b: str) -> bool:
+    """Whether two locations are the same database URL (then one engine serves both)."""
+    if classify_location(a).kind != DATABASE or classify_location(b).kind != DATABASE:
+        return False
+    from sqlalchemy.engine import make_url
+
+    return make_url(a) == make_url(b)
 
 
 def _unstored_entry(artifact: Artifact) -> IndexEntry:

@@ -11,7 +11,6 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -39,17 +38,11 @@ class State:
         in ``--cache`` is not an empty cache.
         """
         if self._cache is None:
-            from aot.cache.cache import Cache, default_location, is_url
-            from aot.errors import CacheError
+            from aot.cache.cache import Cache, check_folder_cache, default_location, is_url
 
             location = self.location if self.location is not None else default_location()
             if not create and not is_url(location):
-                folder = Path(location).expanduser()
-                if not (folder / "index.sqlite").exists():
-                    raise CacheError(
-                        f"no cache at {folder}: nothing was compiled into it yet (aot compile, "
-                        "aot warmup and aot bundle import create one); check --cache or AOT_CACHE"
-                    )
+                check_folder_cache(location)  # missing, or lost/truncated beside blobs
             self._cache = Cache(location, read_only=self.read_only)
             click.get_current_context().call_on_close(self._close)
         return self._cache
