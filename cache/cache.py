@@ -66,24 +66,27 @@ def check_folder_cache(folder: str | os.PathLike[str]) -> None:
     the index is missing or empty but blobs are there (a lost or truncated index)."""
     folder = Path(folder).expanduser()
     index_file = folder / "index.sqlite"
-    try:
-        size = index_file.stat().st_size
-    except FileNotFoundError:
-        size = None
-    if size:
+    if index_file.is_file() and index_file.stat().st_size > 0:
         return
-    blobs = _count_blob_files(folder / "blobs")
-    if blobs:
-        state = "is missing" if size is None else "is empty (0 bytes)"
-        raise CacheError(
-            f"the cache index {index_file} {state}, but {folder / 'blobs'} holds {blobs} "
-            "blobs: the index was lost or truncated. Restore index.sqlite from a backup, or "
-            "rebuild it (`aot bundle import` a bundle, or `aot warmup` again: stored blobs are "
-            "reused; `aot gc` will not delete them while the index is empty)"
-        )
     raise CacheError(
-        f"no cache at {folder}: nothing was compiled into it yet (aot compile, "
+        _lost_index_message(folder)
+        or f"no cache at {folder}: nothing was compiled into it yet (aot compile, "
         "aot warmup and aot bundle import create one); check --cache or AOT_CACHE"
+    )
+
+
+def _lost_index_message(folder: Path) -> str | None:
+    """What to say when a folder's index is missing or empty but its blobs are there."""
+    index_file = folder / "index.sqlite"
+    blobs = _count_blob_files(folder / "blobs")
+    if not blobs:
+        return None
+    state = "is empty (0 bytes)" if index_file.is_file() else "is missing"
+    return (
+        f"the cache index {index_file} {state}, but {folder / 'blobs'} holds {blobs} "
+        "blobs: the index was lost or truncated. Restore index.sqlite from a backup, or "
+        "rebuild it (`aot bundle import` a bundle, or `aot warmup` again: stored blobs are "
+        "reused; `aot gc` will not delete them while the index is empty)"
     )
 
 
@@ -172,9 +175,9 @@ class Cache:
                 except OSError as exc:
                     raise CacheError(f"cannot create the cache folder {folder}: {exc}") from exc
             elif not self._index_file.is_file() or self._index_file.stat().st_size == 0:
-                check_folder_cache(folder)  # says what is wrong
                 raise CacheError(
-                    f"no cache at {folder} (opened read-only, so nothing was created); "
+                    _lost_index_message(folder)
+                    or f"no cache at {folder} (opened read-only, so nothing was created); "
                     "check the path or AOT_CACHE"
                 )
             if not self._index_file.exists():

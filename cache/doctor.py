@@ -109,7 +109,7 @@ def diagnose(location: str | None = None, *, check: bool = True) -> Diagnosis:
         entries = cache.index.entries()
         health = cache.verify(quarantine=False) if check else None
         stats = list(cache.blobs.list())
-        empty = empty_index_problem(cache, len(stats)) if not entries else None
+        empty = empty_index_problem(cache, [s.digest for s in stats]) if not entries else None
         return Diagnosis(
             **base,  # type: ignore[arg-type]
             index=cache.index.url,

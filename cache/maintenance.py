@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -66,13 +67,14 @@ class VerifyReport:
         }
 
 
-def empty_index_problem(cache: Cache, stored: int | None = None) -> str | None:
-    """A message when the index has no row but the blob store holds blobs: the index
-    was lost, truncated or replaced, and gc would otherwise delete every blob."""
+def empty_index_problem(cache: Cache, digests: Iterable[str] | None = None) -> str | None:
+    """A message when the index has no row but the blob store holds blobs (``digests``,
+    listed if not given) that no writer has leased: the index was lost, truncated or
+    replaced, and gc would otherwise delete every blob."""
     if not cache.index.is_empty():
         return None
-    if stored is None:
-        stored = sum(1 for _ in cache.blobs.list())
+    found = set(digests) if digests is not None else {s.digest for s in cache.blobs.list()}
+    stored = len(found - cache.index.leased_digests()) if found else 0
     if not stored:
         return None
     return (
@@ -111,7 +113,7 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
     referenced = cache.index.referenced_digests() | cache.index.leased_digests()
     stored = cache.blobs.digests()
     orphans = tuple(d for d in stored if d not in referenced)
-    empty = empty_index_problem(cache, len(stored)) if not entries else None
+    empty = empty_index_problem(cache, stored) if not entries else None
     report = VerifyReport(
         len(entries), len(blob_state), tuple(problems), tuple(quarantined), orphans,
         (empty,) if empty else (),
@@ -321,7 +323,7 @@ def plan_gc(
     ))
     warnings: tuple[str, ...] = ()
     if not entries and stored and not force:
-        problem = empty_index_problem(cache, len(stored))
+        problem = empty_index_problem(cache, stored)
         if problem is not None:
             warnings = (problem,)
             dead_blobs = ()

@@ -35,7 +35,7 @@ def verify_command(state: State, manifest: str | None, strict: bool, as_json: bo
     missing = coverage(cache, items) if items is not None else None
     # Unreferenced blobs are garbage, not damage (a writer may be between its blob and
     # its index row): reported, but only problems with entries fail the check.
-    failed = bool(report.problems) or (strict and bool(missing))
+    failed = bool(report.problems) or bool(report.cache_problems) or (strict and bool(missing))
     if as_json:
         echo_json({
             "ok": not failed,
@@ -48,11 +48,13 @@ def verify_command(state: State, manifest: str | None, strict: bool, as_json: bo
             },
         })
     else:
-        status = "PROBLEMS" if report.problems else "ok"
+        status = "PROBLEMS" if report.problems or report.cache_problems else "ok"
         click.echo(
             f"verified {report.checked_entries} entries and {report.checked_blobs} blobs "
             f"in {cache.display_location}: {status}"
         )
+        for what in report.cache_problems:
+            click.echo(f"problem: {what}")
         for problem in report.problems:
             click.echo(f"problem: {problem.name} ({problem.key[:12]}): {problem.what}")
         if report.quarantined:
@@ -107,20 +109,24 @@ def _age_option(ctx: click.Context, param: click.Parameter, value: str | None) -
 @click.option("--max-size", callback=_size_option, metavar="SIZE", help="Evict least recently used entries until the cache fits, e.g. 10G.")
 @click.option("--older-than", callback=_age_option, metavar="AGE", help="Remove entries unused for longer than this, e.g. 30d, 12h, 2w.")
 @click.option("--dry-run", is_flag=True, help="Only print the plan.")
+@click.option("--force", is_flag=True, help="Delete blobs even when the index is empty (it refuses otherwise).")
 @json_option
 @pass_state
 def gc_command(
-    state: State, max_size: int | None, older_than: str | None, dry_run: bool, as_json: bool
+    state: State, max_size: int | None, older_than: str | None, dry_run: bool, force: bool, as_json: bool
 ) -> None:
     """Remove quarantined, stale and least recently used entries, and unreferenced blobs.
 
     Prints the plan (what goes and the bytes it frees), then carries it out unless
-    --dry-run.
+    --dry-run. An empty index beside stored blobs (a lost or truncated index) makes gc
+    refuse to delete blobs unless --force.
     """
-    plan = state.cache().gc(max_size=max_size, older_than=older_than, dry_run=dry_run)
+    plan = state.cache().gc(max_size=max_size, older_than=older_than, dry_run=dry_run, force=force)
     if as_json:
         echo_json(plan.to_dict())
         return
+    for warning in plan.warnings:
+        click.echo(f"warning: {warning}")
     if not plan.entries and not plan.blobs:
         click.echo(f"nothing to collect (cache {human_size(plan.size_before)})")
         return

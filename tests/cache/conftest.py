@@ -95,6 +95,32 @@ def read_only_twin(store: ContentStore) -> ContentStore:
     raise TypeError(raw)
 
 
+def age_blob(store: ContentStore, digest: str, seconds: float) -> None:
+    """Make a stored blob ``seconds`` old on its store's clock (mtime / created_at)."""
+    import datetime as dt
+    import os
+
+    from aot.cache.index import BlobDataRow
+
+    raw = store.store
+    when = raw.now() - dt.timedelta(seconds=seconds)
+    if isinstance(raw, FolderObjectStore):
+        os.utime(raw.path_for(digest), (when.timestamp(), when.timestamp()))
+    elif isinstance(raw, MemoryObjectStore):
+        raw._data[digest] = (raw._data[digest][0], when)
+    elif isinstance(raw, SqlObjectStore):
+        t = BlobDataRow.__table__
+        with raw.engine.begin() as conn:
+            conn.execute(sa.update(t).where(t.c.digest == digest).values(created_at=when))
+    else:
+        raise TypeError(raw)
+
+
+@pytest.fixture
+def set_blob_age() -> Callable[[ContentStore, str, float], None]:
+    return age_blob
+
+
 # Test modules cannot import from conftest.py unambiguously (tests/conftest.py has
 # the same module name), so the helpers are handed out as fixtures.
 

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from aot.cache import index as index_mod
-from aot.cache.blobs import digest_of
+from aot.cache.content import digest_of
 from aot.cache.index import SCHEMA_VERSION, Index, IndexEntry, Migration, glob_to_like
 from aot.errors import CacheError, ReadOnlyCacheError
 

@@ -23,17 +23,9 @@ def _flip(cache, digest: str, read_raw, write_raw) -> None:  # noqa: ANN001
     write_raw(cache.blobs, digest, bytes(stored))
 
 
-def _age_blob(cache, digest: str) -> None:  # noqa: ANN001
-    """Make a blob older than the orphan grace period (file mtime / blobs_data row)."""
-    path_for = getattr(cache.blobs, "path_for", None)
-    if path_for is not None:
-        old = time.time() - ORPHAN_GRACE_SECONDS - 60
-        os.utime(path_for(digest), (old, old))
-    else:
-        t = BlobDataRow.__table__
-        old_dt = utcnow() - dt.timedelta(seconds=ORPHAN_GRACE_SECONDS + 60)
-        with cache.blobs.engine.begin() as conn:
-            conn.execute(sa.update(t).where(t.c.digest == digest).values(created_at=old_dt))
+def _age_blob(cache, digest: str, set_blob_age) -> None:  # noqa: ANN001
+    """Make a blob older than the orphan grace period, on its store's clock."""
+    set_blob_age(cache.blobs, digest, ORPHAN_GRACE_SECONDS + 60)
 
 
 def _stored(cache) -> int:  # noqa: ANN001
@@ -54,7 +46,7 @@ def test_verify_a_healthy_cache(cache: aot.Cache, compiled) -> None:  # noqa: AN
 
 
 def test_verify_finds_a_flipped_byte_a_missing_blob_and_orphans(
-    cache: aot.Cache, compiled, read_raw, write_raw  # noqa: ANN001
+    cache: aot.Cache, compiled, read_raw, write_raw, set_blob_age  # noqa: ANN001
 ) -> None:
     entries = {b: cache.put(a) for b, a in compiled.mlp.items()}
     flipped, missing, intact = entries[1], entries[2], entries[4]
@@ -87,7 +79,7 @@ def test_verify_finds_a_flipped_byte_a_missing_blob_and_orphans(
     assert again.quarantined == ()
 
     # gc removes the quarantined entries and the orphan; what is left is healthy.
-    _age_blob(cache, orphan)
+    _age_blob(cache, orphan, set_blob_age)
     plan = cache.gc()
     assert {v.key for v in plan.entries} == {flipped.key, missing.key}
     assert all(v.reason.startswith("quarantined") for v in plan.entries)
@@ -199,12 +191,12 @@ def test_gc_keeps_blobs_another_entry_still_uses(cache: aot.Cache, compiled, for
     assert cache.artifact(there).blob("portable_hlo")
 
 
-def test_gc_collects_orphans_after_a_grace_period(cache: aot.Cache, compiled) -> None:  # noqa: ANN001
+def test_gc_collects_orphans_after_a_grace_period(cache: aot.Cache, compiled, set_blob_age) -> None:  # noqa: ANN001
     cache.put(compiled.tiny)
     orphan = cache.blobs.put(b"left by a writer that crashed before its index row")
     assert orphan not in cache.gc().blobs  # young: may be a write in progress
     assert cache.blobs.has(orphan)
-    _age_blob(cache, orphan)
+    _age_blob(cache, orphan, set_blob_age)
     plan = cache.gc()
     assert plan.blobs == (orphan,) and plan.entries == ()
     assert not cache.blobs.has(orphan)
@@ -259,9 +251,9 @@ def test_gc_between_a_writers_blobs_and_its_index_row_loses_nothing(
     real_add = writer.index.add
     plans = []
 
-    def add_after_a_gc(entry, *, blob_sizes):  # noqa: ANN001, ANN202
+    def add_after_a_gc(entry, **kwargs):  # noqa: ANN001, ANN202
         plans.append(collector.gc())
-        return real_add(entry, blob_sizes=blob_sizes)
+        return real_add(entry, **kwargs)
 
     monkeypatch.setattr(writer.index, "add", add_after_a_gc)
     entry = writer.put(compiled.tiny)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import aot
+from aot.cache.entry import SCHEMA_VERSION
 from conftest import MANIFEST_LABELS, Invoke, one_line_error
 
 ENTRY_KEYS = {
@@ -138,7 +139,7 @@ def test_show_a_foreign_entry_names_the_differences(invoke: Invoke, warmed) -> N
 DOCTOR_KEYS = {"ok", "versions", "devices", "environment", "cache", "health"}
 DOCTOR_CACHE_KEYS = {
     "location", "index", "schema_version", "supported_schema_version", "entries",
-    "entries_this_environment", "quarantined", "stored_bytes", "error",
+    "entries_this_environment", "quarantined", "stored_bytes", "error", "problems",
 }
 
 
@@ -150,7 +151,7 @@ def test_doctor(invoke: Invoke, warmed, cache_dir) -> None:
         "versions\n", "  jax ", "  jaxlib ", "  jax-aot ", "  python ", "devices\n",
         "  platform  cpu (cpu)", "  devices   8 (8 local)", "environment ", "  cpu_isa ",
         f"  location  {cache_dir}", f"  index     sqlite:///{cache_dir}/index.sqlite",
-        "  schema    v1 (this jax-aot supports up to v1)",
+        f"  schema    v{SCHEMA_VERSION} (this jax-aot supports up to v{SCHEMA_VERSION})",
         "  entries   5 (5 usable in this environment, 0 quarantined), ",
         "  health    ok: 5 entries, 10 blobs checked",
     ):
@@ -158,7 +159,7 @@ def test_doctor(invoke: Invoke, warmed, cache_dir) -> None:
     data = json.loads(invoke("doctor", "--json").stdout)
     assert set(data) == DOCTOR_KEYS and set(data["cache"]) == DOCTOR_CACHE_KEYS
     assert data["ok"] is True and data["devices"]["count"] == 8
-    assert data["cache"]["entries"] == 5 and data["cache"]["schema_version"] == 1
+    assert data["cache"]["entries"] == 5 and data["cache"]["schema_version"] == SCHEMA_VERSION
     assert data["health"]["ok"] is True
     assert len(data["environment"]["digest"]) == 64
 
