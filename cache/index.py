@@ -976,20 +976,57 @@ class Index:
         ``gc`` can free it: deleting every artifact of a program deletes the
         program. Blob rows are not touched (see :meth:`delete_blob_rows`).
         """
-        keys = sorted(set(keys))
+        return self._delete(sorted(set(keys)), keep_programs, None)[0]
+
+    def delete_unchanged(self, planned: Mapping[str, tuple[str, datetime]]) -> list[str]:
+        """gc's eviction: deletes each row still as planned (key -> state,
+        last_used_at); a row used, healed or replaced since the plan is kept. The
+        keys deleted."""
+        keys = sorted(planned)
+        kept = set(self._delete(keys, False, planned)[1])
+        return [k for k in keys if k not in kept]
+
+    def _delete(
+        self, keys: list[str], keep_programs: bool, unchanged: Mapping[str, tuple[str, datetime]] | None,
+    ) -> tuple[int, list[str]]:
         if not keys:
-            return 0
+            return 0, []
         deleted = 0
+        kept: list[str] = []
         with self._write("delete artifacts") as conn:
             programs: set[str] = set()
             for i in range(0, len(keys), _CHUNK):
-                chunk = keys[i : i + _CHUNK]
                 programs.update(
                     conn.execute(
-                        sa.select(_ART.c.program_fp).where(_ART.c.key.in_(chunk)).distinct()
+                        sa.select(_ART.c.program_fp).where(_ART.c.key.in_(keys[i : i + _CHUNK])).distinct()
                     ).scalars()
                 )
-                deleted += conn.execute(sa.delete(_ART).where(_ART.c.key.in_(chunk))).rowcount
+            if conn.dialect.name == "postgresql" and programs:
+                # Lock programs rows before artifacts rows, as a writer does (its upsert
+                # of the program comes first): the opposite order deadlocks with it, and
+                # the NOT EXISTS below then sees a row the writer committed meanwhile.
+                progs = sorted(programs)
+                for i in range(0, len(progs), _CHUNK):
+                    conn.execute(
+                        sa.select(_PROG.c.program_fp)
+                        .where(_PROG.c.program_fp.in_(progs[i : i + _CHUNK]))
+                        .order_by(_PROG.c.program_fp)
+                        .with_for_update()
+                    ).all()
+            if unchanged is None:
+                for i in range(0, len(keys), _CHUNK):
+                    deleted += conn.execute(sa.delete(_ART).where(_ART.c.key.in_(keys[i : i + _CHUNK]))).rowcount
+            else:
+                for key in keys:
+                    state, last_used_at = unchanged[key]
+                    if conn.execute(
+                        sa.delete(_ART).where(
+                            _ART.c.key == key, _ART.c.state == state, _ART.c.last_used_at == last_used_at
+                        )
+                    ).rowcount:
+                        deleted += 1
+                    else:
+                        kept.append(key)
             if not keep_programs and programs:
                 still_used = sa.select(_ART.c.program_fp).where(_ART.c.program_fp == _PROG.c.program_fp)
                 progs = sorted(programs)
@@ -1000,7 +1037,7 @@ class Index:
                         )
                     )
         logger.debug("index: deleted %d artifact rows", deleted)
-        return deleted
+        return deleted, kept
 
     def delete_blob_rows(self, digests: Iterable[str]) -> int:
         """Delete rows of the blob reference table; return how many existed."""

@@ -12,7 +12,7 @@ import datetime as _dt
 import logging
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Manifest
@@ -226,6 +226,9 @@ class GcPlan:
     executed: bool = False
     #: Why gc will not (or did not) delete blobs without force (an empty index).
     warnings: tuple[str, ...] = ()
+    #: The victims' rows as planned (key -> state, last use): a row used, healed or
+    #: replaced after the plan is not deleted.
+    _rows: dict[str, tuple[str, _dt.datetime]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def size_after(self) -> int:
@@ -269,13 +272,15 @@ def plan_gc(
     entries = cache.index.entries()
     now = cache.index.now()
     victims: dict[str, GcVictim] = {}
+    as_planned: dict[str, tuple[str, _dt.datetime]] = {}
 
     def add(entry: IndexEntry, reason: str) -> None:
-        victims.setdefault(
-            entry.key,
-            GcVictim(entry.key, entry.name, entry.signature, entry.stored_size,
-                     entry.last_used_at.isoformat(timespec="seconds"), reason),
-        )
+        if entry.key not in victims:
+            victims[entry.key] = GcVictim(
+                entry.key, entry.name, entry.signature, entry.stored_size,
+                entry.last_used_at.isoformat(timespec="seconds"), reason,
+            )
+            as_planned[entry.key] = (entry.state, entry.last_used_at)
 
     for entry in entries:
         if not entry.ok:
@@ -328,7 +333,10 @@ def plan_gc(
             warnings = (problem,)
             dead_blobs = ()
     freed = sum(stored[d].stored_size for d in dead_blobs)
-    return GcPlan(tuple(victims.values()), dead_blobs, freed, size_before, dry_run=True, warnings=warnings)
+    return GcPlan(
+        tuple(victims.values()), dead_blobs, freed, size_before, dry_run=True, warnings=warnings,
+        _rows=as_planned,
+    )
 
 
 def _digests(entry: IndexEntry) -> set[str]:
@@ -354,7 +362,10 @@ def collect_garbage(
     if plan.warnings:
         raise CacheError(f"gc refused: {plan.warnings[0]}")
     reached("gc.planned")
-    cache.index.delete([v.key for v in plan.entries])
+    deleted = set(cache.index.delete_unchanged(plan._rows))
+    evicted = tuple(v for v in plan.entries if v.key in deleted)
+    if len(evicted) < len(plan.entries):
+        log.info("gc: kept %d entries used, healed or stored again since the plan", len(plan.entries) - len(evicted))
     reached("gc.rows_deleted")
     freed = 0
     removed: list[str] = []
@@ -371,5 +382,5 @@ def collect_garbage(
     if dropped:
         log.info("gc: dropped %d expired leases of writers that died", dropped)
     reached("gc.done")
-    log.info("gc: removed %d entries and %d blobs, freed %s", len(plan.entries), len(removed), human_size(freed))
-    return GcPlan(plan.entries, tuple(removed), freed, plan.size_before, dry_run=False, executed=True)
+    log.info("gc: removed %d entries and %d blobs, freed %s", len(evicted), len(removed), human_size(freed))
+    return GcPlan(evicted, tuple(removed), freed, plan.size_before, dry_run=False, executed=True)

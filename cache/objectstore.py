@@ -167,7 +167,7 @@ def _os_advice(e: OSError) -> str:
         return "fix the permissions of the cache folder, or open the cache read-only"
     if e.errno == errno.EROFS:
         return "the file system is read-only: open the cache read-only or move it (AOT_CACHE)"
-    return "check the cache location (AOT_CACHE / AOT_BLOBS)"
+    return "check the cache folder or blob location (AOT_CACHE / AOT_BLOBS)"
 
 
 def storage_error(exc: BaseException, what: str, where: str) -> CacheError:
