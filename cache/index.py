@@ -807,7 +807,7 @@ class Index:
 
     # -- leases (see docs/reliability.md, "gc and writers") ------------------------
 
-    def lease(self, digests: Iterable[str], *, seconds: float = LEASE_SECONDS) -> Lease:
+    def lease(self, digests: Iterable[str], *, seconds: float | None = None) -> Lease:
         """Claims ``digests`` for a row about to be written: gc deletes none of them
         until the lease is released (by :meth:`add` or :meth:`release`) or expires
         (``seconds`` on the database server's clock). Take it *before* checking or
@@ -815,7 +815,7 @@ class Index:
         wanted = frozenset(digests)
         token = secrets.token_hex(16)
         with self._write("lease blobs") as conn:
-            expires_at = server_now(conn) + timedelta(seconds=seconds)
+            expires_at = server_now(conn) + timedelta(seconds=LEASE_SECONDS if seconds is None else seconds)
             if wanted:
                 conn.execute(
                     sa.insert(_LEASE),
