@@ -396,10 +396,14 @@ def test_kill_9_at_every_step_of_writer_and_gc(
                 killed[point] = killed.get(point, 0) + 1
             cache = backend.open()
             assert_no_row_without_its_blobs(cache)  # right after the kill
-            for entry in cache.entries():
+            entries = cache.entries()
+            for entry in rng.sample(entries, min(3, len(entries))):
                 cache.load(entry)
             expire_leases(cache)
-            cache.gc()
+            # a gc killed after evicting every row leaves an empty index beside blobs,
+            # which the next gc refuses to clean without force (it cannot tell that
+            # from a lost index)
+            cache.gc(force=command == "gc")
             remove_stale_temp_files(cache)
             for artifact in tiny.all()[:6]:  # everything can be stored again
                 cache.put_artifact(artifact)
