@@ -248,3 +248,43 @@ def test_signed_bundles(open_folder_cache, compiled, tmp_path: Path) -> None:  #
 def test_one_glob_may_be_given_as_a_string(source, compiled, tmp_path: Path) -> None:  # noqa: ANN001
     report = source.export_bundle(tmp_path / "tiny.aotb", "tiny")
     assert report.entries == (compiled.tiny.manifest.key,)
+
+
+def test_import_repairs_entries_whose_blobs_are_missing_or_corrupt(
+    cache: aot.Cache, source, compiled, tmp_path: Path  # noqa: ANN001
+) -> None:
+    """Issue 12: importing a good bundle over entries whose rows exist but whose blobs
+    are gone or damaged reported "0 imported (5 already present)" and serving still
+    failed. Import checks the blobs of the rows it would skip and restores them."""
+    path = source.export_bundle(tmp_path / "all.aotb").path
+    cache.import_bundle(path)
+    mlp = {e.signature: e for e in cache.entries(compiled.MLP_NAME)}
+    missing, corrupt, intact = sorted(mlp.values(), key=lambda e: e.signature)[:3]
+    cache.blobs.delete(missing.exe_digest)
+    cache.blobs.store.write(corrupt.hlo_digest, b"\x28\xb5\x2f\xfd rot")
+    report = cache.import_bundle(path)
+    assert sorted(report.repaired) == sorted([missing.key, corrupt.key])
+    assert report.imported == () and intact.key in report.skipped and len(report.skipped) == 2
+    assert cache.verify().ok
+    _check_served(cache, compiled)
+    assert [e.state for e in cache.entries()] == ["ok"] * 4
+
+
+def test_export_leaves_out_names_no_cache_would_accept(source, compiled, tmp_path: Path) -> None:  # noqa: ANN001
+    """A row stored under a name the name rule refuses (before the rule existed) is
+    not exported: the bundle would not import anywhere."""
+    import sqlalchemy as sa
+
+    from aot.cache.index import ArtifactRow
+
+    bad = source.entries(compiled.TINY_NAME)[0]
+    t = ArtifactRow.__table__
+    with source.index.engine.begin() as conn:
+        conn.execute(sa.update(t).where(t.c.key == bad.key).values(name="tiny\nx"))
+    report = source.export_bundle(tmp_path / "b.aotb")
+    assert [r.key for r in report.refused] == [bad.key] and bad.key not in report.entries
+    target = aot.Cache(tmp_path / "target")
+    try:
+        assert len(target.import_bundle(report.path).imported) == 3
+    finally:
+        target.close()
