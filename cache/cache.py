@@ -308,14 +308,39 @@ class Cache:
         """:meth:`put_artifact`, and what it did: ``"stored"``, ``"present"`` (stored
         and intact already: nothing written) or ``"repaired"`` (the stored row's blobs
         were missing or corrupt; blobs written again and the row replaced)."""
+        data: dict[str, bytes] = {}
+
+        def write_blobs() -> dict[str, tuple[int, int]]:
+            if not data:
+                data.update((ref.digest, artifact.blob(role)) for role, ref in manifest.blobs.items())  # verified
+            sizes = {}
+            for digest, blob in data.items():
+                stored = self.blobs.store_bytes(blob)
+                sizes[digest] = (stored.size, stored.stored_size)
+            return sizes
+
+        manifest = self._manifest_to_store(artifact.manifest)
+        return self._commit(manifest, write_blobs)
+
+    def _manifest_to_store(self, manifest: Manifest) -> Manifest:
+        """``manifest`` checked (name rule) and signed with this cache's key."""
         self._check_writable("store an artifact")
-        manifest = artifact.manifest
         check_name(manifest.name)  # before any blob is written
         if self.signing_key is not None:
             if manifest.hmac is None:
-                manifest = sign(manifest, self.signing_key)
-            else:  # signed elsewhere: store it only if this cache could load it
-                verify(manifest, self.signing_key)
+                return sign(manifest, self.signing_key)
+            verify(manifest, self.signing_key)  # signed elsewhere: only if this cache could load it
+        return manifest
+
+    def _commit(
+        self, manifest: Manifest, write_blobs: Callable[[], dict[str, tuple[int, int]]],
+    ) -> tuple[IndexEntry, str]:
+        """The writer's side of the gc protocol (docs/reliability.md): lease the digests,
+        make the blobs durable (``write_blobs`` -> digest: (size, stored size)), then
+        commit the row and release the lease in one transaction; start over if gc took
+        an expired lease meanwhile."""
+        from aot.cache.index import LeaseLostError
+
         existing = self.index.get(manifest.key)
         broken = False
         if existing is not None and existing.ok:
@@ -325,7 +350,6 @@ class Cache:
                 # blob behind (and `aot verify` reports orphans).
                 return existing, "present"
             broken = True
-        data = {ref.digest: artifact.blob(role) for role, ref in manifest.blobs.items()}  # verified
         entry = IndexEntry(
             key=manifest.key,
             name=manifest.name,
@@ -340,21 +364,17 @@ class Cache:
             stored_size=0,
             compile_seconds=manifest.compile_seconds,
         )
+        digests = {ref.digest for ref in manifest.blobs.values()}
         label = f"{manifest.name!r} ({manifest.key[:12]})"
-        from aot.cache.index import LeaseLostError
-
         for attempt in range(1, _LEASE_ATTEMPTS + 1):
             reached("put.start")
             try:
-                lease = self.index.lease(data)
+                lease = self.index.lease(digests)
             except CacheError as exc:
                 raise type(exc)(f"storing {label}: {exc}") from exc
             try:
                 reached("put.leased")
-                sizes: dict[str, tuple[int, int]] = {}
-                for digest, blob in data.items():
-                    stored = self.blobs.store_bytes(blob)
-                    sizes[digest] = (stored.size, stored.stored_size)
+                sizes = write_blobs()
                 reached("put.blobs_ready")
                 final = replace(
                     entry,
@@ -382,6 +402,24 @@ class Cache:
             "row could be committed (each lease lasts an hour on the database clock); is the "
             "blob store very slow, or this process being suspended?"
         )
+
+    def copy_entry_from(self, source: Cache, entry: IndexEntry) -> tuple[IndexEntry, str]:
+        """Stores ``source``'s entry here: its blobs copied as stored (no recompression,
+        each verified), under the same gc protocol as :meth:`put_artifact`. Returns the
+        stored entry and ``"stored"`` / ``"present"`` / ``"repaired"``."""
+        try:
+            manifest = Manifest.from_json(entry.manifest)
+        except CorruptArtifactError as exc:
+            raise CorruptArtifactError(f"{entry.name} ({entry.key[:12]}): {exc}") from None
+        verify(manifest, source.signing_key, require=source.require_signatures)
+        manifest = self._manifest_to_store(manifest)
+        raw = {ref.digest: ref.size for ref in manifest.blobs.values()}
+
+        def copy_blobs() -> dict[str, tuple[int, int]]:
+            report = source.blobs.copy_to(self.blobs, raw)
+            return {d: (raw[d], report.stored_sizes[d]) for d in raw}
+
+        return self._commit(manifest, copy_blobs)
 
     # ------------------------------------------------------------------ reading
 
