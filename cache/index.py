@@ -16,7 +16,7 @@ database blob store, those too, in ``blobs_data``):
     digests that ``artifacts`` and ``programs`` rows reference.
 ``blobs_data``
     compressed blob bytes when the blobs live in the database
-    (:class:`aot.cache.blobs.DatabaseBlobStore`), so a PostgreSQL URL alone is a
+    (:class:`aot.cache.dbblobs.SqlObjectStore`), so a PostgreSQL URL alone is a
     complete shared cache.
 ``blob_leases``
     pending references: a writer's claim on the digests it is about to check,
@@ -741,7 +741,7 @@ class Index:
 
     @property
     def engine(self) -> Engine:
-        """The SQLAlchemy engine (shared with :class:`~aot.cache.blobs.DatabaseBlobStore`)."""
+        """The SQLAlchemy engine (shared with :class:`~aot.cache.dbblobs.SqlObjectStore`)."""
         return self._engine
 
     @property

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import time
 
 import pytest
-import sqlalchemy as sa
 
 import aot
-from aot.cache.index import BlobDataRow, utcnow
+from aot.cache.index import utcnow
 from aot.cache import maintenance
 from aot.cache.maintenance import ORPHAN_GRACE_SECONDS, human_size, parse_age, parse_size
 from aot.errors import CacheError

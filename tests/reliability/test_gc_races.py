@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import random
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
