@@ -650,3 +650,25 @@ def test_server_clock_stamps_rows_and_uses(index: Index, monkeypatch: pytest.Mon
     assert got.last_used_at == got.created_at
     index.touch(entry.key)
     assert abs(index.get(entry.key).last_used_at - index.now()) < timedelta(minutes=1)
+
+
+def test_a_version_1_index_is_migrated_to_leases(index_url: str) -> None:
+    """A cache written before leases (schema 1: no blob_leases, no digest indexes)."""
+    with Index(index_url) as idx:
+        entry = make_entry()
+        add(idx, entry)
+        with idx.engine.begin() as conn:
+            for name in ("ix_artifacts_exe_digest", "ix_artifacts_hlo_digest", "ix_programs_hlo_digest"):
+                conn.exec_driver_sql(f"DROP INDEX {name}")
+            conn.exec_driver_sql("DROP TABLE blob_leases")
+            conn.exec_driver_sql("UPDATE schema_version SET version = 1")
+    with pytest.raises(CacheError, match="opened read-only so it was not migrated"):
+        Index(index_url, read_only=True)
+    with Index(index_url) as idx:
+        assert idx.schema_version() == SCHEMA_VERSION == 2
+        assert idx.get(entry.key) == entry
+        lease = idx.lease([entry.exe_digest])
+        assert idx.leased_digests() == {entry.exe_digest}
+        idx.release(lease)
+        indexes = {i["name"] for t in ("artifacts", "programs") for i in sa.inspect(idx.engine).get_indexes(t)}
+        assert {"ix_artifacts_exe_digest", "ix_artifacts_hlo_digest", "ix_programs_hlo_digest"} <= indexes
