@@ -124,10 +124,12 @@ class CompileResult:
 class Cache:
     """A fingerprint-keyed artifact cache.
 
-    ``location``: ``None`` -> ``$AOT_CACHE`` or the user cache folder; a folder ->
-    SQLite index and zstd blobs there; a SQLAlchemy URL (``postgresql+psycopg://...``)
-    -> a shared index, with blobs in the same database unless ``blob_location`` names
-    a folder.
+    ``location``: ``None`` -> ``$AOT_CACHE`` or the user cache folder; a folder (or
+    ``file://`` URL) -> SQLite index and zstd blobs there; a SQLAlchemy URL
+    (``postgresql+psycopg://...``, told by its dialect) -> a shared index, with blobs
+    in the same database unless ``blob_location`` names another store: a folder,
+    ``file://``, ``s3://``, ``gs://``, ``az://`` (:func:`~aot.cache.objectstore.open_object_store`).
+    ``cache.blobs`` is the :class:`~aot.cache.content.ContentStore` over it.
     """
 
     def __init__(
