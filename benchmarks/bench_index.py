@@ -5,7 +5,7 @@
 * Fills an index with N synthetic artifact rows (bulk insert), then measures the
   p50 / p99 latency of ``get(key)``, ``by_name(name, env_fp)`` and ``touch(key)``,
   and the time of ``entries()`` (all rows) and of ``entries(glob)``.
-* Blob stores: write and read throughput of :class:`FolderBlobStore` (zstd at the
+* Blob stores: write and read throughput of a ContentStore over a FolderObjectStore (zstd at the
   default level, temp file + fsync + rename, verified reads) against the same
   protocol writing raw bytes (the "without zstd" baseline: write + fsync +
   rename; read + sha256), on real XLA executables compiled here.
@@ -39,7 +39,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from aot.cache.blobs import DEFAULT_LEVEL, FolderBlobStore, compress, digest_of
+from aot.cache.blobs import FolderObjectStore
+from aot.cache.content import DEFAULT_LEVEL, ContentStore, compress, digest_of
 from aot.cache.index import Index, IndexEntry, mask_url
 
 SIGNATURES_PER_NAME = 5
@@ -292,7 +293,7 @@ def bench_blobs(samples: dict[str, bytes], workdir: Path, rounds: int) -> list[t
         return min(times)
 
     def zstd_write(r: int) -> None:
-        store = FolderBlobStore(workdir / f"zstd-{r}")
+        store = ContentStore(FolderObjectStore(workdir / f"zstd-{r}"))
         for b in exes:
             store.put(b)
 
@@ -304,7 +305,7 @@ def bench_blobs(samples: dict[str, bytes], workdir: Path, rounds: int) -> list[t
     mb = total / 1e6
     w_z = best(zstd_write)
     w_r = best(plain_write)
-    store = FolderBlobStore(workdir / "zstd-0")
+    store = ContentStore(FolderObjectStore(workdir / "zstd-0"))
     r_z = best(lambda r: [store.get(d) for d in digests] and None)
     r_r = best(lambda r: [raw_read(workdir / "raw-0", d) for d in digests] and None)
     rows.append(
@@ -315,10 +316,10 @@ def bench_blobs(samples: dict[str, bytes], workdir: Path, rounds: int) -> list[t
     # Larger-blob regime (fsync amortised): the biggest real executable.
     big = max(exes, key=len)
     bmb = len(big) / 1e6
-    w_z = best(lambda r: FolderBlobStore(workdir / f"big-zstd-{r}").put(big) and None)
+    w_z = best(lambda r: ContentStore(FolderObjectStore(workdir / f"big-zstd-{r}")).put(big) and None)
     w_r = best(lambda r: raw_write(workdir / f"big-raw-{r}", big))
     bd = digest_of(big)
-    bstore = FolderBlobStore(workdir / "big-zstd-0")
+    bstore = ContentStore(FolderObjectStore(workdir / "big-zstd-0"))
     r_z = best(lambda r: bstore.get(bd) and None)
     r_r = best(lambda r: raw_read(workdir / "big-raw-0", bd) and None)
     rows.append((f"write the {bmb:.2f} MB exe: zstd-{DEFAULT_LEVEL} / raw", f"{bmb / w_z:7.1f} / {bmb / w_r:7.1f} MB/s"))

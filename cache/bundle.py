@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 import zstandard
 
 from aot.artifact import Artifact, Manifest
+from aot.cache.names import name_problem
 from aot.errors import AotError, CacheError, CorruptArtifactError
 from aot.fingerprint import sha256_hex
 from aot.signing import verify
@@ -45,7 +46,6 @@ BUNDLE_FORMAT = 1
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_BLOB_BYTES = 8 * 1024**3
 MAX_WINDOW_BYTES = 1 << 27  # refuse zstd frames that ask for more than 128 MiB of window
-_NAME_MAX = 512
 _FRAME_HEADER_MAX = 18  # zstd: 4-byte magic + at most 14 bytes of frame header
 
 # A file path, an object-store URL (s3://, gs://, az://, memory://, file://), "-"
@@ -54,12 +54,26 @@ BundlePath = Union[str, "os.PathLike[str]", IO[bytes]]
 
 
 @dataclass(frozen=True, slots=True)
+class Refusal:
+    """An entry a bundle operation left out, and why."""
+
+    key: str
+    name: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"key": self.key, "name": self.name, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
 class BundleReport:
     path: str
     entries: tuple[str, ...]
     imported: tuple[str, ...] = ()
-    skipped: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()  # stored and intact already
     bytes: int = 0
+    repaired: tuple[str, ...] = ()  # stored, but their blobs were missing or corrupt: restored
+    refused: tuple[Refusal, ...] = ()  # names the cache does not accept
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +81,8 @@ class BundleReport:
             "entries": list(self.entries),
             "imported": list(self.imported),
             "skipped": list(self.skipped),
+            "repaired": list(self.repaired),
+            "refused": [r.to_dict() for r in self.refused],
             "bytes": self.bytes,
         }
 
@@ -75,10 +91,16 @@ def export_bundle(cache: Cache, path: BundlePath, names: list[str] | None) -> Bu
     """Writes every intact entry matching ``names`` (globs; all if None) to ``path``:
     a file (mode 0644), an object-store URL, ``"-"`` (stdout) or a binary stream."""
     where = _destination(path)  # an unsupported URL is refused before any work
-    entries = [
+    matching = [
         e for e in cache.index.entries()
         if e.ok and (not names or any(fnmatch.fnmatchcase(e.name, g) for g in names))
     ]
+    refused = tuple(
+        Refusal(e.key, e.name, problem) for e in matching if (problem := name_problem(e.name)) is not None
+    )
+    for refusal in refused:  # stored before the name rule: no cache would import it
+        log.warning("not exporting %r (%s): %s", refusal.name[:80], refusal.key[:12], refusal.reason)
+    entries = [e for e in matching if name_problem(e.name) is None]
     if not entries:
         raise CacheError(
             f"nothing to export: no intact entry matches {names or ['*']} in the cache at "
@@ -100,7 +122,7 @@ def export_bundle(cache: Cache, path: BundlePath, names: list[str] | None) -> Bu
     ).encode()
     size = _write_bundle(where, header, list(blob_order.values()))
     log.info("exported %d entries (%d blobs) to %s", len(artifacts), len(blob_order), where.label)
-    return BundleReport(where.label, tuple(e.key for e in entries), bytes=size)
+    return BundleReport(where.label, tuple(e.key for e in entries), bytes=size, refused=refused)
 
 
 def _read_exact(stream: IO[bytes], n: int, what: str, path: str) -> bytes:
@@ -216,31 +238,41 @@ def _parse(stream: IO[bytes], path: str) -> list[Artifact]:
     if len(keys) != len(set(keys)):
         raise CorruptArtifactError(f"bundle {path}: an entry appears twice")
     for m in manifests:
-        if not m.name or len(m.name) > _NAME_MAX or any(ord(c) < 32 for c in m.name):
-            raise CorruptArtifactError(f"bundle {path}: entry name {m.name[:80]!r} is not allowed")
+        if not isinstance(m.name, str):
+            raise CorruptArtifactError(f"bundle {path}: entry name {m.name!r} is not a string")
     return [Artifact(m, {r.digest: blobs[r.digest] for r in m.blobs.values()}) for m in manifests]
 
 
 def import_bundle(cache: Cache, path: BundlePath) -> BundleReport:
-    """Imports a bundle (a file, an object-store URL, ``"-"`` for stdin, or a stream)."""
+    """Imports a bundle (a file, an object-store URL, ``"-"`` for stdin, or a stream).
+
+    Stores every entry whose name the cache accepts (the others are reported in
+    ``refused``). An entry already stored is checked: intact, it is skipped; with
+    missing or corrupt blobs, it is restored from the bundle."""
     cache._check_writable("import a bundle")
     with _open_source(path) as (raw, label, size):
         artifacts = _read_bundle(raw, label)
     for artifact in artifacts:  # check all signatures before writing anything
         verify(artifact.manifest, cache.signing_key, require=cache.require_signatures)
-    imported: list[str] = []
-    skipped: list[str] = []
+    outcomes: dict[str, list[str]] = {"stored": [], "present": [], "repaired": []}
+    refused: list[Refusal] = []
     for artifact in artifacts:
-        existing = cache.index.get(artifact.manifest.key)
-        if existing is not None and existing.ok:
-            skipped.append(artifact.manifest.key)
+        manifest = artifact.manifest
+        problem = name_problem(manifest.name)
+        if problem is not None:
+            log.warning("not importing %r (%s): %s", manifest.name[:80], manifest.key[:12], problem)
+            refused.append(Refusal(manifest.key, manifest.name, problem))
             continue
-        cache.put_artifact(artifact)
-        imported.append(artifact.manifest.key)
-    log.info("imported %d entries from %s (%d already present)", len(imported), label, len(skipped))
+        _, outcome = cache.store_artifact(artifact)  # verifies the blobs of a stored entry
+        outcomes[outcome].append(manifest.key)
+    log.info(
+        "imported %d entries from %s (%d already present, %d repaired, %d refused)",
+        len(outcomes["stored"]), label, len(outcomes["present"]), len(outcomes["repaired"]), len(refused),
+    )
     return BundleReport(
-        label, tuple(a.manifest.key for a in artifacts), tuple(imported), tuple(skipped),
-        bytes=size,
+        label, tuple(a.manifest.key for a in artifacts), tuple(outcomes["stored"]),
+        tuple(outcomes["present"]), bytes=size,
+        repaired=tuple(outcomes["repaired"]), refused=tuple(refused),
     )
 
 

@@ -6,7 +6,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +26,11 @@ from aot.executable import MeshExecutable
 from aot.fingerprint import environment_fingerprint
 from aot.lowering import lower, lower_pmap
 from aot.signing import key_from, sign, verify
-from aot.cache.blobs import BlobStore, FolderBlobStore
+from aot.cache.content import ContentStore
 from aot.cache.entry import IndexEntry
+from aot.cache.names import check_name
+from aot.cache.objectstore import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
+from aot.cache.pauses import reached
 
 if TYPE_CHECKING:
     from aot.cache.index import Index
@@ -46,7 +49,40 @@ def default_location() -> str:
 
 
 def is_url(location: str) -> bool:
-    return "://" in location
+    """Whether ``location`` is a URL (a database, or file://), not a plain folder path.
+
+    Recognised by scheme (:func:`aot.cache.objectstore.classify_location`); an
+    unknown scheme raises :class:`CacheError`.
+    """
+    return classify_location(location).scheme is not None
+
+
+#: How many times a writer starts over when gc took its expired lease.
+_LEASE_ATTEMPTS = 3
+
+
+def _lost_index_message(folder: Path) -> str | None:
+    """What to say when a folder's index is missing or empty but its blobs are there."""
+    index_file = folder / "index.sqlite"
+    blobs = _count_blob_files(folder / "blobs")
+    if not blobs:
+        return None
+    state = "is empty (0 bytes)" if index_file.is_file() else "is missing"
+    return (
+        f"the cache index {index_file} {state}, but {folder / 'blobs'} holds {blobs} "
+        "blobs: the index was lost or truncated. Restore index.sqlite from a backup, or "
+        "rebuild it (`aot bundle import` a bundle, or `aot warmup` again: stored blobs are "
+        "reused; `aot gc` will not delete them while the index is empty)"
+    )
+
+
+def _count_blob_files(root: Path) -> int:
+    """Blob files in a folder store, without opening the store (cheap, read-only)."""
+    from aot.cache.blobs import FolderObjectStore
+
+    if not root.is_dir():
+        return 0
+    return sum(1 for _ in FolderObjectStore(root, read_only=True).list())
 
 
 def require_cache(
@@ -55,12 +91,15 @@ def require_cache(
 ) -> None:
     """Raises :class:`CacheError` when ``location`` is a folder that holds no cache
     (a database URL is checked when it is opened), so that a mistyped path is never
-    taken for an empty cache."""
+    taken for an empty cache; says so when the index is missing or empty but blobs
+    are there (a lost or truncated index)."""
     if is_url(location):
         return
     folder = Path(location).expanduser()
-    if not (folder / "index.sqlite").exists():
-        raise CacheError(f"no cache at {folder} ({why}); {advice}")
+    index_file = folder / "index.sqlite"
+    if index_file.is_file() and index_file.stat().st_size > 0:
+        return
+    raise CacheError(_lost_index_message(folder) or f"no cache at {folder} ({why}); {advice}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +131,12 @@ class CompileResult:
 class Cache:
     """A fingerprint-keyed artifact cache.
 
-    ``location``: ``None`` -> ``$AOT_CACHE`` or the user cache folder; a folder ->
-    SQLite index and zstd blobs there; a SQLAlchemy URL (``postgresql+psycopg://...``)
-    -> a shared index, with blobs in the same database unless ``blob_location`` names
-    a folder.
+    ``location``: ``None`` -> ``$AOT_CACHE`` or the user cache folder; a folder (or
+    ``file://`` URL) -> SQLite index and zstd blobs there; a SQLAlchemy URL
+    (``postgresql+psycopg://...``, told by its dialect) -> a shared index, with blobs
+    in the same database unless ``blob_location`` names another store: a folder,
+    ``file://``, ``s3://``, ``gs://``, ``az://`` (:func:`~aot.cache.objectstore.open_object_store`).
+    ``cache.blobs`` is the :class:`~aot.cache.content.ContentStore` over it.
     """
 
     def __init__(
@@ -112,34 +153,56 @@ class Cache:
         self.read_only = read_only
         self.signing_key = key_from(signing_key)
         self.require_signatures = require_signatures
+        self.blob_location = str(blob_location) if blob_location is not None else None
         self._index: Index | None = None
         self._index_file: Path | None = None
         self._reader: SqliteReader | None = None
-        if is_url(location):
+        where = classify_location(location)
+        if where.kind == OBJECT:
+            raise CacheError(
+                f"{where.scheme}:// cannot hold a cache index: give a folder or a database URL "
+                f"as the cache, and the object store as its blob location, e.g. "
+                f"Cache('postgresql+psycopg://host/db', blob_location={location!r}) "
+                f"(aot --cache URL --blobs {location})"
+            )
+        if where.kind == DATABASE:
             from aot.cache.index import Index
 
             self._index = Index(location, read_only=read_only)
-            if blob_location is not None:
-                self.blobs: BlobStore = FolderBlobStore(Path(blob_location), read_only=read_only)
-            else:
-                from aot.cache.dbblobs import DatabaseBlobStore
+            if self.blob_location is None or _same_database(self.blob_location, location):
+                from aot.cache.dbblobs import SqlObjectStore
 
-                self.blobs = DatabaseBlobStore(self._index.engine, read_only=read_only)
+                store = SqlObjectStore(self._index.engine, read_only=read_only)
+            else:
+                store = self._open_blobs(self.blob_location)
         else:
-            folder = Path(location).expanduser()
+            folder = Path(where.target)
+            self._index_file = folder / "index.sqlite"
             if not read_only:
                 try:
                     folder.mkdir(parents=True, exist_ok=True)
                 except OSError as exc:
                     raise CacheError(f"cannot create the cache folder {folder}: {exc}") from exc
-            else:
-                require_cache(location, "opened read-only, so nothing was created")
-            self._index_file = folder / "index.sqlite"
+            elif not self._index_file.is_file() or self._index_file.stat().st_size == 0:
+                raise CacheError(
+                    _lost_index_message(folder)
+                    or f"no cache at {folder} (opened read-only, so nothing was created); "
+                    "check the path or AOT_CACHE"
+                )
             if not self._index_file.exists():
                 self.index  # noqa: B018 - creates the schema of a new cache now
-            blob_root = Path(blob_location) if blob_location is not None else folder / "blobs"
-            self.blobs = FolderBlobStore(blob_root, read_only=read_only)
+            store = self._open_blobs(self.blob_location or str(folder / "blobs"))
+        self.blobs = ContentStore(store)
         self._environment: dict[bool, Any] = {}
+
+    def _open_blobs(self, location: str) -> Any:
+        engine = self._index.engine if self._index is not None and _same_database(location, self.location) else None
+        try:
+            return open_object_store(location, read_only=self.read_only, engine=engine)
+        except CacheError:
+            if self._index is not None:
+                self._index.close()
+            raise
 
     def __repr__(self) -> str:
         return f"Cache({self.display_location!r}, read_only={self.read_only})"
@@ -188,7 +251,7 @@ class Cache:
     @property
     def display_location(self) -> str:
         """``location`` for messages and logs: a database URL's password is masked."""
-        if not is_url(self.location):
+        if classify_location(self.location).kind == FOLDER:
             return self.location
         from aot.cache.index import mask_url
 
@@ -197,6 +260,7 @@ class Cache:
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
+        self.blobs.close()
         if self._index is not None:
             self._index.close()
 
@@ -248,31 +312,60 @@ class Cache:
         return self.put_artifact(artifact)
 
     def put_artifact(self, artifact: Artifact) -> IndexEntry:
-        """Blobs first (durable), index row last, in one transaction."""
+        """Stores an artifact: blobs first (durable), the index row last.
+
+        Safe against a concurrent gc (the protocol is in docs/reliability.md): the
+        blobs are leased in the index before they are checked or written, and the
+        lease is released in the transaction that commits the row.
+        """
+        return self.store_artifact(artifact)[0]
+
+    def store_artifact(self, artifact: Artifact) -> tuple[IndexEntry, str]:
+        """:meth:`put_artifact`, and what it did: ``"stored"``, ``"present"`` (stored
+        and intact already: nothing written) or ``"repaired"`` (the stored row's blobs
+        were missing or corrupt; blobs written again and the row replaced)."""
+        data: dict[str, bytes] = {}
+
+        def write_blobs() -> dict[str, tuple[int, int]]:
+            if not data:
+                data.update((ref.digest, artifact.blob(role)) for role, ref in manifest.blobs.items())  # verified
+            sizes = {}
+            for digest, blob in data.items():
+                stored = self.blobs.store_bytes(blob)
+                sizes[digest] = (stored.size, stored.stored_size)
+            return sizes
+
+        manifest = self._manifest_to_store(artifact.manifest)
+        return self._commit(manifest, write_blobs)
+
+    def _manifest_to_store(self, manifest: Manifest) -> Manifest:
+        """``manifest`` checked (name rule) and signed with this cache's key."""
         self._check_writable("store an artifact")
-        manifest = artifact.manifest
+        check_name(manifest.name)  # before any blob is written
         if self.signing_key is not None:
             if manifest.hmac is None:
-                manifest = sign(manifest, self.signing_key)
-            else:  # signed elsewhere: store it only if this cache could load it
-                verify(manifest, self.signing_key)
+                return sign(manifest, self.signing_key)
+            verify(manifest, self.signing_key)  # signed elsewhere: only if this cache could load it
+        return manifest
+
+    def _commit(
+        self, manifest: Manifest, write_blobs: Callable[[], dict[str, tuple[int, int]]],
+    ) -> tuple[IndexEntry, str]:
+        """The writer's side of the gc protocol (docs/reliability.md): lease the digests,
+        make the blobs durable (``write_blobs`` -> digest: (size, stored size)), then
+        commit the row and release the lease in one transaction; start over if gc took
+        an expired lease meanwhile."""
+        from aot.cache.index import LeaseLostError
+
         existing = self.index.get(manifest.key)
-        if existing is not None and existing.ok and all(
-            self.blobs.check(d) is None for d in (existing.exe_digest, existing.hlo_digest) if d
-        ):
-            # Stored and intact. XLA's executables are not byte-identical from one compile
-            # to the next, so writing this one would only leave an orphan blob behind
-            # (and `aot verify` reports orphans).
-            return existing
-        sizes: dict[str, tuple[int, int]] = {}
-        for role, ref in manifest.blobs.items():
-            data = artifact.blob(role)  # verifies the digest
-            try:
-                digest = self.blobs.put(data)
-            except CacheError as exc:  # full disk, permissions: say which entry
-                raise type(exc)(f"storing {manifest.name!r} ({manifest.key[:12]}): {exc}") from exc
-            stored = self.blobs.stored_size(digest) or len(data)
-            sizes[digest] = (len(data), stored)
+        broken = False
+        if existing is not None and existing.ok:
+            if all(self.blobs.check(d) is None for d in _entry_digests(existing)):
+                # Stored and intact. XLA's executables are not byte-identical from one
+                # compile to the next, so writing this one would only leave an orphan
+                # blob behind (and `aot verify` reports orphans).
+                return existing, "present"
+            broken = True
         entry = IndexEntry(
             key=manifest.key,
             name=manifest.name,
@@ -283,19 +376,66 @@ class Cache:
             manifest=manifest.to_json(),
             exe_digest=_digest_of(manifest, EXECUTABLE),  # None: a symbolic entry
             hlo_digest=_digest_of(manifest, PORTABLE_HLO),
-            raw_size=sum(size for size, _ in sizes.values()),
-            stored_size=sum(stored for _, stored in sizes.values()),
+            raw_size=0,
+            stored_size=0,
             compile_seconds=manifest.compile_seconds,
         )
-        try:
-            added = self.index.add(entry, blob_sizes=sizes)
-        except CacheError as exc:
-            raise type(exc)(f"storing {manifest.name!r} ({manifest.key[:12]}): {exc}") from exc
-        log.info(
-            "%s %s (%s) key %s", "stored" if added else "already had", manifest.name,
-            manifest.signature, manifest.key[:12],
+        digests = {ref.digest for ref in manifest.blobs.values()}
+        label = f"{manifest.name!r} ({manifest.key[:12]})"
+        for attempt in range(1, _LEASE_ATTEMPTS + 1):
+            reached("put.start")
+            try:
+                lease = self.index.lease(digests)
+            except CacheError as exc:
+                raise type(exc)(f"storing {label}: {exc}") from exc
+            try:
+                reached("put.leased")
+                sizes = write_blobs()
+                reached("put.blobs_ready")
+                final = replace(
+                    entry,
+                    raw_size=sum(size for size, _ in sizes.values()),
+                    stored_size=sum(stored for _, stored in sizes.values()),
+                )
+                added = self.index.add(final, blob_sizes=sizes, lease=lease, stamp=True, replace=broken)
+            except LeaseLostError as exc:
+                log.warning("%s (attempt %d of %d)", exc, attempt, _LEASE_ATTEMPTS)
+                continue
+            except BaseException as exc:
+                self.index.release(lease)
+                if isinstance(exc, CacheError):  # full disk, permissions: say which entry
+                    raise type(exc)(f"storing {label}: {exc}") from exc
+                raise
+            reached("put.committed")
+            log.info(
+                "%s %s (%s) key %s", "stored" if added else "already had", manifest.name,
+                manifest.signature, manifest.key[:12],
+            )
+            outcome = "repaired" if broken else ("stored" if added else "present")
+            return self.index.get(entry.key) or final, outcome
+        raise CacheError(
+            f"storing {label}: its blob leases expired {_LEASE_ATTEMPTS} times before the "
+            "row could be committed (each lease lasts an hour on the database clock); is the "
+            "blob store very slow, or this process being suspended?"
         )
-        return self.index.get(entry.key) or entry
+
+    def copy_entry_from(self, source: Cache, entry: IndexEntry) -> tuple[IndexEntry, str]:
+        """Stores ``source``'s entry here: its blobs copied as stored (no recompression,
+        each verified), under the same gc protocol as :meth:`put_artifact`. Returns the
+        stored entry and ``"stored"`` / ``"present"`` / ``"repaired"``."""
+        try:
+            manifest = Manifest.from_json(entry.manifest)
+        except CorruptArtifactError as exc:
+            raise CorruptArtifactError(f"{entry.name} ({entry.key[:12]}): {exc}") from None
+        verify(manifest, source.signing_key, require=source.require_signatures)
+        manifest = self._manifest_to_store(manifest)
+        raw = {ref.digest: ref.size for ref in manifest.blobs.values()}
+
+        def copy_blobs() -> dict[str, tuple[int, int]]:
+            report = source.blobs.copy_to(self.blobs, raw)
+            return {d: (raw[d], report.stored_sizes[d]) for d in raw}
+
+        return self._commit(manifest, copy_blobs)
 
     # ------------------------------------------------------------------ reading
 
@@ -384,6 +524,8 @@ class Cache:
         computation = (lower_pmap if pmap else lower)(fn, *args, name=name, **lower_kwargs)
         if computation.symbolic:
             return self._store_symbolic(computation, start)
+        if not self.read_only:
+            check_name(computation.name)  # before an XLA compile that could not be stored
         key = computation.fingerprint
         entry = self.index.get(key)
         if entry is not None and entry.ok:
@@ -449,6 +591,8 @@ class Cache:
         self, max_size: int | str | None = None, older_than: Any = None, *, dry_run: bool = False,
         superseded: bool = False, force: bool = False,
     ) -> Any:
+        """Plan-then-execute garbage collection; ``force`` deletes blobs even when the
+        index is empty (it refuses otherwise: a lost index is not an empty cache)."""
         from aot.cache.maintenance import collect_garbage
 
         return collect_garbage(
@@ -473,6 +617,19 @@ class Cache:
         from aot.cache.explain import explain
 
         return explain(self, name, *args, fn=fn, **lower_kwargs)
+
+
+def _entry_digests(entry: IndexEntry) -> list[str]:
+    return [d for d in (entry.exe_digest, entry.hlo_digest) if d]
+
+
+def _same_database(a: str, b: str) -> bool:
+    """Whether two locations are the same database URL (then one engine serves both)."""
+    if classify_location(a).kind != DATABASE or classify_location(b).kind != DATABASE:
+        return False
+    from sqlalchemy.engine import make_url
+
+    return make_url(a) == make_url(b)
 
 
 def _unstored_entry(artifact: Artifact) -> IndexEntry:

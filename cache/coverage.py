@@ -133,17 +133,18 @@ class CheckReport:
     def ok(self) -> bool:
         # Unreferenced blobs are garbage, not damage (a writer may be between its blob
         # and its index row): reported, but only problems with entries fail the check.
-        return not self.integrity.problems and not (self.coverage is not None and self.coverage.failed)
+        damaged = self.integrity.problems or self.integrity.cache_problems
+        return not damaged and not (self.coverage is not None and self.coverage.failed)
 
     def summary(self) -> str:
-        status = "PROBLEMS" if self.integrity.problems else "ok"
+        status = "PROBLEMS" if self.integrity.problems or self.integrity.cache_problems else "ok"
         return (
             f"verified {self.integrity.checked_entries} entries and "
             f"{self.integrity.checked_blobs} blobs in {self.location}: {status}"
         )
 
     def problem_lines(self) -> list[str]:
-        lines = []
+        lines = [f"problem: {what}" for what in self.integrity.cache_problems]
         for problem in self.integrity.problems:
             signature = self.signatures.get(problem.key)
             shown = f" ({signature.compact(60)})" if signature is not None and signature.leaves else ""

@@ -7,45 +7,49 @@ process reading a folder cache should not pay for.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterable, Iterator
+from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
-from aot.cache.blobs import (
-    DEFAULT_LEVEL,
-    PROBLEM_MISSING,
-    REFRESH_AFTER_SECONDS,
-    _problem,
-    _read_only_error,
-    check_digest,
-    compress,
-    decompress_verified,
-    digest_of,
+from aot.cache.index import (
+    BlobDataRow,
+    _insert_ignore,
+    _make_engine,
+    _reason,
+    _server_now_expr,
+    connection_for,
+    ensure_schema,
+    mask_url,
+    server_now,
 )
+from aot.cache.objectstore import BlobStat, check_digest, read_only_error
 from aot.errors import CacheError
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["SqlObjectStore"]
 
-class DatabaseBlobStore:
-    """Compressed blobs in the ``blobs_data`` table of the index database.
+_CHUNK = 500
 
-    With PostgreSQL this makes one URL a complete shared cache. The schema is
-    created by :func:`aot.cache.index.ensure_schema` (called here, so the store
-    works on its own; it is a no-op when an :class:`~aot.cache.index.Index` has
-    already opened the database). Concurrent puts of one digest are safe: the
-    insert is ``ON CONFLICT DO NOTHING``.
+
+class SqlObjectStore:
+    """Payloads in the ``blobs_data`` table (digest, data, created_at).
+
+    ``created_at`` is the last write or touch, stamped with the database server's
+    clock, and :meth:`now` reads that clock: ages never mix machines' clocks. The
+    schema is created by :func:`aot.cache.index.ensure_schema` (a no-op when an
+    :class:`~aot.cache.index.Index` has already opened the database). Concurrent
+    writes of one digest are safe (``ON CONFLICT DO UPDATE``: the last one wins,
+    and every writer writes the same bytes or a repair).
     """
 
-    def __init__(self, engine: Engine, *, level: int = DEFAULT_LEVEL, read_only: bool = False) -> None:
-        from aot.cache.index import BlobDataRow, ensure_schema, mask_url
-
+    def __init__(self, engine: Engine, *, read_only: bool = False, owns_engine: bool = False) -> None:
         self.engine = engine
-        self.level = level
         self.read_only = read_only
+        self._owns_engine = owns_engine
         self.url = mask_url(engine.url)
         self._table: sa.Table = BlobDataRow.__table__  # type: ignore[assignment]
         try:
@@ -53,135 +57,125 @@ class DatabaseBlobStore:
         except sa_exc.SQLAlchemyError as e:
             raise self._fail("open the blob table", e) from e
 
+    @classmethod
+    def open(cls, url: str, *, read_only: bool = False) -> SqlObjectStore:
+        """A store on its own engine (blobs in another database than the index)."""
+        return cls(_make_engine(url, read_only), read_only=read_only, owns_engine=True)
+
     def __repr__(self) -> str:
-        return f"DatabaseBlobStore({self.url!r}, read_only={self.read_only})"
+        return f"SqlObjectStore({self.url!r}, read_only={self.read_only})"
 
-    def _fail(self, what: str, e: BaseException) -> CacheError:
-        orig = getattr(e, "orig", None) or e
-        reason = (str(orig).strip().splitlines() or [type(e).__name__])[0]
-        return CacheError(f"cannot {what} in the database at {self.url}: {reason}")
-
-    def _where(self, digest: str) -> str:
+    @property
+    def location(self) -> str:
         return f"{self.url} table blobs_data"
 
-    def _read(self, digest: str) -> bytes | None:
+    def _fail(self, what: str, e: BaseException) -> CacheError:
+        return CacheError(f"cannot {what} in the database at {self.url}: {_reason(e)}")
+
+    def read(self, digest: str) -> bytes | None:
         check_digest(digest)
         t = self._table
         try:
-            with self.engine.connect() as conn:
+            with connection_for(self.engine, write=False) as conn:
                 value = conn.execute(sa.select(t.c.data).where(t.c.digest == digest)).scalar_one_or_none()
         except sa_exc.SQLAlchemyError as e:
             raise self._fail(f"read blob {digest}", e) from e
         return bytes(value) if value is not None else None
 
-    def get(self, digest: str) -> bytes | None:
-        stored = self._read(digest)
-        if stored is None:
-            return None
-        return decompress_verified(digest, stored, self._where(digest))
-
-    def has(self, digest: str) -> bool:
-        check_digest(digest)
+    def _rows(self, digests: Iterable[str], *columns: sa.ColumnElement) -> list[sa.Row]:
+        wanted = sorted({check_digest(d) for d in digests})
         t = self._table
+        rows: list[sa.Row] = []
         try:
-            with self.engine.connect() as conn:
-                return conn.execute(sa.select(t.c.digest).where(t.c.digest == digest)).first() is not None
+            with connection_for(self.engine, write=False) as conn:
+                for i in range(0, len(wanted), _CHUNK):
+                    rows.extend(
+                        conn.execute(sa.select(*columns).where(t.c.digest.in_(wanted[i : i + _CHUNK])))
+                    )
         except sa_exc.SQLAlchemyError as e:
-            raise self._fail(f"look up blob {digest}", e) from e
+            raise self._fail("look up blobs", e) from e
+        return rows
 
-    def stored_size(self, digest: str) -> int | None:
-        check_digest(digest)
+    def exists(self, digests: Iterable[str]) -> set[str]:
+        return {row[0] for row in self._rows(digests, self._table.c.digest)}
+
+    def stat(self, digests: Iterable[str]) -> dict[str, BlobStat]:
+        t = self._table
+        rows = self._rows(digests, t.c.digest, sa.func.length(t.c.data), t.c.created_at)
+        return {d: BlobStat(d, int(size), modified) for d, size, modified in rows}
+
+    def list(self) -> Iterator[BlobStat]:
         t = self._table
         try:
-            with self.engine.connect() as conn:
-                value = conn.execute(
-                    sa.select(sa.func.length(t.c.data)).where(t.c.digest == digest)
-                ).scalar_one_or_none()
-        except sa_exc.SQLAlchemyError as e:
-            raise self._fail(f"look up blob {digest}", e) from e
-        return int(value) if value is not None else None
-
-    def check(self, digest: str) -> str | None:
-        stored = self._read(digest)
-        if stored is None:
-            return PROBLEM_MISSING
-        return _problem(digest, stored)[0]
-
-    def digests(self) -> Iterator[str]:
-        t = self._table
-        try:
-            with self.engine.connect() as conn:
-                found = list(conn.execute(sa.select(t.c.digest).order_by(t.c.digest)).scalars())
+            with connection_for(self.engine, write=False) as conn:
+                rows = conn.execute(
+                    sa.select(t.c.digest, sa.func.length(t.c.data), t.c.created_at).order_by(t.c.digest)
+                ).all()
         except sa_exc.SQLAlchemyError as e:
             raise self._fail("list blobs", e) from e
-        yield from found
+        for digest, size, modified in rows:
+            yield BlobStat(digest, int(size), modified)
 
-    def _refresh(self, digest: str) -> None:
-        """The caller is about to reference an existing blob: make it young again, so
-        that gc (which spares orphans younger than its grace, by ``created_at``) leaves
-        it be even if it is the old orphan of a killed writer."""
-        t = self._table
-        now = datetime.now(timezone.utc)
-        old = t.c.created_at < now - timedelta(seconds=REFRESH_AFTER_SECONDS)
+    def now(self) -> datetime:
         try:
-            with self.engine.connect() as conn:
-                if conn.execute(sa.select(t.c.digest).where(t.c.digest == digest, old)).first() is None:
-                    return  # young already: no write transaction
-            with self.engine.connect() as conn:
-                conn.execution_options(aot_write=True)
-                with conn.begin():
-                    conn.execute(sa.update(t).where(t.c.digest == digest).values(created_at=now))
+            with connection_for(self.engine, write=False) as conn:
+                return server_now(conn)
         except sa_exc.SQLAlchemyError as e:
-            raise self._fail(f"store blob {digest}", e) from e
+            raise self._fail("read the database clock", e) from e
 
-    def put(self, data: bytes) -> str:
-        digest = digest_of(data)
-        if self.read_only:
-            raise _read_only_error(f"store blob {digest}", self.url)
-        existing = self._read(digest)
-        if existing is not None:
-            problem = _problem(digest, existing)[0]
-            if problem is None:
-                self._refresh(digest)
-                return digest
-            logger.warning("blob %s in %s is corrupt (%s); rewriting it", digest, self.url, problem)
-        payload = compress(data, self.level)
-        t = self._table
-        try:
-            with self.engine.connect() as conn:
-                conn.execution_options(aot_write=True)
-                with conn.begin():
-                    if existing is not None:
-                        conn.execute(sa.update(t).where(t.c.digest == digest).values(data=payload))
-                    else:
-                        if conn.dialect.name == "postgresql":
-                            from sqlalchemy.dialects.postgresql import insert
-                        else:
-                            from sqlalchemy.dialects.sqlite import insert
-                        conn.execute(
-                            insert(t)
-                            .values(digest=digest, data=payload, created_at=datetime.now(timezone.utc))
-                            .on_conflict_do_nothing()
-                        )
-        except sa_exc.SQLAlchemyError as e:
-            raise self._fail(f"store blob {digest}", e) from e
-        return digest
-
-    def delete(self, digest: str) -> int:
+    def write(self, digest: str, payload: bytes) -> None:
         check_digest(digest)
         if self.read_only:
-            raise _read_only_error(f"delete blob {digest}", self.url)
+            raise read_only_error(f"store blob {digest}", self.location)
         t = self._table
         try:
-            with self.engine.connect() as conn:
-                conn.execution_options(aot_write=True)
-                with conn.begin():
-                    size = conn.execute(
-                        sa.select(sa.func.length(t.c.data)).where(t.c.digest == digest)
-                    ).scalar_one_or_none()
-                    if size is None:
-                        return 0
-                    conn.execute(sa.delete(t).where(t.c.digest == digest))
+            with connection_for(self.engine, write=True) as conn:
+                stmt = _insert_ignore(conn, t).values(
+                    digest=digest, data=payload, created_at=_server_now_expr(conn.dialect.name)
+                )
+                conn.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[t.c.digest],
+                        set_={"data": stmt.excluded.data, "created_at": stmt.excluded.created_at},
+                    )
+                )
         except sa_exc.SQLAlchemyError as e:
-            raise self._fail(f"delete blob {digest}", e) from e
-        return int(size)
+            raise self._fail(f"store blob {digest}", e) from e
+
+    def touch(self, digest: str) -> None:
+        check_digest(digest)
+        if self.read_only:
+            raise read_only_error(f"touch blob {digest}", self.location)
+        t = self._table
+        try:
+            with connection_for(self.engine, write=True) as conn:
+                conn.execute(
+                    sa.update(t).where(t.c.digest == digest).values(created_at=_server_now_expr(conn.dialect.name))
+                )
+        except sa_exc.SQLAlchemyError as e:
+            raise self._fail(f"touch blob {digest}", e) from e
+
+    def delete(self, digests: Iterable[str]) -> int:
+        wanted = sorted({check_digest(d) for d in digests})
+        if not wanted:
+            return 0
+        if self.read_only:
+            raise read_only_error(f"delete blob {wanted[0]}", self.location)
+        t = self._table
+        freed = 0
+        try:
+            with connection_for(self.engine, write=True) as conn:
+                for i in range(0, len(wanted), _CHUNK):
+                    chunk = wanted[i : i + _CHUNK]
+                    freed += sum(
+                        int(size) for size in conn.execute(
+                            sa.delete(t).where(t.c.digest.in_(chunk)).returning(sa.func.length(t.c.data))
+                        ).scalars()
+                    )
+        except sa_exc.SQLAlchemyError as e:
+            raise self._fail("delete blobs", e) from e
+        return freed
+
+    def close(self) -> None:
+        if self._owns_engine:
+            self.engine.dispose()

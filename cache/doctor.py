@@ -39,10 +39,13 @@ class Diagnosis:
     health: Any = None  # VerifyReport
     error: str | None = None
     settings: Any = None  # aot.cache.config.Settings: each setting and its source
+    #: Problems of the cache as a whole, found even without --no-verify's re-hashing
+    #: (an empty index beside stored blobs).
+    cache_problems: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return self.error is None and (self.health is None or self.health.ok)
+        return self.error is None and not self.cache_problems and (self.health is None or self.health.ok)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +63,7 @@ class Diagnosis:
                 "quarantined": self.quarantined,
                 "stored_bytes": self.stored_bytes,
                 "error": self.error,
+                "problems": list(self.cache_problems),
             },
             "health": self.health.to_dict() if self.health is not None else None,
             "settings": self.settings.to_dict() if self.settings is not None else None,
@@ -75,8 +79,10 @@ def diagnose(
     name the cache, blob location and signing key, and are reported with their sources."""
     import jax
 
-    from aot.cache.cache import Cache, default_location, is_url
+    from aot.cache.cache import Cache, default_location
     from aot.cache.index import SCHEMA_VERSION, mask_url
+    from aot.cache.maintenance import empty_index_problem
+    from aot.cache.objectstore import FOLDER, classify_location
     from aot.fingerprint import environment_fingerprint
 
     devices = jax.devices()
@@ -97,7 +103,10 @@ def diagnose(
         if settings.blobs.value is not None:
             options["blob_location"] = settings.blobs.value
     location = str(location) if location is not None else default_location()
-    shown = mask_url(location) if is_url(location) else location
+    try:
+        shown = location if classify_location(location).kind == FOLDER else mask_url(location)
+    except AotError:
+        shown = mask_url(location)
     base = dict(
         versions=versions(), devices=device_info, environment=environment, location=shown,
         supported_schema_version=SCHEMA_VERSION, settings=settings,
@@ -111,6 +120,8 @@ def diagnose(
     try:
         entries = cache.index.entries()
         health = cache.verify(quarantine=False) if check else None
+        stats = list(cache.blobs.list())
+        empty = empty_index_problem(cache, [s.digest for s in stats]) if not entries else None
         return Diagnosis(
             **base,  # type: ignore[arg-type]
             index=cache.index.url,
@@ -118,8 +129,9 @@ def diagnose(
             entries=len(entries),
             entries_here=sum(1 for e in entries if e.env_fp == env.digest and e.ok),
             quarantined=sum(1 for e in entries if not e.ok),
-            stored_bytes=sum(cache.blobs.stored_size(d) or 0 for d in cache.blobs.digests()),
+            stored_bytes=sum(s.stored_size for s in stats),
             health=health,
+            cache_problems=(empty,) if empty else (),
         )
     except AotError as exc:
         return Diagnosis(**base, index=cache.index.url, error=str(exc))  # type: ignore[arg-type]

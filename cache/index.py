@@ -16,8 +16,12 @@ database blob store, those too, in ``blobs_data``):
     digests that ``artifacts`` and ``programs`` rows reference.
 ``blobs_data``
     compressed blob bytes when the blobs live in the database
-    (:class:`aot.cache.blobs.DatabaseBlobStore`), so a PostgreSQL URL alone is a
+    (:class:`aot.cache.dbblobs.SqlObjectStore`), so a PostgreSQL URL alone is a
     complete shared cache.
+``blob_leases``
+    pending references: a writer's claim on the digests it is about to check,
+    write and name in a row, with an expiry on the database server's clock. gc
+    never deletes a leased blob (the protocol is in docs/reliability.md).
 ``schema_version``
     a single row holding the schema version of the database.
 
@@ -45,9 +49,12 @@ naming both versions (upgrade jax-aot).
 Changelog of :data:`SCHEMA_VERSION`:
 
 * 1 (initial): schema_version, programs, artifacts, blobs, blobs_data.
-* 2 (2026-12-09): ``artifacts.exe_digest`` may be NULL: a symbolic
+* 2 (2026-12-02): ``artifacts.exe_digest`` may be NULL: a symbolic
   (shape-polymorphic) entry stores portable HLO and no executable
   (``_migrate_exe_digest_nullable``).
+* 3 (2026-12-02): blob_leases (gc never races a writer); indexes on the digest
+  columns of artifacts and programs (gc re-checks references per batch)
+  (``_migrate_add_blob_leases``).
 
 Transactions are short, one per method call. On SQLite the pysqlite driver's own
 transaction handling is switched off and transactions are begun explicitly:
@@ -62,10 +69,12 @@ import fnmatch
 import logging
 import os
 import re
+import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, fields
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -92,6 +101,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.pool import StaticPool
 
 from aot.cache.entry import ARTIFACT_STATES, SCHEMA_VERSION, IndexEntry, _as_utc, utcnow
+from aot.cache.pauses import reached
 from aot.errors import AotError, CacheError, ReadOnlyCacheError
 
 logger = logging.getLogger(__name__)
@@ -103,7 +113,11 @@ __all__ = [
     "Migration",
     "IndexEntry",
     "BlobRow",
+    "DeletionBatch",
     "Index",
+    "Lease",
+    "LeaseLostError",
+    "LEASE_SECONDS",
     "ensure_schema",
     "mask_url",
     "utcnow",
@@ -117,6 +131,15 @@ _PG_MIGRATION_LOCK_KEY = 0x6A61785F616F7431  # "jax_aot1"
 
 #: Rows per statement when deleting by a list of keys (SQLite variable limits).
 _CHUNK = 500
+
+#: How long a writer's lease on its blobs lasts (database server's clock). A writer
+#: that outlives its lease finds out when it commits and starts over; a killed
+#: writer's leases pin its blobs for at most this long.
+LEASE_SECONDS = 3600.0
+
+#: PostgreSQL: taken by gc's deletion transaction; conflicts with the ROW EXCLUSIVE
+#: lock every INSERT/DELETE on blob_leases takes, and with itself.
+_PG_DELETION_LOCK = "LOCK TABLE blob_leases IN SHARE ROW EXCLUSIVE MODE"
 
 
 def mask_url(url: str | URL) -> str:
@@ -172,6 +195,7 @@ class SchemaVersionRow(Base):
 
 class ProgramRow(Base):
     __tablename__ = "programs"
+    __table_args__ = (SqlIndex("ix_programs_hlo_digest", "hlo_digest"),)
 
     program_fp: Mapped[str] = mapped_column(String(128), primary_key=True)
     name: Mapped[str] = mapped_column(String(512))
@@ -184,6 +208,8 @@ class ArtifactRow(Base):
     __tablename__ = "artifacts"
     __table_args__ = (
         SqlIndex("ix_artifacts_name_env_state", "name", "env_fp", "state"),
+        SqlIndex("ix_artifacts_exe_digest", "exe_digest"),
+        SqlIndex("ix_artifacts_hlo_digest", "hlo_digest"),
         CheckConstraint("state IN ('ok', 'quarantined')", name="ck_artifacts_state"),
     )
 
@@ -219,7 +245,10 @@ class BlobRefRow(Base):
 
 
 class BlobDataRow(Base):
-    """Compressed blob bytes, used by :class:`aot.cache.blobs.DatabaseBlobStore`."""
+    """Compressed blob bytes, used by :class:`aot.cache.dbblobs.SqlObjectStore`.
+
+    ``created_at`` is the blob's last write or touch, on the database server's clock.
+    """
 
     __tablename__ = "blobs_data"
 
@@ -228,10 +257,22 @@ class BlobDataRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class BlobLeaseRow(Base):
+    """A writer's pending reference to a blob (see :meth:`Index.lease`)."""
+
+    __tablename__ = "blob_leases"
+    __table_args__ = (SqlIndex("ix_blob_leases_digest", "digest"),)
+
+    token: Mapped[str] = mapped_column(String(32), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 _ART = ArtifactRow.__table__
 _PROG = ProgramRow.__table__
 _BLOB = BlobRefRow.__table__
 _VER = SchemaVersionRow.__table__
+_LEASE = BlobLeaseRow.__table__
 
 
 # --------------------------------------------------------------------- value objects
@@ -300,12 +341,21 @@ def _migrate_exe_digest_nullable(conn: Connection) -> None:
         index.create(conn)
 
 
+def _migrate_add_blob_leases(conn: Connection) -> None:
+    _LEASE.create(conn, checkfirst=True)
+    for table in (_ART, _PROG):
+        for index in table.indexes:
+            if index.name in ("ix_artifacts_exe_digest", "ix_artifacts_hlo_digest", "ix_programs_hlo_digest"):
+                index.create(conn, checkfirst=True)
+
+
 #: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
 #: database is created from the models at the current version; migration 1 exists
 #: so that the list is complete and every version has a description.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: programs, artifacts, blobs, blobs_data", _create_v1),
     Migration(2, "artifacts.exe_digest may be NULL (symbolic entries)", _migrate_exe_digest_nullable),
+    Migration(3, "blob leases, and indexes on blob digests (gc safety)", _migrate_add_blob_leases),
 )
 
 
@@ -499,6 +549,13 @@ def _reason(e: BaseException) -> str:
 def _advice(reason: str) -> str:
     """What to do about the database errors a user can fix."""
     text = reason.lower()
+    if "malformed" in text or "not a database" in text or "database corrupt" in text:
+        return (
+            "; the index file is damaged (truncated or overwritten). Restore it from a "
+            "backup, or move it aside and rebuild the index: `aot bundle import` a bundle "
+            "of the entries, or `aot warmup` again (stored blobs are reused, and `aot gc` "
+            "refuses to delete them while the index is empty)"
+        )
     if "disk is full" in text or "no space left" in text or "quota" in text:
         return "; free disk space (e.g. `aot gc --max-size ...`) or move the cache (AOT_CACHE)"
     if "readonly database" in text or "read-only" in text or "unable to open database file" in text:
@@ -527,29 +584,154 @@ def _like_escape(text: str) -> str:
 def glob_to_like(pattern: str) -> str:
     """Translate an fnmatch glob into a LIKE pattern (escape character ``\\``).
 
-    ``*`` -> ``%``, ``?`` -> ``_``, ``[...]`` -> ``_`` (a superset: callers
-    post-filter with :func:`fnmatch.fnmatchcase`), literal ``%``/``_``/``\\``
-    are escaped.
+    ``*`` -> ``%``, ``?`` -> ``_``, a bracket class -> ``_`` (callers post-filter
+    with :func:`fnmatch.fnmatchcase`), literal ``%``/``_``/``\\`` are escaped. Every
+    name fnmatch matches, LIKE matches (a superset): a class is found exactly as
+    :func:`fnmatch.translate` finds it (``]`` right after ``[`` or ``[!`` is a
+    member, a ``[`` without a closing ``]`` is a literal), and each class and each
+    ``?`` stands for exactly one character, as ``_`` does.
     """
     out: list[str] = []
-    i = 0
-    while i < len(pattern):
+    i, n = 0, len(pattern)
+    while i < n:
         ch = pattern[i]
+        i += 1
         if ch == "*":
             out.append("%")
         elif ch == "?":
             out.append("_")
         elif ch == "[":
-            end = pattern.find("]", i + 2 if pattern[i + 1 : i + 2] in ("!", "]") else i + 1)
-            if end == -1:
-                out.append(_like_escape(ch))
+            j = i
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                out.append(_like_escape(ch))  # no closing bracket: a literal "["
             else:
                 out.append("_")
-                i = end
+                i = j + 1
         else:
             out.append(_like_escape(ch))
-        i += 1
     return "".join(out)
+
+
+# --------------------------------------------------------------- the server's clock
+
+
+def _server_now_expr(dialect: str) -> Any:
+    """The database server's current UTC time as an SQL expression (SQLite is in
+    process: its clock is this host's)."""
+    if dialect == "sqlite":
+        # SQLAlchemy's own SQLite text format (microseconds), so values compare as text
+        return sa.type_coerce(sa.func.strftime("%Y-%m-%d %H:%M:%f000", "now"), UTCDateTime)
+    return sa.type_coerce(sa.func.now(), UTCDateTime)
+
+
+def server_now(conn: Connection) -> datetime:
+    """The database server's clock (PostgreSQL ``now()``: this transaction's start)."""
+    value = conn.execute(sa.select(_server_now_expr(conn.dialect.name))).scalar_one()
+    return _as_utc(value, "the database clock")
+
+
+# A SQL blob store that lives in the index's database joins gc's deletion
+# transaction (SQLite allows one writer at a time: a second connection would wait
+# on the lock gc holds; PostgreSQL then deletes blobs atomically with the checks).
+_JOINED: ContextVar[tuple[Engine, Connection] | None] = ContextVar("aot_joined_connection", default=None)
+
+
+@contextmanager
+def connection_for(engine: Engine, *, write: bool) -> Iterator[Connection]:
+    """A connection in a transaction on ``engine``: the enclosing deletion lock's if
+    one is open on this engine (then its transaction decides), else a new one."""
+    joined = _JOINED.get()
+    if joined is not None and joined[0] is engine:
+        yield joined[1]
+        return
+    with engine.connect() as conn:
+        if write:
+            conn.execution_options(aot_write=True)
+        with conn.begin():
+            yield conn
+
+
+# ------------------------------------------------------------------------- leases
+
+
+class LeaseLostError(CacheError):
+    """A writer's lease expired and gc took it (with, perhaps, its blobs): start over."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A writer's pending references (see :meth:`Index.lease`)."""
+
+    token: str
+    digests: frozenset[str]
+    expires_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"token": self.token, "digests": sorted(self.digests), "expires_at": self.expires_at.isoformat()}
+
+
+class DeletionBatch:
+    """gc's view inside :meth:`Index.deletion_lock` (one transaction, under the lock)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self.now = server_now(conn)
+
+    def deletable(self, digests: Iterable[str]) -> list[str]:
+        """The digests no artifact or program row references and no live lease holds.
+
+        Expired leases on them are deleted, so that their writers, if still alive,
+        find out when they commit (:class:`LeaseLostError`) and start over.
+        """
+        wanted = sorted(set(digests))
+        if not wanted:
+            return []
+        conn = self._conn
+        protected: set[str] = set()
+        expired: set[str] = set()
+        for i in range(0, len(wanted), _CHUNK):
+            chunk = wanted[i : i + _CHUNK]
+            protected.update(
+                conn.execute(
+                    sa.union(
+                        sa.select(_ART.c.exe_digest).where(_ART.c.exe_digest.in_(chunk)),
+                        sa.select(_ART.c.hlo_digest).where(_ART.c.hlo_digest.in_(chunk)),
+                        sa.select(_PROG.c.hlo_digest).where(_PROG.c.hlo_digest.in_(chunk)),
+                    )
+                ).scalars()
+            )
+            for digest, expires_at in conn.execute(
+                sa.select(_LEASE.c.digest, _LEASE.c.expires_at).where(_LEASE.c.digest.in_(chunk))
+            ):
+                if expires_at > self.now:
+                    protected.add(digest)
+                else:
+                    expired.add(digest)
+        doomed = [d for d in wanted if d not in protected]
+        stale = sorted(expired - protected)
+        for i in range(0, len(stale), _CHUNK):
+            conn.execute(
+                sa.delete(_LEASE).where(
+                    _LEASE.c.digest.in_(stale[i : i + _CHUNK]), _LEASE.c.expires_at <= self.now
+                )
+            )
+        return doomed
+
+    def forget(self, digests: Iterable[str]) -> None:
+        """Deletes the blob reference rows of ``digests`` (their blobs are gone)."""
+        gone = sorted(set(digests))
+        for i in range(0, len(gone), _CHUNK):
+            self._conn.execute(sa.delete(_BLOB).where(_BLOB.c.digest.in_(gone[i : i + _CHUNK])))
+
+    def drop_expired_leases(self) -> int:
+        """Deletes every expired lease (left by killed writers); how many."""
+        return int(self._conn.execute(sa.delete(_LEASE).where(_LEASE.c.expires_at <= self.now)).rowcount or 0)
 
 
 # ----------------------------------------------------------------------------- Index
@@ -587,7 +769,7 @@ class Index:
 
     @property
     def engine(self) -> Engine:
-        """The SQLAlchemy engine (shared with :class:`~aot.cache.blobs.DatabaseBlobStore`)."""
+        """The SQLAlchemy engine (shared with :class:`~aot.cache.dbblobs.SqlObjectStore`)."""
         return self._engine
 
     @property
@@ -638,20 +820,108 @@ class Index:
         with self._read("read the schema version") as conn:
             return _read_version(conn)
 
+    def now(self) -> datetime:
+        """The database server's clock: every time compared across machines is on it."""
+        with self._read("read the database clock") as conn:
+            return server_now(conn)
+
+    def is_empty(self) -> bool:
+        """No artifact and no program row (a new, lost or emptied index)."""
+        with self._read("count rows") as conn:
+            for table in (_ART, _PROG):
+                if conn.execute(sa.select(sa.literal(1)).select_from(table).limit(1)).first() is not None:
+                    return False
+        return True
+
+    # -- leases (see docs/reliability.md, "gc and writers") ------------------------
+
+    def lease(self, digests: Iterable[str], *, seconds: float | None = None) -> Lease:
+        """Claims ``digests`` for a row about to be written: gc deletes none of them
+        until the lease is released (by :meth:`add` or :meth:`release`) or expires
+        (``seconds`` on the database server's clock). Take it *before* checking or
+        writing the blobs; it serializes with gc's deletion lock."""
+        wanted = frozenset(digests)
+        token = secrets.token_hex(16)
+        with self._write("lease blobs") as conn:
+            expires_at = server_now(conn) + timedelta(seconds=LEASE_SECONDS if seconds is None else seconds)
+            if wanted:
+                conn.execute(
+                    sa.insert(_LEASE),
+                    [{"token": token, "digest": d, "expires_at": expires_at} for d in sorted(wanted)],
+                )
+        return Lease(token, wanted, expires_at)
+
+    def release(self, lease: Lease) -> None:
+        """Gives a lease up (a writer that failed). Never raises: an unreleased lease
+        only pins its blobs until it expires."""
+        if not lease.digests:
+            return
+        try:
+            with self._write("release a lease") as conn:
+                conn.execute(sa.delete(_LEASE).where(_LEASE.c.token == lease.token))
+        except AotError as e:
+            logger.warning("index: could not release lease %s: %s", lease.token[:8], e)
+
+    def leased_digests(self) -> set[str]:
+        """Digests under a live lease (writes in progress)."""
+        with self._read("list leases") as conn:
+            now = server_now(conn)
+            return set(conn.execute(sa.select(_LEASE.c.digest).where(_LEASE.c.expires_at > now)).scalars())
+
+    @contextmanager
+    def deletion_lock(self) -> Iterator[DeletionBatch]:
+        """gc's deletion step: one transaction under the lock every lease and every
+        lease release waits for (SQLite: ``BEGIN IMMEDIATE``, the database's write
+        lock; PostgreSQL: ``SHARE ROW EXCLUSIVE`` on blob_leases). Delete the blobs
+        :meth:`DeletionBatch.deletable` returns *inside* the block; a SQL blob store on
+        this engine joins the transaction."""
+        with self._write("delete blobs") as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql(_PG_DELETION_LOCK)
+            token = _JOINED.set((self._engine, conn))
+            try:
+                yield DeletionBatch(conn)
+            finally:
+                _JOINED.reset(token)
+
     # -- writes -------------------------------------------------------------------
 
-    def add(self, entry: IndexEntry, *, blob_sizes: Mapping[str, tuple[int, int]]) -> bool:
+    def add(
+        self, entry: IndexEntry, *, blob_sizes: Mapping[str, tuple[int, int]],
+        lease: Lease | None = None, stamp: bool = False, replace: bool = False,
+    ) -> bool:
         """Record an artifact: blob rows, its program row and its artifact row, atomically.
 
         ``blob_sizes`` maps each digest the entry uses to ``(size, stored_size)``;
         call this only after the blobs are durable in the blob store. Returns True
         if the row was inserted, False if an artifact with this key already exists
         (concurrent adders of one key all succeed; one row is kept). A
-        ``quarantined`` row with the same key is replaced (healing) -> True.
+        ``quarantined`` row with the same key is replaced (healing) -> True; with
+        ``replace`` any row of the key is (a row whose blobs were found damaged).
+
+        ``lease``: released in the same transaction; if gc took it (it expired),
+        nothing is written and :class:`LeaseLostError` is raised. ``stamp``: the
+        row's times come from the database server's clock, not the entry.
         """
         row = entry._row()
-        now = entry.created_at
         with self._write(f"add artifact {entry.key}") as conn:
+            if lease is not None and lease.digests:
+                # First statement: on PostgreSQL it waits for gc's deletion lock.
+                kept = set(
+                    conn.execute(
+                        sa.delete(_LEASE).where(_LEASE.c.token == lease.token).returning(_LEASE.c.digest)
+                    ).scalars()
+                )
+                if kept != lease.digests:
+                    raise LeaseLostError(
+                        f"the lease on the blobs of {entry.name!r} ({entry.key[:12]}) expired "
+                        f"and gc may have taken them; store it again"
+                    )
+            if stamp:
+                now = server_now(conn)
+                row["created_at"] = row["last_used_at"] = now
+            else:
+                now = entry.created_at
             if blob_sizes:
                 conn.execute(
                     _insert_ignore(conn, _BLOB).on_conflict_do_nothing(),
@@ -681,20 +951,23 @@ class Index:
                 .returning(_ART.c.key)
             ).scalar_one_or_none()
             if inserted is not None:
+                reached("put.before_commit")
                 logger.debug("index: added %s (%s)", entry.key, entry.name)
                 return True
             state = conn.execute(
                 sa.select(_ART.c.state).where(_ART.c.key == entry.key)
             ).scalar_one_or_none()
-            if state == "quarantined":
+            if state == "quarantined" or (replace and state is not None):
                 conn.execute(sa.update(_ART).where(_ART.c.key == entry.key).values(**row))
-                logger.info("index: replaced quarantined artifact %s (%s)", entry.key, entry.name)
+                reached("put.before_commit")
+                logger.info("index: replaced %s artifact %s (%s)", state, entry.key, entry.name)
                 return True
+            reached("put.before_commit")
             logger.debug("index: %s already present", entry.key)
             return False
 
     def touch(self, key: str, *, when: datetime | None = None) -> None:
-        """Record a use: ``last_used_at = when or now``, ``hits += 1``.
+        """Record a use: ``last_used_at = when`` or the server's now, ``hits += 1``.
 
         Never fails a load: on a read-only index it does nothing, and a database
         error is logged, not raised.
@@ -702,13 +975,13 @@ class Index:
         if self.read_only:
             logger.debug("index: not touching %s: read-only", key)
             return
-        when = _as_utc(when, "when") if when is not None else utcnow()
         try:
             with self._write(f"touch {key}") as conn:
+                stamp = _as_utc(when, "when") if when is not None else _server_now_expr(conn.dialect.name)
                 conn.execute(
                     sa.update(_ART)
                     .where(_ART.c.key == key)
-                    .values(last_used_at=when, hits=_ART.c.hits + 1)
+                    .values(last_used_at=stamp, hits=_ART.c.hits + 1)
                 )
         except CacheError as e:
             logger.warning("index: could not record the use of %s: %s", key, e)
@@ -731,20 +1004,57 @@ class Index:
         ``gc`` can free it: deleting every artifact of a program deletes the
         program. Blob rows are not touched (see :meth:`delete_blob_rows`).
         """
-        keys = sorted(set(keys))
+        return self._delete(sorted(set(keys)), keep_programs, None)[0]
+
+    def delete_unchanged(self, planned: Mapping[str, tuple[str, datetime]]) -> list[str]:
+        """gc's eviction: deletes each row still as planned (key -> state,
+        last_used_at); a row used, healed or replaced since the plan is kept. The
+        keys deleted."""
+        keys = sorted(planned)
+        kept = set(self._delete(keys, False, planned)[1])
+        return [k for k in keys if k not in kept]
+
+    def _delete(
+        self, keys: list[str], keep_programs: bool, unchanged: Mapping[str, tuple[str, datetime]] | None,
+    ) -> tuple[int, list[str]]:
         if not keys:
-            return 0
+            return 0, []
         deleted = 0
+        kept: list[str] = []
         with self._write("delete artifacts") as conn:
             programs: set[str] = set()
             for i in range(0, len(keys), _CHUNK):
-                chunk = keys[i : i + _CHUNK]
                 programs.update(
                     conn.execute(
-                        sa.select(_ART.c.program_fp).where(_ART.c.key.in_(chunk)).distinct()
+                        sa.select(_ART.c.program_fp).where(_ART.c.key.in_(keys[i : i + _CHUNK])).distinct()
                     ).scalars()
                 )
-                deleted += conn.execute(sa.delete(_ART).where(_ART.c.key.in_(chunk))).rowcount
+            if conn.dialect.name == "postgresql" and programs:
+                # Lock programs rows before artifacts rows, as a writer does (its upsert
+                # of the program comes first): the opposite order deadlocks with it, and
+                # the NOT EXISTS below then sees a row the writer committed meanwhile.
+                progs = sorted(programs)
+                for i in range(0, len(progs), _CHUNK):
+                    conn.execute(
+                        sa.select(_PROG.c.program_fp)
+                        .where(_PROG.c.program_fp.in_(progs[i : i + _CHUNK]))
+                        .order_by(_PROG.c.program_fp)
+                        .with_for_update()
+                    ).all()
+            if unchanged is None:
+                for i in range(0, len(keys), _CHUNK):
+                    deleted += conn.execute(sa.delete(_ART).where(_ART.c.key.in_(keys[i : i + _CHUNK]))).rowcount
+            else:
+                for key in keys:
+                    state, last_used_at = unchanged[key]
+                    if conn.execute(
+                        sa.delete(_ART).where(
+                            _ART.c.key == key, _ART.c.state == state, _ART.c.last_used_at == last_used_at
+                        )
+                    ).rowcount:
+                        deleted += 1
+                    else:
+                        kept.append(key)
             if not keep_programs and programs:
                 still_used = sa.select(_ART.c.program_fp).where(_ART.c.program_fp == _PROG.c.program_fp)
                 progs = sorted(programs)
@@ -755,7 +1065,7 @@ class Index:
                         )
                     )
         logger.debug("index: deleted %d artifact rows", deleted)
-        return deleted
+        return deleted, kept
 
     def delete_blob_rows(self, digests: Iterable[str]) -> int:
         """Delete rows of the blob reference table; return how many existed."""

@@ -29,15 +29,32 @@ Contract, for every implementation:
 
 from __future__ import annotations
 
+import errno
+import importlib
+import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import unquote
 
-from aot.errors import CorruptArtifactError
+from aot.errors import CacheError, CorruptArtifactError, ReadOnlyCacheError
 
-__all__ = ["BlobStat", "ObjectStore", "blob_path", "check_digest", "digest_from_path"]
+__all__ = [
+    "BlobStat",
+    "Location",
+    "ObjectStore",
+    "blob_path",
+    "check_digest",
+    "classify_location",
+    "digest_from_path",
+    "open_object_store",
+    "read_only_error",
+    "register_error_translator",
+    "storage_error",
+]
 
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 _PATH_RE = re.compile(r"^([0-9a-f]{2})/([0-9a-f]{64})\.zst$")
@@ -125,3 +142,169 @@ class ObjectStore(Protocol):
 
     def close(self) -> None:
         ...
+
+
+# ------------------------------------------------------------------------ errors
+
+#: Turns an exception of a storage library into a CacheError with advice, or None
+#: when it does not recognise it. ``what`` is the failed action ("write blob ab12..."),
+#: ``where`` the store's location.
+ErrorTranslator = Callable[[BaseException, str, str], "CacheError | None"]
+
+_TRANSLATORS: list[ErrorTranslator] = []
+
+
+def register_error_translator(translator: ErrorTranslator) -> None:
+    """Adds a translator (e.g. for fsspec's exceptions), asked before the OS one."""
+    if translator not in _TRANSLATORS:
+        _TRANSLATORS.insert(0, translator)
+
+
+def _os_advice(e: OSError) -> str:
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return "free disk space (e.g. `aot gc --max-size ...`) or move the cache (AOT_CACHE)"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return "fix the permissions of the cache folder, or open the cache read-only"
+    if e.errno == errno.EROFS:
+        return "the file system is read-only: open the cache read-only or move it (AOT_CACHE)"
+    return "check the cache folder or blob location (AOT_CACHE / AOT_BLOBS)"
+
+
+def storage_error(exc: BaseException, what: str, where: str) -> CacheError:
+    """The one translator of storage failures into :class:`CacheError` with advice.
+
+    An :class:`AotError` passes through unchanged (it already says what to do);
+    registered translators are asked first, then OS errors get advice by errno.
+    """
+    if isinstance(exc, CacheError):
+        return exc
+    for translator in _TRANSLATORS:
+        translated = translator(exc, what, where)
+        if translated is not None:
+            return translated
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        code = f" [errno {exc.errno}]" if exc.errno is not None else ""
+        return CacheError(f"cannot {what} at {where}: {reason}{code}; {_os_advice(exc)}")
+    return CacheError(f"cannot {what} at {where}: {type(exc).__name__}: {exc}")
+
+
+def read_only_error(what: str, where: str) -> ReadOnlyCacheError:
+    return ReadOnlyCacheError(
+        f"cannot {what}: the blob store at {where} was opened read-only; open the "
+        f"cache without read_only=True to modify it"
+    )
+
+
+# --------------------------------------------------------------------- locations
+
+#: Object-store URL schemes -> the pip extra that installs their fsspec driver.
+OBJECT_SCHEMES: dict[str, str] = {
+    "s3": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "az": "azure",
+    "abfs": "azure",
+    "memory": "fsspec",
+}
+
+#: SQLAlchemy backends the index and the SQL blob store support.
+DATABASE_BACKENDS = ("sqlite", "postgresql")
+
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+
+FOLDER, DATABASE, OBJECT = "folder", "database", "object"
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a cache or its blobs live: a local ``folder`` (a path), a ``database``
+    (a SQLAlchemy URL) or an ``object`` store (an fsspec URL)."""
+
+    kind: str
+    target: str  # the folder path, or the URL as given
+    scheme: str | None = None
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"kind": self.kind, "target": self.target, "scheme": self.scheme}
+
+
+def _unknown_scheme(location: str, scheme: str) -> CacheError:
+    return CacheError(
+        f"unknown location scheme {scheme + '://'!r} in {_shown(location)!r}: expected a folder "
+        f"path, file://PATH, s3://, gs://, az://, memory:// (blobs only) or a database URL "
+        f"(sqlite:///PATH, postgresql+psycopg://USER@HOST/DB)"
+    )
+
+
+def _shown(location: str) -> str:
+    """``location`` without a password, for messages."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", location)
+
+
+def classify_location(location: str | os.PathLike[str]) -> Location:
+    """Which kind of store ``location`` names, by its scheme. An unknown scheme is
+    refused (:class:`CacheError`), never taken for a local path; a database URL is
+    recognised by its SQLAlchemy dialect, not by ``"://"``."""
+    text = os.fspath(location)
+    match = _SCHEME_RE.match(text)
+    if match is None:
+        if text.startswith("sqlite:"):  # sqlite:relative.db is not a folder either
+            raise CacheError(f"malformed SQLite URL {text!r}: expected sqlite:///PATH")
+        return Location(FOLDER, str(Path(text).expanduser()))
+    scheme = match.group(1).lower()
+    if scheme == "file":
+        rest = text[match.end():]
+        if rest.startswith("localhost/"):
+            rest = rest[len("localhost"):]
+        if not rest.startswith("/"):
+            raise CacheError(f"file URL {text!r} must name an absolute path: file:///PATH")
+        return Location(FOLDER, unquote(rest), "file")
+    if scheme in OBJECT_SCHEMES:
+        return Location(OBJECT, text, scheme)
+    # Only now pay for SQLAlchemy (a folder cache's serving path never gets here).
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        backend = make_url(text).get_backend_name()
+    except (ArgumentError, ValueError):
+        raise _unknown_scheme(text, scheme) from None
+    if backend in DATABASE_BACKENDS:
+        return Location(DATABASE, text, scheme)
+    raise _unknown_scheme(text, scheme)
+
+
+def open_object_store(
+    location: str | os.PathLike[str], *, read_only: bool = False, engine: Any = None,
+) -> ObjectStore:
+    """The :class:`ObjectStore` for ``location``, picked by its scheme.
+
+    A folder path or ``file://`` URL -> :class:`~aot.cache.blobs.FolderObjectStore`;
+    a database URL -> :class:`~aot.cache.dbblobs.SqlObjectStore` (on ``engine`` when
+    given: the index's own, so that gc's deletions join the index's lock);
+    ``s3://``, ``gs://``, ``az://``, ``memory://`` -> the fsspec store
+    (``pip install jax-aot[s3]`` etc.); anything else is refused.
+    """
+    where = classify_location(location)
+    if where.kind == FOLDER:
+        from aot.cache.blobs import FolderObjectStore
+
+        return FolderObjectStore(where.target, read_only=read_only)
+    if where.kind == DATABASE:
+        from aot.cache.dbblobs import SqlObjectStore
+
+        if engine is not None:
+            return SqlObjectStore(engine, read_only=read_only)
+        return SqlObjectStore.open(where.target, read_only=read_only)
+    extra = OBJECT_SCHEMES[where.scheme or ""]
+    hint = f"pip install 'jax-aot[{extra}]'"
+    try:
+        module = importlib.import_module("aot.cache.fsspec_store")
+        return module.FsspecObjectStore(where.target, read_only=read_only)  # type: ignore[no-any-return]
+    except ImportError as exc:  # the module, fsspec, or the scheme's driver (s3fs, ...)
+        missing = getattr(exc, "name", None) or str(exc)
+        raise CacheError(
+            f"blobs at {_shown(where.target)} need an object-store driver that is not "
+            f"installed ({missing}); install it with: {hint}"
+        ) from exc

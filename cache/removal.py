@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from aot.errors import ArtifactNotFoundError, SpecError
 from aot.cache.entry import IndexEntry
 from aot.cache.listing import EntryRow, check_env_choice, entry_rows
+from aot.cache.maintenance import delete_unreferenced_blobs
 from aot.cache.signatures import Signature
 from aot.cache.units import human_size
 
@@ -221,15 +222,9 @@ def execute_removal(cache: Cache, plan: RemovalPlan) -> RemovalPlan:
     """Deletes the plan's index rows, then its blobs that no row references any more."""
     cache._check_writable("remove entries")
     cache.index.delete([v.key for v in plan.entries])
-    referenced = cache.index.referenced_digests()
-    removed: list[str] = []
-    freed = 0
-    for digest in plan.blobs:
-        if digest in referenced:
-            continue
-        freed += cache.blobs.delete(digest)
-        removed.append(digest)
-    cache.index.delete_blob_rows(removed)
+    # The blobs go through gc's protocol: each re-checked under the index's lock, so a
+    # writer storing one of them again meanwhile keeps it.
+    removed, freed = delete_unreferenced_blobs(cache, list(plan.blobs))
     log.info("rm: removed %d entries and %d blobs", len(plan.entries), len(removed))
     return replace(plan, blobs=tuple(removed), bytes_freed=freed, executed=True)
 

@@ -235,14 +235,11 @@ _WORKER: dict[str, Any] = {}
 
 def _cache_options(cache: Cache) -> dict[str, Any]:
     """How a worker process opens the same cache (signing key included)."""
-    from aot.cache.blobs import FolderBlobStore
-
-    root = getattr(cache.blobs, "root", None)
     return {
         "location": cache.location,
         "signing_key": cache.signing_key,
         "require_signatures": cache.require_signatures,
-        "blob_location": str(root) if isinstance(cache.blobs, FolderBlobStore) and root else None,
+        "blob_location": cache.blob_location,
     }
 
 

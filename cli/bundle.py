@@ -48,8 +48,10 @@ def import_command(state: State, file: str) -> None:
     if state.json:
         echo_json(report.to_dict())
     else:
+        repaired = f", {len(report.repaired)} repaired" if report.repaired else ""
         click.echo(
             f"imported {len(report.imported)} entries from {report.path} "
-            f"({len(report.skipped)} already present)"
+            f"({len(report.skipped)} already present{repaired})"
         )
-
+        for refusal in report.refused:
+            click.echo(f"refused {refusal.name[:80]!r} ({refusal.key[:12]}): {refusal.reason}")

@@ -69,6 +69,7 @@ def doctor_command(state: State, no_verify: bool) -> None:
                 "(run `aot verify`)"
             )
             pairs.append(("health", f"{status}: {h.checked_entries} entries, {h.checked_blobs} blobs checked"))
+        pairs.extend(("problem", problem) for problem in d.cache_problems)
         click.echo(key_value(pairs))
     if not d.ok:
         click.get_current_context().exit(1)

@@ -81,6 +81,8 @@ def _victim_line(victim) -> str:  # type: ignore[no-untyped-def]
 
 
 def _render_gc(plan, *, err: bool = False, asking: bool = False) -> None:  # type: ignore[no-untyped-def]
+    for warning in plan.warnings:
+        click.echo(f"warning: {warning}", err=err)
     if not plan.entries and not plan.blobs:
         click.echo(f"nothing to collect (cache {human_size(plan.size_before)})", err=err)
         return

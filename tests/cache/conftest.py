@@ -15,18 +15,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from aot.cache.blobs import (
-    BlobStore,
-    DatabaseBlobStore,
-    FolderBlobStore,
-    MemoryBlobStore,
-)
-from aot.cache.index import BlobDataRow, Index
+from aot.cache.blobs import FolderObjectStore, MemoryObjectStore
+from aot.cache.content import ContentStore
+from aot.cache.dbblobs import SqlObjectStore
+from aot.cache.index import Index
 
 
 _postgres = pytest.mark.postgres
-
-
 
 
 @pytest.fixture
@@ -59,18 +54,18 @@ def index(index_url: str) -> Iterator[Index]:
         pytest.param("database-postgresql", marks=_postgres),
     ]
 )
-def blob_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobStore]:
-    """An empty blob store of each kind."""
+def blob_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ContentStore]:
+    """An empty ContentStore over each kind of object store."""
     kind = request.param
     if kind == "folder":
-        yield FolderBlobStore(tmp_path / "blobs")
+        yield ContentStore(FolderObjectStore(tmp_path / "blobs"))
     elif kind == "memory":
-        yield MemoryBlobStore()
+        yield ContentStore(MemoryObjectStore())
     else:
         url = request.getfixturevalue("sqlite_url" if kind == "database-sqlite" else "postgres_url")
         idx = Index(url)
         try:
-            yield DatabaseBlobStore(idx.engine)
+            yield ContentStore(SqlObjectStore(idx.engine))
         finally:
             idx.close()
 
@@ -78,49 +73,52 @@ def blob_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobS
 # ---------------------------------------------------------------- raw-byte access
 
 
-def read_stored(store: BlobStore, digest: str) -> bytes | None:
+def read_stored(store: ContentStore, digest: str) -> bytes | None:
     """The compressed bytes as stored (bypassing verification)."""
-    if isinstance(store, FolderBlobStore):
-        path = store.path_for(digest)
-        return path.read_bytes() if path.exists() else None
-    if isinstance(store, MemoryBlobStore):
-        return store.raw(digest) if store.has(digest) else None
-    if isinstance(store, DatabaseBlobStore):
-        t = BlobDataRow.__table__
-        with store.engine.connect() as conn:
-            value = conn.execute(sa.select(t.c.data).where(t.c.digest == digest)).scalar_one_or_none()
-        return bytes(value) if value is not None else None
-    raise TypeError(store)
+    return store.store.read(digest)
 
 
-def write_stored(store: BlobStore, digest: str, stored: bytes) -> None:
+def write_stored(store: ContentStore, digest: str, stored: bytes) -> None:
     """Overwrite the stored bytes of a blob, as disk rot or a bad copy would."""
-    if isinstance(store, FolderBlobStore):
-        path = store.path_for(digest)
-        path.chmod(0o644)
-        path.write_bytes(stored)
-        path.chmod(0o444)
-    elif isinstance(store, MemoryBlobStore):
-        store.set_raw(digest, stored)
-    elif isinstance(store, DatabaseBlobStore):
-        t = BlobDataRow.__table__
-        with store.engine.begin() as conn:
-            conn.execute(sa.update(t).where(t.c.digest == digest).values(data=stored))
-    else:
-        raise TypeError(store)
+    store.store.write(digest, stored)
 
 
-def read_only_twin(store: BlobStore) -> BlobStore:
+def read_only_twin(store: ContentStore) -> ContentStore:
     """The same storage opened read-only."""
-    if isinstance(store, FolderBlobStore):
-        return FolderBlobStore(store.root, read_only=True)
-    if isinstance(store, MemoryBlobStore):
-        twin = MemoryBlobStore(read_only=True)
-        twin._data = store._data  # shares the storage, like a second process would
-        return twin
-    if isinstance(store, DatabaseBlobStore):
-        return DatabaseBlobStore(store.engine, read_only=True)
-    raise TypeError(store)
+    raw = store.store
+    if isinstance(raw, FolderObjectStore):
+        return ContentStore(FolderObjectStore(raw.root, read_only=True))
+    if isinstance(raw, MemoryObjectStore):
+        return ContentStore(MemoryObjectStore(read_only=True, shares=raw))
+    if isinstance(raw, SqlObjectStore):
+        return ContentStore(SqlObjectStore(raw.engine, read_only=True))
+    raise TypeError(raw)
+
+
+def age_blob(store: ContentStore, digest: str, seconds: float) -> None:
+    """Make a stored blob ``seconds`` old on its store's clock (mtime / created_at)."""
+    import datetime as dt
+    import os
+
+    from aot.cache.index import BlobDataRow
+
+    raw = store.store
+    when = raw.now() - dt.timedelta(seconds=seconds)
+    if isinstance(raw, FolderObjectStore):
+        os.utime(raw.path_for(digest), (when.timestamp(), when.timestamp()))
+    elif isinstance(raw, MemoryObjectStore):
+        raw._data[digest] = (raw._data[digest][0], when)
+    elif isinstance(raw, SqlObjectStore):
+        t = BlobDataRow.__table__
+        with raw.engine.begin() as conn:
+            conn.execute(sa.update(t).where(t.c.digest == digest).values(created_at=when))
+    else:
+        raise TypeError(raw)
+
+
+@pytest.fixture
+def set_blob_age() -> Callable[[ContentStore, str, float], None]:
+    return age_blob
 
 
 # Test modules cannot import from conftest.py unambiguously (tests/conftest.py has
@@ -128,17 +126,17 @@ def read_only_twin(store: BlobStore) -> BlobStore:
 
 
 @pytest.fixture
-def read_raw() -> Callable[[BlobStore, str], bytes | None]:
+def read_raw() -> Callable[[ContentStore, str], bytes | None]:
     return read_stored
 
 
 @pytest.fixture
-def write_raw() -> Callable[[BlobStore, str, bytes], None]:
+def write_raw() -> Callable[[ContentStore, str, bytes], None]:
     return write_stored
 
 
 @pytest.fixture
-def reopen_read_only() -> Callable[[BlobStore], BlobStore]:
+def reopen_read_only() -> Callable[[ContentStore], ContentStore]:
     return read_only_twin
 
 

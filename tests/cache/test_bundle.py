@@ -186,16 +186,22 @@ def test_a_blob_that_does_not_match_its_digest_is_refused(source, tmp_path: Path
         read_bundle(path)
 
 
-@pytest.mark.parametrize("name", ["bad\nname", "", "x" * 600])
-def test_names_that_are_not_allowed_are_refused(source, tmp_path: Path, name: str) -> None:  # noqa: ANN001
-    header, blobs = _unpack(Path(source.export_bundle(tmp_path / "b.aotb", ["tiny"]).path))
-    header["manifests"][0]["name"] = name
+@pytest.mark.parametrize("name", ["bad\nname", "", "x" * 600, "tab\there", "del\x7f"])
+def test_names_that_are_not_allowed_are_refused_one_by_one(source, tmp_path: Path, name: str) -> None:  # noqa: ANN001
+    """An entry whose name breaks the name rule is left out (and reported); the other
+    entries of the bundle are imported (a bad name used to refuse the whole bundle)."""
+    header, blobs = _unpack(Path(source.export_bundle(tmp_path / "b.aotb").path))
+    bad = next(i for i, m in enumerate(header["manifests"]) if m["name"] == "tiny")
+    header["manifests"][bad]["name"] = name
     path = _rewrite(tmp_path / "b.aotb", header, blobs, tmp_path / "bad.aotb", checksum=True)
     target = aot.Cache(tmp_path / "target")
     try:
-        with pytest.raises(CorruptArtifactError):
-            target.import_bundle(path)
-        assert _is_empty(target)
+        report = target.import_bundle(path)
+        assert [r.key for r in report.refused] == [header["manifests"][bad]["key"]]
+        assert "name" in report.refused[0].reason
+        assert len(report.imported) == len(header["manifests"]) - 1
+        assert name not in {e.name for e in target.entries()}
+        assert target.verify().ok  # no blob of the refused entry was written
     finally:
         target.close()
 
@@ -242,3 +248,43 @@ def test_signed_bundles(open_folder_cache, compiled, tmp_path: Path) -> None:  #
 def test_one_glob_may_be_given_as_a_string(source, compiled, tmp_path: Path) -> None:  # noqa: ANN001
     report = source.export_bundle(tmp_path / "tiny.aotb", "tiny")
     assert report.entries == (compiled.tiny.manifest.key,)
+
+
+def test_import_repairs_entries_whose_blobs_are_missing_or_corrupt(
+    cache: aot.Cache, source, compiled, tmp_path: Path  # noqa: ANN001
+) -> None:
+    """Issue 12: importing a good bundle over entries whose rows exist but whose blobs
+    are gone or damaged reported "0 imported (5 already present)" and serving still
+    failed. Import checks the blobs of the rows it would skip and restores them."""
+    path = source.export_bundle(tmp_path / "all.aotb").path
+    cache.import_bundle(path)
+    mlp = {e.signature: e for e in cache.entries(compiled.MLP_NAME)}
+    missing, corrupt, intact = sorted(mlp.values(), key=lambda e: e.signature)[:3]
+    cache.blobs.delete(missing.exe_digest)
+    cache.blobs.store.write(corrupt.hlo_digest, b"\x28\xb5\x2f\xfd rot")
+    report = cache.import_bundle(path)
+    assert sorted(report.repaired) == sorted([missing.key, corrupt.key])
+    assert report.imported == () and intact.key in report.skipped and len(report.skipped) == 2
+    assert cache.verify().ok
+    _check_served(cache, compiled)
+    assert [e.state for e in cache.entries()] == ["ok"] * 4
+
+
+def test_export_leaves_out_names_no_cache_would_accept(source, compiled, tmp_path: Path) -> None:  # noqa: ANN001
+    """A row stored under a name the name rule refuses (before the rule existed) is
+    not exported: the bundle would not import anywhere."""
+    import sqlalchemy as sa
+
+    from aot.cache.index import ArtifactRow
+
+    bad = source.entries(compiled.TINY_NAME)[0]
+    t = ArtifactRow.__table__
+    with source.index.engine.begin() as conn:
+        conn.execute(sa.update(t).where(t.c.key == bad.key).values(name="tiny\nx"))
+    report = source.export_bundle(tmp_path / "b.aotb")
+    assert [r.key for r in report.refused] == [bad.key] and bad.key not in report.entries
+    target = aot.Cache(tmp_path / "target")
+    try:
+        assert len(target.import_bundle(report.path).imported) == 3
+    finally:
+        target.close()

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from aot.cache import index as index_mod
-from aot.cache.blobs import digest_of
+from aot.cache.content import digest_of
 from aot.cache.index import SCHEMA_VERSION, Index, IndexEntry, Migration, glob_to_like
 from aot.errors import CacheError, ReadOnlyCacheError
 
@@ -493,6 +493,185 @@ def test_concurrent_adds_from_processes(index_url: str, tmp_path: Path) -> None:
     assert sorted(out.strip() for out, _ in outputs) == ["false", "true"]
     with Index(index_url) as idx:
         assert idx.count() == 1 and idx.get(entry.key) == entry
+
+
+# ------------------------------------------------------------------- globs (issue 12)
+
+
+@pytest.mark.parametrize(
+    ("glob", "expected"),
+    [("[!]abc]", ["x", "z"]), ("[!]]", ["a", "x", "z"]), ("[]]", ["]"]), ("[!]", ["[!]"]),
+     ("*[!]a]", ["a]x", "ab", "x", "z"])],
+)
+def test_bracket_classes_match_what_fnmatch_matches(index: Index, glob: str, expected: list[str]) -> None:
+    """`aot ls '[!]abc]'` returned nothing: the LIKE prefilter took `[!]` for a class."""
+    import fnmatch
+
+    names = ["x", "z", "]", "a", "[!]", "a]x", "ab"]
+    for name in names:
+        add(index, make_entry(name))
+    assert [e.name for e in index.entries(glob)] == sorted(expected)
+    assert sorted(expected) == sorted(n for n in names if fnmatch.fnmatchcase(n, glob))
+
+
+_GLOB_ALPHABET = "ab]![-*?%_\\\x00é"
+
+
+def _like_matches(conn: Any, name: str, like: str) -> bool:
+    return bool(conn.execute(sa.text("SELECT :n LIKE :p ESCAPE '\\'"), {"n": name, "p": like}).scalar())
+
+
+def _check_superset(conn: Any, name: str, glob: str) -> None:
+    import fnmatch
+
+    if fnmatch.fnmatchcase(name, glob):
+        assert _like_matches(conn, name, glob_to_like(glob)), (name, glob, glob_to_like(glob))
+
+
+def test_glob_to_like_is_a_superset_of_fnmatch_on_sqlite() -> None:
+    """Every name fnmatch matches, the LIKE pattern matches too (hypothesis, against
+    SQLite's LIKE; the Python post-filter then removes the extras)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    engine = sa.create_engine("sqlite://")
+    text = st.text(alphabet=_GLOB_ALPHABET.replace("\x00", ""), max_size=8)
+    with engine.connect() as conn:
+
+        @settings(max_examples=600, derandomize=True, deadline=None)
+        @given(name=text, glob=text)
+        def check(name: str, glob: str) -> None:
+            _check_superset(conn, name, glob)
+
+        @settings(max_examples=300, derandomize=True, deadline=None)
+        @given(data=st.data(), glob=text)
+        def check_matching(data: Any, glob: str) -> None:
+            # names built to match: the random pairs above rarely do
+            import re
+
+            regex = __import__("fnmatch").translate(glob)
+            name = data.draw(st.from_regex(re.compile(regex), fullmatch=True).filter(
+                lambda s: "\n" not in s and "\x00" not in s))  # no name holds either
+            _check_superset(conn, name, glob)
+
+        check()
+        check_matching()
+    engine.dispose()
+
+
+@pytest.mark.postgres
+def test_glob_to_like_is_a_superset_of_fnmatch_on_postgresql(postgres_url: str) -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    engine = sa.create_engine(postgres_url)
+    text = st.text(alphabet=_GLOB_ALPHABET.replace("\x00", ""), max_size=8)
+    try:
+        with engine.connect() as conn:
+
+            @settings(max_examples=200, derandomize=True, deadline=None)
+            @given(data=st.data(), glob=text)
+            def check_matching(data: Any, glob: str) -> None:
+                import fnmatch
+                import re
+
+                name = data.draw(st.from_regex(re.compile(fnmatch.translate(glob)), fullmatch=True).filter(
+                    lambda s: "\n" not in s and "\x00" not in s))
+                _check_superset(conn, name, glob)
+
+            check_matching()
+    finally:
+        engine.dispose()
+
+
+# ------------------------------------------------------------------- a damaged index
+
+
+def test_a_truncated_sqlite_index_says_it_is_damaged_and_what_to_do(tmp_path: Path) -> None:
+    """It used to get "check that the database is reachable and that the URL, user and
+    password are right"."""
+    path = tmp_path / "index.sqlite"
+    with Index(f"sqlite:///{path}") as idx:
+        for i in range(200):
+            add(idx, make_entry(f"fn{i}", manifest="x" * 2000))
+    size = path.stat().st_size
+    assert size > 100_000 and not (tmp_path / "index.sqlite-wal").exists()
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(CacheError) as err:
+        with Index(f"sqlite:///{path}") as idx:
+            idx.entries()  # the schema page may survive: the damage shows on reading
+    message = str(err.value)
+    assert "damaged" in message and "aot warmup" in message and "bundle import" in message, message
+    assert "password" not in message
+    # a file that is not a database at all
+    path.write_bytes(b"this is not an SQLite file" * 100)
+    with pytest.raises(CacheError, match="damaged"):
+        Index(f"sqlite:///{path}")
+
+
+# ------------------------------------------------------------------- leases
+
+
+def test_a_lease_protects_its_digests_until_released_or_expired(index: Index) -> None:
+    entry = make_entry()
+    lease = index.lease([entry.exe_digest, entry.hlo_digest])
+    assert index.leased_digests() == {entry.exe_digest, entry.hlo_digest}
+    assert abs(lease.expires_at - index.now() - timedelta(seconds=index_mod.LEASE_SECONDS)) < timedelta(minutes=1)
+    with index.deletion_lock() as batch:
+        assert batch.deletable([entry.exe_digest, "f" * 64]) == ["f" * 64]
+    assert index.add(entry, blob_sizes=sizes(entry), lease=lease) is True  # releases it
+    assert index.leased_digests() == set()
+    with index.deletion_lock() as batch:
+        assert batch.deletable([entry.exe_digest, entry.hlo_digest]) == []  # referenced now
+    # an expired lease is taken by gc, and its writer's commit fails, writing nothing
+    other = make_entry("other")
+    stale = index.lease([other.exe_digest], seconds=0)
+    with index.deletion_lock() as batch:
+        assert batch.deletable([other.exe_digest]) == [other.exe_digest]
+    with pytest.raises(index_mod.LeaseLostError, match="expired"):
+        index.add(other, blob_sizes=sizes(other), lease=stale)
+    assert index.get(other.key) is None
+    released = index.lease([other.exe_digest])
+    index.release(released)
+    assert index.leased_digests() == set()
+
+
+def test_server_clock_stamps_rows_and_uses(index: Index, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows stored by the cache and uses recorded without a time take the database
+    server's clock, whatever this process's clock says."""
+    server = index.now()
+    assert abs(server - datetime.now(timezone.utc)) < timedelta(minutes=1)
+    monkeypatch.setattr(index_mod, "utcnow", lambda: datetime(2001, 1, 1, tzinfo=timezone.utc))
+    entry = make_entry(created_at=datetime(2001, 1, 1, tzinfo=timezone.utc))
+    index.add(entry, blob_sizes=sizes(entry), stamp=True)
+    got = index.get(entry.key)
+    assert got is not None and abs(got.created_at - server) < timedelta(minutes=1)
+    assert got.last_used_at == got.created_at
+    index.touch(entry.key)
+    assert abs(index.get(entry.key).last_used_at - index.now()) < timedelta(minutes=1)
+
+
+def test_a_version_1_index_is_migrated_to_leases(index_url: str) -> None:
+    """A cache written before leases (schema 1: no blob_leases, no digest indexes)."""
+    with Index(index_url) as idx:
+        entry = make_entry()
+        add(idx, entry)
+        with idx.engine.begin() as conn:
+            for name in ("ix_artifacts_exe_digest", "ix_artifacts_hlo_digest", "ix_programs_hlo_digest"):
+                conn.exec_driver_sql(f"DROP INDEX {name}")
+            conn.exec_driver_sql("DROP TABLE blob_leases")
+            conn.exec_driver_sql("UPDATE schema_version SET version = 1")
+    with pytest.raises(CacheError, match="opened read-only so it was not migrated"):
+        Index(index_url, read_only=True)
+    with Index(index_url) as idx:
+        assert idx.schema_version() == SCHEMA_VERSION == 2
+        assert idx.get(entry.key) == entry
+        lease = idx.lease([entry.exe_digest])
+        assert idx.leased_digests() == {entry.exe_digest}
+        idx.release(lease)
+        indexes = {i["name"] for t in ("artifacts", "programs") for i in sa.inspect(idx.engine).get_indexes(t)}
+        assert {"ix_artifacts_exe_digest", "ix_artifacts_hlo_digest", "ix_programs_hlo_digest"} <= indexes
 
 
 # ------------------------------------------------------------ migration 2: symbolic

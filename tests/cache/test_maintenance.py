@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import time
 
 import pytest
-import sqlalchemy as sa
 
 import aot
-from aot.cache.index import BlobDataRow, utcnow
+from aot.cache.index import utcnow
+from aot.cache import maintenance
 from aot.cache.maintenance import ORPHAN_GRACE_SECONDS, human_size, parse_age, parse_size
 from aot.errors import CacheError
 
@@ -23,17 +21,9 @@ def _flip(cache, digest: str, read_raw, write_raw) -> None:  # noqa: ANN001
     write_raw(cache.blobs, digest, bytes(stored))
 
 
-def _age_blob(cache, digest: str) -> None:  # noqa: ANN001
-    """Make a blob older than the orphan grace period (file mtime / blobs_data row)."""
-    path_for = getattr(cache.blobs, "path_for", None)
-    if path_for is not None:
-        old = time.time() - ORPHAN_GRACE_SECONDS - 60
-        os.utime(path_for(digest), (old, old))
-    else:
-        t = BlobDataRow.__table__
-        old_dt = utcnow() - dt.timedelta(seconds=ORPHAN_GRACE_SECONDS + 60)
-        with cache.blobs.engine.begin() as conn:
-            conn.execute(sa.update(t).where(t.c.digest == digest).values(created_at=old_dt))
+def _age_blob(cache, digest: str, set_blob_age) -> None:  # noqa: ANN001
+    """Make a blob older than the orphan grace period, on its store's clock."""
+    set_blob_age(cache.blobs, digest, ORPHAN_GRACE_SECONDS + 60)
 
 
 def _stored(cache) -> int:  # noqa: ANN001
@@ -54,7 +44,7 @@ def test_verify_a_healthy_cache(cache: aot.Cache, compiled) -> None:  # noqa: AN
 
 
 def test_verify_finds_a_flipped_byte_a_missing_blob_and_orphans(
-    cache: aot.Cache, compiled, read_raw, write_raw  # noqa: ANN001
+    cache: aot.Cache, compiled, read_raw, write_raw, set_blob_age  # noqa: ANN001
 ) -> None:
     entries = {b: cache.put(a) for b, a in compiled.mlp.items()}
     flipped, missing, intact = entries[1], entries[2], entries[4]
@@ -87,7 +77,7 @@ def test_verify_finds_a_flipped_byte_a_missing_blob_and_orphans(
     assert again.quarantined == ()
 
     # gc removes the quarantined entries and the orphan; what is left is healthy.
-    _age_blob(cache, orphan)
+    _age_blob(cache, orphan, set_blob_age)
     plan = cache.gc()
     assert {v.key for v in plan.entries} == {flipped.key, missing.key}
     assert all(v.reason.startswith("quarantined") for v in plan.entries)
@@ -199,12 +189,12 @@ def test_gc_keeps_blobs_another_entry_still_uses(cache: aot.Cache, compiled, for
     assert cache.artifact(there).blob("portable_hlo")
 
 
-def test_gc_collects_orphans_after_a_grace_period(cache: aot.Cache, compiled) -> None:  # noqa: ANN001
+def test_gc_collects_orphans_after_a_grace_period(cache: aot.Cache, compiled, set_blob_age) -> None:  # noqa: ANN001
     cache.put(compiled.tiny)
     orphan = cache.blobs.put(b"left by a writer that crashed before its index row")
     assert orphan not in cache.gc().blobs  # young: may be a write in progress
     assert cache.blobs.has(orphan)
-    _age_blob(cache, orphan)
+    _age_blob(cache, orphan, set_blob_age)
     plan = cache.gc()
     assert plan.blobs == (orphan,) and plan.entries == ()
     assert not cache.blobs.has(orphan)
@@ -259,12 +249,136 @@ def test_gc_between_a_writers_blobs_and_its_index_row_loses_nothing(
     real_add = writer.index.add
     plans = []
 
-    def add_after_a_gc(entry, *, blob_sizes):  # noqa: ANN001, ANN202
+    def add_after_a_gc(entry, **kwargs):  # noqa: ANN001, ANN202
         plans.append(collector.gc())
-        return real_add(entry, blob_sizes=blob_sizes)
+        return real_add(entry, **kwargs)
 
     monkeypatch.setattr(writer.index, "add", add_after_a_gc)
     entry = writer.put(compiled.tiny)
     assert plans and plans[0].blobs == ()
     assert writer.verify().ok
     assert writer.get(entry.key).key == entry.key
+
+
+# ---------------------------------------------------------------- issue 12: ages and empty indexes
+
+
+def test_a_blob_of_a_store_gc_does_not_know_is_aged_by_its_store(tmp_path, compiled) -> None:  # noqa: ANN001
+    """gc used to probe backends with getattr and take every blob of a store it did
+    not recognise as old (deletable at once). Every store reports ages through the
+    ObjectStore interface; gc knows no store."""
+    from aot.cache.blobs import MemoryObjectStore
+    from aot.cache.content import ContentStore
+
+    class SomeNewStore(MemoryObjectStore):  # no path_for, no engine: nothing to probe
+        pass
+
+    cache = aot.Cache(tmp_path / "cache")
+    cache.blobs = ContentStore(SomeNewStore())
+    cache.put(compiled.tiny)
+    orphan = cache.blobs.put(b"a writer's blob, its row not committed yet")
+    plan = cache.gc()
+    assert orphan not in plan.blobs and cache.blobs.has(orphan)
+    raw = cache.blobs.store
+    raw._data[orphan] = (raw._data[orphan][0], raw.now() - dt.timedelta(seconds=ORPHAN_GRACE_SECONDS + 1))
+    assert cache.gc().blobs == (orphan,)
+    assert cache.verify().ok
+    cache.close()
+
+
+def test_a_blob_stamped_in_the_future_is_young(tmp_path) -> None:  # noqa: ANN001
+    """A store that cannot tell an age reports now(); a modified time ahead of the
+    store's clock (skew) must not make an age negative-and-deletable either."""
+    from aot.cache.blobs import MemoryObjectStore
+    from aot.cache.content import ContentStore
+
+    cache = aot.Cache(tmp_path / "cache")
+    cache.blobs = ContentStore(MemoryObjectStore())
+    digest = cache.blobs.put(b"orphan from the future")
+    raw = cache.blobs.store
+    raw._data[digest] = (raw._data[digest][0], raw.now() + dt.timedelta(days=1))
+    assert cache.gc(force=True).blobs == ()  # (force: the index is empty)
+    assert cache.blobs.has(digest)
+    cache.close()
+
+
+def _forget_every_row(cache) -> None:  # noqa: ANN001
+    """The index loses every row (as a lost or emptied index would); blobs stay."""
+    cache.index.delete([e.key for e in cache.entries()])
+    assert cache.index.is_empty()
+
+
+def test_gc_refuses_to_delete_blobs_while_the_index_is_empty(
+    cache: aot.Cache, compiled, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+) -> None:
+    entries = [cache.put(a) for a in compiled.mlp.values()]
+    stored = set(cache.blobs.digests())
+    _forget_every_row(cache)
+    report = cache.verify()
+    assert not report.ok and len(report.cache_problems) == 1
+    assert "is empty" in report.cache_problems[0] and f"holds {len(stored)} blobs" in report.cache_problems[0]
+    plan = cache.gc(dry_run=True)
+    assert plan.blobs == () and plan.warnings and "--force" in plan.warnings[0]
+    with pytest.raises(CacheError, match="gc refused: .*is empty.*--force"):
+        cache.gc()
+    assert set(cache.blobs.digests()) == stored
+    for entry in entries:  # the index rebuilt: every blob is reused
+        assert cache.blobs.has(entry.exe_digest)
+    monkeypatch.setattr(maintenance, "ORPHAN_GRACE_SECONDS", 0.0)
+    done = cache.gc(force=True)
+    assert set(done.blobs) == stored and cache.blobs.digests() == []
+    assert cache.verify().ok
+
+
+@pytest.mark.parametrize("damage", ["zero-length", "lost"])
+def test_a_lost_or_truncated_index_beside_blobs_is_reported(tmp_path, compiled, damage: str) -> None:  # noqa: ANN001
+    from aot.cache.doctor import diagnose
+
+    folder = tmp_path / "cache"
+    with aot.Cache(folder) as cache:
+        for artifact in compiled.all():
+            cache.put(artifact)
+        count = len(cache.blobs.digests())
+    index_file = folder / "index.sqlite"
+    for suffix in ("-wal", "-shm"):
+        (folder / f"index.sqlite{suffix}").unlink(missing_ok=True)
+    if damage == "zero-length":
+        index_file.write_bytes(b"")
+    else:
+        index_file.unlink()
+    # opened read-only (aot doctor, serving): says what is wrong
+    diagnosis = diagnose(str(folder), check=True)
+    assert not diagnosis.ok and diagnosis.error is not None
+    assert f"holds {count} blobs" in diagnosis.error and "lost or truncated" in diagnosis.error
+    with pytest.raises(CacheError, match=f"holds {count} blobs"):
+        aot.Cache(folder, read_only=True)
+    # opened read-write (a writer re-creates the index): verify reports, gc refuses
+    with aot.Cache(folder) as cache:
+        assert cache.entries() == []
+        assert cache.verify().cache_problems
+        with pytest.raises(CacheError, match="gc refused"):
+            cache.gc()
+        assert len(cache.blobs.digests()) == count
+    diagnosis = diagnose(str(folder), check=False)
+    assert not diagnosis.ok and diagnosis.cache_problems and "is empty" in diagnosis.cache_problems[0]
+
+
+def test_gc_does_not_evict_an_entry_used_since_its_plan(cache: aot.Cache, compiled) -> None:  # noqa: ANN001
+    """An entry planned for eviction but used (or healed) before the rows are deleted
+    is kept, and so are its blobs."""
+    from aot.cache import pauses
+
+    entry = cache.put(compiled.tiny)
+    cache.index.touch(entry.key, when=utcnow() - dt.timedelta(days=40))
+
+    def use_it(point: str) -> None:
+        if point == "gc.planned":
+            cache.index.touch(entry.key)
+
+    previous = pauses.set_hook(use_it)
+    try:
+        plan = cache.gc(older_than="30d")
+    finally:
+        pauses.set_hook(previous)
+    assert plan.entries == () and plan.blobs == ()
+    assert cache.index.get(entry.key).ok and cache.verify().ok

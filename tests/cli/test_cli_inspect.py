@@ -245,7 +245,7 @@ def test_entries_of_other_environments_do_not_supersede(invoke: Invoke, warmed) 
 DOCTOR_KEYS = {"ok", "versions", "devices", "environment", "cache", "health", "settings"}
 DOCTOR_CACHE_KEYS = {
     "location", "index", "schema_version", "supported_schema_version", "entries",
-    "entries_this_environment", "quarantined", "stored_bytes", "error",
+    "entries_this_environment", "quarantined", "stored_bytes", "error", "problems",
 }
 
 

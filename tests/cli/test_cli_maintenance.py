@@ -11,15 +11,17 @@ import aot
 from cli_helpers import MANIFEST, Invoke, one_line_error, store_for_another_environment
 
 VERIFY_KEYS = {"ok", "integrity", "coverage"}
-INTEGRITY_KEYS = {"ok", "checked_entries", "checked_blobs", "problems", "quarantined", "orphan_blobs"}
-GC_KEYS = {"dry_run", "executed", "entries", "blobs", "bytes_freed", "size_before", "size_after"}
-BUNDLE_KEYS = {"path", "entries", "imported", "skipped", "bytes"}
+INTEGRITY_KEYS = {
+    "ok", "checked_entries", "checked_blobs", "problems", "quarantined", "orphan_blobs", "cache_problems",
+}
+GC_KEYS = {"dry_run", "executed", "entries", "blobs", "bytes_freed", "size_before", "size_after", "warnings"}
+BUNDLE_KEYS = {"path", "entries", "imported", "skipped", "repaired", "refused", "bytes"}
 
 
 def _corrupt_executable_of(cache_dir: Path, name: str) -> str:
     cache = aot.Cache(cache_dir)
     entry = cache.entries(name)[0]
-    path = cache.blobs.path_for(entry.exe_digest)
+    path = cache.blobs.store.path_for(entry.exe_digest)
     path.write_bytes(b"not what was stored")
     return entry.key
 

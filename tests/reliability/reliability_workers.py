@@ -136,11 +136,12 @@ def concurrent_forked(location: str, writers: int, ops: int, seed: int, sync_dir
 # ---------------------------------------------------------------- crash-test fork server
 
 #: Where a forked writer kills itself (CRASH_AT), besides being killed at random:
+#: these, and every ``put.*`` point of :mod:`aot.cache.pauses` (the lease protocol).
 CRASH_POINTS = (
     "none",  # only the parent's random SIGKILL
-    "before_replace",  # inside FolderBlobStore._write_atomic: temp file written, not renamed
+    "before_replace",  # inside FolderObjectStore.write: temp file written, not renamed
     "after_blobs",  # every blob durable, index transaction not begun
-    "before_commit",  # inside the index transaction, before COMMIT
+    "before_commit",  # inside an index write transaction (lease or row), before COMMIT
 )
 
 
@@ -195,6 +196,19 @@ def _writer(location: str, blob_location: str | None, artifacts: list, seed: int
                 if commits[0] <= 0:
                     _suicide()
 
+    if crash_at.startswith("put."):
+        from aot.cache import pauses
+
+        assert crash_at in pauses.POINTS, crash_at
+        arrivals = [rng.randrange(1, pending + 1)]
+
+        def hook(point: str) -> None:
+            if point == crash_at:
+                arrivals[0] -= 1
+                if arrivals[0] <= 0:
+                    _suicide()
+
+        pauses.set_hook(hook)
     if crash_at == "after_blobs":
         real_add = cache.index.add
         adds = [rng.randrange(1, pending + 1)]
@@ -216,6 +230,26 @@ def _writer(location: str, blob_location: str | None, artifacts: list, seed: int
         rounds += 1
         if crash_at != "none":
             break
+    _say(f"done {os.getpid()}")
+
+
+def _collector(location: str, blob_location: str | None, crash_at: str) -> None:
+    """A gc that evicts every entry and kills itself at ``crash_at`` (a ``gc.*`` point)."""
+    from aot.cache import maintenance, pauses
+    from aot.cache.cache import Cache
+
+    assert crash_at in pauses.POINTS and crash_at.startswith("gc."), crash_at
+
+    def hook(point: str) -> None:
+        if point == crash_at:
+            _suicide()
+
+    pauses.set_hook(hook)
+    maintenance.ORPHAN_GRACE_SECONDS = 0.0
+    maintenance.GC_BATCH = 1  # a kill between batches leaves some blobs deleted, some not
+    cache = Cache(location, blob_location=blob_location)
+    _say(f"collecting {os.getpid()}")
+    cache.gc(max_size=0)
     _say(f"done {os.getpid()}")
 
 
@@ -245,13 +279,17 @@ def zygote(location: str, blob_location: str, artifact_dir: str) -> int:
         parts = line.split()
         if not parts or parts[0] == "quit":
             break
-        seed, crash_at = int(parts[1]), parts[2]
+        command, seed, crash_at = parts[0], int(parts[1]), parts[2]
         sys.stdout.flush()
         pid = os.fork()
-        if pid == 0:  # the writer
+        if pid == 0:  # the writer, or a gc
             code = 0
             try:
-                _writer(location, None if blob_location == "-" else blob_location, artifacts, seed, crash_at)
+                blobs_at = None if blob_location == "-" else blob_location
+                if command == "gc":
+                    _collector(location, blobs_at, crash_at)
+                else:
+                    _writer(location, blobs_at, artifacts, seed, crash_at)
             except BaseException:  # noqa: BLE001
                 traceback.print_exc()
                 sys.stdout.flush()

@@ -137,11 +137,11 @@ def test_storing_an_entry_again_leaves_no_orphan(tmp_path: Path, tiny: Any) -> N
         report = cache.verify()
         assert report.ok and report.orphan_blobs == (), report.to_dict()
         # damaged: the next put writes its blobs and replaces the quarantined row
-        cache.blobs.path_for(first.exe_digest).unlink()
+        cache.blobs.store.path_for(first.exe_digest).unlink()
         artifact = tiny.by_size[3]
         cache.put_artifact(artifact)
         digest = artifact.manifest.blobs[EXECUTABLE].digest
-        cache.blobs.path_for(digest).unlink()
+        cache.blobs.store.path_for(digest).unlink()
         assert set(cache.verify().quarantined) == {first.key, artifact.manifest.key}
         cache.put_artifact(artifact)
         check_scaled(cache.get(artifact.manifest.key), 3)

@@ -25,9 +25,9 @@ import sqlalchemy as sa
 
 import aot
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Manifest
-from aot.cache.blobs import FolderBlobStore, compress
+from aot.cache.content import compress
 from aot.cache.cache import Cache
-from aot.cache.index import ArtifactRow, BlobDataRow
+from aot.cache.index import ArtifactRow
 
 import reliability_workers as workers
 from reliability_helpers import TinyArtifacts, check_scaled
@@ -40,27 +40,17 @@ NOWHERE = "0" * 64
 
 
 def read_raw(cache: Cache, digest: str) -> bytes:
-    if isinstance(cache.blobs, FolderBlobStore):
-        return cache.blobs.path_for(digest).read_bytes()
-    t = BlobDataRow.__table__
-    with cache.index.engine.connect() as conn:
-        return bytes(conn.execute(sa.select(t.c.data).where(t.c.digest == digest)).scalar_one())
+    stored = cache.blobs.store.read(digest)
+    assert stored is not None, digest
+    return stored
 
 
 def write_raw(cache: Cache, digest: str, stored: bytes | None) -> None:
     """Overwrite (or with None, delete) the stored bytes, as disk rot or a bad copy would."""
-    if isinstance(cache.blobs, FolderBlobStore):
-        path = cache.blobs.path_for(digest)
-        path.unlink()
-        if stored is not None:
-            path.write_bytes(stored)
-        return
-    t = BlobDataRow.__table__
-    with cache.index.engine.begin() as conn:
-        if stored is None:
-            conn.execute(sa.delete(t).where(t.c.digest == digest))
-        else:
-            conn.execute(sa.update(t).where(t.c.digest == digest).values(data=stored))
+    if stored is None:
+        cache.blobs.store.delete([digest])
+    else:
+        cache.blobs.store.write(digest, stored)
 
 
 def update_row(cache: Cache, key: str, **values: Any) -> None:

@@ -116,7 +116,7 @@ def test_blob_write_fails(
     assert os.strerror(err) in message and f"errno {err}" in message, message
     assert ERRORS[err] in message, message
     # no temp file is left, the index is unchanged
-    assert cache.blobs.temp_files() == []
+    assert cache.blobs.store.temp_files() == []
     rows, blob_rows, visible = state(cache)
     assert (rows, blob_rows) == before[:2]
     # nothing half-written is visible: a blob that did appear (the executable, when
@@ -137,7 +137,7 @@ def test_failing_folder_creation(cache: Cache, tiny: TinyArtifacts, monkeypatch:
     real_mkdir = Path.mkdir
 
     def mkdir(self: Path, *args: Any, **kwargs: Any) -> None:
-        if self.parent == cache.blobs.root:
+        if self.parent == cache.blobs.store.root:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
         real_mkdir(self, *args, **kwargs)
 
@@ -199,9 +199,12 @@ def mount_tmpfs(mount_point: Path, size: str) -> None:
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A real 1 MiB file system (root can mount one; otherwise the test skips)."""
+    """A real 2 MiB file system (root can mount one; otherwise the test skips). Big
+    enough for SQLite's write-ahead log of the puts after space is freed: each put is
+    two write transactions since writers lease their blobs (the WAL is reused, never
+    shrunk, between checkpoints)."""
     mount_point = tmp_path / "tmpfs"
-    mount_tmpfs(mount_point, "1m")
+    mount_tmpfs(mount_point, "2m")
     try:
         yield mount_point
     finally:
@@ -256,7 +259,7 @@ def fill(folder: Path, leave: int) -> Path:
 
 
 def test_real_full_disk(tiny_tmpfs: Path, tiny: TinyArtifacts) -> None:
-    """A 1 MiB tmpfs filled to the last few KiB: puts fail with a clear CacheError
+    """A 2 MiB tmpfs filled to the last few KiB: puts fail with a clear CacheError
     (from the blob store or from SQLite), every committed entry stays loadable, no
     temp file is left, and the cache works again once space is freed."""
     location = tiny_tmpfs / "cache"
@@ -273,7 +276,7 @@ def test_real_full_disk(tiny_tmpfs: Path, tiny: TinyArtifacts) -> None:
         for message in errors:
             assert "No space left" in message or "disk is full" in message, message
             assert TinyArtifacts.NAME in message and "free disk space" in message, message
-        assert cache.blobs.temp_files() == []
+        assert cache.blobs.store.temp_files() == []
         report = cache.verify()
         assert report.problems == (), report.to_dict()
         for entry in cache.entries():
