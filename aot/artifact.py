@@ -230,6 +230,12 @@ class Artifact:
                 f"{ref.digest[:16]} is missing; run `aot verify` and recompile the entry"
             )
         verify_digest(data, ref.digest, what=f"{role} blob of {self.manifest.name!r}")
+        if len(data) != ref.size:
+            raise CorruptArtifactError(
+                f"artifact {self.manifest.name!r} ({self.manifest.key[:12]}): the manifest says "
+                f"its {role} blob has {ref.size} bytes, it has {len(data)}; the manifest was "
+                "altered. Run `aot verify` and recompile the entry"
+            )
         return data
 
     # -- a folder: manifest.json + <digest>.bin, for tests and hand-carried copies

@@ -672,6 +672,10 @@ def stored_artifact_problems(artifact: Artifact, current: Fingerprint | None = N
     caller's job."""
     manifest = artifact.manifest
     problems = manifest_problems(manifest)
+    for role, ref in manifest.blobs.items():
+        data = artifact.blobs.get(ref.digest)
+        if data is not None and len(data) != ref.size:
+            problems.append(f"blobs.{role}.size {ref.size} != the blob's {len(data)} bytes")
     if problems:
         return problems
     hlo_ref = manifest.blobs.get(PORTABLE_HLO)
