@@ -232,10 +232,16 @@ def load_executable(
     xla_executable = _deserialize(manifest, backend, exe_bytes, dlist)
     check_executable(manifest, info, xla_executable)
     kept_shardings = info.in_shardings
-    in_avals = [aval_from_json(a, s) for a, s in zip(manifest.in_avals, kept_shardings)]
-    out_avals = [
-        aval_from_json(a, s) for a, s in zip(manifest.out_avals, info.out_shardings)
-    ]
+    try:
+        in_avals = [aval_from_json(a, s) for a, s in zip(manifest.in_avals, kept_shardings)]
+        out_avals = [
+            aval_from_json(a, s) for a, s in zip(manifest.out_avals, info.out_shardings)
+        ]
+    except (ValueError, TypeError) as exc:  # jax refuses an aval for its sharding
+        raise CorruptArtifactError(
+            f"manifest of {manifest.name!r} ({manifest.key[:12]}) has an aval its sharding "
+            f"cannot hold: {exc}; run `aot verify` and recompile the entry"
+        ) from None
     unloaded = pxla.UnloadedMeshExecutable(
         xla_executable=xla_executable,
         device_list=dlist,
@@ -331,10 +337,19 @@ def recompile(artifact: Artifact) -> Artifact:
     exe = executable_class(trusted.kind)(compiled, info)
     log.info("recompiled %s (%s) from portable HLO in %.2fs", trusted.name, manifest.signature, seconds)
     rebuilt = build_artifact(exe, hlo)
+    # Passing the input shardings commits the recompiled program's outputs; a program
+    # on one device that asked for no sharding keeps the stored choice (either value
+    # is possible there, and it decides whether its outputs may move).
+    committed = rebuilt.manifest.committed
+    if len(trusted.device_ids) == 1 and not trusted.pinned:
+        committed = bool(manifest.committed)
     # The stored pytree JSON, verbatim: the program fingerprint hashes it, and a
     # namedtuple rebuilt from its fields would be written under another type name.
     return Artifact(
-        replace(rebuilt.manifest, in_tree=manifest.in_tree, out_tree=manifest.out_tree),
+        replace(
+            rebuilt.manifest, in_tree=manifest.in_tree, out_tree=manifest.out_tree,
+            committed=committed,
+        ),
         rebuilt.blobs,
     )
 
@@ -359,6 +374,7 @@ class _TrustedInputs:
     device_ids: tuple[int, ...]
     in_shardings: dict[int, dict[str, Any]]  # argument index -> sharding JSON
     out_shardings: tuple[dict[str, Any] | None, ...]  # None: not asked for
+    pinned: bool  # some sharding was asked for at lowering time
 
 
 def _trusted_inputs(manifest: Manifest, exported: Any) -> _TrustedInputs:
@@ -419,6 +435,7 @@ def _trusted_inputs(manifest: Manifest, exported: Any) -> _TrustedInputs:
         device_ids=ids,
         in_shardings=in_shardings,
         out_shardings=out_shardings,
+        pinned=any(isinstance(s, dict) for s in [*pinned_in.values(), *pinned_out]),
     )
 
 
@@ -445,6 +462,8 @@ def _same_placement(stored: dict[str, Any], ids: tuple[int, ...], hlo: Any, ndim
     try:
         if sharding_device_ids(stored, ndim) != list(ids):
             return False
+        if stored.get("memory_kind") not in (None, "device"):
+            return False  # only a sharding pinned at lowering time moves an input
         if hlo is None or len(ids) == 1:
             return True
         sharding = sharding_from_json(stored, live_devices())
@@ -520,20 +539,30 @@ def _shape_problem(what: str, got: Any, shape: tuple[int, ...], dtype: np.dtype,
     if isinstance(got, list):
         return [f"{what}: the executable has a tuple there"]
     try:
-        local = tuple(sharding.shard_shape(tuple(shape))) if sharding is not None else tuple(shape)
-    except Exception:  # noqa: BLE001 - uneven shardings: XLA pads, compare the dtype and rank
-        local = None
+        local = _local_shape(tuple(shape), sharding)
+    except Exception as exc:  # noqa: BLE001 - jax refuses the sharding for this shape
+        return [f"{what}: the manifest's shape {list(shape)} does not fit its sharding ({exc})"]
     try:
-        expected = _strip_layout(str(xc.Shape.array_shape(np.dtype(dtype), local or shape)))
+        expected = _strip_layout(str(xc.Shape.array_shape(np.dtype(dtype), local)))
     except Exception:  # noqa: BLE001 - a dtype XLA has no array shape for: nothing to compare
         return []
-    if local is None:
-        same = got.split("[")[0] == expected.split("[")[0] and got.count(",") == expected.count(",")
-    else:
-        same = got == expected
-    if same:
+    if got == expected:
         return []
     return [f"{what} is {expected} per device in the manifest, {got} in the executable"]
+
+
+def _local_shape(shape: tuple[int, ...], sharding: Any) -> tuple[int, ...]:
+    """The shape of one device's part, as XLA lays it out (padded when uneven)."""
+    if sharding is None:
+        return shape
+    try:
+        return tuple(sharding.shard_shape(shape))
+    except ValueError:  # uneven: XLA pads each tile to ceil(dim / tiles)
+        hlo = sharding._to_xla_hlo_sharding(len(shape))
+        tiles = list(hlo.tile_assignment_dimensions())[: len(shape)]
+        if hlo.is_replicated() or len(tiles) != len(shape):
+            raise
+        return tuple(-(-d // t) for d, t in zip(shape, tiles))
 
 
 def _sharding_problems(what: str, compiled: list[Any] | None, stored: Any, shapes: list[tuple[int, ...]]) -> list[str]:
@@ -705,13 +734,17 @@ def portable_hlo_problems(manifest: Manifest, hlo: bytes) -> list[str]:
         exported = jax.export.deserialize(bytearray(hlo))
     except Exception as exc:  # noqa: BLE001
         return [f"the portable HLO cannot be read: {exc}"]
-    problems = []
+    problems: list[str] = []
     pairs = (
-        ("args", [(a["shape"], a["dtype"]) for a in manifest.args], exported.in_avals),
-        ("out_avals", [(a["shape"], a["dtype"]) for a in manifest.out_avals], exported.out_avals),
+        ("args", [(a.get("shape"), a.get("dtype")) for a in manifest.args], exported.in_avals),
+        ("out_avals", [(a.get("shape"), a.get("dtype")) for a in manifest.out_avals], exported.out_avals),
     )
     for what, stored, avals in pairs:
-        mine = [(tuple(int(d) for d in shape), _dtype(dtype)) for shape, dtype in stored]
+        try:
+            mine = [(tuple(int(d) for d in shape), _dtype(dtype)) for shape, dtype in stored]
+        except (AotError, TypeError, ValueError) as exc:
+            problems.append(f"{what} cannot be read: {exc}")
+            continue
         theirs = [(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
         if mine != theirs:
             problems.append(f"{what} ({_avals_text(mine)}) != the portable HLO's ({_avals_text(theirs)})")

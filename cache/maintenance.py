@@ -110,7 +110,11 @@ def _consistency_problems(cache: Cache, entry: IndexEntry) -> list[str]:
         data = cache.blobs.get(ref.digest) if ref is not None else None
         if data is not None:
             blobs[ref.digest] = data
-    return [f"manifest: {p}" for p in stored_artifact_problems(Artifact(manifest, blobs), cache.environment)]
+    try:
+        found = stored_artifact_problems(Artifact(manifest, blobs), cache.environment)
+    except AotError as exc:  # a field too malformed to compare: that is the problem
+        found = [str(exc)]
+    return [f"manifest: {p}" for p in found]
 
 
 def _signature_problem(cache: Cache, entry: IndexEntry) -> str | None:

@@ -102,7 +102,8 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
         node: Any = manifest
         for part in parents:
             node = node[int(part)] if isinstance(node, list) else node[part]
-        node[int(last) if isinstance(node, list) else last] = value(node) if callable(value) else value
+        slot = int(last) if isinstance(node, list) else last
+        node[slot] = value(node[slot]) if callable(value) else value
     return _edit(assign)
 
 
@@ -163,7 +164,8 @@ def all_cases(manifest: dict[str, Any], donor: dict[str, Any]) -> list[tuple[str
         changed = copy.deepcopy(manifest)
         changed[field] = _tampered(manifest[field])
         out.append((field, changed))
-        if isinstance(manifest[field], dict):
+        # every direct child of a mapping, except the analyses' counters (all alike)
+        if isinstance(manifest[field], dict) and field not in ("cost_analysis", "memory_analysis"):
             for sub in sorted(manifest[field]):
                 changed = copy.deepcopy(manifest)
                 changed[field][sub] = _tampered(manifest[field][sub])
@@ -195,11 +197,10 @@ WEAK_OUTPUT = "out_avals[0].weak_type: true"
 # The portable HLO is read only to recompile: serving is unaffected, verify reports it.
 HLO_ONLY = ("blobs.portable_hlo", "blobs.portable_hlo.digest", "blobs.portable_hlo.size",
             "blobs.portable_hlo: another program's portable HLO")
-# The pytree structure lives only in the manifest: refused, and cannot be healed.
-UNHEALABLE = (
-    "environment", "format_version", "key", "kind", "program", "signature",
-    "in_tree", "out_tree", "in_tree: an extra tuple level", "out_tree: an extra tuple level",
-) + tuple(f"{f}.{s}" for f in ("environment", "program") for s in ("kind", "parts"))
+# Refused and cannot be healed: the key's own fields (the manifest no longer parses,
+# so nothing in it is trusted), and the pytree structure (it lives only in the
+# manifest; the portable HLO is exported flat).
+UNHEALABLE = ("environment", "format_version", "key", "kind", "program", "signature", "in_tree", "out_tree")
 # The issue's reproductions: each must be refused as corruption, then healed.
 ISSUE_CASES = (
     "device_ids: another device", "out_avals[0].dtype: float32 -> int32",
@@ -207,17 +208,23 @@ ISSUE_CASES = (
 )
 
 
+# Labels a mutation of that kind may change: the weak type (not checkable), and
+# whether outputs are committed to their device (on one device with no sharding
+# asked for, either is a valid program: docs/reliability.md, "partially checkable").
+IGNORED = {"weak": ("weak_type",), "placement": ("committed",)}
+
+
 def expectation(label: str, program: str) -> str:
-    if label in HARMLESS or label.startswith(("cost_analysis.", "memory_analysis.")):
+    if label.split(":")[0] in HARMLESS or label.startswith(("cost_analysis.", "memory_analysis.")):
         return "harmless"
     if label == "committed: flipped" or label == "committed":
         # one device, nothing asked for: either value is possible (docs: partially checkable)
-        return "harmless" if program == "single" else "healed"
+        return "placement" if program == "single" else "healed"
     if label == WEAK_OUTPUT:
         return "weak"
     if label in HLO_ONLY:
         return "hlo-only"
-    if label in UNHEALABLE:
+    if label.split(".")[0].split(":")[0] in UNHEALABLE:
         return "unhealable"
     return "healed"
 
@@ -253,12 +260,23 @@ def _run(location: Path, key: str, signing: str | None, cases: list[tuple[str, A
     return expected, results
 
 
-def _same_output(got: Any, expected: dict, *, except_weak: bool = False) -> bool:
+def _diff(got: Any, expected: dict) -> Any:
+    if not isinstance(got, dict):
+        return got
+    return [
+        (i, k, g.get(k), e.get(k))
+        for i, (g, e) in enumerate(zip(got["leaves"], expected["leaves"]))
+        for k in e if g.get(k) != e.get(k)
+    ] or [got.get("structure"), expected.get("structure")]
+
+
+def _same_output(got: Any, expected: dict, *, ignore: tuple[str, ...] = ()) -> bool:
+    """Same values and labels (``ignore``: labels the mutated field legitimately sets)."""
     if not isinstance(got, dict):
         return False
-    if except_weak:
-        got = {**got, "leaves": [{**l, "weak_type": None} for l in got["leaves"]]}
-        expected = {**expected, "leaves": [{**l, "weak_type": None} for l in expected["leaves"]]}
+    if ignore:
+        got = {**got, "leaves": [{**l, **dict.fromkeys(ignore)} for l in got["leaves"]]}
+        expected = {**expected, "leaves": [{**l, **dict.fromkeys(ignore)} for l in expected["leaves"]]}
     return got == expected
 
 
@@ -280,7 +298,7 @@ def test_every_manifest_field_mutated_in_the_index(
         entry = cache.index.get(target.manifest.key)
         original = json.loads(entry.manifest)
     cases = all_cases(original, donor.manifest.to_dict())
-    assert len(cases) > 40, len(cases)
+    assert len(cases) > 35, len(cases)
     expected, results = _run(location, target.manifest.key, signing, cases, tmp_path)
 
     outcomes: dict[str, str] = {}
@@ -291,7 +309,8 @@ def test_every_manifest_field_mutated_in_the_index(
             value = r[stage]
             assert not (isinstance(value, str) and value.startswith("ERROR")), (label, stage, value)
             if isinstance(value, dict):  # whatever was served carries the right labels
-                assert _same_output(value, expected, except_weak=kind == "weak"), (label, stage, value)
+                assert _same_output(value, expected, ignore=IGNORED.get(kind, ())), (
+                    label, stage, _diff(value, expected))
         refused = isinstance(r["direct"], str)
         assert not any(p.startswith("ERROR") for p in r["verify"]), (label, r["verify"])
         if refused:
@@ -303,14 +322,15 @@ def test_every_manifest_field_mutated_in_the_index(
             assert ("IntegrityError" in r["direct"] or "CorruptArtifactError" in r["direct"]
                     or "IncompatibleEnvironmentError" in r["direct"]), (label, r["direct"])
             continue
-        if kind == "harmless":
-            assert _same_output(r["direct"], expected), (label, r["direct"])
+        if kind in ("harmless", "placement"):
+            ignore = IGNORED.get(kind, ())
+            assert _same_output(r["direct"], expected, ignore=ignore), (label, _diff(r["direct"], expected))
             assert r["verify"] == [], (label, r["verify"])
-            assert _same_output(r["served"], expected), (label, r["served"])
+            assert _same_output(r["served"], expected, ignore=ignore), (label, _diff(r["served"], expected))
         elif kind == "weak":
             assert not refused and r["verify"] == [], (label, r)
         elif kind == "hlo-only":
-            assert _same_output(r["direct"], expected), (label, r["direct"])
+            assert _same_output(r["direct"], expected), (label, _diff(r["direct"], expected))
             assert r["verify"], f"{label}: verify must report the portable HLO"
         elif kind == "unhealable":
             assert refused, (label, r["direct"])
@@ -319,7 +339,7 @@ def test_every_manifest_field_mutated_in_the_index(
         else:  # refused as corruption, then recompiled from the portable HLO
             assert refused, (label, r["direct"])
             assert "CorruptArtifactError" in r["direct"] or "IncompatibleEnvironmentError" in r["direct"], (label, r["direct"])
-            assert _same_output(r["served"], expected), (label, r["served"])
+            assert _same_output(r["served"], expected), (label, _diff(r["served"], expected))
             assert r["row_state"] == "ok" and r["row_problems"] == [], (label, r["row_state"], r["row_problems"])
     if signing is None:
         for label in ISSUE_CASES:
