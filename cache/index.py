@@ -488,15 +488,24 @@ def _reason(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _advice(reason: str) -> str:
+def _advice(reason: str, read_only: bool = False) -> str:
     """What to do about the database errors a user can fix."""
     text = reason.lower()
     if "disk is full" in text or "no space left" in text or "quota" in text:
         return "; free disk space (e.g. `aot gc --max-size ...`) or move the cache (AOT_CACHE)"
-    if "readonly database" in text or "read-only" in text or "unable to open database file" in text:
+    readonly = "readonly database" in text or "read-only" in text
+    if read_only and (readonly or "unable to open database file" in text):
+        # Opened read-only already: never advise the option that is set.
+        return (
+            "; the index cannot be read here: check that this user may read the cache "
+            "folder and index.sqlite (and, while a writer has it open, index.sqlite-wal "
+            "and index.sqlite-shm)"
+        )
+    if readonly or "unable to open database file" in text:
         return (
             "; the index cannot be written here: fix the permissions of the cache folder, "
-            "or open the cache read-only (read_only=True) on a read-only file system"
+            "or serve it read-only (read_only=True, `aot --read-only`), which needs read "
+            "access only"
         )
     return ""
 
@@ -564,7 +573,7 @@ class Index:
             reason = _reason(e)
             raise CacheError(
                 f"cannot open the cache index at {self.url}: {reason}"
-                + (_advice(reason) or "; check that the database is reachable and that "
+                + (_advice(reason, read_only) or "; check that the database is reachable and that "
                    "the URL, user and password are right")
             ) from e
         logger.debug("opened cache index %s (schema v%d, read_only=%s)", self.url, self._version, read_only)
@@ -600,7 +609,9 @@ class Index:
 
     def _fail(self, what: str, e: BaseException) -> CacheError:
         reason = _reason(e)
-        return CacheError(f"{what} failed on the cache index at {self.url}: {reason}{_advice(reason)}")
+        return CacheError(
+            f"{what} failed on the cache index at {self.url}: {reason}{_advice(reason, self.read_only)}"
+        )
 
     @contextmanager
     def _read(self, what: str) -> Iterator[Connection]:
