@@ -115,6 +115,7 @@ def semantic_cases(manifest: dict[str, Any], donor: dict[str, Any]) -> dict[str,
     shape = first_out["shape"]
     cases: dict[str, Callable[..., Any]] = {
         "device_ids: another device": _set("device_ids", [3] if n_dev == 1 else manifest["device_ids"][::-1]),
+        "device_ids: a device this host does not have": _set("device_ids", [99] * n_dev),
         "out_avals[0].dtype: float32 -> int32": _set("out_avals.0.dtype", "int32"),
         "out_avals[0].shape: first dim halved": _set("out_avals.0.shape", [shape[0] // 2, *shape[1:]]),
         "out_avals[0].shape: first dim + 1": _set("out_avals.0.shape", [shape[0] + 1, *shape[1:]]),
@@ -203,7 +204,7 @@ HLO_ONLY = ("blobs.portable_hlo", "blobs.portable_hlo.digest", "blobs.portable_h
 UNHEALABLE = ("environment", "format_version", "key", "kind", "program", "signature", "in_tree", "out_tree")
 # The issue's reproductions: each must be refused as corruption, then healed.
 ISSUE_CASES = (
-    "device_ids: another device", "out_avals[0].dtype: float32 -> int32",
+    "device_ids: another device", "device_ids: a device this host does not have", "out_avals[0].dtype: float32 -> int32",
     "out_avals[0].shape: first dim halved", "out_avals[0].shape: first dim + 1",
 )
 
