@@ -163,3 +163,23 @@ def test_a_reader_follows_a_writer_that_opens_the_cache_later(foreign_owned: tup
         if reader.poll() is None:
             reader.kill()
             reader.wait()
+
+
+@pytest.mark.postgres
+def test_a_read_only_postgresql_index_cannot_write_even_by_mistake(postgres_url: str, tiny: TinyArtifacts) -> None:
+    """The server refuses writes on a read-only open's connections, whatever code path
+    tries (the index refuses them itself before that)."""
+    import sqlalchemy as sa
+
+    from aot.cache.index import Index
+
+    with Cache(postgres_url) as writer:
+        writer.put_artifact(tiny.by_size[1])
+    index = Index(postgres_url, read_only=True)
+    try:
+        with pytest.raises(sa.exc.InternalError, match="read-only transaction"):
+            with index.engine.begin() as conn:
+                conn.execute(sa.text("UPDATE artifacts SET hits = hits + 1"))
+        assert index.count() == 1
+    finally:
+        index.close()
