@@ -1,7 +1,8 @@
 """Serve-time reads of a folder cache's SQLite index with the standard library.
 
-``aot.load`` at start-up needs three things from the index: the rows of one name,
-a schema-version check, and a touch of the rows it loads. Importing SQLAlchemy costs
+``aot.load`` needs a few things from the index: the rows of one name (and of one
+key, to re-read a row whose blobs failed), the names (to suggest one for a mistyped
+name), a schema-version check, and a touch of the rows it loads. Importing SQLAlchemy costs
 a serving process about half a second, more than loading an executable, so these go
 through :mod:`sqlite3` against the schema :mod:`aot.cache.index` creates. Everything
 else (writes, gc, verify, PostgreSQL) uses the SQLAlchemy index.
@@ -40,8 +41,8 @@ def _time(value: object) -> datetime:
 # database, nor take a write lock. SQLite opens a WAL database with ``mode=ro`` only
 # when its -shm file exists (a connection has the database open: the writer's -shm
 # and -wal are then read, never written) or when the folder lets it create one. A
-# serving user that cannot write the CI user's folder meets the third case after the
-# last writer closed (SQLite deletes -wal and -shm then): the database file is
+# serving user that cannot write the CI user's folder meets neither once the last
+# writer has closed (SQLite deletes -wal and -shm then); but then the database file is
 # complete and nobody writes it, and SQLite's ``immutable=1`` reads it without any
 # lock or side file. Should a writer appear later, it creates the -shm before it
 # changes a single page of the database file (it writes to the -wal first), so every
