@@ -57,6 +57,8 @@ class ReadOnlyOpen:
     uri: str
     immutable: bool
     reason: str
+    stamp: tuple[int, int, int] | None = None  # the database file when opened immutable
+    watch_shm: bool = True  # a -shm appearing means a writer: reopen through it
 
 
 def _wal_mode(path: Path) -> bool:
@@ -94,14 +96,26 @@ def read_only_open(path: Path) -> ReadOnlyOpen:
             "-shm file, which a read-only reader never does; until a writer opens the "
             "cache once (it folds them in), they are invisible here", path,
         )
-    return ReadOnlyOpen(base + "&immutable=1", True, "WAL, no writer: immutable")
+    return ReadOnlyOpen(base + "&immutable=1", True, "WAL, no writer: immutable", _stamp(path))
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 def stale_immutable(path: Path, opened: ReadOnlyOpen) -> bool:
-    """True when an immutable open no longer fits: a writer has opened the database."""
-    if not opened.immutable or opened.reason == "read-only file system":
+    """True when an immutable open no longer fits: a writer has the database open (its
+    -shm exists), or one came and went (it changed the file: its cached pages are old)."""
+    if not opened.immutable or opened.stamp is None:
         return False
-    return Path(path).with_name(Path(path).name + "-shm").exists()
+    path = Path(path)
+    if opened.watch_shm and path.with_name(path.name + "-shm").exists():
+        return True
+    return _stamp(path) != opened.stamp
 
 
 class SqliteReader:
@@ -139,7 +153,10 @@ class SqliteReader:
                 "file alone, without the transactions still in its -wal", self.path, exc,
             )
             base = self._opened.uri
-            self._opened = ReadOnlyOpen(base + "&immutable=1", True, "unreadable -shm: immutable")
+            self._opened = ReadOnlyOpen(
+                base + "&immutable=1", True, "unreadable -shm: immutable", _stamp(self.path),
+                watch_shm=False,
+            )
             return self._open(self._opened.uri)
 
     def _open(self, uri: str, pragmas: tuple[str, ...] = ()) -> tuple[sqlite3.Connection, int]:

@@ -124,8 +124,9 @@ def test_a_cache_the_reader_cannot_write_is_served(foreign_owned: tuple[Path, li
 
 
 def test_a_reader_follows_a_writer_that_opens_the_cache_later(foreign_owned: tuple[Path, list[str]], tiny: TinyArtifacts) -> None:
-    """Opened immutable (no writer), the reader switches to the writer's -shm as soon
-    as one appears, and sees its commits."""
+    """Opened immutable (no writer), the reader reopens when a writer came and went
+    (the file changed) and reads through the writer's -shm while one is open; it sees
+    every commit."""
     location, prefix = foreign_owned
     if not prefix:
         pytest.skip("needs a second user: a writer cannot write a folder made read-only")
@@ -142,21 +143,27 @@ def test_a_reader_follows_a_writer_that_opens_the_cache_later(foreign_owned: tup
             assert line, reader.stderr.read()[-3000:]
             return json.loads(line)
 
+        def ask() -> None:
+            reader.stdin.write("again\n")
+            reader.stdin.flush()
+
         assert count() == {"index": 3, "reader": 3}
-        with Cache(location) as writer:  # the owner writes while the reader is open
+        with Cache(location) as writer:  # a writer comes and goes between two reads
             writer.put_artifact(tiny.by_size[4])
+        assert not (location / "index.sqlite-shm").exists()
+        ask()
+        assert count() == {"index": 4, "reader": 4}  # the file changed: reopened
+        with Cache(location) as writer:  # the owner writes while the reader is open
+            writer.put_artifact(tiny.by_size[5])
             writer.index.count()  # keeps a pooled connection: the -shm stays
             assert (location / "index.sqlite-shm").exists()
-            reader.stdin.write("again\n")
-            reader.stdin.flush()
-            assert count() == {"index": 4, "reader": 4}
-            writer.put_artifact(tiny.by_size[5])
-            reader.stdin.write("again\n")
-            reader.stdin.flush()
+            ask()
             assert count() == {"index": 5, "reader": 5}
-        reader.stdin.write("after the writer closed\n")
-        reader.stdin.flush()
-        assert count() == {"index": 5, "reader": 5}
+            writer.put_artifact(tiny.by_size[6])
+            ask()
+            assert count() == {"index": 6, "reader": 6}
+        ask()  # after the writer closed
+        assert count() == {"index": 6, "reader": 6}
         reader.stdin.close()
         assert reader.wait(timeout=60) == 0, reader.stderr.read()[-3000:]
     finally:
