@@ -23,7 +23,6 @@ from typing import Any
 
 import jax
 import jaxlib
-import numpy as np
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError
 from aot.fingerprint import (
     Fingerprint,
@@ -40,7 +39,12 @@ log = logging.getLogger(__name__)
 # The on-disk format. Bump on any change a reader of the previous version would
 # misread, and say what changed:
 #   1 (2026-12-02): first format: manifest JSON + executable and portable_hlo blobs.
-FORMAT_VERSION = 1
+#   2 (2026-12-02): pytree nodes carry a digest of their auxiliary data and store it
+#      only when it round-trips (tagged JSON values: {"$": "tuple", ...}); dtypes
+#      int2/int4/uint2/uint4, float8_*, float4_e2m1fn, key<impl>; args record
+#      "weak_type". Version 1 manifests are still read.
+FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)
 
 EXECUTABLE = "executable"
 PORTABLE_HLO = "portable_hlo"
@@ -143,7 +147,7 @@ class Manifest:
         if not isinstance(data, dict):
             raise CorruptArtifactError(f"manifest is not a JSON object: {str(data)[:80]!r}")
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_FORMAT_VERSIONS or type(version) is not int:
             raise IncompatibleEnvironmentError(
                 f"artifact format version {version!r} != {FORMAT_VERSION} (this jax-aot "
                 "reads only its own format); recompile the entry with this jax-aot "
@@ -181,6 +185,7 @@ class Manifest:
                 memory_analysis=_object_or_none(data.get("memory_analysis")),
                 arg_names=tuple(str(n) for n in data.get("arg_names", ())),
                 hmac=_string_or_none(data.get("hmac")),
+                format_version=version,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptArtifactError(f"manifest is missing or has a malformed field: {exc!r}") from None
@@ -195,7 +200,10 @@ class Manifest:
         # key themselves; the program fingerprint's in_avals part is. They must agree,
         # or a manifest edited to f32[16,8] would run a f32[8,16] program on it.
         try:
-            signature = ", ".join(format_aval(a["shape"], _dtype(a["dtype"])) for a in manifest.args)
+            signature = ", ".join(
+                format_aval(a["shape"], _dtype(a["dtype"]), bool(a.get("weak_type", False)))
+                for a in manifest.args
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptArtifactError(f"manifest has a malformed argument: {exc!r}") from None
         recorded = manifest.program.as_dict().get("in_avals")
@@ -300,8 +308,16 @@ def check_environment(manifest: Manifest, current: Fingerprint | None = None) ->
         )
 
 
-def _dtype(name: Any) -> np.dtype:
+def _dtype(name: Any) -> Any:
+    if not isinstance(name, str):
+        raise CorruptArtifactError(f"manifest has a malformed dtype {str(name)[:40]!r}")
     try:
-        return parse_dtype(str(name))
+        return parse_dtype(name)
     except Exception:  # noqa: BLE001
-        raise CorruptArtifactError(f"manifest names an unknown dtype {name!r}") from None
+        # Written by a jax that has this dtype (float8_e8m0fnu, int2, ...): this one
+        # cannot run it, which is not damage.
+        raise IncompatibleEnvironmentError(
+            f"manifest names dtype {name[:40]!r}, which this jax ({jax.__version__}) does not "
+            "have; serve it with the jax that compiled it, or recompile it here",
+            (f"dtype {name[:40]!r} unknown to jax {jax.__version__}",),
+        ) from None

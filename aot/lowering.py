@@ -188,8 +188,10 @@ def _export_flat(
     pytree registrations (jax.export cannot serialize namedtuples or custom nodes
     unless they are registered in both processes).
     """
+    # static_nums also holds the positions of static parameters passed by keyword
+    # (jax.jit needs both forms); only those within the positional arguments count here.
     dynamic_args = [i for i in range(len(arg_specs)) if i not in static_nums]
-    static_args = {i: arg_specs[i] for i in static_nums}
+    static_args = {i: arg_specs[i] for i in static_nums if i < len(arg_specs)}
     dynamic_kwargs = [k for k in kwarg_specs if k not in static_names]
     static_kwargs = {k: kwarg_specs[k] for k in static_names if k in kwarg_specs}
 

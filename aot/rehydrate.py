@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import threading
 import time
 from dataclasses import replace
 from typing import Any
 
 import jax
-import numpy as np
 from jax._src import core, stages
 from jax._src.interpreters import pxla
 
@@ -26,9 +26,16 @@ from aot.artifact import (
     _dtype,
     check_environment,
 )
-from aot.errors import AotError, CorruptArtifactError, IncompatibleEnvironmentError
+from aot.errors import (
+    AotError,
+    CorruptArtifactError,
+    IncompatibleEnvironmentError,
+    PytreeNodeError,
+    UnsupportedComputationError,
+)
 from aot.executable import ArgAval, ExecutableInfo, MeshExecutable, executable_class
 from aot.fingerprint import Fingerprint, environment_fingerprint, sha256_hex
+from aot.specs import dtype_to_str
 from aot.shardings import (
     aval_from_json,
     aval_to_json,
@@ -64,9 +71,59 @@ def _json_cost_analysis(cost: Any) -> dict[str, float] | None:
     return {str(k): float(v) for k, v in cost.items() if isinstance(v, (int, float))}
 
 
-def serialize_executable(exe: MeshExecutable) -> bytes:
-    xla_executable = exe.compiled._executable.xla_executable
+def _serialize(compiled: Any) -> bytes:
+    xla_executable = compiled._executable.xla_executable
     return bytes(xla_executable.client.serialize_executable(xla_executable))
+
+
+def serialize_executable(exe: MeshExecutable) -> bytes:
+    """XLA's bytes of ``exe``.
+
+    XLA's CPU backend cannot serialize an executable once it has run a program with a
+    sort ("'LessThan' is not serializable"), and ``Lowered.compile()`` hands out JAX's
+    in-memory executable, which ``jax.jit`` may already have run. Such an executable
+    is compiled once more, bypassing JAX's in-memory cache, and that fresh, never run
+    copy of the same program is what gets stored (the caller keeps its executable).
+    """
+    try:
+        return _serialize(exe.compiled)
+    except Exception as exc:  # noqa: BLE001 - XlaRuntimeError (UNIMPLEMENTED) and friends
+        computation = exe.computation
+        if computation is None:
+            raise UnsupportedComputationError(
+                f"{exe.name}: XLA cannot serialize this executable ({exc}); store the "
+                "computation (cache.put(computation)) or an executable that has not run yet"
+            ) from exc
+        log.info("%s: %s; compiling a fresh copy to store", exe.name, exc)
+        fresh = computation.compile_fresh()
+        try:
+            return _serialize(fresh)
+        except Exception as again:  # noqa: BLE001
+            raise UnsupportedComputationError(
+                f"{exe.name}: XLA cannot serialize this program: {again}"
+            ) from again
+
+
+def compile_uncached(lowered: stages.Lowered, compiler_options: dict[str, Any] | None) -> stages.Compiled:
+    """``lowered.compile()`` without JAX's in-memory executable cache: a copy of the
+    module (the cache is keyed by the module object) compiled as JAX would."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+
+    lowering = lowered._lowering
+    hlo = lowering.stablehlo()
+    with hlo.context:
+        module = ir.Module.parse(mlir.module_to_bytecode(hlo))
+    options = tuple((compiler_options or {}).items())
+    executable = pxla.UnloadedMeshExecutable.from_hlo(
+        lowering._name, module, **lowering.compile_args,
+        compiler_options_kvs=lowering._compiler_options_kvs + options,
+        device_list=lowering._device_list,
+    )
+    return stages.Compiled(
+        executable, lowering.const_args, lowered.args_info, lowered.out_tree, lowered._no_kwargs,
+        lowered._in_types, lowered._out_types,
+    )
 
 
 def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
@@ -91,16 +148,7 @@ def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
         environment=info.environment_fingerprint,
         in_tree=treedefs.to_json(info.in_tree),
         out_tree=treedefs.to_json(info.out_tree),
-        args=tuple(
-            {
-                "path": a.path,
-                "shape": list(a.shape),
-                "dtype": np.dtype(a.dtype).name,
-                "donated": a.donated,
-                "kept": a.kept,
-            }
-            for a in info.args
-        ),
+        args=tuple(_arg_json(a) for a in info.args),
         in_avals=tuple(aval_to_json(a) for a in unloaded.input_avals),
         in_shardings=tuple(
             sharding_to_json(s, len(a.shape)) for s, a in zip(info.in_shardings, kept_args)
@@ -120,6 +168,19 @@ def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
         arg_names=tuple(info.arg_names),
     )
     return Artifact(manifest, blobs)
+
+
+def _arg_json(a: ArgAval) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "path": a.path,
+        "shape": list(a.shape),
+        "dtype": dtype_to_str(a.dtype),
+        "donated": a.donated,
+        "kept": a.kept,
+    }
+    if a.weak_type:
+        out["weak_type"] = True
+    return out
 
 
 def _safe(call: Any) -> Any:
@@ -153,30 +214,36 @@ def executable_info(manifest: Manifest, *, flat_outputs: bool = False) -> Execut
 
 def _executable_info(manifest: Manifest, flat_outputs: bool) -> ExecutableInfo:
     devices = live_devices()
-    args = tuple(
-        ArgAval(
-            str(a["path"]),
-            tuple(int(d) for d in a["shape"]),
-            _dtype(a["dtype"]),
-            bool(a["donated"]),
-            bool(a["kept"]),
-        )
-        for a in manifest.args
-    )
+    args = manifest_args(manifest)
     out_shardings = tuple(sharding_from_json(s, devices) for s in manifest.out_shardings)
     out_avals = tuple(
         jax.ShapeDtypeStruct(tuple(a["shape"]), _dtype(a["dtype"]), sharding=s)
         for a, s in zip(manifest.out_avals, out_shardings)
     )
+    in_structure = treedefs.structure_key_of_json(manifest.in_tree)
+    recorded = manifest.program.as_dict().get("in_tree")
+    if manifest.format_version >= 2 and recorded != in_structure:
+        # The structure callers are matched against must be the one the program was
+        # fingerprinted with (format 1 fingerprinted another encoding of it).
+        raise CorruptArtifactError(
+            f"manifest of {manifest.name!r} ({manifest.key[:12]}): its input structure does "
+            "not match its program fingerprint; the manifest was altered"
+        )
+    out_json = None
+    if flat_outputs:
+        out_tree = jax.tree_util.tree_structure(tuple(range(len(manifest.out_avals))))
+    else:
+        try:
+            out_tree = treedefs.from_json(manifest.out_tree)
+        except PytreeNodeError:
+            # Rebuilt per caller from its own input nodes (MeshExecutable.bind).
+            out_tree = treedefs.from_json(manifest.out_tree, standins=True)
+            out_json = manifest.out_tree
     info = ExecutableInfo(
         name=manifest.name,
         kind=manifest.kind,
-        in_tree=treedefs.from_json(manifest.in_tree),
-        out_tree=(
-            jax.tree_util.tree_structure(tuple(range(len(manifest.out_avals))))
-            if flat_outputs
-            else treedefs.from_json(manifest.out_tree)
-        ),
+        in_tree=treedefs.from_json(manifest.in_tree, standins=True),
+        out_tree=out_tree,
         args=args,
         out_avals=out_avals,
         in_shardings=tuple(sharding_from_json(s, devices) for s in manifest.in_shardings),
@@ -186,6 +253,8 @@ def _executable_info(manifest: Manifest, flat_outputs: bool) -> ExecutableInfo:
         environment_fingerprint=manifest.environment,
         compile_seconds=manifest.compile_seconds,
         arg_names=manifest.arg_names,
+        in_structure=in_structure,
+        out_json=out_json,
     )
     counts = {
         "in_tree leaves vs args": (info.in_tree.num_leaves, len(args)),
@@ -200,6 +269,60 @@ def _executable_info(manifest: Manifest, flat_outputs: bool) -> ExecutableInfo:
     if not manifest.device_ids:
         raise ValueError("no device ids")
     return info
+
+
+def manifest_args(manifest: Manifest) -> tuple[ArgAval, ...]:
+    """The flat inputs a manifest records (dtype names checked against this jax)."""
+    return tuple(
+        ArgAval(
+            str(a["path"]),
+            tuple(int(d) for d in a["shape"]),
+            _dtype(a["dtype"]),
+            bool(a["donated"]),
+            bool(a["kept"]),
+            bool(a.get("weak_type", False)),
+        )
+        for a in manifest.args
+    )
+
+
+_custom_calls_ready: set[str] = set()
+_custom_calls_lock = threading.Lock()
+
+
+def ensure_custom_call_targets(platform: str) -> None:
+    """Registers JAX's own custom-call targets for ``platform`` before an executable
+    runs, as ``jax.export`` does before calling an exported program: XLA CPU programs
+    using jnp.linalg call LAPACK kernels that JAX initialises lazily while lowering,
+    and a serving process that never lowered anything would crash (SIGSEGV) on them."""
+    if platform in _custom_calls_ready:
+        return
+    with _custom_calls_lock:
+        if platform in _custom_calls_ready:
+            return
+        try:
+            from jax._src.lax import linalg
+
+            if platform == "cpu":
+                linalg.initialize_lapack()
+            elif platform in ("cuda", "rocm", "gpu"):
+                from jax._src.lib import gpu_solver
+
+                gpu_solver.initialize_hybrid_kernels()
+        except Exception as exc:  # noqa: BLE001 - a jaxlib without these kernels
+            log.warning("could not initialise JAX's %s custom-call targets: %s", platform, exc)
+        _custom_calls_ready.add(platform)
+
+
+def flat_compiled(compiled: stages.Compiled, info: ExecutableInfo, out_tree: Any) -> stages.Compiled:
+    """``compiled`` called with its flat inputs, returning ``out_tree``: the same loaded
+    executable, without the input structure JAX would compare by identity (a loaded
+    structure may hold stand-ins, and the caller's was matched by digest already)."""
+    args_info = (
+        tuple(stages.ArgInfo(core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type), a.donated) for a in info.args),
+        {},
+    )
+    return stages.Compiled(compiled._executable, [], args_info, out_tree, no_kwargs=True)
 
 
 def load_executable(
@@ -218,6 +341,7 @@ def load_executable(
     devices = live_devices()
     dlist = device_list(manifest.device_ids, devices)  # names a missing device id
     backend = devices[manifest.device_ids[0]].client
+    ensure_custom_call_targets(devices[manifest.device_ids[0]].platform)
     start = time.perf_counter()
     try:
         xla_executable = backend.deserialize_executable(exe_bytes, dlist)
@@ -255,7 +379,7 @@ def load_executable(
         pgle_profiler=None,
     )
     args_info = info.in_tree.unflatten(
-        [stages.ArgInfo(core.ShapedArray(a.shape, a.dtype), a.donated) for a in info.args]
+        [stages.ArgInfo(core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type), a.donated) for a in info.args]
     )
     compiled = stages.Compiled(unloaded.load(), [], args_info, info.out_tree, no_kwargs=False)
     log.debug(
@@ -276,7 +400,9 @@ def recompile(artifact: Artifact) -> Artifact:
     info = executable_info(manifest)
     kept_iter = iter(info.in_shardings)
     specs = [
-        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=next(kept_iter) if a.kept else None)
+        jax.ShapeDtypeStruct(
+            a.shape, a.dtype, sharding=next(kept_iter) if a.kept else None, weak_type=a.weak_type
+        )
         for a in info.args
     ]
     start = time.perf_counter()
@@ -299,4 +425,9 @@ def recompile(artifact: Artifact) -> Artifact:
     exe = executable_class(manifest.kind)(compiled, new_info)
     log.info("recompiled %s (%s) from portable HLO in %.2fs", manifest.name, manifest.signature, seconds)
     rebuilt = build_artifact(exe, artifact.blob(PORTABLE_HLO))
-    return rebuilt
+    # The structures as stored (a node this process cannot rebuild is a stand-in here,
+    # which would lose its auxiliary data).
+    return Artifact(
+        replace(rebuilt.manifest, in_tree=manifest.in_tree, out_tree=manifest.out_tree, hmac=None),
+        rebuilt.blobs,
+    )

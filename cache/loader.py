@@ -17,28 +17,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import numpy as np
 from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
 from aot.artifact import PORTABLE_HLO, Manifest
-from aot.rehydrate import load_executable, recompile
+from aot.rehydrate import load_executable, manifest_args, recompile
 from aot.errors import (
     AotError,
+    AvalMismatchError,
     CorruptArtifactError,
     IncompatibleEnvironmentError,
     IntegrityError,
     SignatureNotFoundError,
 )
-from aot.executable import MeshExecutable
+from aot.executable import FAST_CACHE_LIMIT, Binding, MeshExecutable, raw_leaf_key
 from aot.fingerprint import describe_differences
-from aot.specs import format_aval, parse_dtype
+from aot.specs import format_aval, leaf_aval
 from aot.cache.cache import Cache
 from aot.cache.entry import IndexEntry
 
 log = logging.getLogger(__name__)
 
-LeafKey = tuple[tuple[int, ...], np.dtype]
+# (shape, dtype, weak_type) of one input, as jax.jit sees it.
+LeafKey = tuple[tuple[int, ...], Any, bool]
 
 
 @dataclass
@@ -47,7 +48,8 @@ class _Program:
     quarantined rows (never executed; their portable HLO can still be recompiled)."""
 
     signature: str
-    treedef: PyTreeDef
+    structure: str  # treedef.structure_key of the inputs
+    treedef: PyTreeDef  # the input structure (stand-ins for nodes not rebuildable here)
     leaves: tuple[LeafKey, ...]
     paths: tuple[str, ...]
     local: list[IndexEntry] = field(default_factory=list)
@@ -61,16 +63,19 @@ _flatten = jax.tree_util.tree_flatten
 
 
 def _leaf_key(leaf: Any) -> LeafKey:
-    try:
-        return (leaf.shape, leaf.dtype)
-    except AttributeError:
-        if isinstance(leaf, (bool, int, float, complex)):
-            return ((), np.dtype(jax.dtypes.canonicalize_dtype(type(leaf))))
-        return ((-1,), np.dtype("V"))  # matches nothing
+    """The key of one call input, canonicalized as jax.jit does; ``TypeError`` for
+    what jax.jit refuses (a string, an object)."""
+    return leaf_aval(leaf)
 
 
 class Dispatcher:
-    """Calls the executable whose input signature matches the arguments."""
+    """Calls the executable whose input signature matches the arguments.
+
+    The per-call path is a flatten, one tuple of the inputs' avals and one dict lookup
+    (caller structure + avals -> a bound executable); everything else (matching a
+    structure by digest, canonicalizing NumPy and Python inputs as jax.jit does,
+    loading) happens on the first call of each kind and is remembered.
+    """
 
     def __init__(
         self,
@@ -84,23 +89,37 @@ class Dispatcher:
         self.name = name
         self.strict = strict
         self.fallback = fallback
-        self._programs: dict[tuple[PyTreeDef, tuple[LeafKey, ...]], _Program] = {}
-        env = cache.environment.digest
+        self._programs: dict[tuple[str, tuple[LeafKey, ...]], _Program] = {}
+        self._fast: dict[tuple[PyTreeDef, tuple[Any, ...]], Binding] = {}
+        self._structures: dict[PyTreeDef, str] = {}
+        # Entries that cannot serve in this process (other x64 mode, platform or
+        # devices, a dtype this jax lacks): (key, signature, reason), never quarantined.
+        self.skipped: list[tuple[str, str, str]] = []
+        environment = cache.environment
+        env = environment.digest
         # Quarantined rows too: their executable is never run, but the signature stays
         # servable by recompiling their portable HLO (the fallback ladder).
         for entry in cache.entries_named(name, state=None):
             try:
                 manifest = Manifest.from_json(entry.manifest)
-                treedef = treedefs.from_json(manifest.in_tree)
+                reason = _cannot_serve_here(manifest, environment.as_dict())
+                if reason is None:
+                    args = manifest_args(manifest)  # dtypes this jax may lack
+                    structure = treedefs.structure_key_of_json(manifest.in_tree)
+                    treedef = treedefs.from_json(manifest.in_tree, standins=True)
+            except IncompatibleEnvironmentError as exc:
+                reason = str(exc)
             except AotError as exc:
-                cache.quarantine(entry, f"unreadable manifest: {exc}")
+                self._quarantine(entry, f"unreadable manifest: {exc}")
                 continue
-            leaves = tuple(
-                (tuple(int(d) for d in a["shape"]), parse_dtype(a["dtype"])) for a in manifest.args
-            )
+            if reason is not None:
+                log.warning("aot.load(%r): skipping %s (%s): %s", name, entry.key[:12], entry.signature, reason)
+                self.skipped.append((entry.key, entry.signature, reason))
+                continue
+            leaves = tuple((a.shape, a.dtype, a.weak_type) for a in args)
             program = self._programs.setdefault(
-                (treedef, leaves),
-                _Program(manifest.signature, treedef, leaves, tuple(str(a["path"]) for a in manifest.args)),
+                (structure, leaves),
+                _Program(manifest.signature, structure, treedef, leaves, tuple(a.path for a in args)),
             )
             if not entry.ok:
                 program.quarantined.insert(0, entry)
@@ -112,6 +131,12 @@ class Dispatcher:
             # a signature is tried first (a name recompiled from changed code must not
             # keep serving the old program).
         log.info("aot.load(%r): %d signatures", name, len(self._programs))
+
+    def _quarantine(self, entry: IndexEntry, reason: str) -> None:
+        if self.strict:  # serving with strict=True never writes to the cache
+            log.warning("aot.load(%r): not using %s: %s", self.name, entry.key[:12], reason)
+        else:
+            self.cache.quarantine(entry, reason)
 
     # ------------------------------------------------------------ inspection
 
@@ -139,15 +164,39 @@ class Dispatcher:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, treedef = _flatten((args, kwargs))
-        try:  # the common case, arrays only, without a Python call per leaf
-            signature = tuple([(leaf.shape, leaf.dtype) for leaf in leaves])
-        except AttributeError:
-            signature = tuple(map(_leaf_key, leaves))
-        program = self._programs.get((treedef, signature))
+        try:  # JAX arrays: their avals, without a Python call per leaf
+            binding = self._fast.get((treedef, tuple([leaf.aval for leaf in leaves])))
+        except AttributeError:  # NumPy arrays, Python scalars
+            binding = self._fast.get((treedef, tuple(map(raw_leaf_key, leaves))))
+        if binding is None:
+            return self._first_call(args, kwargs, leaves, treedef)
+        return binding(leaves)
+
+    def _structure_of(self, treedef: PyTreeDef) -> str:
+        structure = self._structures.get(treedef)
+        if structure is None:
+            structure = treedefs.structure_key(treedef)
+            if len(self._structures) < FAST_CACHE_LIMIT:
+                self._structures[treedef] = structure
+        return structure
+
+    def _first_call(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Any:
+        """A kind of call not seen yet: match by structure digest and canonical avals."""
+        try:
+            keys = tuple(map(_leaf_key, leaves))
+        except TypeError:
+            raise self._not_a_jax_type(args, kwargs) from None
+        program = self._programs.get((self._structure_of(treedef), keys))
         if program is None:
-            return self._miss(args, kwargs, leaves, treedef)
+            return self._miss(args, kwargs, leaves, treedef, keys)
         executable = program.executable or self._executable(program)
-        return executable.call_checked(args, kwargs)
+        binding = executable.bind(treedef)
+        if len(self._fast) < FAST_CACHE_LIMIT:
+            self._fast[(treedef, tuple(map(raw_leaf_key, leaves)))] = binding
+        return binding(leaves)
+
+    def call_checked(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        return self(*args, **kwargs)
 
     def _executable(self, program: _Program) -> MeshExecutable:
         with program.lock:
@@ -162,7 +211,7 @@ class Dispatcher:
             try:
                 return self.cache.load(entry)
             except CorruptArtifactError as exc:
-                self.cache.quarantine(entry, str(exc))
+                self._quarantine(entry, str(exc))
                 problems.append(str(exc))
                 program.local.remove(entry)
                 program.quarantined.append(entry)
@@ -171,7 +220,7 @@ class Dispatcher:
             except IncompatibleEnvironmentError as exc:
                 # XLA refused the executable although the fingerprint matched: never
                 # try it again (quarantined, so the recompiled artifact replaces it).
-                self.cache.quarantine(entry, str(exc))
+                self._quarantine(entry, str(exc))
                 problems.append(str(exc))
                 program.local.remove(entry)
                 unusable.append(entry)
@@ -233,31 +282,51 @@ class Dispatcher:
             + "; ".join(errors)
         )
 
-    def _miss(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Any:
+    def _miss(
+        self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef, keys: tuple[LeafKey, ...]
+    ) -> Any:
         if self.fallback is not None:
             log.warning(
                 "aot.load(%r): no stored signature for (%s); compiling with the fallback",
-                self.name, _describe(leaves),
+                self.name, _describe_call(args, kwargs),
             )
             result = self.cache.compile_entry(self.fallback, *args, name=self.name, **kwargs)
             executable = result.executable
-            key = (treedef, tuple(map(_leaf_key, leaves)))
-            self._programs[key] = _Program(
-                executable.signature, treedef, key[1],
-                tuple(a.path for a in executable.info.args), [result.entry], [], executable,
+            structure = self._structure_of(treedef)
+            self._programs[(structure, keys)] = _Program(
+                executable.signature, structure, executable.info.in_tree, keys,
+                tuple(a.path for a in executable.info.args), [result.entry], [], [], executable,
             )
             return executable(*args, **kwargs)
-        raise self._not_found(leaves, treedef)
+        raise self._not_found(args, kwargs, treedef, keys)
 
-    def _not_found(self, leaves: list[Any], treedef: PyTreeDef) -> SignatureNotFoundError:
-        got = tuple(map(_leaf_key, leaves))
+    def _not_a_jax_type(self, args: Any, kwargs: Any) -> AvalMismatchError:
+        bad = []
+        for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]:
+            try:
+                _leaf_key(leaf)
+            except TypeError:
+                bad.append(f"{_render(path)} is {_short(leaf)}")
+        return AvalMismatchError(
+            f"{self.name}: {'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}: not an array "
+            "or a Python scalar (jax.jit refuses it too); pass arrays",
+            tuple(bad),
+        )
+
+    def _not_found(
+        self, args: Any, kwargs: Any, treedef: PyTreeDef, got: tuple[LeafKey, ...]
+    ) -> SignatureNotFoundError:
         stored = self.signatures
         lines = [f"  {s}" for s in stored] or ["  (none: nothing is stored under this name here)"]
         message = (
-            f"{self.name}: no executable compiled for ({_describe(leaves)}).\n"
+            f"{self.name}: no executable compiled for ({_describe_call(args, kwargs)}).\n"
             f"Stored signatures:\n" + "\n".join(lines)
         )
-        nearest = self._nearest(treedef, got)
+        if self.skipped:
+            message += "\nNot servable in this process:\n" + "\n".join(
+                f"  {sig} ({key[:12]}): {reason}" for key, sig, reason in self.skipped[:5]
+            )
+        nearest = self._nearest(args, kwargs, treedef, got)
         if nearest is not None:
             program, diffs = nearest
             message += f"\nNearest: ({program.signature}); differs in " + ", ".join(diffs)
@@ -268,12 +337,13 @@ class Dispatcher:
         return SignatureNotFoundError(message, tuple(stored))
 
     def _nearest(
-        self, treedef: PyTreeDef, got: tuple[LeafKey, ...]
+        self, args: Any, kwargs: Any, treedef: PyTreeDef, got: tuple[LeafKey, ...]
     ) -> tuple[_Program, list[str]] | None:
         best: tuple[tuple[int, int], _Program, list[str]] | None = None
+        structure = self._structure_of(treedef)
         for program in self._programs.values():
-            if program.treedef != treedef or len(program.leaves) != len(got):
-                diffs = [f"pytree structure ({len(program.leaves)} leaves vs {len(got)})"]
+            if program.structure != structure or len(program.leaves) != len(got):
+                diffs = _structure_differences(program, args, kwargs)
                 score: tuple[int, int] = (1000, 0)
             else:
                 differing = [
@@ -283,6 +353,7 @@ class Dispatcher:
                 ]
                 diffs = [
                     f"{path}: stored {format_aval(*want)}, got {format_aval(*have)}"
+                    + (_WEAK_HINT if want[2] != have[2] else "")
                     for path, want, have in differing
                 ]
                 # Fewest differing leaves first, then the closest shapes (batch 8 is
@@ -293,8 +364,14 @@ class Dispatcher:
         return (best[1], best[2]) if best is not None else None
 
 
+_WEAK_HINT = (
+    " (a Python scalar is weakly typed under jax.jit, an array is not: pass the kind "
+    "that was compiled, or compile the other)"
+)
+
+
 def _distance(want: LeafKey, have: LeafKey) -> int:
-    (want_shape, want_dtype), (have_shape, have_dtype) = want, have
+    (want_shape, want_dtype, _), (have_shape, have_dtype, _) = want, have
     if len(want_shape) != len(have_shape):
         return 1 << 40
     return sum(abs(a - b) for a, b in zip(want_shape, have_shape)) + (
@@ -302,12 +379,135 @@ def _distance(want: LeafKey, have: LeafKey) -> int:
     )
 
 
-def _describe(leaves: Sequence[Any]) -> str:
-    parts = []
-    for leaf in leaves:
-        shape, dtype = _leaf_key(leaf)
-        parts.append(format_aval(shape, dtype) if dtype.kind != "V" else type(leaf).__name__)
+def _short(value: Any, limit: int = 60) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001
+        text = "?"
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"a {type(value).__name__} ({text})"
+
+
+def _render(key_path: Sequence[Any]) -> str:
+    head, rest = key_path[:2], key_path[2:]
+    if getattr(head[0], "idx", 0) == 0:
+        name = f"args[{getattr(head[1], 'idx', 0)}]"
+    else:
+        name = str(getattr(head[1], "key", head[1]))
+    return name + jax.tree_util.keystr(tuple(rest))
+
+
+def _describe_value(value: Any) -> str:
+    """One short phrase for one argument: its aval, or what kind of pytree it is."""
+    leaves, tree = _flatten(value)
+    if tree.num_leaves == 1 and tree.num_nodes == 1:
+        try:
+            return format_aval(*_leaf_key(leaves[0]))
+        except TypeError:
+            return _short(value)
+    node = tree.node_data()
+    if node is None:
+        return "None"
+    cls, aux = node
+    n = len(tree.children())
+    if cls in (list, tuple):
+        kind = f"a {cls.__name__} of {n} item{'s' if n != 1 else ''}"
+    elif cls is dict:
+        kind = f"a dict with keys {sorted(map(str, aux))[:6]}"
+    elif cls is type(None):
+        return "None"
+    else:
+        kind = f"a {getattr(cls, '__qualname__', cls)}"
+    if tree.num_leaves <= 4:
+        try:
+            return kind + " (" + ", ".join(format_aval(*_leaf_key(x)) for x in leaves) + ")"
+        except TypeError:
+            return kind
+    return f"{kind} ({tree.num_leaves} leaves)"
+
+
+def _describe_call(args: Any, kwargs: Any) -> str:
+    """The call in one line: one phrase per argument, not one per leaf."""
+    parts = [_describe_value(a) for a in args]
+    parts += [f"{k}={_describe_value(v)}" for k, v in kwargs.items()]
     return ", ".join(parts)
+
+
+def _structure_differences(program: _Program, args: Any, kwargs: Any) -> list[str]:
+    """Which arguments differ in pytree structure from a stored program's."""
+    try:
+        stored_args, stored_kwargs = program.treedef.children()
+        arg_trees = stored_args.children()
+    except (ValueError, AttributeError):
+        return ["pytree structure"]
+    names = _argument_names(program, arg_trees)
+    diffs: list[str] = []
+    if len(arg_trees) != len(args):
+        diffs.append(f"pytree structure ({len(arg_trees)} positional arguments stored, {len(args)} given)")
+    for i, (tree, value) in enumerate(zip(arg_trees, args)):
+        if treedefs.structure_key(tree) != treedefs.structure_key(jax.tree_util.tree_structure(value)):
+            diffs.append(f"pytree structure of {names[i]}: stored {_describe_tree(tree)}, got {_describe_value(value)}")
+    stored_keys = list((stored_kwargs.node_data() or (None, []))[1] or [])
+    if sorted(map(str, stored_keys)) != sorted(map(str, kwargs)):
+        diffs.append(f"pytree structure of keyword arguments: stored {sorted(map(str, stored_keys))}, got {sorted(map(str, kwargs))}")
+    return diffs or [f"pytree structure ({len(program.leaves)} leaves stored)"]
+
+
+def _argument_names(program: _Program, arg_trees: Sequence[PyTreeDef]) -> list[str]:
+    names, offset = [], 0
+    for i, tree in enumerate(arg_trees):
+        name = f"args[{i}]"
+        if tree.num_leaves and offset < len(program.paths):
+            path = program.paths[offset]
+            placeholder = tree.unflatten(range(tree.num_leaves))
+            inner = jax.tree_util.keystr(tuple(jax.tree_util.tree_flatten_with_path(placeholder)[0][0][0]))
+            if path.endswith(inner) and len(path) > len(inner):
+                name = path[: len(path) - len(inner)]
+            elif not inner:
+                name = path
+        names.append(name)
+        offset += tree.num_leaves
+    return names
+
+
+def _describe_tree(tree: PyTreeDef) -> str:
+    node = tree.node_data()
+    if node is None:
+        return "an array"
+    cls, aux = node
+    n = len(tree.children())
+    if cls in (list, tuple):
+        return f"a {cls.__name__} of {n} item{'s' if n != 1 else ''}"
+    if cls is dict:
+        return f"a dict with keys {sorted(map(str, aux))[:6]}"
+    if cls is type(None):
+        return "None"
+    if cls is treedefs.Unresolved:
+        return f"a {aux[0]}"
+    return f"a {getattr(cls, '__qualname__', cls)}"
+
+
+def _cannot_serve_here(manifest: Manifest, here: dict[str, str]) -> str | None:
+    """Why an entry can neither run nor be recompiled in this process, or None."""
+    program_x64 = manifest.program.as_dict().get("x64")
+    current_x64 = here.get("x64")
+    if program_x64 is not None and current_x64 is not None and program_x64 != current_x64:
+        return (
+            f"compiled with jax_enable_x64={program_x64}, this process has "
+            f"jax_enable_x64={current_x64}"
+        )
+    stored_platform = manifest.environment.as_dict().get("platform")
+    if stored_platform is not None and stored_platform != here.get("platform"):
+        return f"compiled for platform {stored_platform}, this process runs {here.get('platform')}"
+    live = {int(d.id) for d in jax.devices()}
+    missing = sorted(set(manifest.device_ids) - live)
+    if missing:
+        return (
+            f"needs device ids {missing[:8]} (compiled on "
+            f"{manifest.environment.as_dict().get('device_count', '?')} devices), this process "
+            f"has {len(live)}"
+        )
+    return None
 
 
 def load(
