@@ -72,7 +72,7 @@ def diagnose(location: str | None = None, *, check: bool = True) -> Diagnosis:
 
     from aot.cache.cache import Cache, default_location, is_url
     from aot.cache.index import SCHEMA_VERSION, mask_url
-    from aot.fingerprint import environment_fingerprint
+    from aot.fingerprint import environment_fingerprint, xla_flags_outside_key
 
     devices = jax.devices()
     first = devices[0]
@@ -85,7 +85,12 @@ def diagnose(location: str | None = None, *, check: bool = True) -> Diagnosis:
         "process_count": jax.process_count(),
     }
     env = environment_fingerprint()
-    environment = {"digest": env.digest, "parts": env.as_dict()}
+    environment = {
+        "digest": env.digest,
+        "parts": env.as_dict(),
+        # Set here but not in the key: they cannot change an executable.
+        "outside_key": {"xla_flags": xla_flags_outside_key()},
+    }
     location = str(location) if location is not None else default_location()
     shown = mask_url(location) if is_url(location) else location
     base = dict(

@@ -10,7 +10,7 @@ import jax
 
 from aot.artifact import Manifest
 from aot.errors import AotError
-from aot.fingerprint import PartDifference
+from aot.fingerprint import PartDifference, xla_flags_outside_key
 from aot.lowering import lower
 from aot.specs import format_aval, spec
 
@@ -27,6 +27,8 @@ class Explanation:
     nearest_signature: str | None
     differences: tuple[PartDifference, ...]
     stored: int
+    # XLA flags set here that are not part of any key (they cannot change the code).
+    xla_flags_outside_key: str = ""
 
     def describe(self) -> str:
         if self.stored == 0:
@@ -38,6 +40,11 @@ class Explanation:
             f"{self.nearest_key[:12]} ({self.nearest_signature})"  # type: ignore[index]
         ]
         lines += [f"  {d.describe()}" for d in self.differences]
+        if self.xla_flags_outside_key:
+            lines.append(
+                f"  (not compared: XLA flags {self.xla_flags_outside_key}, which cannot change "
+                "the executable)"
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -49,6 +56,7 @@ class Explanation:
             "nearest_signature": self.nearest_signature,
             "differences": [d.to_dict() for d in self.differences],
             "stored": self.stored,
+            "xla_flags_outside_key": self.xla_flags_outside_key,
         }
 
 
@@ -83,9 +91,10 @@ def explain(
             diffs += (PartDifference("state", "ok", entry.state),)
         if best is None or len(diffs) < len(best[2]):
             best = (len(diffs), manifest, diffs)
+    outside = xla_flags_outside_key()
     if best is None:
-        return Explanation(name, signature, False, None, None, (), len(entries))
+        return Explanation(name, signature, False, None, None, (), len(entries), outside)
     _, manifest, diffs = best
     return Explanation(
-        name, signature, not diffs, manifest.key, manifest.signature, diffs, len(entries)
+        name, signature, not diffs, manifest.key, manifest.signature, diffs, len(entries), outside
     )

@@ -191,7 +191,10 @@ def test_environment_variable_names_the_cache(invoke: Invoke, tmp_path, monkeypa
 
 # ---------------------------------------------------------------- why
 
-WHY_KEYS = {"name", "signature", "hit", "nearest_key", "nearest_signature", "differences", "stored"}
+WHY_KEYS = {
+    "name", "signature", "hit", "nearest_key", "nearest_signature", "differences", "stored",
+    "xla_flags_outside_key",
+}
 
 
 def test_why_explains_a_miss(invoke: Invoke, warmed) -> None:
