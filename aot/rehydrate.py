@@ -97,7 +97,7 @@ def serialize_executable(exe: MeshExecutable) -> bytes:
         log.info("%s: %s; compiling a fresh copy to store", exe.name, exc)
         fresh = computation.compile_fresh()
         try:
-            return _serialize(fresh)
+            return _serialize(fresh.compiled)
         except Exception as again:  # noqa: BLE001
             raise UnsupportedComputationError(
                 f"{exe.name}: XLA cannot serialize this program: {again}"

@@ -232,3 +232,70 @@ def test_unspeccable_leaf_names_its_type():
         aot.spec({"a": object()})
     assert "cannot make a spec of object" in str(info.value)
     assert GRAMMAR in str(info.value)
+
+
+# ------------------------------------------------------------------ every dtype JAX has
+
+NARROW = {
+    "i2": "int2", "i4": "int4", "u2": "uint2", "u4": "uint4",
+    "f8e3m4": "float8_e3m4", "f8e4m3": "float8_e4m3", "f8e4m3b11fnuz": "float8_e4m3b11fnuz",
+    "f8e4m3fn": "float8_e4m3fn", "f8e4m3fnuz": "float8_e4m3fnuz", "f8e5m2": "float8_e5m2",
+    "f8e5m2fnuz": "float8_e5m2fnuz", "f8e8m0fnu": "float8_e8m0fnu", "f4e2m1fn": "float4_e2m1fn",
+}
+
+
+@pytest.mark.parametrize(("short", "name"), sorted(NARROW.items()))
+def test_narrow_dtypes_by_short_and_numpy_name(short, name):
+    dtype = np.dtype(getattr(jnp, name))
+    assert aot.spec(f"{short}[4,2]") == jax.ShapeDtypeStruct((4, 2), dtype)
+    assert aot.spec(f"{name}[3]").dtype == dtype
+    assert format_aval((4, 2), dtype) == f"{short}[4,2]"
+    assert aot.spec(jnp.zeros(3, dtype)).dtype == dtype
+
+
+def test_typed_prng_keys_as_spec_strings_and_from_key_arrays():
+    keys = jax.random.split(jax.random.key(0))
+    struct = aot.spec("key<fry>[2]")
+    assert struct.shape == (2,) and struct.dtype == keys.dtype
+    assert format_aval(struct.shape, struct.dtype) == "key<fry>[2]"
+    assert aot.spec(keys) == struct
+    assert aot.spec("key<rbg>[]").dtype == jax.random.key(0, impl="rbg").dtype
+    with pytest.raises(aot.SpecError, match="unknown PRNG key type 'key<nope>'"):
+        aot.spec("key<nope>[2]")
+
+
+def test_weak_types_are_written_with_a_tilde():
+    assert aot.spec("~f32[]") == jax.ShapeDtypeStruct((), np.float32, weak_type=True)
+    assert aot.spec("~i32[]") == aot.spec(3)
+    assert format_aval((), np.float32, True) == "~f32[]"
+    assert aot.spec(jnp.asarray(2.0)).weak_type  # a weakly typed array stays weak
+    with pytest.raises(aot.SpecError, match="only numeric dtypes can be weakly typed"):
+        aot.spec("~bool[]")
+
+
+@pytest.mark.parametrize(
+    ("text", "dtype"),
+    [("f64[3]", np.float64), ("i64[]", np.int64), ("u64[2,2]", np.uint64), ("c128[1]", np.complex128),
+     ("float64[3]", np.float64)],
+)
+def test_a_64_bit_spec_without_x64_is_refused_with_the_remedy(text, dtype):
+    with pytest.raises(aot.SpecError) as info:
+        aot.spec(text)
+    message = str(info.value)
+    assert "jax_enable_x64 is off" in message
+    assert 'jax.config.update("jax_enable_x64", True)' in message
+    assert "x64 = true" in message and "--x64" in message
+    # A ShapeDtypeStruct names its dtype as explicitly: never truncated either.
+    with pytest.raises(aot.SpecError, match="jax_enable_x64 is off"):
+        aot.spec(jax.ShapeDtypeStruct((3,), dtype))
+    jax.config.update("jax_enable_x64", True)  # restored by conftest
+    assert aot.spec(text).dtype == np.dtype(dtype)
+
+
+def test_numpy_examples_follow_jax_jit_canonicalization():
+    """A NumPy float64 example is an f32 input with x64 off, as under jax.jit: the user
+    did not write that dtype, NumPy chose it."""
+    assert aot.spec(np.arange(3.0)) == jax.ShapeDtypeStruct((3,), np.float32)
+    assert aot.spec(np.arange(3)) == jax.ShapeDtypeStruct((3,), np.int32)
+    jax.config.update("jax_enable_x64", True)
+    assert aot.spec(np.arange(3.0)) == jax.ShapeDtypeStruct((3,), np.float64)
