@@ -167,10 +167,17 @@ def relevant_xla_flags(flags: str | None = None) -> str:
     return " ".join(sorted(kept))
 
 
+_COVERED_BY_PARTS = frozenset({"--xla_force_host_platform_device_count"})
+
+
 def xla_flags_outside_key(flags: str | None = None) -> str:
-    """The XLA flags set here that cannot change the executable (not in any key)."""
+    """The XLA flags set here that are in no part of the key (they cannot change the
+    executable); the device count is not one of them: its own part covers it."""
     flags = os.environ.get("XLA_FLAGS", "") if flags is None else flags
-    return " ".join(sorted(f for f in flags.split() if _flag_name(f) in _FLAGS_OUTSIDE_KEY))
+    return " ".join(sorted(
+        f for f in flags.split()
+        if _flag_name(f) in _FLAGS_OUTSIDE_KEY and _flag_name(f) not in _COVERED_BY_PARTS
+    ))
 
 
 def _topology(devices: Sequence[Any]) -> str:
