@@ -104,15 +104,22 @@ _PY_SCALARS = (bool, int, float, complex)
 
 @functools.cache
 def _key_dtypes() -> dict[str, Any]:
-    """``"key<fry>"`` -> the typed-key dtype, for every PRNG implementation JAX has."""
+    """``"key<fry>"`` -> the typed-key dtype, for every PRNG implementation JAX has.
+
+    Built from JAX's registry of implementations without tracing anything (a serving
+    process reading a manifest must not trace); through ``jax.eval_shape`` otherwise.
+    """
+    out: dict[str, Any] = {}
     try:
         from jax._src.random import prng
 
-        names = list(prng.prngs)
-    except (ImportError, AttributeError):  # pragma: no cover - other jax layouts
-        names = ["threefry2x32", "rbg", "unsafe_rbg"]
-    out: dict[str, Any] = {}
-    for name in names:
+        for impl in prng.prngs.values():
+            dtype = prng.KeyTy(impl)
+            out[str(dtype)] = dtype
+        return out
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - other jax layouts
+        pass
+    for name in ("threefry2x32", "rbg", "unsafe_rbg"):
         try:
             dtype = jax.eval_shape(functools.partial(jax.random.key, 0, impl=name)).dtype
         except Exception:  # noqa: BLE001 - an implementation this build cannot make

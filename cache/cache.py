@@ -125,6 +125,7 @@ class Cache:
             blob_root = Path(blob_location) if blob_location is not None else folder / "blobs"
             self.blobs = FolderBlobStore(blob_root, read_only=read_only)
         self._environment = None
+        self._environment_of: tuple[bool, str] | None = None
 
     def __repr__(self) -> str:
         return f"Cache({self.display_location!r}, read_only={self.read_only})"
@@ -193,8 +194,13 @@ class Cache:
 
     @property
     def environment(self):  # type: ignore[no-untyped-def]
-        if self._environment is None:
+        # Recomputed when x64 or XLA_FLAGS change in this process (both are parts).
+        import jax
+
+        current = (bool(jax.config.jax_enable_x64), os.environ.get("XLA_FLAGS", ""))
+        if self._environment is None or self._environment_of != current:
             self._environment = environment_fingerprint()
+            self._environment_of = current
         return self._environment
 
     # ------------------------------------------------------------------ writing
