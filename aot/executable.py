@@ -297,7 +297,7 @@ def _leaf_matches(leaf: Any, shape: tuple[int, ...], dtype: Any) -> bool:
     except AttributeError:
         try:
             aval = jax.typeof(leaf)
-        except TypeError:  # a string, an object: not a JAX type
+        except (TypeError, OverflowError):  # a string, an object: not a JAX type
             return False
     try:
         return tuple(aval.shape) == tuple(shape) and aval.dtype == dtype
@@ -470,7 +470,7 @@ def _describe_leaf(leaf: Any) -> str:
         return f"{leaf_signature([leaf])} (Python {type(leaf).__name__} {leaf!r})"
     try:
         return leaf_signature([leaf])
-    except TypeError:
+    except (TypeError, OverflowError):
         text = f"{type(leaf).__name__} {leaf!r}"
         return (text if len(text) <= 80 else text[:77] + "...") + " (not a JAX type)"
 

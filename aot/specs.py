@@ -82,9 +82,8 @@ X64_DTYPES = frozenset(
     np.dtype(t) for t in (np.float64, np.int64, np.uint64, np.complex128)
 )
 X64_ADVICE = (
-    'enable 64-bit mode first: jax.config.update("jax_enable_x64", True) (or '
-    "JAX_ENABLE_X64=1; `x64 = true` in a warmup manifest, `--x64` on the command line), "
-    "or name the 32-bit dtype"
+    'expected a 32-bit dtype, or enable 64-bit mode first: jax.config.update("jax_enable_x64", '
+    "True) (or JAX_ENABLE_X64=1; `x64 = true` in a warmup manifest, `--x64` on the command line)"
 )
 
 GRAMMAR = (
@@ -290,7 +289,13 @@ def _to_struct(x: Any, mesh: Mesh | None) -> Any:
     if isinstance(x, (np.ndarray, np.generic, *_PY_SCALARS)):
         # Exactly what jax.jit makes of it: 64-bit NumPy dtypes follow x64, a Python
         # scalar is weakly typed.
-        aval = jax.typeof(x)
+        try:
+            aval = jax.typeof(x)
+        except (OverflowError, TypeError) as exc:  # 2**40 with x64 off: jax.jit refuses it too
+            raise SpecError(
+                f"cannot make a spec of {type(x).__name__} {_short_repr(x)}: {exc}; expected a "
+                f"value of a JAX dtype ({GRAMMAR})"
+            ) from None
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         try:
@@ -328,9 +333,13 @@ def leaf_aval(leaf: Any) -> tuple[tuple[int, ...], Any, bool]:
     """``(shape, dtype, weak_type)`` of a call argument, canonicalized as ``jax.jit``
     does (x64 off: a NumPy ``float64`` array is ``f32``; a Python float is ``~f32[]``).
 
-    Raises ``TypeError`` for what ``jax.jit`` would refuse (a string, an object).
+    Raises ``TypeError`` for what ``jax.jit`` would refuse (a string, an object, a
+    Python int too large for its dtype).
     """
-    aval = jax.typeof(leaf)
+    try:
+        aval = jax.typeof(leaf)
+    except OverflowError as exc:
+        raise TypeError(str(exc)) from None
     return tuple(aval.shape), aval.dtype, bool(getattr(aval, "weak_type", False))
 
 
