@@ -24,24 +24,37 @@ _flatten = jax.tree_util.tree_flatten
 FAST_CACHE_LIMIT = 4096
 
 
+try:
+    from jax._src.array import ArrayImpl as JAX_ARRAY  # the concrete type of jax.Array
+except ImportError:  # pragma: no cover - another jax layout: every call takes call_key
+    JAX_ARRAY = None  # type: ignore[assignment,misc]
+
+
 def raw_leaf_key(leaf: Any) -> Any:
-    """What the per-call cache keys a leaf by: its aval for a JAX array (shape, dtype,
-    weak type, explicit sharding), else its type, shape and dtype, else its type
+    """What the per-call cache keys one leaf by when :func:`call_key` cannot do it
+    in one tuple build: its aval, else type, shape, dtype and weak type, else its type
     (a Python scalar's aval depends on its type alone)."""
+    aval = getattr(leaf, "aval", None)
+    if aval is not None:
+        return aval
     try:
-        return leaf.aval
-    except AttributeError:
-        pass
-    try:
-        return (type(leaf), leaf.shape, leaf.dtype)
+        return (type(leaf), leaf.shape, leaf.dtype, getattr(leaf, "weak_type", None))
     except AttributeError:
         return (type(leaf),)
 
 
-def raw_key(leaves: Sequence[Any]) -> tuple[Any, ...]:
-    """The per-call cache key of flat inputs: one tuple build for JAX arrays."""
+def call_key(leaves: Sequence[Any]) -> tuple[Any, ...]:
+    """The per-call cache key of flat inputs (with the caller's treedef): the avals of
+    JAX arrays (shape, dtype, weak type, explicit sharding) in one tuple build; type,
+    shape, dtype and weak type of NumPy arrays in another; a call per leaf only when
+    Python scalars are among them. The call paths inline the first case."""
+    if not leaves or type(leaves[0]) is JAX_ARRAY:
+        try:
+            return tuple([leaf.aval for leaf in leaves])
+        except AttributeError:
+            pass
     try:
-        return tuple([leaf.aval for leaf in leaves])
+        return tuple([(type(x), x.shape, x.dtype, getattr(x, "weak_type", None)) for x in leaves])
     except AttributeError:
         return tuple(map(raw_leaf_key, leaves))
 
@@ -177,10 +190,20 @@ class MeshExecutable:
     # -- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, treedef = _flatten((args, kwargs))
-        binding = self._fast.get((treedef, raw_key(leaves)))
+        if leaves and type(leaves[0]) is JAX_ARRAY:  # call_key, inlined for JAX arrays
+            try:
+                key = tuple([leaf.aval for leaf in leaves])
+            except AttributeError:
+                key = call_key(leaves)
+        else:
+            key = call_key(leaves)
+        binding = self._fast.get((treedef, key))
         if binding is None:
             binding = self._admit(args, kwargs, leaves, treedef)
-        return binding(leaves)
+        try:
+            return binding.fn(*leaves)
+        except (TypeError, ValueError) as exc:
+            raise placement_error(self.name, exc) from exc
 
     def _admit(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Binding:
         """The slow path of a call: checks structure and avals, remembers the result."""
@@ -188,7 +211,7 @@ class MeshExecutable:
             raise self.mismatch_error(args, kwargs)
         binding = self.bind(treedef)
         if len(self._fast) < FAST_CACHE_LIMIT:
-            self._fast[(treedef, raw_key(leaves))] = binding
+            self._fast[(treedef, call_key(leaves))] = binding
         return binding
 
     def accepts_structure(self, treedef: PyTreeDef) -> bool:
@@ -253,35 +276,33 @@ class PmapExecutable(MeshExecutable):
 
 class Binding:
     """An executable called with flat inputs of one caller structure, returning that
-    caller's output structure: the per-call path is one call into JAX's C++ dispatch."""
+    caller's output structure. ``fn(*leaves)`` is JAX's C++ dispatch function itself:
+    the per-call path of a dispatcher or an executable calls it directly."""
 
-    __slots__ = ("executable", "out_tree", "_fn", "_compiled")
+    __slots__ = ("executable", "out_tree", "fn")
 
     def __init__(self, executable: MeshExecutable, out_tree: PyTreeDef) -> None:
-        from aot.rehydrate import flat_compiled
+        from aot.rehydrate import flat_call
 
         self.executable = executable
         self.out_tree = out_tree
-        self._compiled = flat_compiled(executable.compiled, executable.info, out_tree)
-        self._fn: Any = None
+        self.fn = flat_call(executable.compiled, executable.info, out_tree)
 
     def __call__(self, leaves: Sequence[Any]) -> Any:
         try:
-            if self._fn is not None:
-                return self._fn(*leaves)
-            out = self._compiled(*leaves)
-            # The first call built JAX's C++ dispatch function; call it directly from
-            # now on (one Python frame less per call).
-            self._fn = getattr(self._compiled, "_call", None)
-            return out
+            return self.fn(*leaves)
         except (TypeError, ValueError) as exc:
-            # Avals matched, so what JAX refuses is placement (committed arrays on
-            # other devices or with another sharding).
-            raise AvalMismatchError(
-                f"{self.executable.name}: inputs match the compiled shapes and dtypes but JAX "
-                f"refused them: {exc}. Put the inputs on the compiled shardings "
-                "(jax.device_put(x, sharding)) or pass uncommitted arrays."
-            ) from exc
+            raise placement_error(self.executable.name, exc) from exc
+
+
+def placement_error(name: str, exc: Exception) -> AvalMismatchError:
+    # Avals matched before the call, so what JAX refuses is placement (committed arrays
+    # on other devices or with another sharding).
+    return AvalMismatchError(
+        f"{name}: inputs match the compiled shapes and dtypes but JAX refused them: {exc}. "
+        "Put the inputs on the compiled shardings (jax.device_put(x, sharding)) or pass "
+        "uncommitted arrays."
+    )
 
 
 def executable_class(kind: str) -> type[MeshExecutable]:

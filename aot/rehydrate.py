@@ -314,15 +314,22 @@ def ensure_custom_call_targets(platform: str) -> None:
         _custom_calls_ready.add(platform)
 
 
-def flat_compiled(compiled: stages.Compiled, info: ExecutableInfo, out_tree: Any) -> stages.Compiled:
-    """``compiled`` called with its flat inputs, returning ``out_tree``: the same loaded
-    executable, without the input structure JAX would compare by identity (a loaded
-    structure may hold stand-ins, and the caller's was matched by digest already)."""
+def flat_call(compiled: stages.Compiled, info: ExecutableInfo, out_tree: Any) -> Any:
+    """``compiled`` as a function of its flat inputs returning ``out_tree``: the same
+    loaded executable, without the input structure JAX would compare by identity (a
+    loaded structure may hold stand-ins, and the caller's was matched by digest
+    already). It is JAX's C++ dispatch function itself (``Compiled._call``), built
+    now rather than on the first call."""
     args_info = (
         tuple(stages.ArgInfo(core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type), a.donated) for a in info.args),
         {},
     )
-    return stages.Compiled(compiled._executable, [], args_info, out_tree, no_kwargs=True)
+    flat = stages.Compiled(compiled._executable, [], args_info, out_tree, no_kwargs=True)
+    try:
+        fn = flat._executable.create_cpp_call(flat._params)
+    except Exception:  # noqa: BLE001 - an executable kind without a C++ path
+        fn = None
+    return fn if fn is not None else flat
 
 
 def load_executable(

@@ -30,7 +30,14 @@ from aot.errors import (
     IntegrityError,
     SignatureNotFoundError,
 )
-from aot.executable import FAST_CACHE_LIMIT, Binding, MeshExecutable, raw_leaf_key
+from aot.executable import (
+    FAST_CACHE_LIMIT,
+    Binding,
+    MeshExecutable,
+    JAX_ARRAY,
+    call_key,
+    placement_error,
+)
 from aot.fingerprint import describe_differences
 from aot.specs import format_aval, leaf_aval
 from aot.cache.cache import Cache
@@ -164,13 +171,20 @@ class Dispatcher:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, treedef = _flatten((args, kwargs))
-        try:  # JAX arrays: their avals, without a Python call per leaf
-            binding = self._fast.get((treedef, tuple([leaf.aval for leaf in leaves])))
-        except AttributeError:  # NumPy arrays, Python scalars
-            binding = self._fast.get((treedef, tuple(map(raw_leaf_key, leaves))))
+        if leaves and type(leaves[0]) is JAX_ARRAY:  # call_key, inlined for JAX arrays
+            try:
+                key = tuple([leaf.aval for leaf in leaves])
+            except AttributeError:
+                key = call_key(leaves)
+        else:
+            key = call_key(leaves)
+        binding = self._fast.get((treedef, key))
         if binding is None:
             return self._first_call(args, kwargs, leaves, treedef)
-        return binding(leaves)
+        try:
+            return binding.fn(*leaves)
+        except (TypeError, ValueError) as exc:
+            raise placement_error(self.name, exc) from exc
 
     def _structure_of(self, treedef: PyTreeDef) -> str:
         structure = self._structures.get(treedef)
@@ -192,7 +206,7 @@ class Dispatcher:
         executable = program.executable or self._executable(program)
         binding = executable.bind(treedef)
         if len(self._fast) < FAST_CACHE_LIMIT:
-            self._fast[(treedef, tuple(map(raw_leaf_key, leaves)))] = binding
+            self._fast[(treedef, call_key(leaves))] = binding
         return binding(leaves)
 
     def call_checked(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
