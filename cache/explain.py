@@ -72,7 +72,7 @@ def explain(
         signature = computation.signature
     else:
         leaves = jax.tree_util.tree_leaves(spec(args))
-        signature = ", ".join(format_aval(leaf.shape, leaf.dtype) for leaf in leaves)
+        signature = ", ".join(format_aval(leaf.shape, leaf.dtype, leaf.weak_type) for leaf in leaves)
         program_parts = {"in_avals": signature}
     best: tuple[int, Manifest, tuple[PartDifference, ...]] | None = None
     entries = [e for e in cache.index.by_name(name, state=None)]

@@ -253,4 +253,4 @@ def item_signature(item: WarmupItem) -> str:
     mesh = make_mesh(item.mesh) if item.mesh is not None else None
     args, kwargs = resolve_args(item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh)
     leaves = jax.tree_util.tree_leaves((args, kwargs))
-    return ", ".join(format_aval(leaf.shape, leaf.dtype) for leaf in leaves)
+    return ", ".join(format_aval(leaf.shape, leaf.dtype, leaf.weak_type) for leaf in leaves)

@@ -568,6 +568,18 @@ def test_another_format_version_is_an_incompatible_environment(saved, deserializ
     assert deserialize_calls == []
 
 
+def test_a_format_1_manifest_is_still_read(built, tmp_path):
+    """Format 2 changed how pytree nodes are described; format 1 manifests are read
+    (their standard containers and JSON auxiliary data mean the same)."""
+    _, kinds = built
+    folder = kinds["pytree"][2].save(tmp_path / "v1")
+    _edit_manifest(folder, lambda d: d.update(format_version=1), rekey=False)
+    artifact = Artifact.open(folder)
+    assert artifact.manifest.format_version == 1
+    args, kwargs = jax.tree_util.tree_map(np.copy, (kinds["pytree"][4], kinds["pytree"][5]))
+    assert_bitwise_equal(load_executable(artifact)(*args, **kwargs), kinds["pytree"][6])
+
+
 def test_another_environment_names_each_differing_part(saved, deserialize_calls):
     folder, _ = saved
 

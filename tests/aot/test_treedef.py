@@ -178,3 +178,41 @@ def test_canonical_form_is_stable_and_has_no_addresses():
     assert "test_treedef:Box" in first and "test_treedef:Point" in first
     # Different structures have different canonical forms.
     assert first != treedefs.canonical(jax.tree_util.tree_structure({**tree, "list": [0, [0]]}))
+
+
+def test_format_1_descriptions_are_still_read():
+    """Format 1 stored a custom node's JSON aux (tuples as {"tuple": [...]}) and no
+    digest: it matches and rebuilds as the same structure."""
+    treedef = jax.tree_util.tree_structure({"box": Box([0, 0], "weights", 3), "keys": {("k", 1): 0}})
+    new = treedefs.to_json(treedef)
+    box = new["c"][0]
+    assert box["aux"] == {"$": "tuple", "v": ["weights", 3]} and len(box["digest"]) == 64
+    assert new["c"][1]["k"] == [{"$": "tuple", "v": ["k", 1]}]
+    old = json.loads(json.dumps(new))
+    old["c"][1]["k"] = [{"tuple": ["k", 1]}]
+    old["c"][0] = {"t": "custom", "type": box["type"], "aux": {"tuple": ["weights", 3]}, "c": box["c"]}
+    assert treedefs.structure_key_of_json(old) == treedefs.structure_key(treedef)
+    assert treedefs.from_json(old) == treedef
+
+
+def test_values_in_auxiliary_data_are_described_without_addresses():
+    sentinel = object()
+
+    def local(x):
+        return x + len(label)
+
+    label = "abc"
+    described = treedefs.encode(
+        (jax.numpy.float32, {"a": (1, 2.5, float("nan"))}, frozenset({3, 1}), json.dumps, local, sentinel, b"\x00")
+    )
+    text = json.dumps(described)
+    assert "0x" not in text
+    assert {"$": "fn", "v": "json:dumps"} in described["v"]
+    closure = described["v"][4]
+    assert closure["opaque"] and closure["closure"] == ["abc"]  # what the closure holds
+    assert described["v"][5] == {"$": "object", "v": "builtins:object"}
+    assert described["v"][1] == {
+        "$": "dict", "v": [["a", {"$": "tuple", "v": [1, 2.5, {"$": "float", "v": "nan"}]}]]
+    }
+    assert treedefs.decode(described["v"][0]) is jax.numpy.float32
+    assert treedefs.decode(described["v"][2]) == frozenset({1, 3})
