@@ -209,9 +209,6 @@ class Dispatcher:
             self._fast[(treedef, call_key(leaves))] = binding
         return binding(leaves)
 
-    def call_checked(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        return self(*args, **kwargs)
-
     def _executable(self, program: _Program) -> MeshExecutable:
         with program.lock:
             if program.executable is None:
