@@ -216,3 +216,31 @@ def test_values_in_auxiliary_data_are_described_without_addresses():
     }
     assert treedefs.decode(described["v"][0]) is jax.numpy.float32
     assert treedefs.decode(described["v"][2]) == frozenset({1, 3})
+
+
+@pytest.mark.parametrize(
+    "aux",
+    [
+        {"$": "bytes", "v": "!!not base64"},
+        {"$": "scalar", "dtype": "float32", "v": "x"},
+        {"$": "scalar", "dtype": "nonsense", "v": 1},
+        {"$": "class", "v": "os:system"},
+        {"$": "method", "v": "mro", "self": {"$": "class", "v": "builtins:int"}},
+        {"$": "dataclass", "v": "builtins:int", "fields": []},
+        {"$": "enum", "v": "builtins:int", "name": "x"},
+        {"$": "treedef", "v": {"t": "bogus"}},
+        {"$": "dict", "v": [[[1, 2], 3]]},  # an unhashable key
+        {"$": "nonsense"},
+        {"$": "tuple", "v": 7},
+    ],
+)
+def test_hostile_auxiliary_data_is_refused_as_an_aot_error(aux):
+    """Stored aux is decoded against classes already imported; anything it cannot
+    decode (or that is malformed) leaves the node unrebuilt, never a raw exception."""
+    node = {"t": "custom", "type": "test_treedef:Box", "digest": "0" * 64, "aux": aux, "c": [{"t": "leaf"}]}
+    with pytest.raises(aot.AotError):
+        treedefs.from_json(node)
+    assert treedefs.from_json(node, standins=True).num_leaves == 1
+    keyed = {"t": "dict", "k": [aux], "c": [{"t": "leaf"}]}
+    with pytest.raises(aot.AotError):
+        treedefs.from_json(keyed)
