@@ -36,17 +36,23 @@ from aot.fingerprint import (
 )
 from aot.specs import format_aval, parse_dtype
 from aot.symbolic import check_dim_text
+from aot.treedef import structure_key_of_json
 
 log = logging.getLogger(__name__)
 
 # The on-disk format. Bump on any change a reader of the previous version would
 # misread, and say what changed:
 #   1 (2026-12-02): first format: manifest JSON + executable and portable_hlo blobs.
-#   2 (2026-12-09): symbolic (shape-polymorphic) entries: a "symbolic" object
-#                   ({"constraints": [...]}), argument and output shapes whose
-#                   symbolic dimensions are expression strings ("b", "2*b"), and no
-#                   executable blob (portable_hlo only). Version-1 manifests are
-#                   version-2 manifests without those and are still read.
+#   2 (2026-12-02): two changes, both readers' concern:
+#      - symbolic (shape-polymorphic) entries: a "symbolic" object
+#        ({"constraints": [...]}), argument and output shapes whose symbolic
+#        dimensions are expression strings ("b", "2*b"), and no executable blob
+#        (portable_hlo only);
+#      - pytree nodes carry their type path and a digest of their auxiliary data and
+#        store the data only when it round-trips (tagged JSON values:
+#        {"$": "tuple", ...}); dtypes int2/int4/uint2/uint4, float8_*,
+#        float4_e2m1fn, key<impl>; args record "weak_type".
+#      Version-1 manifests (none of these) are still read and keep their version.
 FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)
 
@@ -155,7 +161,7 @@ class Manifest:
         if not isinstance(data, dict):
             raise CorruptArtifactError(f"manifest is not a JSON object: {str(data)[:80]!r}")
         version = data.get("format_version")
-        if version not in READABLE_FORMAT_VERSIONS or isinstance(version, bool):
+        if version not in READABLE_FORMAT_VERSIONS or type(version) is not int:
             raise IncompatibleEnvironmentError(
                 f"artifact format version {version!r} != {FORMAT_VERSION} (this jax-aot "
                 f"reads formats {', '.join(map(str, READABLE_FORMAT_VERSIONS))}); recompile the entry with this jax-aot "
@@ -211,7 +217,10 @@ class Manifest:
         # key themselves; the program fingerprint's in_avals part is. They must agree,
         # or a manifest edited to f32[16,8] would run a f32[8,16] program on it.
         try:
-            signature = ", ".join(format_aval(a["shape"], _dtype(a["dtype"])) for a in manifest.args)
+            signature = ", ".join(
+                format_aval(a["shape"], _dtype(a["dtype"]), bool(a.get("weak_type", False)))
+                for a in manifest.args
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptArtifactError(f"manifest has a malformed argument: {exc!r}") from None
         recorded = manifest.program.as_dict().get("in_avals")
@@ -362,11 +371,19 @@ def check_environment(manifest: Manifest, current: Fingerprint | None = None) ->
         )
 
 
-def _dtype(name: Any) -> np.dtype:
+def _dtype(name: Any) -> Any:
+    if not isinstance(name, str):
+        raise CorruptArtifactError(f"manifest has a malformed dtype {str(name)[:40]!r}")
     try:
-        return parse_dtype(str(name))
+        return parse_dtype(name)
     except Exception:  # noqa: BLE001
-        raise CorruptArtifactError(f"manifest names an unknown dtype {name!r}") from None
+        # Written by a jax that has this dtype (float8_e8m0fnu, int2, ...): this one
+        # cannot run it, which is not damage.
+        raise IncompatibleEnvironmentError(
+            f"manifest names dtype {name[:40]!r}, which this jax ({jax.__version__}) does not "
+            "have; serve it with the jax that compiled it, or recompile it here",
+            (f"dtype {name[:40]!r} unknown to jax {jax.__version__}",),
+        ) from None
 
 
 # ---------------------------------------------------------------- cross-checks
@@ -423,7 +440,11 @@ def manifest_problems(manifest: Manifest) -> list[str]:
                 problems.append(f"args[{i}].{flag} is {arg.get(flag)!r}, not true or false")
 
     for field_name, tree in (("in_tree", manifest.in_tree), ("out_tree", manifest.out_tree)):
-        digest = "sha256:" + sha256_hex(canonical_json(tree))
+        try:
+            digest = _tree_digest(manifest, tree)
+        except CorruptArtifactError as exc:
+            problems.append(f"{field_name} is malformed: {exc}")
+            continue
         if field_name in program and program[field_name] != digest:
             differs(field_name, digest[:23] + "...", program[field_name][:23] + "...",
                     f"program fingerprint's {field_name!r} part")
@@ -506,6 +527,15 @@ def manifest_problems(manifest: Manifest) -> list[str]:
     return problems
 
 
+def _tree_digest(manifest: Manifest, tree: Any) -> str:
+    """What the program fingerprint's ``in_tree`` / ``out_tree`` part holds for a stored
+    structure: format 1 hashed the structure's JSON; format 2 its structure key (node
+    types and auxiliary-data digests, not the auxiliary data stored beside them)."""
+    if manifest.format_version < 2:
+        return "sha256:" + sha256_hex(canonical_json(tree))
+    return structure_key_of_json(tree)
+
+
 def check_manifest(manifest: Manifest) -> None:
     """Raises :class:`CorruptArtifactError` naming every field that contradicts the
     fingerprints (see :func:`manifest_problems`)."""
@@ -584,7 +614,7 @@ def _leaf_count(tree: Any) -> int | None:
 def _aval_key(aval: Any) -> tuple[Any, Any] | None:
     try:
         return tuple(int(d) for d in aval["shape"]), _dtype(aval["dtype"])
-    except (KeyError, TypeError, ValueError, CorruptArtifactError):
+    except (KeyError, TypeError, ValueError, CorruptArtifactError, IncompatibleEnvironmentError):
         return None
 
 
@@ -613,3 +643,4 @@ def _trim(spec: Any) -> Any:
 def _short_json(value: Any, limit: int = 120) -> str:
     text = value if isinstance(value, str) else canonical_json(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+

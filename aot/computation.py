@@ -9,7 +9,6 @@ from functools import cached_property
 from typing import Any
 
 import jax
-import numpy as np
 from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
@@ -73,8 +72,11 @@ class MeshComputation:
 
     @property
     def in_avals(self) -> tuple[jax.ShapeDtypeStruct, ...]:
-        """Global avals of every flat input, dead ones included."""
-        return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self._args_info)
+        """Global avals of every flat input, dead ones included (weak types kept: a
+        Python scalar argument is a weakly typed input, as under jax.jit)."""
+        return tuple(
+            jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=_weak(a)) for a in self._args_info
+        )
 
     @property
     def out_avals(self) -> tuple[jax.ShapeDtypeStruct, ...]:
@@ -106,7 +108,7 @@ class MeshComputation:
 
     @property
     def signature(self) -> str:
-        return ", ".join(format_aval(a.shape, a.dtype) for a in self.in_avals)
+        return ", ".join(format_aval(a.shape, a.dtype, a.weak_type) for a in self.in_avals)
 
     def as_text(self, *, debug_info: bool = False) -> str:
         """The StableHLO module as text."""
@@ -127,8 +129,8 @@ class MeshComputation:
             "name": self.name,
             "kind": self.kind,
             "stablehlo": "sha256:" + sha256_hex(self.as_text(debug_info=False)),
-            "in_tree": "sha256:" + sha256_hex(treedefs.canonical(self.in_tree)),
-            "out_tree": "sha256:" + sha256_hex(treedefs.canonical(self.out_tree)),
+            "in_tree": treedefs.structure_key(self.in_tree),
+            "out_tree": treedefs.structure_key(self.out_tree),
             "in_avals": self.signature,
             "in_shardings": shardings(self.in_shardings, kept_avals),
             "out_shardings": shardings(self.out_shardings, self._compile_args["global_out_avals"]),
@@ -156,8 +158,10 @@ class MeshComputation:
     key = fingerprint
 
     # -- compiling
-    def portable_hlo(self, executable: MeshExecutable | None = None) -> bytes:
-        """The program serialized with ``jax.export`` (portable StableHLO, flat avals).
+    def portable_hlo(self, executable: MeshExecutable | None = None) -> bytes | None:
+        """The program serialized with ``jax.export`` (portable StableHLO, flat avals),
+        or None when ``jax.export`` cannot serialize it (int2/uint2 inputs, for one):
+        the artifact then holds the executable alone and cannot be recompiled elsewhere.
 
         With ``executable``, its final input and output shardings are exported;
         otherwise the program is compiled first to learn them.
@@ -167,7 +171,17 @@ class MeshComputation:
         executable = executable or self.compile()
         kept = iter(executable.info.in_shardings)
         in_shardings = [next(kept) if a.kept else None for a in executable.info.args]
-        return self._export(in_shardings, executable.info.out_shardings)
+        try:
+            return self._export(in_shardings, executable.info.out_shardings)
+        except UnsupportedComputationError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - jax.export refuses what it cannot serialize
+            log.warning(
+                "%s: jax.export cannot serialize this program (%s: %s); storing the executable "
+                "without a portable HLO (it cannot be recompiled for another environment)",
+                self.name, type(exc).__name__, exc,
+            )
+            return None
 
     def compile(self) -> MeshExecutable:
         if self.symbolic:
@@ -175,7 +189,20 @@ class MeshComputation:
         start = time.perf_counter()
         compiler_options = self._options.get("compiler_options")
         compiled = self.lowered.compile(compiler_options) if compiler_options else self.lowered.compile()
-        seconds = time.perf_counter() - start
+        return self._executable(compiled, time.perf_counter() - start)
+
+    def compile_fresh(self) -> MeshExecutable:
+        """Compiles again, bypassing JAX's in-memory executable cache: an executable
+        XLA can still serialize (one that ``jax.jit`` ran cannot always be)."""
+        from aot.rehydrate import compile_uncached
+
+        start = time.perf_counter()
+        compiled = compile_uncached(self.lowered, self._options.get("compiler_options"))
+        executable = self._executable(compiled, time.perf_counter() - start)
+        log.info("compiled a fresh copy of %s in %.2fs", self.name, executable.info.compile_seconds)
+        return executable
+
+    def _executable(self, compiled: jax.stages.Compiled, seconds: float) -> MeshExecutable:
         unloaded = getattr(compiled._executable, "_unloaded_executable", None)
         if unloaded is None or unloaded.host_callbacks:
             raise UnsupportedComputationError(
@@ -252,6 +279,10 @@ def _given(sharding: Any) -> Any:
     return sharding if isinstance(sharding, jax.sharding.Sharding) else None
 
 
+def _weak(arg_info: Any) -> bool:
+    return bool(getattr(getattr(arg_info, "_aval", None), "weak_type", False))
+
+
 class PmapComputation(MeshComputation):
     """A function lowered with ``jax.pmap`` (as ``jax.jit(jax.pmap(f))``)."""
 
@@ -272,7 +303,7 @@ def executable_info(
     paths = arg_paths(computation.in_tree, computation.arg_names)
     kept = computation.kept
     args = tuple(
-        ArgAval(path, tuple(a.shape), np.dtype(a.dtype), donated, i in kept)
+        ArgAval(path, tuple(a.shape), a.dtype, donated, i in kept, bool(a.weak_type))
         for i, (path, a, donated) in enumerate(
             zip(paths, computation.in_avals, computation.donated)
         )
@@ -295,4 +326,5 @@ def executable_info(
         environment_fingerprint=computation.environment_fingerprint,
         compile_seconds=seconds,
         arg_names=tuple(computation.arg_names),
+        in_structure=computation.program_fingerprint.as_dict()["in_tree"],
     )

@@ -23,8 +23,11 @@ class AvalMismatchError(AotError, TypeError):
         self.mismatches = mismatches
 
 
-class SignatureNotFoundError(AotError, LookupError):
-    """No stored executable matches the input signature of a call."""
+class SignatureNotFoundError(AotError, LookupError, TypeError):
+    """No stored executable matches the input signature of a call.
+
+    Also a ``TypeError``, as ``jax.jit``'s compiled functions raise for arguments of
+    other shapes or dtypes."""
 
     def __init__(self, message: str, available: tuple[str, ...] = ()) -> None:
         super().__init__(message)
@@ -77,3 +80,11 @@ class TargetError(AotError, LookupError):
 
 class ManifestError(AotError, ValueError):
     """A warmup manifest (TOML) is malformed."""
+
+
+class PytreeNodeError(UnsupportedComputationError):
+    """A pytree node recorded in an artifact cannot be rebuilt in this process."""
+
+    def __init__(self, message: str, node: str = "") -> None:
+        super().__init__(message)
+        self.node = node

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
 from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
@@ -19,6 +18,45 @@ from aot.specs import format_aval, leaf_signature
 log = logging.getLogger(__name__)
 
 _PY_SCALARS = frozenset({bool, int, float, complex})
+_flatten = jax.tree_util.tree_flatten
+# Caller structures and input keys remembered per executable: enough for every
+# structure a service really passes, bounded against a caller making new ones forever.
+FAST_CACHE_LIMIT = 4096
+
+
+try:
+    from jax._src.array import ArrayImpl as JAX_ARRAY  # the concrete type of jax.Array
+except ImportError:  # pragma: no cover - another jax layout: every call takes call_key
+    JAX_ARRAY = None  # type: ignore[assignment,misc]
+
+
+def raw_leaf_key(leaf: Any) -> Any:
+    """What the per-call cache keys one leaf by when :func:`call_key` cannot do it
+    in one tuple build: its aval, else type, shape, dtype and weak type, else its type
+    (a Python scalar's aval depends on its type alone)."""
+    aval = getattr(leaf, "aval", None)
+    if aval is not None:
+        return aval
+    try:
+        return (type(leaf), leaf.shape, leaf.dtype, getattr(leaf, "weak_type", None))
+    except AttributeError:
+        return (type(leaf),)
+
+
+def call_key(leaves: Sequence[Any]) -> tuple[Any, ...]:
+    """The per-call cache key of flat inputs (with the caller's treedef): the avals of
+    JAX arrays (shape, dtype, weak type, explicit sharding) in one tuple build; type,
+    shape, dtype and weak type of NumPy arrays in another; a call per leaf only when
+    Python scalars are among them. The call paths inline the first case."""
+    if not leaves or type(leaves[0]) is JAX_ARRAY:
+        try:
+            return tuple([leaf.aval for leaf in leaves])
+        except AttributeError:
+            pass
+    try:
+        return tuple([(type(x), x.shape, x.dtype, getattr(x, "weak_type", None)) for x in leaves])
+    except AttributeError:
+        return tuple(map(raw_leaf_key, leaves))
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +65,13 @@ class ArgAval:
 
     path: str
     shape: tuple[int, ...]
-    dtype: np.dtype
+    dtype: Any  # a numpy dtype, or a typed-key dtype (key<fry>)
     donated: bool
     kept: bool
+    weak_type: bool = False
 
     def describe(self) -> str:
-        return format_aval(self.shape, self.dtype)
+        return format_aval(self.shape, self.dtype, self.weak_type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +93,16 @@ class ExecutableInfo:
     # Names of the positional (non-static) parameters, for error messages; empty
     # when unknown (they are then recovered from the leaf paths where possible).
     arg_names: tuple[str, ...] = ()
+    # treedef.structure_key of in_tree: how a caller's structure is matched (a loaded
+    # in_tree may hold stand-ins for nodes this process cannot rebuild). Empty: computed.
+    in_structure: str = ""
+    # The stored output structure when out_tree holds stand-ins: each caller's outputs
+    # are rebuilt from it with the caller's own input nodes (treedef.resolve).
+    out_json: Any = None
+
+    def __post_init__(self) -> None:
+        if not self.in_structure:
+            object.__setattr__(self, "in_structure", treedefs.structure_key(self.in_tree))
 
     @property
     def key(self) -> str:
@@ -97,7 +146,8 @@ class MeshExecutable:
         # The computation this was compiled from, when compiled in this process (it can
         # export the portable HLO); None for executables loaded from an artifact.
         self.computation: Any = None
-        self._fast_call: Any = None
+        self._bindings: dict[PyTreeDef, Binding] = {}
+        self._fast: dict[tuple[PyTreeDef, tuple[Any, ...]], Binding] = {}
 
     # -- identity
     @property
@@ -139,35 +189,65 @@ class MeshExecutable:
 
     # -- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-        if treedef != self.info.in_tree or not self._leaves_match(leaves):
+        leaves, treedef = _flatten((args, kwargs))
+        if leaves and type(leaves[0]) is JAX_ARRAY:  # call_key, inlined for JAX arrays
+            try:
+                key = tuple([leaf.aval for leaf in leaves])
+            except AttributeError:
+                key = call_key(leaves)
+        else:
+            key = call_key(leaves)
+        binding = self._fast.get((treedef, key))
+        if binding is None:
+            binding = self._admit(args, kwargs, leaves, treedef)
+        try:
+            return binding.fn(*leaves)
+        except (TypeError, ValueError) as exc:
+            raise placement_error(self.name, exc) from exc
+
+    def _admit(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Binding:
+        """The slow path of a call: checks structure and avals, remembers the result."""
+        if not self.accepts_structure(treedef) or not self._leaves_match(leaves):
             raise self.mismatch_error(args, kwargs)
-        return self.call_checked(args, kwargs)
+        binding = self.bind(treedef)
+        if len(self._fast) < FAST_CACHE_LIMIT:
+            self._fast[(treedef, call_key(leaves))] = binding
+        return binding
+
+    def accepts_structure(self, treedef: PyTreeDef) -> bool:
+        """``treedef`` is the structure compiled for (by digest, in any process)."""
+        if treedef == self.info.in_tree:
+            return True
+        return treedefs.structure_key(treedef) == self.info.in_structure
+
+    def bind(self, treedef: PyTreeDef) -> Binding:
+        """The flat call for inputs of structure ``treedef`` (already matched), whose
+        outputs get the structure this caller expects."""
+        binding = self._bindings.get(treedef)
+        if binding is None:
+            binding = Binding(self, self._out_tree_for(treedef))
+            if len(self._bindings) < FAST_CACHE_LIMIT:
+                self._bindings[treedef] = binding
+        return binding
+
+    def _out_tree_for(self, treedef: PyTreeDef) -> PyTreeDef:
+        if self.info.out_json is None:
+            return self.info.out_tree
+        # Nodes this process could not rebuild from the manifest alone: the caller's
+        # own input nodes of the same type and digest stand in (a train step returns
+        # the state it was given); else PytreeNodeError names the node.
+        return treedefs.resolve(self.info.out_json, treedefs.node_table(treedef))
 
     def call_checked(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """Runs on inputs whose structure, shapes and dtypes were already checked."""
-        try:
-            if self._fast_call is not None:
-                return self._fast_call(*args, **kwargs)
-            out = self._compiled(*args, **kwargs)
-            # The first call built JAX's C++ dispatch function; call it directly from
-            # now on (one Python frame less per call).
-            self._fast_call = getattr(self._compiled, "_call", None)
-            return out
-        except (TypeError, ValueError) as exc:
-            # Avals matched, so what JAX refuses is placement (committed arrays on
-            # other devices or with another sharding).
-            raise AvalMismatchError(
-                f"{self.name}: inputs match the compiled shapes and dtypes but JAX refused "
-                f"them: {exc}. Put the inputs on the compiled shardings "
-                "(jax.device_put(x, sharding)) or pass uncommitted arrays."
-            ) from exc
+        leaves, treedef = _flatten((tuple(args), dict(kwargs)))
+        return self.bind(treedef)(leaves)
 
     def matches(self, leaves: Sequence[Any]) -> bool:
         return self._leaves_match(leaves)
 
     def _leaves_match(self, leaves: Sequence[Any]) -> bool:
-        return all(
+        return len(leaves) == len(self._expected) and all(
             _leaf_matches(leaf, shape, dtype) for leaf, (shape, dtype) in zip(leaves, self._expected)
         )
 
@@ -194,17 +274,54 @@ class PmapExecutable(MeshExecutable):
     kind = "pmap"
 
 
+class Binding:
+    """An executable called with flat inputs of one caller structure, returning that
+    caller's output structure. ``fn(*leaves)`` is JAX's C++ dispatch function itself:
+    the per-call path of a dispatcher or an executable calls it directly."""
+
+    __slots__ = ("executable", "out_tree", "fn")
+
+    def __init__(self, executable: MeshExecutable, out_tree: PyTreeDef) -> None:
+        from aot.rehydrate import flat_call
+
+        self.executable = executable
+        self.out_tree = out_tree
+        self.fn = flat_call(executable.compiled, executable.info, out_tree)
+
+    def __call__(self, leaves: Sequence[Any]) -> Any:
+        try:
+            return self.fn(*leaves)
+        except (TypeError, ValueError) as exc:
+            raise placement_error(self.executable.name, exc) from exc
+
+
+def placement_error(name: str, exc: Exception) -> AvalMismatchError:
+    # Avals matched before the call, so what JAX refuses is placement (committed arrays
+    # on other devices or with another sharding).
+    return AvalMismatchError(
+        f"{name}: inputs match the compiled shapes and dtypes but JAX refused them: {exc}. "
+        "Put the inputs on the compiled shardings (jax.device_put(x, sharding)) or pass "
+        "uncommitted arrays."
+    )
+
+
 def executable_class(kind: str) -> type[MeshExecutable]:
     return PmapExecutable if kind == "pmap" else MeshExecutable
 
 
-def _leaf_matches(leaf: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
-    """The one rule for an input leaf: Python scalars of the right kind, else shape+dtype."""
-    if type(leaf) in _PY_SCALARS:
-        # As JAX: a Python scalar is a weakly typed value of the default dtype of its kind.
-        return shape == () and np.dtype(jax.dtypes.canonicalize_dtype(type(leaf))) == dtype
+def _leaf_matches(leaf: Any, shape: tuple[int, ...], dtype: Any) -> bool:
+    """The one rule for an input leaf, JAX's own: the shape and the dtype ``jax.jit``
+    makes of it (x64 off: a NumPy float64 array is f32; a Python float is f32).
+    Weak types are not compared, as JAX's compiled executables do not."""
     try:
-        return tuple(leaf.shape) == tuple(shape) and leaf.dtype == dtype
+        aval = leaf.aval
+    except AttributeError:
+        try:
+            aval = jax.typeof(leaf)
+        except (TypeError, OverflowError):  # a string, an object: not a JAX type
+            return False
+    try:
+        return tuple(aval.shape) == tuple(shape) and aval.dtype == dtype
     except (AttributeError, TypeError):
         return False
 
@@ -293,7 +410,7 @@ def _positional_names(info: ExecutableInfo) -> list[str]:
 def _compare(expected: PyTreeDef, value: Any, path: str, args: Sequence[ArgAval]) -> list[str]:
     """Mismatches between one expected subtree (whose leaves start at ``args``) and a value."""
     leaves, got = jax.tree_util.tree_flatten(value)
-    if got == expected:
+    if _same_structure(got, expected):
         return [
             f"{arg.path}: expected {arg.describe()}, got {_describe_leaf(leaf)}"
             for arg, leaf in zip(args, leaves)
@@ -333,6 +450,10 @@ def _compare(expected: PyTreeDef, value: Any, path: str, args: Sequence[ArgAval]
     return mismatch
 
 
+def _same_structure(got: PyTreeDef, expected: PyTreeDef) -> bool:
+    return got == expected or treedefs.structure_key(got) == treedefs.structure_key(expected)
+
+
 def _is_namedtuple(cls: type) -> bool:
     return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")
 
@@ -360,15 +481,19 @@ def _describe_node(tree: PyTreeDef) -> str:
         return f"a {cls.__name__} of {n} item{'s' if n != 1 else ''}"
     if _is_namedtuple(cls):
         return f"{cls.__name__}({', '.join(cls._fields)})"
-    return f"a {cls.__qualname__} node"
+    if cls is treedefs.Unresolved:
+        return f"a {aux[0]} node"
+    return f"a {cls.__module__}:{cls.__qualname__} node"
 
 
 def _describe_leaf(leaf: Any) -> str:
-    if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-        return format_aval(leaf.shape, leaf.dtype)
     if type(leaf) in _PY_SCALARS:
         return f"{leaf_signature([leaf])} (Python {type(leaf).__name__} {leaf!r})"
-    return f"{type(leaf).__name__} {leaf!r}"[:80]
+    try:
+        return leaf_signature([leaf])
+    except (TypeError, OverflowError):
+        text = f"{type(leaf).__name__} {leaf!r}"
+        return (text if len(text) <= 80 else text[:77] + "...") + " (not a JAX type)"
 
 
 def _structure(treedef: PyTreeDef) -> str:

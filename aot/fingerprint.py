@@ -21,9 +21,43 @@ from typing import Any
 import jax
 import jaxlib
 
-# XLA flags that never change the compiled code; the device-count flag is already
-# covered by the `device_count` part.
-_IGNORED_XLA_FLAGS = ("--xla_force_host_platform_device_count",)
+# XLA flags that cannot change the compiled executable, decided flag by flag from
+# JAX's own list (jax/_src/cache_key.py, xla_flags_to_exclude_from_cache_key). They are
+# left out of the environment fingerprint (setting XLA_FLAGS=--xla_dump_to=... to debug
+# must not make every stored entry miss) and shown by `aot why` / `aot doctor`.
+_FLAGS_OUTSIDE_KEY = frozenset({
+    # Dumping writes files next to the compilation; the executable is the same.
+    "--xla_dump_to",
+    "--xla_dump_hlo_as_text",
+    "--xla_dump_hlo_as_long_text",
+    "--xla_dump_hlo_as_proto",
+    "--xla_dump_hlo_as_dot",
+    "--xla_dump_hlo_as_html",
+    "--xla_dump_hlo_as_url",
+    "--xla_dump_hlo_module_re",
+    "--xla_dump_hlo_pass_re",
+    "--xla_dump_hlo_pipeline_re",
+    "--xla_dump_hlo_snapshots",
+    "--xla_dump_fusion_visualization",
+    "--xla_dump_max_hlo_modules",
+    "--xla_dump_module_metadata",
+    "--xla_dump_compress_protos",
+    "--xla_dump_include_timestamp",
+    "--xla_dump_disable_metadata",
+    # Covered by the `device_count` and `topology` parts.
+    "--xla_force_host_platform_device_count",
+    # Reporting of TPU silent-data-corruption checks (metrics, callbacks, logging);
+    # whether the checker runs is a different flag, which stays in the key.
+    "--xla_tpu_sdc_checker_streamz_metric",
+    "--xla_tpu_sdc_checker_enable_sdc_event_callbacks",
+    "--xla_tpu_sdc_checker_enable_coresweep_ng_callbacks",
+    "--xla_tpu_sdc_checker_no_logging_if_callbacks_are_present",
+})
+# JAX also leaves out these two; they stay in our key because they can change the
+# code: --xla_gpu_cuda_data_dir picks the CUDA toolkit (ptxas, libdevice) that builds
+# the kernels, and --xla_gpu_experimental_autotune_cache_mode decides whether stored
+# autotuning results choose them.
+_FLAGS_KEPT_DESPITE_JAX = ("--xla_gpu_cuda_data_dir", "--xla_gpu_experimental_autotune_cache_mode")
 
 
 def sha256_hex(data: bytes | str) -> str:
@@ -122,12 +156,28 @@ def cpu_isa_features() -> str:
     return f"{platform.machine()} {platform.processor()}".strip()
 
 
+def _flag_name(flag: str) -> str:
+    return flag.partition("=")[0]
+
+
 def relevant_xla_flags(flags: str | None = None) -> str:
+    """The XLA flags that can change the executable (the ``xla_flags`` part), sorted."""
     flags = os.environ.get("XLA_FLAGS", "") if flags is None else flags
-    kept = [
-        f for f in flags.split() if not any(f.startswith(p) for p in _IGNORED_XLA_FLAGS)
-    ]
+    kept = [f for f in flags.split() if _flag_name(f) not in _FLAGS_OUTSIDE_KEY]
     return " ".join(sorted(kept))
+
+
+_COVERED_BY_PARTS = frozenset({"--xla_force_host_platform_device_count"})
+
+
+def xla_flags_outside_key(flags: str | None = None) -> str:
+    """The XLA flags set here that are in no part of the key (they cannot change the
+    executable); the device count is not one of them: its own part covers it."""
+    flags = os.environ.get("XLA_FLAGS", "") if flags is None else flags
+    return " ".join(sorted(
+        f for f in flags.split()
+        if _flag_name(f) in _FLAGS_OUTSIDE_KEY and _flag_name(f) not in _COVERED_BY_PARTS
+    ))
 
 
 def _topology(devices: Sequence[Any]) -> str:

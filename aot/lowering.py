@@ -189,8 +189,10 @@ def _export_flat(
     pytree registrations (jax.export cannot serialize namedtuples or custom nodes
     unless they are registered in both processes).
     """
+    # static_nums also holds the positions of static parameters passed by keyword
+    # (jax.jit needs both forms); only those within the positional arguments count here.
     dynamic_args = [i for i in range(len(arg_specs)) if i not in static_nums]
-    static_args = {i: arg_specs[i] for i in static_nums}
+    static_args = {i: arg_specs[i] for i in static_nums if i < len(arg_specs)}
     dynamic_kwargs = [k for k in kwarg_specs if k not in static_names]
     static_kwargs = {k: kwarg_specs[k] for k in static_names if k in kwarg_specs}
 
@@ -407,7 +409,7 @@ def _refuse_symbolic_pmap(name: str, arg_specs: Sequence[Any], static: set[int])
         if is_symbolic_shape(leaf.shape):
             raise SymbolicShapeError(
                 f"{name}: pmap cannot be lowered for symbolic shapes "
-                f"({format_aval(leaf.shape, leaf.dtype)}); use aot.lower with a mesh (jit "
+                f"({format_aval(leaf.shape, leaf.dtype, leaf.weak_type)}); use aot.lower with a mesh (jit "
                 "with shardings or shard_map) for shape-polymorphic programs, or compile "
                 "concrete pmap buckets"
             )
@@ -427,7 +429,7 @@ def _symbolic_lowering_error(
     ):
         return None
     reason = message.split("\nThis error arises")[0].strip().splitlines()[0]
-    signature = ", ".join(format_aval(leaf.shape, leaf.dtype) for leaf in leaves)
+    signature = ", ".join(format_aval(leaf.shape, leaf.dtype, leaf.weak_type) for leaf in leaves)
     return SymbolicShapeError(
         f"{name}: cannot be lowered for the symbolic shapes ({signature}): {reason}. "
         "The program needs a property of the symbolic dimensions that jax.export cannot "

@@ -9,6 +9,7 @@ import datetime as _dt
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -39,7 +40,9 @@ from aot.errors import (
     AotError,
     CorruptArtifactError,
     IncompatibleEnvironmentError,
+    PytreeNodeError,
     SymbolicShapeError,
+    UnsupportedComputationError,
 )
 from aot.executable import ArgAval, ExecutableInfo, MeshExecutable, arg_paths, executable_class
 from aot.fingerprint import (
@@ -49,7 +52,7 @@ from aot.fingerprint import (
     environment_fingerprint,
     sha256_hex,
 )
-from aot.specs import format_aval
+from aot.specs import dtype_to_str, format_aval
 from aot.shardings import (
     aval_from_json,
     aval_to_json,
@@ -86,9 +89,59 @@ def _json_cost_analysis(cost: Any) -> dict[str, float] | None:
     return {str(k): float(v) for k, v in cost.items() if isinstance(v, (int, float))}
 
 
-def serialize_executable(exe: MeshExecutable) -> bytes:
-    xla_executable = exe.compiled._executable.xla_executable
+def _serialize(compiled: Any) -> bytes:
+    xla_executable = compiled._executable.xla_executable
     return bytes(xla_executable.client.serialize_executable(xla_executable))
+
+
+def serialize_executable(exe: MeshExecutable) -> bytes:
+    """XLA's bytes of ``exe``.
+
+    XLA's CPU backend cannot serialize an executable once it has run a program with a
+    sort ("'LessThan' is not serializable"), and ``Lowered.compile()`` hands out JAX's
+    in-memory executable, which ``jax.jit`` may already have run. Such an executable
+    is compiled once more, bypassing JAX's in-memory cache, and that fresh, never run
+    copy of the same program is what gets stored (the caller keeps its executable).
+    """
+    try:
+        return _serialize(exe.compiled)
+    except Exception as exc:  # noqa: BLE001 - XlaRuntimeError (UNIMPLEMENTED) and friends
+        computation = exe.computation
+        if computation is None:
+            raise UnsupportedComputationError(
+                f"{exe.name}: XLA cannot serialize this executable ({exc}); store the "
+                "computation (cache.put(computation)) or an executable that has not run yet"
+            ) from exc
+        log.info("%s: %s; compiling a fresh copy to store", exe.name, exc)
+        fresh = computation.compile_fresh()
+        try:
+            return _serialize(fresh.compiled)
+        except Exception as again:  # noqa: BLE001
+            raise UnsupportedComputationError(
+                f"{exe.name}: XLA cannot serialize this program: {again}"
+            ) from again
+
+
+def compile_uncached(lowered: stages.Lowered, compiler_options: dict[str, Any] | None) -> stages.Compiled:
+    """``lowered.compile()`` without JAX's in-memory executable cache: a copy of the
+    module (the cache is keyed by the module object) compiled as JAX would."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+
+    lowering = lowered._lowering
+    hlo = lowering.stablehlo()
+    with hlo.context:
+        module = ir.Module.parse(mlir.module_to_bytecode(hlo))
+    options = tuple((compiler_options or {}).items())
+    executable = pxla.UnloadedMeshExecutable.from_hlo(
+        lowering._name, module, **lowering.compile_args,
+        compiler_options_kvs=lowering._compiler_options_kvs + options,
+        device_list=lowering._device_list,
+    )
+    return stages.Compiled(
+        executable, lowering.const_args, lowered.args_info, lowered.out_tree, lowered._no_kwargs,
+        lowered._in_types, lowered._out_types,
+    )
 
 
 def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
@@ -113,16 +166,7 @@ def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
         environment=info.environment_fingerprint,
         in_tree=treedefs.to_json(info.in_tree),
         out_tree=treedefs.to_json(info.out_tree),
-        args=tuple(
-            {
-                "path": a.path,
-                "shape": list(a.shape),
-                "dtype": np.dtype(a.dtype).name,
-                "donated": a.donated,
-                "kept": a.kept,
-            }
-            for a in info.args
-        ),
+        args=tuple(_arg_json(a) for a in info.args),
         in_avals=tuple(aval_to_json(a) for a in unloaded.input_avals),
         in_shardings=tuple(
             sharding_to_json(s, len(a.shape)) for s, a in zip(info.in_shardings, kept_args)
@@ -142,6 +186,19 @@ def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
         arg_names=tuple(info.arg_names),
     )
     return Artifact(manifest, blobs)
+
+
+def _arg_json(a: ArgAval) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "path": a.path,
+        "shape": list(a.shape),
+        "dtype": dtype_to_str(a.dtype),
+        "donated": a.donated,
+        "kept": a.kept,
+    }
+    if a.weak_type:
+        out["weak_type"] = True
+    return out
 
 
 def _safe(call: Any) -> Any:
@@ -175,30 +232,36 @@ def executable_info(manifest: Manifest, *, flat_outputs: bool = False) -> Execut
 
 def _executable_info(manifest: Manifest, flat_outputs: bool) -> ExecutableInfo:
     devices = live_devices()
-    args = tuple(
-        ArgAval(
-            str(a["path"]),
-            tuple(int(d) for d in a["shape"]),
-            _dtype(a["dtype"]),
-            bool(a["donated"]),
-            bool(a["kept"]),
-        )
-        for a in manifest.args
-    )
+    args = manifest_args(manifest)
     out_shardings = tuple(sharding_from_json(s, devices) for s in manifest.out_shardings)
     out_avals = tuple(
         jax.ShapeDtypeStruct(tuple(a["shape"]), _dtype(a["dtype"]), sharding=s)
         for a, s in zip(manifest.out_avals, out_shardings)
     )
+    in_structure = treedefs.structure_key_of_json(manifest.in_tree)
+    recorded = manifest.program.as_dict().get("in_tree")
+    if manifest.format_version >= 2 and recorded != in_structure:
+        # The structure callers are matched against must be the one the program was
+        # fingerprinted with (format 1 fingerprinted another encoding of it).
+        raise CorruptArtifactError(
+            f"manifest of {manifest.name!r} ({manifest.key[:12]}): its input structure does "
+            "not match its program fingerprint; the manifest was altered"
+        )
+    out_json = None
+    if flat_outputs:
+        out_tree = jax.tree_util.tree_structure(tuple(range(len(manifest.out_avals))))
+    else:
+        try:
+            out_tree = treedefs.from_json(manifest.out_tree)
+        except PytreeNodeError:
+            # Rebuilt per caller from its own input nodes (MeshExecutable.bind).
+            out_tree = treedefs.from_json(manifest.out_tree, standins=True)
+            out_json = manifest.out_tree
     info = ExecutableInfo(
         name=manifest.name,
         kind=manifest.kind,
-        in_tree=treedefs.from_json(manifest.in_tree),
-        out_tree=(
-            jax.tree_util.tree_structure(tuple(range(len(manifest.out_avals))))
-            if flat_outputs
-            else treedefs.from_json(manifest.out_tree)
-        ),
+        in_tree=treedefs.from_json(manifest.in_tree, standins=True),
+        out_tree=out_tree,
         args=args,
         out_avals=out_avals,
         in_shardings=tuple(sharding_from_json(s, devices) for s in manifest.in_shardings),
@@ -208,6 +271,8 @@ def _executable_info(manifest: Manifest, flat_outputs: bool) -> ExecutableInfo:
         environment_fingerprint=manifest.environment,
         compile_seconds=manifest.compile_seconds,
         arg_names=manifest.arg_names,
+        in_structure=in_structure,
+        out_json=out_json,
     )
     counts = {
         "in_tree leaves vs args": (info.in_tree.num_leaves, len(args)),
@@ -222,6 +287,67 @@ def _executable_info(manifest: Manifest, flat_outputs: bool) -> ExecutableInfo:
     if not manifest.device_ids:
         raise ValueError("no device ids")
     return info
+
+
+def manifest_args(manifest: Manifest) -> tuple[ArgAval, ...]:
+    """The flat inputs a manifest records (dtype names checked against this jax)."""
+    return tuple(
+        ArgAval(
+            str(a["path"]),
+            tuple(int(d) for d in a["shape"]),
+            _dtype(a["dtype"]),
+            bool(a["donated"]),
+            bool(a["kept"]),
+            bool(a.get("weak_type", False)),
+        )
+        for a in manifest.args
+    )
+
+
+_custom_calls_ready: set[str] = set()
+_custom_calls_lock = threading.Lock()
+
+
+def ensure_custom_call_targets(platform: str) -> None:
+    """Registers JAX's own custom-call targets for ``platform`` before an executable
+    runs, as ``jax.export`` does before calling an exported program: XLA CPU programs
+    using jnp.linalg call LAPACK kernels that JAX initialises lazily while lowering,
+    and a serving process that never lowered anything would crash (SIGSEGV) on them."""
+    if platform in _custom_calls_ready:
+        return
+    with _custom_calls_lock:
+        if platform in _custom_calls_ready:
+            return
+        try:
+            from jax._src.lax import linalg
+
+            if platform == "cpu":
+                linalg.initialize_lapack()
+            elif platform in ("cuda", "rocm", "gpu"):
+                from jax._src.lib import gpu_solver
+
+                gpu_solver.initialize_hybrid_kernels()
+        except Exception as exc:  # noqa: BLE001 - a jaxlib without these kernels
+            log.warning("could not initialise JAX's %s custom-call targets: %s", platform, exc)
+        _custom_calls_ready.add(platform)
+
+
+def flat_call(compiled: stages.Compiled, info: ExecutableInfo, out_tree: Any) -> Any:
+    """``compiled`` as a function of its flat inputs returning ``out_tree``: the same
+    loaded executable, without the input structure JAX would compare by identity (a
+    loaded structure may hold stand-ins, and the caller's was matched by digest
+    already). It is JAX's C++ dispatch function itself (``Compiled._call``), built
+    now rather than on the first call."""
+    args_info = (
+        tuple(stages.ArgInfo(core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type), a.donated) for a in info.args),
+        {},
+    )
+    flat = stages.Compiled(compiled._executable, [], args_info, out_tree, no_kwargs=True)
+    try:
+        fn = flat._executable.create_cpp_call(flat._params)
+    except Exception:  # noqa: BLE001 - an executable kind without a C++ path
+        fn = None
+    return fn if fn is not None else flat
 
 
 def load_executable(
@@ -247,6 +373,7 @@ def load_executable(
     devices = live_devices()
     dlist = device_list(manifest.device_ids, devices)  # names a missing device id
     backend = devices[manifest.device_ids[0]].client
+    ensure_custom_call_targets(devices[manifest.device_ids[0]].platform)
     start = time.perf_counter()
     xla_executable = _deserialize(manifest, backend, exe_bytes, dlist)
     check_executable(manifest, info, xla_executable)
@@ -284,7 +411,7 @@ def load_executable(
         pgle_profiler=None,
     )
     args_info = info.in_tree.unflatten(
-        [stages.ArgInfo(core.ShapedArray(a.shape, a.dtype), a.donated) for a in info.args]
+        [stages.ArgInfo(core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type), a.donated) for a in info.args]
     )
     compiled = stages.Compiled(unloaded.load(), [], args_info, info.out_tree, no_kwargs=False)
     log.debug(
@@ -315,7 +442,7 @@ def recompile(artifact: Artifact) -> Artifact:
     devices = live_devices()
     in_shardings = {i: sharding_from_json(s, devices) for i, s in trusted.in_shardings.items()}
     specs = [
-        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=in_shardings.get(i))
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=in_shardings.get(i), weak_type=a.weak_type)
         for i, a in enumerate(trusted.args)
     ]
     options: dict[str, Any] = {}
@@ -338,8 +465,10 @@ def recompile(artifact: Artifact) -> Artifact:
     info = ExecutableInfo(
         name=trusted.name,
         kind=trusted.kind,
-        in_tree=treedefs.from_json(manifest.in_tree),
-        out_tree=treedefs.from_json(manifest.out_tree),
+        # Stand-ins for nodes this process cannot rebuild: the stored JSON replaces
+        # these structures below.
+        in_tree=treedefs.from_json(manifest.in_tree, standins=True),
+        out_tree=treedefs.from_json(manifest.out_tree, standins=True),
         args=tuple(replace(a, kept=i in kept) for i, a in enumerate(trusted.args)),
         out_avals=tuple(
             jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
@@ -362,12 +491,13 @@ def recompile(artifact: Artifact) -> Artifact:
     committed = rebuilt.manifest.committed
     if len(trusted.device_ids) == 1 and not trusted.pinned:
         committed = bool(manifest.committed)
-    # The stored pytree JSON, verbatim: the program fingerprint hashes it, and a
-    # namedtuple rebuilt from its fields would be written under another type name.
+    # The stored pytree JSON, verbatim: the program fingerprint hashes it, a
+    # namedtuple rebuilt from its fields would be written under another type name, and
+    # a node this process cannot rebuild is a stand-in here (its auxiliary data lost).
     return Artifact(
         replace(
             rebuilt.manifest, in_tree=manifest.in_tree, out_tree=manifest.out_tree,
-            committed=committed,
+            committed=committed, hmac=None,
         ),
         rebuilt.blobs,
     )
@@ -382,7 +512,7 @@ _UNSPECIFIED = {"type": "unspecified"}
 def _symbolic_aval_json(aval: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
         "shape": [format_dim(d) if is_symbolic_dim(d) else int(d) for d in aval.shape],
-        "dtype": np.dtype(aval.dtype).name,
+        "dtype": dtype_to_str(aval.dtype),
     }
     if getattr(aval, "weak_type", False):
         out["weak_type"] = True
@@ -408,9 +538,10 @@ def build_symbolic_artifact(computation: Any) -> Artifact:
         {
             "path": path,
             "shape": _symbolic_aval_json(aval)["shape"],
-            "dtype": np.dtype(aval.dtype).name,
+            "dtype": dtype_to_str(aval.dtype),
             "donated": donated,
             "kept": i in kept,
+            **({"weak_type": True} if getattr(aval, "weak_type", False) else {}),
         }
         for i, (path, aval, donated) in enumerate(zip(paths, computation.in_avals, computation.donated))
     )
@@ -475,7 +606,10 @@ def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Art
             data = next(shardings)
             if data.get("type") != "unspecified":
                 sharding = sharding_from_json(data, devices)
-        specs.append(jax.ShapeDtypeStruct(tuple(int(d) for d in shape), _dtype(a["dtype"]), sharding=sharding))
+        specs.append(jax.ShapeDtypeStruct(
+            tuple(int(d) for d in shape), _dtype(a["dtype"]), sharding=sharding,
+            weak_type=bool(a.get("weak_type", False)),
+        ))
     donated = tuple(i for i, a in enumerate(manifest.args) if a["donated"])
     start = time.perf_counter()
     compiled = jax.jit(exported.call, donate_argnums=donated).trace(*specs).lower().compile()
@@ -483,7 +617,7 @@ def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Art
     unloaded = compiled._executable._unloaded_executable
     kept = set(unloaded.kept_var_idx)
     args = tuple(
-        ArgAval(str(a["path"]), tuple(s.shape), np.dtype(s.dtype), bool(a["donated"]), i in kept)
+        ArgAval(str(a["path"]), tuple(s.shape), s.dtype, bool(a["donated"]), i in kept, bool(s.weak_type))
         for i, (a, s) in enumerate(zip(manifest.args, specs))
     )
     signature = ", ".join(arg.describe() for arg in args)
@@ -505,7 +639,7 @@ def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Art
     info = ExecutableInfo(
         name=manifest.name,
         kind=manifest.kind,
-        in_tree=treedefs.from_json(manifest.in_tree),
+        in_tree=treedefs.from_json(manifest.in_tree, standins=True),
         out_tree=jax.tree_util.tree_structure(tuple(range(len(unloaded.output_avals)))),
         args=args,
         out_avals=tuple(
@@ -567,7 +701,7 @@ def _trusted_inputs(manifest: Manifest, exported: Any) -> _TrustedInputs:
             "code (aot warmup / aot compile)"
         )
     args_avals = [(tuple(int(d) for d in a["shape"]), _dtype(a["dtype"])) for a in manifest.args]
-    exported_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in exported.in_avals]
+    exported_avals = [(tuple(a.shape), a.dtype) for a in exported.in_avals]
     if args_avals != exported_avals:
         raise CorruptArtifactError(
             f"the portable HLO of {label} takes {_avals_text(exported_avals)}, but the program "
@@ -582,8 +716,13 @@ def _trusted_inputs(manifest: Manifest, exported: Any) -> _TrustedInputs:
             f"the portable HLO of {label} was exported for {exported.nr_devices} devices, "
             f"the program runs on {len(ids)}; recompile it from its code"
         )
+    # Weak types are vouched for: Manifest.from_dict checked the arguments' avals,
+    # "~" included, against the program fingerprint's in_avals part.
     args = tuple(
-        ArgAval(str(a.get("path", f"args[{i}]")), shape, dtype, i in donated, i in kept)
+        ArgAval(
+            str(a.get("path", f"args[{i}]")), shape, dtype, i in donated, i in kept,
+            bool(a.get("weak_type", False)),
+        )
         for i, (a, (shape, dtype)) in enumerate(zip(manifest.args, args_avals))
     )
     pinned_in = dict(zip(sorted(kept), _json_list(program, "in_shardings", [])))
@@ -922,7 +1061,7 @@ def portable_hlo_problems(manifest: Manifest, hlo: bytes) -> list[str]:
         except (AotError, TypeError, ValueError) as exc:
             problems.append(f"{what} cannot be read: {exc}")
             continue
-        theirs = [(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
+        theirs = [(tuple(a.shape), a.dtype) for a in avals]
         if mine != theirs:
             problems.append(f"{what} ({_avals_text(mine)}) != the portable HLO's ({_avals_text(theirs)})")
     if exported.nr_devices != len(manifest.device_ids):
@@ -931,3 +1070,4 @@ def portable_hlo_problems(manifest: Manifest, hlo: bytes) -> list[str]:
             f"exported for {exported.nr_devices}"
         )
     return problems
+

@@ -13,7 +13,7 @@ from jax._src.sharding_impls import GSPMDSharding
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError
-from aot.specs import parse_dtype
+from aot.specs import dtype_to_str, parse_dtype
 
 Devices = Mapping[int, Any]
 
@@ -98,7 +98,7 @@ def sharding_from_json(data: Mapping[str, Any], devices: Devices) -> Any:
 def aval_to_json(aval: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
         "shape": [int(d) for d in aval.shape],
-        "dtype": np.dtype(aval.dtype).name,
+        "dtype": dtype_to_str(aval.dtype),
     }
     if getattr(aval, "weak_type", False):
         out["weak_type"] = True
@@ -113,7 +113,7 @@ def aval_to_json(aval: Any) -> dict[str, Any]:
 def aval_from_json(data: Mapping[str, Any], sharding: Any = None) -> core.ShapedArray:
     try:
         shape = tuple(int(d) for d in data["shape"])
-        dtype = np.dtype(data["dtype"]) if data["dtype"] != "bfloat16" else parse_dtype("bf16")
+        dtype = parse_dtype(str(data["dtype"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptArtifactError(f"malformed aval {dict(data)!r}: {exc}") from None
     weak = bool(data.get("weak_type", False))

@@ -2,62 +2,108 @@
 
 Grammar of a spec string::
 
-    SPEC     := DTYPE "[" [DIM ("," DIM)*] "]" ["@" SHARDING]
+    SPEC     := ["~"] DTYPE "[" [DIM ("," DIM)*] "]" ["@" SHARDING]
     DTYPE    := f16 | bf16 | f32 | f64 | i8 | i16 | i32 | i64 | u8 | u16 | u32 | u64
-              | bool | c64 | c128          (numpy names such as float32 work too)
+              | bool | c64 | c128 | i2 | i4 | u2 | u4 | f8e4m3fn | f8e5m2 | ...
+              | f4e2m1fn | key<fry> | key<rbg> | ...
+                                           (numpy names such as float32 work too)
     DIM      := a non-negative integer, or a symbolic dimension expression in
                 jax.export's syntax: an identifier ("b") or an expression of
                 identifiers and integers ("2*b", "b+1", "max(a, b)")
     SHARDING := ENTRY ("," ENTRY)*         one entry per dimension, or fewer
     ENTRY    := "None" | "_" | AXIS ("+" AXIS)*
 
-``"f32[]"`` is a scalar; ``"f32[b,784]"`` has a symbolic first dimension (every
-symbolic dimension parsed from a spec string shares one ``jax.export`` scope); ``"f32[8,128]@data,None"`` shards the first dimension over
-the mesh axis ``data`` (a mesh is needed to turn that into a sharding).
+``"f32[]"`` is a scalar; ``"~f32[]"`` a weakly typed one (what a Python ``float``
+argument is under ``jax.jit``); ``"key<fry>[2]"`` two typed PRNG keys (what
+``jax.random.split(jax.random.key(0))`` is); ``"f32[b,784]"`` has a symbolic first
+dimension (every symbolic dimension parsed from a spec string shares one
+``jax.export`` scope); ``"f32[8,128]@data,None"`` shards the first dimension over the
+mesh axis ``data`` (a mesh is needed to turn that into a sharding).
+
+Dtypes are never changed behind the user's back: a spec that names a 64-bit dtype
+while ``jax_enable_x64`` is off is refused (``jax.jit`` would silently truncate it).
+Arrays and Python scalars given as examples follow ``jax.jit``'s own canonicalization
+(a NumPy ``float64`` array is an ``f32`` input with x64 off, a Python ``float`` is a
+weakly typed ``f32[]``).
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from aot.errors import SpecError
 from aot.symbolic import format_dim, parse_dim, split_dims
 
-GRAMMAR = (
-    "DTYPE[DIM,...][@SHARDING], e.g. 'f32[8,128]', 'i32[]' (a scalar), "
-    "'bf16[8,128]@data,None'; DTYPE is one of " 
-)
-
+# Short name -> attribute of jax.numpy. Only the dtypes this jax has are offered (a
+# jaxlib without float8_e8m0fnu simply does not know "f8e8m0fnu").
+_DTYPE_ATTRS = {
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "f32": "float32",
+    "f64": "float64",
+    "i8": "int8",
+    "i16": "int16",
+    "i32": "int32",
+    "i64": "int64",
+    "u8": "uint8",
+    "u16": "uint16",
+    "u32": "uint32",
+    "u64": "uint64",
+    "bool": "bool_",
+    "c64": "complex64",
+    "c128": "complex128",
+    "i2": "int2",
+    "i4": "int4",
+    "u2": "uint2",
+    "u4": "uint4",
+    "f8e3m4": "float8_e3m4",
+    "f8e4m3": "float8_e4m3",
+    "f8e4m3b11fnuz": "float8_e4m3b11fnuz",
+    "f8e4m3fn": "float8_e4m3fn",
+    "f8e4m3fnuz": "float8_e4m3fnuz",
+    "f8e5m2": "float8_e5m2",
+    "f8e5m2fnuz": "float8_e5m2fnuz",
+    "f8e8m0fnu": "float8_e8m0fnu",
+    "f4e2m1fn": "float4_e2m1fn",
+}
 DTYPES: dict[str, np.dtype] = {
-    "f16": np.dtype("float16"),
-    "bf16": np.dtype(jax.numpy.bfloat16),
-    "f32": np.dtype("float32"),
-    "f64": np.dtype("float64"),
-    "i8": np.dtype("int8"),
-    "i16": np.dtype("int16"),
-    "i32": np.dtype("int32"),
-    "i64": np.dtype("int64"),
-    "u8": np.dtype("uint8"),
-    "u16": np.dtype("uint16"),
-    "u32": np.dtype("uint32"),
-    "u64": np.dtype("uint64"),
-    "bool": np.dtype("bool"),
-    "c64": np.dtype("complex64"),
-    "c128": np.dtype("complex128"),
+    short: np.dtype(getattr(jnp, attr))
+    for short, attr in _DTYPE_ATTRS.items()
+    if getattr(jnp, attr, None) is not None
 }
 _SHORT_NAMES = {dtype: short for short, dtype in DTYPES.items()}
 _ALIASES = {dtype.name: dtype for dtype in DTYPES.values()} | {"pred": DTYPES["bool"]}
-GRAMMAR += ", ".join(DTYPES)
+# Dtypes that exist only with jax_enable_x64 on (jax.jit truncates them otherwise).
+X64_DTYPES = frozenset(
+    np.dtype(t) for t in (np.float64, np.int64, np.uint64, np.complex128)
+)
+X64_ADVICE = (
+    'expected a 32-bit dtype, or enable 64-bit mode first: jax.config.update("jax_enable_x64", '
+    "True) (or JAX_ENABLE_X64=1; `x64 = true` in a warmup manifest, `--x64` on the command line)"
+)
 
-_SPEC_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9]*)\s*\[([^\]]*)\]\s*(?:@(.*))?$")
+GRAMMAR = (
+    "[~]DTYPE[DIM,...][@SHARDING], e.g. 'f32[8,128]', 'i32[]' (a scalar), "
+    "'~f32[]' (weakly typed, like a Python float), 'key<fry>[2]' (PRNG keys), "
+    "'bf16[8,128]@data,None'; DTYPE is one of "
+)
+GRAMMAR += ", ".join(DTYPES) + ", key<IMPL>"
+
+_SPEC_RE = re.compile(
+    r"^\s*(~)?\s*(key<[A-Za-z0-9_]+>|[A-Za-z][A-Za-z0-9_]*)\s*\[([^\]]*)\]\s*(?:@(.*))?$"
+)
+_KEY_RE = re.compile(r"^key<([A-Za-z0-9_]+)>$")
 _AXIS_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PY_SCALARS = (bool, int, float, complex)
 
 
 # Names people write for a dtype that is spelled otherwise here.
@@ -78,24 +124,81 @@ def _unknown_dtype(text: str) -> str:
     return f"unknown dtype {text!r}" + (f" (did you mean {hint}?)" if hint else "")
 
 
-def parse_dtype(text: str) -> np.dtype:
-    """``"f32"`` or ``"float32"`` -> ``np.dtype('float32')``."""
+@functools.cache
+def _key_dtypes() -> dict[str, Any]:
+    """``"key<fry>"`` -> the typed-key dtype, for every PRNG implementation JAX has.
+
+    Built from JAX's registry of implementations without tracing anything (a serving
+    process reading a manifest must not trace); through ``jax.eval_shape`` otherwise.
+    """
+    out: dict[str, Any] = {}
+    try:
+        from jax._src.random import prng
+
+        for impl in prng.prngs.values():
+            dtype = prng.KeyTy(impl)
+            out[str(dtype)] = dtype
+        return out
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - other jax layouts
+        pass
+    for name in ("threefry2x32", "rbg", "unsafe_rbg"):
+        try:
+            dtype = jax.eval_shape(functools.partial(jax.random.key, 0, impl=name)).dtype
+        except Exception:  # noqa: BLE001 - an implementation this build cannot make
+            continue
+        out[str(dtype)] = dtype
+    return out
+
+
+def is_key_dtype(dtype: Any) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def parse_dtype(text: str) -> Any:
+    """``"f32"``, ``"float32"`` or ``"key<fry>"`` -> the dtype (numpy or typed key)."""
     key = text.strip()
     dtype = DTYPES.get(key) or _ALIASES.get(key)
-    if dtype is None:
-        raise SpecError(f"{_unknown_dtype(text)}; expected one of {', '.join(DTYPES)}")
-    return dtype
+    if dtype is not None:
+        return dtype
+    if _KEY_RE.match(key):
+        found = _key_dtypes().get(key)
+        if found is not None:
+            return found
+        raise SpecError(
+            f"unknown PRNG key type {text!r}; this jax has {', '.join(sorted(_key_dtypes()))}"
+        )
+    raise SpecError(f"{_unknown_dtype(text)}; expected one of {', '.join(DTYPES)} or key<IMPL>")
+
+
+def dtype_to_str(dtype: Any) -> str:
+    """The name a manifest records: numpy's (``"int4"``) or JAX's (``"key<fry>"``)."""
+    if is_key_dtype(dtype):
+        return str(dtype)
+    return np.dtype(dtype).name
 
 
 def dtype_name(dtype: Any) -> str:
     """``np.dtype('float32')`` -> ``"f32"`` (the short name used in spec strings)."""
+    if is_key_dtype(dtype):
+        return str(dtype)
     dtype = np.dtype(dtype)
     return _SHORT_NAMES.get(dtype, dtype.name)
 
 
-def format_aval(shape: Sequence[int], dtype: Any) -> str:
-    """``((8, 128), float32)`` -> ``"f32[8,128]"``."""
-    return f"{dtype_name(dtype)}[{','.join(format_dim(d) for d in shape)}]"
+def format_aval(shape: Sequence[Any], dtype: Any, weak_type: bool = False) -> str:
+    """``((8, 128), float32)`` -> ``"f32[8,128]"``; weakly typed: ``"~f32[]"``."""
+    dims = ",".join(format_dim(d) for d in shape)
+    return f"{'~' if weak_type else ''}{dtype_name(dtype)}[{dims}]"
+
+
+def check_x64(dtype: Any, what: str) -> None:
+    """Refuses a 64-bit dtype the user named while x64 is off (never truncated)."""
+    if not is_key_dtype(dtype) and np.dtype(dtype) in X64_DTYPES and not jax.config.jax_enable_x64:
+        raise SpecError(
+            f"{what} names {np.dtype(dtype).name}, which needs 64-bit mode, and "
+            f"jax_enable_x64 is off (jax.jit would silently use {jax.dtypes.canonicalize_dtype(dtype).name}); "
+            + X64_ADVICE
+        )
 
 
 def parse_partition_spec(text: str) -> PartitionSpec:
@@ -136,10 +239,21 @@ def _parse_string(text: str, mesh: Mesh | None, scope: Any = None) -> jax.ShapeD
     match = _SPEC_RE.match(text)
     if match is None:
         raise SpecError(f"malformed spec {text!r}; expected {GRAMMAR}")
-    dtype_text, dims_text, sharding_text = match.groups()
+    weak, dtype_text, dims_text, sharding_text = match.groups()
     dtype = DTYPES.get(dtype_text) or _ALIASES.get(dtype_text)
+    if dtype is None and _KEY_RE.match(dtype_text):
+        try:
+            dtype = parse_dtype(dtype_text)
+        except SpecError as exc:
+            raise SpecError(f"malformed spec {text!r}: {exc}; expected {GRAMMAR}") from None
     if dtype is None:  # GRAMMAR ends with the dtype list: say it once
         raise SpecError(f"malformed spec {text!r}: {_unknown_dtype(dtype_text)}; expected {GRAMMAR}")
+    check_x64(dtype, f"spec {text!r}")
+    if weak and (is_key_dtype(dtype) or np.dtype(dtype) == np.bool_):
+        raise SpecError(
+            f"malformed spec {text!r}: only numeric dtypes can be weakly typed ('~'); "
+            f"expected {GRAMMAR}"
+        )
     dims = _parse_dims(text, dims_text, scope)
     sharding = None
     if sharding_text is not None:
@@ -168,7 +282,7 @@ def _parse_string(text: str, mesh: Mesh | None, scope: Any = None) -> jax.ShapeD
                 f"{dict(mesh.shape)} does not have"
             )
         sharding = NamedSharding(mesh, pspec)
-    return jax.ShapeDtypeStruct(tuple(dims), dtype, sharding=sharding)
+    return jax.ShapeDtypeStruct(tuple(dims), dtype, sharding=sharding, weak_type=bool(weak))
 
 
 def _axes_of(pspec: PartitionSpec) -> Iterable[str]:
@@ -179,30 +293,59 @@ def _axes_of(pspec: PartitionSpec) -> Iterable[str]:
 
 
 def _is_spec_leaf(x: Any) -> bool:
-    return isinstance(x, (str, jax.ShapeDtypeStruct)) or (
-        hasattr(x, "shape") and hasattr(x, "dtype")
-    )
+    if isinstance(x, (str, jax.ShapeDtypeStruct, jax.Array, np.ndarray, np.generic, *_PY_SCALARS)):
+        return True
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        # Array-like, unless it is a registered pytree node (Flax NNX variables have
+        # .shape and .dtype but are nodes whose child is the array).
+        return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x))
+    return False
 
 
 def _to_struct(x: Any, mesh: Mesh | None, scope: Any = None) -> Any:
     if isinstance(x, str):
         return _parse_string(x, mesh, scope)
     if isinstance(x, jax.ShapeDtypeStruct):
+        check_x64(x.dtype, f"ShapeDtypeStruct {x}")
         return x
     if isinstance(x, jax.Array):
         # A committed array pins its placement, as with jax.jit (an array explicitly
         # put on device 3 must compile for device 3); an uncommitted one does not.
         pinned = len(x.sharding.device_set) > 1 or getattr(x, "committed", False)
         sharding = x.sharding if pinned else None
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+        return jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=sharding, weak_type=bool(getattr(x, "weak_type", False))
+        )
+    if isinstance(x, (np.ndarray, np.generic, *_PY_SCALARS)):
+        # Exactly what jax.jit makes of it: 64-bit NumPy dtypes follow x64, a Python
+        # scalar is weakly typed.
+        try:
+            aval = jax.typeof(x)
+        except (OverflowError, TypeError) as exc:  # 2**40 with x64 off: jax.jit refuses it too
+            raise SpecError(
+                f"cannot make a spec of {type(x).__name__} {_short_repr(x)}: {exc}; expected a "
+                f"value of a JAX dtype ({GRAMMAR})"
+            ) from None
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
     if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return jax.ShapeDtypeStruct(tuple(x.shape), np.dtype(x.dtype))
-    if isinstance(x, (bool, int, float, complex)):
-        return jax.ShapeDtypeStruct((), jax.dtypes.canonicalize_dtype(type(x)))
+        try:
+            dtype = jax.dtypes.canonicalize_dtype(x.dtype)
+        except TypeError:
+            dtype = x.dtype
+        return jax.ShapeDtypeStruct(tuple(x.shape), dtype)
     raise SpecError(
-        f"cannot make a spec of {type(x).__name__} {x!r}; expected a spec string "
-        f"({GRAMMAR}), a jax.ShapeDtypeStruct, an array, or a pytree of those"
+        f"cannot make a spec of {type(x).__name__} {_short_repr(x)}; expected a spec string "
+        f"({GRAMMAR}), a jax.ShapeDtypeStruct, an array, a Python scalar, or a pytree "
+        "of those"
     )
+
+
+def _short_repr(x: Any, limit: int = 80) -> str:
+    try:
+        text = repr(x)
+    except Exception:  # noqa: BLE001 - a user object whose repr fails
+        text = f"<{type(x).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def spec(x: Any, *, mesh: Mesh | None = None, constraints: Sequence[str] = ()) -> Any:
@@ -229,13 +372,20 @@ def spec(x: Any, *, mesh: Mesh | None = None, constraints: Sequence[str] = ()) -
     )
 
 
+def leaf_aval(leaf: Any) -> tuple[tuple[int, ...], Any, bool]:
+    """``(shape, dtype, weak_type)`` of a call argument, canonicalized as ``jax.jit``
+    does (x64 off: a NumPy ``float64`` array is ``f32``; a Python float is ``~f32[]``).
+
+    Raises ``TypeError`` for what ``jax.jit`` would refuse (a string, an object, a
+    Python int too large for its dtype).
+    """
+    try:
+        aval = jax.typeof(leaf)
+    except OverflowError as exc:
+        raise TypeError(str(exc)) from None
+    return tuple(aval.shape), aval.dtype, bool(getattr(aval, "weak_type", False))
+
+
 def leaf_signature(leaves: Iterable[Any]) -> str:
-    """A canonical, human-readable signature of flat leaves: ``"f32[8,784], i32[]"``."""
-    return ", ".join(format_aval(np.shape(leaf), _leaf_dtype(leaf)) for leaf in leaves)
-
-
-def _leaf_dtype(leaf: Any) -> np.dtype:
-    dtype = getattr(leaf, "dtype", None)
-    if dtype is not None:
-        return np.dtype(dtype)
-    return np.dtype(jax.dtypes.canonicalize_dtype(type(leaf)))
+    """A canonical, human-readable signature of flat leaves: ``"f32[8,784], ~f32[]"``."""
+    return ", ".join(format_aval(*leaf_aval(leaf)) for leaf in leaves)

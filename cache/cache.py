@@ -193,7 +193,7 @@ class Cache:
                 self.index  # noqa: B018 - creates the schema of a new cache now
             store = self._open_blobs(self.blob_location or str(folder / "blobs"))
         self.blobs = ContentStore(store)
-        self._environment: dict[bool, Any] = {}
+        self._environment: dict[tuple[bool, str], Any] = {}
 
     def _open_blobs(self, location: str) -> Any:
         engine = self._index.engine if self._index is not None and _same_database(location, self.location) else None
@@ -273,13 +273,14 @@ class Cache:
     @property
     def environment(self):  # type: ignore[no-untyped-def]
         """This process's environment fingerprint, in the current x64 mode (an entry
-        compiled under ``jax.enable_x64(True)`` is checked against an x64 environment)."""
+        compiled under ``jax.enable_x64(True)`` is checked against an x64 environment),
+        recomputed when ``XLA_FLAGS`` changes in this process (both are parts)."""
         import jax
 
-        x64 = bool(jax.config.jax_enable_x64)
-        if x64 not in self._environment:
-            self._environment[x64] = environment_fingerprint()
-        return self._environment[x64]
+        current = (bool(jax.config.jax_enable_x64), os.environ.get("XLA_FLAGS", ""))
+        if current not in self._environment:
+            self._environment[current] = environment_fingerprint()
+        return self._environment[current]
 
     # ------------------------------------------------------------------ writing
 

@@ -83,7 +83,7 @@ def diagnose(
     from aot.cache.index import SCHEMA_VERSION, mask_url
     from aot.cache.maintenance import empty_index_problem
     from aot.cache.objectstore import FOLDER, classify_location
-    from aot.fingerprint import environment_fingerprint
+    from aot.fingerprint import environment_fingerprint, xla_flags_outside_key
 
     devices = jax.devices()
     first = devices[0]
@@ -96,7 +96,12 @@ def diagnose(
         "process_count": jax.process_count(),
     }
     env = environment_fingerprint()
-    environment = {"digest": env.digest, "parts": env.as_dict()}
+    environment = {
+        "digest": env.digest,
+        "parts": env.as_dict(),
+        # Set here but not in the key: they cannot change an executable.
+        "outside_key": {"xla_flags": xla_flags_outside_key()},
+    }
     options: dict[str, Any] = {}
     if settings is not None:
         location = location if location is not None else settings.cache.value

@@ -16,7 +16,7 @@ import jax
 
 from aot.artifact import Manifest
 from aot.errors import AotError
-from aot.fingerprint import PartDifference
+from aot.fingerprint import PartDifference, xla_flags_outside_key
 from aot.lowering import lower
 from aot.specs import format_aval, spec
 from aot.cache.signatures import ArgLeaf, LeafDifference, Signature, leaf_differences
@@ -40,6 +40,8 @@ class Explanation:
     arguments: Signature | None = None  # the request, by path
     nearest_arguments: Signature | None = None
     argument_differences: tuple[LeafDifference, ...] = ()
+    # XLA flags set here that are not part of any key (they cannot change the code).
+    xla_flags_outside_key: str = ""
 
     def _shown(self, signature: Signature | None, flat: str | None) -> str:
         if signature is not None and signature.has_paths:
@@ -62,6 +64,11 @@ class Explanation:
                 lines += [f"  {leaf.describe()}" for leaf in self.argument_differences]
             else:
                 lines.append(f"  {d.describe()}")
+        if self.xla_flags_outside_key:
+            lines.append(
+                f"  (not compared: XLA flags {self.xla_flags_outside_key}, which cannot change "
+                "the executable)"
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -75,6 +82,7 @@ class Explanation:
             "stored": self.stored,
             "arguments": self.arguments.to_list() if self.arguments is not None else [],
             "argument_differences": [d.to_dict() for d in self.argument_differences],
+            "xla_flags_outside_key": self.xla_flags_outside_key,
         }
 
 
@@ -94,7 +102,7 @@ def explain(
         signature = computation.signature
         paths = arg_paths(computation.in_tree, computation.arg_names)
         request = Signature(tuple(
-            ArgLeaf(path, format_aval(a.shape, a.dtype))
+            ArgLeaf(path, format_aval(a.shape, a.dtype, a.weak_type))
             for path, a in zip(paths, computation.in_avals)
         ))
         positional, keywords = (), {}
@@ -102,7 +110,7 @@ def explain(
         positional = tuple(spec(a) for a in args)
         keywords = {k: spec(v) for k, v in lower_kwargs.items()}
         leaves = jax.tree_util.tree_leaves((positional, [keywords[k] for k in sorted(keywords)]))
-        signature = ", ".join(format_aval(leaf.shape, leaf.dtype) for leaf in leaves)
+        signature = ", ".join(format_aval(leaf.shape, leaf.dtype, leaf.weak_type) for leaf in leaves)
         program_parts = {"in_avals": signature}
         request = None  # named after each candidate's own parameter names
     best: tuple[tuple[int, int, int], Manifest, tuple[PartDifference, ...], Signature, Signature] | None = None
@@ -128,9 +136,13 @@ def explain(
         score = (len(diffs), len(leaf_diffs), sum(d.distance() for d in leaf_diffs))
         if best is None or score < best[0]:
             best = (score, manifest, diffs, stored_signature, mine)
+    outside = xla_flags_outside_key()
     if best is None:
         shown = request if request is not None else Signature.from_specs(positional, keywords)
-        return Explanation(name, signature, False, None, None, (), len(entries), shown)
+        return Explanation(
+            name, signature, False, None, None, (), len(entries), shown,
+            xla_flags_outside_key=outside,
+        )
     _, manifest, diffs, stored_signature, mine = best
     leaf_diffs = (
         leaf_differences(stored_signature, mine)
@@ -138,7 +150,7 @@ def explain(
     )
     return Explanation(
         name, signature, not diffs, manifest.key, manifest.signature, diffs, len(entries),
-        mine, stored_signature, leaf_diffs,
+        mine, stored_signature, leaf_diffs, xla_flags_outside_key=outside,
     )
 
 

@@ -20,23 +20,30 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
-from aot.artifact import PORTABLE_HLO, Manifest, manifest_problems
-from aot.rehydrate import compile_symbolic, load_executable, recompile
+from aot.artifact import PORTABLE_HLO, Manifest, _dtype, _json_part, manifest_problems
+from aot.rehydrate import compile_symbolic, load_executable, manifest_args, recompile
 from aot.errors import (
     AotError,
+    AvalMismatchError,
     CacheError,
     CorruptArtifactError,
     IncompatibleEnvironmentError,
     IntegrityError,
     SignatureNotFoundError,
 )
-from aot.executable import MeshExecutable
+from aot.executable import (
+    FAST_CACHE_LIMIT,
+    JAX_ARRAY,
+    Binding,
+    MeshExecutable,
+    call_key,
+    placement_error,
+)
 from aot.fingerprint import describe_differences
-from aot.specs import format_aval, parse_dtype
+from aot.specs import dtype_to_str, format_aval, leaf_aval
 from aot.symbolic import bind, patterns_of
 from aot.cache.cache import Cache, default_location, is_url
 from aot.cache.entry import IndexEntry
@@ -45,7 +52,8 @@ from aot.cache.signatures import describe_call, path_head
 
 log = logging.getLogger(__name__)
 
-LeafKey = tuple[tuple[int, ...], np.dtype]
+# (shape, dtype, weak_type) of one input, as jax.jit sees it.
+LeafKey = tuple[tuple[int, ...], Any, bool]
 
 
 @dataclass
@@ -54,7 +62,8 @@ class _Program:
     quarantined rows (never executed; their portable HLO can still be recompiled)."""
 
     signature: str
-    treedef: PyTreeDef
+    structure: str  # treedef.structure_key of the inputs
+    treedef: PyTreeDef  # the input structure (stand-ins for nodes not rebuildable here)
     leaves: tuple[LeafKey, ...]
     paths: tuple[str, ...]
     local: list[IndexEntry] = field(default_factory=list)
@@ -70,9 +79,10 @@ class _SymbolicProgram:
     rows, newest first, any environment (portable HLO compiles anywhere)."""
 
     signature: str
+    structure: str  # treedef.structure_key of the inputs
     treedef: PyTreeDef
     patterns: tuple[tuple[int | str, ...], ...]
-    dtypes: tuple[np.dtype, ...]
+    dtypes: tuple[tuple[Any, bool], ...]  # (dtype, weak_type) per input
     paths: tuple[str, ...]
     constraints: tuple[str, ...]
     entries: list[IndexEntry] = field(default_factory=list)
@@ -84,16 +94,23 @@ _flatten = jax.tree_util.tree_flatten
 
 
 def _leaf_key(leaf: Any) -> LeafKey:
-    try:
-        return (leaf.shape, leaf.dtype)
-    except AttributeError:
-        if isinstance(leaf, (bool, int, float, complex)):
-            return ((), np.dtype(jax.dtypes.canonicalize_dtype(type(leaf))))
-        return ((-1,), np.dtype("V"))  # matches nothing
+    """The key of one call input, canonicalized as jax.jit does; ``TypeError`` for
+    what jax.jit refuses (a string, an object)."""
+    return leaf_aval(leaf)
 
 
 class Dispatcher:
-    """Calls the executable whose input signature matches the arguments."""
+    """Calls the executable whose input signature matches the arguments.
+
+    The per-call path is a flatten, one tuple of the inputs' avals and one dict lookup
+    (caller structure + avals -> a bound executable); everything else (matching a
+    structure by digest, canonicalizing NumPy and Python inputs as jax.jit does,
+    loading, choosing a padding bucket) happens on the first call of each kind and is
+    remembered.
+
+    ``strict=True`` never writes to the cache: a row it finds damaged is logged and
+    refused, not quarantined (``aot verify`` does that).
+    """
 
     def __init__(
         self,
@@ -109,46 +126,63 @@ class Dispatcher:
         self.strict = strict
         self.fallback = fallback
         self.pad = pad
-        self._programs: dict[tuple[PyTreeDef, tuple[LeafKey, ...]], _Program] = {}
+        self._programs: dict[tuple[str, tuple[LeafKey, ...]], _Program] = {}
+        # The per-call cache: (caller treedef, call_key of its leaves) -> a bound
+        # executable (or a padded call); structure keys per caller treedef.
+        self._fast: dict[tuple[PyTreeDef, tuple[Any, ...]], Any] = {}
+        self._structures: dict[PyTreeDef, str] = {}
         self._symbolic: dict[tuple[Any, ...], _SymbolicProgram] = {}
         self._symbolic_lock = threading.Lock()
-        self._pad_axes: dict[PyTreeDef, dict[int, int]] = {}
-        # (treedef, leaf keys) -> (bucket program, its size, rows): a request size seen
-        # before skips the search.
-        self._pad_choice: dict[tuple[PyTreeDef, tuple[LeafKey, ...]], tuple[_Program, int, int]] = {}
+        self._pad_axes: dict[str, dict[int, int]] = {}
         # Rows this dispatcher could not place, for the start-up error: (entry, why).
         self.unusable: list[tuple[IndexEntry, str]] = []
+        # Entries that cannot serve in this process (other x64 mode, platform or
+        # devices, a dtype this jax lacks): (key, signature, reason), never quarantined.
+        self.skipped: list[tuple[str, str, str]] = []
+        environment = cache.environment
         # Quarantined rows too: their executable is never run, but the signature stays
         # servable by recompiling their portable HLO (the fallback ladder).
         for entry in cache.entries_named(name, state=None):
             try:
                 manifest = Manifest.from_json(entry.manifest)
-                treedef = treedefs.from_json(manifest.in_tree)
+                reason = _cannot_serve_here(manifest, environment.as_dict())
+                if reason is None:
+                    structure = treedefs.structure_key_of_json(manifest.in_tree)
+                    treedef = treedefs.from_json(manifest.in_tree, standins=True)
+                    # Dtypes this jax may lack (IncompatibleEnvironmentError).
+                    args = () if manifest.is_symbolic else manifest_args(manifest)
+                    dtypes = tuple(
+                        (_dtype(a["dtype"]), bool(a.get("weak_type", False))) for a in manifest.args
+                    )
+            except IncompatibleEnvironmentError as exc:
+                reason = str(exc)
             except AotError as exc:
-                cache.quarantine(entry, f"unreadable manifest: {exc}")
+                self._quarantine(entry, f"unreadable manifest: {exc}")
                 self.unusable.append((entry, f"unreadable manifest: {exc}"))
                 continue
+            if reason is not None:
+                log.warning("aot.load(%r): skipping %s (%s): %s", name, entry.key[:12], entry.signature, reason)
+                self.skipped.append((entry.key, entry.signature, reason))
+                continue
             if manifest.is_symbolic:
-                self._add_symbolic(entry, manifest, treedef)
+                self._add_symbolic(entry, manifest, structure, treedef, dtypes)
                 continue
             problems = manifest_problems(manifest)
             if any(p.startswith("in_tree") for p in problems):
                 # Its input structure cannot be trusted, so it cannot even be filed
                 # under a signature; never served, never recompiled.
                 reason = "manifest contradicts its fingerprints: " + "; ".join(problems)
-                cache.quarantine(entry, reason)
+                self._quarantine(entry, reason)
                 self.unusable.append((entry, reason))
                 continue
-            if problems and entry.ok and cache.quarantine(
+            if problems and entry.ok and self._quarantine(
                 entry, "manifest contradicts its fingerprints: " + "; ".join(problems)
             ):
                 entry = cache.reread(entry) or entry
-            leaves = tuple(
-                (tuple(int(d) for d in a["shape"]), parse_dtype(a["dtype"])) for a in manifest.args
-            )
+            leaves = tuple((a.shape, a.dtype, a.weak_type) for a in args)
             program = self._programs.setdefault(
-                (treedef, leaves),
-                _Program(manifest.signature, treedef, leaves, tuple(str(a["path"]) for a in manifest.args)),
+                (structure, leaves),
+                _Program(manifest.signature, structure, treedef, leaves, tuple(a.path for a in args)),
             )
             self._place(program, entry, front=True)
             # Rows come oldest first and are inserted at the front: the newest row of
@@ -159,6 +193,20 @@ class Dispatcher:
         )
         if pad is not None:
             self._check_pad_paths()
+
+    def _quarantine(self, entry: IndexEntry, reason: str) -> bool:
+        """Quarantines ``entry`` while its row is still as read (compare-and-set);
+        True when it did. Serving with ``strict=True`` never writes to the cache: the
+        row is logged and not used, and False returned."""
+        if self.strict:
+            log.warning("aot.load(%r): not using %s: %s", self.name, entry.key[:12], reason)
+            return False
+        return self.cache.quarantine(entry, reason)
+
+    @property
+    def _writes(self) -> bool:
+        """Whether this dispatcher may write to the cache (quarantine, store)."""
+        return not self.strict and not self.cache.read_only
 
     def _place(self, program: _Program, entry: IndexEntry, *, front: bool = False) -> None:
         """Files a row under local, foreign or quarantined by its state and environment."""
@@ -215,15 +263,48 @@ class Dispatcher:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, treedef = _flatten((args, kwargs))
-        try:  # the common case, arrays only, without a Python call per leaf
-            signature = tuple([(leaf.shape, leaf.dtype) for leaf in leaves])
-        except AttributeError:
-            signature = tuple(map(_leaf_key, leaves))
-        program = self._programs.get((treedef, signature))
+        if leaves and type(leaves[0]) is JAX_ARRAY:  # call_key, inlined for JAX arrays
+            try:
+                key = tuple([leaf.aval for leaf in leaves])
+            except AttributeError:
+                key = call_key(leaves)
+        else:
+            key = call_key(leaves)
+        binding = self._fast.get((treedef, key))
+        if binding is None:
+            return self._first_call(args, kwargs, leaves, treedef)
+        try:
+            return binding.fn(*leaves)
+        except AotError:
+            raise  # a padded call's own errors (pad_outputs), already clear
+        except (TypeError, ValueError) as exc:
+            raise placement_error(self.name, exc) from exc
+
+    def _structure_of(self, treedef: PyTreeDef) -> str:
+        structure = self._structures.get(treedef)
+        if structure is None:
+            structure = treedefs.structure_key(treedef)
+            if len(self._structures) < FAST_CACHE_LIMIT:
+                self._structures[treedef] = structure
+        return structure
+
+    def _remember(self, treedef: PyTreeDef, leaves: Sequence[Any], binding: Any) -> None:
+        if len(self._fast) < FAST_CACHE_LIMIT:
+            self._fast[(treedef, call_key(leaves))] = binding
+
+    def _first_call(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Any:
+        """A kind of call not seen yet: match by structure digest and canonical avals."""
+        try:
+            keys = tuple(map(_leaf_key, leaves))
+        except TypeError:
+            raise self._not_a_jax_type(args, kwargs) from None
+        program = self._programs.get((self._structure_of(treedef), keys))
         if program is None:
-            return self._miss(args, kwargs, leaves, treedef)
+            return self._miss(args, kwargs, leaves, treedef, keys)
         executable = program.executable or self._executable(program)
-        return executable.call_checked(args, kwargs)
+        binding = executable.bind(treedef)
+        self._remember(treedef, leaves, binding)
+        return binding(leaves)
 
     def _executable(self, program: _Program) -> MeshExecutable:
         with program.lock:
@@ -256,7 +337,8 @@ class Dispatcher:
                 problems.append(str(exc))
                 if fresh is None:
                     continue  # deleted meanwhile: nothing to quarantine
-                if not self.cache.quarantine(entry, str(exc)) and not self.cache.read_only:
+                # Under strict=True or read-only: logged, never written.
+                if not self._quarantine(entry, str(exc)) and self._writes:
                     changed = self.cache.reread(entry)
                     if changed is not None and rereads < _MAX_REREADS:
                         rereads += 1
@@ -342,47 +424,65 @@ class Dispatcher:
             + "; ".join(errors)
         )
 
-    def _miss(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Any:
+    def _miss(
+        self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef, keys: tuple[LeafKey, ...]
+    ) -> Any:
         notes: list[str] = []
         if self.pad is not None:
-            result = self._padded_call(leaves, treedef, notes)
+            result = self._padded_call(leaves, treedef, keys, notes)
             if result is not _NO_MATCH:
                 return result
         if self._symbolic:
-            result = self._symbolic_call(args, kwargs, leaves, treedef, notes)
+            result = self._symbolic_call(args, kwargs, leaves, treedef, keys, notes)
             if result is not _NO_MATCH:
                 return result
         if self.fallback is not None:
             log.warning(
                 "aot.load(%r): no stored signature for (%s); compiling with the fallback",
-                self.name, _describe(leaves),
+                self.name, describe_call(args, kwargs, self._arg_names()),
             )
             result = self.cache.compile_entry(self.fallback, *args, name=self.name, **kwargs)
             executable = result.executable
-            key = (treedef, tuple(map(_leaf_key, leaves)))
-            self._programs[key] = _Program(
-                executable.signature, treedef, key[1],
-                tuple(a.path for a in executable.info.args), [result.entry], [], executable,
+            structure = self._structure_of(treedef)
+            self._programs[(structure, keys)] = _Program(
+                executable.signature, structure, executable.info.in_tree, keys,
+                tuple(a.path for a in executable.info.args), [result.entry], [], [], executable,
             )
             return executable(*args, **kwargs)
-        raise self._not_found(leaves, treedef, notes, args, kwargs)
+        raise self._not_found(args, kwargs, treedef, keys, notes)
+
+    def _not_a_jax_type(self, args: Any, kwargs: Any) -> AvalMismatchError:
+        bad = []
+        for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]:
+            try:
+                _leaf_key(leaf)
+            except TypeError:
+                bad.append(f"{_render(path)} is {_short(leaf)}")
+        return AvalMismatchError(
+            f"{self.name}: {'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}: not an array "
+            "or a Python scalar (jax.jit refuses it too); pass arrays",
+            tuple(bad),
+        )
 
     def _not_found(
-        self, leaves: list[Any], treedef: PyTreeDef, notes: Sequence[str] = (),
-        args: Any = (), kwargs: Any = None,
+        self, args: Any, kwargs: Any, treedef: PyTreeDef, got: tuple[LeafKey, ...],
+        notes: Sequence[str] = (),
     ) -> SignatureNotFoundError:
-        got = tuple(map(_leaf_key, leaves))
         stored = self.signatures
         lines = [f"  {s}" for s in stored] or ["  (none: nothing is stored under this name here)"]
         # Per argument, by name: a list of 1000 floats is one phrase, not 1000 leaves.
-        call = describe_call(args, kwargs or {}, self._arg_names()) if args or kwargs else _describe(leaves)
+        call = describe_call(args, kwargs, self._arg_names())
         message = (
             f"{self.name}: no executable compiled for ({call}).\n"
             f"Stored signatures:\n" + "\n".join(lines)
         )
+        if self.skipped:
+            message += "\nNot servable in this process:\n" + "\n".join(
+                f"  {sig} ({key[:12]}): {reason}" for key, sig, reason in self.skipped[:5]
+            )
         for note in notes:
             message += f"\n{note}"
-        nearest = self._nearest(treedef, got)
+        nearest = self._nearest(args, kwargs, treedef, got)
         if nearest is not None:
             program, diffs = nearest
             message += f"\nNearest: ({program.signature}); differs in " + ", ".join(diffs)
@@ -404,12 +504,13 @@ class Dispatcher:
         return names
 
     def _nearest(
-        self, treedef: PyTreeDef, got: tuple[LeafKey, ...]
+        self, args: Any, kwargs: Any, treedef: PyTreeDef, got: tuple[LeafKey, ...]
     ) -> tuple[_Program, list[str]] | None:
         best: tuple[tuple[int, int], _Program, list[str]] | None = None
+        structure = self._structure_of(treedef)
         for program in self._programs.values():
-            if program.treedef != treedef or len(program.leaves) != len(got):
-                diffs = [f"pytree structure ({len(program.leaves)} leaves vs {len(got)})"]
+            if program.structure != structure or len(program.leaves) != len(got):
+                diffs = _structure_differences(program, args, kwargs)
                 score: tuple[int, int] = (1000, 0)
             else:
                 differing = [
@@ -419,6 +520,7 @@ class Dispatcher:
                 ]
                 diffs = [
                     f"{path}: stored {format_aval(*want)}, got {format_aval(*have)}"
+                    + (_WEAK_HINT if want[2] != have[2] else "")
                     for path, want, have in differing
                 ]
                 # Fewest differing leaves first, then the closest shapes (batch 8 is
@@ -431,16 +533,18 @@ class Dispatcher:
 
     # ------------------------------------------------------------ symbolic shapes
 
-    def _add_symbolic(self, entry: IndexEntry, manifest: Manifest, treedef: PyTreeDef) -> None:
+    def _add_symbolic(
+        self, entry: IndexEntry, manifest: Manifest, structure: str, treedef: PyTreeDef,
+        dtypes: tuple[tuple[Any, bool], ...],
+    ) -> None:
         if not entry.ok:  # its portable HLO is what is damaged: nothing to compile from
             log.warning("%s (%s): symbolic entry %s is quarantined: %s", self.name,
                         manifest.signature, entry.key[:12], entry.state_reason)
             return
         patterns = patterns_of(manifest.args)
-        dtypes = tuple(parse_dtype(a["dtype"]) for a in manifest.args)
-        key = (treedef, patterns, dtypes, manifest.symbolic_constraints)
+        key = (structure, patterns, dtypes, manifest.symbolic_constraints)
         program = self._symbolic.setdefault(key, _SymbolicProgram(
-            manifest.signature, treedef, patterns, dtypes,
+            manifest.signature, structure, treedef, patterns, dtypes,
             tuple(str(a["path"]) for a in manifest.args), manifest.symbolic_constraints,
         ))
         # Newest first; this environment's rows before others (same portable HLO kind).
@@ -448,25 +552,27 @@ class Dispatcher:
         program.entries.sort(key=lambda e: e.env_fp != self.cache.environment.digest)
 
     def _symbolic_call(
-        self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef, notes: list[str],
+        self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef,
+        got: tuple[LeafKey, ...], notes: list[str],
     ) -> Any:
         """Serves a call with no stored executable from a symbolic signature: compiles
         its portable HLO for these shapes (no tracing, no model code), stores the
         executable under the same name, and runs it. ``strict=True`` refuses."""
-        got = tuple(map(_leaf_key, leaves))
+        structure = self._structure_of(treedef)
         for program in self._symbolic.values():
-            if program.treedef != treedef or len(program.patterns) != len(got):
+            if program.structure != structure or len(program.patterns) != len(got):
                 continue
             wrong = [
-                f"{path}: {format_aval(shape, have)} is not {np.dtype(want).name}"
-                for path, want, (shape, have) in zip(program.paths, program.dtypes, got)
-                if np.dtype(want) != np.dtype(have)
+                f"{path}: {format_aval(shape, have, have_weak)} is not "
+                f"{'weakly typed ' if want_weak else ''}{dtype_to_str(want)}"
+                for path, (want, want_weak), (shape, have, have_weak) in zip(program.paths, program.dtypes, got)
+                if (want, want_weak) != (have, have_weak)
             ]
             if wrong:
                 notes.append(f"Symbolic ({program.signature}) does not fit: {wrong[0]}")
                 continue
             binding = bind(
-                program.patterns, [shape for shape, _ in got], program.constraints,
+                program.patterns, [shape for shape, _, _ in got], program.constraints,
                 paths=program.paths,
             )
             if not binding.ok:
@@ -474,8 +580,10 @@ class Dispatcher:
                 continue
             if self.strict:
                 raise self._strict_symbolic_error(program, got, binding.values or {})
-            executable = self._compile_symbolic(program, treedef, got, binding.values or {})
-            return executable.call_checked(args, kwargs)
+            executable = self._compile_symbolic(program, structure, got, binding.values or {})
+            bound = executable.bind(treedef)
+            self._remember(treedef, leaves, bound)
+            return bound(leaves)
         return _NO_MATCH
 
     def _strict_symbolic_error(
@@ -494,18 +602,18 @@ class Dispatcher:
         )
 
     def _compile_symbolic(
-        self, program: _SymbolicProgram, treedef: PyTreeDef, got: tuple[LeafKey, ...],
+        self, program: _SymbolicProgram, structure: str, got: tuple[LeafKey, ...],
         values: dict[str, int],
     ) -> MeshExecutable:
         with self._symbolic_lock:
-            existing = self._programs.get((treedef, got))
+            existing = self._programs.get((structure, got))
             if existing is not None:  # another thread compiled it meanwhile
                 return existing.executable or self._executable(existing)
             errors: list[str] = []
             for entry in program.entries:
                 try:
                     artifact = self.cache.artifact(entry, roles=(PORTABLE_HLO,))
-                    concrete = compile_symbolic(artifact, [shape for shape, _ in got])
+                    concrete = compile_symbolic(artifact, [shape for shape, _, _ in got])
                     executable = load_executable(concrete, current=self.cache.environment)
                 except IntegrityError:
                     raise  # unsigned or tampered: never compiled from, and said as such
@@ -523,9 +631,9 @@ class Dispatcher:
                 stored: list[IndexEntry] = []
                 if not self.cache.read_only:
                     stored.append(self.cache.put_artifact(concrete))
-                self._programs[(treedef, got)] = _Program(
-                    concrete.manifest.signature, treedef, got, program.paths, stored, [], [],
-                    executable,
+                self._programs[(structure, got)] = _Program(
+                    concrete.manifest.signature, structure, program.treedef, got, program.paths,
+                    stored, [], [], executable,
                 )
                 return executable
             raise CorruptArtifactError(
@@ -542,41 +650,42 @@ class Dispatcher:
         if programs:
             self.pad.axes_for(sorted({p for program in programs for p in program.paths}))
 
-    def _padded_call(self, leaves: list[Any], treedef: PyTreeDef, notes: list[str]) -> Any:
+    def _padded_call(
+        self, leaves: list[Any], treedef: PyTreeDef, got: tuple[LeafKey, ...], notes: list[str],
+    ) -> Any:
         """Pads the declared inputs up to the smallest stored bucket that fits.
 
         No bucket large enough: refused, naming the largest; unless a symbolic entry
-        may serve the exact shape (``strict=False``), which is then tried.
+        may serve the exact shape (``strict=False``), which is then tried. The choice
+        is remembered with the call's kind: later calls of it pad and run directly.
         """
         assert self.pad is not None
-        got = tuple(map(_leaf_key, leaves))
-        choice = self._pad_choice.get((treedef, got))
+        choice = self._choose_bucket(leaves, treedef, got, notes)
         if choice is None:
-            choice = self._choose_bucket(leaves, treedef, got, notes)
-            if choice is None:
-                return _NO_MATCH
-            self._pad_choice[(treedef, got)] = choice
+            return _NO_MATCH
         program, size, n = choice
-        axes = self._pad_axes[treedef]
-        padded = [
-            pad_leaf(leaf, axes[i], size, self.pad.value) if i in axes else leaf
-            for i, leaf in enumerate(leaves)
-        ]
-        args, kwargs = jax.tree_util.tree_unflatten(treedef, padded)
+        axes = self._pad_axes[self._structure_of(treedef)]
         executable = program.executable or self._executable(program)
-        out = executable.call_checked(args, kwargs)
-        return unpad_outputs(out, self.pad, size, n)
+        padded = _PaddedCall(executable.bind(treedef), axes, size, n, self.pad)
+        self._remember(treedef, leaves, padded)
+        try:
+            return padded.fn(*leaves)
+        except AotError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise placement_error(self.name, exc) from exc
 
     def _choose_bucket(
         self, leaves: list[Any], treedef: PyTreeDef, got: tuple[LeafKey, ...], notes: list[str],
     ) -> tuple[_Program, int, int] | None:
         assert self.pad is not None
-        candidates = [p for p in self._programs.values() if p.treedef == treedef]
+        structure = self._structure_of(treedef)
+        candidates = [p for p in self._programs.values() if p.structure == structure]
         if not candidates:
             return None
-        axes = self._pad_axes.get(treedef)
+        axes = self._pad_axes.get(structure)
         if axes is None:
-            axes = self._pad_axes[treedef] = self.pad.axes_for(candidates[0].paths)
+            axes = self._pad_axes[structure] = self.pad.axes_for(candidates[0].paths)
         n = rows(leaves, got, axes)
         sizes = [(fits(p.leaves, got, axes, n), p) for p in candidates]
         usable = [(size, p) for size, p in sizes if size is not None]
@@ -601,8 +710,30 @@ class Dispatcher:
         return program, size, n
 
 
+class _PaddedCall:
+    """A kind of call served by padding to a bucket: ``fn(*leaves)`` pads the declared
+    inputs, runs the bucket's executable and slices the outputs back (the dispatcher's
+    per-call cache holds it like a :class:`Binding`)."""
+
+    __slots__ = ("binding", "axes", "size", "n", "plan")
+
+    def __init__(self, binding: Binding, axes: dict[int, int], size: int, n: int, plan: PadPlan) -> None:
+        self.binding = binding
+        self.axes = axes
+        self.size = size
+        self.n = n
+        self.plan = plan
+
+    def fn(self, *leaves: Any) -> Any:
+        axes, size, value = self.axes, self.size, self.plan.value
+        padded = [
+            pad_leaf(leaf, axes[i], size, value) if i in axes else leaf
+            for i, leaf in enumerate(leaves)
+        ]
+        return unpad_outputs(self.binding.fn(*padded), self.plan, size, self.n)
+
 def _describe_keys(keys: Sequence[LeafKey]) -> str:
-    return ", ".join(format_aval(shape, dtype) for shape, dtype in keys)
+    return ", ".join(format_aval(shape, dtype, weak) for shape, dtype, weak in keys)
 
 
 _MAX_REREADS = 4  # rows rewritten again and again while one call loads: give up
@@ -613,8 +744,14 @@ def _same_row(a: IndexEntry, b: IndexEntry) -> bool:
     return (a.exe_digest, a.hlo_digest, a.manifest) == (b.exe_digest, b.hlo_digest, b.manifest)
 
 
+_WEAK_HINT = (
+    " (a Python scalar is weakly typed under jax.jit, an array is not: pass the kind "
+    "that was compiled, or compile the other)"
+)
+
+
 def _distance(want: LeafKey, have: LeafKey) -> int:
-    (want_shape, want_dtype), (have_shape, have_dtype) = want, have
+    (want_shape, want_dtype, _), (have_shape, have_dtype, _) = want, have
     if len(want_shape) != len(have_shape):
         return 1 << 40
     return sum(abs(a - b) for a, b in zip(want_shape, have_shape)) + (
@@ -622,12 +759,134 @@ def _distance(want: LeafKey, have: LeafKey) -> int:
     )
 
 
-def _describe(leaves: Sequence[Any]) -> str:
-    parts = []
-    for leaf in leaves:
-        shape, dtype = _leaf_key(leaf)
-        parts.append(format_aval(shape, dtype) if dtype.kind != "V" else type(leaf).__name__)
-    return ", ".join(parts)
+def _short(value: Any, limit: int = 60) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001
+        text = "?"
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"a {type(value).__name__} ({text})"
+
+
+def _render(key_path: Sequence[Any]) -> str:
+    head, rest = key_path[:2], key_path[2:]
+    if getattr(head[0], "idx", 0) == 0:
+        name = f"args[{getattr(head[1], 'idx', 0)}]"
+    else:
+        name = str(getattr(head[1], "key", head[1]))
+    return name + jax.tree_util.keystr(tuple(rest))
+
+
+def _describe_value(value: Any) -> str:
+    """One short phrase for one argument: its aval, or what kind of pytree it is."""
+    leaves, tree = _flatten(value)
+    if tree.num_leaves == 1 and tree.num_nodes == 1:
+        try:
+            return format_aval(*_leaf_key(leaves[0]))
+        except TypeError:
+            return _short(value)
+    node = tree.node_data()
+    if node is None:
+        return "None"
+    cls, aux = node
+    n = len(tree.children())
+    if cls in (list, tuple):
+        kind = f"a {cls.__name__} of {n} item{'s' if n != 1 else ''}"
+    elif cls is dict:
+        kind = f"a dict with keys {sorted(map(str, aux))[:6]}"
+    elif cls is type(None):
+        return "None"
+    else:
+        kind = f"a {getattr(cls, '__qualname__', cls)}"
+    if tree.num_leaves <= 4:
+        try:
+            return kind + " (" + ", ".join(format_aval(*_leaf_key(x)) for x in leaves) + ")"
+        except TypeError:
+            return kind
+    return f"{kind} ({tree.num_leaves} leaves)"
+
+
+
+def _structure_differences(program: _Program, args: Any, kwargs: Any) -> list[str]:
+    """Which arguments differ in pytree structure from a stored program's."""
+    try:
+        stored_args, stored_kwargs = program.treedef.children()
+        arg_trees = stored_args.children()
+    except (ValueError, AttributeError):
+        return ["pytree structure"]
+    names = _argument_names(program, arg_trees)
+    diffs: list[str] = []
+    if len(arg_trees) != len(args):
+        diffs.append(f"pytree structure ({len(arg_trees)} positional arguments stored, {len(args)} given)")
+    for i, (tree, value) in enumerate(zip(arg_trees, args)):
+        if treedefs.structure_key(tree) != treedefs.structure_key(jax.tree_util.tree_structure(value)):
+            diffs.append(f"pytree structure of {names[i]}: stored {_describe_tree(tree)}, got {_describe_value(value)}")
+    stored_keys = list((stored_kwargs.node_data() or (None, []))[1] or [])
+    if sorted(map(str, stored_keys)) != sorted(map(str, kwargs)):
+        diffs.append(f"pytree structure of keyword arguments: stored {sorted(map(str, stored_keys))}, got {sorted(map(str, kwargs))}")
+    return diffs or [f"pytree structure ({len(program.leaves)} leaves stored)"]
+
+
+def _argument_names(program: _Program, arg_trees: Sequence[PyTreeDef]) -> list[str]:
+    names, offset = [], 0
+    for i, tree in enumerate(arg_trees):
+        name = f"args[{i}]"
+        if tree.num_leaves and offset < len(program.paths):
+            path = program.paths[offset]
+            placeholder = tree.unflatten(range(tree.num_leaves))
+            inner = jax.tree_util.keystr(tuple(jax.tree_util.tree_flatten_with_path(placeholder)[0][0][0]))
+            if path.endswith(inner) and len(path) > len(inner):
+                name = path[: len(path) - len(inner)]
+            elif not inner:
+                name = path
+        names.append(name)
+        offset += tree.num_leaves
+    return names
+
+
+def _describe_tree(tree: PyTreeDef) -> str:
+    node = tree.node_data()
+    if node is None:
+        return "an array"
+    cls, aux = node
+    n = len(tree.children())
+    if cls in (list, tuple):
+        return f"a {cls.__name__} of {n} item{'s' if n != 1 else ''}"
+    if cls is dict:
+        return f"a dict with keys {sorted(map(str, aux))[:6]}"
+    if cls is type(None):
+        return "None"
+    if cls is treedefs.Unresolved:
+        return f"a {aux[0]}"
+    return f"a {getattr(cls, '__qualname__', cls)}"
+
+
+def _cannot_serve_here(manifest: Manifest, here: dict[str, str]) -> str | None:
+    """Why an entry can neither run nor be recompiled in this process, or None."""
+    program_x64 = manifest.program.as_dict().get("x64")
+    current_x64 = here.get("x64")
+    if program_x64 is not None and current_x64 is not None and program_x64 != current_x64:
+        return (
+            f"compiled with jax_enable_x64={program_x64}, this process has "
+            f"jax_enable_x64={current_x64}"
+        )
+    stored_platform = manifest.environment.as_dict().get("platform")
+    if stored_platform is not None and stored_platform != here.get("platform"):
+        return f"compiled for platform {stored_platform}, this process runs {here.get('platform')}"
+    live = {int(d.id) for d in jax.devices()}
+    # The devices the program fingerprint pins (the manifest's device_ids field is not
+    # covered by the key: a wrong one is corruption, quarantined and healed, not a
+    # reason to skip the entry).
+    pinned = _json_part(manifest.program.as_dict(), "devices")
+    wanted = pinned if isinstance(pinned, list) and all(isinstance(d, int) for d in pinned) else manifest.device_ids
+    missing = sorted(set(wanted) - live)
+    if missing:
+        return (
+            f"needs device ids {missing[:8]} (compiled on "
+            f"{manifest.environment.as_dict().get('device_count', '?')} devices), this process "
+            f"has {len(live)}"
+        )
+    return None
 
 
 def load(

@@ -36,7 +36,8 @@ import numpy as np
 
 from aot.errors import AvalMismatchError, SpecError
 
-LeafKey = tuple[tuple[int, ...], np.dtype]
+# (shape, dtype, weak_type) of one input, as the loader keys it.
+LeafKey = tuple[tuple[int, ...], Any, bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +144,10 @@ def fits(
     if len(stored) != len(got):
         return None
     size: int | None = None
-    for i, ((want_shape, want_dtype), (have_shape, have_dtype)) in enumerate(zip(stored, got)):
-        if np.dtype(want_dtype) != np.dtype(have_dtype) or len(want_shape) != len(have_shape):
+    for i, ((want_shape, want_dtype, want_weak), (have_shape, have_dtype, have_weak)) in enumerate(
+        zip(stored, got)
+    ):
+        if want_dtype != have_dtype or want_weak != have_weak or len(want_shape) != len(have_shape):
             return None
         axis = axes.get(i)
         for d, (want, have) in enumerate(zip(want_shape, have_shape)):

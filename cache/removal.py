@@ -51,7 +51,7 @@ def _normalize_aval(text: str) -> str:
         struct = spec(text.strip())
     except SpecError as exc:
         raise SpecError(f"--signature: {exc}") from None
-    return format_aval(struct.shape, struct.dtype)
+    return format_aval(struct.shape, struct.dtype, struct.weak_type)
 
 
 @dataclass(frozen=True, slots=True)

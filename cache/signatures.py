@@ -138,12 +138,16 @@ class Signature:
 
     @classmethod
     def from_manifest_args(cls, args: Iterable[Mapping[str, Any]]) -> Signature:
-        """From a manifest's ``args`` (``path``, ``shape``, ``dtype`` per leaf)."""
+        """From a manifest's ``args`` (``path``, ``shape``, ``dtype``, optional
+        ``weak_type`` per leaf): ``~f32[]``, ``key<fry>[2]``, ``i4[8]``, ``f32[b,784]``."""
         leaves = []
         for arg in args:
             # A symbolic dimension is stored as its expression ("b", "2*b").
             dims = ",".join(str(d) if isinstance(d, str) else str(int(d)) for d in arg["shape"])
-            leaves.append(ArgLeaf(str(arg.get("path", "")), f"{_short_dtype(str(arg['dtype']))}[{dims}]"))
+            weak = "~" if arg.get("weak_type") is True else ""
+            leaves.append(ArgLeaf(
+                str(arg.get("path", "")), f"{weak}{_short_dtype(str(arg['dtype']))}[{dims}]"
+            ))
         return cls(tuple(leaves))
 
     @classmethod
@@ -176,8 +180,8 @@ class Signature:
         def leaves_of(name: str, tree: Any) -> list[ArgLeaf]:
             out = []
             for key_path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-                shape, dtype = _shape_dtype(leaf)
-                out.append(ArgLeaf(name + jax.tree_util.keystr(tuple(key_path)), format_aval(shape, dtype)))
+                shape, dtype, weak = _shape_dtype(leaf)
+                out.append(ArgLeaf(name + jax.tree_util.keystr(tuple(key_path)), format_aval(shape, dtype, weak)))
             return out
 
         leaves: list[ArgLeaf] = []
@@ -246,16 +250,20 @@ def _short_dtype(name: str) -> str:
     return dtype_name(parse_dtype(name))
 
 
-def _shape_dtype(leaf: Any) -> tuple[tuple[int, ...], Any]:
-    import numpy as np
-
-    shape = getattr(leaf, "shape", None)
-    dtype = getattr(leaf, "dtype", None)
-    if shape is not None and dtype is not None:
-        return tuple(shape), dtype
+def _shape_dtype(leaf: Any) -> tuple[tuple[Any, ...], Any, bool]:
+    """Shape, dtype and weak type of a spec (``ShapeDtypeStruct``) or an argument, as
+    ``jax.jit`` sees it (x64 off: a NumPy float64 array is f32; a Python float is
+    ``~f32[]``)."""
     import jax
 
-    return (), np.dtype(jax.dtypes.canonicalize_dtype(type(leaf)))
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return tuple(leaf.shape), leaf.dtype, bool(leaf.weak_type)
+    from aot.specs import leaf_aval
+
+    try:
+        return leaf_aval(leaf)
+    except TypeError:  # not a JAX type: described by what it claims
+        return tuple(getattr(leaf, "shape", ())), getattr(leaf, "dtype", None), False
 
 
 # ---------------------------------------------------------------- differences
@@ -290,7 +298,7 @@ class LeafDifference:
         return sum(abs(x - y) for x, y in zip(a[1], b[1])) + (0 if a[0] == b[0] else 1 << 30)
 
 
-_AVAL = re.compile(r"^\s*(\w+)\[([\d,\s]*)\]\s*$")
+_AVAL = re.compile(r"^\s*(~?[\w<>]+)\[([\d,\s]*)\]\s*$")
 
 
 def _dims(aval: str) -> tuple[str, tuple[int, ...]] | None:
@@ -344,8 +352,10 @@ def _describe_value(value: Any) -> str:
 
     from aot.specs import format_aval
 
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return format_aval(value.shape, value.dtype)
+    if hasattr(value, "shape") and hasattr(value, "dtype") and jax.tree_util.treedef_is_leaf(
+        jax.tree_util.tree_structure(value)
+    ):
+        return format_aval(*_shape_dtype(value))
     if isinstance(value, (bool, int, float, complex)):
         return f"Python {type(value).__name__} {value!r}"
     leaves = jax.tree_util.tree_leaves(value)

@@ -29,6 +29,7 @@ __all__ = [
     "x64_mode",
     "item_signature",
     "make_mesh",
+    "place_statics",
     "prepare",
     "resolve_args",
     "resolve_target",
@@ -234,8 +235,8 @@ def prepare(item: WarmupItem) -> Prepared:
         return Prepared(fn, args, options)
     options.update(kwargs)
     if item.static:
-        options.update(dict(item.static))
-        options["static_argnames"] = tuple(k for k, _ in item.static)
+        args, statics = place_statics(fn, args, dict(item.static))
+        options.update(statics)
     if mesh is not None:
         options["mesh"] = mesh
     if item.in_shardings is not None:
@@ -246,6 +247,57 @@ def prepare(item: WarmupItem) -> Prepared:
             tuple(_sharding_value(s) for s in out) if isinstance(out, tuple) else _sharding_value(out)
         )
     return Prepared(fn, args, options)
+
+
+def place_statics(
+    fn: Callable[..., Any], args: Sequence[Any], statics: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Puts static values (``--static NAME=JSON``, a manifest's ``static = {...}``) where
+    ``fn`` takes them: ``args`` lists the dynamic positional arguments in order.
+
+    A static parameter that comes before the last dynamic positional argument, or that
+    is positional-only, is inserted at its position (``static_argnums``); the others
+    are passed by keyword (``static_argnames``). Returns the new positional arguments
+    and the options for :func:`aot.lower`: the values by keyword, ``static_argnums``
+    and ``static_argnames``.
+    """
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature: keywords, as written
+        params = []
+    unknown = [n for n in statics if n not in {p.name for p in params}]
+    if params and unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        raise TargetError(
+            f"static {', '.join(map(repr, unknown))} is not a parameter of {getattr(fn, '__qualname__', fn)} "
+            f"(its parameters: {', '.join(p.name for p in params)})"
+        )
+    positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    dynamic = list(args)
+    placed: list[Any] = []
+    nums: list[int] = []
+    remaining = dict(statics)
+    for param in params:
+        if param.kind not in positional_kinds:
+            break
+        if param.name in remaining:
+            needed = bool(dynamic) or param.kind is inspect.Parameter.POSITIONAL_ONLY
+            if not needed:
+                break  # nothing dynamic follows: by keyword
+            nums.append(len(placed))
+            placed.append(remaining.pop(param.name))
+        elif dynamic:
+            placed.append(dynamic.pop(0))
+        else:
+            break
+    placed.extend(dynamic)
+    options: dict[str, Any] = dict(remaining)
+    if nums:
+        options["static_argnums"] = tuple(nums)
+    if remaining:
+        options["static_argnames"] = tuple(remaining)
+    return tuple(placed), options
 
 
 def compile_item(cache: Cache, item: WarmupItem) -> CompileResult:
@@ -315,4 +367,4 @@ def item_signature(item: WarmupItem) -> str:
         except SpecError as exc:
             raise x64_hint(item, exc) from None
         leaves = jax.tree_util.tree_leaves((args, [kwargs[k] for k in sorted(kwargs)]))
-        return ", ".join(format_aval(leaf.shape, leaf.dtype) for leaf in leaves)
+        return ", ".join(format_aval(leaf.shape, leaf.dtype, leaf.weak_type) for leaf in leaves)

@@ -93,8 +93,11 @@ def _inputs(item: WarmupItem) -> tuple[str, int]:
     mesh = make_mesh(item.mesh) if item.mesh is not None else None
     args, kwargs = resolve_args(item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh)
     leaves = jax.tree_util.tree_leaves((args, kwargs))
-    signature = ", ".join(format_aval(leaf.shape, leaf.dtype) for leaf in leaves)
-    size = sum(int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize for leaf in leaves)
+    signature = ", ".join(
+        format_aval(leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False)) for leaf in leaves
+    )
+    # dtype.itemsize: typed keys (key<fry>) have one too, and no numpy dtype.
+    size = sum(int(np.prod(leaf.shape, dtype=np.int64)) * leaf.dtype.itemsize for leaf in leaves)
     return signature, size
 
 

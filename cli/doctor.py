@@ -42,7 +42,11 @@ def doctor_command(state: State, no_verify: bool) -> None:
         ]))
         parts = d.environment["parts"]
         click.echo(f"environment {d.environment['digest'][:16]}")
-        click.echo(key_value([(k, v if len(v) <= 80 else v[:77] + "...") for k, v in sorted(parts.items())]))
+        shown = [(k, v if len(v) <= 80 else v[:77] + "...") for k, v in sorted(parts.items())]
+        outside = d.environment.get("outside_key", {}).get("xla_flags")
+        if outside:
+            shown.append(("xla_flags outside the key", outside))
+        click.echo(key_value(shown))
         settings = state.settings
         click.echo("settings" + (f" (config: {settings.config_file})" if settings.config_file else " (no [tool.aot] found)"))
         click.echo(key_value([

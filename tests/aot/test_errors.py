@@ -10,11 +10,13 @@ from aot import errors
 HIERARCHY = {
     aot.SpecError: (ValueError,),
     aot.AvalMismatchError: (TypeError,),
-    aot.SignatureNotFoundError: (LookupError,),
+    # A TypeError too: jax.jit's compiled functions raise one for other shapes/dtypes.
+    aot.SignatureNotFoundError: (LookupError, TypeError),
     aot.IncompatibleEnvironmentError: (),
     aot.CorruptArtifactError: (),
     aot.UnsupportedComputationError: (),
     aot.SymbolicShapeError: (aot.UnsupportedComputationError,),
+    aot.PytreeNodeError: (aot.UnsupportedComputationError,),
     aot.IntegrityError: (),
     aot.CacheError: (),
     aot.ReadOnlyCacheError: (aot.CacheError, PermissionError),

@@ -369,11 +369,18 @@ def test_x64_on_and_off(x64):
     assert out.dtype == (np.float64 if x64 else np.float32)
     assert_bitwise_equal(out, jax.jit(fn)(x, n))
     assert_bitwise_equal(exe(x, 3), out)  # a Python int for the integer scalar
-    wrong = x.astype(np.float32 if x64 else np.float64)
-    with pytest.raises(aot.AvalMismatchError) as info:
-        exe(wrong, n)
-    got = "f32[3]" if x64 else "f64[3]"
-    assert info.value.mismatches == (f"x: expected {float_spec}, got {got}",)
+    if x64:
+        wrong = x.astype(np.float32)
+        with pytest.raises(aot.AvalMismatchError) as info:
+            exe(wrong, n)
+        assert info.value.mismatches == ("x: expected f64[3], got f32[3]",)
+    else:
+        # As jax.jit: with x64 off, NumPy's 64-bit arrays are 32-bit inputs.
+        wide = x.astype(np.float64), np.int64(3)
+        assert_bitwise_equal(exe(*wide), jax.jit(fn)(*wide))
+        with pytest.raises(aot.AvalMismatchError) as info:
+            exe(x.astype(np.float16), n)
+        assert info.value.mismatches == ("x: expected f32[3], got f16[3]",)
 
 
 def test_closed_over_numpy_constants_work():
@@ -403,11 +410,11 @@ def test_cost_and_memory_analysis(mlp_exe):
 def test_wrong_dtype_and_shape_exact_message(mlp_exe):
     x, w = mlp_inputs()
     with pytest.raises(aot.AvalMismatchError) as info:
-        mlp_exe(x.astype(np.float64), w[:3])
+        mlp_exe(x.astype(np.float16), w[:3])
     assert str(info.value) == (
         "test_executable.mlp: inputs do not match the compiled signature "
         "(f32[8,16], f32[16,4]):\n"
-        "  x: expected f32[8,16], got f64[8,16]\n"
+        "  x: expected f32[8,16], got f16[8,16]\n"
         "  y: expected f32[16,4], got f32[3,4]\n"
         "Pass inputs of the compiled shapes and dtypes, or compile this signature too."
     ).replace("  y:", "  w:")
@@ -461,7 +468,7 @@ def test_wrong_pytree_is_reported_where_it_differs(pytree_exe):
         "params: unexpected keys ['extra']",
         "params['layers']: expected a list of 3 items, got a list of 2 items",
         "batch: expected Batch(x, mask), got a dict with keys ['mask', 'x']",
-        "nothing: expected None, got f32[] (Python float 0.0)",
+        "nothing: expected None, got ~f32[] (Python float 0.0)",
     )
     # Shapes are still compared where the structure matches.
     layers = [dict(layer) for layer in params["layers"]]
@@ -479,7 +486,7 @@ def test_non_array_leaf_is_named(mlp_exe):
     x, _ = mlp_inputs()
     with pytest.raises(aot.AvalMismatchError) as info:
         mlp_exe(x, "weights")
-    assert info.value.mismatches == ("w: expected f32[16,4], got str 'weights'",)
+    assert info.value.mismatches == ("w: expected f32[16,4], got str 'weights' (not a JAX type)",)
 
 
 def test_every_mismatch_is_listed_by_path():
@@ -529,3 +536,119 @@ def test_executable_identity(mlp_exe):
     assert mlp_exe.key == mlp_exe.fingerprint
     assert len(mlp_exe.key) == 64
     assert repr(mlp_exe).startswith("MeshExecutable('test_executable.mlp', (f32[8,16], f32[16,4])")
+
+
+# ------------------------------------------------------------------ dtypes, keys, weak types, statics
+
+
+def _stored_and_loaded(comp, tmp_path):
+    from aot.artifact import Artifact
+    from aot.rehydrate import build_artifact, load_executable
+
+    exe = comp.compile()
+    build_artifact(exe, comp.portable_hlo(exe)).save(tmp_path)
+    return exe, load_executable(Artifact.open(tmp_path))
+
+
+NARROW = ("int2", "int4", "uint2", "uint4", "float8_e4m3fn", "float8_e5m2", "float8_e4m3b11fnuz",
+          "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e3m4", "float8_e4m3", "float8_e8m0fnu",
+          "float4_e2m1fn")
+
+
+def widen(*xs):
+    return tuple(x.astype(jnp.float32) * 2 for x in xs), xs[1]
+
+
+def test_every_narrow_dtype_compiles_stores_loads_and_runs(tmp_path, caplog):
+    dtypes = [np.dtype(getattr(jnp, n)) for n in NARROW]
+    inputs = [np.array([1, 0, 1, 1], np.float32).astype(d) for d in dtypes]
+    comp = aot.lower(widen, *inputs)
+    assert comp.signature == ", ".join(
+        f"{s}[4]" for s in ("i2", "i4", "u2", "u4", "f8e4m3fn", "f8e5m2", "f8e4m3b11fnuz", "f8e4m3fnuz",
+                            "f8e5m2fnuz", "f8e3m4", "f8e4m3", "f8e8m0fnu", "f4e2m1fn")
+    )
+    exe, loaded = _stored_and_loaded(comp, tmp_path)
+    # jax.export has no int2/uint2: the artifact holds the executable alone, and says so.
+    assert "without a portable HLO" in caplog.text
+    expected = jax.jit(widen)(*inputs)
+    assert_bitwise_equal(exe(*inputs), expected)
+    assert_bitwise_equal(loaded(*inputs), expected)
+    assert loaded.info.args[1].dtype == dtypes[1]
+
+
+def split_and_draw(key, n):
+    keys = jax.random.split(key, n.shape[0])
+    return keys, jax.vmap(lambda k: jax.random.normal(k, (2,)))(keys)
+
+
+def test_typed_keys_in_and_out(tmp_path):
+    key = jax.random.key(7)
+    comp = aot.lower(split_and_draw, key, "f32[3]")
+    assert comp.signature == "key<fry>[], f32[3]"
+    exe, loaded = _stored_and_loaded(comp, tmp_path)
+    n = np.zeros(3, np.float32)
+    expected_keys, expected = jax.jit(split_and_draw)(key, n)
+    for run in (exe, loaded):
+        keys, draws = run(key, n)
+        assert keys.dtype == expected_keys.dtype and keys.shape == (3,)
+        assert_bitwise_equal(jax.random.key_data(keys), jax.random.key_data(expected_keys))
+        assert_bitwise_equal(draws, expected)
+    # Typed keys from a spec string work too.
+    assert aot.lower(split_and_draw, "key<fry>[]", "f32[3]").fingerprint == comp.fingerprint
+
+
+def scale(x, temperature):
+    return x * temperature
+
+
+def test_a_python_scalar_argument_stays_weakly_typed(tmp_path):
+    """jax.jit keeps bf16 * python_float in bf16; a strong f32 spec would promote."""
+    x = jnp.arange(4, dtype=jnp.bfloat16)
+    comp = aot.lower(scale, x, 0.5)
+    assert comp.signature == "bf16[4], ~f32[]"
+    exe, loaded = _stored_and_loaded(comp, tmp_path)
+    expected = jax.jit(scale)(x, 0.5)
+    assert expected.dtype == jnp.bfloat16
+    assert_bitwise_equal(exe(x, 0.5), expected)
+    assert_bitwise_equal(loaded(x, 0.5), expected)
+    assert loaded.info.args[1].weak_type
+    assert aot.lower(scale, x, "~f32[]").fingerprint == comp.fingerprint
+    strong = aot.lower(scale, x, "f32[]")
+    assert strong.fingerprint != comp.fingerprint
+    assert strong.compile()(x, np.float32(0.5)).dtype == jnp.float32  # as jax.jit would
+
+
+def with_flag(x, training=False):
+    return x * (2.0 if training else 1.0)
+
+
+def positional(x, n, /):
+    return x * n
+
+
+def keyword_only(x, *, n):
+    return x + n
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "kwargs"),
+    [
+        (with_flag, ("f32[3]",), {"training": True, "static_argnames": "training"}),
+        (with_flag, ("f32[3]", True), {"static_argnames": "training"}),
+        (with_flag, ("f32[3]", True), {"static_argnums": 1}),
+        (positional, ("f32[3]", 3), {"static_argnums": 1}),
+        (keyword_only, ("f32[3]",), {"n": 4, "static_argnames": "n"}),
+    ],
+    ids=["pos-or-kw by name", "pos-or-kw passed by position", "argnums", "positional-only", "keyword-only"],
+)
+def test_statics_of_every_parameter_kind_store_and_load(tmp_path, fn, args, kwargs):
+    comp = aot.lower(fn, *args, **kwargs)
+    exe, loaded = _stored_and_loaded(comp, tmp_path)
+    x = np.arange(3, dtype=np.float32)
+    static = dict(kwargs)
+    static.pop("static_argnames", None)
+    static.pop("static_argnums", None)
+    expected = fn(x, *args[1:], **static)
+    assert_bitwise_equal(exe(x), expected)
+    assert_bitwise_equal(loaded(x), expected)
+    assert comp.signature == "f32[3]"

@@ -22,6 +22,7 @@ from aot.fingerprint import (
     environment_fingerprint,
     environment_parts,
     relevant_xla_flags,
+    xla_flags_outside_key,
 )
 
 MODEL_SOURCE = """\
@@ -247,6 +248,41 @@ def test_an_xla_flag_changes_the_environment_fingerprint(monkeypatch):
     assert before.digest != after.digest
     assert [d.part for d in before.diff(after)] == ["xla_flags"]
     assert "--xla_cpu_enable_fast_math=true" in after.as_dict()["xla_flags"].split()
+
+
+DUMP_FLAGS = (
+    "--xla_dump_to=/tmp/aot-dump --xla_dump_hlo_as_text --xla_dump_hlo_pass_re=.* "
+    "--xla_dump_hlo_module_re=jit_.* --xla_dump_include_timestamp=false"
+)
+
+
+def test_dump_flags_stay_out_of_the_key_but_are_visible(monkeypatch):
+    before = environment_fingerprint()
+    monkeypatch.setenv("XLA_FLAGS", f"{os.environ['XLA_FLAGS']} {DUMP_FLAGS}")
+    after = environment_fingerprint()
+    assert after.digest == before.digest
+    assert after.diff(before) == ()
+    shown = xla_flags_outside_key().split()
+    assert "--xla_dump_to=/tmp/aot-dump" in shown and "--xla_dump_hlo_as_text" in shown
+    assert len(shown) == 5  # not the device count: the device_count part covers it
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--xla_cpu_enable_fast_math=true",  # changes the generated code
+        "--xla_backend_optimization_level=0",
+        "--xla_gpu_cuda_data_dir=/opt/cuda-12",  # JAX leaves it out; another toolkit, other code
+        "--xla_dump_tox=/tmp",  # a name that merely starts like a dump flag
+    ],
+)
+def test_flags_that_can_change_the_code_stay_in_the_key(monkeypatch, flag):
+    before = environment_fingerprint()
+    monkeypatch.setenv("XLA_FLAGS", f"{os.environ['XLA_FLAGS']} {flag}")
+    after = environment_fingerprint()
+    assert after.digest != before.digest
+    assert [d.part for d in before.diff(after)] == ["xla_flags"]
+    assert xla_flags_outside_key() == ""
 
 
 def test_part_difference_describe():

@@ -40,6 +40,8 @@ def mesh():
 
 @pytest.mark.parametrize("short", sorted(DTYPES))
 def test_every_dtype_parses_and_formats_back(short):
+    if np.dtype(DTYPES[short]).itemsize == 8 or short == "c128":
+        jax.config.update("jax_enable_x64", True)  # restored by conftest
     struct = aot.spec(f"{short}[8,128]")
     assert isinstance(struct, jax.ShapeDtypeStruct)
     assert struct.shape == (8, 128)
@@ -147,15 +149,17 @@ def test_committed_mesh_array_keeps_its_sharding(mesh):
     assert aot.spec(jax.device_put(np.zeros(2), device)).sharding == SingleDeviceSharding(device)
 
 
-def test_python_scalars_become_scalar_specs():
-    assert aot.spec(1.5) == jax.ShapeDtypeStruct((), np.float32)
-    assert aot.spec(3) == jax.ShapeDtypeStruct((), np.int32)
+def test_python_scalars_become_weakly_typed_scalar_specs():
+    # As under jax.jit: a Python number is weakly typed (bool never is).
+    assert aot.spec(1.5) == jax.ShapeDtypeStruct((), np.float32, weak_type=True)
+    assert aot.spec(3) == jax.ShapeDtypeStruct((), np.int32, weak_type=True)
     assert aot.spec(True) == jax.ShapeDtypeStruct((), np.bool_)
+    assert aot.spec(np.float32(1.5)) == jax.ShapeDtypeStruct((), np.float32)
 
 
 def test_leaf_signature():
     assert leaf_signature([np.zeros((8, 784), np.float32), np.int32(3), 2.0]) == (
-        "f32[8,784], i32[], f32[]"
+        "f32[8,784], i32[], ~f32[]"
     )
 
 
@@ -167,8 +171,8 @@ MALFORMED = [
     ("[8,128]", "malformed spec '[8,128]'; expected "),
     ("", "malformed spec ''; expected "),
     ("f32[8]x", "malformed spec 'f32[8]x'; expected "),
-    ("f33[8]", "malformed spec 'f33[8]': unknown dtype 'f33' (did you mean f32?); expected DTYPE"),
-    ("fp32[8]", "malformed spec 'fp32[8]': unknown dtype 'fp32' (did you mean f32?); expected DTYPE"),
+    ("f33[8]", "malformed spec 'f33[8]': unknown dtype 'f33' (did you mean f32?); expected [~]DTYPE"),
+    ("fp32[8]", "malformed spec 'fp32[8]': unknown dtype 'fp32' (did you mean f32?); expected [~]DTYPE"),
     ("float[8]", "malformed spec 'float[8]': unknown dtype 'float'"),
     ("f32[8,x y]", "malformed spec 'f32[8,x y]': dimension 'x y' is not a non-negative integer or a symbolic dimension expression"),
     ("f32[b-]", "malformed spec 'f32[b-]': dimension 'b-' is not a non-negative integer or a symbolic dimension expression"),
@@ -231,3 +235,70 @@ def test_unspeccable_leaf_names_its_type():
         aot.spec({"a": object()})
     assert "cannot make a spec of object" in str(info.value)
     assert GRAMMAR in str(info.value)
+
+
+# ------------------------------------------------------------------ every dtype JAX has
+
+NARROW = {
+    "i2": "int2", "i4": "int4", "u2": "uint2", "u4": "uint4",
+    "f8e3m4": "float8_e3m4", "f8e4m3": "float8_e4m3", "f8e4m3b11fnuz": "float8_e4m3b11fnuz",
+    "f8e4m3fn": "float8_e4m3fn", "f8e4m3fnuz": "float8_e4m3fnuz", "f8e5m2": "float8_e5m2",
+    "f8e5m2fnuz": "float8_e5m2fnuz", "f8e8m0fnu": "float8_e8m0fnu", "f4e2m1fn": "float4_e2m1fn",
+}
+
+
+@pytest.mark.parametrize(("short", "name"), sorted(NARROW.items()))
+def test_narrow_dtypes_by_short_and_numpy_name(short, name):
+    dtype = np.dtype(getattr(jnp, name))
+    assert aot.spec(f"{short}[4,2]") == jax.ShapeDtypeStruct((4, 2), dtype)
+    assert aot.spec(f"{name}[3]").dtype == dtype
+    assert format_aval((4, 2), dtype) == f"{short}[4,2]"
+    assert aot.spec(jnp.zeros(3, dtype)).dtype == dtype
+
+
+def test_typed_prng_keys_as_spec_strings_and_from_key_arrays():
+    keys = jax.random.split(jax.random.key(0))
+    struct = aot.spec("key<fry>[2]")
+    assert struct.shape == (2,) and struct.dtype == keys.dtype
+    assert format_aval(struct.shape, struct.dtype) == "key<fry>[2]"
+    assert aot.spec(keys) == struct
+    assert aot.spec("key<rbg>[]").dtype == jax.random.key(0, impl="rbg").dtype
+    with pytest.raises(aot.SpecError, match="unknown PRNG key type 'key<nope>'"):
+        aot.spec("key<nope>[2]")
+
+
+def test_weak_types_are_written_with_a_tilde():
+    assert aot.spec("~f32[]") == jax.ShapeDtypeStruct((), np.float32, weak_type=True)
+    assert aot.spec("~i32[]") == aot.spec(3)
+    assert format_aval((), np.float32, True) == "~f32[]"
+    assert aot.spec(jnp.asarray(2.0)).weak_type  # a weakly typed array stays weak
+    with pytest.raises(aot.SpecError, match="only numeric dtypes can be weakly typed"):
+        aot.spec("~bool[]")
+
+
+@pytest.mark.parametrize(
+    ("text", "dtype"),
+    [("f64[3]", np.float64), ("i64[]", np.int64), ("u64[2,2]", np.uint64), ("c128[1]", np.complex128),
+     ("float64[3]", np.float64)],
+)
+def test_a_64_bit_spec_without_x64_is_refused_with_the_remedy(text, dtype):
+    with pytest.raises(aot.SpecError) as info:
+        aot.spec(text)
+    message = str(info.value)
+    assert "jax_enable_x64 is off" in message
+    assert 'jax.config.update("jax_enable_x64", True)' in message
+    assert "x64 = true" in message and "--x64" in message
+    # A ShapeDtypeStruct names its dtype as explicitly: never truncated either.
+    with pytest.raises(aot.SpecError, match="jax_enable_x64 is off"):
+        aot.spec(jax.ShapeDtypeStruct((3,), dtype))
+    jax.config.update("jax_enable_x64", True)  # restored by conftest
+    assert aot.spec(text).dtype == np.dtype(dtype)
+
+
+def test_numpy_examples_follow_jax_jit_canonicalization():
+    """A NumPy float64 example is an f32 input with x64 off, as under jax.jit: the user
+    did not write that dtype, NumPy chose it."""
+    assert aot.spec(np.arange(3.0)) == jax.ShapeDtypeStruct((3,), np.float32)
+    assert aot.spec(np.arange(3)) == jax.ShapeDtypeStruct((3,), np.int32)
+    jax.config.update("jax_enable_x64", True)
+    assert aot.spec(np.arange(3.0)) == jax.ShapeDtypeStruct((3,), np.float64)

@@ -422,3 +422,39 @@ def test_messages_never_show_the_database_password(postgres_url: str, compiled, 
     finally:
         writer.close()
         reader.close()
+
+
+# ---------------------------------------------------------------- storing what was run
+
+
+def _ranked(x):  # noqa: ANN001, ANN202
+    import jax.numpy as jnp
+
+    return jnp.sort(x)[::-1] * 2.0, jnp.argsort(x)
+
+
+def test_compile_after_jax_jit_ran_the_program_stores_it(open_folder_cache) -> None:  # noqa: ANN001
+    """jax.jit ran it first, so Lowered.compile() returns JAX's cached executable, which
+    XLA CPU cannot serialize after a sort ran; a fresh copy is stored."""
+    import jax
+
+    x = np.array([0.5, 3.0, -1.0, 2.0], np.float32)
+    expected = jax.jit(_ranked)(x)
+    cache = open_folder_cache()
+    exe = cache.compile(_ranked, x, name="ranked")
+    for out, want in zip(exe(x), expected):
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    served = aot.load("ranked", cache=cache)(x)
+    for out, want in zip(served, expected):
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+
+
+def test_put_of_an_executable_that_ran(open_folder_cache) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    exe = aot.lower(_ranked, "f32[4]", name="ranked.put").compile()
+    x = np.array([4.0, 1.0, 3.0, 2.0], np.float32)
+    first = exe(x)
+    entry = cache.put(exe)
+    assert entry.signature == "f32[4]"
+    for out, want in zip(cache.get(entry.key)(x), first):
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(want))

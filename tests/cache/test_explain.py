@@ -103,3 +103,29 @@ def test_the_nearest_of_several_entries(open_folder_cache, compiled, foreign) ->
     assert got.nearest_key == compiled.mlp[1].manifest.key
     assert _parts(got) == ["in_avals"]
     assert aot.load(compiled.MLP_NAME, cache=cache, lazy=True).signatures  # both listed
+
+
+def test_dump_flags_still_hit_and_why_names_them(open_folder_cache, compiled, monkeypatch) -> None:  # noqa: ANN001
+    """XLA_FLAGS=--xla_dump_to=... (debugging) does not make stored entries miss; a flag
+    that changes the generated code does, and `aot why` says which."""
+    import os
+
+    models = compiled.models
+    open_folder_cache().compile(models.tiny, *models.tiny_specs(), name="tiny")
+    base = os.environ["XLA_FLAGS"]
+
+    monkeypatch.setenv("XLA_FLAGS", f"{base} --xla_dump_to=/tmp/aot-dump --xla_dump_hlo_as_text")
+    debugging = open_folder_cache()  # a new Cache reads the environment afresh
+    result = debugging.compile_entry(models.tiny, *models.tiny_specs(), name="tiny")
+    assert result.hit
+    got = debugging.explain("tiny", *models.tiny_specs())
+    assert got.hit
+    assert "--xla_dump_to=/tmp/aot-dump" in got.xla_flags_outside_key
+    assert got.to_dict()["xla_flags_outside_key"] == got.xla_flags_outside_key
+
+    monkeypatch.setenv("XLA_FLAGS", f"{base} --xla_cpu_enable_fast_math=true")
+    fast_math = open_folder_cache()
+    got = fast_math.explain("tiny", *models.tiny_specs())
+    assert not got.hit and _parts(got) == ["xla_flags"]
+    assert "--xla_cpu_enable_fast_math=true" in got.describe()
+    assert not fast_math.compile_entry(models.tiny, *models.tiny_specs(), name="tiny").hit

@@ -1,0 +1,126 @@
+"""Building and rehydrating executables: what was run can be stored, and a fresh
+process runs programs that call JAX's CPU custom-call targets (LAPACK)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import aot
+from aot.artifact import Artifact
+from aot.rehydrate import build_artifact, load_executable
+from aot_test_helpers import assert_bitwise_equal
+
+
+def sort_then_scale(x):
+    return jnp.sort(x) * 2.0 + jnp.argsort(x)
+
+
+def test_storing_after_jax_jit_ran_the_same_program(tmp_path):
+    """jax.jit ran the program first: Lowered.compile() then hands out JAX's cached
+    executable, which XLA CPU cannot serialize after a sort ran ('LessThan' is not
+    serializable). A fresh copy is compiled and stored instead."""
+    x = np.array([3.0, 1.0, 2.0, 0.5], np.float32)
+    expected = jax.jit(sort_then_scale)(x)
+    comp = aot.lower(sort_then_scale, x)
+    exe = comp.compile()
+    assert exe.compiled._executable is comp.lowered._lowering._executable  # JAX's own, already run
+    build_artifact(exe, comp.portable_hlo(exe)).save(tmp_path)
+    loaded = load_executable(Artifact.open(tmp_path))
+    assert_bitwise_equal(loaded(x), expected)
+    assert_bitwise_equal(exe(x), expected)  # the caller's executable still works
+
+
+def test_storing_an_executable_after_it_ran(tmp_path):
+    def top(x):
+        return jax.lax.top_k(jnp.sort(x)[::-1], 2)
+
+    comp = aot.lower(top, "f32[6]")
+    exe = comp.compile()
+    x = np.array([4.0, 9.0, 1.0, 7.0, 3.0, 8.0], np.float32)
+    first = exe(x)
+    build_artifact(exe, comp.portable_hlo(exe)).save(tmp_path)
+    assert_bitwise_equal(load_executable(Artifact.open(tmp_path))(x), first)
+
+
+def test_a_fresh_compile_bypasses_jax_in_memory_cache():
+    comp = aot.lower(sort_then_scale, "f32[4]")
+    cached, fresh = comp.compile(), comp.compile_fresh()
+    assert fresh.compiled._executable.xla_executable is not cached.compiled._executable.xla_executable
+    assert fresh.info.signature == cached.info.signature
+    x = np.array([2.0, -1.0, 5.0, 0.0], np.float32)
+    assert_bitwise_equal(fresh(x), cached(x))
+
+
+def linalg_program(a, b):
+    spd = a @ a.T + 4.0 * jnp.eye(a.shape[0], dtype=a.dtype)
+    u, s, vt = jnp.linalg.svd(a)
+    q, r = jnp.linalg.qr(a)
+    sign, logdet = jnp.linalg.slogdet(spd)
+    eigenvalues = jnp.linalg.eig(a)[0]
+    return {
+        "solve": jnp.linalg.solve(spd, b),
+        "cholesky": jnp.linalg.cholesky(spd),
+        "eigh": jnp.linalg.eigh(spd)[0],
+        "svd": s,
+        "qr": jnp.abs(r),
+        "inv": jnp.linalg.inv(spd),
+        "slogdet": sign * logdet,
+        "eig": jnp.sort(jnp.abs(eigenvalues)),
+        "lstsq": jnp.linalg.lstsq(a, b)[0],
+    }
+
+
+_LINALG_SERVER = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import jax.monitoring
+
+    work = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: work.append(event) if "/jax/core/compile/" in event else None
+    )
+    from aot.artifact import Artifact
+    from aot.rehydrate import load_executable
+
+    folder = sys.argv[1]
+    data = np.load(folder + "/io.npz", allow_pickle=False)
+    exe = load_executable(Artifact.open(folder + "/artifact"))
+    out = jax.block_until_ready(exe(data["a"], data["b"]))
+    same = {k: bool(np.asarray(v).tobytes() == data["ref_" + k].tobytes()) for k, v in out.items()}
+    print(json.dumps({"same": same, "jax_work": work}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_linalg_runs_in_a_fresh_process_that_never_compiled(tmp_path):
+    """jnp.linalg on CPU calls LAPACK through custom calls that JAX initialises while
+    lowering; a serving process that only deserializes crashed with SIGSEGV."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4, 4)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    comp = aot.lower(linalg_program, a, b)
+    exe = comp.compile()
+    reference = jax.jit(linalg_program)(a, b)
+    assert_bitwise_equal(exe(a, b), reference)
+    build_artifact(exe, comp.portable_hlo(exe)).save(tmp_path / "artifact")
+    np.savez(tmp_path / "io.npz", a=a, b=b, **{f"ref_{k}": np.asarray(v) for k, v in reference.items()})
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _LINALG_SERVER, str(tmp_path)],
+        capture_output=True, text=True, env=dict(os.environ), cwd=tmp_path, timeout=240,
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-3000:]}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["jax_work"] == []  # nothing traced, lowered or compiled before it ran
+    assert result["same"] == {k: True for k in reference}
