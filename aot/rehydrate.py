@@ -829,7 +829,7 @@ def executable_problems(manifest: Manifest, info: ExecutableInfo, xla_executable
             )
         else:
             for i, (got, aval, sharding) in enumerate(zip(results, info.out_avals, info.out_shardings)):
-                problems += _shape_problem(f"out_avals[{i}]", got, tuple(aval.shape), np.dtype(aval.dtype), sharding)
+                problems += _shape_problem(f"out_avals[{i}]", got, tuple(aval.shape), aval.dtype, sharding)
     if len(info.device_ids) > 1:
         problems += _sharding_problems(
             "in_shardings", _op_shardings(xla_executable.get_parameter_shardings, len(kept)),
@@ -851,7 +851,7 @@ def executable_problems(manifest: Manifest, info: ExecutableInfo, xla_executable
     return problems
 
 
-def _shape_problem(what: str, got: Any, shape: tuple[int, ...], dtype: np.dtype, sharding: Any) -> list[str]:
+def _shape_problem(what: str, got: Any, shape: tuple[int, ...], dtype: Any, sharding: Any) -> list[str]:
     if isinstance(got, list):
         return [f"{what}: the executable has a tuple there"]
     try:
@@ -859,12 +859,19 @@ def _shape_problem(what: str, got: Any, shape: tuple[int, ...], dtype: np.dtype,
     except Exception as exc:  # noqa: BLE001 - jax refuses the sharding for this shape
         return [f"{what}: the manifest's shape {list(shape)} does not fit its sharding ({exc})"]
     try:
-        expected = _strip_layout(str(xc.Shape.array_shape(np.dtype(dtype), local)))
+        expected = _physical_shape(local, dtype)
     except Exception:  # noqa: BLE001 - a dtype XLA has no array shape for: nothing to compare
         return []
     if got == expected:
         return []
     return [f"{what} is {expected} per device in the manifest, {got} in the executable"]
+
+
+def _physical_shape(shape: tuple[int, ...], dtype: Any) -> str:
+    """How XLA shows an array of ``dtype`` (``s4[2,3]`` for int4): a typed-key array
+    is its key data, ``key<fry>[4]`` is ``u32[4,2]``."""
+    aval = core.physical_aval(core.ShapedArray(tuple(shape), dtype))
+    return _strip_layout(str(xc.Shape.array_shape(np.dtype(aval.dtype), tuple(aval.shape))))
 
 
 def _local_shape(shape: tuple[int, ...], sharding: Any) -> tuple[int, ...]:

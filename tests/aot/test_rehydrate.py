@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -124,3 +125,57 @@ def test_linalg_runs_in_a_fresh_process_that_never_compiled(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["jax_work"] == []  # nothing traced, lowered or compiled before it ran
     assert result["same"] == {k: True for k in reference}
+
+
+# ---------------------------------------------------------------- cross-checks of narrow types
+
+
+def keys_and_nibbles(key, q):
+    k1, k2 = jax.random.split(key)
+    return k2, (q.astype(jnp.float32) * 2).astype(jnp.int4), jax.random.normal(k1, (3,))
+
+
+@pytest.fixture(scope="module")
+def keyed():
+    comp = aot.lower(keys_and_nibbles, "key<fry>[]", "i4[4]")
+    exe = comp.compile()
+    return build_artifact(exe, comp.portable_hlo(exe))
+
+
+def test_typed_key_and_int4_avals_pass_the_manifest_cross_checks(keyed):
+    """XLA shows a key<fry> array as u32[..., 2] and int4 as s4: the checks compare
+    the physical layout, so an intact typed-key / int4 program loads and verifies."""
+    from aot.rehydrate import stored_artifact_problems
+
+    assert stored_artifact_problems(keyed) == []
+    args = (jax.random.key(7), jnp.array([1, -2, 3, 0], jnp.int4))
+    expected = jax.jit(keys_and_nibbles)(*args)
+    got = load_executable(keyed)(*args)
+    assert jax.random.key_data(got[0]).tolist() == jax.random.key_data(expected[0]).tolist()
+    assert got[0].dtype == expected[0].dtype and got[1].dtype == jnp.int4
+    assert_bitwise_equal(got[1:], expected[1:])
+
+
+@pytest.mark.parametrize(
+    ("index", "field", "value", "physical"),
+    [
+        (0, "shape", [2], "u32[2,2]"),  # one key -> two keys
+        (0, "dtype", "key<rbg>", "u32[4]"),  # another key implementation: 4 words
+        (1, "shape", [5], "s4[5]"),
+        (1, "dtype", "int8", "s8[4]"),
+    ],
+)
+def test_a_tampered_typed_key_or_int4_output_is_refused(keyed, index, field, value, physical):
+    """out_avals are outside the key: a changed key or int4 output aval is corruption,
+    caught against the executable's results before anything runs."""
+    from dataclasses import replace
+
+    from aot.rehydrate import stored_artifact_problems
+
+    out_avals = [dict(a) for a in keyed.manifest.out_avals]
+    out_avals[index][field] = value
+    tampered = Artifact(replace(keyed.manifest, out_avals=tuple(out_avals)), dict(keyed.blobs))
+    with pytest.raises(aot.CorruptArtifactError, match=rf"out_avals\[{index}\] is {re.escape(physical)} per device"):
+        load_executable(tampered)
+    # verify: caught by the portable HLO's avals (before deserializing anything)
+    assert any(p.startswith("out_avals") for p in stored_artifact_problems(tampered))
