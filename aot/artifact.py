@@ -59,6 +59,9 @@ READABLE_FORMAT_VERSIONS = (1, 2)
 EXECUTABLE = "executable"
 PORTABLE_HLO = "portable_hlo"
 ROLES = (EXECUTABLE, PORTABLE_HLO)
+# A symbolic entry's sharding that was not given at lowering time (chosen by XLA when
+# the entry is compiled for a concrete shape).
+UNSPECIFIED_SHARDING = {"type": "unspecified"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,6 +486,8 @@ def manifest_problems(manifest: Manifest) -> list[str]:
     ):
         for i, (sharding, aval) in enumerate(zip(shardings, avals)):
             where = f"{field_name}[{i}]"
+            if manifest.is_symbolic and sharding == UNSPECIFIED_SHARDING:
+                continue  # placed when compiled for a concrete shape
             try:
                 ids = sharding_device_ids(sharding, _rank(aval))
             except (KeyError, TypeError, ValueError) as exc:
@@ -517,7 +522,7 @@ def manifest_problems(manifest: Manifest) -> list[str]:
             f"committed is {manifest.committed!r}, but a program on {len(device_ids)} devices "
             "always commits its outputs"
         )
-    if EXECUTABLE not in manifest.blobs:
+    if EXECUTABLE not in manifest.blobs and not manifest.is_symbolic:
         problems.append("no executable blob")
     for role, ref in manifest.blobs.items():
         if role not in ROLES:

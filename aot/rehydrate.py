@@ -26,6 +26,7 @@ from aot import treedef as treedefs
 from aot.artifact import (
     EXECUTABLE,
     PORTABLE_HLO,
+    UNSPECIFIED_SHARDING,
     Artifact,
     BlobRef,
     Manifest,
@@ -61,7 +62,7 @@ from aot.shardings import (
     sharding_from_json,
     sharding_to_json,
 )
-from aot.symbolic import format_dim, is_symbolic_dim
+from aot.symbolic import bind, check_dim_text, format_dim, is_symbolic_dim
 
 log = logging.getLogger(__name__)
 
@@ -506,7 +507,7 @@ def recompile(artifact: Artifact) -> Artifact:
 # ---------------------------------------------------------------- symbolic shapes
 
 
-_UNSPECIFIED = {"type": "unspecified"}
+_UNSPECIFIED = UNSPECIFIED_SHARDING
 
 
 def _symbolic_aval_json(aval: Any) -> dict[str, Any]:
@@ -701,7 +702,7 @@ def _trusted_inputs(manifest: Manifest, exported: Any) -> _TrustedInputs:
             "code (aot warmup / aot compile)"
         )
     args_avals = [(tuple(int(d) for d in a["shape"]), _dtype(a["dtype"])) for a in manifest.args]
-    exported_avals = [(tuple(a.shape), a.dtype) for a in exported.in_avals]
+    exported_avals, _ = _hlo_avals(manifest, exported)
     if args_avals != exported_avals:
         raise CorruptArtifactError(
             f"the portable HLO of {label} takes {_avals_text(exported_avals)}, but the program "
@@ -1058,17 +1059,20 @@ def portable_hlo_problems(manifest: Manifest, hlo: bytes) -> list[str]:
     except Exception as exc:  # noqa: BLE001
         return [f"the portable HLO cannot be read: {exc}"]
     problems: list[str] = []
+    hlo_in, hlo_out = _hlo_avals(manifest, exported)
     pairs = (
-        ("args", [(a.get("shape"), a.get("dtype")) for a in manifest.args], exported.in_avals),
-        ("out_avals", [(a.get("shape"), a.get("dtype")) for a in manifest.out_avals], exported.out_avals),
+        ("args", [(a.get("shape"), a.get("dtype")) for a in manifest.args], hlo_in),
+        ("out_avals", [(a.get("shape"), a.get("dtype")) for a in manifest.out_avals], hlo_out),
     )
     for what, stored, avals in pairs:
         try:
-            mine = [(tuple(int(d) for d in shape), _dtype(dtype)) for shape, dtype in stored]
+            # Dimensions as text: a symbolic entry's are expressions ("b", "2*b").
+            mine = [(tuple(check_dim_text(d) if isinstance(d, str) else int(d) for d in shape), _dtype(dtype))
+                    for shape, dtype in stored]
         except (AotError, TypeError, ValueError) as exc:
             problems.append(f"{what} cannot be read: {exc}")
             continue
-        theirs = [(tuple(a.shape), a.dtype) for a in avals]
+        theirs = avals
         if mine != theirs:
             problems.append(f"{what} ({_avals_text(mine)}) != the portable HLO's ({_avals_text(theirs)})")
     if exported.nr_devices != len(manifest.device_ids):
@@ -1078,3 +1082,40 @@ def portable_hlo_problems(manifest: Manifest, hlo: bytes) -> list[str]:
         )
     return problems
 
+
+def _hlo_avals(manifest: Manifest, exported: Any) -> tuple[list[Any], list[Any]]:
+    """The portable HLO's input and output avals as ``(dims, dtype)``: symbolic
+    dimensions as their text (``"b"``), or, for a concrete entry compiled from a
+    symbolic one (which keeps the symbolic portable HLO), evaluated for the entry's
+    argument shapes. Shapes that do not bind stay symbolic, so they compare unequal."""
+
+    def as_text(avals: Any) -> list[Any]:
+        return [
+            (tuple(format_dim(d) if is_symbolic_dim(d) else int(d) for d in a.shape), a.dtype)
+            for a in avals
+        ]
+
+    ins, outs = as_text(exported.in_avals), as_text(exported.out_avals)
+    if manifest.is_symbolic or not any(isinstance(d, str) for dims, _ in ins for d in dims):
+        return ins, outs
+    try:
+        shapes = [tuple(int(d) for d in a["shape"]) for a in manifest.args]
+    except (KeyError, TypeError, ValueError):
+        return ins, outs  # unreadable: the caller says so
+    binding = bind([dims for dims, _ in ins], shapes)
+    if not binding.ok:
+        return ins, outs
+    from jax._src.export import shape_poly
+
+    evaluator = shape_poly.ShapeEvaluator(binding.values or {})
+
+    def concrete(avals: Any) -> list[Any]:
+        return [
+            (tuple(int(evaluator.evaluate(d)) if is_symbolic_dim(d) else int(d) for d in a.shape), a.dtype)
+            for a in avals
+        ]
+
+    try:
+        return concrete(exported.in_avals), concrete(exported.out_avals)
+    except Exception:  # noqa: BLE001 - an expression jax cannot evaluate here
+        return ins, outs

@@ -194,6 +194,28 @@ def test_verify_gc_and_a_missing_blob(open_folder_cache, compiled, mlp_symbolic,
         aot.load(SYMBOLIC, cache=cache)(compiled.params, inputs[5])
 
 
+def test_a_concrete_entry_of_a_symbolic_program_recompiles_in_another_environment(
+    open_folder_cache, compiled, mlp_symbolic, reference, foreign, tmp_path  # noqa: ANN001
+) -> None:
+    """A concrete entry compiled from a symbolic one keeps the symbolic portable HLO:
+    the cross-checks bind its shapes to the HLO's instead of calling it another
+    program, so another environment recompiles it (and verify finds it clean)."""
+    inputs, expected = reference
+    source = open_folder_cache()
+    source.put(mlp_symbolic)
+    aot.load(SYMBOLIC, cache=source)(compiled.params, inputs[3])
+    concrete = next(e for e in source.entries(SYMBOLIC) if e.exe_digest is not None)
+    elsewhere = foreign(source.artifact(concrete), jaxlib="0.0.1")
+    cache = aot.Cache(tmp_path / "elsewhere")  # the concrete entry only
+    cache.put_artifact(elsewhere)
+    assert cache.verify().ok
+    fn = aot.load(SYMBOLIC, cache=cache)  # recompiles from the portable HLO at start-up
+    _bitwise(fn(compiled.params, inputs[3]), expected[3])
+    local = [e for e in cache.entries(SYMBOLIC) if e.env_fp == cache.environment.digest]
+    assert [e.signature.rsplit(", ", 1)[1] for e in local] == ["f32[3,784]"]
+    assert cache.verify().ok
+
+
 def test_loading_a_symbolic_entry_by_key_says_how_to_serve_it(open_folder_cache, mlp_symbolic) -> None:  # noqa: ANN001
     cache = open_folder_cache()
     entry = cache.put(mlp_symbolic)
