@@ -38,9 +38,22 @@ def test_put_refuses_a_bad_name_before_writing_any_blob(cache: aot.Cache, compil
         cache.put(bad)
     assert cache.entries() == [] and cache.blobs.digests() == []
     assert cache.index.leased_digests() == set()
-    cache.put(Artifact(replace(artifact.manifest, name="x" * NAME_MAX), dict(artifact.blobs)))
+    cache.put(_renamed(artifact, "x" * NAME_MAX))
     assert [e.name for e in cache.entries()] == ["x" * NAME_MAX]  # the longest name fits both databases
     assert cache.verify().ok
+
+
+def _renamed(artifact: Artifact, name: str) -> Artifact:
+    """``artifact`` stored under ``name``, its program fingerprint's ``name`` part and
+    key agreeing (verify cross-checks the name against the fingerprint)."""
+    from aot.fingerprint import combined_key
+
+    manifest = artifact.manifest
+    program = replace(manifest.program, parts=tuple((k, name if k == "name" else v) for k, v in manifest.program.parts))
+    return Artifact(
+        replace(manifest, name=name, program=program, key=combined_key(program, manifest.environment)),
+        dict(artifact.blobs),
+    )
 
 
 def test_compile_refuses_a_bad_name_before_compiling(open_folder_cache, compiled, jax_work) -> None:  # noqa: ANN001
