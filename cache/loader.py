@@ -999,7 +999,9 @@ def _nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> Signat
             )
     for entry, reason in dispatcher.unusable:
         lines.append(f"  ({entry.signature}) {entry.key[:12]} unusable: {reason[:200]}")
-    if programs or dispatcher.unusable:
+    for key, signature, reason in dispatcher.skipped:
+        lines.append(f"  ({signature}) {key[:12]} cannot run in this process: {reason[:200]}")
+    if programs or dispatcher.unusable or dispatcher.skipped:
         head = (
             f"aot.load({name!r}): no signature of {name!r} in {where} can be served here"
             + (" with strict=True (it never compiles)" if dispatcher.strict else "")

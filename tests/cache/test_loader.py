@@ -271,6 +271,31 @@ def test_strict_refuses_a_corrupt_executable_blob(served, compiled, read_raw, wr
     assert served.index.get(key).state == "ok"
 
 
+@pytest.mark.parametrize("field", ["device_ids", "in_tree"])
+def test_strict_never_writes_for_a_manifest_that_contradicts_its_fingerprints(
+    served, compiled, tamper_manifest, field: str  # noqa: ANN001
+) -> None:
+    """The dispatcher files rows by their manifest's cross-checks (issue 12); under
+    strict=True a contradicting row is logged and refused, never quarantined (issue
+    11: strict loading never writes). A lenient dispatcher quarantines it."""
+    import json
+
+    key = compiled.mlp[1].manifest.key
+    manifest = json.loads(served.index.get(key).manifest)
+    if field == "device_ids":
+        manifest["device_ids"] = [3]
+    else:
+        manifest["in_tree"] = {"t": "tuple", "c": [manifest["in_tree"]]}
+    tamper_manifest(served, key, json.dumps(manifest))
+    with pytest.raises(aot.AotError):
+        aot.load(compiled.MLP_NAME, cache=served, strict=True)(compiled.params, compiled.inputs[1])
+    assert served.index.get(key).state == "ok"
+    fn = aot.load(compiled.MLP_NAME, cache=served, lazy=True)
+    assert served.index.get(key).state == "quarantined"
+    if field == "device_ids":  # healed from the portable HLO on the first call
+        np.testing.assert_array_equal(fn(compiled.params, compiled.inputs[1]), compiled.expected[1])
+
+
 def test_entry_quarantined_by_verify_is_recompiled_not_lost(
     served, compiled, read_raw, write_raw  # noqa: ANN001
 ) -> None:

@@ -118,6 +118,19 @@ def test_entries_of_the_other_x64_mode_are_skipped_not_fatal(open_folder_cache, 
     assert all(e.ok for e in cache.entries("mixed"))  # skipped, never quarantined
 
 
+def test_a_name_whose_entries_all_need_the_other_x64_mode_fails_at_start_up_saying_why(open_folder_cache) -> None:
+    cache = open_folder_cache()
+    jax.config.update("jax_enable_x64", True)  # restored by conftest
+    cache.compile(double, "f64[5]", name="wide")
+    jax.config.update("jax_enable_x64", False)
+    with pytest.raises(SignatureNotFoundError) as info:
+        aot.load("wide", cache=cache)
+    message = str(info.value)
+    assert "no signature of 'wide'" in message and "can be served here" in message
+    assert "(f64[5])" in message and "cannot run in this process: compiled with jax_enable_x64=true" in message
+    assert all(e.ok for e in cache.entries("wide"))
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_an_entry_this_jax_or_host_cannot_run_is_skipped(open_folder_cache, compiled, foreign, strict, caplog) -> None:  # noqa: ANN001
     """A dtype this jax lacks, or device ids this host lacks: skipped with the reason;
