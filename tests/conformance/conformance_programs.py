@@ -71,17 +71,6 @@ def program(name: str | None = None, **options: Any) -> Callable[[Callable[..., 
     return register
 
 
-# The open items of issue 11 that another change fixes (the lead removes these marks).
-CUSTOM_NODES = "issue 11: custom pytree nodes whose static data is not JSON"
-NNX = "issue 11: Flax NNX State/Param taken for leaves"
-DTYPES = "issue 11: int4/int2/float8/float4 dtypes unknown to the manifest"
-TYPED_KEYS = "issue 11: typed PRNG keys as inputs"
-WEAK_TYPES = "issue 11: weak types (Python scalars) recorded as strong"
-STATICS = "issue 11: static positional-or-keyword parameters passed by keyword"
-LAPACK = "issue 11: LAPACK custom calls not registered in a fresh serving process"
-STORE_AFTER_RUN = "issue 11: storing an executable JAX has already run"
-CANONICALIZE = "issue 11: NumPy float64/int64 inputs not converted as jax.jit converts them"
-
 # ---------------------------------------------------------------- basics
 
 
@@ -186,7 +175,7 @@ def _positional_only(x, n, /):
 program("static_positional_only", inputs="static_positional", static_argnums=(1,))(_positional_only)
 
 
-@program(inputs="static_keyword", static_argnames=("training",), xfail=STATICS)
+@program(inputs="static_keyword", static_argnames=("training",))
 def static_keyword_argument(x, training=False):
     return x * 0.5 if training else x
 
@@ -235,9 +224,8 @@ def _dtype_program(name: str) -> Callable[..., Any]:
     return fn
 
 
-_NARROW = {"int4", "uint4", "int2", "uint2"} | {n for n in data.DTYPE_NAMES if n.startswith("float8") or n.startswith("float4")}
 for _name in data.DTYPE_NAMES:
-    program(f"dtype_{_name}", xfail=DTYPES if _name in _NARROW else None)(_dtype_program(_name))
+    program(f"dtype_{_name}")(_dtype_program(_name))
 for _name in data.X64_DTYPE_NAMES:
     program(f"dtype_{_name}", x64=True)(_dtype_program(_name))
 
@@ -250,12 +238,12 @@ def x64_float64_math(x, w):
 # ---------------------------------------------------------------- scalars and weak types
 
 
-@program(inputs="weak_scalar", xfail=WEAK_TYPES)
+@program(inputs="weak_scalar")
 def weak_python_float(x, temperature):
     return x * temperature  # jax.jit keeps bf16: the Python float is weakly typed
 
 
-@program(inputs="python_int", xfail=WEAK_TYPES)
+@program(inputs="python_int")
 def python_int_argument(x, n):
     return x * n, n + 1
 
@@ -268,7 +256,7 @@ def weak_typed_output(x):
 # ---------------------------------------------------------------- PRNG keys
 
 
-@program(inputs="typed_key", xfail=TYPED_KEYS)
+@program(inputs="typed_key")
 def typed_prng_key(key, x):
     k1, k2 = jax.random.split(key)
     return jax.random.normal(k1, x.shape) + x, k2
@@ -371,7 +359,7 @@ def hessian_vector_product(x, w):
 
 
 def _linalg(name: str, inputs: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return program(name, inputs=inputs, group="lapack", xfail=LAPACK)
+    return program(name, inputs=inputs, group="lapack")
 
 
 _linalg("linalg_solve", "spd")(lambda a, b: jnp.linalg.solve(a, b))
@@ -409,12 +397,12 @@ def top_k(x):
     return jax.lax.top_k(x, 4)
 
 
-@program(inputs="scores", run_first=True, xfail=STORE_AFTER_RUN)
+@program(inputs="scores", run_first=True)
 def sort_stored_after_running(x):
     return jnp.sort(x, axis=0), jnp.argmax(x, axis=1)
 
 
-@program(inputs="numpy_float64", xfail=CANONICALIZE)
+@program(inputs="numpy_float64")
 def numpy_float64_inputs(x, i):
     return x * 2, i + 1
 
@@ -583,14 +571,14 @@ def _nnx_graphdef() -> Any:
     return nnx.split(abstract)[0]
 
 
-@program(inputs="nnx_linear", xfail=NNX)
+@program(inputs="nnx_linear")
 def flax_nnx_apply(state, x):
     from flax import nnx
 
     return nnx.merge(_nnx_graphdef(), state)(x)
 
 
-@program(inputs="nnx_linear", xfail=NNX)
+@program(inputs="nnx_linear")
 def flax_nnx_state_out(state, x):
     from flax import nnx
 
@@ -612,19 +600,19 @@ def optax_adam_update(params, opt_state, grads):
     return optax.apply_updates(params, updates), opt_state
 
 
-@program(inputs="eqx_module_in", xfail=CUSTOM_NODES)
+@program(inputs="eqx_module_in")
 def equinox_module_in(model, x):
     return model(x)
 
 
-@program(inputs="eqx_module_out", xfail=CUSTOM_NODES)
+@program(inputs="eqx_module_out")
 def equinox_module_out(model, g_w, g_b):
     import equinox as eqx
 
     return eqx.tree_at(lambda m: (m.weight, m.bias), model, (model.weight - 0.1 * g_w.T, model.bias - g_b))
 
 
-@program(inputs="train_state", xfail=CUSTOM_NODES)
+@program(inputs="train_state")
 def flax_train_state_step(state, x, y):
     def loss(params):
         return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
