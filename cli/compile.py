@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
 from aot.cli.common import (
@@ -119,7 +117,10 @@ def compile_command(
     "--target", metavar="MODULE:FUNCTION",
     help="Also lower the function and compare every program part (not just the signature).",
 )
-@click.option("--static", multiple=True, metavar="NAME=JSON", help="A static keyword argument (with --target).")
+@click.option(
+    "--static", multiple=True, metavar="NAME=JSON",
+    help="A static argument (with --target), placed as aot compile places it.",
+)
 @pass_state
 def why_command(
     state: State, name: str, args: tuple[str, ...], kwargs: tuple[str, ...], args_from: str | None,
@@ -130,6 +131,7 @@ def why_command(
     Compares the input signature argument by argument (and, with --target, every
     program fingerprint part) and the environment. Exits 0 on a hit, 1 on a miss.
     """
+    from aot.cache.targets import place_statics
     from aot.cache.warmup import resolve_args, resolve_target
 
     if static and target is None:
@@ -137,11 +139,11 @@ def why_command(
     positional, keywords = resolve_args(args, parse_kwargs(kwargs), args_from)
     cache = state.cache()
     if target is not None:
-        statics = dict(parse_static(static))
-        options: dict[str, Any] = {**keywords, **statics}
-        if statics:
-            options["static_argnames"] = tuple(statics)
-        explanation = cache.explain(name, *positional, fn=resolve_target(target), **options)
+        fn = resolve_target(target)
+        # Where aot compile puts them (by position between dynamic arguments, else by
+        # keyword), so that the same command line lowers the same program.
+        positional, options = place_statics(fn, positional, dict(parse_static(static)))
+        explanation = cache.explain(name, *positional, fn=fn, **{**keywords, **options})
     else:
         # Without the function only the input signature is compared (keyword
         # arguments' leaves follow the positional ones in sorted-name order).

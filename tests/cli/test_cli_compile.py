@@ -300,6 +300,26 @@ def test_why_with_target_compares_the_program(invoke: Invoke) -> None:
     assert invoke("why", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]").exit_code == 0
 
 
+def test_why_places_a_static_between_dynamic_arguments_as_compile_does(invoke: Invoke) -> None:
+    """`--static factor=3` of f(x, factor, y) goes in by position (static_argnums) for
+    compile; why must lower the same program (by keyword, y would bind to factor)."""
+    stored = compile_json(
+        invoke, "cli_models:scale_between", "--name", "between", "--arg", "f32[4]", "--arg", "f32[4]",
+        "--static", "factor=3",
+    )
+    same = invoke(
+        "why", "between", "--target", "cli_models:scale_between", "--arg", "f32[4]", "--arg", "f32[4]",
+        "--static", "factor=3", "--json",
+    )
+    assert same.exit_code == 0, same.output
+    assert json.loads(same.stdout)["nearest_key"] == stored["key"]
+    other = invoke(
+        "why", "between", "--target", "cli_models:scale_between", "--arg", "f32[4]", "--arg", "f32[4]",
+        "--static", "factor=4", "--json",
+    )
+    assert other.exit_code == 1 and "stablehlo" in {d["part"] for d in json.loads(other.stdout)["differences"]}
+
+
 def test_why_unknown_name(invoke: Invoke, warmed) -> None:
     result = invoke("why", "nothing.here", "--arg", "f32[8]")
     assert result.exit_code == 1
