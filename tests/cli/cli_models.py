@@ -14,10 +14,6 @@ def affine(x, *, bias, double=False):
     return y * 2 if double else y
 
 
-def scale_between(x, factor, y):
-    return x * factor + y
-
-
 def matmul(x, w):
     return x @ w
 
@@ -69,3 +65,7 @@ def dies_in_worker(x):
 
 
 NOT_A_FUNCTION = 42
+
+
+def scale_between(x, factor, y):  # a static parameter between two dynamic ones
+    return x * factor + y
