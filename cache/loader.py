@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -58,6 +59,9 @@ class _Program:
     quarantined: list[IndexEntry] = field(default_factory=list)
     executable: MeshExecutable | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Statistics (aot.cache.stats): calls served, and how many were already flushed.
+    calls: int = 0
+    counted: int = 0
 
 
 @dataclass
@@ -144,6 +148,8 @@ class Dispatcher:
         log.info(
             "aot.load(%r): %d signatures, %d symbolic", name, len(self._programs), len(self._symbolic)
         )
+        self._env = env
+        cache.stats.watch(self, self._programs, env, name)
         if pad is not None:
             self._check_pad_paths()
 
@@ -184,6 +190,7 @@ class Dispatcher:
         program = self._programs.get((treedef, signature))
         if program is None:
             return self._miss(args, kwargs, leaves, treedef)
+        program.calls += 1  # the only statistics on the call path (aot.cache.stats)
         executable = program.executable or self._executable(program)
         return executable.call_checked(args, kwargs)
 
@@ -198,7 +205,7 @@ class Dispatcher:
         unusable: list[IndexEntry] = []  # rows of this environment that failed to load
         for entry in list(program.local):
             try:
-                return self.cache.load(entry)
+                return self.cache.load(entry)  # not a use: the calls are (aot.cache.stats)
             except CorruptArtifactError as exc:
                 self.cache.quarantine(entry, str(exc))
                 problems.append(str(exc))
@@ -245,6 +252,7 @@ class Dispatcher:
         errors: list[str] = []
         environment = self.cache.environment
         for entry in candidates:
+            start = time.perf_counter()
             try:
                 # Only the portable HLO is needed: the executable blob may be corrupt.
                 artifact = self.cache.artifact(entry, roles=(PORTABLE_HLO,))
@@ -257,9 +265,10 @@ class Dispatcher:
             except AotError as exc:
                 errors.append(f"{entry.key[:12]}: {exc}")
                 continue
-            log.warning(
-                "%s (%s): recompiled from portable HLO (%s)", self.name, program.signature,
-                describe_differences(diffs) or f"stored executable unusable: {entry.state_reason}",
+            reason = describe_differences(diffs) or f"stored executable unusable: {entry.state_reason}"
+            log.warning("%s (%s): recompiled from portable HLO (%s)", self.name, program.signature, reason)
+            self.cache.stats.recompiled(
+                self._env, self.name, program.signature, reason, time.perf_counter() - start
             )
             if not self.cache.read_only:
                 # Replaces a quarantined row of the same key; rewrites corrupt blobs.
@@ -286,6 +295,7 @@ class Dispatcher:
                 "aot.load(%r): no stored signature for (%s); compiling with the fallback",
                 self.name, _describe(leaves),
             )
+            self.cache.stats.missed(self._env, self.name, _describe(leaves), "compiled by the fallback")
             result = self.cache.compile_entry(self.fallback, *args, name=self.name, **kwargs)
             executable = result.executable
             key = (treedef, tuple(map(_leaf_key, leaves)))
@@ -294,6 +304,7 @@ class Dispatcher:
                 tuple(a.path for a in executable.info.args), [result.entry], [], executable,
             )
             return executable(*args, **kwargs)
+        self.cache.stats.missed(self._env, self.name, _describe(leaves), "no stored signature")
         raise self._not_found(leaves, treedef, notes, args, kwargs)
 
     def _not_found(
@@ -402,7 +413,11 @@ class Dispatcher:
                 notes.append(f"Symbolic ({program.signature}) does not fit: {binding.reason}")
                 continue
             if self.strict:
+                self.cache.stats.missed(
+                    self._env, self.name, _describe(leaves), "a symbolic program fits; strict"
+                )
                 raise self._strict_symbolic_error(program, got, binding.values or {})
+            self.cache.stats.missed(self._env, self.name, _describe(leaves), "compiled from a symbolic program")
             executable = self._compile_symbolic(program, treedef, got, binding.values or {})
             return executable.call_checked(args, kwargs)
         return _NO_MATCH
@@ -432,6 +447,7 @@ class Dispatcher:
                 return existing.executable or self._executable(existing)
             errors: list[str] = []
             for entry in program.entries:
+                start = time.perf_counter()
                 try:
                     artifact = self.cache.artifact(entry, roles=(PORTABLE_HLO,))
                     concrete = compile_symbolic(artifact, [shape for shape, _ in got])
@@ -444,10 +460,14 @@ class Dispatcher:
                 except Exception as exc:  # noqa: BLE001 - jax/XLA refusing the program
                     errors.append(f"{entry.key[:12]}: {type(exc).__name__}: {exc}")
                     continue
+                bound = ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
                 log.warning(
                     "%s: compiled (%s) from the symbolic portable HLO (%s; %s)", self.name,
-                    concrete.manifest.signature, program.signature,
-                    ", ".join(f"{k}={v}" for k, v in sorted(values.items())),
+                    concrete.manifest.signature, program.signature, bound,
+                )
+                self.cache.stats.recompiled(
+                    self._env, self.name, concrete.manifest.signature,
+                    f"symbolic ({program.signature}) with {bound}", time.perf_counter() - start,
                 )
                 stored: list[IndexEntry] = []
                 if not self.cache.read_only:
@@ -492,6 +512,7 @@ class Dispatcher:
             for i, leaf in enumerate(leaves)
         ]
         args, kwargs = jax.tree_util.tree_unflatten(treedef, padded)
+        program.calls += 1
         executable = program.executable or self._executable(program)
         out = executable.call_checked(args, kwargs)
         return unpad_outputs(out, self.pad, size, n)
