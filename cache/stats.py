@@ -77,8 +77,9 @@ __all__ = [
     "zero_stats",
 ]
 
-#: How often the flusher thread writes pending counts (seconds).
-FLUSH_SECONDS = 5.0
+#: How often the flusher thread writes pending counts (seconds); None: only at
+#: :meth:`StatsRecorder.flush`, :meth:`Cache.close` and exit.
+FLUSH_SECONDS: float | None = 5.0
 
 _COUNTERS = (
     "calls", "loads", "load_seconds", "saved_seconds", "misses", "recompiles", "recompile_seconds",
@@ -308,7 +309,9 @@ _THREAD_LOCK = threading.Lock()
 
 def _flusher() -> None:
     while True:
-        time.sleep(FLUSH_SECONDS)
+        time.sleep(FLUSH_SECONDS or 1.0)
+        if FLUSH_SECONDS is None:
+            continue
         for recorder in list(_REGISTRY):
             recorder.flush()
 
