@@ -158,6 +158,11 @@ def _local_tier(location: str, env: str) -> dict[str, Any]:
 
     out: dict[str, Any] = {"location": location, "entries": None, "entries_this_environment": None,
                            "stored_bytes": None, "error": None}
+    from pathlib import Path
+
+    if not (Path(location).expanduser() / "index.sqlite").is_file():
+        out.update(entries=0, entries_this_environment=0, stored_bytes=0)
+        return out  # created by the first process that serves through it
     try:
         with Cache(location, read_only=True) as tier:
             entries = tier.index.entries()
