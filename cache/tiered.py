@@ -134,6 +134,8 @@ class TieredCache(Cache):
             )
         self.refresh = refresh
         self.remote_error: str | None = None
+        # Intact local rows seen by this process, by key (saves a lookup per load).
+        self._held: dict[str, IndexEntry] = {}
         self._warned_offline = False
         self.local = Cache(where.target, signing_key=signing_key, require_signatures=require_signatures)
         try:
@@ -217,7 +219,7 @@ class TieredCache(Cache):
         now, in parallel); the local tier's when the remote does not answer."""
         if self.remote_error is None:
             if not self.refresh:
-                held = self.local.entries_named(name, state=state)
+                held = self._local_rows(name, state)
                 if held:
                     return held
             try:
@@ -226,7 +228,12 @@ class TieredCache(Cache):
                 return rows
             except CacheError as exc:
                 self._warn_offline(exc)
-        return self.local.entries_named(name, state=state)
+        return self._local_rows(name, state)
+
+    def _local_rows(self, name: str, state: str | None) -> list[IndexEntry]:
+        rows = self.local.entries_named(name, state=state)
+        self._held.update((e.key, e) for e in rows if e.ok)
+        return rows
 
     def _warn_offline(self, exc: BaseException) -> None:
         level = logging.DEBUG if self._warned_offline else logging.WARNING
@@ -244,8 +251,8 @@ class TieredCache(Cache):
         wanted = [e for e in rows if e.ok and (e.env_fp == env or e.exe_digest is None)]
         if not wanted:
             return
-        held = {e.key for e in self.local.entries_named(wanted[0].name) if e.ok}
-        missing = [e for e in wanted if e.key not in held]
+        self._local_rows(wanted[0].name, "ok")
+        missing = [e for e in wanted if e.key not in self._held]
         if not missing:
             return
         log.info("local tier: fetching %d entries of %s from %s", len(missing), missing[0].name,
@@ -273,6 +280,7 @@ class TieredCache(Cache):
         """Copies ``entry`` (row and verified blobs, as stored) into the local tier."""
         stored, outcome = self.local.copy_entry_from(self, entry)
         log.debug("local tier: %s %s (%s)", outcome, entry.name, entry.key[:12])
+        self._held[stored.key] = stored
         return stored
 
     def artifact(self, entry: IndexEntry | str, *, roles: Iterable[str] | None = None) -> Artifact:
@@ -282,7 +290,7 @@ class TieredCache(Cache):
         if isinstance(entry, str):
             entry = self.entry(entry)
         wanted = tuple(roles) if roles is not None else None
-        here = self.local.index.get(entry.key)
+        here = self._held.get(entry.key) or self.local.index.get(entry.key)
         if here is not None and here.ok:
             try:
                 return self.local.artifact(here, roles=wanted)
@@ -290,6 +298,7 @@ class TieredCache(Cache):
                 if self.remote_error is not None:
                     raise
                 log.warning("local tier: %s; fetching it again from %s", exc, self.display_location)
+                self._held.pop(entry.key, None)
                 self.local.quarantine(here, str(exc))
         if self.remote_error is not None:
             raise CacheError(
@@ -309,6 +318,7 @@ class TieredCache(Cache):
     def quarantine(self, entry: IndexEntry, reason: str) -> None:
         if self.remote_error is None:
             super().quarantine(entry, reason)
+        self._held.pop(entry.key, None)
         here = self.local.index.get(entry.key)
         if here is not None and here.ok:
             self.local.quarantine(here, reason)
