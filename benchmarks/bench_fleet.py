@@ -23,11 +23,13 @@ interleaved:
 * ``... warm tier, refresh=False``: the same, without asking PostgreSQL for the rows
   (the remote is still opened: one connection and a schema check).
 
-``push``: ``aot push`` (the library call :func:`aot.cache.transfer.push`) of the 8
-MLP buckets and the 12-layer transformer train step (9 entries) from a folder cache
-into a fresh PostgreSQL database and S3 prefix, with ``--jobs 1`` and ``--jobs 4``;
-entries/s and MB/s of stored bytes; then the same push again (everything skipped:
-each destination entry's blobs are re-read and verified).
+``push``: ``aot push`` (the library call :func:`aot.cache.transfer.push`) from a
+folder cache into a fresh PostgreSQL database and S3 prefix, with ``--jobs 1`` and
+``--jobs 4``; entries/s and MB/s of stored bytes; then the same push again (everything
+skipped: each destination entry's blobs are re-read and verified). Two sets: ``small``,
+the 8 MLP buckets and the 12-layer transformer train step (9 entries, tens of KiB
+each: latency-bound), and ``large``, 4 programs that embed a random 4 MB constant (an
+8 MB entry each, incompressible: bandwidth-bound).
 """
 
 from __future__ import annotations
@@ -93,6 +95,27 @@ def _ready(location: str, blobs: str | None, local: str | None, refresh: bool = 
         if line.startswith(MARK):
             return json.loads(line[len(MARK):])  # type: ignore[no-any-return]
     raise RuntimeError(f"ready worker failed ({proc.returncode}): {proc.stderr[-2000:]}")
+
+
+def _large(n: int) -> list[Any]:
+    """``n`` programs embedding a random 1M-float constant (executable and portable HLO
+    of ~4 MB each; random bytes do not compress)."""
+    import numpy as np
+
+    import aot
+    from aot.rehydrate import build_artifact
+
+    out = []
+    for seed in range(n):
+        constant = np.random.default_rng(seed).standard_normal(1_000_000).astype(np.float32)
+
+        def scale(x: Any, c: Any = constant) -> Any:
+            return x * c
+
+        computation = aot.lower(scale, aot.spec("f32[1000000]"), name=f"large.{seed}")
+        executable = computation.compile()
+        out.append(build_artifact(executable, computation.portable_hlo(executable)))
+    return out
 
 
 def _artifacts() -> tuple[list[Any], list[Any]]:
@@ -202,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         folder = aot.Cache(root / "folder")
         for artifact in mlp + big:
             folder.put(artifact)
+        large = aot.Cache(root / "large")
+        for artifact in _large(4):
+            large.put(artifact)
         shared_url, shared_blobs = servers.database(), servers.prefix()
         first = push(folder, shared_url, [NAME], blob_location=shared_blobs, jobs=4)
         assert len(first.copied) == len(BUCKETS), first.to_dict()
@@ -237,32 +263,33 @@ def main(argv: list[str] | None = None) -> int:
         results["ready"] = {"samples": ready, "import_s": imports, "stored_bytes": stored}
 
         # ---------------------------------------------------------------- push
-        entries = folder.entries()
-        total = sum(e.stored_size for e in entries)
-        print(f"### push: {len(entries)} entries ({total / 2**20:.2f} MiB stored; the "
-              f"largest {max(e.stored_size for e in entries) / 2**20:.2f} MiB) folder -> "
-              "PostgreSQL + S3\n")
-        print("| jobs | first push (s) | entries/s | MB/s | second push, all skipped (s) |")
-        print("|---|---|---|---|---|")
-        for jobs in (1, 4):
-            times, again = [], []
-            for _ in range(args.runs):
-                url, blobs = servers.database(), servers.prefix()
-                with aot.Cache(url, blob_location=blobs):
-                    pass  # the schema exists before the clock starts, as in a fleet
-                start = time.perf_counter()
-                report = push(folder, url, blob_location=blobs, jobs=jobs)
-                times.append(time.perf_counter() - start)
-                assert len(report.copied) == len(entries), report.to_dict()
-                start = time.perf_counter()
-                report = push(folder, url, blob_location=blobs, jobs=jobs)
-                again.append(time.perf_counter() - start)
-                assert len(report.skipped) == len(entries), report.to_dict()
-            t = statistics.median(times)
-            print(f"| {jobs} | {_median(times)} | {len(entries) / t:.1f} | {total / t / 1e6:.2f} | "
-                  f"{_median(again)} |")
-            results["push"][str(jobs)] = {"seconds": times, "again_seconds": again, "entries": len(entries),
-                                          "stored_bytes": total}
+        print("### push: folder -> PostgreSQL + S3 (fresh database and prefix per run)\n")
+        print("| entries | jobs | first push (s) | entries/s | MB/s | second push, all skipped (s) |")
+        print("|---|---|---|---|---|---|")
+        for label, source in (("small", folder), ("large", large)):
+            entries = source.entries()
+            total = sum(e.stored_size for e in entries)
+            what = f"{label}: {len(entries)}, {total / 2**20:.2f} MiB"
+            for jobs in (1, 4):
+                times, again = [], []
+                for _ in range(args.runs):
+                    url, blobs = servers.database(), servers.prefix()
+                    with aot.Cache(url, blob_location=blobs):
+                        pass  # the schema exists before the clock starts, as in a fleet
+                    start = time.perf_counter()
+                    report = push(source, url, blob_location=blobs, jobs=jobs)
+                    times.append(time.perf_counter() - start)
+                    assert len(report.copied) == len(entries), report.to_dict()
+                    start = time.perf_counter()
+                    report = push(source, url, blob_location=blobs, jobs=jobs)
+                    again.append(time.perf_counter() - start)
+                    assert len(report.skipped) == len(entries), report.to_dict()
+                t = statistics.median(times)
+                print(f"| {what} | {jobs} | {_median(times)} | {len(entries) / t:.1f} | "
+                      f"{total / t / 1e6:.2f} | {_median(again)} |")
+                results["push"][f"{label}.{jobs}"] = {
+                    "seconds": times, "again_seconds": again, "entries": len(entries), "stored_bytes": total,
+                }
         print(f"\nload average at end: {loadavg()}")
         if args.json:
             args.json.write_text(json.dumps(results, indent=2, default=str))
