@@ -81,6 +81,11 @@ __all__ = [
 #: :meth:`StatsRecorder.flush`, :meth:`Cache.close` and exit.
 FLUSH_SECONDS: float | None = 5.0
 
+#: Distinct missed signatures a process records per name; further ones are counted
+#: under :data:`OTHER_SIGNATURES` (a client sending random shapes must not fill the index).
+MAX_MISSED_SIGNATURES = 100
+OTHER_SIGNATURES = "(other signatures)"
+
 _COUNTERS = (
     "calls", "loads", "load_seconds", "saved_seconds", "misses", "recompiles", "recompile_seconds",
 )
@@ -350,6 +355,7 @@ class StatsRecorder:
         self._touches: dict[str, int] = {}
         self._memory: dict[_Key, _Tally] = {}
         self._watches: dict[int, _Watch] = {}
+        self._missed: dict[tuple[str, str], set[str]] = {}
         self._pid = os.getpid()
         self._closed = False
         self._warned = False
@@ -399,6 +405,12 @@ class StatsRecorder:
     def missed(self, env_fp: str, name: str, signature: str, reason: str) -> None:
         """A call found no stored executable for ``signature``."""
         with self._lock:
+            seen = self._missed.setdefault((env_fp, name), set())
+            if signature not in seen:
+                if len(seen) >= MAX_MISSED_SIGNATURES:
+                    signature = OTHER_SIGNATURES
+                else:
+                    seen.add(signature)
             tally = self._tally((env_fp, name, signature))
             tally.misses += 1
             tally.miss_reason = reason

@@ -100,6 +100,7 @@ def copy_entries(
         return entry, outcome, None
 
     if jobs > 1 and len(todo) > 1:
+        destination.index  # noqa: B018 - opened once, before the threads share it
         with ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
             results = list(pool.map(one, todo))
     else:

@@ -90,6 +90,20 @@ def test_misses_and_recompiles_with_their_signature_and_reason(open_folder_cache
     assert (missed.misses, missed.calls, missed.miss_reason) == (2, 0, "no stored signature")
 
 
+def test_missed_signatures_are_bounded_per_name(open_folder_cache, compiled, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(stats_mod, "MAX_MISSED_SIGNATURES", 2)
+    cache = open_folder_cache()
+    cache.put(compiled.tiny)
+    fn = aot.load(compiled.TINY_NAME, cache=cache)
+    x, y = compiled.tiny_inputs
+    for n in (1, 2, 3, 4, 1):
+        with pytest.raises(SignatureNotFoundError):
+            fn(x[:n], y)
+    cache.stats.flush()
+    misses = {r.signature: r.misses for r in read_stats(cache).rows if r.misses}
+    assert misses == {"f32[1], f32[8]": 2, "f32[2], f32[8]": 1, stats_mod.OTHER_SIGNATURES: 2}
+
+
 def test_padded_calls_count_for_the_bucket_that_served_them(open_folder_cache, compiled) -> None:  # noqa: ANN001
     cache = open_folder_cache()
     for artifact in compiled.mlp.values():

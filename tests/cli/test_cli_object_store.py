@@ -90,7 +90,7 @@ def test_verify_and_doctor_report_object_store_problems(fleet: Invoke, s3_url: s
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
     line = one_line_error(fleet("verify"))
-    assert line.startswith(f"Error: cannot read blob ") and f"at {s3_url}: the object store did not answer" in line
+    assert line.startswith("Error: cannot read blob ") and f"at {s3_url}: the object store did not answer" in line
     assert "http://127.0.0.1:9 (from AWS_ENDPOINT_URL)" in line
     down = json.loads(fleet("doctor", "--json").stdout)
     assert down["ok"] is False and "did not answer" in down["cache"]["error"]
