@@ -257,6 +257,7 @@ class TieredCache(Cache):
             return
         log.info("local tier: fetching %d entries of %s from %s", len(missing), missing[0].name,
                  self.display_location)
+        self.local.index  # noqa: B018 - opened once, before the threads share it
         if len(missing) == 1:
             results = [self._try_fetch(missing[0])]
         else:
