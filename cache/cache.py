@@ -163,10 +163,8 @@ class Cache:
         read_only: bool = False,
         blob_location: str | os.PathLike[str] | None = None,
         require_signatures: bool = False,
-        local: str | os.PathLike[str] | None = None,
+        local: str | os.PathLike[str] | None = None,  # taken by __new__: a TieredCache
     ) -> None:
-        if local is not None and type(self) is Cache:  # pragma: no cover - __new__ prevents it
-            raise TypeError("Cache(local=...) is a TieredCache")
         location = str(location) if location is not None else default_location()
         self.location = location
         self.read_only = read_only
