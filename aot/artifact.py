@@ -255,6 +255,12 @@ class Artifact:
                 f"{ref.digest[:16]} is missing; run `aot verify` and recompile the entry"
             )
         verify_digest(data, ref.digest, what=f"{role} blob of {self.manifest.name!r}")
+        if len(data) != ref.size:
+            raise CorruptArtifactError(
+                f"artifact {self.manifest.name!r} ({self.manifest.key[:12]}): the manifest says "
+                f"its {role} blob has {ref.size} bytes, it has {len(data)}; the manifest was "
+                "altered. Run `aot verify` and recompile the entry"
+            )
         return data
 
     # -- a folder: manifest.json + <digest>.bin, for tests and hand-carried copies
@@ -361,3 +367,249 @@ def _dtype(name: Any) -> np.dtype:
         return parse_dtype(str(name))
     except Exception:  # noqa: BLE001
         raise CorruptArtifactError(f"manifest names an unknown dtype {name!r}") from None
+
+
+# ---------------------------------------------------------------- cross-checks
+#
+# The key covers the program and environment fingerprints, not the fields XLA and the
+# dispatcher act on (device ids, shardings, donation, trees, ...). An unsigned manifest
+# is only as trustworthy as the index it sits in, so every such field that a
+# fingerprint part pins is compared with that part here, before XLA sees a byte.
+# docs/reliability.md has the table of every field: covered, cross-checked, harmless.
+
+
+def manifest_problems(manifest: Manifest) -> list[str]:
+    """What in ``manifest`` contradicts its own fingerprints (empty: consistent).
+
+    Pure data checks, no JAX: :func:`aot.rehydrate.executable_problems` checks the
+    fields only the deserialized executable can confirm (output avals, shardings).
+    """
+    problems: list[str] = []
+    program = manifest.program.as_dict()
+    environment = manifest.environment.as_dict()
+
+    def differs(what: str, stored: Any, pinned: Any, part: str) -> None:
+        problems.append(f"{what} {_short_json(stored)} != {_short_json(pinned)} in the {part}")
+
+    for field_name, value in (("name", manifest.name), ("kind", manifest.kind)):
+        if field_name in program and program[field_name] != value:
+            differs(field_name, value, program[field_name], f"program fingerprint's {field_name!r} part")
+    for field_name, part in (("jax_version", "jax"), ("jaxlib_version", "jaxlib")):
+        value = getattr(manifest, field_name)
+        if part in environment and environment[part] != value:
+            differs(field_name, value, environment[part], f"environment fingerprint's {part!r} part")
+
+    device_ids = list(manifest.device_ids)
+    if not device_ids or len(set(device_ids)) != len(device_ids):
+        problems.append(f"device_ids {device_ids} is empty or repeats a device")
+    pinned_devices = _json_part(program, "devices")
+    if pinned_devices is not None and pinned_devices != device_ids:
+        differs("device_ids", device_ids, pinned_devices, "program fingerprint's 'devices' part")
+
+    donated = [i for i, a in enumerate(manifest.args) if a.get("donated") is True]
+    kept = [i for i, a in enumerate(manifest.args) if a.get("kept") is True]
+    pinned = _json_part(program, "donated")
+    if pinned is not None and pinned != donated:
+        differs("donated args", donated, pinned, "program fingerprint's 'donated' part")
+    # An executable recompiled from the portable HLO takes every argument (jax.export
+    # keeps unused ones in its calling convention): kept may grow, never shrink. A
+    # wrong count is caught against the executable's parameters.
+    pinned = _json_part(program, "kept_args")
+    if isinstance(pinned, list) and not set(pinned) <= set(kept):
+        differs("kept args", kept, pinned, "program fingerprint's 'kept_args' part (a subset)")
+    for i, arg in enumerate(manifest.args):
+        for flag in ("donated", "kept"):
+            if not isinstance(arg.get(flag), bool):
+                problems.append(f"args[{i}].{flag} is {arg.get(flag)!r}, not true or false")
+
+    for field_name, tree in (("in_tree", manifest.in_tree), ("out_tree", manifest.out_tree)):
+        digest = "sha256:" + sha256_hex(canonical_json(tree))
+        if field_name in program and program[field_name] != digest:
+            differs(field_name, digest[:23] + "...", program[field_name][:23] + "...",
+                    f"program fingerprint's {field_name!r} part")
+    leaves = {name: _leaf_count(tree) for name, tree in (("in_tree", manifest.in_tree), ("out_tree", manifest.out_tree))}
+    counts = {
+        "in_tree leaves vs args": (leaves["in_tree"], len(manifest.args)),
+        "out_tree leaves vs out_avals": (leaves["out_tree"], len(manifest.out_avals)),
+        "kept args vs in_avals": (len(kept), len(manifest.in_avals)),
+        "kept args vs in_shardings": (len(kept), len(manifest.in_shardings)),
+        "out_avals vs out_shardings": (len(manifest.out_avals), len(manifest.out_shardings)),
+    }
+    for what, (left, right) in counts.items():
+        if left is not None and left != right:
+            problems.append(f"{what}: {left} != {right}")
+
+    kept_args = [manifest.args[i] for i in kept]
+    for i, (aval, arg) in enumerate(zip(manifest.in_avals, kept_args)):
+        if _aval_key(aval) != _aval_key(arg):
+            problems.append(
+                f"in_avals[{i}] {_aval_text(aval)} != kept argument {arg.get('path')!r} "
+                f"{_aval_text(arg)} (pinned by the program fingerprint)"
+            )
+
+    # The fingerprint pins the shardings the program was lowered with, by position
+    # among the arguments it kept then; an executable recompiled from the portable HLO
+    # keeps every argument, so positions are matched through the argument indices.
+    pinned_kept = _json_part(program, "kept_args")
+    pinned_in = _json_part(program, "in_shardings")
+    pinned_by_arg = (
+        dict(zip(pinned_kept, pinned_in))
+        if isinstance(pinned_kept, list) and isinstance(pinned_in, list) else {}
+    )
+    for field_name, shardings, avals, pinned_list in (
+        ("in_shardings", manifest.in_shardings, manifest.in_avals, [pinned_by_arg.get(a) for a in kept]),
+        ("out_shardings", manifest.out_shardings, manifest.out_avals, _json_part(program, "out_shardings")),
+    ):
+        for i, (sharding, aval) in enumerate(zip(shardings, avals)):
+            where = f"{field_name}[{i}]"
+            try:
+                ids = sharding_device_ids(sharding, _rank(aval))
+            except (KeyError, TypeError, ValueError) as exc:
+                problems.append(f"{where} is malformed: {exc}")
+                continue
+            if ids != device_ids:
+                problems.append(
+                    f"{where} places the value on devices {ids}, but the executable runs on "
+                    f"device_ids {device_ids}"
+                )
+            pinned = pinned_list[i] if isinstance(pinned_list, list) and i < len(pinned_list) else None
+            if isinstance(pinned, dict) and pinned != sharding:
+                differs(where, sharding, pinned, f"program fingerprint's {field_name!r} part")
+            elif (
+                field_name == "in_shardings" and not isinstance(pinned, dict)
+                and sharding.get("memory_kind") not in (None, "device")
+            ):
+                # Only a sharding given at lowering time puts an input in another memory.
+                problems.append(
+                    f"{where} memory_kind {sharding.get('memory_kind')!r} was not asked for at "
+                    "lowering time (the program fingerprint pins no sharding for it)"
+                )
+            spec = aval.get("spec") if isinstance(aval, dict) else None
+            if (
+                spec is not None and sharding.get("type") == "named"
+                and _trim(spec) != _trim(sharding.get("spec"))
+            ):
+                problems.append(f"{where} spec {sharding.get('spec')} != the aval's spec {spec}")
+
+    if len(device_ids) > 1 and manifest.committed is not True:
+        problems.append(
+            f"committed is {manifest.committed!r}, but a program on {len(device_ids)} devices "
+            "always commits its outputs"
+        )
+    if EXECUTABLE not in manifest.blobs:
+        problems.append("no executable blob")
+    for role, ref in manifest.blobs.items():
+        if role not in ROLES:
+            problems.append(f"unknown blob role {role!r}")
+        if len(ref.digest) != 64 or any(c not in "0123456789abcdef" for c in ref.digest) or ref.size < 0:
+            problems.append(f"{role} blob {ref.digest[:16]!r} ({ref.size} bytes) is not a sha256 digest and size")
+    return problems
+
+
+def check_manifest(manifest: Manifest) -> None:
+    """Raises :class:`CorruptArtifactError` naming every field that contradicts the
+    fingerprints (see :func:`manifest_problems`)."""
+    problems = manifest_problems(manifest)
+    if problems:
+        raise CorruptArtifactError(
+            f"manifest of {manifest.name!r} ({manifest.key[:12]}) contradicts its fingerprints: "
+            + "; ".join(problems)
+            + ". The index row was altered or damaged; it is not run. Run `aot verify` "
+            "(it quarantines the entry) and recompile it (the loader does so from its "
+            "portable HLO)"
+        )
+
+
+def sharding_device_ids(sharding: Any, rank: int | None = None) -> list[int]:
+    """The device ids a sharding (as stored in a manifest) places a value on, in
+    order; ``ValueError`` if the description is malformed."""
+    if not isinstance(sharding, dict):
+        raise ValueError(f"expected an object, got {str(sharding)[:60]!r}")
+    kind = sharding.get("type")
+    if kind == "single":
+        device = sharding["device"]
+        if not isinstance(device, int) or isinstance(device, bool):
+            raise ValueError(f"device {device!r} is not an integer")
+        return [device]
+    if kind == "named":
+        mesh = sharding["mesh"]
+        ids = _int_list(mesh["device_ids"], "mesh device_ids")
+        shape = _int_list(mesh["shape"], "mesh shape")
+        names = list(mesh["axis_names"])
+        if int(np.prod(shape, dtype=np.int64)) != len(ids) or len(names) != len(shape):
+            raise ValueError(f"mesh shape {shape} / axes {names} do not fit {len(ids)} devices")
+        spec = list(sharding["spec"])
+        if rank is not None and len(spec) > rank:
+            raise ValueError(f"spec {spec} has more entries than the value's {rank} dimensions")
+        for entry in spec:
+            for axis in entry if isinstance(entry, list) else [entry]:
+                if axis is not None and axis not in names:
+                    raise ValueError(f"spec {spec} names axis {axis!r}, not one of {names}")
+        return ids
+    if kind == "gspmd":
+        if not isinstance(sharding["hlo"], str):
+            raise ValueError("hlo is not a string")
+        return _int_list(sharding["device_ids"], "device_ids")
+    raise ValueError(f"unknown sharding type {kind!r}")
+
+
+def _int_list(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"{what} {str(value)[:60]} is not a list of integers")
+    return list(value)
+
+
+def _json_part(parts: Mapping[str, str], name: str) -> Any:
+    """A fingerprint part holding JSON, parsed (None when absent or not JSON)."""
+    if name not in parts:
+        return None
+    try:
+        return json.loads(parts[name])
+    except ValueError:
+        return None
+
+
+def _leaf_count(tree: Any) -> int | None:
+    """Leaves of a pytree structure as :mod:`aot.treedef` writes it (None: malformed)."""
+    try:
+        if tree.get("t") == "leaf":
+            return 1
+        if tree.get("t") == "none":
+            return 0
+        return sum(_leaf_count(child) for child in tree["c"])  # type: ignore[misc]
+    except (AttributeError, KeyError, TypeError, RecursionError):
+        return None
+
+
+def _aval_key(aval: Any) -> tuple[Any, Any] | None:
+    try:
+        return tuple(int(d) for d in aval["shape"]), _dtype(aval["dtype"])
+    except (KeyError, TypeError, ValueError, CorruptArtifactError):
+        return None
+
+
+def _aval_text(aval: Any) -> str:
+    key = _aval_key(aval)
+    return format_aval(*key) if key is not None else repr(aval)[:60]
+
+
+def _rank(aval: Any) -> int | None:
+    try:
+        return len(aval["shape"])
+    except (KeyError, TypeError):
+        return None
+
+
+def _trim(spec: Any) -> Any:
+    """A partition spec without trailing ``None`` entries (they mean the same)."""
+    if not isinstance(spec, list):
+        return spec
+    out = list(spec)
+    while out and out[-1] is None:
+        out.pop()
+    return out
+
+
+def _short_json(value: Any, limit: int = 120) -> str:
+    text = value if isinstance(value, str) else canonical_json(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -6,16 +6,20 @@ upgrade. The on-disk format itself is :mod:`aot.artifact`.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import logging
+import re
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
 import numpy as np
-from jax._src import core, stages
+from jax._src import core, op_shardings, stages
 from jax._src.interpreters import pxla
+from jax._src.lib import hlo as _hlo
+from jax._src.lib import xla_client as xc
 
 from aot import treedef as treedefs
 from aot.artifact import (
@@ -26,6 +30,10 @@ from aot.artifact import (
     Manifest,
     _dtype,
     check_environment,
+    check_manifest,
+    environment_differences,
+    manifest_problems,
+    sharding_device_ids,
 )
 from aot.errors import (
     AotError,
@@ -41,6 +49,7 @@ from aot.fingerprint import (
     environment_fingerprint,
     sha256_hex,
 )
+from aot.specs import format_aval
 from aot.shardings import (
     aval_from_json,
     aval_to_json,
@@ -233,24 +242,25 @@ def load_executable(
     exe_bytes = artifact.blob(EXECUTABLE)  # verifies the digest before anything else
     if check_env:
         check_environment(manifest, current)
+    check_manifest(manifest)  # fields outside the key, against the fingerprints
     info = executable_info(manifest, flat_outputs=flat_outputs)
     devices = live_devices()
     dlist = device_list(manifest.device_ids, devices)  # names a missing device id
     backend = devices[manifest.device_ids[0]].client
     start = time.perf_counter()
-    try:
-        xla_executable = backend.deserialize_executable(exe_bytes, dlist)
-    except Exception as exc:  # noqa: BLE001 - XLA reports as RuntimeError/XlaRuntimeError
-        raise IncompatibleEnvironmentError(
-            f"XLA could not load the executable of {manifest.name!r} ({manifest.key[:12]}): "
-            f"{exc}. Recompile it from its portable HLO.",
-            (f"deserialize: {exc}",),
-        ) from exc
+    xla_executable = _deserialize(manifest, backend, exe_bytes, dlist)
+    check_executable(manifest, info, xla_executable)
     kept_shardings = info.in_shardings
-    in_avals = [aval_from_json(a, s) for a, s in zip(manifest.in_avals, kept_shardings)]
-    out_avals = [
-        aval_from_json(a, s) for a, s in zip(manifest.out_avals, info.out_shardings)
-    ]
+    try:
+        in_avals = [aval_from_json(a, s) for a, s in zip(manifest.in_avals, kept_shardings)]
+        out_avals = [
+            aval_from_json(a, s) for a, s in zip(manifest.out_avals, info.out_shardings)
+        ]
+    except (ValueError, TypeError) as exc:  # jax refuses an aval for its sharding
+        raise CorruptArtifactError(
+            f"manifest of {manifest.name!r} ({manifest.key[:12]}) has an aval its sharding "
+            f"cannot hold: {exc}; run `aot verify` and recompile the entry"
+        ) from None
     unloaded = pxla.UnloadedMeshExecutable(
         xla_executable=xla_executable,
         device_list=dlist,
@@ -288,37 +298,79 @@ def recompile(artifact: Artifact) -> Artifact:
     """Compiles the stored portable HLO for this environment: no model code needed.
 
     The new artifact keeps the program fingerprint (it is the same program) and gets
-    this environment's fingerprint.
+    this environment's fingerprint. The manifest may be why the stored executable was
+    refused, so only what the fingerprints and the portable HLO vouch for is taken
+    from it (:func:`_trusted_inputs`).
     """
     manifest = artifact.manifest
-    exported = jax.export.deserialize(bytearray(artifact.blob(PORTABLE_HLO)))
-    info = executable_info(manifest)
-    kept_iter = iter(info.in_shardings)
+    hlo = artifact.blob(PORTABLE_HLO)
+    try:
+        exported = jax.export.deserialize(bytearray(hlo))
+    except Exception as exc:  # noqa: BLE001 - flatbuffer and version errors vary
+        raise CorruptArtifactError(
+            f"the portable HLO of {manifest.name!r} ({manifest.key[:12]}) cannot be read: "
+            f"{exc}; recompile the entry from its code (aot warmup / aot compile)"
+        ) from None
+    trusted = _trusted_inputs(manifest, exported)
+    devices = live_devices()
+    in_shardings = {i: sharding_from_json(s, devices) for i, s in trusted.in_shardings.items()}
     specs = [
-        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=next(kept_iter) if a.kept else None)
-        for a in info.args
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=in_shardings.get(i))
+        for i, a in enumerate(trusted.args)
     ]
+    options: dict[str, Any] = {}
+    if any(s is not None for s in trusted.out_shardings):
+        # Outputs whose sharding was asked for at lowering time get it again (jit: None
+        # leaves the others to the compiler), so the new manifest agrees with the
+        # program fingerprint that pins them.
+        options["out_shardings"] = tuple(
+            sharding_from_json(s, devices) if s is not None else None for s in trusted.out_shardings
+        )
     start = time.perf_counter()
     # jax.export does not record donation; without this the recompiled executable
     # would silently stop donating (and keep twice the memory alive).
-    donated = tuple(i for i, a in enumerate(info.args) if a.donated)
-    compiled = jax.jit(exported.call, donate_argnums=donated).trace(*specs).lower().compile()
+    donated = tuple(i for i, a in enumerate(trusted.args) if a.donated)
+    jitted = jax.jit(exported.call, donate_argnums=donated, **options)
+    compiled = jitted.trace(*specs).lower().compile()
     seconds = time.perf_counter() - start
-    environment = environment_fingerprint()
     unloaded = compiled._executable._unloaded_executable
     kept = set(unloaded.kept_var_idx)
-    new_info = replace(
-        info,
-        args=tuple(replace(a, kept=i in kept) for i, a in enumerate(info.args)),
-        environment_fingerprint=environment,
+    info = ExecutableInfo(
+        name=trusted.name,
+        kind=trusted.kind,
+        in_tree=treedefs.from_json(manifest.in_tree),
+        out_tree=treedefs.from_json(manifest.out_tree),
+        args=tuple(replace(a, kept=i in kept) for i, a in enumerate(trusted.args)),
+        out_avals=tuple(
+            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+            for a, s in zip(unloaded.output_avals, unloaded.output_shardings)
+        ),
         in_shardings=tuple(unloaded.input_shardings),
         out_shardings=tuple(unloaded.output_shardings),
+        device_ids=tuple(int(d.id) for d in unloaded.device_list),
+        program_fingerprint=manifest.program,
+        environment_fingerprint=environment_fingerprint(),
         compile_seconds=seconds,
+        arg_names=manifest.arg_names,
     )
-    exe = executable_class(manifest.kind)(compiled, new_info)
-    log.info("recompiled %s (%s) from portable HLO in %.2fs", manifest.name, manifest.signature, seconds)
-    rebuilt = build_artifact(exe, artifact.blob(PORTABLE_HLO))
-    return rebuilt
+    exe = executable_class(trusted.kind)(compiled, info)
+    log.info("recompiled %s (%s) from portable HLO in %.2fs", trusted.name, manifest.signature, seconds)
+    rebuilt = build_artifact(exe, hlo)
+    # Passing the input shardings commits the recompiled program's outputs; a program
+    # on one device that asked for no sharding keeps the stored choice (either value
+    # is possible there, and it decides whether its outputs may move).
+    committed = rebuilt.manifest.committed
+    if len(trusted.device_ids) == 1 and not trusted.pinned:
+        committed = bool(manifest.committed)
+    # The stored pytree JSON, verbatim: the program fingerprint hashes it, and a
+    # namedtuple rebuilt from its fields would be written under another type name.
+    return Artifact(
+        replace(
+            rebuilt.manifest, in_tree=manifest.in_tree, out_tree=manifest.out_tree,
+            committed=committed,
+        ),
+        rebuilt.blobs,
+    )
 
 
 # ---------------------------------------------------------------- symbolic shapes
@@ -477,3 +529,405 @@ def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Art
         manifest.name, signature, manifest.signature, seconds,
     )
     return Artifact(concrete, built.blobs)
+
+
+# ---------------------------------------------------------------- cross-checks with XLA
+#
+# What only the deserialized executable or the portable HLO can confirm: the
+# per-device parameter and result shapes and dtypes, and the shardings XLA compiled
+# for. The pure checks against the fingerprints are aot.artifact.manifest_problems.
+# These use the XLA client and public jax.sharding only (no pxla), so `aot verify`
+# runs them too.
+
+
+@dataclass(frozen=True, slots=True)
+class _TrustedInputs:
+    """What a recompilation takes from a manifest, each field vouched for by the
+    program fingerprint or the portable HLO."""
+
+    name: str
+    kind: str
+    args: tuple[ArgAval, ...]
+    device_ids: tuple[int, ...]
+    in_shardings: dict[int, dict[str, Any]]  # argument index -> sharding JSON
+    out_shardings: tuple[dict[str, Any] | None, ...]  # None: not asked for
+    pinned: bool  # some sharding was asked for at lowering time
+
+
+def _trusted_inputs(manifest: Manifest, exported: Any) -> _TrustedInputs:
+    program = manifest.program.as_dict()
+    label = f"{manifest.name!r} ({manifest.key[:12]})"
+    untrusted = [
+        p for p in manifest_problems(manifest) if p.startswith(("in_tree", "out_tree"))
+    ]
+    if untrusted:
+        raise CorruptArtifactError(
+            f"{label} cannot be recompiled from its portable HLO: {'; '.join(untrusted)} "
+            "(the pytree structure is stored only in the manifest); recompile it from its "
+            "code (aot warmup / aot compile)"
+        )
+    args_avals = [(tuple(int(d) for d in a["shape"]), _dtype(a["dtype"])) for a in manifest.args]
+    exported_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in exported.in_avals]
+    if args_avals != exported_avals:
+        raise CorruptArtifactError(
+            f"the portable HLO of {label} takes {_avals_text(exported_avals)}, but the program "
+            f"takes {_avals_text(args_avals)}: the blob belongs to another program; "
+            "recompile it from its code (aot warmup / aot compile)"
+        )
+    donated = set(_json_list(program, "donated", []))
+    kept = set(_json_list(program, "kept_args", range(len(manifest.args))))
+    ids = tuple(_json_list(program, "devices", manifest.device_ids))
+    if len(ids) != exported.nr_devices:
+        raise CorruptArtifactError(
+            f"the portable HLO of {label} was exported for {exported.nr_devices} devices, "
+            f"the program runs on {len(ids)}; recompile it from its code"
+        )
+    args = tuple(
+        ArgAval(str(a.get("path", f"args[{i}]")), shape, dtype, i in donated, i in kept)
+        for i, (a, (shape, dtype)) in enumerate(zip(manifest.args, args_avals))
+    )
+    pinned_in = dict(zip(sorted(kept), _json_list(program, "in_shardings", [])))
+    stored_in = dict(zip([i for i, a in enumerate(manifest.args) if a.get("kept") is True], manifest.in_shardings))
+    in_shardings: dict[int, dict[str, Any]] = {}
+    for i in sorted(kept):
+        pinned = pinned_in.get(i)
+        if isinstance(pinned, dict):
+            in_shardings[i] = pinned
+            continue
+        stored = stored_in.get(i)
+        hlo = exported.in_shardings_hlo[i] if i < len(exported.in_shardings_hlo) else None
+        if stored is not None and _same_placement(stored, ids, hlo, len(args[i].shape)):
+            in_shardings[i] = stored  # the common case: keeps a NamedSharding a NamedSharding
+        else:
+            in_shardings[i] = _sharding_for(ids, hlo)
+    pinned_out = _json_list(program, "out_shardings", [])
+    out_shardings = tuple(
+        s if isinstance(s, dict) else None
+        for s in (list(pinned_out) + [None] * len(exported.out_avals))[: len(exported.out_avals)]
+    )
+    return _TrustedInputs(
+        name=program.get("name", manifest.name),
+        kind=program.get("kind", manifest.kind),
+        args=args,
+        device_ids=ids,
+        in_shardings=in_shardings,
+        out_shardings=out_shardings,
+        pinned=any(isinstance(s, dict) for s in [*pinned_in.values(), *pinned_out]),
+    )
+
+
+def _json_list(parts: dict[str, str], name: str, default: Any) -> list[Any]:
+    try:
+        value = json.loads(parts[name])
+    except (KeyError, ValueError):
+        return list(default)
+    return value if isinstance(value, list) else list(default)
+
+
+def _sharding_for(ids: tuple[int, ...], hlo: Any) -> dict[str, Any]:
+    if len(ids) == 1:
+        return {"type": "single", "device": ids[0], "memory_kind": None}
+    return {
+        "type": "gspmd", "device_ids": list(ids), "memory_kind": None,
+        "hlo": str(hlo) if hlo is not None else "{replicated}",
+    }
+
+
+def _same_placement(stored: dict[str, Any], ids: tuple[int, ...], hlo: Any, ndim: int) -> bool:
+    """True when a stored sharding puts a value on ``ids`` as ``hlo`` (the portable
+    HLO's sharding) does."""
+    try:
+        if sharding_device_ids(stored, ndim) != list(ids):
+            return False
+        if stored.get("memory_kind") not in (None, "device"):
+            return False  # only a sharding pinned at lowering time moves an input
+        if hlo is None or len(ids) == 1:
+            return True
+        sharding = sharding_from_json(stored, live_devices())
+        return op_shardings.are_hlo_shardings_equal(sharding._to_xla_hlo_sharding(ndim), hlo)
+    except (AotError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _avals_text(avals: Any) -> str:
+    return ", ".join(format_aval(shape, dtype) for shape, dtype in avals) or "nothing"
+
+
+def check_executable(manifest: Manifest, info: ExecutableInfo, xla_executable: Any) -> None:
+    """Raises :class:`CorruptArtifactError` when the deserialized executable does not
+    take or return what the manifest says (see :func:`executable_problems`)."""
+    problems = executable_problems(manifest, info, xla_executable)
+    if problems:
+        raise CorruptArtifactError(
+            f"manifest of {manifest.name!r} ({manifest.key[:12]}) does not describe its "
+            f"executable: {'; '.join(problems)}. The index row was altered or the executable "
+            "blob belongs to another program; it is not run. Run `aot verify` (it quarantines "
+            "the entry) and recompile it (the loader does so from its portable HLO)"
+        )
+
+
+def executable_problems(manifest: Manifest, info: ExecutableInfo, xla_executable: Any) -> list[str]:
+    """Where the executable's parameters and results (per-device shapes and dtypes,
+    shardings, output memory kinds) differ from the manifest."""
+    problems: list[str] = []
+    kept = [a for a in info.args if a.kept]
+    signature = _entry_signature(xla_executable)
+    if signature is not None:
+        params, results = signature
+        if len(params) == 1 and isinstance(params[0], list) and len(kept) != 1:
+            params = params[0]  # arguments passed as one tuple
+        results = results if isinstance(results, list) else [results]
+        if len(results) == 1 and isinstance(results[0], list) and len(info.out_avals) != 1:
+            results = results[0]
+        if len(params) != len(kept):
+            problems.append(f"the executable takes {len(params)} arguments, the manifest keeps {len(kept)}")
+        else:
+            for i, (got, arg, sharding) in enumerate(zip(params, kept, info.in_shardings)):
+                problems += _shape_problem(f"argument {arg.path!r}", got, arg.shape, arg.dtype, sharding)
+        if len(results) != len(info.out_avals):
+            problems.append(
+                f"the executable returns {len(results)} values, the manifest has {len(info.out_avals)} out_avals"
+            )
+        else:
+            for i, (got, aval, sharding) in enumerate(zip(results, info.out_avals, info.out_shardings)):
+                problems += _shape_problem(f"out_avals[{i}]", got, tuple(aval.shape), np.dtype(aval.dtype), sharding)
+    if len(info.device_ids) > 1:
+        problems += _sharding_problems(
+            "in_shardings", _op_shardings(xla_executable.get_parameter_shardings, len(kept)),
+            info.in_shardings, [a.shape for a in kept],
+        )
+        problems += _sharding_problems(
+            "out_shardings", _op_shardings(xla_executable.get_output_shardings, len(info.out_avals)),
+            info.out_shardings, [tuple(a.shape) for a in info.out_avals],
+        )
+    try:
+        memory_kinds = list(xla_executable.get_output_memory_kinds()[0])
+    except Exception:  # noqa: BLE001 - not every backend reports memory kinds
+        memory_kinds = []
+    if len(memory_kinds) == len(info.out_shardings):
+        for i, (kind, stored) in enumerate(zip(memory_kinds, manifest.out_shardings)):
+            claimed = stored.get("memory_kind")
+            if claimed is not None and kind is not None and claimed != kind:
+                problems.append(f"out_shardings[{i}] memory_kind {claimed!r} != the executable's {kind!r}")
+    return problems
+
+
+def _shape_problem(what: str, got: Any, shape: tuple[int, ...], dtype: np.dtype, sharding: Any) -> list[str]:
+    if isinstance(got, list):
+        return [f"{what}: the executable has a tuple there"]
+    try:
+        local = _local_shape(tuple(shape), sharding)
+    except Exception as exc:  # noqa: BLE001 - jax refuses the sharding for this shape
+        return [f"{what}: the manifest's shape {list(shape)} does not fit its sharding ({exc})"]
+    try:
+        expected = _strip_layout(str(xc.Shape.array_shape(np.dtype(dtype), local)))
+    except Exception:  # noqa: BLE001 - a dtype XLA has no array shape for: nothing to compare
+        return []
+    if got == expected:
+        return []
+    return [f"{what} is {expected} per device in the manifest, {got} in the executable"]
+
+
+def _local_shape(shape: tuple[int, ...], sharding: Any) -> tuple[int, ...]:
+    """The shape of one device's part, as XLA lays it out (padded when uneven)."""
+    if sharding is None:
+        return shape
+    try:
+        return tuple(sharding.shard_shape(shape))
+    except ValueError:  # uneven: XLA pads each tile to ceil(dim / tiles)
+        hlo = sharding._to_xla_hlo_sharding(len(shape))
+        tiles = list(hlo.tile_assignment_dimensions())[: len(shape)]
+        if hlo.is_replicated() or len(tiles) != len(shape):
+            raise
+        return tuple(-(-d // t) for d, t in zip(shape, tiles))
+
+
+def _sharding_problems(what: str, compiled: list[Any] | None, stored: Any, shapes: list[tuple[int, ...]]) -> list[str]:
+    if compiled is None:
+        return []
+    if len(compiled) != len(stored):
+        return [f"the executable has {len(compiled)} {what}, the manifest {len(stored)}"]
+    problems = []
+    for i, (op, sharding, shape) in enumerate(zip(compiled, stored, shapes)):
+        try:
+            got = xc.HloSharding.from_proto(op)
+            if got.is_manual() or 0 in shape:
+                continue
+            want = sharding._to_xla_hlo_sharding(len(shape))
+        except Exception as exc:  # noqa: BLE001 - a sharding jax cannot express for this rank
+            problems.append(f"{what}[{i}] cannot be compared with the executable's: {exc}")
+            continue
+        if not op_shardings.are_hlo_shardings_equal(got, want):
+            problems.append(f"{what}[{i}] is {want} in the manifest, {got} in the executable")
+    return problems
+
+
+def _op_shardings(getter: Any, count: int) -> list[Any] | None:
+    try:
+        shardings = getter()
+    except Exception:  # noqa: BLE001 - not every backend reports shardings
+        return None
+    if not shardings:
+        return None
+    shardings = list(shardings)
+    # XLA puts one sharding on the root tuple when all outputs share it.
+    if len(shardings) == 1 and count > 1:
+        shardings *= count
+    return shardings
+
+
+def _print_options() -> Any:
+    options_class = getattr(_hlo, "HloPrintOptions", None)
+    if options_class is None:
+        return None
+    options = options_class.short_parsable()
+    for name in ("print_metadata", "print_backend_config", "print_large_constants"):
+        if hasattr(options, name):
+            setattr(options, name, False)
+    return options
+
+
+def _entry_signature(xla_executable: Any) -> tuple[list[Any], Any] | None:
+    """The entry computation's parameter and result shapes (per device), from the
+    first line of the HLO module's text; None where XLA does not tell."""
+    try:
+        modules = xla_executable.hlo_modules()
+        if len(modules) != 1:
+            return None
+        options = _print_options()
+        text = modules[0].to_string(options) if options is not None else modules[0].to_string()
+    except Exception:  # noqa: BLE001 - an executable without an HLO module to show
+        return None
+    # Long tuples carry /*index=N*/ markers.
+    header = re.sub(r"/\*.*?\*/", "", text.split("\n", 1)[0])
+    start = header.find("entry_computation_layout={")
+    if start < 0:
+        return None
+    try:
+        parser = _ShapeParser(header, start + len("entry_computation_layout={"))
+        params = parser.shape()
+        parser.expect("->")
+        result = parser.shape()
+    except ValueError:
+        return None
+    if not isinstance(params, list):
+        return None
+    return params, result
+
+
+class _ShapeParser:
+    """Reads HLO shapes: ``f32[2,2]{1,0}`` -> ``"f32[2,2]"``, ``(a, b)`` -> a list."""
+
+    def __init__(self, text: str, pos: int) -> None:
+        self.text = text
+        self.pos = pos
+
+    def expect(self, token: str) -> None:
+        if not self.text.startswith(token, self.pos):
+            raise ValueError(f"expected {token!r} at {self.pos}")
+        self.pos += len(token)
+
+    def shape(self) -> Any:
+        text = self.text
+        if text.startswith("(", self.pos):
+            self.pos += 1
+            items = []
+            while not text.startswith(")", self.pos):
+                items.append(self.shape())
+                if text.startswith(", ", self.pos):
+                    self.pos += 2
+                elif not text.startswith(")", self.pos):
+                    raise ValueError(f"expected ',' or ')' at {self.pos}")
+            self.pos += 1
+            return items
+        end = text.find("]", self.pos)
+        if end < 0 or "[" not in text[self.pos : end]:
+            raise ValueError(f"expected an array shape at {self.pos}")
+        shape = text[self.pos : end + 1]
+        self.pos = end + 1
+        if text.startswith("{", self.pos):  # the layout: skip it, braces balanced
+            depth = 0
+            while self.pos < len(text):
+                depth += {"{": 1, "}": -1}.get(text[self.pos], 0)
+                self.pos += 1
+                if depth == 0:
+                    break
+        return shape
+
+
+def _strip_layout(shape: str) -> str:
+    return shape.split("{", 1)[0]
+
+
+def _deserialize(manifest: Manifest, backend: Any, exe_bytes: bytes, dlist: Any) -> Any:
+    try:
+        return backend.deserialize_executable(exe_bytes, dlist)
+    except Exception as exc:  # noqa: BLE001 - XLA reports as RuntimeError/XlaRuntimeError
+        raise IncompatibleEnvironmentError(
+            f"XLA could not load the executable of {manifest.name!r} ({manifest.key[:12]}): "
+            f"{exc}. Recompile it from its portable HLO.",
+            (f"deserialize: {exc}",),
+        ) from exc
+
+
+def stored_artifact_problems(artifact: Artifact, current: Fingerprint | None = None) -> list[str]:
+    """Everything :func:`load_executable` would refuse in a stored artifact, for
+    ``aot verify``: the manifest against its fingerprints, against the portable HLO
+    when present, and (for this environment only: other executables cannot be
+    deserialized here) against the deserialized executable. Blob digests are the
+    caller's job."""
+    manifest = artifact.manifest
+    problems = manifest_problems(manifest)
+    for role, ref in manifest.blobs.items():
+        data = artifact.blobs.get(ref.digest)
+        if data is not None and len(data) != ref.size:
+            problems.append(f"blobs.{role}.size {ref.size} != the blob's {len(data)} bytes")
+    if problems:
+        return problems
+    hlo_ref = manifest.blobs.get(PORTABLE_HLO)
+    if hlo_ref is not None and hlo_ref.digest in artifact.blobs:
+        problems += portable_hlo_problems(manifest, artifact.blobs[hlo_ref.digest])
+    exe_ref = manifest.blobs.get(EXECUTABLE)
+    if problems or exe_ref is None or exe_ref.digest not in artifact.blobs:
+        return problems
+    if environment_differences(manifest, current):
+        return problems
+    try:
+        info = executable_info(manifest)
+        devices = live_devices()
+        dlist = device_list(manifest.device_ids, devices)
+        xla_executable = _deserialize(
+            manifest, devices[manifest.device_ids[0]].client, artifact.blobs[exe_ref.digest], dlist
+        )
+    except AotError as exc:
+        return [str(exc)]
+    return executable_problems(manifest, info, xla_executable)
+
+
+def portable_hlo_problems(manifest: Manifest, hlo: bytes) -> list[str]:
+    """Where the manifest's argument and output avals or device count differ from the
+    portable HLO's (``jax.export``: public API, no XLA needed)."""
+    try:
+        exported = jax.export.deserialize(bytearray(hlo))
+    except Exception as exc:  # noqa: BLE001
+        return [f"the portable HLO cannot be read: {exc}"]
+    problems: list[str] = []
+    pairs = (
+        ("args", [(a.get("shape"), a.get("dtype")) for a in manifest.args], exported.in_avals),
+        ("out_avals", [(a.get("shape"), a.get("dtype")) for a in manifest.out_avals], exported.out_avals),
+    )
+    for what, stored, avals in pairs:
+        try:
+            mine = [(tuple(int(d) for d in shape), _dtype(dtype)) for shape, dtype in stored]
+        except (AotError, TypeError, ValueError) as exc:
+            problems.append(f"{what} cannot be read: {exc}")
+            continue
+        theirs = [(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
+        if mine != theirs:
+            problems.append(f"{what} ({_avals_text(mine)}) != the portable HLO's ({_avals_text(theirs)})")
+    if exported.nr_devices != len(manifest.device_ids):
+        problems.append(
+            f"device_ids name {len(manifest.device_ids)} devices, the portable HLO was "
+            f"exported for {exported.nr_devices}"
+        )
+    return problems

@@ -543,12 +543,32 @@ class Cache:
         self.touch(entry.key)  # handed out: a use (its calls are not counted)
         return executable
 
-    def quarantine(self, entry: IndexEntry, reason: str) -> None:
+    def quarantine(self, entry: IndexEntry, reason: str) -> bool:
+        """Marks ``entry`` unusable, only while its row still names the blobs and the
+        manifest of ``entry`` (a stale snapshot must not condemn a rewritten row).
+        False: read-only, or the row changed or is gone (re-read it)."""
         if self.read_only:
             log.warning("cannot quarantine %s (read-only cache): %s", entry.key[:12], reason)
-            return
-        self.index.quarantine(entry.key, reason)
+            return False
+        if not self.index.quarantine(entry.key, reason, expect=entry):
+            log.info("not quarantining %s: its row changed since it was read", entry.key[:12])
+            return False
         log.warning("quarantined %s (%s): %s", entry.name, entry.key[:12], reason)
+        return True
+
+    def reread(self, entry: IndexEntry) -> IndexEntry | None:
+        """The row of ``entry.key`` as it is now (None: deleted)."""
+        reader = self._serving_reader()
+        if reader is not None:
+            return reader.by_key(entry.key)
+        return self.index.get(entry.key)
+
+    def names(self) -> list[str]:
+        """Every name stored (all environments and states)."""
+        reader = self._serving_reader()
+        if reader is not None:
+            return reader.names()
+        return self.index.names()
 
     def compile_entry(
         self, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,

@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-import os
 import re
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -84,7 +83,6 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy import (
@@ -490,13 +488,6 @@ def ensure_schema(engine: Engine, *, read_only: bool = False) -> int:
 # -------------------------------------------------------------------------- engines
 
 
-def _on_read_only_file_system(path: Path) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except (OSError, AttributeError):  # no statvfs (Windows)
-        return False
-
-
 def _sqlite_engine(url: URL, read_only: bool) -> Engine:
     database = url.database
     if not database or database == ":memory:":
@@ -513,12 +504,7 @@ def _sqlite_engine(url: URL, read_only: bool) -> Engine:
                     f"no jax-aot cache index at {path} (opened read-only, so it was not "
                     f"created); check the cache location"
                 )
-            query = {"mode": "ro", "uri": "true"}
-            if _on_read_only_file_system(path):
-                # A WAL database opened read-only needs its -shm file, which cannot be
-                # created here; nobody can write this file system, so it is immutable.
-                query["immutable"] = "1"
-            url = url.set(database=f"file:{quote(path.resolve().as_posix())}", query=query)
+            engine = _read_only_sqlite_engine(url, path)
         else:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -527,7 +513,7 @@ def _sqlite_engine(url: URL, read_only: bool) -> Engine:
                     f"cannot create the folder of the cache index {path}: {e.strerror or e}; "
                     f"choose a writable cache location (AOT_CACHE)"
                 ) from e
-        engine = sa.create_engine(url, connect_args={"check_same_thread": False})
+            engine = sa.create_engine(url, connect_args={"check_same_thread": False})
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -551,6 +537,38 @@ def _sqlite_engine(url: URL, read_only: bool) -> Engine:
     return engine
 
 
+def _read_only_sqlite_engine(url: URL, path: Path) -> Engine:
+    """An engine that never creates -wal/-shm files nor takes a write lock: each
+    connection is opened as :func:`aot.cache.sqlite_reader.read_only_open` decides
+    (``immutable=1`` on a WAL database no writer has open), and an immutable one is
+    replaced at checkout once a writer has opened the database."""
+    import sqlite3
+
+    from aot.cache.sqlite_reader import read_only_open, stale_immutable
+
+    opens: dict[int, Any] = {}
+
+    def creator() -> sqlite3.Connection:
+        how = read_only_open(path)
+        conn = sqlite3.connect(how.uri, uri=True, check_same_thread=False)
+        opens[id(conn)] = how
+        return conn
+
+    engine = sa.create_engine(url, creator=creator)
+
+    @event.listens_for(engine, "connect")
+    def _remember(dbapi_conn: Any, record: Any) -> None:
+        record.info["aot_open"] = opens.pop(id(dbapi_conn), None)
+
+    @event.listens_for(engine, "checkout")
+    def _still_fits(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        how = record.info.get("aot_open")
+        if how is not None and stale_immutable(path, how):
+            raise sa_exc.DisconnectionError("a writer opened the database: reopen it")
+
+    return engine
+
+
 def _make_engine(url: str | URL, read_only: bool) -> Engine:
     try:
         parsed = make_url(url)
@@ -565,10 +583,11 @@ def _make_engine(url: str | URL, read_only: bool) -> Engine:
     if backend == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
+        connect_args: dict[str, Any] = {"connect_timeout": 10}
+        if read_only:  # the server refuses writes too, whatever a code path tries
+            connect_args["options"] = "-c default_transaction_read_only=on"
         try:
-            return sa.create_engine(
-                parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10}
-            )
+            return sa.create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
         except ModuleNotFoundError as e:
             raise CacheError(
                 f"the PostgreSQL driver for {mask_url(parsed)} is not installed ({e}); "
@@ -586,7 +605,7 @@ def _reason(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _advice(reason: str) -> str:
+def _advice(reason: str, read_only: bool = False) -> str:
     """What to do about the database errors a user can fix."""
     text = reason.lower()
     if "malformed" in text or "not a database" in text or "database corrupt" in text:
@@ -598,10 +617,19 @@ def _advice(reason: str) -> str:
         )
     if "disk is full" in text or "no space left" in text or "quota" in text:
         return "; free disk space (e.g. `aot gc --max-size ...`) or move the cache (AOT_CACHE)"
-    if "readonly database" in text or "read-only" in text or "unable to open database file" in text:
+    readonly = "readonly database" in text or "read-only" in text
+    if read_only and (readonly or "unable to open database file" in text):
+        # Opened read-only already: never advise the option that is set.
+        return (
+            "; the index cannot be read here: check that this user may read the cache "
+            "folder and index.sqlite (and, while a writer has it open, index.sqlite-wal "
+            "and index.sqlite-shm)"
+        )
+    if readonly or "unable to open database file" in text:
         return (
             "; the index cannot be written here: fix the permissions of the cache folder, "
-            "or open the cache read-only (read_only=True) on a read-only file system"
+            "or serve it read-only (read_only=True, `aot --read-only`), which needs read "
+            "access only"
         )
     return ""
 
@@ -794,7 +822,7 @@ class Index:
             reason = _reason(e)
             raise CacheError(
                 f"cannot open the cache index at {self.url}: {reason}"
-                + (_advice(reason) or "; check that the database is reachable and that "
+                + (_advice(reason, read_only) or "; check that the database is reachable and that "
                    "the URL, user and password are right")
             ) from e
         logger.debug("opened cache index %s (schema v%d, read_only=%s)", self.url, self._version, read_only)
@@ -830,7 +858,9 @@ class Index:
 
     def _fail(self, what: str, e: BaseException) -> CacheError:
         reason = _reason(e)
-        return CacheError(f"{what} failed on the cache index at {self.url}: {reason}{_advice(reason)}")
+        return CacheError(
+            f"{what} failed on the cache index at {self.url}: {reason}{_advice(reason, self.read_only)}"
+        )
 
     @contextmanager
     def _read(self, what: str) -> Iterator[Connection]:
@@ -1026,12 +1056,23 @@ class Index:
         except CacheError as e:
             logger.warning("index: could not record the use of %s: %s", key, e)
 
-    def quarantine(self, key: str, reason: str) -> bool:
-        """Mark an artifact unusable (bad digest, undeserializable ...). True if it exists."""
+    def quarantine(self, key: str, reason: str, *, expect: IndexEntry | None = None) -> bool:
+        """Mark an artifact unusable (bad digest, undeserializable ...). True if it exists.
+
+        With ``expect`` (the row as the caller read it), only while the row still names
+        the same blobs and manifest: a reader holding an old snapshot must not condemn
+        a row rewritten since (compare-and-set; False when the row changed).
+        """
+        q = sa.update(_ART).where(_ART.c.key == key)
+        if expect is not None:
+            q = q.where(
+                _ART.c.exe_digest == expect.exe_digest,
+                _ART.c.hlo_digest.is_(None) if expect.hlo_digest is None
+                else _ART.c.hlo_digest == expect.hlo_digest,
+                _ART.c.manifest == expect.manifest,
+            )
         with self._write(f"quarantine {key}") as conn:
-            n = conn.execute(
-                sa.update(_ART).where(_ART.c.key == key).values(state="quarantined", state_reason=reason)
-            ).rowcount
+            n = conn.execute(q.values(state="quarantined", state_reason=reason)).rowcount
         if n:
             logger.warning("index: quarantined %s: %s", key, reason)
         return bool(n)
@@ -1162,6 +1203,11 @@ class Index:
             # LIKE is case-insensitive on SQLite and has no [...] classes.
             out = [e for e in out if fnmatch.fnmatchcase(e.name, name_glob)]
         return out
+
+    def names(self) -> list[str]:
+        """Every name with at least one artifact row."""
+        with self._read("list names") as conn:
+            return sorted(conn.execute(sa.select(_ART.c.name).distinct()).scalars())
 
     def count(self) -> int:
         with self._read("count artifacts") as conn:

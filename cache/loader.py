@@ -9,12 +9,15 @@ and store the result; ``strict=True`` raises instead (fleets that must never com
 
 from __future__ import annotations
 
+import difflib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -22,10 +25,11 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
-from aot.artifact import PORTABLE_HLO, Manifest
+from aot.artifact import PORTABLE_HLO, Manifest, manifest_problems
 from aot.rehydrate import compile_symbolic, load_executable, recompile
 from aot.errors import (
     AotError,
+    CacheError,
     CorruptArtifactError,
     IncompatibleEnvironmentError,
     IntegrityError,
@@ -35,7 +39,7 @@ from aot.executable import MeshExecutable
 from aot.fingerprint import describe_differences
 from aot.specs import format_aval, parse_dtype
 from aot.symbolic import bind, patterns_of
-from aot.cache.cache import Cache
+from aot.cache.cache import Cache, default_location, is_url
 from aot.cache.entry import IndexEntry
 from aot.cache.padding import PadPlan, fits, pad_leaf, rows, unpad_outputs
 from aot.cache.signatures import describe_call, path_head
@@ -116,7 +120,8 @@ class Dispatcher:
         # (treedef, leaf keys) -> (bucket program, its size, rows): a request size seen
         # before skips the search.
         self._pad_choice: dict[tuple[PyTreeDef, tuple[LeafKey, ...]], tuple[_Program, int, int]] = {}
-        env = cache.environment.digest
+        # Rows this dispatcher could not place, for the start-up error: (entry, why).
+        self.unusable: list[tuple[IndexEntry, str]] = []
         # Quarantined rows too: their executable is never run, but the signature stays
         # servable by recompiling their portable HLO (the fallback ladder).
         for entry in cache.entries_named(name, state=None):
@@ -125,10 +130,23 @@ class Dispatcher:
                 treedef = treedefs.from_json(manifest.in_tree)
             except AotError as exc:
                 cache.quarantine(entry, f"unreadable manifest: {exc}")
+                self.unusable.append((entry, f"unreadable manifest: {exc}"))
                 continue
             if manifest.is_symbolic:
                 self._add_symbolic(entry, manifest, treedef)
                 continue
+            problems = manifest_problems(manifest)
+            if any(p.startswith("in_tree") for p in problems):
+                # Its input structure cannot be trusted, so it cannot even be filed
+                # under a signature; never served, never recompiled.
+                reason = "manifest contradicts its fingerprints: " + "; ".join(problems)
+                cache.quarantine(entry, reason)
+                self.unusable.append((entry, reason))
+                continue
+            if problems and entry.ok and cache.quarantine(
+                entry, "manifest contradicts its fingerprints: " + "; ".join(problems)
+            ):
+                entry = cache.reread(entry) or entry
             leaves = tuple(
                 (tuple(int(d) for d in a["shape"]), parse_dtype(a["dtype"])) for a in manifest.args
             )
@@ -136,22 +154,42 @@ class Dispatcher:
                 (treedef, leaves),
                 _Program(manifest.signature, treedef, leaves, tuple(str(a["path"]) for a in manifest.args)),
             )
-            if not entry.ok:
-                program.quarantined.insert(0, entry)
-            elif entry.env_fp == env:
-                program.local.insert(0, entry)
-            else:
-                program.foreign.insert(0, entry)
+            self._place(program, entry, front=True)
             # Rows come oldest first and are inserted at the front: the newest row of
             # a signature is tried first (a name recompiled from changed code must not
             # keep serving the old program).
         log.info(
             "aot.load(%r): %d signatures, %d symbolic", name, len(self._programs), len(self._symbolic)
         )
-        self._env = env
-        cache.stats.watch(self, self._programs, env, name)
+        self._env = cache.environment.digest
+        cache.stats.watch(self, self._programs, self._env, name)
         if pad is not None:
             self._check_pad_paths()
+
+    def _place(self, program: _Program, entry: IndexEntry, *, front: bool = False) -> None:
+        """Files a row under local, foreign or quarantined by its state and environment."""
+        if not entry.ok:
+            bucket = program.quarantined
+        elif entry.env_fp == self.cache.environment.digest:
+            bucket = program.local
+        else:
+            bucket = program.foreign
+        if front:
+            bucket.insert(0, entry)
+        else:
+            bucket.append(entry)
+
+    def servable(self) -> list[str]:
+        """Signatures this dispatcher can serve: with a row for this environment, or
+        (unless strict) with any row whose portable HLO can be recompiled, and (unless
+        strict) symbolic signatures, compiled per concrete shape."""
+        concrete = [
+            p.signature for p in self._programs.values()
+            if p.executable is not None or p.local
+            or (not self.strict and (p.foreign or p.quarantined))
+        ]
+        symbolic = [] if self.strict else [p.signature for p in self._symbolic.values() if p.entries]
+        return sorted(concrete + symbolic)
 
     # ------------------------------------------------------------ inspection
 
@@ -203,28 +241,48 @@ class Dispatcher:
     def _load(self, program: _Program) -> MeshExecutable:
         problems: list[str] = []
         unusable: list[IndexEntry] = []  # rows of this environment that failed to load
-        for entry in list(program.local):
+        rereads = 0
+        while program.local:
+            entry = program.local[0]
             try:
                 return self.cache.load(entry)  # not a use: the calls are (aot.cache.stats)
-            except CorruptArtifactError as exc:
-                self.cache.quarantine(entry, str(exc))
-                problems.append(str(exc))
+            except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
                 program.local.remove(entry)
-                program.quarantined.append(entry)
-                if self.strict:
-                    raise
-            except IncompatibleEnvironmentError as exc:
-                # XLA refused the executable although the fingerprint matched: never
-                # try it again (quarantined, so the recompiled artifact replaces it).
-                self.cache.quarantine(entry, str(exc))
+                # The row may have changed since this dispatcher read it (gc and a new
+                # warm-up rewrite a key with fresh blobs): a stale snapshot must neither
+                # condemn the fresh row nor hide it. Quarantine only the row that failed.
+                fresh = self.cache.reread(entry)
+                if fresh is not None and not _same_row(fresh, entry) and rereads < _MAX_REREADS:
+                    rereads += 1
+                    log.info(
+                        "%s (%s): row %s changed since it was read (%s); using the row as it is now",
+                        self.name, program.signature, entry.key[:12], exc,
+                    )
+                    self._place(program, fresh, front=True)
+                    continue
                 problems.append(str(exc))
-                program.local.remove(entry)
-                unusable.append(entry)
+                if fresh is None:
+                    continue  # deleted meanwhile: nothing to quarantine
+                if not self.cache.quarantine(entry, str(exc)) and not self.cache.read_only:
+                    changed = self.cache.reread(entry)
+                    if changed is not None and rereads < _MAX_REREADS:
+                        rereads += 1
+                        self._place(program, changed, front=True)
+                        continue
+                if isinstance(exc, CorruptArtifactError):
+                    program.quarantined.append(entry)
+                    if self.strict:
+                        raise
+                else:
+                    # XLA refused the executable although the fingerprint matched: never
+                    # try it again (quarantined, so the recompiled artifact replaces it).
+                    unusable.append(entry)
         candidates = program.foreign + program.quarantined + unusable
         if not candidates:
             raise CorruptArtifactError(
                 f"{self.name} ({program.signature}): no intact artifact is left "
-                f"({'; '.join(problems)}); recompile it (aot warmup / aot compile)"
+                f"({'; '.join(problems) or 'its rows were deleted'}); recompile it "
+                "(aot warmup / aot compile)"
             )
         if self.strict:
             if program.foreign or unusable:
@@ -251,7 +309,10 @@ class Dispatcher:
     def _recompile(self, program: _Program, candidates: Sequence[IndexEntry]) -> MeshExecutable:
         errors: list[str] = []
         environment = self.cache.environment
-        for entry in candidates:
+        pending = list(candidates)
+        rereads = 0
+        while pending:
+            entry = pending.pop(0)
             start = time.perf_counter()
             try:
                 # Only the portable HLO is needed: the executable blob may be corrupt.
@@ -263,6 +324,16 @@ class Dispatcher:
             except IntegrityError:
                 raise  # unsigned or tampered: never compiled from, and said as such
             except AotError as exc:
+                fresh = self.cache.reread(entry)
+                if fresh is not None and not _same_row(fresh, entry) and rereads < _MAX_REREADS:
+                    rereads += 1  # a stale snapshot: try the row as it is now, first
+                    if fresh.ok and fresh.env_fp == environment.digest:
+                        try:
+                            return self.cache.load(fresh)
+                        except AotError as again:
+                            errors.append(f"{fresh.key[:12]}: {again}")
+                    pending.insert(0, fresh)
+                    continue
                 errors.append(f"{entry.key[:12]}: {exc}")
                 continue
             reason = describe_differences(diffs) or f"stored executable unusable: {entry.state_reason}"
@@ -555,6 +626,14 @@ def _describe_keys(keys: Sequence[LeafKey]) -> str:
     return ", ".join(format_aval(shape, dtype) for shape, dtype in keys)
 
 
+_MAX_REREADS = 4  # rows rewritten again and again while one call loads: give up
+
+
+def _same_row(a: IndexEntry, b: IndexEntry) -> bool:
+    """The same version of a row: same blobs, same manifest."""
+    return (a.exe_digest, a.hlo_digest, a.manifest) == (b.exe_digest, b.hlo_digest, b.manifest)
+
+
 def _distance(want: LeafKey, have: LeafKey) -> int:
     (want_shape, want_dtype), (have_shape, have_dtype) = want, have
     if len(want_shape) != len(have_shape):
@@ -583,6 +662,7 @@ def load(
     pad: Mapping[str, int] | None = None,
     pad_outputs: int | Mapping[str, int] | None = None,
     pad_value: Any = 0,
+    allow_empty: bool = False,
 ) -> Dispatcher:
     """A callable over every signature stored for ``name`` in this environment.
 
@@ -599,11 +679,114 @@ def load(
     :mod:`aot.cache.padding` for the rules). It declares that rows along that axis
     are independent (no batch norm, no reduction across the batch): jax-aot cannot
     check that without the model.
+
+    Fails fast, at start-up, never on the first request: a location that holds no
+    cache is a :class:`CacheError` (nothing is created there), and a name with no
+    servable signature (none for this environment under ``strict=True``) is a
+    :class:`SignatureNotFoundError` naming close names and the entries stored for
+    other environments. ``allow_empty=True`` (or a ``fallback``, which compiles
+    missing signatures on demand) starts anyway. ``read_only=None`` opens a folder
+    read-only when this process cannot write it.
     """
     plan = PadPlan.of(pad, pad_outputs, pad_value) if pad is not None else None
-    if not isinstance(cache, Cache):
-        cache = Cache(cache, read_only=bool(read_only))
-    dispatcher = Dispatcher(cache, name, strict=strict, fallback=fallback, pad=plan)
-    if not lazy:
-        dispatcher.warm()
+    owned = not isinstance(cache, Cache)
+    if owned:
+        cache = open_existing(cache, read_only=read_only)
+    assert isinstance(cache, Cache)
+    try:
+        dispatcher = Dispatcher(cache, name, strict=strict, fallback=fallback, pad=plan)
+        if not allow_empty and fallback is None and not dispatcher.servable():
+            raise _nothing_servable(cache, name, dispatcher)
+        if not lazy:
+            dispatcher.warm()
+    except BaseException:
+        if owned:
+            cache.close()
+        raise
     return dispatcher
+
+
+def open_existing(location: str | os.PathLike[str] | None, *, read_only: bool | None = None) -> Cache:
+    """Opens the cache at ``location`` for serving; never creates one.
+
+    ``read_only=None``: a folder this process cannot write (another user's) is opened
+    read-only; a database URL is opened read-write.
+    """
+    location = str(location) if location is not None else default_location()
+    advice = (
+        "aot.load never creates a cache: check the path (or AOT_CACHE), or fill the "
+        "cache first (aot warmup / aot compile / aot bundle import)"
+    )
+    if is_url(location):
+        if not read_only:
+            from aot.cache.index import Index
+
+            try:  # a read-only open creates nothing; a writable one would create the schema
+                Index(location, read_only=True).close()
+            except CacheError as exc:
+                raise CacheError(f"{exc}. {advice}") from None
+        return Cache(location, read_only=bool(read_only))
+    folder = Path(location).expanduser()
+    index = folder / "index.sqlite"
+    if not index.is_file():
+        raise CacheError(f"no cache at {folder} (no index.sqlite there); {advice}")
+    if read_only is None:
+        writable = os.access(folder, os.W_OK) and os.access(index, os.W_OK)
+        if not writable:
+            log.info("aot.load: %s is not writable by this process; serving it read-only", folder)
+        read_only = not writable
+    return Cache(location, read_only=read_only)
+
+
+def _nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> SignatureNotFoundError:
+    where = f"the cache at {cache.display_location}"
+    lines: list[str] = []
+    environment = cache.environment
+    programs = list(dispatcher._programs.values())
+    for program in programs:
+        for entry in program.foreign:
+            try:
+                manifest = Manifest.from_json(entry.manifest)
+            except AotError:
+                continue
+            diffs = manifest.environment.diff(environment)
+            lines.append(
+                f"  ({program.signature}) {entry.key[:12]} compiled for another environment: "
+                + (describe_differences(diffs) or "environment differs")
+            )
+        for entry in program.quarantined:
+            lines.append(
+                f"  ({program.signature}) {entry.key[:12]} quarantined: "
+                f"{(entry.state_reason or 'no reason recorded')[:200]}"
+            )
+    for entry, reason in dispatcher.unusable:
+        lines.append(f"  ({entry.signature}) {entry.key[:12]} unusable: {reason[:200]}")
+    if programs or dispatcher.unusable:
+        head = (
+            f"aot.load({name!r}): no signature of {name!r} in {where} can be served here"
+            + (" with strict=True (it never compiles)" if dispatcher.strict else "")
+            + ". Stored:\n" + "\n".join(lines)
+        )
+        advice = (
+            "Compile it for this environment in CI (aot warmup / aot compile)"
+            + (", or load with strict=False to recompile from the portable HLO" if dispatcher.strict else "")
+        )
+    else:
+        try:
+            names = cache.names()
+        except AotError:
+            names = []
+        close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
+        head = f"aot.load({name!r}): nothing is stored under {name!r} in {where}"
+        if close:
+            head += f". Did you mean {', '.join(repr(n) for n in close)}?"
+        elif names:
+            head += f" ({len(names)} other names are: `aot ls` lists them)"
+        else:
+            head += " (the cache is empty)"
+        advice = "Compile it in CI (aot warmup / aot compile)"
+    message = (
+        f"{head}\n{advice}, or pass allow_empty=True to start without it "
+        "(fallback=fn compiles missing signatures on demand)."
+    )
+    return SignatureNotFoundError(message, tuple(dispatcher.signatures))

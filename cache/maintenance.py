@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aot.artifact import EXECUTABLE, PORTABLE_HLO, Manifest
+from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
 from aot.errors import AotError, CacheError, IntegrityError
 from aot.signing import verify as verify_signature
 from aot.cache.index import IndexEntry
@@ -102,11 +102,14 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
     entries = cache.index.entries()
     for entry in entries:
         found = _entry_problems(entry, check)
+        if not found:
+            found = _consistency_problems(cache, entry)
         for what in found:
             problems.append(Problem(entry.key, entry.name, what))
+        # Only while the row is still the one checked (a writer may have rewritten it).
         if found and entry.ok and quarantine and not cache.read_only:
-            cache.index.quarantine(entry.key, "; ".join(found))
-            quarantined.append(entry.key)
+            if cache.index.quarantine(entry.key, "; ".join(found), expect=entry):
+                quarantined.append(entry.key)
         # Reported, never quarantined: a wrong key must not condemn good entries (a
         # loader with the key refuses the bad ones anyway).
         unsigned = None if found else _signature_problem(cache, entry)
@@ -125,6 +128,30 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
         report.checked_entries, report.checked_blobs, len(problems), len(orphans),
     )
     return report
+
+
+def _consistency_problems(cache: Cache, entry: IndexEntry) -> list[str]:
+    """What a loader would refuse in the manifest of an entry whose blobs are intact:
+    fields that contradict its fingerprints, its portable HLO, or (entries of this
+    environment) its deserialized executable (aot.rehydrate.stored_artifact_problems)."""
+    from aot.rehydrate import stored_artifact_problems
+
+    try:
+        manifest = Manifest.from_json(entry.manifest)
+    except AotError as exc:
+        return [f"manifest: {exc}"]
+    local = manifest.environment.digest == cache.environment.digest
+    blobs: dict[str, bytes] = {}
+    for role in (PORTABLE_HLO, EXECUTABLE) if local else (PORTABLE_HLO,):
+        ref = manifest.blobs.get(role)
+        data = cache.blobs.get(ref.digest) if ref is not None else None
+        if data is not None:
+            blobs[ref.digest] = data
+    try:
+        found = stored_artifact_problems(Artifact(manifest, blobs), cache.environment)
+    except AotError as exc:  # a field too malformed to compare: that is the problem
+        found = [str(exc)]
+    return [f"manifest: {p}" for p in found]
 
 
 def _signature_problem(cache: Cache, entry: IndexEntry) -> str | None:

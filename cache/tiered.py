@@ -316,10 +316,34 @@ class TieredCache(Cache):
             super().touch(key)
         self.local.touch(key)
 
-    def quarantine(self, entry: IndexEntry, reason: str) -> None:
+    def quarantine(self, entry: IndexEntry, reason: str) -> bool:
+        """Quarantines the row at the remote (when writable) and the tier's copy; what
+        the remote answered (False when read-only or unreachable)."""
+        done = False
         if self.remote_error is None:
-            super().quarantine(entry, reason)
+            try:
+                done = super().quarantine(entry, reason)
+            except CacheError as exc:
+                self._warn_offline(exc)
         self._held.pop(entry.key, None)
         here = self.local.index.get(entry.key)
         if here is not None and here.ok:
             self.local.quarantine(here, reason)
+        return done
+
+    def reread(self, entry: IndexEntry) -> IndexEntry | None:
+        """The row as the remote has it now; the tier's when the remote does not answer."""
+        if self.remote_error is None:
+            try:
+                return super().reread(entry)
+            except CacheError as exc:
+                self._warn_offline(exc)
+        return self.local.reread(entry)
+
+    def names(self) -> list[str]:
+        if self.remote_error is None:
+            try:
+                return super().names()
+            except CacheError as exc:
+                self._warn_offline(exc)
+        return self.local.names()

@@ -9,10 +9,13 @@ manifest format lives in :mod:`aot.cache.warmup_manifest`, target resolution in
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import multiprocessing
 import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -243,13 +246,51 @@ def _cache_options(cache: Cache) -> dict[str, Any]:
     }
 
 
-def _worker_init(env: dict[str, str], x64: bool, log_level: int, cache_options: dict[str, Any]) -> None:
+def _worker_init(
+    env: dict[str, str], x64: bool, log_level: int, cache_options: dict[str, Any], parent_pid: int,
+) -> None:
+    _exit_with_parent(parent_pid)
     os.environ.update(env)
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
     import jax
 
     jax.config.update("jax_enable_x64", x64)
     _WORKER["options"] = cache_options
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_WATCHDOG_SECONDS = 1.0
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """A worker must not outlive the warm-up that started it (``kill -9`` of the CLI
+    included): nothing would collect its result, and it holds CPU, memory and the
+    resource tracker's pipe (so the tracker outlives everyone too).
+
+    On Linux the kernel kills the worker when its parent dies (``PR_SET_PDEATHSIG``;
+    the pool forks workers from the thread that submits, which lives until the pool
+    is shut down). Everywhere, a watchdog thread exits once the parent is gone (the
+    worker is re-parented, so ``getppid()`` changes).
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+                log.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        except (OSError, AttributeError) as exc:
+            log.debug("prctl(PR_SET_PDEATHSIG) unavailable: %s", exc)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid,), name="aot-warmup-parent-watchdog", daemon=True
+    ).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(_WATCHDOG_SECONDS)
+        if os.getppid() != parent_pid:
+            os._exit(1)  # no cleanup to run: the parent that wanted the result is gone
 
 
 def _worker_run(index: int, item: WarmupItem) -> ItemResult:
@@ -358,7 +399,7 @@ def _run_parallel(
     env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
     initargs = (
         env, bool(jax.config.jax_enable_x64), logging.getLogger("aot").getEffectiveLevel(),
-        _cache_options(cache),
+        _cache_options(cache), os.getpid(),
     )
     context = multiprocessing.get_context("spawn")
 

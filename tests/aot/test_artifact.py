@@ -569,6 +569,7 @@ def test_another_environment_names_each_differing_part(saved, deserialize_calls)
 
     def edit(data):
         data["environment"]["parts"]["jaxlib"] = "0.0.1"
+        data["jaxlib_version"] = "0.0.1"  # built there: the version field agrees
         data["environment"]["parts"]["device_count"] = "1"
 
     _edit_manifest(folder, edit, rekey=True)

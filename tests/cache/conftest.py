@@ -316,6 +316,9 @@ def with_environment(artifact: Any, **parts: str) -> Any:
         environment=environment,
         key=combined_key(manifest.program, environment),
         hmac=None,
+        # the version fields must agree with the environment they describe
+        jax_version=parts.get("jax", manifest.jax_version),
+        jaxlib_version=parts.get("jaxlib", manifest.jaxlib_version),
     )
     return Artifact(changed, dict(artifact.blobs))
 

@@ -145,7 +145,11 @@ def test_unknown_shape_lists_the_signatures_and_names_the_nearest(served, compil
 
 
 def test_nothing_stored_under_the_name(served, compiled) -> None:  # noqa: ANN001
-    fn = aot.load("no.such.model", cache=served)
+    # aot.load fails at start-up (a mistyped name must not start a healthy-looking
+    # server that fails on its first request); allow_empty=True starts anyway.
+    with pytest.raises(SignatureNotFoundError, match="nothing is stored under 'no.such.model'"):
+        aot.load("no.such.model", cache=served)
+    fn = aot.load("no.such.model", cache=served, allow_empty=True)
     assert fn.signatures == []
     with pytest.raises(SignatureNotFoundError, match="nothing is stored under this name"):
         fn(*compiled.tiny_inputs)
@@ -390,3 +394,81 @@ def test_a_foreign_unsigned_artifact_is_not_recompiled_by_a_keyed_loader(
     with pytest.raises(aot.IntegrityError, match="not signed"):
         aot.load(compiled.TINY_NAME, cache=keyed)
     assert len(keyed.entries()) == 1  # nothing was compiled from it
+
+
+# ---------------------------------------------------------------- failing fast at start-up
+
+
+@pytest.mark.parametrize("read_only", [None, False, True])
+def test_a_mistyped_folder_is_refused_and_not_created(tmp_path: Path, read_only) -> None:  # noqa: ANN001
+    missing = tmp_path / "caches" / "typo"
+    with pytest.raises(aot.CacheError) as caught:
+        aot.load("mlp.forward", cache=str(missing), read_only=read_only)
+    message = str(caught.value)
+    assert str(missing) in message and "check the path" in message
+    assert not missing.exists() and not (tmp_path / "caches").exists()
+
+
+def test_a_mistyped_url_is_refused_and_nothing_created(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    sqlite_file = tmp_path / "typo.sqlite"
+    with pytest.raises(aot.CacheError, match="no jax-aot cache index"):
+        aot.load("mlp.forward", cache=f"sqlite:///{sqlite_file}")
+    assert not sqlite_file.exists()
+
+
+@pytest.mark.postgres
+def test_an_empty_database_is_refused_and_not_initialised(postgres_url: str) -> None:
+    import sqlalchemy as sa
+    from sqlalchemy.pool import NullPool
+
+    with pytest.raises(aot.CacheError, match="no jax-aot cache index") as caught:
+        aot.load("mlp.forward", cache=postgres_url)
+    assert "aot.load never creates a cache" in str(caught.value)
+    engine = sa.create_engine(postgres_url, poolclass=NullPool)
+    try:
+        assert sa.inspect(engine).get_table_names() == []  # no schema was created
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(("strict", "lazy"), [(False, False), (True, True)])
+def test_a_mistyped_name_is_refused_at_start_up_naming_close_names(
+    open_cache, compiled, strict: bool, lazy: bool  # noqa: ANN001
+) -> None:
+    cache = open_cache()
+    for artifact in compiled.all():
+        cache.put(artifact)
+    with pytest.raises(SignatureNotFoundError) as caught:
+        aot.load("mlp.froward", cache=open_cache(), strict=strict, lazy=lazy)
+    message = str(caught.value)
+    assert "nothing is stored under 'mlp.froward'" in message
+    assert "Did you mean 'mlp.forward'?" in message
+    assert "allow_empty=True" in message
+    fn = aot.load("mlp.froward", cache=open_cache(), strict=strict, lazy=lazy, allow_empty=True)
+    assert fn.signatures == []
+
+
+def test_strict_with_only_other_environments_names_each_entry_and_part(
+    open_cache, compiled, foreign  # noqa: ANN001
+) -> None:
+    import jaxlib
+
+    cache = open_cache()
+    stored = cache.put(foreign(compiled.tiny, jaxlib="0.0.1"))
+    with pytest.raises(SignatureNotFoundError) as caught:
+        aot.load(compiled.TINY_NAME, cache=open_cache(), strict=True, lazy=True)
+    message = str(caught.value)
+    assert "can be served here with strict=True" in message
+    assert f"({compiled.tiny.manifest.signature}) {stored.key[:12]} compiled for another environment" in message
+    assert f"jaxlib 0.0.1 != {jaxlib.__version__}" in message
+    assert caught.value.available == (compiled.tiny.manifest.signature,)
+    # without strict, the portable HLO makes it servable (recompiled on load)
+    fn = aot.load(compiled.TINY_NAME, cache=open_cache())
+    np.testing.assert_array_equal(np.asarray(fn(*compiled.tiny_inputs)), compiled.tiny_expected)
+
+
+def test_a_fallback_starts_on_an_empty_name(open_folder_cache, compiled) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    cache.put(compiled.tiny)
+    fn = aot.load("new.name", cache=cache, fallback=compiled.models.tiny)
+    np.testing.assert_array_equal(np.asarray(fn(*compiled.tiny_inputs)), compiled.tiny_expected)

@@ -452,9 +452,16 @@ def test_import_never_writes_outside_the_cache(
 ) -> None:
     """Names that look like paths are only names: importing them writes inside the
     cache folder only, and the entries serve under those names."""
+    from aot.fingerprint import Fingerprint, combined_key
+
     header, blobs = split_bundle(valid_bundle)
     for m in header["manifests"]:
-        m["name"] = name
+        # Renamed as a writer would have named it: the name is part of the program
+        # fingerprint (a manifest whose name contradicts it is refused as altered).
+        m["name"] = m["program"]["parts"]["name"] = name
+        program = Fingerprint.from_dict(m["program"])
+        m["program"]["digest"] = program.digest
+        m["key"] = combined_key(program, Fingerprint.from_dict(m["environment"]))
     source = tmp_path / "src.bundle"
     source.write_bytes(make_bundle(header, blobs))
     cache_dir = tmp_path / "cache"
