@@ -484,7 +484,8 @@ class StatsRecorder:
     # -- reading -------------------------------------------------------------------
 
     def report(self, name_glob: str | None = None) -> StatsReport:
-        """This process's statistics (written or not), without reading the index."""
+        """This process's statistics (written or not), without reading the index: what
+        a read-only cache without a local tier counted lives only here."""
         with self._lock:
             for watch in list(self._watches.values()):
                 self._collect(watch)
@@ -547,29 +548,23 @@ def recorder_for(cache: Cache) -> StatsRecorder:
 # ---------------------------------------------------------------- the index side
 
 
-def _stats_index(cache: Cache) -> Index | None:
-    """The index that holds ``cache``'s statistics (None: kept in memory)."""
-    target = getattr(cache, "stats_cache", cache)
-    if target.read_only:
-        return None
-    return target.index  # type: ignore[no-any-return]
+def _stats_index(cache: Cache) -> Index:
+    """The index that holds ``cache``'s statistics: its own, or its local tier's when
+    the remote is read-only (:attr:`aot.cache.tiered.TieredCache.stats_cache`)."""
+    return getattr(cache, "stats_cache", cache).index  # type: ignore[no-any-return]
 
 
 def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") -> StatsReport:
-    """The statistics kept for ``cache`` (names matching ``name_glob``; ``env="this"``:
-    this environment's only), most called first. A read-only cache without a local
-    tier keeps them in this process's memory: that is what is reported."""
+    """The statistics stored in ``cache``'s index (or its local tier's; names matching
+    ``name_glob``; ``env="this"``: this environment's only), most called first: what
+    every process that served from it wrote. (What this process counted on a
+    read-only cache, kept in memory, is :meth:`StatsRecorder.report`.)"""
     import sqlalchemy as sa
 
     from aot.cache.index import _STATS, glob_to_like
 
     this = cache.environment.digest
     index = _stats_index(cache)
-    if index is None:
-        report = cache.stats.report(name_glob)
-        rows = [r for r in report.rows if env == "all" or r.env_fp == this]
-        rows = [_with_env(r, this) for r in rows]
-        return StatsReport(report.location, tuple(rows), env, stored=False)
     query = sa.select(_STATS)
     if name_glob is not None and name_glob != "*":
         query = query.where(_STATS.c.name.like(glob_to_like(name_glob), escape="\\"))
@@ -587,12 +582,6 @@ def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
     return StatsReport(index.url, _ordered(rows), env, stored=True)
 
 
-def _with_env(row: SignatureStats, this: str) -> SignatureStats:
-    from dataclasses import replace
-
-    return replace(row, this_environment=row.env_fp == this)
-
-
 def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") -> int:
     """Deletes the statistics (matching ``name_glob``, in ``env``); how many rows.
     Entries' ``hits`` and last-used times are left alone (gc needs them)."""
@@ -602,9 +591,9 @@ def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
 
     cache.stats.flush()  # what this process counted goes too
     cache.stats.zero(name_glob)
+    target = getattr(cache, "stats_cache", cache)
+    target._check_writable("reset the call statistics")
     index = _stats_index(cache)
-    if index is None:
-        return 0
     this = cache.environment.digest
     with index._read("read call statistics") as conn:
         rows = conn.execute(sa.select(_STATS.c.env_fp, _STATS.c.name, _STATS.c.signature_digest)).all()

@@ -54,19 +54,19 @@ def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
     if state.json:
         echo_json(report.to_dict())
         return
-    _render(report, glob)
+    _render(report, glob, cache.read_only and getattr(cache, "local", None) is None)
 
 
-def _render(report, glob: str | None) -> None:  # type: ignore[no-untyped-def]
+def _render(report, glob: str | None, read_only: bool) -> None:  # type: ignore[no-untyped-def]
     from aot.cache.signatures import shorten_middle
 
     served = [r for r in report.rows if r.calls or r.loads or r.recompiles]
     if not report.rows:
         what = f" for {glob!r}" if glob else ""
         click.echo(f"no statistics{what} in {report.location}")
-        if not report.stored:
+        if read_only:
             click.echo(
-                "(a read-only cache keeps them in the memory of the process that serves; "
+                "(a process serving a read-only cache keeps its statistics in memory; "
                 "give it a local tier (--local, AOT_LOCAL) to keep them there)"
             )
         return

@@ -63,11 +63,14 @@ def test_stats_zero(invoke: Invoke, warmed, cache_dir: Path) -> None:  # noqa: A
     assert [r["hits"] for r in json.loads(invoke("ls", "tiny", "--json").stdout)["entries"]] == [2]
 
 
-def test_stats_of_a_read_only_cache(invoke: Invoke, warmed) -> None:  # noqa: ANN001
+def test_stats_of_a_read_only_cache(invoke: Invoke, warmed, cache_dir: Path) -> None:  # noqa: ANN001
     result = invoke("--read-only", "stats")
     assert result.exit_code == 0
     assert result.stdout.splitlines() == [
-        "no statistics in this process",
-        "(a read-only cache keeps them in the memory of the process that serves; give it a "
+        f"no statistics in sqlite:///{cache_dir / 'index.sqlite'}",
+        "(a process serving a read-only cache keeps its statistics in memory; give it a "
         "local tier (--local, AOT_LOCAL) to keep them there)",
     ]
+    _serve(cache_dir, 2)  # a writable server stored some: a read-only reader shows them
+    assert json.loads(invoke("--read-only", "stats", "--json").stdout)["totals"]["calls"] == 2
+    assert "read-only" in invoke("--read-only", "stats", "--zero").output
