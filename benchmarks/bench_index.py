@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             with database(args.url, workdir) as url:
                 engine = make_url(url).get_backend_name()
                 version = sa.__version__
-                table.append((f"index backend", f"{engine} ({mask_url(url)}), SQLAlchemy {version}"))
+                table.append(("index backend", f"{engine} ({mask_url(url)}), SQLAlchemy {version}"))
                 table += bench_index(url, args.n, args.lookups)
         if not args.no_jax:
             import jax

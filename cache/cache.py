@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -137,7 +138,22 @@ class Cache:
     in the same database unless ``blob_location`` names another store: a folder,
     ``file://``, ``s3://``, ``gs://``, ``az://`` (:func:`~aot.cache.objectstore.open_object_store`).
     ``cache.blobs`` is the :class:`~aot.cache.content.ContentStore` over it.
+
+    ``local="/var/cache/aot"``: a local read-through tier for serving replicas (a
+    folder cache this process writes): rows and blobs are read from it when present,
+    otherwise fetched from ``location``, verified, and kept there; the replica keeps
+    serving from it when the remote is unreachable. The object is then a
+    :class:`~aot.cache.tiered.TieredCache` (see :mod:`aot.cache.tiered`).
+
+    ``cache.stats`` records serving statistics (:mod:`aot.cache.stats`).
     """
+
+    def __new__(cls, *args: Any, local: str | os.PathLike[str] | None = None, **kwargs: Any) -> Cache:
+        if local is not None and cls is Cache:
+            from aot.cache.tiered import TieredCache
+
+            return super().__new__(TieredCache)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -147,6 +163,7 @@ class Cache:
         read_only: bool = False,
         blob_location: str | os.PathLike[str] | None = None,
         require_signatures: bool = False,
+        local: str | os.PathLike[str] | None = None,  # taken by __new__: a TieredCache
     ) -> None:
         location = str(location) if location is not None else default_location()
         self.location = location
@@ -194,6 +211,14 @@ class Cache:
             store = self._open_blobs(self.blob_location or str(folder / "blobs"))
         self.blobs = ContentStore(store)
         self._environment: dict[tuple[bool, str], Any] = {}
+        self._start_stats()
+
+    def _start_stats(self) -> None:
+        """``self.stats``, flushed by :meth:`close` or when this object is collected."""
+        from aot.cache.stats import recorder_for
+
+        self.stats = recorder_for(self)
+        self._stats_finalizer = weakref.finalize(self, self.stats.close)
 
     def _open_blobs(self, location: str) -> Any:
         engine = self._index.engine if self._index is not None and _same_database(location, self.location) else None
@@ -258,6 +283,7 @@ class Cache:
         return mask_url(self.location)
 
     def close(self) -> None:
+        self._stats_finalizer()  # the last statistics, while the index is open
         if self._reader is not None:
             self._reader.close()
         self.blobs.close()
@@ -496,18 +522,27 @@ class Cache:
         return Artifact(manifest, blobs)
 
     def load(self, entry: IndexEntry | str) -> MeshExecutable:
-        """Rehydrates the executable of one entry (no recompilation)."""
+        """Rehydrates the executable of one entry (no recompilation).
+
+        Not a use of the entry by itself: :meth:`get` and a :meth:`compile` hit record
+        one (last-used time, hits), an ``aot.load`` dispatcher records its calls
+        (:mod:`aot.cache.stats`), so that an entry loaded at start-up and never called
+        ages (``aot gc --older-than``)."""
         if isinstance(entry, str):
             entry = self.entry(entry)
+        start = time.perf_counter()
         # Only the executable: a damaged portable HLO must not block an intact one.
         artifact = self.artifact(entry, roles=(EXECUTABLE,))
         executable = load_executable(artifact, current=self.environment)
-        self.touch(entry.key)
+        self.stats.loaded(self.environment.digest, entry, time.perf_counter() - start)
         return executable
 
     def get(self, key: str) -> MeshExecutable:
         """The executable stored under ``key`` (a full key or a unique prefix)."""
-        return self.load(self.entry(key))
+        entry = self.entry(key)
+        executable = self.load(entry)
+        self.touch(entry.key)  # handed out: a use (its calls are not counted)
+        return executable
 
     def quarantine(self, entry: IndexEntry, reason: str) -> bool:
         """Marks ``entry`` unusable, only while its row still names the blobs and the
@@ -552,6 +587,7 @@ class Cache:
         if entry is not None and entry.ok:
             try:
                 executable = self.load(entry)
+                self.touch(entry.key)
                 return CompileResult(executable, entry, True, time.perf_counter() - start)
             except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
                 self.quarantine(entry, str(exc))

@@ -6,6 +6,7 @@ found from the working directory upwards::
     [tool.aot]
     cache = "./aot-cache"              # folder or SQLAlchemy URL (AOT_CACHE, --cache)
     blobs = "s3://bucket/aot"          # blob location (AOT_BLOBS, --blobs)
+    local = "/var/cache/aot"           # a local read-through tier (AOT_LOCAL, --local)
     signing_key_file = "secrets/aot.key"   # HMAC key file (AOT_SIGNING_KEY_FILE;
                                        # AOT_SIGNING_KEY holds a key itself)
     manifest = "warmup.toml"           # default manifest of `aot warmup` (AOT_MANIFEST)
@@ -47,14 +48,15 @@ CONFIG_FILE = "pyproject.toml"
 ENVIRONMENT = {
     "cache": "AOT_CACHE",
     "blobs": "AOT_BLOBS",
+    "local": "AOT_LOCAL",
     "signing_key_file": "AOT_SIGNING_KEY_FILE",
     "manifest": "AOT_MANIFEST",
 }
 SIGNING_KEY_ENV = "AOT_SIGNING_KEY"
 #: The flag of each setting (signing_key_file and manifest have none: a manifest is
 #: an argument of the commands that take one).
-FLAGS = {"cache": "--cache", "blobs": "--blobs"}
-_PATH_KEYS = ("cache", "blobs", "signing_key_file", "manifest")
+FLAGS = {"cache": "--cache", "blobs": "--blobs", "local": "--local"}
+_PATH_KEYS = ("cache", "blobs", "local", "signing_key_file", "manifest")
 
 
 def _is_url(value: str) -> bool:
@@ -93,9 +95,10 @@ class Settings:
     signing_key_file: Setting
     manifest: Setting
     config_file: str | None = None
+    local: Setting = Setting("local", None, "default")
 
     def all(self) -> tuple[Setting, ...]:
-        return (self.cache, self.blobs, self.signing_key_file, self.manifest)
+        return (self.cache, self.blobs, self.local, self.signing_key_file, self.manifest)
 
     def signing_key(self) -> bytes | None:
         """The HMAC key: ``$AOT_SIGNING_KEY`` itself, or the bytes of the key file
@@ -200,4 +203,5 @@ def resolve_settings(
         signing_key_file=pick("signing_key_file", None),
         manifest=pick("manifest", None),
         config_file=str(config_path) if config_path is not None else None,
+        local=pick("local", None),
     )

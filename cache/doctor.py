@@ -42,10 +42,18 @@ class Diagnosis:
     #: Problems of the cache as a whole, found even without --no-verify's re-hashing
     #: (an empty index beside stored blobs).
     cache_problems: tuple[str, ...] = ()
+    #: Where the blobs are (a folder, the database, an object-store URL; no credentials).
+    blobs: str | None = None
+    #: The local read-through tier, when one is configured: location, entries, error.
+    local: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
-        return self.error is None and not self.cache_problems and (self.health is None or self.health.ok)
+        local_ok = self.local is None or self.local.get("error") is None
+        return (
+            self.error is None and not self.cache_problems and local_ok
+            and (self.health is None or self.health.ok)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +64,7 @@ class Diagnosis:
             "cache": {
                 "location": self.location,
                 "index": self.index,
+                "blobs": self.blobs,
                 "schema_version": self.schema_version,
                 "supported_schema_version": self.supported_schema_version,
                 "entries": self.entries,
@@ -66,6 +75,7 @@ class Diagnosis:
                 "problems": list(self.cache_problems),
             },
             "health": self.health.to_dict() if self.health is not None else None,
+            "local": self.local,
             "settings": self.settings.to_dict() if self.settings is not None else None,
         }
 
@@ -112,9 +122,11 @@ def diagnose(
         shown = location if classify_location(location).kind == FOLDER else mask_url(location)
     except AotError:
         shown = mask_url(location)
+    local_tier = settings.local.value if settings is not None else None
     base = dict(
         versions=versions(), devices=device_info, environment=environment, location=shown,
         supported_schema_version=SCHEMA_VERSION, settings=settings,
+        local=_local_tier(local_tier, env.digest) if local_tier is not None else None,
     )
     try:
         if settings is not None:
@@ -129,6 +141,7 @@ def diagnose(
         empty = empty_index_problem(cache, [s.digest for s in stats]) if not entries else None
         return Diagnosis(
             **base,  # type: ignore[arg-type]
+            blobs=cache.blobs.location,
             index=cache.index.url,
             schema_version=cache.index.schema_version(),
             entries=len(entries),
@@ -139,9 +152,31 @@ def diagnose(
             cache_problems=(empty,) if empty else (),
         )
     except AotError as exc:
-        return Diagnosis(**base, index=cache.index.url, error=str(exc))  # type: ignore[arg-type]
+        return Diagnosis(**base, index=cache.index.url, blobs=cache.blobs.location, error=str(exc))  # type: ignore[arg-type]
     finally:
         cache.close()
+
+
+def _local_tier(location: str, env: str) -> dict[str, Any]:
+    """What the local tier holds (opened read-only: doctor creates nothing)."""
+    from aot.cache.cache import Cache
+
+    out: dict[str, Any] = {"location": location, "entries": None, "entries_this_environment": None,
+                           "stored_bytes": None, "error": None}
+    from pathlib import Path
+
+    if not (Path(location).expanduser() / "index.sqlite").is_file():
+        out.update(entries=0, entries_this_environment=0, stored_bytes=0)
+        return out  # created by the first process that serves through it
+    try:
+        with Cache(location, read_only=True) as tier:
+            entries = tier.index.entries()
+            out["entries"] = len(entries)
+            out["entries_this_environment"] = sum(1 for e in entries if e.env_fp == env and e.ok)
+            out["stored_bytes"] = sum(s.stored_size for s in tier.blobs.list())
+    except AotError as exc:
+        out["error"] = str(exc)
+    return out
 
 
 __all__ = ["Diagnosis", "diagnose", "versions"]

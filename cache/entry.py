@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 #: Version of the database schema this code writes. See the changelog above.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: Valid values of ``artifacts.state``.
 ARTIFACT_STATES = ("ok", "quarantined")

@@ -22,6 +22,10 @@ database blob store, those too, in ``blobs_data``):
     pending references: a writer's claim on the digests it is about to check,
     write and name in a row, with an expiry on the database server's clock. gc
     never deletes a leased blob (the protocol is in docs/reliability.md).
+``call_stats``
+    serving statistics per (environment, name, signature): calls, loads and load
+    time, compile time saved, misses and recompiles with their last reason
+    (:mod:`aot.cache.stats` writes them in batches, never one write per call).
 ``schema_version``
     a single row holding the schema version of the database.
 
@@ -55,6 +59,9 @@ Changelog of :data:`SCHEMA_VERSION`:
 * 3 (2026-12-02): blob_leases (gc never races a writer); indexes on the digest
   columns of artifacts and programs (gc re-checks references per batch)
   (``_migrate_add_blob_leases``).
+* 4 (2026-12-03): call_stats: calls, loads, misses and recompiles per environment,
+  name and signature, written in batches off the call path (``_migrate_add_call_stats``,
+  :mod:`aot.cache.stats`).
 
 Transactions are short, one per method call. On SQLite the pysqlite driver's own
 transaction handling is switched off and transactions are begun explicitly:
@@ -266,11 +273,39 @@ class BlobLeaseRow(Base):
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class CallStatsRow(Base):
+    """Serving statistics of one (environment, name, signature): see :mod:`aot.cache.stats`.
+
+    ``signature_digest`` (sha256 of ``signature``) is in the key instead of the text,
+    which can be longer than an index entry may be. A row may hold only misses: the
+    signature of calls that found no executable.
+    """
+
+    __tablename__ = "call_stats"
+
+    env_fp: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(512), primary_key=True)
+    signature_digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    signature: Mapped[str] = mapped_column(Text)
+    calls: Mapped[int] = mapped_column(BigInteger, default=0)
+    loads: Mapped[int] = mapped_column(BigInteger, default=0)
+    load_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    saved_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    misses: Mapped[int] = mapped_column(BigInteger, default=0)
+    miss_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    recompiles: Mapped[int] = mapped_column(BigInteger, default=0)
+    recompile_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    recompile_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 _ART = ArtifactRow.__table__
 _PROG = ProgramRow.__table__
 _BLOB = BlobRefRow.__table__
 _VER = SchemaVersionRow.__table__
 _LEASE = BlobLeaseRow.__table__
+_STATS = CallStatsRow.__table__
 
 
 # --------------------------------------------------------------------- value objects
@@ -347,6 +382,10 @@ def _migrate_add_blob_leases(conn: Connection) -> None:
                 index.create(conn, checkfirst=True)
 
 
+def _migrate_add_call_stats(conn: Connection) -> None:
+    _STATS.create(conn, checkfirst=True)
+
+
 #: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
 #: database is created from the models at the current version; migration 1 exists
 #: so that the list is complete and every version has a description.
@@ -354,6 +393,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: programs, artifacts, blobs, blobs_data", _create_v1),
     Migration(2, "artifacts.exe_digest may be NULL (symbolic entries)", _migrate_exe_digest_nullable),
     Migration(3, "blob leases, and indexes on blob digests (gc safety)", _migrate_add_blob_leases),
+    Migration(4, "call statistics per environment, name and signature", _migrate_add_call_stats),
 )
 
 

@@ -13,6 +13,7 @@ import difflib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -71,6 +72,9 @@ class _Program:
     quarantined: list[IndexEntry] = field(default_factory=list)
     executable: MeshExecutable | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Statistics (aot.cache.stats): calls served, and how many were already flushed.
+    calls: int = 0
+    counted: int = 0
 
 
 @dataclass
@@ -127,9 +131,9 @@ class Dispatcher:
         self.fallback = fallback
         self.pad = pad
         self._programs: dict[tuple[str, tuple[LeafKey, ...]], _Program] = {}
-        # The per-call cache: (caller treedef, call_key of its leaves) -> a bound
-        # executable (or a padded call); structure keys per caller treedef.
-        self._fast: dict[tuple[PyTreeDef, tuple[Any, ...]], Any] = {}
+        # The per-call cache: (caller treedef, call_key of its leaves) -> (the bound
+        # executable's or padded call's fn, its program); structure keys per treedef.
+        self._fast: dict[tuple[PyTreeDef, tuple[Any, ...]], tuple[Callable[..., Any], _Program]] = {}
         self._structures: dict[PyTreeDef, str] = {}
         self._symbolic: dict[tuple[Any, ...], _SymbolicProgram] = {}
         self._symbolic_lock = threading.Lock()
@@ -191,6 +195,8 @@ class Dispatcher:
         log.info(
             "aot.load(%r): %d signatures, %d symbolic", name, len(self._programs), len(self._symbolic)
         )
+        self._env = cache.environment.digest
+        cache.stats.watch(self, self._programs, self._env, name)
         if pad is not None:
             self._check_pad_paths()
 
@@ -270,11 +276,13 @@ class Dispatcher:
                 key = call_key(leaves)
         else:
             key = call_key(leaves)
-        binding = self._fast.get((treedef, key))
-        if binding is None:
+        hit = self._fast.get((treedef, key))
+        if hit is None:
             return self._first_call(args, kwargs, leaves, treedef)
+        fn, program = hit
+        program.calls += 1  # the only statistics on the call path (aot.cache.stats)
         try:
-            return binding.fn(*leaves)
+            return fn(*leaves)
         except AotError:
             raise  # a padded call's own errors (pad_outputs), already clear
         except (TypeError, ValueError) as exc:
@@ -288,9 +296,11 @@ class Dispatcher:
                 self._structures[treedef] = structure
         return structure
 
-    def _remember(self, treedef: PyTreeDef, leaves: Sequence[Any], binding: Any) -> None:
+    def _remember(
+        self, treedef: PyTreeDef, leaves: Sequence[Any], binding: Any, program: _Program
+    ) -> None:
         if len(self._fast) < FAST_CACHE_LIMIT:
-            self._fast[(treedef, call_key(leaves))] = binding
+            self._fast[(treedef, call_key(leaves))] = (binding.fn, program)
 
     def _first_call(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Any:
         """A kind of call not seen yet: match by structure digest and canonical avals."""
@@ -301,9 +311,10 @@ class Dispatcher:
         program = self._programs.get((self._structure_of(treedef), keys))
         if program is None:
             return self._miss(args, kwargs, leaves, treedef, keys)
+        program.calls += 1  # the only statistics on the call path (aot.cache.stats)
         executable = program.executable or self._executable(program)
         binding = executable.bind(treedef)
-        self._remember(treedef, leaves, binding)
+        self._remember(treedef, leaves, binding, program)
         return binding(leaves)
 
     def _executable(self, program: _Program) -> MeshExecutable:
@@ -319,7 +330,7 @@ class Dispatcher:
         while program.local:
             entry = program.local[0]
             try:
-                return self.cache.load(entry)
+                return self.cache.load(entry)  # not a use: the calls are (aot.cache.stats)
             except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
                 program.local.remove(entry)
                 # The row may have changed since this dispatcher read it (gc and a new
@@ -388,6 +399,7 @@ class Dispatcher:
         rereads = 0
         while pending:
             entry = pending.pop(0)
+            start = time.perf_counter()
             try:
                 # Only the portable HLO is needed: the executable blob may be corrupt.
                 artifact = self.cache.artifact(entry, roles=(PORTABLE_HLO,))
@@ -410,9 +422,10 @@ class Dispatcher:
                     continue
                 errors.append(f"{entry.key[:12]}: {exc}")
                 continue
-            log.warning(
-                "%s (%s): recompiled from portable HLO (%s)", self.name, program.signature,
-                describe_differences(diffs) or f"stored executable unusable: {entry.state_reason}",
+            reason = describe_differences(diffs) or f"stored executable unusable: {entry.state_reason}"
+            log.warning("%s (%s): recompiled from portable HLO (%s)", self.name, program.signature, reason)
+            self.cache.stats.recompiled(
+                self._env, self.name, program.signature, reason, time.perf_counter() - start
             )
             if not self.cache.read_only:
                 # Replaces a quarantined row of the same key; rewrites corrupt blobs.
@@ -441,6 +454,7 @@ class Dispatcher:
                 "aot.load(%r): no stored signature for (%s); compiling with the fallback",
                 self.name, describe_call(args, kwargs, self._arg_names()),
             )
+            self.cache.stats.missed(self._env, self.name, _describe_keys(keys), "compiled by the fallback")
             result = self.cache.compile_entry(self.fallback, *args, name=self.name, **kwargs)
             executable = result.executable
             structure = self._structure_of(treedef)
@@ -449,6 +463,7 @@ class Dispatcher:
                 tuple(a.path for a in executable.info.args), [result.entry], [], [], executable,
             )
             return executable(*args, **kwargs)
+        self.cache.stats.missed(self._env, self.name, _describe_keys(keys), "no stored signature")
         raise self._not_found(args, kwargs, treedef, keys, notes)
 
     def _not_a_jax_type(self, args: Any, kwargs: Any) -> AvalMismatchError:
@@ -579,10 +594,14 @@ class Dispatcher:
                 notes.append(f"Symbolic ({program.signature}) does not fit: {binding.reason}")
                 continue
             if self.strict:
+                self.cache.stats.missed(
+                    self._env, self.name, _describe_keys(got), "a symbolic program fits; strict"
+                )
                 raise self._strict_symbolic_error(program, got, binding.values or {})
+            self.cache.stats.missed(self._env, self.name, _describe_keys(got), "compiled from a symbolic program")
             executable = self._compile_symbolic(program, structure, got, binding.values or {})
             bound = executable.bind(treedef)
-            self._remember(treedef, leaves, bound)
+            self._remember(treedef, leaves, bound, self._programs[(structure, got)])
             return bound(leaves)
         return _NO_MATCH
 
@@ -611,6 +630,7 @@ class Dispatcher:
                 return existing.executable or self._executable(existing)
             errors: list[str] = []
             for entry in program.entries:
+                start = time.perf_counter()
                 try:
                     artifact = self.cache.artifact(entry, roles=(PORTABLE_HLO,))
                     concrete = compile_symbolic(artifact, [shape for shape, _, _ in got])
@@ -623,10 +643,14 @@ class Dispatcher:
                 except Exception as exc:  # noqa: BLE001 - jax/XLA refusing the program
                     errors.append(f"{entry.key[:12]}: {type(exc).__name__}: {exc}")
                     continue
+                bound = ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
                 log.warning(
                     "%s: compiled (%s) from the symbolic portable HLO (%s; %s)", self.name,
-                    concrete.manifest.signature, program.signature,
-                    ", ".join(f"{k}={v}" for k, v in sorted(values.items())),
+                    concrete.manifest.signature, program.signature, bound,
+                )
+                self.cache.stats.recompiled(
+                    self._env, self.name, concrete.manifest.signature,
+                    f"symbolic ({program.signature}) with {bound}", time.perf_counter() - start,
                 )
                 stored: list[IndexEntry] = []
                 if not self.cache.read_only:
@@ -665,9 +689,10 @@ class Dispatcher:
             return _NO_MATCH
         program, size, n = choice
         axes = self._pad_axes[self._structure_of(treedef)]
+        program.calls += 1
         executable = program.executable or self._executable(program)
         padded = _PaddedCall(executable.bind(treedef), axes, size, n, self.pad)
-        self._remember(treedef, leaves, padded)
+        self._remember(treedef, leaves, padded, program)
         try:
             return padded.fn(*leaves)
         except AotError:

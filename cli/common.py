@@ -32,6 +32,7 @@ class State:
 
     location: str | None = None  # --cache
     blobs: str | None = None  # --blobs
+    local: str | None = None  # --local
     read_only: bool = False
     json: bool = False
     debug: bool = False
@@ -44,7 +45,9 @@ class State:
         if self._settings is None:
             from aot.cache.config import resolve_settings
 
-            self._settings = resolve_settings({"cache": self.location, "blobs": self.blobs})
+            self._settings = resolve_settings(
+                {"cache": self.location, "blobs": self.blobs, "local": self.local}
+            )
         return self._settings
 
     def cache(self, *, create: bool = False) -> Cache:
@@ -70,7 +73,7 @@ class State:
                 )
             self._cache = Cache(
                 location, read_only=self.read_only, blob_location=settings.blobs.value,
-                signing_key=settings.signing_key(),
+                signing_key=settings.signing_key(), local=settings.local.value,
             )
             click.get_current_context().call_on_close(self._close)
         return self._cache
@@ -116,6 +119,10 @@ def global_options() -> list[click.Option]:
         click.Option(
             ["--blobs"], metavar="LOCATION", expose_value=False, callback=_setter("blobs", False),
             help="Blob location, if not inside the cache (env AOT_BLOBS, [tool.aot] blobs).",
+        ),
+        click.Option(
+            ["--local"], metavar="FOLDER", expose_value=False, callback=_setter("local", False),
+            help="A local read-through tier in front of the cache (env AOT_LOCAL, [tool.aot] local).",
         ),
         click.Option(
             ["--read-only"], is_flag=True, expose_value=False, callback=_setter("read_only", True),

@@ -9,6 +9,7 @@ from aot.cli.common import State, echo_json, human_size, key_value, pass_state
 _SETTING_LABELS = {
     "cache": "cache",
     "blobs": "blobs",
+    "local": "local tier",
     "signing_key_file": "signing key",
     "manifest": "manifest",
 }
@@ -56,6 +57,8 @@ def doctor_command(state: State, no_verify: bool) -> None:
         pairs = [("location", d.location)]
         if d.index is not None:
             pairs.append(("index", d.index))
+        if d.blobs is not None:
+            pairs.append(("blobs", d.blobs))
         if d.schema_version is not None:
             pairs.append(("schema", f"v{d.schema_version} (this jax-aot supports up to v{d.supported_schema_version})"))
         if d.entries is not None:
@@ -75,5 +78,18 @@ def doctor_command(state: State, no_verify: bool) -> None:
             pairs.append(("health", f"{status}: {h.checked_entries} entries, {h.checked_blobs} blobs checked"))
         pairs.extend(("problem", problem) for problem in d.cache_problems)
         click.echo(key_value(pairs))
+        if d.local is not None:
+            tier = d.local
+            click.echo("local tier")
+            tier_pairs = [("location", tier["location"])]
+            if tier["error"] is not None:
+                tier_pairs.append(("error", tier["error"]))
+            else:
+                tier_pairs.append((
+                    "entries",
+                    f"{tier['entries']} ({tier['entries_this_environment']} usable in this "
+                    f"environment), {human_size(tier['stored_bytes'])} stored",
+                ))
+            click.echo(key_value(tier_pairs))
     if not d.ok:
         click.get_current_context().exit(1)

@@ -4,7 +4,7 @@ Every command parses its options, makes one library call and renders the value t
 library returns; a library error (:class:`aot.AotError`) becomes ``Error: <message>``
 and exit status 1, a usage error exit status 2. ``--debug`` shows the traceback.
 
-The global options (``--cache``, ``--blobs``, ``--read-only``, ``--json``, ``--debug``)
+The global options (``--cache``, ``--blobs``, ``--local``, ``--read-only``, ``--json``, ``--debug``)
 are accepted before or after the subcommand: :class:`AotGroup` gives every command
 registered on it, or on a group it holds, the same options.
 """
@@ -32,9 +32,10 @@ def cli(ctx: click.Context, verbose: int) -> None:
     Compile in CI (`aot warmup manifest.toml`), ship the cache or a bundle, and serve
     with `aot.load(name)` without tracing or compiling.
 
-    The options --cache, --blobs, --read-only, --json and --debug go before or after
-    the command. Settings come from flags, then the environment (AOT_CACHE, AOT_BLOBS,
-    AOT_SIGNING_KEY[_FILE], AOT_MANIFEST), then [tool.aot] in pyproject.toml.
+    The options --cache, --blobs, --local, --read-only, --json and --debug go before or
+    after the command. Settings come from flags, then the environment (AOT_CACHE,
+    AOT_BLOBS, AOT_LOCAL, AOT_SIGNING_KEY[_FILE], AOT_MANIFEST), then [tool.aot] in
+    pyproject.toml.
     """
     ctx.ensure_object(State)
     configure_logging(verbose)
@@ -45,7 +46,7 @@ cli.params[:0] = global_options()
 
 
 def _register() -> None:
-    from aot.cli import bundle, compile, doctor, listing, maintenance, warmup
+    from aot.cli import bundle, compile, doctor, listing, maintenance, stats, transfer, warmup
 
     cli.add_command(compile.compile_command)
     cli.add_command(warmup.warmup_command)
@@ -55,6 +56,9 @@ def _register() -> None:
     cli.add_command(maintenance.gc_command)
     cli.add_command(maintenance.rm_command)
     cli.add_command(bundle.bundle_group)
+    cli.add_command(transfer.push_command)
+    cli.add_command(transfer.pull_command)
+    cli.add_command(stats.stats_command)
     cli.add_command(compile.why_command)
     cli.add_command(doctor.doctor_command)
 

@@ -140,3 +140,37 @@ def s3_bucket(s3_env: str) -> Iterator[str]:
 def s3_url(s3_bucket: str) -> str:
     """``s3://BUCKET/PREFIX`` in a fresh bucket."""
     return f"s3://{s3_bucket}/blobs"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def private_moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[object, str]]:
+    """An in-process moto server on a free port, for tests that stop it or switch on
+    authentication (the shared one is never disturbed); its state survives stop/start.
+    The AWS configuration points at it and a bucket ``private`` exists."""
+    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    port = free_port()
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="private")
+    try:
+        yield server, endpoint
+    finally:
+        server.stop()

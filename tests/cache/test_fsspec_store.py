@@ -212,26 +212,7 @@ def test_endpoint_down(s3_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert time.monotonic() - start < 30
 
 
-@pytest.fixture
-def private_moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[object, str]]:
-    """An in-process moto server on a free port (its state survives stop/start)."""
-    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    port = _free_port()
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    import boto3
-
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="private")
-    try:
-        yield server, endpoint
-    finally:
-        server.stop()
+# private_moto (an in-process moto server of the test's own): tests/conftest.py
 
 
 def _set_auth(endpoint: str, free_requests: str) -> None:

@@ -82,7 +82,7 @@ def test_unknown_keys_in_the_config_are_errors(invoke: Invoke, tmp_path: Path, m
     line = one_line_error(invoke("ls", cache=None))
     assert line == (
         f"Error: {folder / 'pyproject.toml'}: unknown key(s) ['cahce'] in [tool.aot]; expected "
-        "some of ['blobs', 'cache', 'manifest', 'signing_key_file']"
+        "some of ['blobs', 'cache', 'local', 'manifest', 'signing_key_file']"
     )
 
 

@@ -21,9 +21,9 @@ def _commands(group: click.Group, path: tuple[str, ...] = ()):
 COMMANDS = list(_commands(cli))
 EXPECTED = {
     "compile", "warmup", "ls", "show", "verify", "gc", "rm", "bundle", "bundle export",
-    "bundle import", "why", "doctor",
+    "bundle import", "why", "doctor", "push", "pull", "stats",
 }
-GLOBAL = ("--cache", "--blobs", "--read-only", "--json", "--debug")
+GLOBAL = ("--cache", "--blobs", "--local", "--read-only", "--json", "--debug")
 
 
 def test_every_documented_command_exists() -> None:

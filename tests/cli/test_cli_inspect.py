@@ -242,9 +242,9 @@ def test_entries_of_other_environments_do_not_supersede(invoke: Invoke, warmed) 
 
 # ---------------------------------------------------------------- doctor
 
-DOCTOR_KEYS = {"ok", "versions", "devices", "environment", "cache", "health", "settings"}
+DOCTOR_KEYS = {"ok", "versions", "devices", "environment", "cache", "health", "settings", "local"}
 DOCTOR_CACHE_KEYS = {
-    "location", "index", "schema_version", "supported_schema_version", "entries",
+    "location", "index", "blobs", "schema_version", "supported_schema_version", "entries",
     "entries_this_environment", "quarantined", "stored_bytes", "error", "problems",
 }
 
@@ -257,6 +257,7 @@ def test_doctor(invoke: Invoke, warmed, cache_dir) -> None:
         "versions\n", "  jax ", "  jaxlib ", "  jax-aot ", "  python ", "devices\n",
         "  platform  cpu (cpu)", "  devices   8 (8 local)", "environment ", "  cpu_isa ",
         f"  location  {cache_dir}", f"  index     sqlite:///{cache_dir}/index.sqlite",
+        f"  blobs     {cache_dir}/blobs\n",
         f"  schema    v{SCHEMA_VERSION} (this jax-aot supports up to v{SCHEMA_VERSION})",
         "  entries   5 (5 usable in this environment, 0 quarantined), ",
         "  health    ok: 5 entries, 10 blobs checked",

@@ -3,7 +3,6 @@ conftest.py unambiguously, tests/conftest.py has the same module name)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys

@@ -6,8 +6,9 @@ transaction that commits its row; gc deletes a blob only inside the index's dele
 lock, after re-checking there that no row references it and no live lease claims it.
 The invariant: a committed row never names a missing blob.
 
-Every test runs on the three shared-cache backends: SQLite + blob folder, PostgreSQL
-with blobs in the database, PostgreSQL + blob folder. Pauses come from the named
+Every test runs on the four shared-cache backends: SQLite + blob folder, PostgreSQL
+with blobs in the database, PostgreSQL + blob folder, PostgreSQL + S3 (a moto server:
+the fleet's configuration, issue 13). Pauses come from the named
 points of :mod:`aot.cache.pauses` (a hook in this process; ``kill`` in a child).
 """
 
@@ -34,6 +35,7 @@ BACKENDS = [
     "sqlite-folder",
     pytest.param("postgresql-db", marks=pytest.mark.postgres),
     pytest.param("postgresql-folder", marks=pytest.mark.postgres),
+    pytest.param("postgresql-s3", marks=pytest.mark.postgres),
 ]
 
 WRITER_POINTS = tuple(p for p in pauses.POINTS if p.startswith("put."))
@@ -47,6 +49,7 @@ class Backend:
     kind: str
     root: Path
     postgres_url: str | None = None
+    s3_url: str | None = None
     generation: int = 0
     opened: list[Cache] = field(default_factory=list)
 
@@ -59,6 +62,8 @@ class Backend:
 
     @property
     def blob_location(self) -> str | None:
+        if self.kind == "postgresql-s3":
+            return f"{self.s3_url}{self.generation}"  # a fresh prefix per reset
         return str(self.root / f"blobs{self.generation}") if self.kind == "postgresql-folder" else None
 
     def open(self) -> Cache:
@@ -92,7 +97,8 @@ class Backend:
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     kind = request.param
     url = request.getfixturevalue("postgres_url") if kind.startswith("postgresql") else None
-    b = Backend(kind, tmp_path, url)
+    s3 = request.getfixturevalue("s3_url") if kind == "postgresql-s3" else None
+    b = Backend(kind, tmp_path, url, s3)
     try:
         yield b
     finally:
@@ -321,7 +327,7 @@ def test_a_writer_whose_clock_is_15_minutes_behind_keeps_its_blobs(
     from aot.cache import maintenance
 
     if protection == "age" and backend.kind != "postgresql-db":
-        pytest.skip("a folder's file times come from the kernel, not from the writer's clock")
+        pytest.skip("blob times come from the store (the kernel, the object store), not the writer's clock")
     if protection == "lease":
         monkeypatch.setattr(index_mod, "LEASE_SECONDS", 600.0)
         monkeypatch.setattr(maintenance, "ORPHAN_GRACE_SECONDS", 0.0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,11 +20,10 @@ import pytest
 import sqlalchemy as sa
 
 import aot
-from aot.artifact import EXECUTABLE, Artifact, Manifest
+from aot.artifact import EXECUTABLE, Manifest
 from aot.cache import bundle as bundles
 from aot.cache.cache import Cache
 from aot.cache.index import ArtifactRow
-from aot.fingerprint import sha256_hex
 
 import reliability_workers as workers
 from reliability_helpers import TinyArtifacts, check_scaled

@@ -1,0 +1,349 @@
+"""A local read-through tier for serving replicas: ``aot.Cache(remote, local=DIR)``.
+
+``aot.Cache("postgresql+psycopg://reader@db/aot", blob_location="s3://bucket/aot",
+read_only=True, local="/var/cache/aot")`` is a :class:`TieredCache`:
+
+* The **remote** (``location`` and ``blob_location``) is the cache of record. Every
+  method not listed below (``put``, ``compile``, ``entries``, ``verify``, ``gc``,
+  bundles, push and pull) acts on it exactly as without a tier.
+* The **local tier** is an ordinary folder cache (SQLite index + blob folder) that
+  this process writes, whatever ``read_only`` says about the remote: ``aot --cache
+  DIR ls`` inspects it, ``aot --cache DIR pull REMOTE`` fills it ahead of time,
+  ``aot --cache DIR gc --older-than 30d`` trims it.
+* **Serving reads go through the tier.** :meth:`TieredCache.entries_named` (what
+  ``aot.load`` asks first) and :meth:`TieredCache.artifact` (every executable it
+  loads, every portable HLO it recompiles): an entry the local tier holds intact is
+  read there, with no remote round trip; any other entry of this environment is copied
+  from the remote (its row, and its blobs as stored, each verified against its digest,
+  under the gc protocol: :meth:`~aot.cache.cache.Cache.copy_entry_from`) and then read
+  locally. So a cold start costs one remote round trip per missing blob (fetched in
+  parallel), and a warm one none for the blobs. A local copy that fails verification is
+  quarantined there and fetched again.
+* **Freshness: the remote's rows first.** Each ``aot.load`` asks the remote index for
+  the name's rows (one indexed query) and serves those, so a replica started after CI
+  stored new buckets or replaced a program serves the new ones, and one that loads
+  again sees them too. Why not a time-to-live on local rows: a replaced or removed
+  entry would keep being served for up to that long, and the saving is one query per
+  ``aot.load``. ``refresh=False`` skips the query for names the local tier already
+  holds (nothing remote at all after the first start), for replicas that are
+  redeployed rather than refreshed.
+* **Remote unreachable: the local tier serves.** If the remote index or blob store
+  does not answer (a refused connection, a timeout: PostgreSQL's ``connect_timeout``,
+  10 s unless the URL sets one, e.g. ``?connect_timeout=3``), the rows the local tier
+  holds are served, with a warning. A replica that starts while the remote is down
+  serves its local tier (and cannot reach the remote until it is opened again); one
+  with an empty local tier fails as it would without a tier.
+* **Statistics** go to the remote index when it is writable, else to the local tier's
+  index (:mod:`aot.cache.stats`): a read-only replica keeps them in its local tier.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from typing import Any
+
+from aot.artifact import EXECUTABLE, Artifact
+from aot.cache.cache import Cache
+from aot.cache.content import ContentStore
+from aot.cache.entry import IndexEntry
+from aot.cache.objectstore import FOLDER, BlobStat, classify_location
+from aot.errors import AotError, CacheError, CorruptArtifactError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TieredCache", "FETCH_THREADS"]
+
+#: Entries fetched from the remote at once when a name's rows are missing locally.
+FETCH_THREADS = 8
+
+
+class _Unreachable:
+    """The blob store of a remote that could not be opened: every call says so."""
+
+    read_only = True
+
+    def __init__(self, location: str, error: str) -> None:
+        self._location = location
+        self._error = error
+
+    @property
+    def location(self) -> str:
+        return self._location
+
+    def _fail(self) -> CacheError:
+        return CacheError(f"the remote cache is unreachable ({self._error})")
+
+    def read(self, digest: str) -> bytes | None:
+        raise self._fail()
+
+    def write(self, digest: str, payload: bytes) -> None:
+        raise self._fail()
+
+    def exists(self, digests: Iterable[str]) -> set[str]:
+        raise self._fail()
+
+    def stat(self, digests: Iterable[str]) -> dict[str, BlobStat]:
+        raise self._fail()
+
+    def delete(self, digests: Iterable[str]) -> int:
+        raise self._fail()
+
+    def list(self) -> Iterator[BlobStat]:
+        raise self._fail()
+
+    def touch(self, digest: str) -> None:
+        raise self._fail()
+
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc)
+
+    def close(self) -> None:
+        pass
+
+
+class TieredCache(Cache):
+    """A remote cache read through a local folder cache (see the module docstring).
+
+    ``local``: the local tier's folder (created if needed; always writable).
+    ``refresh``: ask the remote for a name's rows even when the local tier holds
+    some (the default; see "Freshness").
+    """
+
+    def __init__(
+        self,
+        location: str | os.PathLike[str] | None = None,
+        *,
+        signing_key: str | bytes | None = None,
+        read_only: bool = False,
+        blob_location: str | os.PathLike[str] | None = None,
+        require_signatures: bool = False,
+        local: str | os.PathLike[str] | None = None,
+        refresh: bool = True,
+    ) -> None:
+        if local is None:
+            raise TypeError("TieredCache needs local=FOLDER")
+        where = classify_location(local)
+        if where.kind != FOLDER:
+            raise CacheError(
+                f"the local tier must be a folder (or file:// URL), got {local!r}: it is "
+                "this host's own cache, next to the remote one"
+            )
+        self.refresh = refresh
+        self.remote_error: str | None = None
+        # Intact local rows seen by this process, by key (saves a lookup per load).
+        self._held: dict[str, IndexEntry] = {}
+        self._warned_offline = False
+        self.local = Cache(where.target, signing_key=signing_key, require_signatures=require_signatures)
+        try:
+            super().__init__(
+                location, signing_key=signing_key, read_only=read_only,
+                blob_location=blob_location, require_signatures=require_signatures,
+            )
+        except CacheError as exc:
+            if self.local.index.is_empty():
+                self.local.close()
+                raise
+            self._offline(location, read_only, blob_location, signing_key, require_signatures, exc)
+
+    def _offline(
+        self, location: Any, read_only: bool, blob_location: Any, signing_key: Any,
+        require_signatures: bool, exc: CacheError,
+    ) -> None:
+        """The remote could not be opened: serve the local tier alone."""
+        from aot.cache.cache import default_location
+        from aot.signing import key_from
+
+        self.location = str(location) if location is not None else default_location()
+        self.read_only = read_only
+        self.signing_key = key_from(signing_key)
+        self.require_signatures = require_signatures
+        self.blob_location = str(blob_location) if blob_location is not None else None
+        self._index = None
+        self._index_file = None
+        self._reader = None
+        self._environment = {}
+        self.remote_error = str(exc)
+        self.blobs = ContentStore(_Unreachable(self.blob_location or self.location, str(exc)))
+        log.warning(
+            "the remote cache %s is unreachable (%s); serving the local tier at %s",
+            self.display_location, exc, self.local.location,
+        )
+        self._start_stats()
+
+    def __repr__(self) -> str:
+        return (
+            f"TieredCache({self.display_location!r}, local={self.local.location!r}, "
+            f"read_only={self.read_only})"
+        )
+
+    # ------------------------------------------------------------------ plumbing
+
+    @property
+    def index(self):  # type: ignore[no-untyped-def,override]
+        if self.remote_error is not None:
+            raise CacheError(
+                f"the remote cache {self.display_location} is unreachable ({self.remote_error}); "
+                f"the local tier at {self.local.location} serves what it holds (`aot --cache "
+                f"{self.local.location} ls` lists it)"
+            )
+        return super().index
+
+    @property
+    def stats_cache(self) -> Cache:
+        """Where statistics are kept: the remote when writable, else the local tier."""
+        return self if not self.read_only and self.remote_error is None else self.local
+
+    def _start_stats(self) -> None:
+        if self.read_only or self.remote_error is not None:
+            import weakref
+
+            from aot.cache.stats import recorder_for
+
+            self.stats = recorder_for(self.local)
+            self._stats_finalizer = weakref.finalize(self, self.stats.close)
+            return
+        super()._start_stats()
+
+    def close(self) -> None:
+        super().close()
+        self.local.close()
+
+    # ------------------------------------------------------------------ serving reads
+
+    def entries_named(self, name: str, *, state: str | None = "ok") -> list[IndexEntry]:
+        """The remote's rows (entries of this environment missing locally are fetched
+        now, in parallel); the local tier's when the remote does not answer."""
+        if self.remote_error is None:
+            if not self.refresh:
+                held = self._local_rows(name, state)
+                if held:
+                    return held
+            try:
+                rows = super().entries_named(name, state=state)
+                self._prefetch(rows)
+                return rows
+            except CacheError as exc:
+                self._warn_offline(exc)
+        return self._local_rows(name, state)
+
+    def _local_rows(self, name: str, state: str | None) -> list[IndexEntry]:
+        rows = self.local.entries_named(name, state=state)
+        self._held.update((e.key, e) for e in rows if e.ok)
+        return rows
+
+    def _warn_offline(self, exc: BaseException) -> None:
+        level = logging.DEBUG if self._warned_offline else logging.WARNING
+        self._warned_offline = True
+        log.log(
+            level, "the remote cache %s did not answer (%s); serving the local tier at %s",
+            self.display_location, exc, self.local.location,
+        )
+
+    def _prefetch(self, rows: list[IndexEntry]) -> None:
+        """Copies the intact rows of this environment (and symbolic ones) that the local
+        tier lacks. A remote blob that fails verification is left for the loader (which
+        quarantines it); an unreachable remote raises CacheError."""
+        env = self.environment.digest
+        wanted = [e for e in rows if e.ok and (e.env_fp == env or e.exe_digest is None)]
+        if not wanted:
+            return
+        self._local_rows(wanted[0].name, "ok")
+        missing = [e for e in wanted if e.key not in self._held]
+        if not missing:
+            return
+        log.info("local tier: fetching %d entries of %s from %s", len(missing), missing[0].name,
+                 self.display_location)
+        self.local.index  # noqa: B018 - opened once, before the threads share it
+        if len(missing) == 1:
+            results = [self._try_fetch(missing[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=min(FETCH_THREADS, len(missing))) as pool:
+                results = list(pool.map(self._try_fetch, missing))
+        unreachable = [r for r in results if isinstance(r, CacheError)]  # not corrupt: unreachable
+        if unreachable:
+            raise unreachable[0]
+
+    def _try_fetch(self, entry: IndexEntry) -> AotError | None:
+        try:
+            self._fetch(entry)
+        except CacheError as exc:
+            return exc
+        except AotError as exc:  # damaged or unsigned at the remote: the loader says so
+            log.warning("local tier: not fetched %s (%s): %s", entry.name, entry.key[:12], exc)
+            return exc
+        return None
+
+    def _fetch(self, entry: IndexEntry) -> IndexEntry:
+        """Copies ``entry`` (row and verified blobs, as stored) into the local tier."""
+        stored, outcome = self.local.copy_entry_from(self, entry)
+        log.debug("local tier: %s %s (%s)", outcome, entry.name, entry.key[:12])
+        self._held[stored.key] = stored
+        return stored
+
+    def artifact(self, entry: IndexEntry | str, *, roles: Iterable[str] | None = None) -> Artifact:
+        """From the local tier when it holds the entry intact; else fetched into it
+        first (when the executable is wanted, or the entry has none); the portable HLO
+        of an entry the tier does not hold is read from the remote."""
+        if isinstance(entry, str):
+            entry = self.entry(entry)
+        wanted = tuple(roles) if roles is not None else None
+        here = self._held.get(entry.key) or self.local.index.get(entry.key)
+        if here is not None and here.ok:
+            try:
+                return self.local.artifact(here, roles=wanted)
+            except CorruptArtifactError as exc:
+                if self.remote_error is not None:
+                    raise
+                log.warning("local tier: %s; fetching it again from %s", exc, self.display_location)
+                self._held.pop(entry.key, None)
+                self.local.quarantine(here, str(exc))
+        if self.remote_error is not None:
+            raise CacheError(
+                f"{entry.name} ({entry.key[:12]}) is not in the local tier at "
+                f"{self.local.location} and the remote cache is unreachable ({self.remote_error})"
+            )
+        if wanted is None or EXECUTABLE in wanted or entry.exe_digest is None:
+            stored = self._fetch(entry)
+            return self.local.artifact(stored, roles=wanted)
+        return super().artifact(entry, roles=wanted)
+
+    def touch(self, key: str) -> None:
+        if self.remote_error is None:
+            super().touch(key)
+        self.local.touch(key)
+
+    def quarantine(self, entry: IndexEntry, reason: str) -> bool:
+        """Quarantines the row at the remote (when writable) and the tier's copy; what
+        the remote answered (False when read-only or unreachable)."""
+        done = False
+        if self.remote_error is None:
+            try:
+                done = super().quarantine(entry, reason)
+            except CacheError as exc:
+                self._warn_offline(exc)
+        self._held.pop(entry.key, None)
+        here = self.local.index.get(entry.key)
+        if here is not None and here.ok:
+            self.local.quarantine(here, reason)
+        return done
+
+    def reread(self, entry: IndexEntry) -> IndexEntry | None:
+        """The row as the remote has it now; the tier's when the remote does not answer."""
+        if self.remote_error is None:
+            try:
+                return super().reread(entry)
+            except CacheError as exc:
+                self._warn_offline(exc)
+        return self.local.reread(entry)
+
+    def names(self) -> list[str]:
+        if self.remote_error is None:
+            try:
+                return super().names()
+            except CacheError as exc:
+                self._warn_offline(exc)
+        return self.local.names()

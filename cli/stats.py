@@ -1,0 +1,100 @@
+"""``aot stats``: calls, loads, misses, recompiles and compile time saved."""
+
+from __future__ import annotations
+
+import click
+
+from aot.cli.common import State, echo_json, pass_state, table
+from aot.cli.listing import env_option
+from aot.cli.params import complete_entry_names
+
+SIGNATURE_WIDTH = 60
+
+
+def _seconds(value: float) -> str:
+    if value >= 100:
+        return f"{value:.0f}s"
+    return f"{value:.2f}s" if value >= 0.01 or value == 0 else f"{value * 1000:.1f}ms"
+
+
+def _env(row) -> str:  # type: ignore[no-untyped-def]
+    return "this" if row.this_environment else row.env_fp[:12]
+
+
+@click.command("stats", short_help="Calls, loads, misses, recompiles and compile time saved.")
+@click.argument("glob", required=False, metavar="[NAME_GLOB]", shell_complete=complete_entry_names)
+@env_option
+@click.option(
+    "--zero", is_flag=True,
+    help="Reset the statistics (matching NAME_GLOB and --env); entries' HITS and last-used times stay.",
+)
+@pass_state
+def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
+    """Serving statistics per name and signature, like `sccache --show-stats`: calls
+    served, executables loaded and the time that took, the compile time that loading
+    instead of compiling saved (the stored compile time of each load), misses (calls
+    whose signature has no stored executable, with that signature) and recompiles
+    from portable HLO with their reason.
+
+    Kept in the cache's index per environment (ENV: 'this', or the environment's
+    digest), written in batches by the serving processes; a read-only cache keeps them
+    in the serving process's memory unless it has a local tier (--local).
+    """
+    from aot.cache.stats import read_stats, zero_stats
+
+    cache = state.cache()
+    if zero:
+        count = zero_stats(cache, glob, env=env)
+        if state.json:
+            echo_json({"zeroed": count})
+        else:
+            click.echo(f"zeroed the statistics of {count} signatures")
+        return
+    report = read_stats(cache, glob, env=env)
+    if state.json:
+        echo_json(report.to_dict())
+        return
+    _render(report, glob, cache.read_only and getattr(cache, "local", None) is None)
+
+
+def _render(report, glob: str | None, read_only: bool) -> None:  # type: ignore[no-untyped-def]
+    from aot.cache.signatures import shorten_middle
+
+    served = [r for r in report.rows if r.calls or r.loads or r.recompiles]
+    if not report.rows:
+        what = f" for {glob!r}" if glob else ""
+        click.echo(f"no statistics{what} in {report.location}")
+        if read_only:
+            click.echo(
+                "(a process serving a read-only cache keeps its statistics in memory; "
+                "give it a local tier (--local, AOT_LOCAL) to keep them there)"
+            )
+        return
+    if served:
+        headers = ("NAME", "SIGNATURE", "ENV", "CALLS", "LOADS", "LOAD TIME", "SAVED", "RECOMPILES")
+        rows = [
+            [r.name, shorten_middle(r.signature, SIGNATURE_WIDTH), _env(r), r.calls, r.loads,
+             _seconds(r.load_seconds), _seconds(r.saved_seconds), r.recompiles]
+            for r in served
+        ]
+        click.echo(table(headers, rows, right=(3, 4, 5, 6, 7)))
+    if report.misses:
+        click.echo("misses (calls with no stored executable for their signature):")
+        for r in report.misses:
+            click.echo(
+                f"  {r.name} ({shorten_middle(r.signature, SIGNATURE_WIDTH)})  {r.misses}  "
+                f"last: {r.miss_reason or '-'}" + ("" if r.this_environment else f"  env {_env(r)}")
+            )
+    if report.recompiled:
+        click.echo("recompiles from portable HLO:")
+        for r in report.recompiled:
+            click.echo(
+                f"  {r.name} ({shorten_middle(r.signature, SIGNATURE_WIDTH)})  {r.recompiles} in "
+                f"{_seconds(r.recompile_seconds)}  last: {r.recompile_reason or '-'}"
+            )
+    t = report.totals
+    click.echo(
+        f"{t['calls']} calls on {t['signatures']} signatures; {t['loads']} loads in "
+        f"{_seconds(t['load_seconds'])}, saving {_seconds(t['saved_seconds'])} of compiling; "
+        f"{t['misses']} misses; {t['recompiles']} recompiles ({report.location})"
+    )

@@ -1,0 +1,76 @@
+"""aot stats: what the serving processes counted, in text and JSON; --zero."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aot
+from cli_helpers import Invoke
+
+STATS_KEYS = {"location", "env", "stored", "rows", "totals"}
+ROW_KEYS = {
+    "env_fp", "name", "signature", "calls", "loads", "load_seconds", "saved_seconds", "misses",
+    "miss_reason", "recompiles", "recompile_seconds", "recompile_reason", "created_at",
+    "updated_at", "this_environment",
+}
+
+
+def _serve(cache_dir: Path, calls: int) -> None:
+    cache = aot.Cache(cache_dir)
+    fn = aot.load("tiny", cache=cache)
+    x, y = np.arange(8, dtype=np.float32), np.ones(8, np.float32)
+    for _ in range(calls):
+        fn(x, y).block_until_ready()
+    with pytest.raises(aot.SignatureNotFoundError):
+        fn(x[:4], y)
+    cache.close()
+
+
+def test_stats(invoke: Invoke, warmed, cache_dir: Path) -> None:  # noqa: ANN001
+    _serve(cache_dir, 3)
+    result = invoke("stats")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "SIGNATURE", "ENV", "CALLS", "LOADS", "LOAD", "TIME", "SAVED", "RECOMPILES"]
+    assert re.fullmatch(r"tiny\s+f32\[8\], f32\[8\]\s+this\s+3\s+1\s+\S+s\s+\S+s\s+0", lines[1]), lines[1]
+    assert lines[2:4] == [
+        "misses (calls with no stored executable for their signature):",
+        "  tiny (f32[4], f32[8])  1  last: no stored signature",
+    ]
+    assert re.fullmatch(
+        rf"3 calls on 1 signatures; 1 loads in \S+s, saving \S+s of compiling; 1 misses; 0 recompiles "
+        rf"\(sqlite:///{re.escape(str(cache_dir / 'index.sqlite'))}\)", lines[4],
+    ), lines[4]
+    assert len(lines) == 5
+    data = json.loads(invoke("stats", "tiny", "--json").stdout)
+    assert set(data) == STATS_KEYS and all(set(r) == ROW_KEYS for r in data["rows"])
+    assert data["totals"]["calls"] == 3 and data["totals"]["misses"] == 1 and data["stored"] is True
+    assert invoke("stats", "mlp.*").stdout.startswith("no statistics for 'mlp.*' in ")
+    assert json.loads(invoke("stats", "--env", "this", "--json").stdout)["totals"]["calls"] == 3
+
+
+def test_stats_zero(invoke: Invoke, warmed, cache_dir: Path) -> None:  # noqa: ANN001
+    _serve(cache_dir, 2)
+    assert invoke("stats", "--zero").stdout == "zeroed the statistics of 2 signatures\n"
+    assert json.loads(invoke("stats", "--json").stdout)["rows"] == []
+    assert json.loads(invoke("stats", "--zero", "--json").stdout) == {"zeroed": 0}
+    # the entry keeps its use count (gc needs it)
+    assert [r["hits"] for r in json.loads(invoke("ls", "tiny", "--json").stdout)["entries"]] == [2]
+
+
+def test_stats_of_a_read_only_cache(invoke: Invoke, warmed, cache_dir: Path) -> None:  # noqa: ANN001
+    result = invoke("--read-only", "stats")
+    assert result.exit_code == 0
+    assert result.stdout.splitlines() == [
+        f"no statistics in sqlite:///{cache_dir / 'index.sqlite'}",
+        "(a process serving a read-only cache keeps its statistics in memory; give it a "
+        "local tier (--local, AOT_LOCAL) to keep them there)",
+    ]
+    _serve(cache_dir, 2)  # a writable server stored some: a read-only reader shows them
+    assert json.loads(invoke("--read-only", "stats", "--json").stdout)["totals"]["calls"] == 2
+    assert "read-only" in invoke("--read-only", "stats", "--zero").output

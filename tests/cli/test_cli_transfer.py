@@ -1,0 +1,94 @@
+"""aot push / aot pull: between a folder cache and PostgreSQL + S3, both ways,
+idempotent, resumable after a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import aot
+from cli_helpers import REPO, Invoke, one_line_error
+
+TRANSFER_KEYS = {"source", "destination", "copied", "skipped", "repaired", "failed", "bytes_copied", "seconds", "keys"}
+
+
+@pytest.mark.postgres
+def test_push_to_postgresql_s3_and_pull_back(invoke: Invoke, warmed, postgres_url: str, s3_url: str, tmp_path: Path) -> None:  # noqa: ANN001
+    pushed = invoke("push", postgres_url, "mlp.*", "--to-blobs", s3_url)
+    assert pushed.exit_code == 0, pushed.output
+    assert re.fullmatch(
+        rf"pushed 3 entries \(\d+\.\d KiB\) to {re.escape(postgres_url)}: 0 already there, 0 failed in \d+\.\ds\n",
+        pushed.stdout,
+    ), pushed.stdout
+    data = json.loads(invoke("push", postgres_url, "--to-blobs", s3_url, "--json").stdout)
+    assert set(data) == TRANSFER_KEYS
+    assert (data["copied"], data["skipped"], data["repaired"], data["failed"]) == (2, 3, 0, [])
+    again = json.loads(invoke("--json", "push", postgres_url, "--to-blobs", s3_url).stdout)
+    assert (again["copied"], again["skipped"], again["bytes_copied"]) == (0, 5, 0)
+
+    served = tmp_path / "served"
+    pulled = json.loads(invoke("pull", postgres_url, "--from-blobs", s3_url, "--json", cache=served).stdout)
+    assert (pulled["copied"], pulled["skipped"], pulled["source"]) == (5, 0, postgres_url)
+    again = json.loads(invoke("pull", postgres_url, "--from-blobs", s3_url, "--json", cache=served).stdout)
+    assert (again["copied"], again["skipped"]) == (0, 5)
+    assert invoke("verify", cache=served).exit_code == 0
+    assert sorted(e.key for e in aot.Cache(served).entries()) == sorted(
+        e.key for e in aot.Cache(warmed).entries()
+    )
+
+
+def test_pull_from_nowhere_is_an_error(invoke: Invoke, tmp_path: Path) -> None:
+    line = one_line_error(invoke("pull", tmp_path / "nothing", cache=tmp_path / "served"))
+    assert line == f"Error: no cache at {tmp_path / 'nothing'} (nothing to pull from); check the SOURCE location"
+
+
+def test_push_names_what_it_could_not_copy(invoke: Invoke, warmed, cache_dir: Path, tmp_path: Path) -> None:  # noqa: ANN001
+    cache = aot.Cache(cache_dir)
+    tiny = cache.entries("tiny")[0]
+    cache.blobs.store.path_for(tiny.exe_digest).write_bytes(b"rot")
+    result = invoke("push", tmp_path / "dest", "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["copied"] == 4 and [f["key"] for f in data["failed"]] == [tiny.key]
+    assert "corrupt" in data["failed"][0]["reason"]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("killed_at", ["put.blobs_ready", "put.committed"])
+def test_a_push_killed_midway_completes_on_the_next_run(
+    invoke: Invoke, warmed, cache_dir: Path, postgres_url: str, s3_url: str, killed_at: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # noqa: ANN001
+    """Killed after the first entry's blobs (or row) reached PostgreSQL + S3: the next
+    run copies the rest, writes none of what is there, and a third copies nothing."""
+    env = dict(os.environ, AOT_TEST_PAUSE=f"{killed_at}=kill", JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-m", "aot", "--cache", str(cache_dir), "push", postgres_url,
+         "--to-blobs", s3_url, "--jobs", "1"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    first = aot.Cache(cache_dir).entries()[0]  # entries go in name order: allreduce
+    from aot.cache.fsspec_store import FsspecObjectStore
+
+    written: list[str] = []
+    real = FsspecObjectStore.write
+
+    def spy(self, digest, payload):  # noqa: ANN001, ANN202
+        written.append(digest)
+        return real(self, digest, payload)
+
+    monkeypatch.setattr(FsspecObjectStore, "write", spy)
+    resumed = json.loads(invoke("push", postgres_url, "--to-blobs", s3_url, "--json").stdout)
+    committed = killed_at == "put.committed"
+    assert (resumed["copied"], resumed["skipped"]) == ((4, 1) if committed else (5, 0))
+    assert not {first.exe_digest, first.hlo_digest} & set(written)  # already there: kept
+    final = json.loads(invoke("push", postgres_url, "--to-blobs", s3_url, "--json").stdout)
+    assert (final["copied"], final["skipped"]) == (0, 5)
+    assert invoke("verify", cache=postgres_url, env={"AOT_BLOBS": s3_url}).exit_code == 0
