@@ -1,16 +1,20 @@
 """Running a warm-up: compile every item of a manifest into a cache, in parallel.
 
-:func:`run_warmup` compiles :class:`WarmupItem` s into a cache (``jobs > 1``: worker
-processes started with "spawn", never fork, since JAX is imported), and
+:func:`run_warmup` compiles :class:`WarmupItem` s into a cache (``jobs > 1``: XLA
+compiles in threads of this process while this thread lowers; ``isolate=True``:
+worker processes started with "spawn", never fork, since JAX is imported), and
 :func:`coverage` lists the items a cache is missing for this environment. The
 manifest format lives in :mod:`aot.cache.warmup_manifest`, target resolution in
-:mod:`aot.cache.targets`; their public names are re-exported here.
+:mod:`aot.cache.targets`, warm-up records in :mod:`aot.cache.warmup_records`, the
+``--jobs auto`` rule in :mod:`aot.cache.warmup_jobs`; their public names are
+re-exported here.
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import heapq
 import logging
 import multiprocessing
 import os
@@ -19,13 +23,29 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, Executor, ProcessPoolExecutor, as_completed, wait
+from concurrent.futures import (
+    FIRST_COMPLETED,
+    Executor,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    as_completed,
+    wait,
+)
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aot.errors import AotError, SpecError, TargetError
+from aot.errors import (
+    AotError,
+    CorruptArtifactError,
+    IncompatibleEnvironmentError,
+    SpecError,
+    TargetError,
+)
 from aot.cache.failures import Failure
+from aot.cache.warmup_jobs import JOB_MEMORY, auto_jobs, available_cores, available_memory, resolve_jobs
+from aot.cache.warmup_records import RecordStore, record_id
 from aot.cache.signatures import Signature
 from aot.cache.targets import (
     Prepared,
@@ -67,7 +87,10 @@ __all__ = [
     "WarmupItem",
     "WarmupManifest",
     "WarmupReport",
+    "JOB_MEMORY",
+    "auto_jobs",
     "available_cores",
+    "available_memory",
     "compile_item",
     "compile_target",
     "coverage",
@@ -79,6 +102,7 @@ __all__ = [
     "parse_mesh",
     "prepare",
     "resolve_args",
+    "resolve_jobs",
     "resolve_target",
     "run_warmup",
     "search_path",
@@ -107,6 +131,9 @@ class ItemResult:
     source: str | None = None
     traceback: str | None = None  # of a failure (shown by `aot warmup --debug`)
     arguments: Signature | None = None  # the signature with pytree paths
+    # False: a hit found through its warm-up record, without lowering (None: failed
+    # before it was known).
+    lowered: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -150,6 +177,7 @@ class ItemResult:
             "error": self.error,
             "source": self.source,
             "arguments": self.arguments.to_list() if self.arguments is not None else None,
+            "lowered": self.lowered,
             "traceback": self.traceback,
         }
 
@@ -211,27 +239,204 @@ def _error_text(exc: BaseException) -> str:
     return Failure.of(exc).describe()
 
 
-def _done(index: int, item: WarmupItem, entry: Any, status: str, seconds: float) -> ItemResult:
+def _done(
+    index: int, item: WarmupItem, entry: Any, status: str, seconds: float, *, lowered: bool = True,
+) -> ItemResult:
     return ItemResult(
         index, item.name, item.label, status, seconds, key=entry.key,
         signature=entry.signature, compile_seconds=entry.compile_seconds,
         raw_size=entry.raw_size, stored_size=entry.stored_size, source=item.source,
-        arguments=Signature.from_manifest_json(entry.manifest, entry.signature),
+        arguments=Signature.from_manifest_json(entry.manifest, entry.signature), lowered=lowered,
     )
 
 
-def _run_one(cache: Cache, index: int, item: WarmupItem) -> ItemResult:
+# ---------------------------------------------------------------- one item, in steps
+#
+# Every way of running a warm-up goes through the same three steps: _lower_here
+# (prepare, warm-up record, lower, look up: a hit or a failure ends there), the XLA
+# compile (inline, in a compile thread, or in a worker process's own _run_one), and
+# _store_here (export the portable HLO, serialize, put, write the record).
+
+
+@dataclass(slots=True)
+class _Lowered:
+    """An item lowered here that is not in the cache: it waits for its XLA compile."""
+
+    index: int
+    item: WarmupItem
+    computation: Any
+    rid: str | None  # its warm-up record's id
+    seconds: float  # spent on it so far (prepare, lower, look up)
+    cost: int = 0  # size of its StableHLO: the larger compiles start first
+
+
+def _failed(index: int, item: WarmupItem, exc: BaseException, seconds: float) -> ItemResult:
+    log.debug("warmup: %s failed", item.label, exc_info=exc)
+    if isinstance(exc, SpecError):
+        exc = x64_hint(item, exc)
+    return ItemResult.failed(index, item, exc, seconds)
+
+
+def _load_hit(
+    cache: Cache, index: int, item: WarmupItem, entry: Any, start: float, *, lowered: bool,
+) -> ItemResult | None:
+    """Loads a stored entry, which checks that it is servable: the hit, or None when
+    it did not load (then it is quarantined, and compiled again)."""
+    try:
+        if entry.exe_digest is not None:  # a symbolic entry has no executable to load
+            cache.load(entry)
+    except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
+        cache.quarantine(entry, str(exc))
+        return None
+    return _done(index, item, entry, "hit", time.perf_counter() - start, lowered=lowered)
+
+
+def _lower_here(
+    cache: Cache, records: RecordStore, index: int, item: WarmupItem, *, cost: bool = False,
+) -> ItemResult | _Lowered:
+    """The hit (found by its record, or lowered and found by key), a failure, or the
+    lowered item to compile. ``cost``: measure its StableHLO for scheduling."""
+    from aot.cache.names import check_name
+    from aot.lowering import lower, lower_pmap
+
+    start = time.perf_counter()
+    with x64_mode(item):
+        try:
+            prepared = prepare(item)
+            rid = record_id(item, prepared, cache.environment.digest) if records.enabled else None
+            key = records.lookup(rid)
+            if key is not None:
+                entry = cache.lookup(key)
+                if entry is not None and entry.ok:
+                    result = _load_hit(cache, index, item, entry, start, lowered=False)
+                    if result is not None:
+                        return result
+            options = dict(prepared.options)
+            pmap = options.pop("pmap", False)
+            computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
+            check_name(computation.name)  # before an XLA compile that could not be stored
+            key = computation.fingerprint
+            entry = cache.lookup(key)
+            if entry is not None and entry.ok:
+                result = _load_hit(cache, index, item, entry, start, lowered=True)
+                if result is not None:
+                    records.remember(rid, key)
+                    return result
+            if computation.symbolic:  # nothing to compile: its portable HLO is stored
+                entry = cache.put(computation)
+                records.remember(rid, entry.key)
+                return _done(index, item, entry, "compiled", time.perf_counter() - start)
+            size = len(computation.as_text()) if cost else 0
+        except Exception as exc:  # noqa: BLE001 - every item is tried; failures are recorded
+            return _failed(index, item, exc, time.perf_counter() - start)
+    return _Lowered(index, item, computation, rid, time.perf_counter() - start, size)
+
+
+def _compile(lowered: _Lowered) -> tuple[Any, float]:
+    """The XLA compile of a lowered item (in any thread: XLA releases the GIL)."""
+    start = time.perf_counter()
+    with x64_mode(lowered.item):
+        executable = lowered.computation.compile()
+    return executable, time.perf_counter() - start
+
+
+def _store_here(
+    cache: Cache, records: RecordStore, lowered: _Lowered, compiled: Future[tuple[Any, float]],
+) -> ItemResult:
+    """Exports, serializes and stores a compiled item; its result."""
+    from aot.rehydrate import build_artifact
+
+    index, item = lowered.index, lowered.item
     start = time.perf_counter()
     try:
-        result = compile_item(cache, item)
-    except Exception as exc:  # noqa: BLE001 - every item is tried; failures are recorded
-        log.debug("warmup: %s failed", item.label, exc_info=True)
-        return ItemResult.failed(index, item, exc, time.perf_counter() - start)
-    return _done(index, item, result.entry, "hit" if result.hit else "compiled",
-                 time.perf_counter() - start)
+        executable, compile_seconds = compiled.result()
+        with x64_mode(item):
+            artifact = build_artifact(executable, lowered.computation.portable_hlo(executable))
+        entry = cache.put_artifact(artifact)
+    except Exception as exc:  # noqa: BLE001
+        return _failed(index, item, exc, lowered.seconds + time.perf_counter() - start)
+    records.remember(lowered.rid, entry.key)
+    seconds = lowered.seconds + compile_seconds + time.perf_counter() - start
+    return _done(index, item, entry, "compiled", seconds)
 
 
-# ---------------------------------------------------------------- worker processes
+def _now(fn: Callable[[], Any]) -> Future[Any]:
+    """``fn()`` run here, as a finished future."""
+    future: Future[Any] = Future()
+    try:
+        future.set_result(fn())
+    except BaseException as exc:  # noqa: BLE001 - delivered by result()
+        future.set_exception(exc)
+    return future
+
+
+def _run_one(cache: Cache, index: int, item: WarmupItem, records: RecordStore | None = None) -> ItemResult:
+    """One item, start to end, in this thread."""
+    records = records if records is not None else RecordStore(None)
+    outcome = _lower_here(cache, records, index, item)
+    if isinstance(outcome, ItemResult):
+        return outcome
+    return _store_here(cache, records, outcome, _now(lambda: _compile(outcome)))
+
+
+# ---------------------------------------------------------------- compile threads
+
+
+def _run_threads(
+    cache: Cache, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None],
+    records: RecordStore,
+) -> None:
+    """Lowers here, compiles in ``jobs`` threads of this process, stores here.
+
+    Tracing and lowering hold the GIL, XLA's compile releases it: so this thread
+    lowers item after item (a few items ahead of the compiles, no more) while up to
+    ``jobs`` compiles run, and stores each compiled item when it comes back. No
+    process to start, no second JAX, nothing lowered twice, nothing to transfer. The
+    lowered item with the largest program starts compiling first (a long compile
+    last would run alone at the end). Hits and failures never reach a thread.
+    """
+    ready: list[tuple[int, int, _Lowered]] = []  # heap: (-cost, index, item)
+    running: dict[Future[tuple[Any, float]], _Lowered] = {}
+    ahead = jobs + 1  # lowered items waiting for a thread, at most
+
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="aot-warmup-compile")
+
+    def feed() -> None:
+        while ready and len(running) < jobs:
+            _, _, lowered = heapq.heappop(ready)
+            running[pool.submit(_compile, lowered)] = lowered
+
+    def harvest(*, block: bool) -> None:
+        if not running:
+            return
+        if block:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+        else:
+            done = {f for f in running if f.done()}
+        finished = [(f, running.pop(f)) for f in done]
+        feed()  # the threads compile on while this one stores
+        for future, lowered in sorted(finished, key=lambda pair: pair[1].index):
+            emit(_store_here(cache, records, lowered, future))
+
+    try:
+        for index, item in enumerate(items):
+            outcome = _lower_here(cache, records, index, item, cost=True)
+            if isinstance(outcome, ItemResult):
+                emit(outcome)
+            else:
+                heapq.heappush(ready, (-outcome.cost, index, outcome))
+                feed()
+            harvest(block=False)
+            while len(ready) >= ahead:
+                harvest(block=True)
+        while ready or running:
+            feed()
+            harvest(block=True)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+# ---------------------------------------------------------------- worker processes (isolate)
 
 _WORKER: dict[str, Any] = {}
 
@@ -248,6 +453,7 @@ def _cache_options(cache: Cache) -> dict[str, Any]:
 
 def _worker_init(
     env: dict[str, str], x64: bool, log_level: int, cache_options: dict[str, Any], parent_pid: int,
+    records: bool = True,
 ) -> None:
     _exit_with_parent(parent_pid)
     os.environ.update(env)
@@ -256,6 +462,7 @@ def _worker_init(
 
     jax.config.update("jax_enable_x64", x64)
     _WORKER["options"] = cache_options
+    _WORKER["records"] = records
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -303,38 +510,18 @@ def _worker_run(index: int, item: WarmupItem) -> ItemResult:
             cache = _WORKER["cache"] = Cache(options.pop("location"), **options)
         except Exception as exc:  # noqa: BLE001
             return ItemResult.failed(index, item, exc)
-    return _run_one(cache, index, item)
+        _WORKER["store"] = RecordStore.for_cache(cache, enabled=_WORKER.get("records", True))
+    return _run_one(cache, index, item, _WORKER["store"])
 
 
 _INHERITED_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "TF_CPP_MIN_LOG_LEVEL")
 
 
-def _probe(cache: Cache, index: int, item: WarmupItem) -> ItemResult | None:
-    """Lowers ``item`` here and loads it if the cache has it: a hit (or a failure to
+def _probe(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | None:
+    """Looks ``item`` up here (by its record, else lowered): a hit (or a failure to
     prepare or lower it) needs no worker process. ``None``: it must be compiled."""
-    from aot.lowering import lower, lower_pmap
-
-    start = time.perf_counter()
-    with x64_mode(item):
-        try:
-            prepared = prepare(item)
-            options = dict(prepared.options)
-            pmap = options.pop("pmap", False)
-            computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
-            entry = cache.index.get(computation.fingerprint)
-        except Exception as exc:  # noqa: BLE001 - recorded like a worker's failure
-            log.debug("warmup: %s failed", item.label, exc_info=True)
-            if isinstance(exc, SpecError):
-                exc = x64_hint(item, exc)
-            return ItemResult.failed(index, item, exc, time.perf_counter() - start)
-        if entry is None or not entry.ok:
-            return None
-        try:
-            if not computation.symbolic:  # a symbolic entry has no executable to load
-                cache.load(entry)
-        except AotError:
-            return None  # the worker's compile_entry quarantines it and compiles again
-    return _done(index, item, entry, "hit", time.perf_counter() - start)
+    outcome = _lower_here(cache, records, index, item)
+    return outcome if isinstance(outcome, ItemResult) else None
 
 
 def _maybe_stored(cache: Cache, item: WarmupItem, stored: dict[str, set[str]]) -> bool:
@@ -384,10 +571,12 @@ def _emit_future(
     emit(result)
 
 
-def _run_parallel(
-    cache: Cache, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None]
+def _run_processes(
+    cache: Cache, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None],
+    records: RecordStore,
 ) -> None:
-    """Finds the hits here; sends the misses to ``jobs`` spawned workers.
+    """``isolate=True``: finds the hits here; sends the misses to ``jobs`` spawned
+    workers (each imports JAX, and lowers its items again).
 
     The pool starts a worker only when one is needed, so a fully cached run starts
     none. A worker that dies (crash, out of memory) breaks the pool: the unfinished
@@ -399,7 +588,7 @@ def _run_parallel(
     env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
     initargs = (
         env, bool(jax.config.jax_enable_x64), logging.getLogger("aot").getEffectiveLevel(),
-        _cache_options(cache), os.getpid(),
+        _cache_options(cache), os.getpid(), records.enabled,
     )
     context = multiprocessing.get_context("spawn")
 
@@ -423,7 +612,7 @@ def _run_parallel(
             else:
                 futures[executor.submit(_worker_run, index, item)] = (index, item)
         for index, item in probable_hits:
-            result = _probe(cache, index, item)
+            result = _probe(cache, records, index, item)
             if result is not None:
                 emit(result)
             else:
@@ -452,19 +641,30 @@ def _run_parallel(
 def run_warmup(
     location: str | os.PathLike[str] | Cache | None,
     items: Iterable[WarmupItem],
-    jobs: int = 1,
+    jobs: int | str = 1,
     on_result: Callable[[ItemResult], None] | None = None,
     *,
     shard: tuple[int, int] | str | None = None,
     executor: Executor | None = None,
+    isolate: bool = False,
+    records: bool = True,
 ) -> WarmupReport:
     """Compiles every item into the cache at ``location`` (hits cost no compile).
 
-    ``jobs > 1`` compiles in that many worker processes (started with "spawn"; they
-    inherit ``XLA_FLAGS`` and the x64 mode). Every item is tried; a failure is recorded
+    ``jobs`` XLA compiles run at once (``"auto"``: :func:`auto_jobs`), in threads of
+    this process: this thread traces and lowers, XLA compiles without the GIL.
+    ``isolate=True`` compiles in ``jobs`` worker processes instead (started with
+    "spawn"; they inherit ``XLA_FLAGS`` and the x64 mode): a worker that crashes or
+    is killed for memory fails only the item it was compiling, at the price of a JAX
+    import per worker. Every item is tried; a failure is recorded
     in the report with the item and the error. ``on_result`` is called with each
     :class:`ItemResult` as it completes (in completion order); the report lists them
     in item order.
+
+    ``records`` (on by default; folder caches): an item whose warm-up record proves
+    it unchanged is looked up by its recorded key without lowering
+    (:mod:`aot.cache.warmup_records` has the rule and the safety argument);
+    ``records=False`` lowers every item.
 
     ``shard=(i, n)`` (or ``"i/n"``, 1 <= i <= n) compiles only this runner's share of
     the items, chosen by :mod:`aot.cache.warmup_shard` (deterministic, balanced by
@@ -479,14 +679,13 @@ def run_warmup(
     from aot.cache.cache import Cache
 
     items = list(items)
-    if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
-    if executor is not None and jobs != 1:
+    jobs = resolve_jobs(jobs)
+    if executor is not None and (jobs != 1 or isolate):
         raise ValueError("give either jobs or executor, not both")
     cores = available_cores()
     if jobs > cores and len(items) > 1:
         log.warning(
-            "--jobs %d exceeds the %d core%s available to this process: the workers will "
+            "--jobs %d exceeds the %d core%s available to this process: the compiles will "
             "compete for them (XLA's compiler already uses several threads); --jobs %d "
             "or fewer is usually faster", jobs, cores, "s" if cores != 1 else "", cores,
         )
@@ -510,6 +709,7 @@ def run_warmup(
         if on_result is not None:
             on_result(result)
 
+    store = RecordStore.for_cache(cache, enabled=records)
     try:
         if shard is not None:
             shard = parse_shard(shard)
@@ -517,12 +717,14 @@ def run_warmup(
             positions = [i for i, _ in chosen]
             items = [item for _, item in chosen]
         if executor is not None:
-            _run_on_executor(cache, items, executor, emit)
+            _run_on_executor(cache, items, executor, emit, records)
+        elif isolate:
+            _run_processes(cache, items, jobs, emit, store)
         elif jobs == 1 or len(items) <= 1:
             for index, item in enumerate(items):
-                emit(_run_one(cache, index, item))
+                emit(_run_one(cache, index, item, store))
         else:
-            _run_parallel(cache, items, jobs, emit)
+            _run_threads(cache, items, jobs, emit, store)
     finally:
         if not isinstance(location, Cache):
             cache.close()
@@ -539,12 +741,14 @@ _TASK_CACHES: dict[tuple[Any, ...], Cache] = {}
 _TASK_LOCK = threading.Lock()
 
 
-def warmup_task(cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem) -> ItemResult:
+def warmup_task(
+    cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem, records: bool = True,
+) -> ItemResult:
     """Compiles one item into the cache ``cache_options`` names; what an executor runs.
 
     A module-level function of plain data, so any executor can ship it (pickled by a
     process pool, cloudpickled by dask). Each worker process (and thread) opens the
-    cache once and keeps it.
+    cache once and keeps it. ``records``: use and write warm-up records.
     """
     import jax
 
@@ -563,18 +767,19 @@ def warmup_task(cache_options: dict[str, Any], x64: bool, index: int, item: Warm
             return ItemResult.failed(index, item, exc)
         with _TASK_LOCK:
             _TASK_CACHES[key] = cache
-    return _run_one(cache, index, item)
+    return _run_one(cache, index, item, RecordStore.for_cache(cache, enabled=records))
 
 
 def _run_on_executor(
-    cache: Cache, items: list[WarmupItem], executor: Executor, emit: Callable[[ItemResult], None]
+    cache: Cache, items: list[WarmupItem], executor: Executor, emit: Callable[[ItemResult], None],
+    records: bool,
 ) -> None:
     import jax
 
     options = _cache_options(cache)
     x64 = bool(jax.config.jax_enable_x64)
     futures = {
-        executor.submit(warmup_task, options, x64, index, item): (index, item)
+        executor.submit(warmup_task, options, x64, index, item, records): (index, item)
         for index, item in enumerate(items)
     }
     for future in as_completed(futures):
@@ -584,14 +789,6 @@ def _run_on_executor(
         except Exception as exc:  # noqa: BLE001 - a worker that died, a task that did not ship
             result = ItemResult.failed(index, item, exc)
         emit(result)
-
-
-def available_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask where there is one)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------- coverage

@@ -81,9 +81,9 @@ def test_run_warmup_reports_in_item_order(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
-    """jobs=2: hits are found without a worker, misses compile in spawned workers
-    (which open the cache with the caller's signing key), and a worker that dies fails
-    only its own entry."""
+    """isolate=True: hits are found without a worker, misses compile in spawned
+    workers (which open the cache with the caller's signing key), and a worker that
+    dies fails only its own entry."""
     location = str(tmp_path / "c")
     run_warmup(
         aot.Cache(location, signing_key="ci-secret"),
@@ -97,7 +97,7 @@ def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
         WarmupItem("tiny64", "fixtures.models:tiny", ("f64[2]", "f64[2]"), x64=True),  # x64 in the worker
     ]
     signed = aot.Cache(location, signing_key="ci-secret")
-    report = run_warmup(signed, items, jobs=2)
+    report = run_warmup(signed, items, jobs=2, isolate=True)
     statuses = [(r.label, r.status) for r in report.results]
     assert statuses == [
         ("tiny", "hit"), ("dies", "failed"), ("tiny", "compiled"), ("broken", "failed"), ("tiny64", "compiled"),
@@ -131,7 +131,7 @@ def test_parallel_warmup_of_a_cached_manifest_starts_no_worker(
         raise AssertionError("a worker was started for a cached entry")
 
     monkeypatch.setattr(warmup, "_worker_run", no_worker)
-    report = run_warmup(str(tmp_path / "c"), items, jobs=2)
+    report = run_warmup(str(tmp_path / "c"), items, jobs=2, isolate=True)
     assert (report.hit, report.compiled, report.failed) == (5, 0, 0)
 
 
