@@ -307,7 +307,7 @@ def _lower_here(
             key = records.lookup(rid)
             if key is not None:
                 entry = cache.lookup(key)
-                if entry is not None and entry.ok:
+                if entry is not None and entry.ok and entry.env_fp == cache.environment.digest:
                     result = _load_hit(cache, index, item, entry, start, lowered=False)
                     if result is not None:
                         return result

@@ -45,10 +45,12 @@ def _read_int(path: Path) -> int | None:
     return int(text) if text.isdigit() else None  # "max": no limit
 
 
-def _cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+def cgroup_room(
+    root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup"),
+) -> int | None:
     """Bytes this process's cgroup may still allocate (None: no limit found)."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = membership.read_text().splitlines()
     except OSError:
         return None
     rooms = []
@@ -84,7 +86,7 @@ def _mem_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
 def available_memory() -> int | None:
     """Bytes this process may still allocate (the system's and its cgroup's room,
     whichever is smaller); None when neither is known."""
-    known = [m for m in (_mem_available(), _cgroup_room()) if m is not None]
+    known = [m for m in (_mem_available(), cgroup_room()) if m is not None]
     return min(known) if known else None
 
 

@@ -60,7 +60,6 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -403,13 +402,6 @@ class RecordStore:
                 raise
         except OSError as exc:  # a record is a hint: never fail the warm-up for it
             log.debug("cannot write warmup record %s: %s", target, exc)
-
-    def forget(self, rids: Iterable[str]) -> None:
-        if self.folder is None:
-            return
-        for rid in rids:
-            with _suppress():
-                self._path(rid).unlink()
 
 
 class _suppress:
