@@ -227,8 +227,16 @@ class Record:
         return cls(key, tuple((m[0], m[1], m[2]) for m in modules), packages)
 
 
+_INSTALLED: dict[str, bool] = {}  # file -> part of an installed package or the stdlib
+
+
 def _installed(path: str) -> bool:
-    return not _INSTALLED_PARTS.isdisjoint(Path(path).parts) or _in_stdlib(path)
+    known = _INSTALLED.get(path)
+    if known is None:
+        known = _INSTALLED[path] = (
+            not _INSTALLED_PARTS.isdisjoint(Path(path).parts) or _in_stdlib(path)
+        )
+    return known
 
 
 def _stdlib_roots() -> tuple[str, ...]:
@@ -236,7 +244,8 @@ def _stdlib_roots() -> tuple[str, ...]:
 
     roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
     roots |= {os.path.join(p, "lib") for p in {sys.base_prefix, sys.base_exec_prefix}}
-    return tuple(sorted(os.path.realpath(r) + os.sep for r in roots))
+    both = {os.path.abspath(r) for r in roots} | {os.path.realpath(r) for r in roots}
+    return tuple(sorted(r.rstrip(os.sep) + os.sep for r in both))
 
 
 _STDLIB: tuple[str, ...] | None = None
@@ -246,7 +255,7 @@ def _in_stdlib(path: str) -> bool:
     global _STDLIB
     if _STDLIB is None:
         _STDLIB = _stdlib_roots()
-    return os.path.realpath(path).startswith(_STDLIB)
+    return path.startswith(_STDLIB) or os.path.realpath(path).startswith(_STDLIB)
 
 
 def _module_file(module: Any) -> str | None:
