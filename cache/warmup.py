@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.errors import (
-    AotError,
     CorruptArtifactError,
     IncompatibleEnvironmentError,
     SpecError,
