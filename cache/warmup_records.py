@@ -100,6 +100,7 @@ def record_id(item: WarmupItem, prepared: Prepared, environment_digest: str) -> 
     from aot.artifact import FORMAT_VERSION
 
     try:
+        _named_modules_have_files(item)
         parts = {
             "format": RECORD_FORMAT,
             "item": {
@@ -122,6 +123,19 @@ def record_id(item: WarmupItem, prepared: Prepared, environment_digest: str) -> 
         log.debug("warmup record: %s: %s; lowering it", item.label, doubt)
         return None
     return sha256_hex(canonical_json(parts))
+
+
+def _named_modules_have_files(item: WarmupItem) -> None:
+    """The modules the entry names (its target, ``args_from``, ``@`` specs) are hashed
+    by their files: one without a file (defined in ``__main__`` of ``python -c``, built
+    at run time) could change unseen."""
+    named = [item.target, *(a[1:] for a in (*item.args, *(v for _, v in item.kwargs)) if a.startswith("@"))]
+    if item.args_from:
+        named.append(item.args_from.lstrip("@"))
+    for target in named:
+        module = sys.modules.get(target.partition(":")[0])
+        if module is None or _module_file(module) is None:
+            raise _Doubt(f"module of {target!r} has no source file")
 
 
 def _plain(value: Any) -> Any:

@@ -174,3 +174,17 @@ def test_a_database_cache_keeps_no_records(postgres_url: str, project: Path) -> 
     run_warmup(postgres_url, items)
     again = run_warmup(postgres_url, items)
     assert [(r.status, r.lowered) for r in again.results] == [("hit", True)]
+
+
+def test_a_target_without_a_source_file_is_always_lowered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module built at run time (no file to hash) could change unseen: no record."""
+    import types
+
+    module = types.ModuleType("recmod_synthetic")
+    exec("def f(x):\n    return x - 1.0\n", module.__dict__)  # noqa: S102 - the module under test
+    monkeypatch.setitem(sys.modules, "recmod_synthetic", module)
+    items = expand(parse_manifest('[[function]]\nname = "syn"\ntarget = "recmod_synthetic:f"\nargs = ["f32[3]"]\n'))
+    first = run_warmup(str(tmp_path / "c"), items)
+    again = run_warmup(str(tmp_path / "c"), items)
+    assert [(r.status, r.lowered) for r in first.results + again.results] == [("compiled", True), ("hit", True)]
+    assert not (tmp_path / "c" / RECORDS_FOLDER).exists()
