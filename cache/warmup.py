@@ -1,8 +1,8 @@
 """Running a warm-up: compile every item of a manifest into a cache, in parallel.
 
-:func:`run_warmup` compiles :class:`WarmupItem` s into a cache (``jobs > 1``: XLA
-compiles in threads of this process while this thread lowers; ``isolate=True``:
-worker processes started with "spawn", never fork, since JAX is imported), and
+:func:`run_warmup` compiles :class:`WarmupItem` s into a cache (``jobs > 1``: here
+and in ``jobs - 1`` worker processes, :mod:`aot.cache.warmup_workers`; ``isolate=True``:
+in worker processes only), and
 :func:`coverage` lists the items a cache is missing for this environment. The
 manifest format lives in :mod:`aot.cache.warmup_manifest`, target resolution in
 :mod:`aot.cache.targets`, warm-up records in :mod:`aot.cache.warmup_records`, the
@@ -12,28 +12,18 @@ re-exported here.
 
 from __future__ import annotations
 
-import ctypes
+import collections
 import dataclasses
-import heapq
 import logging
 import multiprocessing
 import os
-import signal
-import sys
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import (
-    FIRST_COMPLETED,
-    Executor,
-    Future,
-    ProcessPoolExecutor,
-    ThreadPoolExecutor,
-    as_completed,
-    wait,
-)
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from aot.errors import (
@@ -45,6 +35,7 @@ from aot.errors import (
 from aot.cache.failures import Failure
 from aot.cache.warmup_jobs import JOB_MEMORY, auto_jobs, available_cores, available_memory, resolve_jobs
 from aot.cache.warmup_records import RecordStore, record_id
+from aot.cache.warmup_workers import WorkerPool
 from aot.cache.signatures import Signature
 from aot.cache.targets import (
     Prepared,
@@ -253,8 +244,8 @@ def _done(
 #
 # Every way of running a warm-up goes through the same three steps: _lower_here
 # (prepare, warm-up record, lower, look up: a hit or a failure ends there), the XLA
-# compile (inline, in a compile thread, or in a worker process's own _run_one), and
-# _store_here (export the portable HLO, serialize, put, write the record).
+# compile (inline, in this process's compile thread, or in a worker process's own
+# _run_one), and _store_here (export the portable HLO, serialize, put, write the record).
 
 
 @dataclass(slots=True)
@@ -266,7 +257,6 @@ class _Lowered:
     computation: Any
     rid: str | None  # its warm-up record's id
     seconds: float  # spent on it so far (prepare, lower, look up)
-    cost: int = 0  # size of its StableHLO: the larger compiles start first
 
 
 def _failed(index: int, item: WarmupItem, exc: BaseException, seconds: float) -> ItemResult:
@@ -290,11 +280,9 @@ def _load_hit(
     return _done(index, item, entry, "hit", time.perf_counter() - start, lowered=lowered)
 
 
-def _lower_here(
-    cache: Cache, records: RecordStore, index: int, item: WarmupItem, *, cost: bool = False,
-) -> ItemResult | _Lowered:
+def _lower_here(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | _Lowered:
     """The hit (found by its record, or lowered and found by key), a failure, or the
-    lowered item to compile. ``cost``: measure its StableHLO for scheduling."""
+    lowered item to compile."""
     from aot.cache.names import check_name
     from aot.lowering import lower, lower_pmap
 
@@ -325,10 +313,9 @@ def _lower_here(
                 entry = cache.put(computation)
                 records.remember(rid, entry.key)
                 return _done(index, item, entry, "compiled", time.perf_counter() - start)
-            size = len(computation.as_text()) if cost else 0
         except Exception as exc:  # noqa: BLE001 - every item is tried; failures are recorded
             return _failed(index, item, exc, time.perf_counter() - start)
-    return _Lowered(index, item, computation, rid, time.perf_counter() - start, size)
+    return _Lowered(index, item, computation, rid, time.perf_counter() - start)
 
 
 def _compile(lowered: _Lowered) -> tuple[Any, float]:
@@ -378,66 +365,7 @@ def _run_one(cache: Cache, index: int, item: WarmupItem, records: RecordStore | 
     return _store_here(cache, records, outcome, _now(lambda: _compile(outcome)))
 
 
-# ---------------------------------------------------------------- compile threads
-
-
-def _run_threads(
-    cache: Cache, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None],
-    records: RecordStore,
-) -> None:
-    """Lowers here, compiles in ``jobs`` threads of this process, stores here.
-
-    Tracing and lowering hold the GIL, XLA's compile releases it: so this thread
-    lowers item after item (a few items ahead of the compiles, no more) while up to
-    ``jobs`` compiles run, and stores each compiled item when it comes back. No
-    process to start, no second JAX, nothing lowered twice, nothing to transfer. The
-    lowered item with the largest program starts compiling first (a long compile
-    last would run alone at the end). Hits and failures never reach a thread.
-    """
-    ready: list[tuple[int, int, _Lowered]] = []  # heap: (-cost, index, item)
-    running: dict[Future[tuple[Any, float]], _Lowered] = {}
-    ahead = jobs + 1  # lowered items waiting for a thread, at most
-
-    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="aot-warmup-compile")
-
-    def feed() -> None:
-        while ready and len(running) < jobs:
-            _, _, lowered = heapq.heappop(ready)
-            running[pool.submit(_compile, lowered)] = lowered
-
-    def harvest(*, block: bool) -> None:
-        if not running:
-            return
-        if block:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-        else:
-            done = {f for f in running if f.done()}
-        finished = [(f, running.pop(f)) for f in done]
-        feed()  # the threads compile on while this one stores
-        for future, lowered in sorted(finished, key=lambda pair: pair[1].index):
-            emit(_store_here(cache, records, lowered, future))
-
-    try:
-        for index, item in enumerate(items):
-            outcome = _lower_here(cache, records, index, item, cost=True)
-            if isinstance(outcome, ItemResult):
-                emit(outcome)
-            else:
-                heapq.heappush(ready, (-outcome.cost, index, outcome))
-                feed()
-            harvest(block=False)
-            while len(ready) >= ahead:
-                harvest(block=True)
-        while ready or running:
-            feed()
-            harvest(block=True)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-# ---------------------------------------------------------------- worker processes (isolate)
-
-_WORKER: dict[str, Any] = {}
+# ---------------------------------------------------------------- in parallel
 
 
 def _cache_options(cache: Cache) -> dict[str, Any]:
@@ -448,72 +376,6 @@ def _cache_options(cache: Cache) -> dict[str, Any]:
         "require_signatures": cache.require_signatures,
         "blob_location": cache.blob_location,
     }
-
-
-def _worker_init(
-    env: dict[str, str], x64: bool, log_level: int, cache_options: dict[str, Any], parent_pid: int,
-    records: bool = True,
-) -> None:
-    _exit_with_parent(parent_pid)
-    os.environ.update(env)
-    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
-    import jax
-
-    jax.config.update("jax_enable_x64", x64)
-    _WORKER["options"] = cache_options
-    _WORKER["records"] = records
-
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_WATCHDOG_SECONDS = 1.0
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    """A worker must not outlive the warm-up that started it (``kill -9`` of the CLI
-    included): nothing would collect its result, and it holds CPU, memory and the
-    resource tracker's pipe (so the tracker outlives everyone too).
-
-    On Linux the kernel kills the worker when its parent dies (``PR_SET_PDEATHSIG``;
-    the pool forks workers from the thread that submits, which lives until the pool
-    is shut down). Everywhere, a watchdog thread exits once the parent is gone (the
-    worker is re-parented, so ``getppid()`` changes).
-    """
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-                log.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
-        except (OSError, AttributeError) as exc:
-            log.debug("prctl(PR_SET_PDEATHSIG) unavailable: %s", exc)
-    if os.getppid() != parent_pid:  # the parent died before the signal was armed
-        os._exit(1)
-    threading.Thread(
-        target=_watch_parent, args=(parent_pid,), name="aot-warmup-parent-watchdog", daemon=True
-    ).start()
-
-
-def _watch_parent(parent_pid: int) -> None:
-    while True:
-        time.sleep(_WATCHDOG_SECONDS)
-        if os.getppid() != parent_pid:
-            os._exit(1)  # no cleanup to run: the parent that wanted the result is gone
-
-
-def _worker_run(index: int, item: WarmupItem) -> ItemResult:
-    from aot.cache.cache import Cache
-
-    cache = _WORKER.get("cache")
-    if cache is None:
-        options = dict(_WORKER["options"])
-        try:
-            cache = _WORKER["cache"] = Cache(options.pop("location"), **options)
-        except Exception as exc:  # noqa: BLE001
-            return ItemResult.failed(index, item, exc)
-        _WORKER["store"] = RecordStore.for_cache(cache, enabled=_WORKER.get("records", True))
-    return _run_one(cache, index, item, _WORKER["store"])
-
-
-_INHERITED_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "TF_CPP_MIN_LOG_LEVEL")
 
 
 def _probe(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | None:
@@ -539,102 +401,173 @@ def _maybe_stored(cache: Cache, item: WarmupItem, stored: dict[str, set[str]]) -
         return True
 
 
-def _collect(
-    futures: dict[Any, tuple[int, WarmupItem]], emit: Callable[[ItemResult], None],
-    broken: list[tuple[int, WarmupItem]], *, block: bool,
-) -> None:
-    """Emits the results of finished futures; with ``block``, waits for all of them."""
-    if not block:
-        for future in [f for f in futures if f.done()]:
-            _emit_future(future, futures.pop(future), emit, broken)
-        return
-    pending = set(futures)
-    while pending:
-        done, pending = wait(pending, return_when=FIRST_COMPLETED)
-        for future in done:
-            _emit_future(future, futures.pop(future), emit, broken)
+_DIED = "the worker process died while compiling it (crash or out of memory)"
+_NO_WORKER = "no worker process could start (see the log)"
 
 
-def _emit_future(
-    future: Any, pair: tuple[int, WarmupItem], emit: Callable[[ItemResult], None],
-    broken: list[tuple[int, WarmupItem]],
-) -> None:
+class _Work:
+    """The items not taken yet, for this process and the workers' dispatcher thread."""
+
+    def __init__(self, pairs: Iterable[tuple[int, WarmupItem]] = ()) -> None:
+        self._pairs = collections.deque(pairs)
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[int, WarmupItem] | None:
+        with self._lock:
+            return self._pairs.popleft() if self._pairs else None
+
+    def put(self, pair: tuple[int, WarmupItem]) -> None:
+        with self._lock:
+            self._pairs.append(pair)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._pairs)
+
+
+def _failure(pair: tuple[int, WarmupItem], error: str) -> ItemResult:
     index, item = pair
-    try:
-        result = future.result()
-    except BrokenProcessPool:
-        broken.append(pair)
-        return
-    except Exception as exc:  # noqa: BLE001 - e.g. a result that did not pickle
-        result = ItemResult.failed(index, item, exc)
-    emit(result)
+    return ItemResult(index, item.name, item.label, "failed", 0.0, source=item.source, error=error)
 
 
-def _run_processes(
-    cache: Cache, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None],
-    records: RecordStore,
+def _dispatch(
+    pool: WorkerPool, work: _Work, payload: tuple[Any, ...], target: int,
+    events: queue.SimpleQueue[tuple[str, Any]], wake: Connection,
 ) -> None:
-    """``isolate=True``: finds the hits here; sends the misses to ``jobs`` spawned
-    workers (each imports JAX, and lowers its items again).
+    """The parent's thread that keeps the workers busy: it gives each ready worker the
+    next item, passes results on to ``events``, replaces a worker that died (at most
+    ``target`` may fail to start), and returns when ``wake`` says stop."""
+    from multiprocessing.connection import wait as wait_for
 
-    The pool starts a worker only when one is needed, so a fully cached run starts
-    none. A worker that dies (crash, out of memory) breaks the pool: the unfinished
-    items are retried in a fresh single-worker pool, in order, so the item that
-    kills it is identified and every other item is still tried.
+    failed_starts = 0
+    while True:
+        for worker in pool.idle():
+            pair = work.take()
+            if pair is None:
+                break
+            pool.send(worker, *pair, payload)
+        if len(work) and len(pool.workers) < target and failed_starts < target:
+            pool.add()  # the first ones (isolate), or in place of one that died
+        if len(work) and not pool.workers:  # none could start: fail what is left
+            while (pair := work.take()) is not None:
+                events.put(("result", _failure(pair, _NO_WORKER)))
+        for conn in wait_for([wake, *(w.conn for w in pool.workers)]):
+            if conn is wake:
+                if wake.recv() == "stop":
+                    return
+                continue  # new work
+            worker = next(w for w in pool.workers if w.conn is conn)
+            was_ready = worker.ready
+            kind, value = pool.receive(worker)
+            if kind == "result":
+                events.put(("result", value))
+            elif kind == "died":
+                failed_starts += not was_ready
+                if value is not None:
+                    events.put(("result", _failure(value, _DIED)))
+
+
+def _run_parallel(
+    cache: Cache, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None],
+    records: RecordStore, *, isolate: bool, pool: WorkerPool | None,
+) -> None:
+    """``jobs`` XLA compiles at once: one in this process and ``jobs - 1`` in worker
+    processes; with ``isolate``, ``jobs`` workers and none here.
+
+    Why processes, and this one too: XLA's compile releases the GIL, but two compiles
+    in one process cost about 10% more CPU than in two processes and finished no
+    sooner (benchmarks/README.md); one compile alone already keeps about 1.8 of 2 cores
+    busy, and what leaves a core idle is the Python around it (tracing, lowering,
+    exporting, storing) and the start-up. So this process imports JAX while the workers
+    (started first: the CLI starts them before it imports JAX) import theirs; it lowers
+    its next item while its previous one compiles in a thread; and every process takes
+    the next item of the manifest as soon as it is free (a thread here feeds the
+    workers, also while this one traces). A manifest done before a worker is ready
+    never waits for it. Without ``isolate`` a crash here ends the warm-up, as with
+    ``--jobs 1``; a worker that dies fails only its item.
+
+    With ``isolate`` this process only looks up the items that are probably stored
+    (by record, or lowered) and sends the others to workers, started when the first
+    one is needed: a fully cached manifest starts none.
     """
     import jax
 
-    env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
-    initargs = (
-        env, bool(jax.config.jax_enable_x64), logging.getLogger("aot").getEffectiveLevel(),
-        _cache_options(cache), os.getpid(), records.enabled,
+    payload = (bool(jax.config.jax_enable_x64), _cache_options(cache), records.enabled)
+    target = jobs if isolate else min(jobs - 1, len(items) - 1)  # worker processes
+    if pool is None:
+        pool = WorkerPool(0 if isolate else target)
+    work = _Work() if isolate else _Work(enumerate(items))
+    events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+    wake_reader, wake_writer = multiprocessing.Pipe(duplex=False)
+    dispatcher = threading.Thread(
+        target=_dispatch, args=(pool, work, payload, target, events, wake_reader),
+        name="aot-warmup-dispatch", daemon=True,
     )
-    context = multiprocessing.get_context("spawn")
+    compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aot-warmup-compile")
+    lowered: _Lowered | None = None  # lowered here, next to compile here
+    compiling = False
+    left = len(items)
 
-    def pool(workers: int) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
-            max_workers=workers, mp_context=context, initializer=_worker_init, initargs=initargs
-        )
+    def finish(result: ItemResult) -> None:
+        nonlocal left
+        left -= 1
+        emit(result)
 
-    broken: list[tuple[int, WarmupItem]] = []
-    futures: dict[Any, tuple[int, WarmupItem]] = {}
-    stored: dict[str, set[str]] = {}
-    with pool(jobs) as executor:
-        # An item with no entry of its name and input signature for this environment
-        # is certainly a miss: it goes straight to a worker and is lowered only there.
-        # The others are probably hits: they are lowered and looked up here (exactly,
-        # by key) while the workers start.
-        probable_hits = []
-        for index, item in enumerate(items):
-            if _maybe_stored(cache, item, stored):
-                probable_hits.append((index, item))
-            else:
-                futures[executor.submit(_worker_run, index, item)] = (index, item)
-        for index, item in probable_hits:
-            result = _probe(cache, records, index, item)
-            if result is not None:
-                emit(result)
-            else:
-                futures[executor.submit(_worker_run, index, item)] = (index, item)
-            _collect(futures, emit, broken, block=False)
-        _collect(futures, emit, broken, block=True)
-    while broken:
-        broken.sort(key=lambda pair: pair[0])
-        log.warning("warmup: a worker process died; retrying %d entries one at a time", len(broken))
-        pending, broken = broken, []
-        with pool(1) as executor:
-            futures = {
-                executor.submit(_worker_run, i, item): (i, item) for i, item in pending
-            }
-            _collect(futures, emit, broken, block=True)
-        if broken:
-            # One worker runs items in order: the first unfinished one killed it.
-            broken.sort(key=lambda pair: pair[0])
-            index, item = broken.pop(0)
-            emit(ItemResult(
-                index, item.name, item.label, "failed", 0.0, source=item.source,
-                error="the worker process died while compiling it (crash or out of memory)",
-            ))
+    def compile_here(item: _Lowered) -> None:
+        nonlocal compiling
+        compiling = True
+        future = compiler.submit(_compile, item)
+        future.add_done_callback(lambda f: events.put(("compiled", (item, f))))
+
+    def handle(kind: str, value: Any) -> None:
+        nonlocal compiling, lowered
+        if kind == "compiled":
+            item, future = value
+            compiling = False
+            if lowered is not None:  # this process compiles on while it stores
+                compile_here(lowered)
+                lowered = None
+            finish(_store_here(cache, records, item, future))
+        else:
+            finish(value)
+
+    dispatcher.start()
+    try:
+        if isolate:
+            stored: dict[str, set[str]] = {}
+            for index, item in enumerate(items):
+                result = _probe(cache, records, index, item) if _maybe_stored(cache, item, stored) else None
+                if result is not None:
+                    finish(result)
+                else:
+                    work.put((index, item))
+                    wake_writer.send("work")
+        while left:
+            while True:  # results that came in meanwhile
+                try:
+                    handle(*events.get_nowait())
+                except queue.Empty:
+                    break
+            if not isolate and lowered is None:
+                pair = work.take()
+                if pair is not None:
+                    outcome = _lower_here(cache, records, *pair)
+                    if isinstance(outcome, ItemResult):
+                        finish(outcome)
+                    elif compiling:
+                        lowered = outcome
+                    else:
+                        compile_here(outcome)
+                    continue
+            if left:
+                handle(*events.get())
+    finally:
+        wake_writer.send("stop")
+        dispatcher.join()
+        pool.close()
+        compiler.shutdown(wait=True, cancel_futures=True)
+        wake_reader.close()
+        wake_writer.close()
 
 
 def run_warmup(
@@ -647,18 +580,20 @@ def run_warmup(
     executor: Executor | None = None,
     isolate: bool = False,
     records: bool = True,
+    workers: WorkerPool | None = None,
 ) -> WarmupReport:
     """Compiles every item into the cache at ``location`` (hits cost no compile).
 
-    ``jobs`` XLA compiles run at once (``"auto"``: :func:`auto_jobs`), in threads of
-    this process: this thread traces and lowers, XLA compiles without the GIL.
-    ``isolate=True`` compiles in ``jobs`` worker processes instead (started with
-    "spawn"; they inherit ``XLA_FLAGS`` and the x64 mode): a worker that crashes or
-    is killed for memory fails only the item it was compiling, at the price of a JAX
-    import per worker. Every item is tried; a failure is recorded
-    in the report with the item and the error. ``on_result`` is called with each
-    :class:`ItemResult` as it completes (in completion order); the report lists them
-    in item order.
+    ``jobs`` XLA compiles run at once (``"auto"``: :func:`auto_jobs`): one in this
+    process and ``jobs - 1`` in worker processes (started with "spawn"; they inherit
+    ``XLA_FLAGS`` and the x64 mode), each process taking the next item when it is free.
+    ``isolate=True`` compiles in ``jobs`` worker processes only: a worker that crashes
+    or is killed for memory fails only the item it was compiling. ``workers``: a
+    :class:`~aot.cache.warmup_workers.WorkerPool` started earlier (the CLI starts it
+    before it imports JAX); it is closed at the end. Every item is tried; a failure is
+    recorded in the report with the item and the error. ``on_result`` is called with
+    each :class:`ItemResult` as it completes (in completion order); the report lists
+    them in item order.
 
     ``records`` (on by default; folder caches): an item whose warm-up record proves
     it unchanged is looked up by its recorded key without lowering
@@ -679,7 +614,7 @@ def run_warmup(
 
     items = list(items)
     jobs = resolve_jobs(jobs)
-    if executor is not None and (jobs != 1 or isolate):
+    if executor is not None and (jobs != 1 or isolate or workers is not None):
         raise ValueError("give either jobs or executor, not both")
     cores = available_cores()
     if jobs > cores and len(items) > 1:
@@ -689,14 +624,19 @@ def run_warmup(
             "or fewer is usually faster", jobs, cores, "s" if cores != 1 else "", cores,
         )
     start = time.perf_counter()
-    cache = location if isinstance(location, Cache) else Cache(location)  # fail early
-    if cache.read_only:
-        from aot.errors import ReadOnlyCacheError
+    try:
+        cache = location if isinstance(location, Cache) else Cache(location)  # fail early
+        if cache.read_only:
+            from aot.errors import ReadOnlyCacheError
 
-        raise ReadOnlyCacheError(
-            f"cannot warm up the cache at {cache.display_location}: it is opened read-only; "
-            "warm up a writable cache (in CI) and ship it or a bundle"
-        )
+            raise ReadOnlyCacheError(
+                f"cannot warm up the cache at {cache.display_location}: it is opened "
+                "read-only; warm up a writable cache (in CI) and ship it or a bundle"
+            )
+    except BaseException:
+        if workers is not None:
+            workers.close()
+        raise
     results: dict[int, ItemResult] = {}
     positions = list(range(len(items)))  # the manifest position of each item run
 
@@ -717,14 +657,15 @@ def run_warmup(
             items = [item for _, item in chosen]
         if executor is not None:
             _run_on_executor(cache, items, executor, emit, records)
-        elif isolate:
-            _run_processes(cache, items, jobs, emit, store)
-        elif jobs == 1 or len(items) <= 1:
+        elif isolate or (jobs > 1 and len(items) > 1):
+            pool, workers = workers, None
+            _run_parallel(cache, items, jobs, emit, store, isolate=isolate, pool=pool)
+        else:
             for index, item in enumerate(items):
                 emit(_run_one(cache, index, item, store))
-        else:
-            _run_threads(cache, items, jobs, emit, store)
     finally:
+        if workers is not None:
+            workers.close()
         if not isinstance(location, Cache):
             cache.close()
     ordered = tuple(results[i] for i in sorted(results))

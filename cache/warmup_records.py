@@ -64,7 +64,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aot.fingerprint import canonical_json, sha256_hex
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -136,6 +135,15 @@ def _named_modules_have_files(item: WarmupItem) -> None:
         module = sys.modules.get(target.partition(":")[0])
         if module is None or _module_file(module) is None:
             raise _Doubt(f"module of {target!r} has no source file")
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    """As :func:`aot.fingerprint.canonical_json` (not imported: it imports JAX)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def _plain(value: Any) -> Any:

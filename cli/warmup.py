@@ -75,6 +75,7 @@ def warmup_command(
     docs/manifest.md.
     """
     from aot.cache.warmup import expand, load_manifest, run_warmup
+    from aot.cache.warmup_workers import WorkerPool
 
     if manifest is None:
         manifest = state.settings.manifest.value
@@ -84,7 +85,15 @@ def warmup_command(
                 "[tool.aot] of pyproject.toml"
             )
     items = expand(load_manifest(manifest))
-    cache = state.cache(create=True)
+    # The worker processes start now: they import JAX while this process does (opening
+    # the cache imports it). --isolate starts them only for entries not stored.
+    workers = WorkerPool(min(jobs - 1, len(items) - 1)) if jobs > 1 and not isolate else None
+    try:
+        cache = state.cache(create=True)
+    except BaseException:
+        if workers is not None:
+            workers.close()
+        raise
     if shard is not None:
         from aot.cache.warmup_shard import select_shard
 
@@ -109,7 +118,7 @@ def warmup_command(
     try:
         report = run_warmup(
             cache, items, jobs=jobs, shard=shard, on_result=on_result, isolate=isolate,
-            records=not relower,
+            records=not relower, workers=workers,
         )
     finally:
         if progress is not None:

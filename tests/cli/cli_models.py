@@ -64,4 +64,24 @@ def dies_in_worker(x):
     return x + 1
 
 
+def waits_for_partner(x):
+    """Returns once `partner` was traced (by another process: the warm-up test of
+    --jobs 2 proves with it that a worker took an entry while this process worked)."""
+    import time
+
+    flag = os.environ["AOT_TEST_PARTNER_FLAG"]
+    deadline = time.monotonic() + 120
+    while not os.path.exists(flag):
+        if time.monotonic() > deadline:
+            raise TimeoutError("no other process traced `partner` within 120 s")
+        time.sleep(0.05)
+    return x + 1
+
+
+def partner(x):
+    with open(os.environ["AOT_TEST_PARTNER_FLAG"], "w") as f:
+        f.write(str(os.getpid()))
+    return x * 2
+
+
 NOT_A_FUNCTION = 42

@@ -120,17 +120,35 @@ def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
     assert json.loads(compiled.manifest)["hmac"]
 
 
+def test_parallel_warmup_compiles_here_and_in_a_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """jobs=2: this process and a worker process each take the next entry: the first
+    entry (traced here) waits until the second one was traced by the worker."""
+    import os
+
+    flag = tmp_path / "partner-traced"
+    monkeypatch.setenv("AOT_TEST_PARTNER_FLAG", str(flag))
+    items = [
+        WarmupItem("wait", "cli_models:waits_for_partner", ("f32[4]",)),
+        WarmupItem("partner", "cli_models:partner", ("f32[4]",)),
+    ]
+    report = run_warmup(str(tmp_path / "c"), items, jobs=2)
+    assert [(r.label, r.status) for r in report.results] == [("wait", "compiled"), ("partner", "compiled")]
+    assert int(flag.read_text()) != os.getpid()
+    again = run_warmup(str(tmp_path / "c"), items, jobs=2)
+    assert [(r.status, r.lowered) for r in again.results] == [("hit", False), ("hit", False)]
+
+
 def test_parallel_warmup_of_a_cached_manifest_starts_no_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     items = expand(load_manifest(MANIFEST))
     run_warmup(str(tmp_path / "c"), items)
-    import aot.cache.warmup as warmup
+    from aot.cache.warmup_workers import WorkerPool
 
     def no_worker(*args, **kwargs):  # pragma: no cover - must not run
         raise AssertionError("a worker was started for a cached entry")
 
-    monkeypatch.setattr(warmup, "_worker_run", no_worker)
+    monkeypatch.setattr(WorkerPool, "add", no_worker)
     report = run_warmup(str(tmp_path / "c"), items, jobs=2, isolate=True)
     assert (report.hit, report.compiled, report.failed) == (5, 0, 0)
 
