@@ -416,9 +416,12 @@ class _Work:
         with self._lock:
             return self._pairs.popleft() if self._pairs else None
 
-    def put(self, pair: tuple[int, WarmupItem]) -> None:
+    def put(self, pair: tuple[int, WarmupItem], *, first: bool = False) -> None:
         with self._lock:
-            self._pairs.append(pair)
+            if first:
+                self._pairs.appendleft(pair)
+            else:
+                self._pairs.append(pair)
 
     def __len__(self) -> int:
         with self._lock:
@@ -431,24 +434,41 @@ def _failure(pair: tuple[int, WarmupItem], error: str) -> ItemResult:
 
 
 def _dispatch(
-    pool: WorkerPool, work: _Work, payload: tuple[Any, ...], target: int,
+    pool: WorkerPool, work: _Work, payload: tuple[Any, ...], target: int, isolate: bool,
     events: queue.SimpleQueue[tuple[str, Any]], wake: Connection,
 ) -> None:
     """The parent's thread that keeps the workers busy: it gives each ready worker the
     next item, passes results on to ``events``, replaces a worker that died (at most
-    ``target`` may fail to start), and returns when ``wake`` says stop."""
+    ``target`` may fail to start), and returns when ``wake`` says stop. Should it
+    fail, ``events`` gets ``("crashed", exception)``."""
+    try:
+        _dispatch_loop(pool, work, payload, target, isolate, events, wake)
+    except BaseException as exc:  # noqa: BLE001 - the main thread must not wait forever
+        events.put(("crashed", exc))
+
+
+def _dispatch_loop(
+    pool: WorkerPool, work: _Work, payload: tuple[Any, ...], target: int, isolate: bool,
+    events: queue.SimpleQueue[tuple[str, Any]], wake: Connection,
+) -> None:
     from multiprocessing.connection import wait as wait_for
 
     failed_starts = 0
+    asked = False  # told the main thread a worker is idle with nothing left to take
     while True:
         for worker in pool.idle():
             pair = work.take()
             if pair is None:
+                if not asked:
+                    events.put(("idle", None))
+                    asked = True
                 break
-            pool.send(worker, *pair, payload)
+            asked = False
+            if not pool.send(worker, *pair, payload):
+                work.put(pair, first=True)  # it died; the next wait says so
         if len(work) and len(pool.workers) < target and failed_starts < target:
             pool.add()  # the first ones (isolate), or in place of one that died
-        if len(work) and not pool.workers:  # none could start: fail what is left
+        if isolate and len(work) and not pool.workers:  # none could start: fail the rest
             while (pair := work.take()) is not None:
                 events.put(("result", _failure(pair, _NO_WORKER)))
         for conn in wait_for([wake, *(w.conn for w in pool.workers)]):
@@ -500,7 +520,7 @@ def _run_parallel(
     events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
     wake_reader, wake_writer = multiprocessing.Pipe(duplex=False)
     dispatcher = threading.Thread(
-        target=_dispatch, args=(pool, work, payload, target, events, wake_reader),
+        target=_dispatch, args=(pool, work, payload, target, isolate, events, wake_reader),
         name="aot-warmup-dispatch", daemon=True,
     )
     compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aot-warmup-compile")
@@ -528,6 +548,17 @@ def _run_parallel(
                 compile_here(lowered)
                 lowered = None
             finish(_store_here(cache, records, item, future))
+        elif kind == "crashed":
+            raise RuntimeError(f"the warm-up's worker dispatcher failed: {value!r}") from value
+        elif kind == "idle":
+            if lowered is not None:
+                # A worker is free and nothing is left but the item lowered here, which
+                # waits for this process's compile: the worker starts it sooner (it
+                # lowers it again: a fraction of a compile). Near the end this keeps a
+                # long compile from running alone.
+                work.put((lowered.index, lowered.item), first=True)
+                wake_writer.send("work")
+                lowered = None
         else:
             finish(value)
 

@@ -9,13 +9,13 @@
 - *available memory*: the smaller of the system's ``MemAvailable`` and what the
   process's cgroup still allows (``memory.max - memory.current``, cgroup v2; or v1's
   ``limit_in_bytes - usage_in_bytes``); unknown counts as plenty;
-- ``JOB_MEMORY`` (2 GiB): what one XLA compile is budgeted. The 12-layer transformer
-  of the fixtures peaks at about 0.2 GiB; large models take several.
+- ``JOB_MEMORY`` (2 GiB): what one job (a compile, and the worker process around it)
+  is budgeted. The 12-layer transformer of the fixtures peaks at about 0.4 GiB with
+  JAX loaded; large models take several.
 
 One job per core, not fewer, although XLA already runs parts of one compile on more
-than one thread: two compiles on two cores keep both busy (one compile alone averages
-about 1.4 cores there), and compiles run as threads of one process, so a job costs no
-JAX import and no memory until it compiles.
+than one thread: what leaves a core idle with one job is the Python around the
+compiles (tracing, lowering, storing), which another job's compile fills.
 """
 
 from __future__ import annotations

@@ -91,10 +91,16 @@ class WorkerPool:
     def busy(self) -> bool:
         return any(w.task is not None for w in self.workers)
 
-    def send(self, worker: Worker, index: int, item: Any, payload: tuple[Any, ...]) -> None:
+    def send(self, worker: Worker, index: int, item: Any, payload: tuple[Any, ...]) -> bool:
+        """Gives ``worker`` an item; False when its pipe is closed (it died: the next
+        :meth:`receive` says so)."""
+        try:
+            worker.conn.send(("task", index, item, *payload))
+        except (OSError, ValueError):
+            return False
         worker.task = (index, item)
         worker.sent += 1
-        worker.conn.send(("task", index, item, *payload))
+        return True
 
     def receive(self, worker: Worker) -> tuple[str, Any]:
         """The worker's next message: ``("ready", pid)``, ``("result", ItemResult)``,

@@ -42,13 +42,14 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
 @click.argument("manifest", required=False, metavar="[MANIFEST.toml]", shell_complete=complete_manifests)
 @click.option(
     "-j", "--jobs", type=JobsType(), default="1", show_default=True,
-    help="Run this many XLA compiles at once (threads of this process; 'auto': one per "
-    "usable core, 2 GiB of available memory each; a warning when it exceeds the cores).",
+    help="Run this many XLA compiles at once: here and in N-1 worker processes ('auto': "
+    "one per usable core, 2 GiB of available memory each; a warning when it exceeds the "
+    "cores).",
 )
 @click.option(
     "--isolate", is_flag=True,
-    help="Compile in --jobs worker processes: a crash or out-of-memory kill fails only "
-    "its entry (each worker imports JAX: slower).",
+    help="Compile in --jobs worker processes only, none here: a crash or out-of-memory "
+    "kill fails only its entry.",
 )
 @click.option(
     "--relower", is_flag=True,
