@@ -405,16 +405,33 @@ _DIED = "the worker process died while compiling it (crash or out of memory)"
 _NO_WORKER = "no worker process could start (see the log)"
 
 
+#: A worker takes an item only when nobody took one for this long (counted from when
+#: this process starts on the manifest): while this process gets through quick items
+#: faster than that, a worker would only make it wait at the end (a worker's first item
+#: is a cold start: its module imports, the cache to open); slow items leave the queue
+#: quiet soon enough.
+_HOLD_S = 0.3
+
+
 class _Work:
     """The items not taken yet, for this process and the workers' dispatcher thread."""
 
     def __init__(self, pairs: Iterable[tuple[int, WarmupItem]] = ()) -> None:
         self._pairs = collections.deque(pairs)
         self._lock = threading.Lock()
+        self._taken_at = time.monotonic()
 
     def take(self) -> tuple[int, WarmupItem] | None:
         with self._lock:
-            return self._pairs.popleft() if self._pairs else None
+            if not self._pairs:
+                return None
+            self._taken_at = time.monotonic()
+            return self._pairs.popleft()
+
+    def quiet_for(self) -> float:
+        """Seconds since an item was last taken."""
+        with self._lock:
+            return time.monotonic() - self._taken_at
 
     def put(self, pair: tuple[int, WarmupItem], *, first: bool = False) -> None:
         with self._lock:
@@ -456,7 +473,8 @@ def _dispatch_loop(
     failed_starts = 0
     asked = False  # told the main thread a worker is idle with nothing left to take
     while True:
-        for worker in pool.idle():
+        hold = 0.0 if isolate else _HOLD_S - work.quiet_for()
+        for worker in pool.idle() if hold <= 0 else ():
             pair = work.take()
             if pair is None:
                 if not asked:
@@ -471,7 +489,8 @@ def _dispatch_loop(
         if isolate and len(work) and not pool.workers:  # none could start: fail the rest
             while (pair := work.take()) is not None:
                 events.put(("result", _failure(pair, _NO_WORKER)))
-        for conn in wait_for([wake, *(w.conn for w in pool.workers)]):
+        waiting = hold > 0 and len(work) and pool.idle()
+        for conn in wait_for([wake, *(w.conn for w in pool.workers)], hold if waiting else None):
             if conn is wake:
                 if wake.recv() == "stop":
                     return

@@ -159,7 +159,7 @@ def _worker_main(conn: Connection, env: dict[str, str], log_level: int, parent_p
     importlib.import_module("aot.cache.cache")  # imported now, not in the first item
     from aot.cache.warmup import ItemResult, warmup_task
 
-    jax.devices()  # the backend starts now, not in the first item
+    _warm_up()
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -177,6 +177,19 @@ def _worker_main(conn: Connection, env: dict[str, str], log_level: int, parent_p
         except Exception as exc:  # noqa: BLE001 - the parent must get an answer
             result = ItemResult.failed(index, item, exc)
         conn.send(("result", result))
+
+
+def _warm_up() -> None:
+    """The first program a process traces, lowers, compiles and exports costs it a few
+    tenths of a second of one-time work (the backend, MLIR, jax.export's modules); paid
+    here, before the worker says it is ready, not by the first item it is given."""
+    try:
+        from aot.lowering import lower
+
+        computation = lower(lambda x: x * 2.0 + 1.0, "f32[2]", name="aot.warmup.worker")
+        computation.portable_hlo(computation.compile())
+    except Exception:  # noqa: BLE001 - only a head start; the items say what is wrong
+        log.debug("worker warm-up failed", exc_info=True)
 
 
 def _exit_with_parent(parent_pid: int) -> None:
