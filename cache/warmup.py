@@ -493,6 +493,9 @@ def _dispatch_loop(
         for conn in wait_for([wake, *(w.conn for w in pool.workers)], hold if waiting else None):
             if conn is wake:
                 if wake.recv() == "stop":
+                    # Closed from this thread: the kernel's parent-death signal of the
+                    # workers it started follows this thread, so it outlives them.
+                    pool.close()
                     return
                 continue  # new work
             worker = next(w for w in pool.workers if w.conn is conn)
@@ -614,7 +617,7 @@ def _run_parallel(
     finally:
         wake_writer.send("stop")
         dispatcher.join()
-        pool.close()
+        pool.close()  # closed already, unless the dispatcher failed
         compiler.shutdown(wait=True, cancel_futures=True)
         wake_reader.close()
         wake_writer.close()
