@@ -44,6 +44,7 @@ from aot.cache.targets import (
     item_signature,
     make_mesh,
     prepare,
+    remembering_specs,
     resolve_args,
     resolve_target,
     search_path,
@@ -703,19 +704,20 @@ def run_warmup(
 
     store = RecordStore.for_cache(cache, enabled=records)
     try:
-        if shard is not None:
-            shard = parse_shard(shard)
-            chosen = select_shard(items, shard, cache)
-            positions = [i for i, _ in chosen]
-            items = [item for _, item in chosen]
-        if executor is not None:
-            _run_on_executor(cache, items, executor, emit, records)
-        elif isolate or (jobs > 1 and len(items) > 1):
-            pool, workers = workers, None
-            _run_parallel(cache, items, jobs, emit, store, isolate=isolate, pool=pool)
-        else:
-            for index, item in enumerate(items):
-                emit(_run_one(cache, index, item, store))
+        with remembering_specs():
+            if shard is not None:
+                shard = parse_shard(shard)
+                chosen = select_shard(items, shard, cache)
+                positions = [i for i, _ in chosen]
+                items = [item for _, item in chosen]
+            if executor is not None:
+                _run_on_executor(cache, items, executor, emit, records)
+            elif isolate or (jobs > 1 and len(items) > 1):
+                pool, workers = workers, None
+                _run_parallel(cache, items, jobs, emit, store, isolate=isolate, pool=pool)
+            else:
+                for index, item in enumerate(items):
+                    emit(_run_one(cache, index, item, store))
     finally:
         if workers is not None:
             workers.close()

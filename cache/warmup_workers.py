@@ -154,13 +154,17 @@ def _worker_main(conn: Connection, env: dict[str, str], log_level: int, parent_p
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
     import importlib
 
-    import jax
-
     importlib.import_module("aot.cache.cache")  # imported now, not in the first item
+    from aot.cache.targets import remembering_specs
     from aot.cache.warmup import ItemResult, warmup_task
 
     _warm_up()
     conn.send(("ready", os.getpid()))
+    with remembering_specs():  # this worker serves one warm-up
+        _serve(conn, ItemResult, warmup_task)
+
+
+def _serve(conn: Connection, result_type: Any, task: Any) -> None:
     while True:
         try:
             message = conn.recv()
@@ -173,9 +177,9 @@ def _worker_main(conn: Connection, env: dict[str, str], log_level: int, parent_p
             os._exit(0)
         _, index, item, x64, options, records = message
         try:
-            result = warmup_task(options, x64, index, item, records)
+            result = task(options, x64, index, item, records)
         except Exception as exc:  # noqa: BLE001 - the parent must get an answer
-            result = ItemResult.failed(index, item, exc)
+            result = result_type.failed(index, item, exc)
         conn.send(("result", result))
 
 

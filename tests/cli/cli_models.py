@@ -84,4 +84,13 @@ def partner(x):
     return x * 2
 
 
+SPEC_CALLS = []
+
+
+def counted_specs():
+    """A spec callable that counts its calls (a warm-up calls it once, whatever the buckets)."""
+    SPEC_CALLS.append(1)
+    return jax.ShapeDtypeStruct((4,), jnp.float32)
+
+
 NOT_A_FUNCTION = 42

@@ -138,6 +138,22 @@ def test_parallel_warmup_compiles_here_and_in_a_worker(tmp_path: Path, monkeypat
     assert [(r.status, r.lowered) for r in again.results] == [("hit", False), ("hit", False)]
 
 
+def test_a_spec_callable_is_called_once_per_warmup(tmp_path: Path) -> None:
+    import cli_models
+
+    items = expand(parse_manifest(
+        '[[function]]\nname = "scaled"\ntarget = "cli_models:add3"\n'
+        'args = ["@cli_models:counted_specs", "@cli_models:counted_specs", "f32[{n}]"]\n'
+        'vary = { n = [1, 4] }\n'
+    ))
+    before = len(cli_models.SPEC_CALLS)
+    report = run_warmup(str(tmp_path / "c"), items)
+    assert [r.status for r in report.results] == ["compiled", "compiled"]
+    assert len(cli_models.SPEC_CALLS) - before == 1  # not once per use and bucket
+    run_warmup(str(tmp_path / "c"), items)
+    assert len(cli_models.SPEC_CALLS) - before == 2  # but again in the next warm-up
+
+
 def test_parallel_warmup_of_a_cached_manifest_starts_no_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
