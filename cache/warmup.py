@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import multiprocessing
 import os
 import queue
 import threading
@@ -23,7 +22,6 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from aot.errors import (
@@ -35,7 +33,6 @@ from aot.errors import (
 from aot.cache.failures import Failure
 from aot.cache.warmup_jobs import JOB_MEMORY, auto_jobs, available_cores, available_memory, resolve_jobs
 from aot.cache.warmup_records import RecordStore, record_id
-from aot.cache.warmup_workers import WorkerPool
 from aot.cache.signatures import Signature
 from aot.cache.targets import (
     Prepared,
@@ -63,7 +60,10 @@ from aot.cache.warmup_manifest import (
 )
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from aot.cache.cache import Cache
+    from aot.cache.warmup_workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -533,7 +533,11 @@ def _run_parallel(
     (by record, or lowered) and sends the others to workers, started when the first
     one is needed: a fully cached manifest starts none.
     """
+    import multiprocessing
+
     import jax
+
+    from aot.cache.warmup_workers import WorkerPool
 
     payload = (bool(jax.config.jax_enable_x64), _cache_options(cache), records.enabled)
     target = jobs if isolate else min(jobs - 1, len(items) - 1)  # worker processes

@@ -59,7 +59,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -419,6 +418,8 @@ class RecordStore:
                 return  # a module whose file cannot be read: no record
             modules.append((name, path, digest))
         record = Record(key, tuple(modules), self.packages())
+        import tempfile
+
         target = self._path(rid)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)

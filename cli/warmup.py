@@ -76,7 +76,6 @@ def warmup_command(
     docs/manifest.md.
     """
     from aot.cache.warmup import expand, load_manifest, run_warmup
-    from aot.cache.warmup_workers import WorkerPool
 
     if manifest is None:
         manifest = state.settings.manifest.value
@@ -88,7 +87,11 @@ def warmup_command(
     items = expand(load_manifest(manifest))
     # The worker processes start now: they import JAX while this process does (opening
     # the cache imports it). --isolate starts them only for entries not stored.
-    workers = WorkerPool(min(jobs - 1, len(items) - 1)) if jobs > 1 and not isolate else None
+    workers = None
+    if jobs > 1 and not isolate:
+        from aot.cache.warmup_workers import WorkerPool
+
+        workers = WorkerPool(min(jobs - 1, len(items) - 1))
     try:
         cache = state.cache(create=True)
     except BaseException:
