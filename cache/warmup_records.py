@@ -287,9 +287,15 @@ def _module_file(module: Any) -> str | None:
 
 
 def project_modules() -> dict[str, str]:
-    """Loaded modules whose code is not an installed package's: name -> file."""
+    """Loaded modules whose code is not an installed package's: name -> file.
+
+    ``__mp_main__`` is left out: in a process started with "spawn" it is the parent's
+    main module again, also listed as ``__main__`` (a record written by a warm-up
+    worker must hold in the process that runs the next warm-up)."""
     found = {}
     for name, module in list(sys.modules.items()):
+        if name == "__mp_main__":
+            continue
         path = _module_file(module)
         if path is not None and not _installed(path):
             found[name] = path

@@ -188,3 +188,29 @@ def test_a_target_without_a_source_file_is_always_lowered(tmp_path: Path, monkey
     again = run_warmup(str(tmp_path / "c"), items)
     assert [(r.status, r.lowered) for r in first.results + again.results] == [("compiled", True), ("hit", True)]
     assert not (tmp_path / "c" / RECORDS_FOLDER).exists()
+
+
+def test_records_written_by_workers_hold_in_the_next_run(project: Path, tmp_path: Path) -> None:
+    """`aot warmup --jobs 2 --isolate` (every entry lowered and stored by a worker
+    process), then `aot warmup`: no entry is lowered again. Run by the console script:
+    a worker started with "spawn" then also holds the script as ``__mp_main__``."""
+    import os
+    import subprocess
+
+    script = Path(sys.executable).with_name("aot")
+    if not script.is_file():
+        pytest.skip("the aot console script is not installed next to this Python")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(project))
+    env.pop("AOT_CACHE", None)
+
+    def warm(*options: str) -> list[tuple[str, bool]]:
+        done = subprocess.run(
+            [str(script), "--cache", str(tmp_path / "c"), "warmup",
+             str(project / "warmup.toml"), "--json", *options],
+            env=env, cwd=project, capture_output=True, text=True, timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        return [(r["status"], r["lowered"]) for r in json.loads(done.stdout)["results"]]
+
+    assert warm("--jobs", "2", "--isolate") == [("compiled", True)] * 3
+    assert warm() == [("hit", False)] * 3
