@@ -507,7 +507,8 @@ def warmup_heavy(ctx: Context) -> Scenario:
     )
     folder = ctx.folder("warmup_heavy")
     jax_cache = ctx.folder("warmup_heavy/jax")
-    worker("warmup.jax", jax_cache, "pcache:heavy")  # fills JAX's persistent cache
+    if not ctx.quick:
+        worker("warmup.jax", jax_cache, "pcache:heavy")  # fills JAX's persistent cache
     cli, why = aot_cli()
     if why:
         s.skipped = f"aot side {why}"
@@ -519,12 +520,16 @@ def warmup_heavy(ctx: Context) -> Scenario:
         ("aot warmup --jobs auto", ["--jobs", "auto"], "auto"),
         ("aot warmup --jobs 2 --isolate", ["--jobs", "2", "--isolate"], "isolate"),
     ]
+    jax_rows = [("cold:heavy", "JAX compile, 1 process, cold"),
+                ("pcache:heavy", "JAX compile, persistent cache warm")]
+    if ctx.quick:  # --jobs 1 and 2 only: the scenario would take minutes
+        aot_rows, jax_rows = aot_rows[:2], []
+        s.notes.append("quick mode: --jobs 1 and --jobs 2 only, no JAX rows")
     efficiency: dict[str, list[float]] = {tag: [] for _, _, tag in aot_rows}
     speedup: list[float] = []
     auto_jobs: set[int] = set()
     for run in range(ctx.runs_for(3)):
-        for variant, label in (("cold:heavy", "JAX compile, 1 process, cold"),
-                               ("pcache:heavy", "JAX compile, persistent cache warm")):
+        for variant, label in jax_rows:
             proc = worker("warmup.jax", jax_cache, variant)
             s.record(s.row(label, "jax"), proc, lambda p: {"wall_s": p.wall_s, "cpu_s": p.cpu_s})
         done: dict[str, Proc] = {}
