@@ -9,8 +9,12 @@ Scenarios (``--only`` names):
                 serialize_executable.deserialize_and_load; import time separately
   buckets       time until all 8 buckets of the MLP forward pass are ready
   dispatch      per-call time on `tiny` (f32[8]) and on the 4x2 mesh MLP
-  warmup        `aot warmup fixtures/warmup.toml` with --jobs 1 / 2 and fully cached,
-                next to plain JAX compiling the same programs (cold / persistent cache)
+  warmup        `aot warmup fixtures/warmup.toml` with --jobs 1 / 2 / 2 --isolate and
+                fully cached (with and without warm-up records), next to plain JAX
+                compiling the same programs (cold / persistent cache); wall and CPU
+  warmup_heavy  `aot warmup benchmarks/heavy.toml` (8 transformer compiles + 8 MLP
+                buckets) with --jobs 1 / 2 / auto / 2 --isolate and fully cached:
+                wall, CPU, the core-bound floor and the parallel efficiency
   index         benchmarks/bench_index.py (index lookups at 100,000 artifacts)
   storage       raw vs stored bytes, dedup, next to JAX's persistent cache and pickles
 
@@ -26,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -41,6 +46,7 @@ from benchmarks.worker import AOT_MISSING, MARKER
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "fixtures" / "warmup.toml"
+HEAVY_MANIFEST = REPO / "benchmarks" / "heavy.toml"
 XLA_DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
 
 
@@ -56,6 +62,8 @@ class Proc:
     wall_s: float  # spawn -> exit
     returncode: int
     stderr: str
+    cpu_s: float | None = None  # user + system CPU of the process and its waited children
+    stdout: str = ""
 
     @property
     def ok(self) -> bool:
@@ -82,14 +90,17 @@ def worker_env() -> dict[str, str]:
 def spawn(cmd: list[str], *, timeout: float = 900) -> Proc:
     """Runs ``cmd`` from the repo root; times the JSON line and the exit from outside."""
     with tempfile.TemporaryFile("w+") as err:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=err, text=True
         )
         result = None
         at_result = None
+        lines = []
         assert proc.stdout is not None
         for line in proc.stdout:
+            lines.append(line)
             if line.startswith(MARKER) and result is None:
                 at_result = time.perf_counter() - start
                 result = json.loads(line[len(MARKER):])
@@ -99,8 +110,10 @@ def spawn(cmd: list[str], *, timeout: float = 900) -> Proc:
             proc.kill()
             proc.wait()
         wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # one child at a time
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         err.seek(0)
-        return Proc(result, at_result, wall, proc.returncode, err.read())
+        return Proc(result, at_result, wall, proc.returncode, err.read(), cpu, "".join(lines))
 
 
 def worker(task: str, folder: Path, variant: str = "", quick: bool = False) -> Proc:
@@ -144,6 +157,7 @@ class Scenario:
     skipped: str | None = None
     unit: str = "s"
     extra: dict[str, Any] = field(default_factory=dict)
+    pairs: list[tuple[str, str]] | None = None  # (aot row, JAX row) ratios; None: all
 
     def row(self, label: str, side: str) -> Row:
         for row in self.rows:
@@ -166,6 +180,8 @@ class Scenario:
         for metric in self.ratio_metrics:
             for mine in (r for r in self.rows if r.side == "aot"):
                 for theirs in (r for r in self.rows if r.side == "jax"):
+                    if self.pairs is not None and (mine.label, theirs.label) not in self.pairs:
+                        continue
                     a, b = mine.median(metric), theirs.median(metric)
                     if a is not None and b:
                         out.append({"metric": metric, "aot": mine.label, "jax": theirs.label,
@@ -414,11 +430,18 @@ def aot_cli() -> tuple[Path | None, str | None]:
 
 
 def warmup(ctx: Context) -> Scenario:
+    """fixtures/warmup.toml: 5 sub-second compiles, where start-up costs dominate."""
     s = Scenario(
         "warmup",
-        f"{MANIFEST.relative_to(REPO)} (5 programs), whole process, wall time",
-        {"wall_s": "wall"},
-        ["wall_s"],
+        f"{MANIFEST.relative_to(REPO)} (5 programs), whole process",
+        {"wall_s": "wall", "cpu_s": "CPU"},
+        ["wall_s", "cpu_s"],
+        pairs=[
+            ("aot warmup --jobs 1", "JAX compile, 1 process, cold"),
+            ("aot warmup --jobs 2", "JAX compile, 1 process, cold"),
+            ("aot warmup --jobs 1, all cached", "JAX compile, persistent cache warm"),
+            ("aot warmup --jobs 1, all cached, --relower", "JAX compile, persistent cache warm"),
+        ],
     )
     folder = ctx.folder("warmup")
     jax_cache = ctx.folder("warmup/jax")
@@ -426,30 +449,145 @@ def warmup(ctx: Context) -> Scenario:
     cli, why = aot_cli()
     if why:
         s.notes.append(f"aot side {why}")
+    aot_rows = [
+        ("aot warmup --jobs 1", ["--jobs", "1"], "jobs1"),
+        ("aot warmup --jobs 2", ["--jobs", "2"], "jobs2"),
+        ("aot warmup --jobs 2 --isolate", ["--jobs", "2", "--isolate"], "isolate"),
+    ]
+    cached_rows = [
+        ("aot warmup --jobs 1, all cached", []),
+        ("aot warmup --jobs 1, all cached, --relower", ["--relower"]),
+    ]
+    per_run: list[dict[str, float]] = []
     for run in range(ctx.runs_for(3)):
         for variant, label in (("cold", "JAX compile, 1 process, cold"),
                                ("pcache", "JAX compile, persistent cache warm")):
             proc = worker("warmup.jax", jax_cache, variant)
-            s.record(s.row(label, "jax"), proc, lambda p: {"wall_s": p.wall_s})
+            s.record(s.row(label, "jax"), proc, lambda p: {"wall_s": p.wall_s, "cpu_s": p.cpu_s})
         if cli is None:
-            for label in ("aot warmup --jobs 1", "aot warmup --jobs 2",
-                          "aot warmup --jobs 1, all cached"):
+            for label in [r[0] for r in aot_rows] + [r[0] for r in cached_rows]:
                 s.row(label, "aot").skipped = why
             continue
-        for jobs, cache in ((1, folder / f"jobs1-{run}"), (2, folder / f"jobs2-{run}")):
-            proc = spawn([str(cli), "--cache", str(cache), "warmup", str(MANIFEST),
-                          "--jobs", str(jobs)])
-            _record_cli(s.row(f"aot warmup --jobs {jobs}", "aot"), proc)
+        walls: dict[str, float] = {}
+        for label, args, tag in aot_rows:
+            proc = _aot_warmup(cli, folder / f"{tag}-{run}", MANIFEST, args)
+            _record_cli(s.row(label, "aot"), proc)
+            if proc.ok:
+                walls[tag] = proc.wall_s
         # Again on the cache the --jobs 1 run filled: every entry is a hit.
-        proc = spawn([str(cli), "--cache", str(folder / f"jobs1-{run}"), "warmup",
-                      str(MANIFEST), "--jobs", "1"])
-        _record_cli(s.row("aot warmup --jobs 1, all cached", "aot"), proc)
+        for label, args in cached_rows:
+            proc = _aot_warmup(cli, folder / f"jobs1-{run}", MANIFEST, ["--jobs", "1", *args])
+            _record_cli(s.row(label, "aot"), proc)
+        if "jobs1" in walls and "jobs2" in walls:
+            per_run.append({"jobs2/jobs1": walls["jobs2"] / walls["jobs1"]})
+    if per_run:
+        ratios = [r["jobs2/jobs1"] for r in per_run]
+        s.notes.append(
+            "--jobs 2 / --jobs 1, wall, ratio within each run: "
+            + ", ".join(f"{r:.2f}x" for r in ratios) + f" (median {statistics.median(ratios):.2f}x)"
+        )
+    s.notes.append("CPU = user + system seconds of the process and its worker processes")
     return s
+
+
+def warmup_heavy(ctx: Context) -> Scenario:
+    """benchmarks/heavy.toml: 16 programs, 8 of them multi-second transformer compiles."""
+    s = Scenario(
+        "warmup_heavy",
+        f"{HEAVY_MANIFEST.relative_to(REPO)} (8 transformer train steps + 8 MLP buckets), "
+        "whole process",
+        {"wall_s": "wall", "cpu_s": "CPU"},
+        ["wall_s", "cpu_s"],
+        pairs=[
+            ("aot warmup --jobs 1", "JAX compile, 1 process, cold"),
+            ("aot warmup --jobs 2", "JAX compile, 1 process, cold"),
+            ("aot warmup --jobs auto", "JAX compile, 1 process, cold"),
+            ("aot warmup --jobs 1, all cached", "JAX compile, persistent cache warm"),
+        ],
+    )
+    folder = ctx.folder("warmup_heavy")
+    jax_cache = ctx.folder("warmup_heavy/jax")
+    if not ctx.quick:
+        worker("warmup.jax", jax_cache, "pcache:heavy")  # fills JAX's persistent cache
+    cli, why = aot_cli()
+    if why:
+        s.skipped = f"aot side {why}"
+        return s
+    cores = _cores()
+    aot_rows = [
+        ("aot warmup --jobs 1", ["--jobs", "1"], "jobs1"),
+        ("aot warmup --jobs 2", ["--jobs", "2"], "jobs2"),
+        ("aot warmup --jobs auto", ["--jobs", "auto"], "auto"),
+        ("aot warmup --jobs 2 --isolate", ["--jobs", "2", "--isolate"], "isolate"),
+    ]
+    jax_rows = [("cold:heavy", "JAX compile, 1 process, cold"),
+                ("pcache:heavy", "JAX compile, persistent cache warm")]
+    if ctx.quick:  # --jobs 1 and 2 only: the scenario would take minutes
+        aot_rows, jax_rows = aot_rows[:2], []
+        s.notes.append("quick mode: --jobs 1 and --jobs 2 only, no JAX rows")
+    efficiency: dict[str, list[float]] = {tag: [] for _, _, tag in aot_rows}
+    speedup: list[float] = []
+    auto_jobs: set[int] = set()
+    for run in range(ctx.runs_for(3)):
+        for variant, label in jax_rows:
+            proc = worker("warmup.jax", jax_cache, variant)
+            s.record(s.row(label, "jax"), proc, lambda p: {"wall_s": p.wall_s, "cpu_s": p.cpu_s})
+        done: dict[str, Proc] = {}
+        for label, args, tag in aot_rows:  # interleaved: drift hits every variant alike
+            proc = _aot_warmup(cli, folder / f"{tag}-{run}", HEAVY_MANIFEST, [*args, "--json"])
+            _record_cli(s.row(label, "aot"), proc)
+            if proc.ok:
+                done[tag] = proc
+                if tag == "auto":
+                    auto_jobs.add(int(json.loads(proc.stdout)["jobs"]))
+        proc = _aot_warmup(cli, folder / f"jobs1-{run}", HEAVY_MANIFEST, ["--jobs", "1"])
+        _record_cli(s.row("aot warmup --jobs 1, all cached", "aot"), proc)
+        if "jobs1" in done and done["jobs1"].cpu_s:
+            floor = done["jobs1"].cpu_s / cores  # this run's core-bound floor
+            for tag, p in done.items():
+                efficiency[tag].append(floor / p.wall_s)
+            if "jobs2" in done:
+                speedup.append(done["jobs2"].wall_s / done["jobs1"].wall_s)
+    s.extra["efficiency"] = efficiency
+    s.extra["cores"] = cores
+    jobs1 = s.row("aot warmup --jobs 1", "aot")
+    if jobs1.median("cpu_s"):
+        s.notes.append(
+            f"core-bound floor = CPU seconds of --jobs 1 / {cores} cores = "
+            f"{jobs1.median('cpu_s'):.1f} / {cores} = {jobs1.median('cpu_s') / cores:.1f} s (median)"
+        )
+    for label, _, tag in aot_rows:
+        values = efficiency[tag]
+        if values:
+            s.notes.append(
+                f"parallel efficiency (floor / wall, floor from the same run's --jobs 1) of "
+                f"{label}: " + ", ".join(f"{v:.2f}" for v in values)
+                + f" (median {statistics.median(values):.2f}; 1.00 = at the floor, "
+                f"0.95 = within 1.05x)"
+            )
+    if speedup:
+        s.notes.append("--jobs 2 / --jobs 1, wall, within each run: "
+                       + ", ".join(f"{r:.2f}x" for r in speedup))
+    if auto_jobs:
+        s.notes.append(f"--jobs auto chose {sorted(auto_jobs)} job(s) here")
+    s.notes.append("CPU = user + system seconds of the process and its worker processes")
+    return s
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _aot_warmup(cli: Path, cache: Path, manifest: Path, args: list[str]) -> Proc:
+    return spawn([str(cli), "--cache", str(cache), "warmup", str(manifest), *args])
 
 
 def _record_cli(row: Row, proc: Proc) -> None:
     if proc.ok:
-        row.add({"wall_s": proc.wall_s})
+        row.add({"wall_s": proc.wall_s, "cpu_s": proc.cpu_s})
     else:
         row.errors.append(proc.error())
 
@@ -529,6 +667,7 @@ SCENARIOS: dict[str, Callable[[Context], Scenario]] = {
     "buckets": buckets,
     "dispatch": dispatch,
     "warmup": warmup,
+    "warmup_heavy": warmup_heavy,
     "index": index,
     "storage": storage,
 }

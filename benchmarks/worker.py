@@ -430,15 +430,25 @@ def expand_manifest(path: Path) -> list[tuple[str, Any, list[Any], str | None]]:
     return items
 
 
+WARMUP_MANIFESTS = {
+    "": Path(__file__).resolve().parents[1] / "fixtures" / "warmup.toml",
+    "heavy": Path(__file__).resolve().parent / "heavy.toml",
+}
+
+
 def warmup_jax(folder: Path, variant: str, _quick: bool) -> dict[str, Any]:
-    """Compiles every program of fixtures/warmup.toml with plain JAX, one after another."""
+    """Compiles every program of a manifest with plain JAX, one after another.
+
+    ``variant`` is ``cold`` or ``pcache`` (JAX's persistent cache in ``folder``), then
+    optionally ``:heavy`` for benchmarks/heavy.toml instead of fixtures/warmup.toml."""
     import_s = import_jax()
     import jax
 
     start = time.perf_counter()
-    if variant == "pcache":
+    mode, _, which = variant.partition(":")
+    if mode == "pcache":
         enable_persistent_cache(folder / "pcache")
-    items = expand_manifest(Path(__file__).resolve().parents[1] / "fixtures" / "warmup.toml")
+    items = expand_manifest(WARMUP_MANIFESTS[which])
     for _name, fn, args, axis in items:
         wrapped = jax.pmap(fn, axis_name=axis) if axis else jax.jit(fn)
         wrapped.lower(*args).compile()

@@ -263,6 +263,14 @@ class Cache:
             return reader.by_name(name, state=state)
         return self.index.by_name(name, state=state)
 
+    def lookup(self, key: str) -> IndexEntry | None:
+        """The row of ``key`` (None: not stored); through the standard library's sqlite3
+        while SQLAlchemy is not loaded (a fully cached warm-up never loads it)."""
+        reader = self._serving_reader()
+        if reader is not None:
+            return reader.by_key(key)
+        return self.index.get(key)
+
     def touch(self, key: str) -> None:
         """Records a use of ``key`` (last-used time for gc, hit count)."""
         if self.read_only:

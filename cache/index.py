@@ -76,6 +76,7 @@ import fnmatch
 import logging
 import re
 import secrets
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -336,6 +337,23 @@ def _entry(row: sa.Row[Any]) -> IndexEntry:
     return IndexEntry(*row)  # _ENTRY_COLUMNS are in field order
 
 
+# The lookups on every load, built once: a statement built per call costs SQLAlchemy
+# its construction and cache-key walk each time.
+_GET = sa.select(*_ENTRY_COLUMNS).where(_ART.c.key == sa.bindparam("key"))
+
+
+def _by_name_query(with_env: bool, with_state: bool) -> sa.Select[Any]:
+    q = sa.select(*_ENTRY_COLUMNS).where(_ART.c.name == sa.bindparam("name"))
+    if with_env:
+        q = q.where(_ART.c.env_fp == sa.bindparam("env_fp"))
+    if with_state:
+        q = q.where(_ART.c.state == sa.bindparam("state"))
+    return q.order_by(_ART.c.created_at, _ART.c.key)
+
+
+_BY_NAME = {(env, state): _by_name_query(env, state) for env in (False, True) for state in (False, True)}
+
+
 # ------------------------------------------------------------------------ migrations
 
 
@@ -587,16 +605,45 @@ def _make_engine(url: str | URL, read_only: bool) -> Engine:
         if read_only:  # the server refuses writes too, whatever a code path tries
             connect_args["options"] = "-c default_transaction_read_only=on"
         try:
-            return sa.create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+            engine = sa.create_engine(parsed, connect_args=connect_args)
         except ModuleNotFoundError as e:
             raise CacheError(
                 f"the PostgreSQL driver for {mask_url(parsed)} is not installed ({e}); "
                 f"install it with: pip install 'jax-aot[postgres]'"
             ) from e
+        _ping_when_idle(engine)
+        return engine
     raise CacheError(
         f"unsupported cache index database {backend!r} in {mask_url(url)}: jax-aot "
         f"supports SQLite (sqlite:///...) and PostgreSQL (postgresql+psycopg://...)"
     )
+
+
+#: A pooled PostgreSQL connection idle longer than this is pinged at checkout (one
+#: more round trip); one used more recently is taken as alive (HikariCP's
+#: ``aliveBypassWindowMs`` is the same idea, at 0.5 s).
+PING_AFTER_IDLE_S = 1.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """SQLAlchemy's ``pool_pre_ping`` pings at every checkout: a round trip on every
+    lookup (a third of a ``get`` on loopback). Only a connection that sat idle in the
+    pool, which the server or a proxy may have closed meanwhile, is pinged; a dead one
+    is replaced before the caller sees it (the pool retries the checkout)."""
+
+    @event.listens_for(engine, "checkin")
+    def _idle_from(dbapi_conn: Any, record: Any) -> None:
+        record.info["aot_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _alive(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("aot_idle_since")
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
+            return  # just connected, or just used
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as e:  # noqa: BLE001 - any failure: reconnect
+            raise sa_exc.DisconnectionError(f"a pooled connection is gone: {e}") from e
 
 
 def _reason(e: BaseException) -> str:
@@ -825,6 +872,7 @@ class Index:
                 + (_advice(reason, read_only) or "; check that the database is reachable and that "
                    "the URL, user and password are right")
             ) from e
+        self._autocommit_reads = self._engine.dialect.name == "postgresql"
         logger.debug("opened cache index %s (schema v%d, read_only=%s)", self.url, self._version, read_only)
 
     @classmethod
@@ -864,9 +912,16 @@ class Index:
 
     @contextmanager
     def _read(self, what: str) -> Iterator[Connection]:
+        """A connection for reads. On PostgreSQL it autocommits: every read here is one
+        statement, which is atomic alone, and BEGIN and COMMIT would be two more round
+        trips. (SQLite keeps its BEGIN: a local call, and the read-only engine's
+        reopen logic runs there.)"""
         try:
-            with self._engine.connect() as conn, conn.begin():
-                yield conn
+            with self._engine.connect() as conn:
+                if self._autocommit_reads:
+                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                with conn.begin():
+                    yield conn
         except sa_exc.SQLAlchemyError as e:
             raise self._fail(what, e) from e
 
@@ -1165,21 +1220,18 @@ class Index:
 
     def get(self, key: str) -> IndexEntry | None:
         with self._read(f"get {key}") as conn:
-            row = conn.execute(sa.select(*_ENTRY_COLUMNS).where(_ART.c.key == key)).first()
+            row = conn.execute(_GET, {"key": key}).first()
         return _entry(row) if row is not None else None
 
     def by_name(
         self, name: str, env_fp: str | None = None, state: str | None = "ok"
     ) -> list[IndexEntry]:
-        """Artifacts stored under ``name`` (for one environment; ``state=None``: any)."""
-        q = sa.select(*_ENTRY_COLUMNS).where(_ART.c.name == name)
-        if env_fp is not None:
-            q = q.where(_ART.c.env_fp == env_fp)
-        if state is not None:
-            q = q.where(_ART.c.state == state)
-        q = q.order_by(_ART.c.created_at, _ART.c.key)
+        """Artifacts stored under ``name`` (for one environment; ``state=None``: any),
+        oldest first, in one query."""
+        q = _BY_NAME[env_fp is not None, state is not None]
         with self._read(f"look up {name}") as conn:
-            return [_entry(r) for r in conn.execute(q).all()]
+            rows = conn.execute(q, {"name": name, "env_fp": env_fp, "state": state}).all()
+        return [_entry(r) for r in rows]
 
     def by_program(self, program_fp: str) -> list[IndexEntry]:
         """Every artifact of one program (all environments and states)."""

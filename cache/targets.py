@@ -12,6 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "make_mesh",
     "place_statics",
     "prepare",
+    "remembering_specs",
     "resolve_args",
     "resolve_target",
     "search_path",
@@ -89,21 +91,49 @@ def resolve_target(target: str, *, base_dir: str | None = None) -> Any:
     return obj
 
 
+# ``@module:callable`` results remembered for the length of one warm-up: the callable
+# of a function with many buckets (``jax.eval_shape`` of a model's init, a trace of its
+# own) is called once, not once per bucket. Keyed by the callable, the folder it was
+# imported from and the x64 mode it ran in.
+_SPEC_MEMO: ContextVar[dict[tuple[Any, ...], Any] | None] = ContextVar("aot_spec_memo", default=None)
+
+
+@contextlib.contextmanager
+def remembering_specs() -> Iterator[None]:
+    """Within this block each ``@module:callable`` spec is called once (per x64 mode)."""
+    token = _SPEC_MEMO.set({})
+    try:
+        yield
+    finally:
+        _SPEC_MEMO.reset(token)
+
+
+def _call_spec_callable(target: str, base_dir: str | None) -> Any:
+    import jax
+
+    memo = _SPEC_MEMO.get()
+    key = (target, base_dir, bool(jax.config.jax_enable_x64))
+    if memo is not None and key in memo:
+        return memo[key]
+    fn = resolve_target(target, base_dir=base_dir)
+    if not callable(fn):
+        raise TargetError(f"{'@' + target!r} is not callable; '@' names a function returning specs")
+    try:
+        tree = fn()
+    except AotError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - user code
+        raise TargetError(f"calling {target!r} failed: {type(exc).__name__}: {exc}") from exc
+    if memo is not None:
+        memo[key] = tree
+    return tree
+
+
 def _resolve_spec(value: str, base_dir: str | None, mesh: Any) -> Any:
     from aot.specs import spec
 
     if value.startswith("@"):
-        target = value[1:]
-        fn = resolve_target(target, base_dir=base_dir)
-        if not callable(fn):
-            raise TargetError(f"{value!r} is not callable; '@' names a function returning specs")
-        try:
-            tree = fn()
-        except AotError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - user code
-            raise TargetError(f"calling {target!r} failed: {type(exc).__name__}: {exc}") from exc
-        return spec(tree, mesh=mesh)
+        return spec(_call_spec_callable(value[1:], base_dir), mesh=mesh)
     return spec(value, mesh=mesh)
 
 

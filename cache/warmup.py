@@ -1,31 +1,38 @@
 """Running a warm-up: compile every item of a manifest into a cache, in parallel.
 
-:func:`run_warmup` compiles :class:`WarmupItem` s into a cache (``jobs > 1``: worker
-processes started with "spawn", never fork, since JAX is imported), and
+:func:`run_warmup` compiles :class:`WarmupItem` s into a cache (``jobs > 1``: here
+and in ``jobs - 1`` worker processes, :mod:`aot.cache.warmup_workers`; ``isolate=True``:
+in worker processes only), and
 :func:`coverage` lists the items a cache is missing for this environment. The
 manifest format lives in :mod:`aot.cache.warmup_manifest`, target resolution in
-:mod:`aot.cache.targets`; their public names are re-exported here.
+:mod:`aot.cache.targets`, warm-up records in :mod:`aot.cache.warmup_records`, the
+``--jobs auto`` rule in :mod:`aot.cache.warmup_jobs`; their public names are
+re-exported here.
 """
 
 from __future__ import annotations
 
-import ctypes
+import collections
 import dataclasses
 import logging
-import multiprocessing
 import os
-import signal
-import sys
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, Executor, ProcessPoolExecutor, as_completed, wait
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aot.errors import AotError, SpecError, TargetError
+from aot.errors import (
+    CorruptArtifactError,
+    IncompatibleEnvironmentError,
+    SpecError,
+    TargetError,
+)
 from aot.cache.failures import Failure
+from aot.cache.warmup_jobs import JOB_MEMORY, auto_jobs, available_cores, available_memory, resolve_jobs
+from aot.cache.warmup_records import RecordStore, record_id
 from aot.cache.signatures import Signature
 from aot.cache.targets import (
     Prepared,
@@ -34,6 +41,7 @@ from aot.cache.targets import (
     item_signature,
     make_mesh,
     prepare,
+    remembering_specs,
     resolve_args,
     resolve_target,
     search_path,
@@ -52,7 +60,10 @@ from aot.cache.warmup_manifest import (
 )
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from aot.cache.cache import Cache
+    from aot.cache.warmup_workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +78,10 @@ __all__ = [
     "WarmupItem",
     "WarmupManifest",
     "WarmupReport",
+    "JOB_MEMORY",
+    "auto_jobs",
     "available_cores",
+    "available_memory",
     "compile_item",
     "compile_target",
     "coverage",
@@ -79,6 +93,7 @@ __all__ = [
     "parse_mesh",
     "prepare",
     "resolve_args",
+    "resolve_jobs",
     "resolve_target",
     "run_warmup",
     "search_path",
@@ -107,6 +122,9 @@ class ItemResult:
     source: str | None = None
     traceback: str | None = None  # of a failure (shown by `aot warmup --debug`)
     arguments: Signature | None = None  # the signature with pytree paths
+    # False: a hit found through its warm-up record, without lowering (None: failed
+    # before it was known).
+    lowered: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -150,6 +168,7 @@ class ItemResult:
             "error": self.error,
             "source": self.source,
             "arguments": self.arguments.to_list() if self.arguments is not None else None,
+            "lowered": self.lowered,
             "traceback": self.traceback,
         }
 
@@ -211,29 +230,143 @@ def _error_text(exc: BaseException) -> str:
     return Failure.of(exc).describe()
 
 
-def _done(index: int, item: WarmupItem, entry: Any, status: str, seconds: float) -> ItemResult:
+def _done(
+    index: int, item: WarmupItem, entry: Any, status: str, seconds: float, *, lowered: bool = True,
+) -> ItemResult:
     return ItemResult(
         index, item.name, item.label, status, seconds, key=entry.key,
         signature=entry.signature, compile_seconds=entry.compile_seconds,
         raw_size=entry.raw_size, stored_size=entry.stored_size, source=item.source,
-        arguments=Signature.from_manifest_json(entry.manifest, entry.signature),
+        arguments=Signature.from_manifest_json(entry.manifest, entry.signature), lowered=lowered,
     )
 
 
-def _run_one(cache: Cache, index: int, item: WarmupItem) -> ItemResult:
+# ---------------------------------------------------------------- one item, in steps
+#
+# Every way of running a warm-up goes through the same three steps: _lower_here
+# (prepare, warm-up record, lower, look up: a hit or a failure ends there), the XLA
+# compile (inline, in this process's compile thread, or in a worker process's own
+# _run_one), and _store_here (export the portable HLO, serialize, put, write the record).
+
+
+@dataclass(slots=True)
+class _Lowered:
+    """An item lowered here that is not in the cache: it waits for its XLA compile."""
+
+    index: int
+    item: WarmupItem
+    computation: Any
+    rid: str | None  # its warm-up record's id
+    seconds: float  # spent on it so far (prepare, lower, look up)
+
+
+def _failed(index: int, item: WarmupItem, exc: BaseException, seconds: float) -> ItemResult:
+    log.debug("warmup: %s failed", item.label, exc_info=exc)
+    if isinstance(exc, SpecError):
+        exc = x64_hint(item, exc)
+    return ItemResult.failed(index, item, exc, seconds)
+
+
+def _load_hit(
+    cache: Cache, index: int, item: WarmupItem, entry: Any, start: float, *, lowered: bool,
+) -> ItemResult | None:
+    """Loads a stored entry, which checks that it is servable: the hit, or None when
+    it did not load (then it is quarantined, and compiled again)."""
+    try:
+        if entry.exe_digest is not None:  # a symbolic entry has no executable to load
+            cache.load(entry)
+    except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
+        cache.quarantine(entry, str(exc))
+        return None
+    return _done(index, item, entry, "hit", time.perf_counter() - start, lowered=lowered)
+
+
+def _lower_here(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | _Lowered:
+    """The hit (found by its record, or lowered and found by key), a failure, or the
+    lowered item to compile."""
+    from aot.cache.names import check_name
+    from aot.lowering import lower, lower_pmap
+
+    start = time.perf_counter()
+    with x64_mode(item):
+        try:
+            prepared = prepare(item)
+            rid = record_id(item, prepared, cache.environment.digest) if records.enabled else None
+            key = records.lookup(rid)
+            if key is not None:
+                entry = cache.lookup(key)
+                if entry is not None and entry.ok and entry.env_fp == cache.environment.digest:
+                    result = _load_hit(cache, index, item, entry, start, lowered=False)
+                    if result is not None:
+                        return result
+            options = dict(prepared.options)
+            pmap = options.pop("pmap", False)
+            computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
+            check_name(computation.name)  # before an XLA compile that could not be stored
+            key = computation.fingerprint
+            entry = cache.lookup(key)
+            if entry is not None and entry.ok:
+                result = _load_hit(cache, index, item, entry, start, lowered=True)
+                if result is not None:
+                    records.remember(rid, key)
+                    return result
+            if computation.symbolic:  # nothing to compile: its portable HLO is stored
+                entry = cache.put(computation)
+                records.remember(rid, entry.key)
+                return _done(index, item, entry, "compiled", time.perf_counter() - start)
+        except Exception as exc:  # noqa: BLE001 - every item is tried; failures are recorded
+            return _failed(index, item, exc, time.perf_counter() - start)
+    return _Lowered(index, item, computation, rid, time.perf_counter() - start)
+
+
+def _compile(lowered: _Lowered) -> tuple[Any, float]:
+    """The XLA compile of a lowered item (in any thread: XLA releases the GIL)."""
+    start = time.perf_counter()
+    with x64_mode(lowered.item):
+        executable = lowered.computation.compile()
+    return executable, time.perf_counter() - start
+
+
+def _store_here(
+    cache: Cache, records: RecordStore, lowered: _Lowered, compiled: Future[tuple[Any, float]],
+) -> ItemResult:
+    """Exports, serializes and stores a compiled item; its result."""
+    from aot.rehydrate import build_artifact
+
+    index, item = lowered.index, lowered.item
     start = time.perf_counter()
     try:
-        result = compile_item(cache, item)
-    except Exception as exc:  # noqa: BLE001 - every item is tried; failures are recorded
-        log.debug("warmup: %s failed", item.label, exc_info=True)
-        return ItemResult.failed(index, item, exc, time.perf_counter() - start)
-    return _done(index, item, result.entry, "hit" if result.hit else "compiled",
-                 time.perf_counter() - start)
+        executable, compile_seconds = compiled.result()
+        with x64_mode(item):
+            artifact = build_artifact(executable, lowered.computation.portable_hlo(executable))
+        entry = cache.put_artifact(artifact)
+    except Exception as exc:  # noqa: BLE001
+        return _failed(index, item, exc, lowered.seconds + time.perf_counter() - start)
+    records.remember(lowered.rid, entry.key)
+    seconds = lowered.seconds + compile_seconds + time.perf_counter() - start
+    return _done(index, item, entry, "compiled", seconds)
 
 
-# ---------------------------------------------------------------- worker processes
+def _now(fn: Callable[[], Any]) -> Future[Any]:
+    """``fn()`` run here, as a finished future."""
+    future: Future[Any] = Future()
+    try:
+        future.set_result(fn())
+    except BaseException as exc:  # noqa: BLE001 - delivered by result()
+        future.set_exception(exc)
+    return future
 
-_WORKER: dict[str, Any] = {}
+
+def _run_one(cache: Cache, index: int, item: WarmupItem, records: RecordStore | None = None) -> ItemResult:
+    """One item, start to end, in this thread."""
+    records = records if records is not None else RecordStore(None)
+    outcome = _lower_here(cache, records, index, item)
+    if isinstance(outcome, ItemResult):
+        return outcome
+    return _store_here(cache, records, outcome, _now(lambda: _compile(outcome)))
+
+
+# ---------------------------------------------------------------- in parallel
 
 
 def _cache_options(cache: Cache) -> dict[str, Any]:
@@ -246,95 +379,11 @@ def _cache_options(cache: Cache) -> dict[str, Any]:
     }
 
 
-def _worker_init(
-    env: dict[str, str], x64: bool, log_level: int, cache_options: dict[str, Any], parent_pid: int,
-) -> None:
-    _exit_with_parent(parent_pid)
-    os.environ.update(env)
-    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
-    import jax
-
-    jax.config.update("jax_enable_x64", x64)
-    _WORKER["options"] = cache_options
-
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_WATCHDOG_SECONDS = 1.0
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    """A worker must not outlive the warm-up that started it (``kill -9`` of the CLI
-    included): nothing would collect its result, and it holds CPU, memory and the
-    resource tracker's pipe (so the tracker outlives everyone too).
-
-    On Linux the kernel kills the worker when its parent dies (``PR_SET_PDEATHSIG``;
-    the pool forks workers from the thread that submits, which lives until the pool
-    is shut down). Everywhere, a watchdog thread exits once the parent is gone (the
-    worker is re-parented, so ``getppid()`` changes).
-    """
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-                log.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
-        except (OSError, AttributeError) as exc:
-            log.debug("prctl(PR_SET_PDEATHSIG) unavailable: %s", exc)
-    if os.getppid() != parent_pid:  # the parent died before the signal was armed
-        os._exit(1)
-    threading.Thread(
-        target=_watch_parent, args=(parent_pid,), name="aot-warmup-parent-watchdog", daemon=True
-    ).start()
-
-
-def _watch_parent(parent_pid: int) -> None:
-    while True:
-        time.sleep(_WATCHDOG_SECONDS)
-        if os.getppid() != parent_pid:
-            os._exit(1)  # no cleanup to run: the parent that wanted the result is gone
-
-
-def _worker_run(index: int, item: WarmupItem) -> ItemResult:
-    from aot.cache.cache import Cache
-
-    cache = _WORKER.get("cache")
-    if cache is None:
-        options = dict(_WORKER["options"])
-        try:
-            cache = _WORKER["cache"] = Cache(options.pop("location"), **options)
-        except Exception as exc:  # noqa: BLE001
-            return ItemResult.failed(index, item, exc)
-    return _run_one(cache, index, item)
-
-
-_INHERITED_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "TF_CPP_MIN_LOG_LEVEL")
-
-
-def _probe(cache: Cache, index: int, item: WarmupItem) -> ItemResult | None:
-    """Lowers ``item`` here and loads it if the cache has it: a hit (or a failure to
+def _probe(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | None:
+    """Looks ``item`` up here (by its record, else lowered): a hit (or a failure to
     prepare or lower it) needs no worker process. ``None``: it must be compiled."""
-    from aot.lowering import lower, lower_pmap
-
-    start = time.perf_counter()
-    with x64_mode(item):
-        try:
-            prepared = prepare(item)
-            options = dict(prepared.options)
-            pmap = options.pop("pmap", False)
-            computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
-            entry = cache.index.get(computation.fingerprint)
-        except Exception as exc:  # noqa: BLE001 - recorded like a worker's failure
-            log.debug("warmup: %s failed", item.label, exc_info=True)
-            if isinstance(exc, SpecError):
-                exc = x64_hint(item, exc)
-            return ItemResult.failed(index, item, exc, time.perf_counter() - start)
-        if entry is None or not entry.ok:
-            return None
-        try:
-            if not computation.symbolic:  # a symbolic entry has no executable to load
-                cache.load(entry)
-        except AotError:
-            return None  # the worker's compile_entry quarantines it and compiles again
-    return _done(index, item, entry, "hit", time.perf_counter() - start)
+    outcome = _lower_here(cache, records, index, item)
+    return outcome if isinstance(outcome, ItemResult) else None
 
 
 def _maybe_stored(cache: Cache, item: WarmupItem, stored: dict[str, set[str]]) -> bool:
@@ -353,118 +402,261 @@ def _maybe_stored(cache: Cache, item: WarmupItem, stored: dict[str, set[str]]) -
         return True
 
 
-def _collect(
-    futures: dict[Any, tuple[int, WarmupItem]], emit: Callable[[ItemResult], None],
-    broken: list[tuple[int, WarmupItem]], *, block: bool,
-) -> None:
-    """Emits the results of finished futures; with ``block``, waits for all of them."""
-    if not block:
-        for future in [f for f in futures if f.done()]:
-            _emit_future(future, futures.pop(future), emit, broken)
-        return
-    pending = set(futures)
-    while pending:
-        done, pending = wait(pending, return_when=FIRST_COMPLETED)
-        for future in done:
-            _emit_future(future, futures.pop(future), emit, broken)
+_DIED = "the worker process died while compiling it (crash or out of memory)"
+_NO_WORKER = "no worker process could start (see the log)"
 
 
-def _emit_future(
-    future: Any, pair: tuple[int, WarmupItem], emit: Callable[[ItemResult], None],
-    broken: list[tuple[int, WarmupItem]],
-) -> None:
+#: A worker takes an item only when nobody took one for this long (counted from when
+#: this process starts on the manifest): while this process gets through quick items
+#: faster than that, a worker would only make it wait at the end (a worker's first item
+#: is a cold start: its module imports, the cache to open); slow items leave the queue
+#: quiet soon enough.
+_HOLD_S = 0.3
+
+
+class _Work:
+    """The items not taken yet, for this process and the workers' dispatcher thread."""
+
+    def __init__(self, pairs: Iterable[tuple[int, WarmupItem]] = ()) -> None:
+        self._pairs = collections.deque(pairs)
+        self._lock = threading.Lock()
+        self._taken_at = time.monotonic()
+
+    def take(self) -> tuple[int, WarmupItem] | None:
+        with self._lock:
+            if not self._pairs:
+                return None
+            self._taken_at = time.monotonic()
+            return self._pairs.popleft()
+
+    def quiet_for(self) -> float:
+        """Seconds since an item was last taken."""
+        with self._lock:
+            return time.monotonic() - self._taken_at
+
+    def put(self, pair: tuple[int, WarmupItem], *, first: bool = False) -> None:
+        with self._lock:
+            if first:
+                self._pairs.appendleft(pair)
+            else:
+                self._pairs.append(pair)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._pairs)
+
+
+def _failure(pair: tuple[int, WarmupItem], error: str) -> ItemResult:
     index, item = pair
+    return ItemResult(index, item.name, item.label, "failed", 0.0, source=item.source, error=error)
+
+
+def _dispatch(
+    pool: WorkerPool, work: _Work, payload: tuple[Any, ...], target: int, isolate: bool,
+    events: queue.SimpleQueue[tuple[str, Any]], wake: Connection,
+) -> None:
+    """The parent's thread that keeps the workers busy: it gives each ready worker the
+    next item, passes results on to ``events``, replaces a worker that died (at most
+    ``target`` may fail to start), and returns when ``wake`` says stop. Should it
+    fail, ``events`` gets ``("crashed", exception)``."""
     try:
-        result = future.result()
-    except BrokenProcessPool:
-        broken.append(pair)
-        return
-    except Exception as exc:  # noqa: BLE001 - e.g. a result that did not pickle
-        result = ItemResult.failed(index, item, exc)
-    emit(result)
+        _dispatch_loop(pool, work, payload, target, isolate, events, wake)
+    except BaseException as exc:  # noqa: BLE001 - the main thread must not wait forever
+        events.put(("crashed", exc))
+
+
+def _dispatch_loop(
+    pool: WorkerPool, work: _Work, payload: tuple[Any, ...], target: int, isolate: bool,
+    events: queue.SimpleQueue[tuple[str, Any]], wake: Connection,
+) -> None:
+    from multiprocessing.connection import wait as wait_for
+
+    failed_starts = 0
+    asked = False  # told the main thread a worker is idle with nothing left to take
+    while True:
+        hold = 0.0 if isolate else _HOLD_S - work.quiet_for()
+        for worker in pool.idle() if hold <= 0 else ():
+            pair = work.take()
+            if pair is None:
+                if not asked:
+                    events.put(("idle", None))
+                    asked = True
+                break
+            asked = False
+            if not pool.send(worker, *pair, payload):
+                work.put(pair, first=True)  # it died; the next wait says so
+        if len(work) and len(pool.workers) < target and failed_starts < target:
+            pool.add()  # the first ones (isolate), or in place of one that died
+        if isolate and len(work) and not pool.workers:  # none could start: fail the rest
+            while (pair := work.take()) is not None:
+                events.put(("result", _failure(pair, _NO_WORKER)))
+        waiting = hold > 0 and len(work) and pool.idle()
+        for conn in wait_for([wake, *(w.conn for w in pool.workers)], hold if waiting else None):
+            if conn is wake:
+                if wake.recv() == "stop":
+                    # Closed from this thread: the kernel's parent-death signal of the
+                    # workers it started follows this thread, so it outlives them.
+                    pool.close()
+                    return
+                continue  # new work
+            worker = next(w for w in pool.workers if w.conn is conn)
+            was_ready = worker.ready
+            kind, value = pool.receive(worker)
+            if kind == "result":
+                events.put(("result", value))
+            elif kind == "died":
+                failed_starts += not was_ready
+                if value is not None:
+                    events.put(("result", _failure(value, _DIED)))
 
 
 def _run_parallel(
-    cache: Cache, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None]
+    cache: Cache, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None],
+    records: RecordStore, *, isolate: bool, pool: WorkerPool | None,
 ) -> None:
-    """Finds the hits here; sends the misses to ``jobs`` spawned workers.
+    """``jobs`` XLA compiles at once: one in this process and ``jobs - 1`` in worker
+    processes; with ``isolate``, ``jobs`` workers and none here.
 
-    The pool starts a worker only when one is needed, so a fully cached run starts
-    none. A worker that dies (crash, out of memory) breaks the pool: the unfinished
-    items are retried in a fresh single-worker pool, in order, so the item that
-    kills it is identified and every other item is still tried.
+    Why processes, and this one too: XLA's compile releases the GIL, but two compiles
+    in one process cost about 10% more CPU than in two processes and finished no
+    sooner (benchmarks/README.md); one compile alone already keeps about 1.8 of 2 cores
+    busy, and what leaves a core idle is the Python around it (tracing, lowering,
+    exporting, storing) and the start-up. So this process imports JAX while the workers
+    (started first: the CLI starts them before it imports JAX) import theirs; it lowers
+    its next item while its previous one compiles in a thread; and every process takes
+    the next item of the manifest as soon as it is free (a thread here feeds the
+    workers, also while this one traces). A manifest done before a worker is ready
+    never waits for it. Without ``isolate`` a crash here ends the warm-up, as with
+    ``--jobs 1``; a worker that dies fails only its item.
+
+    With ``isolate`` this process only looks up the items that are probably stored
+    (by record, or lowered) and sends the others to workers, started when the first
+    one is needed: a fully cached manifest starts none.
     """
+    import multiprocessing
+
     import jax
 
-    env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
-    initargs = (
-        env, bool(jax.config.jax_enable_x64), logging.getLogger("aot").getEffectiveLevel(),
-        _cache_options(cache), os.getpid(),
+    from aot.cache.warmup_workers import WorkerPool
+
+    payload = (bool(jax.config.jax_enable_x64), _cache_options(cache), records.enabled)
+    target = jobs if isolate else min(jobs - 1, len(items) - 1)  # worker processes
+    if pool is None:
+        pool = WorkerPool(0 if isolate else target)
+    work = _Work() if isolate else _Work(enumerate(items))
+    events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+    wake_reader, wake_writer = multiprocessing.Pipe(duplex=False)
+    dispatcher = threading.Thread(
+        target=_dispatch, args=(pool, work, payload, target, isolate, events, wake_reader),
+        name="aot-warmup-dispatch", daemon=True,
     )
-    context = multiprocessing.get_context("spawn")
+    compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aot-warmup-compile")
+    lowered: _Lowered | None = None  # lowered here, next to compile here
+    compiling = False
+    left = len(items)
 
-    def pool(workers: int) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
-            max_workers=workers, mp_context=context, initializer=_worker_init, initargs=initargs
-        )
+    def finish(result: ItemResult) -> None:
+        nonlocal left
+        left -= 1
+        emit(result)
 
-    broken: list[tuple[int, WarmupItem]] = []
-    futures: dict[Any, tuple[int, WarmupItem]] = {}
-    stored: dict[str, set[str]] = {}
-    with pool(jobs) as executor:
-        # An item with no entry of its name and input signature for this environment
-        # is certainly a miss: it goes straight to a worker and is lowered only there.
-        # The others are probably hits: they are lowered and looked up here (exactly,
-        # by key) while the workers start.
-        probable_hits = []
-        for index, item in enumerate(items):
-            if _maybe_stored(cache, item, stored):
-                probable_hits.append((index, item))
-            else:
-                futures[executor.submit(_worker_run, index, item)] = (index, item)
-        for index, item in probable_hits:
-            result = _probe(cache, index, item)
-            if result is not None:
-                emit(result)
-            else:
-                futures[executor.submit(_worker_run, index, item)] = (index, item)
-            _collect(futures, emit, broken, block=False)
-        _collect(futures, emit, broken, block=True)
-    while broken:
-        broken.sort(key=lambda pair: pair[0])
-        log.warning("warmup: a worker process died; retrying %d entries one at a time", len(broken))
-        pending, broken = broken, []
-        with pool(1) as executor:
-            futures = {
-                executor.submit(_worker_run, i, item): (i, item) for i, item in pending
-            }
-            _collect(futures, emit, broken, block=True)
-        if broken:
-            # One worker runs items in order: the first unfinished one killed it.
-            broken.sort(key=lambda pair: pair[0])
-            index, item = broken.pop(0)
-            emit(ItemResult(
-                index, item.name, item.label, "failed", 0.0, source=item.source,
-                error="the worker process died while compiling it (crash or out of memory)",
-            ))
+    def compile_here(item: _Lowered) -> None:
+        nonlocal compiling
+        compiling = True
+        future = compiler.submit(_compile, item)
+        future.add_done_callback(lambda f: events.put(("compiled", (item, f))))
+
+    def handle(kind: str, value: Any) -> None:
+        nonlocal compiling, lowered
+        if kind == "compiled":
+            item, future = value
+            compiling = False
+            if lowered is not None:  # this process compiles on while it stores
+                compile_here(lowered)
+                lowered = None
+            finish(_store_here(cache, records, item, future))
+        elif kind == "crashed":
+            raise RuntimeError(f"the warm-up's worker dispatcher failed: {value!r}") from value
+        elif kind == "idle":
+            if lowered is not None:
+                # A worker is free and nothing is left but the item lowered here, which
+                # waits for this process's compile: the worker starts it sooner (it
+                # lowers it again: a fraction of a compile). Near the end this keeps a
+                # long compile from running alone.
+                work.put((lowered.index, lowered.item), first=True)
+                wake_writer.send("work")
+                lowered = None
+        else:
+            finish(value)
+
+    dispatcher.start()
+    try:
+        if isolate:
+            stored: dict[str, set[str]] = {}
+            for index, item in enumerate(items):
+                result = _probe(cache, records, index, item) if _maybe_stored(cache, item, stored) else None
+                if result is not None:
+                    finish(result)
+                else:
+                    work.put((index, item))
+                    wake_writer.send("work")
+        while left:
+            while True:  # results that came in meanwhile
+                try:
+                    handle(*events.get_nowait())
+                except queue.Empty:
+                    break
+            if not isolate and lowered is None:
+                pair = work.take()
+                if pair is not None:
+                    outcome = _lower_here(cache, records, *pair)
+                    if isinstance(outcome, ItemResult):
+                        finish(outcome)
+                    elif compiling:
+                        lowered = outcome
+                    else:
+                        compile_here(outcome)
+                    continue
+            if left:
+                handle(*events.get())
+    finally:
+        wake_writer.send("stop")
+        dispatcher.join()
+        pool.close()  # closed already, unless the dispatcher failed
+        compiler.shutdown(wait=True, cancel_futures=True)
+        wake_reader.close()
+        wake_writer.close()
 
 
 def run_warmup(
     location: str | os.PathLike[str] | Cache | None,
     items: Iterable[WarmupItem],
-    jobs: int = 1,
+    jobs: int | str = 1,
     on_result: Callable[[ItemResult], None] | None = None,
     *,
     shard: tuple[int, int] | str | None = None,
     executor: Executor | None = None,
+    isolate: bool = False,
+    records: bool = True,
+    workers: WorkerPool | None = None,
 ) -> WarmupReport:
     """Compiles every item into the cache at ``location`` (hits cost no compile).
 
-    ``jobs > 1`` compiles in that many worker processes (started with "spawn"; they
-    inherit ``XLA_FLAGS`` and the x64 mode). Every item is tried; a failure is recorded
-    in the report with the item and the error. ``on_result`` is called with each
-    :class:`ItemResult` as it completes (in completion order); the report lists them
-    in item order.
+    ``jobs`` XLA compiles run at once (``"auto"``: :func:`auto_jobs`): one in this
+    process and ``jobs - 1`` in worker processes (started with "spawn"; they inherit
+    ``XLA_FLAGS`` and the x64 mode), each process taking the next item when it is free.
+    ``isolate=True`` compiles in ``jobs`` worker processes only: a worker that crashes
+    or is killed for memory fails only the item it was compiling. ``workers``: a
+    :class:`~aot.cache.warmup_workers.WorkerPool` started earlier (the CLI starts it
+    before it imports JAX); it is closed at the end. Every item is tried; a failure is
+    recorded in the report with the item and the error. ``on_result`` is called with
+    each :class:`ItemResult` as it completes (in completion order); the report lists
+    them in item order.
+
+    ``records`` (on by default; folder caches): an item whose warm-up record proves
+    it unchanged is looked up by its recorded key without lowering
+    (:mod:`aot.cache.warmup_records` has the rule and the safety argument);
+    ``records=False`` lowers every item.
 
     ``shard=(i, n)`` (or ``"i/n"``, 1 <= i <= n) compiles only this runner's share of
     the items, chosen by :mod:`aot.cache.warmup_shard` (deterministic, balanced by
@@ -479,26 +671,30 @@ def run_warmup(
     from aot.cache.cache import Cache
 
     items = list(items)
-    if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
-    if executor is not None and jobs != 1:
+    jobs = resolve_jobs(jobs)
+    if executor is not None and (jobs != 1 or isolate or workers is not None):
         raise ValueError("give either jobs or executor, not both")
     cores = available_cores()
     if jobs > cores and len(items) > 1:
         log.warning(
-            "--jobs %d exceeds the %d core%s available to this process: the workers will "
+            "--jobs %d exceeds the %d core%s available to this process: the compiles will "
             "compete for them (XLA's compiler already uses several threads); --jobs %d "
             "or fewer is usually faster", jobs, cores, "s" if cores != 1 else "", cores,
         )
     start = time.perf_counter()
-    cache = location if isinstance(location, Cache) else Cache(location)  # fail early
-    if cache.read_only:
-        from aot.errors import ReadOnlyCacheError
+    try:
+        cache = location if isinstance(location, Cache) else Cache(location)  # fail early
+        if cache.read_only:
+            from aot.errors import ReadOnlyCacheError
 
-        raise ReadOnlyCacheError(
-            f"cannot warm up the cache at {cache.display_location}: it is opened read-only; "
-            "warm up a writable cache (in CI) and ship it or a bundle"
-        )
+            raise ReadOnlyCacheError(
+                f"cannot warm up the cache at {cache.display_location}: it is opened "
+                "read-only; warm up a writable cache (in CI) and ship it or a bundle"
+            )
+    except BaseException:
+        if workers is not None:
+            workers.close()
+        raise
     results: dict[int, ItemResult] = {}
     positions = list(range(len(items)))  # the manifest position of each item run
 
@@ -510,20 +706,25 @@ def run_warmup(
         if on_result is not None:
             on_result(result)
 
+    store = RecordStore.for_cache(cache, enabled=records)
     try:
-        if shard is not None:
-            shard = parse_shard(shard)
-            chosen = select_shard(items, shard, cache)
-            positions = [i for i, _ in chosen]
-            items = [item for _, item in chosen]
-        if executor is not None:
-            _run_on_executor(cache, items, executor, emit)
-        elif jobs == 1 or len(items) <= 1:
-            for index, item in enumerate(items):
-                emit(_run_one(cache, index, item))
-        else:
-            _run_parallel(cache, items, jobs, emit)
+        with remembering_specs():
+            if shard is not None:
+                shard = parse_shard(shard)
+                chosen = select_shard(items, shard, cache)
+                positions = [i for i, _ in chosen]
+                items = [item for _, item in chosen]
+            if executor is not None:
+                _run_on_executor(cache, items, executor, emit, records)
+            elif isolate or (jobs > 1 and len(items) > 1):
+                pool, workers = workers, None
+                _run_parallel(cache, items, jobs, emit, store, isolate=isolate, pool=pool)
+            else:
+                for index, item in enumerate(items):
+                    emit(_run_one(cache, index, item, store))
     finally:
+        if workers is not None:
+            workers.close()
         if not isinstance(location, Cache):
             cache.close()
     ordered = tuple(results[i] for i in sorted(results))
@@ -539,12 +740,14 @@ _TASK_CACHES: dict[tuple[Any, ...], Cache] = {}
 _TASK_LOCK = threading.Lock()
 
 
-def warmup_task(cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem) -> ItemResult:
+def warmup_task(
+    cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem, records: bool = True,
+) -> ItemResult:
     """Compiles one item into the cache ``cache_options`` names; what an executor runs.
 
     A module-level function of plain data, so any executor can ship it (pickled by a
     process pool, cloudpickled by dask). Each worker process (and thread) opens the
-    cache once and keeps it.
+    cache once and keeps it. ``records``: use and write warm-up records.
     """
     import jax
 
@@ -563,18 +766,19 @@ def warmup_task(cache_options: dict[str, Any], x64: bool, index: int, item: Warm
             return ItemResult.failed(index, item, exc)
         with _TASK_LOCK:
             _TASK_CACHES[key] = cache
-    return _run_one(cache, index, item)
+    return _run_one(cache, index, item, RecordStore.for_cache(cache, enabled=records))
 
 
 def _run_on_executor(
-    cache: Cache, items: list[WarmupItem], executor: Executor, emit: Callable[[ItemResult], None]
+    cache: Cache, items: list[WarmupItem], executor: Executor, emit: Callable[[ItemResult], None],
+    records: bool,
 ) -> None:
     import jax
 
     options = _cache_options(cache)
     x64 = bool(jax.config.jax_enable_x64)
     futures = {
-        executor.submit(warmup_task, options, x64, index, item): (index, item)
+        executor.submit(warmup_task, options, x64, index, item, records): (index, item)
         for index, item in enumerate(items)
     }
     for future in as_completed(futures):
@@ -584,14 +788,6 @@ def _run_on_executor(
         except Exception as exc:  # noqa: BLE001 - a worker that died, a task that did not ship
             result = ItemResult.failed(index, item, exc)
         emit(result)
-
-
-def available_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask where there is one)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------- coverage

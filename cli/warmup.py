@@ -9,6 +9,24 @@ from aot.cli.params import complete_manifests
 from aot.cli.progress import Progress
 
 
+class JobsType(click.ParamType):
+    """A count >= 1, or ``auto`` (:func:`aot.cache.warmup_jobs.auto_jobs`)."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        from aot.cache.warmup_jobs import resolve_jobs
+
+        if isinstance(value, int) and not isinstance(value, bool):
+            text: int | str = value
+        else:
+            text = str(value)
+        try:
+            return resolve_jobs(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a number >= 1 or 'auto'", param, ctx)
+
+
 def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
@@ -23,8 +41,20 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
 @click.command("warmup", short_help="Compile everything a manifest lists (CI).")
 @click.argument("manifest", required=False, metavar="[MANIFEST.toml]", shell_complete=complete_manifests)
 @click.option(
-    "-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-    help="Compile in this many worker processes (a warning when it exceeds the cores).",
+    "-j", "--jobs", type=JobsType(), default="1", show_default=True,
+    help="Run this many XLA compiles at once: here and in N-1 worker processes ('auto': "
+    "one per usable core, 2 GiB of available memory each; a warning when it exceeds the "
+    "cores).",
+)
+@click.option(
+    "--isolate", is_flag=True,
+    help="Compile in --jobs worker processes only, none here: a crash or out-of-memory "
+    "kill fails only its entry.",
+)
+@click.option(
+    "--relower", is_flag=True,
+    help="Lower every entry, even those whose warm-up record proves them unchanged "
+    "(for functions whose trace reads files or environment variables).",
 )
 @click.option(
     "--shard", metavar="I/N", callback=_parse_shard, default=None,
@@ -33,12 +63,14 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
 )
 @pass_state
 def warmup_command(
-    state: State, manifest: str | None, jobs: int, shard: tuple[int, int] | None
+    state: State, manifest: str | None, jobs: int, shard: tuple[int, int] | None,
+    isolate: bool, relower: bool,
 ) -> None:
     """Compile every (function x bucket) listed in MANIFEST.toml into the cache.
 
     MANIFEST.toml defaults to AOT_MANIFEST or [tool.aot] manifest. Entries already in
-    the cache cost no compile. Every entry is tried; the exit status is 1 if any
+    the cache cost no compile, and those whose warm-up record proves them unchanged
+    are not even lowered. Every entry is tried; the exit status is 1 if any
     failed (--debug prints their tracebacks). Progress goes to stderr when it is a
     terminal; otherwise one line per entry. The manifest format is in
     docs/manifest.md.
@@ -53,7 +85,19 @@ def warmup_command(
                 "[tool.aot] of pyproject.toml"
             )
     items = expand(load_manifest(manifest))
-    cache = state.cache(create=True)
+    # The worker processes start now: they import JAX while this process does (opening
+    # the cache imports it). --isolate starts them only for entries not stored.
+    workers = None
+    if jobs > 1 and not isolate:
+        from aot.cache.warmup_workers import WorkerPool
+
+        workers = WorkerPool(min(jobs - 1, len(items) - 1))
+    try:
+        cache = state.cache(create=True)
+    except BaseException:
+        if workers is not None:
+            workers.close()
+        raise
     if shard is not None:
         from aot.cache.warmup_shard import select_shard
 
@@ -76,7 +120,10 @@ def warmup_command(
     if progress is not None:
         progress.start()
     try:
-        report = run_warmup(cache, items, jobs=jobs, shard=shard, on_result=on_result)
+        report = run_warmup(
+            cache, items, jobs=jobs, shard=shard, on_result=on_result, isolate=isolate,
+            records=not relower, workers=workers,
+        )
     finally:
         if progress is not None:
             progress.finish()

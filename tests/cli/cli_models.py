@@ -64,6 +64,35 @@ def dies_in_worker(x):
     return x + 1
 
 
+def waits_for_partner(x):
+    """Returns once `partner` was traced (by another process: the warm-up test of
+    --jobs 2 proves with it that a worker took an entry while this process worked)."""
+    import time
+
+    flag = os.environ["AOT_TEST_PARTNER_FLAG"]
+    deadline = time.monotonic() + 120
+    while not os.path.exists(flag):
+        if time.monotonic() > deadline:
+            raise TimeoutError("no other process traced `partner` within 120 s")
+        time.sleep(0.05)
+    return x + 1
+
+
+def partner(x):
+    with open(os.environ["AOT_TEST_PARTNER_FLAG"], "w") as f:
+        f.write(str(os.getpid()))
+    return x * 2
+
+
+SPEC_CALLS = []
+
+
+def counted_specs():
+    """A spec callable that counts its calls (a warm-up calls it once, whatever the buckets)."""
+    SPEC_CALLS.append(1)
+    return jax.ShapeDtypeStruct((4,), jnp.float32)
+
+
 NOT_A_FUNCTION = 42
 
 

@@ -12,7 +12,7 @@ from cli_helpers import MANIFEST, MANIFEST_LABELS, Invoke, one_line_error
 REPORT_KEYS = {"cache", "jobs", "shard", "total", "compiled", "hit", "failed", "seconds", "ok", "results"}
 RESULT_KEYS = {
     "name", "label", "status", "key", "signature", "seconds", "compile_seconds", "raw_size",
-    "stored_size", "error", "source", "arguments", "traceback",
+    "stored_size", "error", "source", "arguments", "lowered", "traceback",
 }
 
 
@@ -52,6 +52,7 @@ def test_warmup_json_report(invoke: Invoke, warmed, cache_dir) -> None:
         assert set(r) == RESULT_KEYS
         assert r["status"] == "hit" and len(r["key"]) == 64 and r["error"] is None
         assert r["traceback"] is None
+        assert r["lowered"] is False  # found by its warm-up record
     assert report["results"][3]["arguments"] == [{"path": "x", "aval": "f32[8]"}, {"path": "y", "aval": "f32[8]"}]
     assert report["results"][0]["source"].endswith("fixtures/warmup.toml:17")
 
@@ -147,7 +148,7 @@ def test_warmup_warns_when_jobs_exceed_the_cores(invoke: Invoke, warmed, monkeyp
     result = invoke("warmup", MANIFEST, "--jobs", "3")
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines()[0] == (
-        "aot: WARNING: --jobs 3 exceeds the 2 cores available to this process: the workers "
+        "aot: WARNING: --jobs 3 exceeds the 2 cores available to this process: the compiles "
         "will compete for them (XLA's compiler already uses several threads); --jobs 2 or "
         "fewer is usually faster"
     )

@@ -81,9 +81,9 @@ def test_run_warmup_reports_in_item_order(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
-    """jobs=2: hits are found without a worker, misses compile in spawned workers
-    (which open the cache with the caller's signing key), and a worker that dies fails
-    only its own entry."""
+    """isolate=True: hits are found without a worker, misses compile in spawned
+    workers (which open the cache with the caller's signing key), and a worker that
+    dies fails only its own entry."""
     location = str(tmp_path / "c")
     run_warmup(
         aot.Cache(location, signing_key="ci-secret"),
@@ -97,7 +97,7 @@ def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
         WarmupItem("tiny64", "fixtures.models:tiny", ("f64[2]", "f64[2]"), x64=True),  # x64 in the worker
     ]
     signed = aot.Cache(location, signing_key="ci-secret")
-    report = run_warmup(signed, items, jobs=2)
+    report = run_warmup(signed, items, jobs=2, isolate=True)
     statuses = [(r.label, r.status) for r in report.results]
     assert statuses == [
         ("tiny", "hit"), ("dies", "failed"), ("tiny", "compiled"), ("broken", "failed"), ("tiny64", "compiled"),
@@ -120,18 +120,52 @@ def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
     assert json.loads(compiled.manifest)["hmac"]
 
 
+def test_parallel_warmup_compiles_here_and_in_a_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """jobs=2: this process and a worker process each take the next entry: the first
+    entry (traced here) waits until the second one was traced by the worker."""
+    import os
+
+    flag = tmp_path / "partner-traced"
+    monkeypatch.setenv("AOT_TEST_PARTNER_FLAG", str(flag))
+    items = [
+        WarmupItem("wait", "cli_models:waits_for_partner", ("f32[4]",)),
+        WarmupItem("partner", "cli_models:partner", ("f32[4]",)),
+    ]
+    report = run_warmup(str(tmp_path / "c"), items, jobs=2)
+    assert [(r.label, r.status) for r in report.results] == [("wait", "compiled"), ("partner", "compiled")]
+    assert int(flag.read_text()) != os.getpid()
+    again = run_warmup(str(tmp_path / "c"), items, jobs=2)
+    assert [(r.status, r.lowered) for r in again.results] == [("hit", False), ("hit", False)]
+
+
+def test_a_spec_callable_is_called_once_per_warmup(tmp_path: Path) -> None:
+    import cli_models
+
+    items = expand(parse_manifest(
+        '[[function]]\nname = "scaled"\ntarget = "cli_models:add3"\n'
+        'args = ["@cli_models:counted_specs", "@cli_models:counted_specs", "f32[{n}]"]\n'
+        'vary = { n = [1, 4] }\n'
+    ))
+    before = len(cli_models.SPEC_CALLS)
+    report = run_warmup(str(tmp_path / "c"), items)
+    assert [r.status for r in report.results] == ["compiled", "compiled"]
+    assert len(cli_models.SPEC_CALLS) - before == 1  # not once per use and bucket
+    run_warmup(str(tmp_path / "c"), items)
+    assert len(cli_models.SPEC_CALLS) - before == 2  # but again in the next warm-up
+
+
 def test_parallel_warmup_of_a_cached_manifest_starts_no_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     items = expand(load_manifest(MANIFEST))
     run_warmup(str(tmp_path / "c"), items)
-    import aot.cache.warmup as warmup
+    from aot.cache.warmup_workers import WorkerPool
 
     def no_worker(*args, **kwargs):  # pragma: no cover - must not run
         raise AssertionError("a worker was started for a cached entry")
 
-    monkeypatch.setattr(warmup, "_worker_run", no_worker)
-    report = run_warmup(str(tmp_path / "c"), items, jobs=2)
+    monkeypatch.setattr(WorkerPool, "add", no_worker)
+    report = run_warmup(str(tmp_path / "c"), items, jobs=2, isolate=True)
     assert (report.hit, report.compiled, report.failed) == (5, 0, 0)
 
 

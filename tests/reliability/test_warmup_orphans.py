@@ -1,6 +1,6 @@
 """Warm-up workers do not outlive their parent (issue 12).
 
-``aot warmup --jobs 2`` compiles in spawned worker processes. After ``kill -9`` of
+``aot warmup --jobs 2 --isolate`` compiles in spawned worker processes. After ``kill -9`` of
 the CLI process they used to keep compiling forever, and the multiprocessing resource
 tracker with them (it exits only when every holder of its pipe has). Now each worker
 is killed by the kernel when its parent dies (Linux ``PR_SET_PDEATHSIG``) or exits
@@ -69,7 +69,7 @@ def test_workers_and_the_resource_tracker_exit_when_the_warmup_is_killed(tmp_pat
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     cli = subprocess.Popen(
-        [sys.executable, "-m", "aot", "--cache", str(tmp_path / "cache"), "warmup", str(manifest), "--jobs", "2"],
+        [sys.executable, "-m", "aot", "--cache", str(tmp_path / "cache"), "warmup", str(manifest), "--jobs", "2", "--isolate"],
         env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     seen: dict[int, str] = {}
