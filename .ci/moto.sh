@@ -31,7 +31,7 @@ die() { log "ERROR: $*"; exit 1; }
 is_moto() {
     "$PYTHON" - "$ENDPOINT" <<'EOF' >/dev/null 2>&1
 import sys, urllib.request
-with urllib.request.urlopen(sys.argv[1] + "/moto-api/data.json", timeout=2) as r:
+with urllib.request.urlopen(sys.argv[1] + "/moto-api/data.json", timeout=15) as r:
     sys.exit(0 if r.status == 200 else 1)
 EOF
 }
