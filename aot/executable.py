@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -147,7 +148,7 @@ class MeshExecutable:
         # export the portable HLO); None for executables loaded from an artifact.
         self.computation: Any = None
         self._bindings: dict[PyTreeDef, Binding] = {}
-        self._fast: dict[tuple[PyTreeDef, tuple[Any, ...]], Binding] = {}
+        self._cpp = _dispatch_of(self)
 
     # -- identity
     @property
@@ -189,30 +190,25 @@ class MeshExecutable:
 
     # -- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # JAX's C++ dispatch (what jax.jit and Compiled run): a signature it has not
+        # seen goes to _first_call, which checks structure and avals in Python once.
+        return self._cpp(*args, **kwargs)
+
+    def _first_call(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
+        from aot.rehydrate import first_call
+
         leaves, treedef = _flatten((args, kwargs))
-        if leaves and type(leaves[0]) is JAX_ARRAY:  # call_key, inlined for JAX arrays
-            try:
-                key = tuple([leaf.aval for leaf in leaves])
-            except AttributeError:
-                key = call_key(leaves)
-        else:
-            key = call_key(leaves)
-        binding = self._fast.get((treedef, key))
-        if binding is None:
-            binding = self._admit(args, kwargs, leaves, treedef)
+        binding = self._admit(args, kwargs, leaves, treedef)
         try:
-            return binding.fn(*leaves)
+            return first_call(binding.fn, leaves)
         except (TypeError, ValueError) as exc:
             raise placement_error(self.name, exc) from exc
 
     def _admit(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Binding:
-        """The slow path of a call: checks structure and avals, remembers the result."""
+        """Checks structure and avals; the binding for this caller's structure."""
         if not self.accepts_structure(treedef) or not self._leaves_match(leaves):
             raise self.mismatch_error(args, kwargs)
-        binding = self.bind(treedef)
-        if len(self._fast) < FAST_CACHE_LIMIT:
-            self._fast[(treedef, call_key(leaves))] = binding
-        return binding
+        return self.bind(treedef)
 
     def accepts_structure(self, treedef: PyTreeDef) -> bool:
         """``treedef`` is the structure compiled for (by digest, in any process)."""
@@ -272,6 +268,22 @@ class PmapExecutable(MeshExecutable):
     """A compiled pmap program (``jax.jit(jax.pmap(f))``), one shard per device."""
 
     kind = "pmap"
+
+
+def _dispatch_of(executable: MeshExecutable) -> Any:
+    """JAX's C++ dispatch for ``executable``, whose cache miss does not keep it alive."""
+    from aot.rehydrate import dispatch_function
+
+    ref = weakref.ref(executable)
+
+    def cache_miss(*args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
+        live = ref()
+        if live is None:  # pragma: no cover - the C++ function outlived its executable
+            raise ReferenceError(f"the executable {executable_name} was garbage-collected")
+        return live._first_call(*args, **kwargs)
+
+    executable_name = executable.name
+    return dispatch_function(executable_name, cache_miss)
 
 
 class Binding:

@@ -351,6 +351,32 @@ def flat_call(compiled: stages.Compiled, info: ExecutableInfo, out_tree: Any) ->
     return fn if fn is not None else flat
 
 
+def dispatch_function(name: str, cache_miss: Any) -> Any:
+    """JAX's C++ dispatch function (the ``PjitFunction`` behind ``jax.jit`` and
+    ``Compiled``) with no Python function of its own: a call whose signature (pytree,
+    shapes, dtypes, weak types, shardings, committedness) it has not cached goes to
+    ``cache_miss(*args, **kwargs)``, which returns ``(outputs, fastpath data or None,
+    False)``, as :func:`first_call` does; a cached signature runs in C++."""
+    from jax._src import tree_util
+    from jax._src.lib import _jax
+
+    return _jax.pjit(
+        name, None, cache_miss, [], [], pxla.JitGlobalCppCacheKeys(),
+        tree_util.dispatch_registry, pxla.cc_shard_arg,
+    )
+
+
+def first_call(fn: Any, leaves: Sequence[Any]) -> tuple[Any, Any, bool]:
+    """Runs ``fn`` (from :func:`flat_call`) on flat inputs and returns what a
+    :func:`dispatch_function` cache miss returns: with ``fn``'s fastpath data, so the
+    next call of this signature runs in C++ (``None`` for an executable without a C++
+    path: host callbacks, effects, outputs that are not plain arrays)."""
+    miss = getattr(fn, "_cache_miss", None)
+    if miss is None:
+        return fn(*leaves), None, False
+    return miss(*leaves)
+
+
 def load_executable(
     artifact: Artifact,
     *,

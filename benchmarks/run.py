@@ -391,6 +391,7 @@ def dispatch(ctx: Context) -> Scenario:
     ways = [("jit", "jax.jit(f)", "jax"),
             ("compiled", "jax.jit(f).lower().compile()", "jax"),
             ("aot_load", "aot.load dispatcher", "aot"),
+            ("aot_load_2sig", "aot.load dispatcher, 2 signatures called", "aot"),
             ("aot_executable", "aot executable (cache.get)", "aot")]
     for _ in range(ctx.runs_for(3)):
         proc = worker("dispatch.measure", folder, quick=ctx.quick)
@@ -403,7 +404,7 @@ def dispatch(ctx: Context) -> Scenario:
             if f"tiny.{way}_us" not in proc.result:
                 row.skipped = proc.result.get("aot", AOT_MISSING)
                 continue
-            row.add({name: proc.result[f"{name}.{way}_us"] for name in s.metrics})
+            row.add({name: proc.result.get(f"{name}.{way}_us") for name in s.metrics})
         s.extra.setdefault("loops", {"number": proc.result["number"],
                                      "repeats": proc.result["repeats"]})
     loops = s.extra.get("loops", {})

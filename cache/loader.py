@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,7 +26,14 @@ from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
 from aot.artifact import PORTABLE_HLO, Manifest, _dtype, _json_part, manifest_problems
-from aot.rehydrate import compile_symbolic, load_executable, manifest_args, recompile
+from aot.rehydrate import (
+    compile_symbolic,
+    dispatch_function,
+    first_call,
+    load_executable,
+    manifest_args,
+    recompile,
+)
 from aot.errors import (
     AotError,
     AvalMismatchError,
@@ -92,9 +100,44 @@ class _SymbolicProgram:
     entries: list[IndexEntry] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """A kind of call already served: ``fn(*leaves)`` runs it (a bound executable's
+    C++ call, or a padded call), ``program`` counts it; ``plain`` when JAX's C++
+    dispatch may serve it (not padded)."""
+
+    fn: Callable[..., Any]
+    program: _Program
+    plain: bool
+
+
 _NO_MATCH = object()
 
 _flatten = jax.tree_util.tree_flatten
+
+
+class _Uncounted:
+    """Where the C++ dispatch counts calls before it serves a program (each such
+    call is a cache miss, counted again on the program that serves it)."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+def _miss_of(dispatcher: Dispatcher) -> Callable[..., Any]:
+    """The C++ dispatch's cache miss, without a reference cycle (a dispatcher's
+    statistics are written when it is collected)."""
+    ref = weakref.ref(dispatcher)
+
+    def cache_miss(*args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
+        live = ref()
+        if live is None:  # pragma: no cover - the C++ function outlived its dispatcher
+            raise ReferenceError("this aot.load dispatcher was garbage-collected")
+        return live._cpp_miss(*args, **kwargs)
+
+    return cache_miss
 
 
 def _leaf_key(leaf: Any) -> LeafKey:
@@ -106,11 +149,15 @@ def _leaf_key(leaf: Any) -> LeafKey:
 class Dispatcher:
     """Calls the executable whose input signature matches the arguments.
 
-    The per-call path is a flatten, one tuple of the inputs' avals and one dict lookup
-    (caller structure + avals -> a bound executable); everything else (matching a
-    structure by digest, canonicalizing NumPy and Python inputs as jax.jit does,
-    loading, choosing a padding bucket) happens on the first call of each kind and is
-    remembered.
+    Calls run through JAX's own C++ dispatch (the ``PjitFunction`` behind
+    ``jax.jit``), which caches each signature it has seen with the executable that
+    served it; the Python path runs once per signature: it matches the structure by
+    digest, canonicalizes NumPy and Python inputs as jax.jit does, checks the avals,
+    loads, and picks a padding bucket (padded calls stay in Python). Statistics count
+    each program's calls exactly (:mod:`aot.cache.stats`), and C++ cannot say which
+    program served a call, so the C++ dispatch serves one program per dispatcher: once
+    a second one is called, calls select their program in Python (a tuple of the
+    inputs' avals and one dict lookup; a flatten when there are pytrees or keywords).
 
     ``strict=True`` never writes to the cache: a row it finds damaged is logged and
     refused, not quarantined (``aot verify`` does that).
@@ -131,9 +178,16 @@ class Dispatcher:
         self.fallback = fallback
         self.pad = pad
         self._programs: dict[tuple[str, tuple[LeafKey, ...]], _Program] = {}
-        # The per-call cache: (caller treedef, call_key of its leaves) -> (the bound
-        # executable's or padded call's fn, its program); structure keys per treedef.
-        self._fast: dict[tuple[PyTreeDef, tuple[Any, ...]], tuple[Callable[..., Any], _Program]] = {}
+        # Kinds of call already served: by (caller treedef, call_key of its leaves),
+        # and by the avals of positional arrays; structure keys per caller treedef.
+        self._fast: dict[tuple[PyTreeDef, tuple[Any, ...]], _Kind] = {}
+        self._positional: dict[tuple[Any, ...], _Kind] = {}
+        # JAX's C++ dispatch and the program whose calls it serves (class docstring);
+        # ``_cpp_sink`` counts them (a throw-away counter until a program is served)
+        # and is None once calls are selected in Python.
+        self._cpp = dispatch_function(name, _miss_of(self))
+        self._cpp_owner: _Program | None = None
+        self._cpp_sink: Any = _Uncounted()
         self._structures: dict[PyTreeDef, str] = {}
         self._symbolic: dict[tuple[Any, ...], _SymbolicProgram] = {}
         self._symbolic_lock = threading.Lock()
@@ -268,6 +322,22 @@ class Dispatcher:
     # ------------------------------------------------------------ calling
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        sink = self._cpp_sink
+        if sink is not None:  # JAX's C++ dispatch (class docstring); counted on its program
+            sink.calls += 1
+            return self._cpp(*args, **kwargs)
+        return self._python_call(args, kwargs)
+
+    def _python_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Selects the program in Python (after the C++ dispatch has served a second
+        program, so each program's calls are counted exactly)."""
+        if not kwargs:  # positional arrays only: no flatten
+            try:
+                hit = self._positional.get(tuple([arg.aval for arg in args]))
+            except AttributeError:
+                hit = None
+            if hit is not None:
+                return self._run(hit, args)
         leaves, treedef = _flatten((args, kwargs))
         if leaves and type(leaves[0]) is JAX_ARRAY:  # call_key, inlined for JAX arrays
             try:
@@ -279,12 +349,45 @@ class Dispatcher:
         hit = self._fast.get((treedef, key))
         if hit is None:
             return self._first_call(args, kwargs, leaves, treedef)
-        fn, program = hit
-        program.calls += 1  # the only statistics on the call path (aot.cache.stats)
+        return self._run(hit, leaves)
+
+    def _run(self, hit: _Kind, leaves: Sequence[Any]) -> Any:
+        hit.program.calls += 1  # the only statistics on the call path (aot.cache.stats)
         try:
-            return fn(*leaves)
+            return hit.fn(*leaves)
         except AotError:
             raise  # a padded call's own errors (pad_outputs), already clear
+        except (TypeError, ValueError) as exc:
+            raise placement_error(self.name, exc) from exc
+
+    def _cpp_miss(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
+        """A call the C++ dispatch has not cached: the Python path serves it, and says
+        whether C++ may serve the next calls of its signature (fastpath data)."""
+        sink = self._cpp_sink
+        if sink is not None:
+            sink.calls -= 1  # counted below, on the program that serves it
+        leaves, treedef = _flatten((args, kwargs))
+        try:
+            hit = self._fast.get((treedef, call_key(leaves)))
+        except TypeError:  # not a JAX type: the Python path explains
+            hit = None
+        if hit is None:  # a kind of call not seen yet: matched, loaded, remembered
+            hit = self._stored_kind(args, kwargs, leaves, treedef)
+            if hit is None:  # padded, symbolic, fallback or refused: stays in Python
+                return self._first_call(args, kwargs, leaves, treedef), None, False
+        if not hit.plain or self._cpp_sink is None:
+            return self._run(hit, leaves), None, False
+        owner = self._cpp_owner
+        if owner is not None and owner is not hit.program:
+            # C++ cannot say which of two programs served a call: from now on the
+            # program is selected in Python, and each one's calls are counted exactly.
+            log.debug("%s: a second signature is called; selecting in Python", self.name)
+            self._cpp_sink = None
+            return self._run(hit, leaves), None, False
+        self._cpp_owner = self._cpp_sink = hit.program
+        hit.program.calls += 1
+        try:
+            return first_call(hit.fn, leaves)
         except (TypeError, ValueError) as exc:
             raise placement_error(self.name, exc) from exc
 
@@ -297,10 +400,18 @@ class Dispatcher:
         return structure
 
     def _remember(
-        self, treedef: PyTreeDef, leaves: Sequence[Any], binding: Any, program: _Program
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: Sequence[Any],
+        treedef: PyTreeDef, binding: Any, program: _Program,
     ) -> None:
-        if len(self._fast) < FAST_CACHE_LIMIT:
-            self._fast[(treedef, call_key(leaves))] = (binding.fn, program)
+        if len(self._fast) >= FAST_CACHE_LIMIT:
+            return
+        kind = _Kind(binding.fn, program, not isinstance(binding, _PaddedCall))
+        self._fast[(treedef, call_key(leaves))] = kind
+        if (
+            not kwargs and len(args) == len(leaves)
+            and all(type(a) is JAX_ARRAY and a is leaf for a, leaf in zip(args, leaves))
+        ):
+            self._positional[tuple([a.aval for a in args])] = kind
 
     def _first_call(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Any:
         """A kind of call not seen yet: match by structure digest and canonical avals."""
@@ -311,11 +422,25 @@ class Dispatcher:
         program = self._programs.get((self._structure_of(treedef), keys))
         if program is None:
             return self._miss(args, kwargs, leaves, treedef, keys)
-        program.calls += 1  # the only statistics on the call path (aot.cache.stats)
+        return self._run(self._bind(program, args, kwargs, leaves, treedef), leaves)
+
+    def _stored_kind(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> _Kind | None:
+        """The kind of this call when a stored program serves it exactly (loaded and
+        remembered now), else None."""
+        try:
+            keys = tuple(map(_leaf_key, leaves))
+        except TypeError:
+            return None
+        program = self._programs.get((self._structure_of(treedef), keys))
+        return None if program is None else self._bind(program, args, kwargs, leaves, treedef)
+
+    def _bind(
+        self, program: _Program, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef
+    ) -> _Kind:
         executable = program.executable or self._executable(program)
         binding = executable.bind(treedef)
-        self._remember(treedef, leaves, binding, program)
-        return binding(leaves)
+        self._remember(args, kwargs, leaves, treedef, binding, program)
+        return _Kind(binding.fn, program, True)
 
     def _executable(self, program: _Program) -> MeshExecutable:
         with program.lock:
@@ -442,7 +567,7 @@ class Dispatcher:
     ) -> Any:
         notes: list[str] = []
         if self.pad is not None:
-            result = self._padded_call(leaves, treedef, keys, notes)
+            result = self._padded_call(args, kwargs, leaves, treedef, keys, notes)
             if result is not _NO_MATCH:
                 return result
         if self._symbolic:
@@ -601,7 +726,7 @@ class Dispatcher:
             self.cache.stats.missed(self._env, self.name, _describe_keys(got), "compiled from a symbolic program")
             executable = self._compile_symbolic(program, structure, got, binding.values or {})
             bound = executable.bind(treedef)
-            self._remember(treedef, leaves, bound, self._programs[(structure, got)])
+            self._remember(args, kwargs, leaves, treedef, bound, self._programs[(structure, got)])
             return bound(leaves)
         return _NO_MATCH
 
@@ -675,7 +800,8 @@ class Dispatcher:
             self.pad.axes_for(sorted({p for program in programs for p in program.paths}))
 
     def _padded_call(
-        self, leaves: list[Any], treedef: PyTreeDef, got: tuple[LeafKey, ...], notes: list[str],
+        self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef,
+        got: tuple[LeafKey, ...], notes: list[str],
     ) -> Any:
         """Pads the declared inputs up to the smallest stored bucket that fits.
 
@@ -692,7 +818,7 @@ class Dispatcher:
         program.calls += 1
         executable = program.executable or self._executable(program)
         padded = _PaddedCall(executable.bind(treedef), axes, size, n, self.pad)
-        self._remember(treedef, leaves, padded, program)
+        self._remember(args, kwargs, leaves, treedef, padded, program)
         try:
             return padded.fn(*leaves)
         except AotError:

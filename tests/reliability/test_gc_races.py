@@ -154,9 +154,11 @@ class Actor(threading.Thread):
 def race(
     backend: Backend, artifact: Any, writer_at: str, gc_at: str, first: str,
     gc: Callable[[Cache], Any] = lambda c: c.gc(),
+    gc_arrives: bool = False,
 ) -> tuple[Actor, Actor]:
     """A writer stores ``artifact`` while gc runs; each stops at its point, then one is
-    released, then (after it finished or blocked) the other."""
+    released, then (after it finished or blocked) the other. ``gc_arrives``: gc cannot
+    block before its point, so it is waited for however loaded the machine is."""
     writer_cache, gc_cache = backend.open(), backend.open()
     pauser = Pauser({writer_at: "writer", gc_at: "gc"})
     previous = pauses.set_hook(pauser)
@@ -167,7 +169,10 @@ def race(
         assert pauser.arrived["writer"].wait(30), "the writer never reached " + writer_at
         collector.start()
         # gc may block before its point (on the lock a paused writer's transaction holds)
-        pauser.arrived["gc"].wait(0.3)
+        if gc_arrives:
+            assert pauser.arrived["gc"].wait(60), "gc never reached " + gc_at
+        else:
+            pauser.arrived["gc"].wait(0.3)
         actors = {"writer": writer, "gc": collector}
         second = "gc" if first == "writer" else "writer"
         pauser.release(first)
@@ -279,7 +284,7 @@ def test_a_writer_whose_lease_gc_took_starts_over(
         return lease
 
     monkeypatch.setattr(index_mod.Index, "lease", short_lease)
-    writer, collector = race(backend, artifact, "put.blobs_ready", "gc.done", "gc")
+    writer, collector = race(backend, artifact, "put.blobs_ready", "gc.done", "gc", gc_arrives=True)
     monkeypatch.setattr(index_mod.Index, "lease", real_lease)
     assert collector.error is None and writer.error is None, (collector.error, writer.error)
     assert len(leases) == 2  # started over once
