@@ -309,12 +309,34 @@ _custom_calls_ready: set[str] = set()
 _custom_calls_lock = threading.Lock()
 
 
-def ensure_custom_call_targets(platform: str) -> None:
+def _calls_lapack(executable: bytes | bytearray | memoryview) -> bool:
+    """Whether a serialized XLA CPU executable calls one of jaxlib's LAPACK kernels:
+    their target names (``lapack_sgetrf_ffi``, ...) are stored in plain text in it."""
+    if isinstance(executable, memoryview):
+        executable = executable.tobytes()
+    try:
+        from jaxlib import lapack
+
+        others = [n.encode() for n in lapack._lapack.registrations() if not n.startswith("lapack_")]
+    except Exception:  # noqa: BLE001 - another jaxlib layout: assume it does
+        return True
+    return b"lapack_" in executable or any(name in executable for name in others)
+
+
+def ensure_custom_call_targets(
+    platform: str, executable: bytes | bytearray | memoryview | None = None
+) -> None:
     """Registers JAX's own custom-call targets for ``platform`` before an executable
     runs, as ``jax.export`` does before calling an exported program: XLA CPU programs
     using jnp.linalg call LAPACK kernels that JAX initialises lazily while lowering,
-    and a serving process that never lowered anything would crash (SIGSEGV) on them."""
+    and a serving process that never lowered anything would crash (SIGSEGV) on them.
+
+    With the serialized ``executable`` on CPU, only when it calls LAPACK: initialising
+    it imports SciPy's LAPACK bindings, which costs more than deserializing most
+    programs."""
     if platform in _custom_calls_ready:
+        return
+    if platform == "cpu" and executable is not None and not _calls_lapack(executable):
         return
     with _custom_calls_lock:
         if platform in _custom_calls_ready:
@@ -400,7 +422,7 @@ def load_executable(
     devices = live_devices()
     dlist = device_list(manifest.device_ids, devices)  # names a missing device id
     backend = devices[manifest.device_ids[0]].client
-    ensure_custom_call_targets(devices[manifest.device_ids[0]].platform)
+    ensure_custom_call_targets(devices[manifest.device_ids[0]].platform, exe_bytes)
     start = time.perf_counter()
     xla_executable = _deserialize(manifest, backend, exe_bytes, dlist)
     check_executable(manifest, info, xla_executable)

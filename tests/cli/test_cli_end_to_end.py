@@ -54,6 +54,8 @@ SERVE = textwrap.dedent("""
     out["tiny"] = np.asarray(tiny(*models.tiny_inputs())).tolist()
     # Serving a folder cache reads its index with the standard library's sqlite3.
     out["sqlalchemy"] = sorted(m for m in sys.modules if m == "sqlalchemy" or m.startswith("sqlalchemy."))
+    # LAPACK (SciPy's bindings) is initialised only for executables that call it.
+    out["scipy"] = sorted(m for m in sys.modules if m == "scipy" or m.startswith("scipy."))
     print(json.dumps(out))
 """)
 
@@ -96,3 +98,4 @@ def test_ci_to_serving(tmp_path: Path) -> None:
     assert out["mlp_shape"] == [8, 10] and out["mlp_max_abs_diff"] < 1e-4
     assert out["tiny"] == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0, 13.0, 15.0]
     assert out["sqlalchemy"] == []  # the serving process never imported SQLAlchemy
+    assert out["scipy"] == []  # no program here calls LAPACK: SciPy's bindings stay unloaded
