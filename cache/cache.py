@@ -34,6 +34,7 @@ from aot.cache.objectstore import DATABASE, FOLDER, OBJECT, classify_location, o
 from aot.cache.pauses import reached
 
 if TYPE_CHECKING:
+    from aot.cache.background import BackgroundLoad
     from aot.cache.index import Index
     from aot.cache.sqlite_reader import SqliteReader
 
@@ -147,6 +148,8 @@ class Cache:
 
     ``cache.stats`` records serving statistics (:mod:`aot.cache.stats`).
     """
+
+    _background: weakref.WeakSet[BackgroundLoad[Any]] | None = None
 
     def __new__(cls, *args: Any, local: str | os.PathLike[str] | None = None, **kwargs: Any) -> Cache:
         if local is not None and cls is Cache:
@@ -290,7 +293,16 @@ class Cache:
 
         return mask_url(self.location)
 
+    def hold_background(self, work: BackgroundLoad[Any]) -> None:
+        """Background loading over this cache: :meth:`close` stops it first."""
+        if self._background is None:
+            self._background = weakref.WeakSet()
+        self._background.add(work)
+
     def close(self) -> None:
+        # Loads still running read through this cache: cancel the rest, wait for them.
+        for work in list(self._background or ()):
+            work.stop()
         self._stats_finalizer()  # the last statistics, while the index is open
         if self._reader is not None:
             self._reader.close()
