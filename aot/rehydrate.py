@@ -309,12 +309,26 @@ _custom_calls_ready: set[str] = set()
 _custom_calls_lock = threading.Lock()
 
 
-def ensure_custom_call_targets(platform: str) -> None:
+#: The prefix of every LAPACK custom-call target of jaxlib's CPU kernels
+#: (``lapack_sgetrf_ffi``, ...): the serialized executable names each target it calls.
+_LAPACK_TARGET = b"lapack_"
+
+
+def ensure_custom_call_targets(platform: str, exe_bytes: bytes | None = None) -> None:
     """Registers JAX's own custom-call targets for ``platform`` before an executable
     runs, as ``jax.export`` does before calling an exported program: XLA CPU programs
     using jnp.linalg call LAPACK kernels that JAX initialises lazily while lowering,
-    and a serving process that never lowered anything would crash (SIGSEGV) on them."""
+    and a serving process that never lowered anything would crash (SIGSEGV) on them.
+
+    On CPU, initialising LAPACK imports ``scipy.linalg`` (about 0.2 s, most of the
+    time to load a small executable), so it is done only for an executable whose
+    serialized bytes name a LAPACK target (XLA resolves custom calls by those names;
+    ``exe_bytes=None``: always). A JAX upgrade that stopped storing the names in
+    plain bytes would show in tests/aot/test_rehydrate.py's fresh-process linalg test
+    and the conformance suite's ``lapack`` group."""
     if platform in _custom_calls_ready:
+        return
+    if platform == "cpu" and exe_bytes is not None and _LAPACK_TARGET not in exe_bytes:
         return
     with _custom_calls_lock:
         if platform in _custom_calls_ready:
@@ -374,7 +388,7 @@ def load_executable(
     devices = live_devices()
     dlist = device_list(manifest.device_ids, devices)  # names a missing device id
     backend = devices[manifest.device_ids[0]].client
-    ensure_custom_call_targets(devices[manifest.device_ids[0]].platform)
+    ensure_custom_call_targets(devices[manifest.device_ids[0]].platform, exe_bytes)
     start = time.perf_counter()
     xla_executable = _deserialize(manifest, backend, exe_bytes, dlist)
     check_executable(manifest, info, xla_executable)
