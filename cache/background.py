@@ -7,18 +7,19 @@ weights) and with each other. The dispatcher makes each task take the signature'
 own lock, so a call of a signature that is still loading waits for exactly that one.
 
 The tasks never outlive their cache badly: :meth:`stop` (called by
-:meth:`aot.cache.cache.Cache.close`) cancels the tasks not started and waits for the
-running ones (an XLA deserialization cannot be interrupted), and a task that starts
-after the main thread has finished (the interpreter is exiting) does nothing, so an
-exiting process waits for at most the loads already running, not for the queue.
+:meth:`aot.cache.cache.Cache.close`) drops the tasks not started and waits for the
+running ones (an XLA deserialization cannot be interrupted), and the threads take no
+task once the main thread has finished (the interpreter is exiting), so an exiting
+process waits for at most the loads already running, not for the queue.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
+import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -40,8 +41,14 @@ def default_workers(tasks: int) -> int:
 
 
 class BackgroundLoad(Generic[T]):
-    """Runs ``load(item)`` for every item in a thread pool; ``load`` must not raise
-    (the dispatcher keeps each signature's error for the first call of it)."""
+    """Runs ``load(item)`` for every item in a few threads; ``load`` must not raise
+    (the dispatcher keeps each signature's error for the first call of it).
+
+    Plain non-daemon threads, not a ``ThreadPoolExecutor``: the executor's exit hook
+    runs every queued task before the interpreter may exit, while these threads stop
+    taking tasks once the main thread has finished (the interpreter then joins them
+    after their running load; a daemon thread would be killed inside XLA instead).
+    """
 
     def __init__(
         self, items: Sequence[T], load: Callable[[T], None], *, workers: int | None = None,
@@ -50,32 +57,44 @@ class BackgroundLoad(Generic[T]):
         self.workers = workers if workers is not None and workers > 0 else default_workers(len(items))
         self._load = load
         self._stopped = threading.Event()
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name)
-        self._futures = [pool.submit(self._run, item) for item in items]
-        # No more work: the threads exit once the queue is drained.
-        pool.shutdown(wait=False)
+        self._queue: queue.SimpleQueue[T] = queue.SimpleQueue()
+        for item in items:
+            self._queue.put(item)
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=False)
+            for i in range(min(self.workers, len(items)))
+        ]
+        for thread in self._threads:
+            thread.start()
 
-    def _run(self, item: T) -> None:
-        if self._stopped.is_set() or not threading.main_thread().is_alive():
-            return  # the cache was closed, or the interpreter is exiting
-        try:
-            self._load(item)
-        except Exception:  # noqa: BLE001 - a bug in the task: never lose it silently
-            log.exception("a background load failed")
+    def _work(self) -> None:
+        while not self._stopped.is_set() and threading.main_thread().is_alive():
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._load(item)
+            except Exception:  # noqa: BLE001 - a bug in the task: never lose it silently
+                log.exception("a background load failed")
 
     @property
     def done(self) -> bool:
-        """Whether every task has finished (or was cancelled)."""
-        return all(f.done() for f in self._futures)
+        """Whether every task has finished (or was dropped by :meth:`stop`)."""
+        return not any(t.is_alive() for t in self._threads)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Waits until every task has finished; False when ``timeout`` passed first."""
-        _, pending = concurrent.futures.wait(self._futures, timeout=timeout)
-        return not pending
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            if thread is threading.current_thread():
+                continue
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self.done
 
     def stop(self) -> None:
-        """Cancels the tasks not started yet and waits for the running ones."""
+        """Drops the tasks not started yet and waits for the running ones."""
         self._stopped.set()
-        for future in self._futures:
-            future.cancel()
-        concurrent.futures.wait(self._futures)
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()

@@ -226,3 +226,42 @@ def test_closing_the_cache_cancels_pending_loads_and_waits_for_running_ones(
     assert not closer.is_alive()
     assert len(gate.finished) == 2 and len(gate.loaded) == 2  # the third never started
     assert not fn.loading
+
+
+_EXITING = """
+import sys, time
+import aot
+from aot.cache.cache import Cache
+
+real = Cache.load
+
+def slow(self, entry):
+    with open(sys.argv[2], "a") as f:
+        f.write(entry.key + "\\n")
+    time.sleep(1.0)
+    return real(self, entry)
+
+Cache.load = slow
+fn = aot.load("mlp.forward", cache=sys.argv[1], lazy=True).load_in_background(workers=1)
+print("returned", flush=True)
+"""
+
+
+def test_a_process_exiting_while_loading_skips_the_loads_not_started(
+    served_background, compiled, tmp_path  # noqa: ANN001
+) -> None:
+    """The interpreter exits cleanly while one load runs, and does not wait to run the
+    queued ones (their threads see that the main thread has finished)."""
+    import subprocess
+    import sys
+
+    served_background.close()
+    started = tmp_path / "started.txt"
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXITING, served_background.location, str(started)],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "returned" in proc.stdout and "Traceback" not in proc.stderr
+    loads = started.read_text().split() if started.exists() else []
+    assert len(loads) <= 1  # of 3 signatures, one thread: the running one at most
