@@ -260,10 +260,12 @@ def transformer_overlap(folder: Path, variant: str, _quick: bool) -> dict[str, A
     params, extra = load_checkpoint(folder / "transformer.npz")
     batch = extra["batch"]
     block((params, batch))
-    ready_s = time.perf_counter() - start  # the executable loaded or loading, weights on device
+    if variant == "aot_bg":
+        step.wait()  # what the first call would wait for: the rest of the load, if any
+    ready_s = time.perf_counter() - start  # the executable and the weights ready
 
     run_start = time.perf_counter()
-    _, loss = block(step(params, batch))  # aot_bg: waits for the rest of the load, if any
+    _, loss = block(step(params, batch))
     run_s = time.perf_counter() - run_start
     return {
         "import_s": import_s,
