@@ -332,8 +332,10 @@ def ensure_custom_call_targets(
     and a serving process that never lowered anything would crash (SIGSEGV) on them.
 
     With the serialized ``executable`` on CPU, only when it calls LAPACK: initialising
-    it imports SciPy's LAPACK bindings, which costs more than deserializing most
-    programs."""
+    it imports SciPy's LAPACK bindings (about 0.2 s, more than deserializing most
+    programs). XLA resolves custom calls by the target names stored in the executable;
+    a JAX upgrade that stopped storing them in plain bytes would show in
+    tests/aot/test_rehydrate.py's fresh-process linalg test and the conformance suite."""
     if platform in _custom_calls_ready:
         return
     if platform == "cpu" and executable is not None and not _calls_lapack(executable):

@@ -11,11 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import platformdirs
-
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
 from aot.rehydrate import build_artifact, build_symbolic_artifact, load_executable
-from aot.computation import MeshComputation
 from aot.errors import (
     ArtifactNotFoundError,
     CacheError,
@@ -25,7 +22,6 @@ from aot.errors import (
 )
 from aot.executable import MeshExecutable
 from aot.fingerprint import environment_fingerprint
-from aot.lowering import lower, lower_pmap
 from aot.signing import key_from, sign, verify
 from aot.cache.content import ContentStore
 from aot.cache.entry import IndexEntry
@@ -34,6 +30,8 @@ from aot.cache.objectstore import DATABASE, FOLDER, OBJECT, classify_location, o
 from aot.cache.pauses import reached
 
 if TYPE_CHECKING:
+    from aot.computation import MeshComputation
+    from aot.cache.background import BackgroundLoad
     from aot.cache.index import Index
     from aot.cache.sqlite_reader import SqliteReader
 
@@ -46,7 +44,11 @@ CacheEntry = IndexEntry
 
 def default_location() -> str:
     """``$AOT_CACHE``, else the user's cache folder (e.g. ``~/.cache/jax-aot``)."""
-    return os.environ.get(CACHE_ENV) or platformdirs.user_cache_dir("jax-aot", appauthor=False)
+    if os.environ.get(CACHE_ENV):
+        return os.environ[CACHE_ENV]
+    import platformdirs  # not needed by a process that names its cache
+
+    return platformdirs.user_cache_dir("jax-aot", appauthor=False)
 
 
 def is_url(location: str) -> bool:
@@ -147,6 +149,8 @@ class Cache:
 
     ``cache.stats`` records serving statistics (:mod:`aot.cache.stats`).
     """
+
+    _background: weakref.WeakSet[BackgroundLoad[Any]] | None = None
 
     def __new__(cls, *args: Any, local: str | os.PathLike[str] | None = None, **kwargs: Any) -> Cache:
         if local is not None and cls is Cache:
@@ -290,7 +294,16 @@ class Cache:
 
         return mask_url(self.location)
 
+    def hold_background(self, work: BackgroundLoad[Any]) -> None:
+        """Background loading over this cache: :meth:`close` stops it first."""
+        if self._background is None:
+            self._background = weakref.WeakSet()
+        self._background.add(work)
+
     def close(self) -> None:
+        # Loads still running read through this cache: cancel the rest, wait for them.
+        for work in list(self._background or ()):
+            work.stop()
         self._stats_finalizer()  # the last statistics, while the index is open
         if self._reader is not None:
             self._reader.close()
@@ -328,6 +341,8 @@ class Cache:
     def put(self, item: MeshComputation | MeshExecutable | Artifact) -> IndexEntry:
         """Stores a computation (compiling it), an executable or an artifact."""
         self._check_writable("store an artifact")
+        from aot.computation import MeshComputation  # serving never stores one
+
         if isinstance(item, MeshComputation) and item.symbolic:
             artifact = build_symbolic_artifact(item)
         elif isinstance(item, MeshComputation):
@@ -527,7 +542,8 @@ class Cache:
                 raise CorruptArtifactError(f"{label}: {role} {exc}") from None
             if data is not None:
                 blobs[ref.digest] = data
-        return Artifact(manifest, blobs)
+        # The store hashed each blob it returned: Artifact.blob need not hash them again.
+        return Artifact(manifest, blobs, verified=dict(blobs))
 
     def load(self, entry: IndexEntry | str) -> MeshExecutable:
         """Rehydrates the executable of one entry (no recompilation).
@@ -584,6 +600,8 @@ class Cache:
         **lower_kwargs: Any,
     ) -> CompileResult:
         """Lowers ``fn``; on a hit loads the stored executable, on a miss compiles and stores."""
+        from aot.lowering import lower, lower_pmap  # serving never lowers
+
         start = time.perf_counter()
         computation = (lower_pmap if pmap else lower)(fn, *args, name=name, **lower_kwargs)
         if computation.symbolic:

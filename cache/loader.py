@@ -54,6 +54,7 @@ from aot.executable import (
 from aot.fingerprint import describe_differences
 from aot.specs import dtype_to_str, format_aval, leaf_aval
 from aot.symbolic import bind, patterns_of
+from aot.cache.background import BackgroundLoad
 from aot.cache.cache import Cache, default_location, is_url
 from aot.cache.entry import IndexEntry
 from aot.cache.padding import PadPlan, fits, pad_leaf, rows, unpad_outputs
@@ -192,6 +193,12 @@ class Dispatcher:
         self._symbolic: dict[tuple[Any, ...], _SymbolicProgram] = {}
         self._symbolic_lock = threading.Lock()
         self._pad_axes: dict[str, dict[int, int]] = {}
+        # Background loading (load(background=True)): the running load, the programs
+        # whose load was started (by it or by a call), and the errors it met, each
+        # raised by the first call of its program (by id: programs are never dropped).
+        self._background: BackgroundLoad[_Program] | None = None
+        self._attempted: set[int] = set()
+        self._failed: dict[int, Exception] = {}
         # Rows this dispatcher could not place, for the start-up error: (entry, why).
         self.unusable: list[tuple[IndexEntry, str]] = []
         # Entries that cannot serve in this process (other x64 mode, platform or
@@ -319,6 +326,36 @@ class Dispatcher:
             list(pool.map(self._executable, programs))
         return self
 
+    def load_in_background(self, *, workers: int | None = None) -> Dispatcher:
+        """Starts loading every signature in background threads and returns at once
+        (``aot.load(name, background=True)``).
+
+        A call of a signature still loading waits for that signature only; a call of
+        one not started yet loads it itself. A signature whose load fails raises the
+        error the foreground load would have raised, with the same message, at its
+        first call; the other signatures serve. ``workers``: threads, by default
+        :func:`~aot.cache.background.default_workers` (at most 4, at most the cores).
+        Closing the cache cancels the loads not started and waits for the running ones.
+        """
+        if self._background is not None:
+            return self
+        programs = [p for p in self._programs.values() if p.executable is None]
+        if programs:
+            self._background = BackgroundLoad(programs, self._load_in_background, workers=workers)
+            self.cache.hold_background(self._background)
+        return self
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits for the background loading to finish (True), or ``timeout`` seconds
+        (False). Load errors are not raised here: the first call of a signature raises
+        its own. True at once without background loading."""
+        return self._background is None or self._background.wait(timeout)
+
+    @property
+    def loading(self) -> bool:
+        """Whether background loading is still running (a readiness probe can poll it)."""
+        return self._background is not None and not self._background.done
+
     # ------------------------------------------------------------ calling
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -443,10 +480,32 @@ class Dispatcher:
         return _Kind(binding.fn, program, True)
 
     def _executable(self, program: _Program) -> MeshExecutable:
-        with program.lock:
+        with program.lock:  # held by a background load of this program: wait for it
             if program.executable is None:
+                failed = self._failed.pop(id(program), None)
+                if failed is not None:
+                    # Its background load failed: this (first) call raises that error,
+                    # as the foreground load would have; a later call tries again.
+                    raise failed
+                self._attempted.add(id(program))
                 program.executable = self._load(program)
             return program.executable
+
+    def _load_in_background(self, program: _Program) -> None:
+        """One background task: loads ``program`` unless a call already did (or is);
+        keeps the error for the first call of it."""
+        with program.lock:
+            if program.executable is not None or id(program) in self._attempted:
+                return
+            self._attempted.add(id(program))
+            try:
+                program.executable = self._load(program)
+            except Exception as exc:  # noqa: BLE001 - raised by the first call instead
+                log.warning(
+                    "aot.load(%r): loading (%s) in the background failed; its first call "
+                    "raises: %s", self.name, program.signature, exc,
+                )
+                self._failed[id(program)] = exc
 
     def _load(self, program: _Program) -> MeshExecutable:
         problems: list[str] = []
@@ -1052,11 +1111,16 @@ def load(
     pad_outputs: int | Mapping[str, int] | None = None,
     pad_value: Any = 0,
     allow_empty: bool = False,
+    background: bool = False,
 ) -> Dispatcher:
     """A callable over every signature stored for ``name`` in this environment.
 
     ``lazy=False`` (the default) loads every signature now, in parallel, so the first
-    request runs at full speed; ``lazy=True`` loads each on its first call.
+    request runs at full speed; ``lazy=True`` loads each on its first call;
+    ``background=True`` returns once the index rows are read and loads every
+    signature in background threads: a call waits for its own signature only, and a
+    signature that fails to load raises that error (as ``background=False`` would at
+    start-up) at its first call (:meth:`Dispatcher.load_in_background`).
 
     A call whose shapes match no stored executable is served, in this order: by
     padding (with ``pad=``) up to the smallest stored bucket that fits; by compiling
@@ -1077,6 +1141,8 @@ def load(
     missing signatures on demand) starts anyway. ``read_only=None`` opens a folder
     read-only when this process cannot write it.
     """
+    if lazy and background:
+        raise ValueError("aot.load: lazy=True and background=True contradict each other; pick one")
     plan = PadPlan.of(pad, pad_outputs, pad_value) if pad is not None else None
     owned = not isinstance(cache, Cache)
     if owned:
@@ -1086,7 +1152,9 @@ def load(
         dispatcher = Dispatcher(cache, name, strict=strict, fallback=fallback, pad=plan)
         if not allow_empty and fallback is None and not dispatcher.servable():
             raise _nothing_servable(cache, name, dispatcher)
-        if not lazy:
+        if background:
+            dispatcher.load_in_background()
+        elif not lazy:
             dispatcher.warm()
     except BaseException:
         if owned:

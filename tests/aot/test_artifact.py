@@ -523,6 +523,23 @@ def test_one_changed_byte_is_refused_before_deserializing(saved, deserialize_cal
     assert deserialize_calls == []
 
 
+def test_bytes_swapped_in_after_verification_are_still_refused(saved, deserialize_calls):
+    """A reader that hashed a blob hands it over as verified (not hashed twice); any
+    other bytes under that digest, even in the same artifact object, are hashed."""
+    folder, artifact = saved
+    digest = artifact.manifest.blobs[EXECUTABLE].digest
+    intact = Artifact.open(folder).blobs[digest]
+    changed = bytearray(intact)
+    changed[len(changed) // 2] ^= 0x01
+    blobs = {**artifact.blobs, digest: bytes(changed)}
+    with pytest.raises(aot.CorruptArtifactError, match="will not be executed"):
+        load_executable(Artifact(artifact.manifest, blobs, verified={digest: intact}))
+    assert deserialize_calls == []
+    # the verified bytes themselves reach XLA
+    with pytest.raises(aot.IncompatibleEnvironmentError, match="deserialize_executable was called"):
+        load_executable(Artifact(artifact.manifest, {**blobs, digest: intact}, verified={digest: intact}))
+
+
 def test_a_truncated_portable_hlo_is_refused_before_recompiling(saved, monkeypatch):
     folder, artifact = saved
     path = folder / f"{artifact.manifest.blobs[PORTABLE_HLO].digest}.bin"

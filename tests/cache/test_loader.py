@@ -357,6 +357,11 @@ _SERVER = textwrap.dedent(
         np.testing.assert_array_equal(out, data[f"y{batch}"])
         result["ok"].append(batch)
     result["jax_work"] = work
+    # Serving a program without linalg needs neither LAPACK (scipy) nor SQLAlchemy
+    # nor the lowering modules.
+    result["imported"] = sorted(
+        m for m in ("scipy", "sqlalchemy", "aot.lowering", "aot.computation") if m in sys.modules
+    )
     try:
         fn(params, np.zeros((8, 784), np.float32))
     except aot.SignatureNotFoundError as err:
@@ -391,6 +396,7 @@ def test_serving_process_without_the_model_code(served, compiled, tmp_path: Path
     assert result["ok"] == [1, 2, 4]
     assert result["signatures"] == sorted(a.manifest.signature for a in compiled.mlp.values())
     assert result["jax_work"] == []  # no trace, no lowering, no XLA compile
+    assert result["imported"] == []
     assert sorted(result["available"]) == result["signatures"]
     assert "f32[8,784]" in result["error"] and "Nearest" in result["error"]
     assert not result["model_imported"]
