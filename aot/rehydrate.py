@@ -309,9 +309,27 @@ _custom_calls_ready: set[str] = set()
 _custom_calls_lock = threading.Lock()
 
 
-#: The prefix of every LAPACK custom-call target of jaxlib's CPU kernels
-#: (``lapack_sgetrf_ffi``, ...): the serialized executable names each target it calls.
-_LAPACK_TARGET = b"lapack_"
+_lapack_needles: tuple[bytes, ...] | None = None
+
+
+def _lapack_targets() -> tuple[bytes, ...]:
+    """What an executable that calls a LAPACK kernel of jaxlib names: ``lapack_``
+    (``lapack_sgetrf_ffi``, ...) or one of jaxlib's other names for such kernels
+    (``tridiagonal_solve_perturbed_ffi``), from jaxlib's own registrations."""
+    global _lapack_needles
+    if _lapack_needles is None:
+        needles = {b"lapack_"}
+        try:
+            from jax._src.lib import lapack
+
+            for targets in lapack.registrations().values():
+                needles.update(
+                    name.encode() for name, *_ in targets if not name.startswith("lapack_")
+                )
+        except Exception as exc:  # noqa: BLE001 - a jaxlib without them: the prefix alone
+            log.debug("jaxlib's LAPACK registrations unavailable: %s", exc)
+        _lapack_needles = tuple(sorted(needles))
+    return _lapack_needles
 
 
 def ensure_custom_call_targets(platform: str, exe_bytes: bytes | None = None) -> None:
@@ -322,13 +340,15 @@ def ensure_custom_call_targets(platform: str, exe_bytes: bytes | None = None) ->
 
     On CPU, initialising LAPACK imports ``scipy.linalg`` (about 0.2 s, most of the
     time to load a small executable), so it is done only for an executable whose
-    serialized bytes name a LAPACK target (XLA resolves custom calls by those names;
-    ``exe_bytes=None``: always). A JAX upgrade that stopped storing the names in
+    serialized bytes name one of jaxlib's LAPACK targets (XLA resolves custom calls by
+    those names; ``exe_bytes=None``: always). A JAX upgrade that stopped storing the names in
     plain bytes would show in tests/aot/test_rehydrate.py's fresh-process linalg test
     and the conformance suite's ``lapack`` group."""
     if platform in _custom_calls_ready:
         return
-    if platform == "cpu" and exe_bytes is not None and _LAPACK_TARGET not in exe_bytes:
+    if platform == "cpu" and exe_bytes is not None and not any(
+        needle in exe_bytes for needle in _lapack_targets()
+    ):
         return
     with _custom_calls_lock:
         if platform in _custom_calls_ready:
