@@ -309,36 +309,46 @@ _custom_calls_ready: set[str] = set()
 _custom_calls_lock = threading.Lock()
 
 
-def _calls_lapack(executable: bytes | bytearray | memoryview) -> bool:
-    """Whether a serialized XLA CPU executable calls one of jaxlib's LAPACK kernels:
-    their target names (``lapack_sgetrf_ffi``, ...) are stored in plain text in it."""
-    if isinstance(executable, memoryview):
-        executable = executable.tobytes()
-    try:
-        from jaxlib import lapack
-
-        others = [n.encode() for n in lapack._lapack.registrations() if not n.startswith("lapack_")]
-    except Exception:  # noqa: BLE001 - another jaxlib layout: assume it does
-        return True
-    return b"lapack_" in executable or any(name in executable for name in others)
+_lapack_needles: tuple[bytes, ...] | None = None
 
 
-def ensure_custom_call_targets(
-    platform: str, executable: bytes | bytearray | memoryview | None = None
-) -> None:
+def _lapack_targets() -> tuple[bytes, ...]:
+    """What an executable that calls a LAPACK kernel of jaxlib names: ``lapack_``
+    (``lapack_sgetrf_ffi``, ...) or one of jaxlib's other names for such kernels
+    (``tridiagonal_solve_perturbed_ffi``), from jaxlib's own registrations."""
+    global _lapack_needles
+    if _lapack_needles is None:
+        needles = {b"lapack_"}
+        try:
+            from jax._src.lib import lapack
+
+            for targets in lapack.registrations().values():
+                needles.update(
+                    name.encode() for name, *_ in targets if not name.startswith("lapack_")
+                )
+        except Exception as exc:  # noqa: BLE001 - a jaxlib without them: the prefix alone
+            log.debug("jaxlib's LAPACK registrations unavailable: %s", exc)
+        _lapack_needles = tuple(sorted(needles))
+    return _lapack_needles
+
+
+def ensure_custom_call_targets(platform: str, exe_bytes: bytes | None = None) -> None:
     """Registers JAX's own custom-call targets for ``platform`` before an executable
     runs, as ``jax.export`` does before calling an exported program: XLA CPU programs
     using jnp.linalg call LAPACK kernels that JAX initialises lazily while lowering,
     and a serving process that never lowered anything would crash (SIGSEGV) on them.
 
-    With the serialized ``executable`` on CPU, only when it calls LAPACK: initialising
-    it imports SciPy's LAPACK bindings (about 0.2 s, more than deserializing most
-    programs). XLA resolves custom calls by the target names stored in the executable;
-    a JAX upgrade that stopped storing them in plain bytes would show in
-    tests/aot/test_rehydrate.py's fresh-process linalg test and the conformance suite."""
+    On CPU, initialising LAPACK imports ``scipy.linalg`` (about 0.2 s, most of the
+    time to load a small executable), so it is done only for an executable whose
+    serialized bytes name one of jaxlib's LAPACK targets (XLA resolves custom calls by
+    those names; ``exe_bytes=None``: always). A JAX upgrade that stopped storing the names in
+    plain bytes would show in tests/aot/test_rehydrate.py's fresh-process linalg test
+    and the conformance suite's ``lapack`` group."""
     if platform in _custom_calls_ready:
         return
-    if platform == "cpu" and executable is not None and not _calls_lapack(executable):
+    if platform == "cpu" and exe_bytes is not None and not any(
+        needle in exe_bytes for needle in _lapack_targets()
+    ):
         return
     with _custom_calls_lock:
         if platform in _custom_calls_ready:

@@ -75,7 +75,7 @@ class BackgroundLoad(Generic[T]):
                 return
             try:
                 self._load(item)
-            except Exception:  # noqa: BLE001 - a bug in the task: never lose it silently
+            except Exception:  # a bug in the task: never lose it silently
                 log.exception("a background load failed")
 
     @property
