@@ -31,8 +31,10 @@ die() { log "ERROR: $*"; exit 1; }
 is_moto() {
     "$PYTHON" - "$ENDPOINT" <<'EOF' >/dev/null 2>&1
 import sys, urllib.request
-with urllib.request.urlopen(sys.argv[1] + "/moto-api/data.json", timeout=15) as r:
-    sys.exit(0 if r.status == 200 else 1)
+# The dashboard, not /moto-api/data.json: that one answers 500 once a test deleted a
+# bucket the server's state still lists, although the server works.
+with urllib.request.urlopen(sys.argv[1] + "/moto-api/", timeout=15) as r:
+    sys.exit(0 if r.status == 200 and b"moto" in r.read().lower() else 1)
 EOF
 }
 
