@@ -25,6 +25,7 @@ from aot.errors import (
     SymbolicShapeError,
     TargetError,
     UnsupportedComputationError,
+    UsageError,
 )
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ __all__ = [
     "SymbolicShapeError",
     "TargetError",
     "UnsupportedComputationError",
+    "UsageError",
     "load",
     "lower",
     "lower_pmap",

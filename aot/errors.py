@@ -15,6 +15,10 @@ class SpecError(AotError, ValueError):
     """A spec string or spec pytree could not be parsed."""
 
 
+class UsageError(AotError, ValueError):
+    """A call's arguments contradict each other (``aot.load(lazy=True, background=True)``)."""
+
+
 class AvalMismatchError(AotError, TypeError):
     """Inputs do not match the avals (shape, dtype, structure, sharding) compiled for."""
 

@@ -68,11 +68,7 @@ class IndexEntry:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict; datetimes become ISO 8601 UTC strings."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = value.isoformat() if isinstance(value, datetime) else value
-        return out
+        return fields_to_json(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> IndexEntry:
@@ -83,13 +79,26 @@ class IndexEntry:
                 continue
             value = data[f.name]
             if f.name in ("created_at", "last_used_at") and isinstance(value, str):
-                if value.endswith(("Z", "z")):  # Python 3.10's fromisoformat rejects "Z"
-                    value = value[:-1] + "+00:00"
-                value = datetime.fromisoformat(value)
-                if value.tzinfo is None:
-                    value = value.replace(tzinfo=timezone.utc)
+                value = parse_utc(value)
             kwargs[f.name] = value
         return cls(**kwargs)
 
     def _row(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def fields_to_json(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as a JSON-able dict; datetimes become ISO 8601 strings."""
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        out[f.name] = value.isoformat() if isinstance(value, datetime) else value
+    return out
+
+
+def parse_utc(value: str) -> datetime:
+    """Inverse of ``isoformat`` for the index's times; naive means UTC."""
+    if value.endswith(("Z", "z")):  # Python 3.10's fromisoformat rejects "Z"
+        value = value[:-1] + "+00:00"
+    parsed = datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)

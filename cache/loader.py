@@ -42,6 +42,7 @@ from aot.errors import (
     IncompatibleEnvironmentError,
     IntegrityError,
     SignatureNotFoundError,
+    UsageError,
 )
 from aot.executable import (
     FAST_CACHE_LIMIT,
@@ -183,12 +184,11 @@ class Dispatcher:
         # and by the avals of positional arrays; structure keys per caller treedef.
         self._fast: dict[tuple[PyTreeDef, tuple[Any, ...]], _Kind] = {}
         self._positional: dict[tuple[Any, ...], _Kind] = {}
-        # JAX's C++ dispatch and the program whose calls it serves (class docstring);
-        # ``_cpp_sink`` counts them (a throw-away counter until a program is served)
-        # and is None once calls are selected in Python.
+        # JAX's C++ dispatch and the one program it serves (class docstring), which
+        # counts its calls; a throw-away counter until a program is served, None once
+        # calls are selected in Python.
         self._cpp = dispatch_function(name, _miss_of(self))
-        self._cpp_owner: _Program | None = None
-        self._cpp_sink: Any = _Uncounted()
+        self._cpp_sink: _Program | _Uncounted | None = _Uncounted()
         self._structures: dict[PyTreeDef, str] = {}
         self._symbolic: dict[tuple[Any, ...], _SymbolicProgram] = {}
         self._symbolic_lock = threading.Lock()
@@ -412,16 +412,16 @@ class Dispatcher:
             hit = self._stored_kind(args, kwargs, leaves, treedef)
             if hit is None:  # padded, symbolic, fallback or refused: stays in Python
                 return self._first_call(args, kwargs, leaves, treedef), None, False
-        if not hit.plain or self._cpp_sink is None:
+        sink = self._cpp_sink
+        if not hit.plain or sink is None:
             return self._run(hit, leaves), None, False
-        owner = self._cpp_owner
-        if owner is not None and owner is not hit.program:
+        if isinstance(sink, _Program) and sink is not hit.program:
             # C++ cannot say which of two programs served a call: from now on the
             # program is selected in Python, and each one's calls are counted exactly.
             log.debug("%s: a second signature is called; selecting in Python", self.name)
             self._cpp_sink = None
             return self._run(hit, leaves), None, False
-        self._cpp_owner = self._cpp_sink = hit.program
+        self._cpp_sink = hit.program
         hit.program.calls += 1
         try:
             return first_call(hit.fn, leaves)
@@ -995,19 +995,9 @@ def _describe_value(value: Any) -> str:
             return format_aval(*_leaf_key(leaves[0]))
         except TypeError:
             return _short(value)
-    node = tree.node_data()
-    if node is None:
-        return "None"
-    cls, aux = node
-    n = len(tree.children())
-    if cls in (list, tuple):
-        kind = f"a {cls.__name__} of {n} item{'s' if n != 1 else ''}"
-    elif cls is dict:
-        kind = f"a dict with keys {sorted(map(str, aux))[:6]}"
-    elif cls is type(None):
-        return "None"
-    else:
-        kind = f"a {getattr(cls, '__qualname__', cls)}"
+    kind = _describe_tree(tree)  # not a leaf: handled above
+    if kind == "None":
+        return kind
     if tree.num_leaves <= 4:
         try:
             return kind + " (" + ", ".join(format_aval(*_leaf_key(x)) for x in leaves) + ")"
@@ -1142,7 +1132,10 @@ def load(
     read-only when this process cannot write it.
     """
     if lazy and background:
-        raise ValueError("aot.load: lazy=True and background=True contradict each other; pick one")
+        raise UsageError(
+            "aot.load: lazy=True loads each signature at its first call, background=True "
+            "loads them all now in threads; pass one of them"
+        )
     plan = PadPlan.of(pad, pad_outputs, pad_value) if pad is not None else None
     owned = not isinstance(cache, Cache)
     if owned:

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aot.errors import CacheError
+from aot.cache.entry import fields_to_json, parse_utc
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -120,18 +121,14 @@ class SignatureStats:
     this_environment: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = value.isoformat() if isinstance(value, datetime) else value
-        return out
+        return fields_to_json(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SignatureStats:
         kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         for key in ("created_at", "updated_at"):
             if isinstance(kwargs.get(key), str):
-                kwargs[key] = datetime.fromisoformat(kwargs[key])
+                kwargs[key] = parse_utc(kwargs[key])
         return cls(**kwargs)
 
 

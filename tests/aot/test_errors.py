@@ -23,6 +23,7 @@ HIERARCHY = {
     aot.ArtifactNotFoundError: (KeyError,),
     aot.ManifestError: (ValueError,),
     aot.TargetError: (LookupError,),
+    aot.UsageError: (ValueError,),
 }
 
 

@@ -296,6 +296,15 @@ def compiled() -> Compiled:
     return Compiled()
 
 
+@pytest.fixture
+def served(open_folder_cache, compiled):  # noqa: ANN001, ANN201
+    """A folder cache holding the three MLP buckets."""
+    cache = open_folder_cache()
+    for artifact in compiled.mlp.values():
+        cache.put(artifact)
+    return cache
+
+
 def with_environment(artifact: Any, **parts: str) -> Any:
     """``artifact`` as if compiled in another environment: parts replaced, key recomputed.
 

@@ -33,15 +33,6 @@ def _no_compile(self: MeshComputation) -> None:
     raise AssertionError(f"XLA compile of {self.name} on a path that must not compile")
 
 
-@pytest.fixture
-def served(open_folder_cache, compiled):  # noqa: ANN001, ANN201
-    """A folder cache holding the three MLP buckets."""
-    cache = open_folder_cache()
-    for artifact in compiled.mlp.values():
-        cache.put(artifact)
-    return cache
-
-
 def _check_buckets(fn, compiled) -> None:  # noqa: ANN001
     for batch in compiled.MLP_BATCHES:
         out = fn(compiled.params, compiled.inputs[batch])

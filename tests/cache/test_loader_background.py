@@ -62,17 +62,8 @@ def _corrupt_blob(cache, digest: str, read_raw, write_raw) -> None:  # noqa: ANN
     assert cache.blobs.check(digest) is not None
 
 
-@pytest.fixture
-def served_background(open_folder_cache, compiled):  # noqa: ANN001, ANN201
-    """A folder cache holding the three MLP buckets."""
-    cache = open_folder_cache()
-    for artifact in compiled.mlp.values():
-        cache.put(artifact)
-    return cache
-
-
-def test_background_serves_what_the_foreground_serves(served_background, compiled) -> None:  # noqa: ANN001
-    cache = served_background
+def test_background_serves_what_the_foreground_serves(served, compiled) -> None:  # noqa: ANN001
+    cache = served
     foreground = aot.load(compiled.MLP_NAME, cache=cache)
     fn = aot.load(compiled.MLP_NAME, cache=cache, background=True)
     assert fn.signatures == foreground.signatures
@@ -81,14 +72,14 @@ def test_background_serves_what_the_foreground_serves(served_background, compile
         np.testing.assert_array_equal(np.asarray(out), np.asarray(foreground(compiled.params, compiled.inputs[batch])))
         _check(fn, compiled, batch)
     assert fn.wait(_WAIT) and not fn.loading
-    with pytest.raises(ValueError, match="lazy=True and background=True"):
+    with pytest.raises(aot.UsageError, match="lazy=True .* background=True"):
         aot.load(compiled.MLP_NAME, cache=cache, lazy=True, background=True)
 
 
 def test_returns_before_loading_and_a_call_waits_for_its_own_signature_only(
-    served_background, compiled, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+    served, compiled, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
 ) -> None:
-    cache = served_background
+    cache = served
     held = compiled.mlp[4].manifest.key
     gate = _Gate(cache, monkeypatch, held={held})
     fn = aot.load(compiled.MLP_NAME, cache=cache, background=True)
@@ -112,9 +103,9 @@ def test_returns_before_loading_and_a_call_waits_for_its_own_signature_only(
 
 
 def test_calls_from_several_threads_while_loading_load_each_signature_once(
-    served_background, compiled, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+    served, compiled, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
 ) -> None:
-    cache = served_background
+    cache = served
     gate = _Gate(cache, monkeypatch)
     fn = aot.load(compiled.MLP_NAME, cache=cache, background=True)
     errors: list[BaseException] = []
@@ -136,9 +127,9 @@ def test_calls_from_several_threads_while_loading_load_each_signature_once(
 
 
 def test_strict_a_corrupt_blob_raises_the_foreground_error_at_its_first_call(
-    served_background, compiled, read_raw, write_raw  # noqa: ANN001
+    served, compiled, read_raw, write_raw  # noqa: ANN001
 ) -> None:
-    cache = served_background
+    cache = served
     bad = cache.index.get(compiled.mlp[1].manifest.key)
     _corrupt_blob(cache, bad.exe_digest, read_raw, write_raw)
     with pytest.raises(CorruptArtifactError) as foreground:
@@ -157,11 +148,11 @@ def test_strict_a_corrupt_blob_raises_the_foreground_error_at_its_first_call(
 
 
 def test_strict_a_corrupt_blob_raises_at_the_first_call_even_while_loading(
-    served_background, compiled, read_raw, write_raw, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+    served, compiled, read_raw, write_raw, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
 ) -> None:
     """The first call comes before the background load of its signature has failed:
     it waits for it and raises its error (not the next call)."""
-    cache = served_background
+    cache = served
     bad = cache.index.get(compiled.mlp[1].manifest.key)
     _corrupt_blob(cache, bad.exe_digest, read_raw, write_raw)
     gate = _Gate(cache, monkeypatch)
@@ -210,9 +201,9 @@ def test_background_loads_count_in_the_statistics(open_folder_cache, compiled) -
 
 
 def test_closing_the_cache_cancels_pending_loads_and_waits_for_running_ones(
-    served_background, compiled, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+    served, compiled, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
 ) -> None:
-    cache = served_background
+    cache = served
     gate = _Gate(cache, monkeypatch)
     fn = aot.load(compiled.MLP_NAME, cache=cache, lazy=True).load_in_background(workers=2)
     gate.wait_entered(2)  # two loads running (held), the third queued
@@ -249,17 +240,17 @@ print("returned", flush=True)
 
 
 def test_a_process_exiting_while_loading_skips_the_loads_not_started(
-    served_background, compiled, tmp_path  # noqa: ANN001
+    served, compiled, tmp_path  # noqa: ANN001
 ) -> None:
     """The interpreter exits cleanly while one load runs, and does not wait to run the
     queued ones (their threads see that the main thread has finished)."""
     import subprocess
     import sys
 
-    served_background.close()
+    served.close()
     started = tmp_path / "started.txt"
     proc = subprocess.run(
-        [sys.executable, "-c", _EXITING, served_background.location, str(started)],
+        [sys.executable, "-c", _EXITING, served.location, str(started)],
         capture_output=True, text=True, timeout=240, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -68,10 +68,8 @@ def test_numpy_calls_are_served_and_counted(open_folder_cache, compiled) -> None
     assert _calls(cache, compiled.TINY_NAME) == {entry.signature: 5}
 
 
-def test_each_signature_counts_exactly_when_several_are_called(open_folder_cache, compiled) -> None:  # noqa: ANN001
-    cache = open_folder_cache()
-    for artifact in compiled.mlp.values():
-        cache.put(artifact)
+def test_each_signature_counts_exactly_when_several_are_called(served, compiled) -> None:  # noqa: ANN001
+    cache = served
     fn = aot.load(compiled.MLP_NAME, cache=cache)
     made = dict.fromkeys(compiled.MLP_BATCHES, 0)
     for batch, n in [(1, 3), (2, 2), (1, 4), (4, 1), (2, 3)]:
@@ -87,12 +85,10 @@ def test_each_signature_counts_exactly_when_several_are_called(open_folder_cache
     assert _calls(cache, compiled.MLP_NAME) == expected
 
 
-def test_calls_from_threads_are_all_served(open_folder_cache, compiled) -> None:  # noqa: ANN001
+def test_calls_from_threads_are_all_served(served, compiled) -> None:  # noqa: ANN001
     from concurrent.futures import ThreadPoolExecutor
 
-    cache = open_folder_cache()
-    for artifact in compiled.mlp.values():
-        cache.put(artifact)
+    cache = served
     fn = aot.load(compiled.MLP_NAME, cache=cache)
 
     def call(batch: int) -> None:
