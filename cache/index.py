@@ -542,7 +542,7 @@ def _sqlite_engine(url: URL, read_only: bool) -> Engine:
             cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
             cur.execute("PRAGMA foreign_keys = ON")
             if not read_only:
-                cur.execute("PRAGMA journal_mode = WAL")
+                _enable_wal(cur)
                 cur.execute("PRAGMA synchronous = NORMAL")
         finally:
             cur.close()
@@ -553,6 +553,26 @@ def _sqlite_engine(url: URL, read_only: bool) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
     return engine
+
+
+def _enable_wal(cur: Any) -> None:
+    """Switches a SQLite database to WAL. Connections opening a new database at once
+    all try the switch, and SQLite answers "database is locked" at once to the losers
+    (the busy handler does not cover it): retry until the busy timeout."""
+    import sqlite3
+
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
 
 def _read_only_sqlite_engine(url: URL, path: Path) -> Engine:
