@@ -62,7 +62,6 @@ from aot.shardings import (
     sharding_from_json,
     sharding_to_json,
 )
-from aot.symbolic import bind, check_dim_text, format_dim, is_symbolic_dim
 
 log = logging.getLogger(__name__)
 
@@ -571,6 +570,8 @@ _UNSPECIFIED = UNSPECIFIED_SHARDING
 
 
 def _symbolic_aval_json(aval: Any) -> dict[str, Any]:
+    from aot.symbolic import format_dim, is_symbolic_dim
+
     out: dict[str, Any] = {
         "shape": [format_dim(d) if is_symbolic_dim(d) else int(d) for d in aval.shape],
         "dtype": dtype_to_str(aval.dtype),
@@ -1130,6 +1131,8 @@ def stored_artifact_problems(artifact: Artifact, current: Fingerprint | None = N
 def portable_hlo_problems(manifest: Manifest, hlo: bytes) -> list[str]:
     """Where the manifest's argument and output avals or device count differ from the
     portable HLO's (``jax.export``: public API, no XLA needed)."""
+    from aot.symbolic import check_dim_text
+
     try:
         exported = jax.export.deserialize(bytearray(hlo))
     except Exception as exc:  # noqa: BLE001
@@ -1164,6 +1167,8 @@ def _hlo_avals(manifest: Manifest, exported: Any) -> tuple[list[Any], list[Any]]
     dimensions as their text (``"b"``), or, for a concrete entry compiled from a
     symbolic one (which keeps the symbolic portable HLO), evaluated for the entry's
     argument shapes. Shapes that do not bind stay symbolic, so they compare unequal."""
+    from aot.symbolic import bind, format_dim, is_symbolic_dim
+
 
     def as_text(avals: Any) -> list[Any]:
         return [
