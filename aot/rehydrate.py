@@ -12,8 +12,8 @@ import re
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -736,10 +736,10 @@ def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Art
 # runs them too.
 
 
-@dataclass(frozen=True, slots=True)
-class _TrustedInputs:
+class _TrustedInputs(NamedTuple):
     """What a recompilation takes from a manifest, each field vouched for by the
-    program fingerprint or the portable HLO."""
+    program fingerprint or the portable HLO. (A NamedTuple, not a dataclass: this
+    module is imported by every serving process, which never recompiles.)"""
 
     name: str
     kind: str

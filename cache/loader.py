@@ -16,9 +16,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 from jax.tree_util import PyTreeDef
@@ -69,43 +68,80 @@ log = logging.getLogger(__name__)
 LeafKey = tuple[tuple[int, ...], Any, bool]
 
 
-@dataclass
+# The three records below are internal to this module and plain classes, not
+# dataclasses: generating a dataclass's methods costs ~0.5 ms per class at import,
+# paid by every serving process at start-up (issue 15).
+
+
 class _Program:
     """One stored signature of a name: its rows for this and other environments, and
     quarantined rows (never executed; their portable HLO can still be recompiled)."""
 
-    signature: str
-    structure: str  # treedef.structure_key of the inputs
-    treedef: PyTreeDef  # the input structure (stand-ins for nodes not rebuildable here)
-    leaves: tuple[LeafKey, ...]
-    paths: tuple[str, ...]
-    local: list[IndexEntry] = field(default_factory=list)
-    foreign: list[IndexEntry] = field(default_factory=list)
-    quarantined: list[IndexEntry] = field(default_factory=list)
-    executable: MeshExecutable | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    # Statistics (aot.cache.stats): calls served, and how many were already flushed.
-    calls: int = 0
-    counted: int = 0
+    __slots__ = (
+        "signature", "structure", "treedef", "leaves", "paths", "local", "foreign",
+        "quarantined", "executable", "lock", "calls", "counted",
+    )
+
+    def __init__(
+        self,
+        signature: str,
+        structure: str,  # treedef.structure_key of the inputs
+        treedef: PyTreeDef,  # the input structure (stand-ins for nodes not rebuildable here)
+        leaves: tuple[LeafKey, ...],
+        paths: tuple[str, ...],
+        local: list[IndexEntry] | None = None,
+        foreign: list[IndexEntry] | None = None,
+        quarantined: list[IndexEntry] | None = None,
+        executable: MeshExecutable | None = None,
+    ) -> None:
+        self.signature = signature
+        self.structure = structure
+        self.treedef = treedef
+        self.leaves = leaves
+        self.paths = paths
+        self.local: list[IndexEntry] = [] if local is None else local
+        self.foreign: list[IndexEntry] = [] if foreign is None else foreign
+        self.quarantined: list[IndexEntry] = [] if quarantined is None else quarantined
+        self.executable = executable
+        self.lock = threading.Lock()
+        # Statistics (aot.cache.stats): calls served, and how many were already flushed.
+        self.calls = 0
+        self.counted = 0
+
+    def __repr__(self) -> str:
+        return f"_Program({self.signature!r}, loaded={self.executable is not None})"
 
 
-@dataclass
 class _SymbolicProgram:
     """A stored shape-polymorphic signature of a name (``f32[b,784]``): its intact
     rows, newest first, any environment (portable HLO compiles anywhere)."""
 
-    signature: str
-    structure: str  # treedef.structure_key of the inputs
-    treedef: PyTreeDef
-    patterns: tuple[tuple[int | str, ...], ...]
-    dtypes: tuple[tuple[Any, bool], ...]  # (dtype, weak_type) per input
-    paths: tuple[str, ...]
-    constraints: tuple[str, ...]
-    entries: list[IndexEntry] = field(default_factory=list)
+    __slots__ = ("signature", "structure", "treedef", "patterns", "dtypes", "paths", "constraints", "entries")
+
+    def __init__(
+        self,
+        signature: str,
+        structure: str,  # treedef.structure_key of the inputs
+        treedef: PyTreeDef,
+        patterns: tuple[tuple[int | str, ...], ...],
+        dtypes: tuple[tuple[Any, bool], ...],  # (dtype, weak_type) per input
+        paths: tuple[str, ...],
+        constraints: tuple[str, ...],
+    ) -> None:
+        self.signature = signature
+        self.structure = structure
+        self.treedef = treedef
+        self.patterns = patterns
+        self.dtypes = dtypes
+        self.paths = paths
+        self.constraints = constraints
+        self.entries: list[IndexEntry] = []
+
+    def __repr__(self) -> str:
+        return f"_SymbolicProgram({self.signature!r}, {len(self.entries)} entries)"
 
 
-@dataclass(frozen=True, slots=True)
-class _Kind:
+class _Kind(NamedTuple):
     """A kind of call already served: ``fn(*leaves)`` runs it (a bound executable's
     C++ call, or a padded call), ``program`` counts it; ``plain`` when JAX's C++
     dispatch may serve it (not padded)."""

@@ -58,9 +58,8 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from aot.errors import CacheError
 
@@ -147,9 +146,9 @@ class _Tally:
 _Key = tuple[str, str, str]  # (env_fp, name, signature)
 
 
-@dataclass
-class _Watch:
-    """A dispatcher's programs, whose ``calls`` the flusher reads."""
+class _Watch(NamedTuple):
+    """A dispatcher's programs, whose ``calls`` the flusher reads. (A NamedTuple, not
+    a dataclass: every serving process imports this module at start-up.)"""
 
     env_fp: str
     name: str
