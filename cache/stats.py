@@ -288,7 +288,10 @@ class StatsRecorder:
         self.location = location
         self._sink_factory = sink
         self._sink: Any = None
-        self._lock = threading.Lock()
+        # Reentrant: a dispatcher's finalizer (_unwatch) can run on this thread while
+        # the lock is held, when a garbage collection happens inside flush (a
+        # dispatcher in a reference cycle, freed by the collector, not by refcount).
+        self._lock = threading.RLock()
         self._pending: dict[_Key, _Tally] = {}
         self._touches: dict[str, int] = {}
         self._memory: dict[_Key, _Tally] = {}
