@@ -35,7 +35,6 @@ from aot.fingerprint import (
     sha256_hex,
 )
 from aot.specs import format_aval, parse_dtype
-from aot.symbolic import check_dim_text
 from aot.treedef import structure_key_of_json
 
 log = logging.getLogger(__name__)
@@ -338,6 +337,8 @@ def _check_symbolic(manifest: Manifest) -> None:
         if EXECUTABLE not in manifest.blobs:
             raise ValueError("a concrete manifest without an executable blob")
         return
+    from aot.symbolic import check_dim_text  # symbolic shapes only: not on the serving path
+
     for text in texts:
         check_dim_text(text)
     if EXECUTABLE in manifest.blobs or PORTABLE_HLO not in manifest.blobs:

@@ -12,8 +12,8 @@ import re
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -62,7 +62,6 @@ from aot.shardings import (
     sharding_from_json,
     sharding_to_json,
 )
-from aot.symbolic import bind, check_dim_text, format_dim, is_symbolic_dim
 
 log = logging.getLogger(__name__)
 
@@ -571,6 +570,8 @@ _UNSPECIFIED = UNSPECIFIED_SHARDING
 
 
 def _symbolic_aval_json(aval: Any) -> dict[str, Any]:
+    from aot.symbolic import format_dim, is_symbolic_dim
+
     out: dict[str, Any] = {
         "shape": [format_dim(d) if is_symbolic_dim(d) else int(d) for d in aval.shape],
         "dtype": dtype_to_str(aval.dtype),
@@ -735,10 +736,10 @@ def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Art
 # runs them too.
 
 
-@dataclass(frozen=True, slots=True)
-class _TrustedInputs:
+class _TrustedInputs(NamedTuple):
     """What a recompilation takes from a manifest, each field vouched for by the
-    program fingerprint or the portable HLO."""
+    program fingerprint or the portable HLO. (A NamedTuple, not a dataclass: this
+    module is imported by every serving process, which never recompiles.)"""
 
     name: str
     kind: str
@@ -983,12 +984,23 @@ def _op_shardings(getter: Any, count: int) -> list[Any] | None:
     return shardings
 
 
+# What the module's text need not show: only its first line (the entry computation's
+# layout) is read, and XLA prints that line whatever these say. Each one left on grows
+# the text of every instruction (2.5x the text and the time with all of them on).
+_UNPRINTED = (
+    "print_metadata", "print_backend_config", "print_large_constants",
+    "print_operand_shape", "print_result_shape", "print_operand_names", "print_ids",
+    "print_extra_attributes", "print_control_dependencies", "print_percent",
+    "print_program_shape", "include_layout_in_shapes",
+)
+
+
 def _print_options() -> Any:
     options_class = getattr(_hlo, "HloPrintOptions", None)
     if options_class is None:
         return None
     options = options_class.short_parsable()
-    for name in ("print_metadata", "print_backend_config", "print_large_constants"):
+    for name in _UNPRINTED:
         if hasattr(options, name):
             setattr(options, name, False)
     return options
@@ -996,7 +1008,12 @@ def _print_options() -> Any:
 
 def _entry_signature(xla_executable: Any) -> tuple[list[Any], Any] | None:
     """The entry computation's parameter and result shapes (per device), from the
-    first line of the HLO module's text; None where XLA does not tell."""
+    first line of the HLO module's text; None where XLA does not tell.
+
+    jaxlib (0.10) has no cheaper way to them: ``get_parameter_layouts`` gives layouts
+    without shapes, ``HloComputation`` neither shapes nor which one is the entry, and
+    the module's proto costs more to serialize than its text. So the whole module is
+    printed, with every option that does not change its first line switched off."""
     try:
         modules = xla_executable.hlo_modules()
         if len(modules) != 1:
@@ -1114,6 +1131,8 @@ def stored_artifact_problems(artifact: Artifact, current: Fingerprint | None = N
 def portable_hlo_problems(manifest: Manifest, hlo: bytes) -> list[str]:
     """Where the manifest's argument and output avals or device count differ from the
     portable HLO's (``jax.export``: public API, no XLA needed)."""
+    from aot.symbolic import check_dim_text
+
     try:
         exported = jax.export.deserialize(bytearray(hlo))
     except Exception as exc:  # noqa: BLE001
@@ -1148,6 +1167,8 @@ def _hlo_avals(manifest: Manifest, exported: Any) -> tuple[list[Any], list[Any]]
     dimensions as their text (``"b"``), or, for a concrete entry compiled from a
     symbolic one (which keeps the symbolic portable HLO), evaluated for the entry's
     argument shapes. Shapes that do not bind stay symbolic, so they compare unequal."""
+    from aot.symbolic import bind, format_dim, is_symbolic_dim
+
 
     def as_text(avals: Any) -> list[Any]:
         return [

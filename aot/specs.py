@@ -41,7 +41,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from aot.errors import SpecError
-from aot.symbolic import format_dim, parse_dim, split_dims
 
 # Short name -> attribute of jax.numpy. Only the dtypes this jax has are offered (a
 # jaxlib without float8_e8m0fnu simply does not know "f8e8m0fnu").
@@ -187,8 +186,15 @@ def dtype_name(dtype: Any) -> str:
 
 def format_aval(shape: Sequence[Any], dtype: Any, weak_type: bool = False) -> str:
     """``((8, 128), float32)`` -> ``"f32[8,128]"``; weakly typed: ``"~f32[]"``."""
-    dims = ",".join(format_dim(d) for d in shape)
+    dims = ",".join(str(d) if type(d) is int else _format_dim(d) for d in shape)
     return f"{'~' if weak_type else ''}{dtype_name(dtype)}[{dims}]"
+
+
+def _format_dim(dim: Any) -> str:
+    # aot.symbolic only for what is not a plain int: serving never needs it.
+    from aot.symbolic import format_dim
+
+    return format_dim(dim)
 
 
 def check_x64(dtype: Any, what: str) -> None:
@@ -226,6 +232,8 @@ def _parse_dims(text: str, dims_text: str, scope: Any) -> list[Any]:
     """The dimensions of a spec: integers, or symbolic dimension expressions."""
     if dims_text.strip() == "":
         return []
+    from aot.symbolic import parse_dim, split_dims
+
     dims: list[Any] = []
     for raw in split_dims(dims_text):
         try:

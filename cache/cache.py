@@ -25,9 +25,7 @@ from aot.fingerprint import environment_fingerprint
 from aot.signing import key_from, sign, verify
 from aot.cache.content import ContentStore
 from aot.cache.entry import IndexEntry
-from aot.cache.names import check_name
 from aot.cache.objectstore import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
-from aot.cache.pauses import reached
 
 if TYPE_CHECKING:
     from aot.computation import MeshComputation
@@ -390,6 +388,8 @@ class Cache:
 
     def _manifest_to_store(self, manifest: Manifest) -> Manifest:
         """``manifest`` checked (name rule) and signed with this cache's key."""
+        from aot.cache.names import check_name
+
         self._check_writable("store an artifact")
         check_name(manifest.name)  # before any blob is written
         if self.signing_key is not None:
@@ -405,6 +405,8 @@ class Cache:
         make the blobs durable (``write_blobs`` -> digest: (size, stored size)), then
         commit the row and release the lease in one transaction; start over if gc took
         an expired lease meanwhile."""
+        from aot.cache.pauses import reached  # writers only: serving imports neither
+
         from aot.cache.index import LeaseLostError
 
         existing = self.index.get(manifest.key)
@@ -607,6 +609,8 @@ class Cache:
         if computation.symbolic:
             return self._store_symbolic(computation, start)
         if not self.read_only:
+            from aot.cache.names import check_name
+
             check_name(computation.name)  # before an XLA compile that could not be stored
         key = computation.fingerprint
         entry = self.index.get(key)

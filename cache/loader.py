@@ -16,10 +16,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 from jax.tree_util import PyTreeDef
@@ -54,12 +52,15 @@ from aot.executable import (
 )
 from aot.fingerprint import describe_differences
 from aot.specs import dtype_to_str, format_aval, leaf_aval
-from aot.symbolic import bind, patterns_of
-from aot.cache.background import BackgroundLoad
 from aot.cache.cache import Cache, default_location, is_url
 from aot.cache.entry import IndexEntry
-from aot.cache.padding import PadPlan, fits, pad_leaf, rows, unpad_outputs
-from aot.cache.signatures import describe_call, path_head
+
+# Imported where used: serving an exact signature needs none of them (padding, symbolic
+# shapes, background loading, and the wording of a miss), and a serving process's
+# start-up is part of what it is measured by.
+if TYPE_CHECKING:
+    from aot.cache.background import BackgroundLoad
+    from aot.cache.padding import PadPlan
 
 log = logging.getLogger(__name__)
 
@@ -67,43 +68,80 @@ log = logging.getLogger(__name__)
 LeafKey = tuple[tuple[int, ...], Any, bool]
 
 
-@dataclass
+# The three records below are internal to this module and plain classes, not
+# dataclasses: generating a dataclass's methods costs ~0.5 ms per class at import,
+# paid by every serving process at start-up (issue 15).
+
+
 class _Program:
     """One stored signature of a name: its rows for this and other environments, and
     quarantined rows (never executed; their portable HLO can still be recompiled)."""
 
-    signature: str
-    structure: str  # treedef.structure_key of the inputs
-    treedef: PyTreeDef  # the input structure (stand-ins for nodes not rebuildable here)
-    leaves: tuple[LeafKey, ...]
-    paths: tuple[str, ...]
-    local: list[IndexEntry] = field(default_factory=list)
-    foreign: list[IndexEntry] = field(default_factory=list)
-    quarantined: list[IndexEntry] = field(default_factory=list)
-    executable: MeshExecutable | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    # Statistics (aot.cache.stats): calls served, and how many were already flushed.
-    calls: int = 0
-    counted: int = 0
+    __slots__ = (
+        "signature", "structure", "treedef", "leaves", "paths", "local", "foreign",
+        "quarantined", "executable", "lock", "calls", "counted",
+    )
+
+    def __init__(
+        self,
+        signature: str,
+        structure: str,  # treedef.structure_key of the inputs
+        treedef: PyTreeDef,  # the input structure (stand-ins for nodes not rebuildable here)
+        leaves: tuple[LeafKey, ...],
+        paths: tuple[str, ...],
+        local: list[IndexEntry] | None = None,
+        foreign: list[IndexEntry] | None = None,
+        quarantined: list[IndexEntry] | None = None,
+        executable: MeshExecutable | None = None,
+    ) -> None:
+        self.signature = signature
+        self.structure = structure
+        self.treedef = treedef
+        self.leaves = leaves
+        self.paths = paths
+        self.local: list[IndexEntry] = [] if local is None else local
+        self.foreign: list[IndexEntry] = [] if foreign is None else foreign
+        self.quarantined: list[IndexEntry] = [] if quarantined is None else quarantined
+        self.executable = executable
+        self.lock = threading.Lock()
+        # Statistics (aot.cache.stats): calls served, and how many were already flushed.
+        self.calls = 0
+        self.counted = 0
+
+    def __repr__(self) -> str:
+        return f"_Program({self.signature!r}, loaded={self.executable is not None})"
 
 
-@dataclass
 class _SymbolicProgram:
     """A stored shape-polymorphic signature of a name (``f32[b,784]``): its intact
     rows, newest first, any environment (portable HLO compiles anywhere)."""
 
-    signature: str
-    structure: str  # treedef.structure_key of the inputs
-    treedef: PyTreeDef
-    patterns: tuple[tuple[int | str, ...], ...]
-    dtypes: tuple[tuple[Any, bool], ...]  # (dtype, weak_type) per input
-    paths: tuple[str, ...]
-    constraints: tuple[str, ...]
-    entries: list[IndexEntry] = field(default_factory=list)
+    __slots__ = ("signature", "structure", "treedef", "patterns", "dtypes", "paths", "constraints", "entries")
+
+    def __init__(
+        self,
+        signature: str,
+        structure: str,  # treedef.structure_key of the inputs
+        treedef: PyTreeDef,
+        patterns: tuple[tuple[int | str, ...], ...],
+        dtypes: tuple[tuple[Any, bool], ...],  # (dtype, weak_type) per input
+        paths: tuple[str, ...],
+        constraints: tuple[str, ...],
+    ) -> None:
+        self.signature = signature
+        self.structure = structure
+        self.treedef = treedef
+        self.patterns = patterns
+        self.dtypes = dtypes
+        self.paths = paths
+        self.constraints = constraints
+        self.entries: list[IndexEntry] = []
+
+    def __repr__(self) -> str:
+        return f"_SymbolicProgram({self.signature!r}, {len(self.entries)} entries)"
 
 
-@dataclass(frozen=True, slots=True)
-class _Kind:
+class _Kind(NamedTuple):
     """A kind of call already served: ``fn(*leaves)`` runs it (a bound executable's
     C++ call, or a padded call), ``program`` counts it; ``plain`` when JAX's C++
     dispatch may serve it (not padded)."""
@@ -322,6 +360,8 @@ class Dispatcher:
             for program in programs:
                 self._executable(program)
             return self
+        from concurrent.futures import ThreadPoolExecutor
+
         with ThreadPoolExecutor(max_workers=workers or min(8, len(programs))) as pool:
             list(pool.map(self._executable, programs))
         return self
@@ -341,6 +381,8 @@ class Dispatcher:
             return self
         programs = [p for p in self._programs.values() if p.executable is None]
         if programs:
+            from aot.cache.background import BackgroundLoad
+
             self._background = BackgroundLoad(programs, self._load_in_background, workers=workers)
             self.cache.hold_background(self._background)
         return self
@@ -634,6 +676,8 @@ class Dispatcher:
             if result is not _NO_MATCH:
                 return result
         if self.fallback is not None:
+            from aot.cache.signatures import describe_call
+
             log.warning(
                 "aot.load(%r): no stored signature for (%s); compiling with the fallback",
                 self.name, describe_call(args, kwargs, self._arg_names()),
@@ -669,6 +713,8 @@ class Dispatcher:
     ) -> SignatureNotFoundError:
         stored = self.signatures
         lines = [f"  {s}" for s in stored] or ["  (none: nothing is stored under this name here)"]
+        from aot.cache.signatures import describe_call
+
         # Per argument, by name: a list of 1000 floats is one phrase, not 1000 leaves.
         call = describe_call(args, kwargs, self._arg_names())
         message = (
@@ -693,6 +739,8 @@ class Dispatcher:
 
     def _arg_names(self) -> list[str]:
         """The positional parameter names, from the stored leaf paths."""
+        from aot.cache.signatures import path_head
+
         names: list[str] = []
         for program in self._programs.values():
             for path in program.paths:
@@ -740,6 +788,8 @@ class Dispatcher:
             log.warning("%s (%s): symbolic entry %s is quarantined: %s", self.name,
                         manifest.signature, entry.key[:12], entry.state_reason)
             return
+        from aot.symbolic import patterns_of
+
         patterns = patterns_of(manifest.args)
         key = (structure, patterns, dtypes, manifest.symbolic_constraints)
         program = self._symbolic.setdefault(key, _SymbolicProgram(
@@ -757,6 +807,8 @@ class Dispatcher:
         """Serves a call with no stored executable from a symbolic signature: compiles
         its portable HLO for these shapes (no tracing, no model code), stores the
         executable under the same name, and runs it. ``strict=True`` refuses."""
+        from aot.symbolic import bind
+
         structure = self._structure_of(treedef)
         for program in self._symbolic.values():
             if program.structure != structure or len(program.patterns) != len(got):
@@ -896,6 +948,8 @@ class Dispatcher:
         axes = self._pad_axes.get(structure)
         if axes is None:
             axes = self._pad_axes[structure] = self.pad.axes_for(candidates[0].paths)
+        from aot.cache.padding import fits, rows
+
         n = rows(leaves, got, axes)
         sizes = [(fits(p.leaves, got, axes, n), p) for p in candidates]
         usable = [(size, p) for size, p in sizes if size is not None]
@@ -925,9 +979,12 @@ class _PaddedCall:
     inputs, runs the bucket's executable and slices the outputs back (the dispatcher's
     per-call cache holds it like a :class:`Binding`)."""
 
-    __slots__ = ("binding", "axes", "size", "n", "plan")
+    __slots__ = ("binding", "axes", "size", "n", "plan", "_pad", "_unpad")
 
     def __init__(self, binding: Binding, axes: dict[int, int], size: int, n: int, plan: PadPlan) -> None:
+        from aot.cache.padding import pad_leaf, unpad_outputs
+
+        self._pad, self._unpad = pad_leaf, unpad_outputs
         self.binding = binding
         self.axes = axes
         self.size = size
@@ -935,12 +992,12 @@ class _PaddedCall:
         self.plan = plan
 
     def fn(self, *leaves: Any) -> Any:
-        axes, size, value = self.axes, self.size, self.plan.value
+        axes, size, value, pad_leaf = self.axes, self.size, self.plan.value, self._pad
         padded = [
             pad_leaf(leaf, axes[i], size, value) if i in axes else leaf
             for i, leaf in enumerate(leaves)
         ]
-        return unpad_outputs(self.binding.fn(*padded), self.plan, size, self.n)
+        return self._unpad(self.binding.fn(*padded), self.plan, size, self.n)
 
 def _describe_keys(keys: Sequence[LeafKey]) -> str:
     return ", ".join(format_aval(shape, dtype, weak) for shape, dtype, weak in keys)
@@ -1136,7 +1193,11 @@ def load(
             "aot.load: lazy=True loads each signature at its first call, background=True "
             "loads them all now in threads; pass one of them"
         )
-    plan = PadPlan.of(pad, pad_outputs, pad_value) if pad is not None else None
+    plan = None
+    if pad is not None:
+        from aot.cache.padding import PadPlan
+
+        plan = PadPlan.of(pad, pad_outputs, pad_value)
     owned = not isinstance(cache, Cache)
     if owned:
         cache = open_existing(cache, read_only=read_only)

@@ -41,6 +41,10 @@ receives them.
 
 Counting is exact for one thread; threads calling one dispatcher concurrently may
 lose an increment now and then (``+=`` on an attribute is not atomic), never add one.
+
+This module records (every serving process imports it); reading the statistics back
+and ``aot stats``'s value objects are :mod:`aot.cache.stats_report` (their names are
+importable from here too).
 """
 
 from __future__ import annotations
@@ -53,19 +57,17 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping, MutableMapping
-from dataclasses import dataclass, fields
-from datetime import datetime
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from aot.errors import CacheError
-from aot.cache.entry import fields_to_json, parse_utc
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
     from aot.cache.entry import IndexEntry
     from aot.cache.index import Index
+    from aot.cache.stats_report import SignatureStats, StatsReport, read_stats, zero_stats
 
 log = logging.getLogger(__name__)
 
@@ -92,81 +94,20 @@ _COUNTERS = (
 )
 _REASONS = ("miss_reason", "recompile_reason")
 
+# Reading and reporting (aot stats), imported on first use: a serving process only records.
+_REPORTING = frozenset({"SignatureStats", "StatsReport", "read_stats", "zero_stats"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _REPORTING:
+        from aot.cache import stats_report
+
+        return getattr(stats_report, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def _digest(signature: str) -> str:
     return hashlib.sha256(signature.encode()).hexdigest()
-
-
-# ---------------------------------------------------------------- value objects
-
-
-@dataclass(frozen=True, slots=True)
-class SignatureStats:
-    """The statistics of one (environment, name, signature)."""
-
-    env_fp: str
-    name: str
-    signature: str
-    calls: int = 0
-    loads: int = 0
-    load_seconds: float = 0.0
-    saved_seconds: float = 0.0
-    misses: int = 0
-    miss_reason: str | None = None
-    recompiles: int = 0
-    recompile_seconds: float = 0.0
-    recompile_reason: str | None = None
-    created_at: datetime | None = None  # first recorded (index clock); None in memory
-    updated_at: datetime | None = None  # last recorded
-    this_environment: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return fields_to_json(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SignatureStats:
-        kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data}
-        for key in ("created_at", "updated_at"):
-            if isinstance(kwargs.get(key), str):
-                kwargs[key] = parse_utc(kwargs[key])
-        return cls(**kwargs)
-
-
-@dataclass(frozen=True, slots=True)
-class StatsReport:
-    """What ``aot stats`` shows: rows (most called first) and their totals."""
-
-    location: str  # where the statistics are kept
-    rows: tuple[SignatureStats, ...]
-    env: str = "all"
-    stored: bool = True  # False: a read-only cache's statistics, kept in memory
-
-    @property
-    def totals(self) -> dict[str, Any]:
-        out: dict[str, Any] = {name: 0 for name in _COUNTERS}
-        for row in self.rows:
-            for name in _COUNTERS:
-                out[name] += getattr(row, name)
-        out["signatures"] = sum(1 for r in self.rows if r.calls or r.loads or r.recompiles)
-        return out
-
-    @property
-    def misses(self) -> tuple[SignatureStats, ...]:
-        return tuple(r for r in self.rows if r.misses)
-
-    @property
-    def recompiled(self) -> tuple[SignatureStats, ...]:
-        return tuple(r for r in self.rows if r.recompiles)
-
-    def to_dict(self) -> dict[str, Any]:
-        totals = self.totals
-        return {
-            "location": self.location,
-            "env": self.env,
-            "stored": self.stored,
-            "rows": [r.to_dict() for r in self.rows],
-            "totals": {k: round(v, 6) if isinstance(v, float) else v for k, v in totals.items()},
-        }
 
 
 # ---------------------------------------------------------------- pending tallies
@@ -205,9 +146,9 @@ class _Tally:
 _Key = tuple[str, str, str]  # (env_fp, name, signature)
 
 
-@dataclass
-class _Watch:
-    """A dispatcher's programs, whose ``calls`` the flusher reads."""
+class _Watch(NamedTuple):
+    """A dispatcher's programs, whose ``calls`` the flusher reads. (A NamedTuple, not
+    a dataclass: every serving process imports this module at start-up.)"""
 
     env_fp: str
     name: str
@@ -347,7 +288,10 @@ class StatsRecorder:
         self.location = location
         self._sink_factory = sink
         self._sink: Any = None
-        self._lock = threading.Lock()
+        # Reentrant: a dispatcher's finalizer (_unwatch) can run on this thread while
+        # the lock is held, when a garbage collection happens inside flush (a
+        # dispatcher in a reference cycle, freed by the collector, not by refcount).
+        self._lock = threading.RLock()
         self._pending: dict[_Key, _Tally] = {}
         self._touches: dict[str, int] = {}
         self._memory: dict[_Key, _Tally] = {}
@@ -483,6 +427,8 @@ class StatsRecorder:
     def report(self, name_glob: str | None = None) -> StatsReport:
         """This process's statistics (written or not), without reading the index: what
         a read-only cache without a local tier counted lives only here."""
+        from aot.cache.stats_report import SignatureStats, StatsReport, ordered
+
         with self._lock:
             for watch in list(self._watches.values()):
                 self._collect(watch)
@@ -494,7 +440,7 @@ class StatsRecorder:
             for (env, name, signature), tally in totals.items()
             if name_glob is None or fnmatch.fnmatchcase(name, name_glob)
         ]
-        return StatsReport("this process", _ordered(rows), stored=False)
+        return StatsReport("this process", ordered(rows), stored=False)
 
     def zero(self, name_glob: str | None = None) -> None:
         """Forgets this process's counts (matching ``name_glob``)."""
@@ -526,10 +472,6 @@ def _counts(tally: _Tally) -> dict[str, Any]:
     return {name: getattr(tally, name) for name in (*_COUNTERS, *_REASONS)}
 
 
-def _ordered(rows: Iterable[SignatureStats]) -> tuple[SignatureStats, ...]:
-    return tuple(sorted(rows, key=lambda r: (-r.calls, r.name, r.signature, r.env_fp)))
-
-
 def recorder_for(cache: Cache) -> StatsRecorder:
     """The recorder of a cache: its index when writable, else memory. (It never holds
     the cache itself: the cache's finalizer flushes it.)"""
@@ -540,71 +482,3 @@ def recorder_for(cache: Cache) -> StatsRecorder:
         return StatsRecorder(str(index_file), lambda: _SqliteFileSink(index_file))
     index = cache.index
     return StatsRecorder(index.url, lambda: _IndexSink(index))
-
-
-# ---------------------------------------------------------------- the index side
-
-
-def _stats_index(cache: Cache) -> Index:
-    """The index that holds ``cache``'s statistics: its own, or its local tier's when
-    the remote is read-only (:attr:`aot.cache.tiered.TieredCache.stats_cache`)."""
-    return getattr(cache, "stats_cache", cache).index  # type: ignore[no-any-return]
-
-
-def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") -> StatsReport:
-    """The statistics stored in ``cache``'s index (or its local tier's; names matching
-    ``name_glob``; ``env="this"``: this environment's only), most called first: what
-    every process that served from it wrote. (What this process counted on a
-    read-only cache, kept in memory, is :meth:`StatsRecorder.report`.)"""
-    import sqlalchemy as sa
-
-    from aot.cache.index import _STATS, glob_to_like
-
-    this = cache.environment.digest
-    index = _stats_index(cache)
-    query = sa.select(_STATS)
-    if name_glob is not None and name_glob != "*":
-        query = query.where(_STATS.c.name.like(glob_to_like(name_glob), escape="\\"))
-    if env == "this":
-        query = query.where(_STATS.c.env_fp == this)
-    with index._read("read call statistics") as conn:
-        found = conn.execute(query).all()
-    rows = []
-    for row in found:
-        data = dict(row._mapping)
-        if name_glob is not None and not fnmatch.fnmatchcase(data["name"], name_glob):
-            continue
-        data.pop("signature_digest", None)
-        rows.append(SignatureStats(this_environment=data["env_fp"] == this, **data))
-    return StatsReport(index.url, _ordered(rows), env, stored=True)
-
-
-def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") -> int:
-    """Deletes the statistics (matching ``name_glob``, in ``env``); how many rows.
-    Entries' ``hits`` and last-used times are left alone (gc needs them)."""
-    import sqlalchemy as sa
-
-    from aot.cache.index import _STATS
-
-    cache.stats.flush()  # what this process counted goes too
-    cache.stats.zero(name_glob)
-    target = getattr(cache, "stats_cache", cache)
-    target._check_writable("reset the call statistics")
-    index = _stats_index(cache)
-    this = cache.environment.digest
-    with index._read("read call statistics") as conn:
-        rows = conn.execute(sa.select(_STATS.c.env_fp, _STATS.c.name, _STATS.c.signature_digest)).all()
-    doomed = [
-        r for r in rows
-        if (name_glob is None or fnmatch.fnmatchcase(r.name, name_glob)) and (env == "all" or r.env_fp == this)
-    ]
-    if not doomed:
-        return 0
-    with index._write("reset call statistics") as conn:
-        for r in doomed:
-            conn.execute(sa.delete(_STATS).where(
-                _STATS.c.env_fp == r.env_fp, _STATS.c.name == r.name,
-                _STATS.c.signature_digest == r.signature_digest,
-            ))
-    return len(doomed)
-

@@ -349,9 +349,20 @@ _SERVER = textwrap.dedent(
         result["ok"].append(batch)
     result["jax_work"] = work
     # Serving a program without linalg needs neither LAPACK (scipy) nor SQLAlchemy
-    # nor the lowering modules.
+    # nor the lowering modules; serving exact signatures needs none of the modules of
+    # other features (issue 15: every serving process pays for its imports at start-up).
     result["imported"] = sorted(
-        m for m in ("scipy", "sqlalchemy", "aot.lowering", "aot.computation") if m in sys.modules
+        m for m in (
+            "scipy", "sqlalchemy", "aot.lowering", "aot.computation",
+            "aot.cache.index",  # the SQLAlchemy index: the stdlib reader serves
+            "aot.cache.padding",  # only with pad=
+            "aot.symbolic",  # only for symbolic signatures
+            "aot.cache.signatures",  # the wording of a miss
+            "aot.cache.stats_report",  # reading statistics back (aot stats)
+            "aot.cache.background",  # only with background=True
+            "aot.cache.names", "aot.cache.pauses",  # writers only
+        )
+        if m in sys.modules
     )
     try:
         fn(params, np.zeros((8, 784), np.float32))

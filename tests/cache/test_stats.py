@@ -228,3 +228,38 @@ def test_report_round_trips_through_json(open_folder_cache, compiled) -> None:  
     data = json.loads(json.dumps(report.to_dict()))
     assert data["totals"]["calls"] == 3 and data["stored"] is True
     assert stats_mod.SignatureStats.from_dict(data["rows"][0]) == report.rows[0]
+
+
+def test_a_dispatcher_collected_during_a_flush_does_not_deadlock() -> None:
+    """A dispatcher in a reference cycle is freed by the garbage collector, which may
+    run inside a flush (the sink allocates); its finalizer takes the recorder's lock
+    on the same thread."""
+    import gc
+    import threading
+    from types import SimpleNamespace
+
+    class Owner:  # stands for a dispatcher
+        pass
+
+    owner = Owner()
+    owner.cycle = owner  # only the cyclic collector frees it
+    programs = {"p": SimpleNamespace(calls=3, counted=0, signature="f32[2]", executable=None)}
+    held: list[Owner] = [owner]
+    written: list[list[dict]] = []
+
+    class Sink:
+        def write(self, rows, touches) -> None:  # noqa: ANN001
+            written.append(rows)
+            held.clear()
+            gc.collect()  # the owner's finalizer runs here, on the flushing thread
+
+    recorder = stats_mod.StatsRecorder("test", lambda: Sink())
+    recorder.watch(owner, programs, "env", "name")
+    del owner
+    flusher = threading.Thread(target=recorder.flush, daemon=True)
+    flusher.start()
+    flusher.join(timeout=30)
+    assert not flusher.is_alive(), "flush deadlocked on a finalizer taking the recorder's lock"
+    assert [r["calls"] for r in written[0]] == [3]
+    recorder._sink_factory = None  # what is left stays in memory
+    assert recorder.report().totals["calls"] == 3
