@@ -366,6 +366,31 @@ def _run_one(cache: Cache, index: int, item: WarmupItem, records: RecordStore | 
     return _store_here(cache, records, outcome, _now(lambda: _compile(outcome)))
 
 
+def _run_pipelined(
+    cache: Cache, items: list[WarmupItem], emit: Callable[[ItemResult], None], records: RecordStore,
+) -> None:
+    """``--jobs 1``: one XLA compile at a time, in a thread (XLA releases the GIL),
+    while this thread lowers the next item and exports and stores the previous one;
+    the Python around the compiles (tracing, lowering, exporting, storing) then costs
+    no wall time where a compile takes longer. At most two executables are held."""
+    compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aot-warmup-compile")
+    pending: tuple[_Lowered, Future[tuple[Any, float]]] | None = None
+    try:
+        for index, item in enumerate(items):
+            outcome = _lower_here(cache, records, index, item)
+            if isinstance(outcome, ItemResult):
+                emit(outcome)
+                continue
+            compiled = compiler.submit(_compile, outcome)  # starts when the previous ends
+            if pending is not None:
+                emit(_store_here(cache, records, *pending))
+            pending = (outcome, compiled)
+        if pending is not None:
+            emit(_store_here(cache, records, *pending))
+    finally:
+        compiler.shutdown(wait=True, cancel_futures=True)
+
+
 # ---------------------------------------------------------------- in parallel
 
 
@@ -720,8 +745,7 @@ def run_warmup(
                 pool, workers = workers, None
                 _run_parallel(cache, items, jobs, emit, store, isolate=isolate, pool=pool)
             else:
-                for index, item in enumerate(items):
-                    emit(_run_one(cache, index, item, store))
+                _run_pipelined(cache, items, emit, store)
     finally:
         if workers is not None:
             workers.close()
