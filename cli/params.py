@@ -105,6 +105,8 @@ def complete_manifests(ctx: click.Context, param: click.Parameter, incomplete: s
     for name in names:
         if not name.startswith(prefix) or (name.startswith(".") and not prefix.startswith(".")):
             continue
+        if name == "__pycache__":  # Python's bytecode, never a manifest's folder
+            continue
         path = os.path.join(folder, name)
         if os.path.isdir(path):
             items.append(CompletionItem(path + os.sep))

@@ -307,5 +307,8 @@ def test_completion_of_entry_names_and_manifests(warmed, cache_dir, tmp_path, mo
     assert _complete(["--cache", str(cache_dir), "show"], "ml") == ["mlp.forward"]
     assert _complete(["rm", "--cache", str(cache_dir)], "") == ["allreduce", "mlp.forward", "tiny"]
     assert _complete(["ls", "--cache", str(tmp_path / "none")], "") == []  # never an error
+    (tmp_path / "manifests" / "__pycache__").mkdir(parents=True)  # as importing a module there makes
+    (tmp_path / "manifests" / "ci.toml").write_text("")
+    assert _complete(["warmup"], f"{tmp_path}/manifests/") == [f"{tmp_path}/manifests/ci.toml"]
     assert _complete(["warmup"], "fixtures/") == ["fixtures/warmup.toml"]
     assert _complete(["verify", "--manifest"], "fix") == ["fixtures/"]
