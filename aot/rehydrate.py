@@ -1169,7 +1169,6 @@ def _hlo_avals(manifest: Manifest, exported: Any) -> tuple[list[Any], list[Any]]
     argument shapes. Shapes that do not bind stay symbolic, so they compare unequal."""
     from aot.symbolic import bind, format_dim, is_symbolic_dim
 
-
     def as_text(avals: Any) -> list[Any]:
         return [
             (tuple(format_dim(d) if is_symbolic_dim(d) else int(d) for d in a.shape), a.dtype)

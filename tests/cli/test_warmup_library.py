@@ -79,6 +79,33 @@ def test_run_warmup_reports_in_item_order(tmp_path: Path) -> None:
     assert [r.key for r in again.results] == [r.key for r in report.results]
 
 
+def test_one_job_fails_only_the_entry_whose_compile_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # --jobs 1 compiles in a thread while it lowers the next entry and stores the previous
+    # one: a compile that fails there is that entry's failure, not the warm-up's.
+    from aot.computation import MeshComputation
+
+    compile_for_real = MeshComputation.compile
+
+    def compile(self: MeshComputation):  # type: ignore[no-untyped-def]
+        if self.name == "tiny":
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory while compiling")
+        return compile_for_real(self)
+
+    monkeypatch.setattr(MeshComputation, "compile", compile)
+    items = expand(load_manifest(MANIFEST))
+    seen: list[str] = []
+    report = run_warmup(str(tmp_path / "c"), items, jobs=1, on_result=lambda r: seen.append(r.label))
+    assert sorted(seen) == sorted(MANIFEST_LABELS)  # each entry reported once
+    assert [r.label for r in report.results] == MANIFEST_LABELS
+    statuses = {r.label: r.status for r in report.results}
+    assert statuses == {label: "failed" if label == "tiny" else "compiled" for label in MANIFEST_LABELS}
+    failure = report.failures[0]
+    assert "out of memory while compiling" in (failure.error or "")
+    assert sorted(e.name for e in aot.Cache(tmp_path / "c").entries()) == [
+        "allreduce", "mlp.forward", "mlp.forward", "mlp.forward",
+    ]
+
+
 @pytest.mark.slow
 def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
     """isolate=True: hits are found without a worker, misses compile in spawned
