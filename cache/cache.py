@@ -405,9 +405,8 @@ class Cache:
         make the blobs durable (``write_blobs`` -> digest: (size, stored size)), then
         commit the row and release the lease in one transaction; start over if gc took
         an expired lease meanwhile."""
-        from aot.cache.pauses import reached  # writers only: serving imports neither
-
         from aot.cache.index import LeaseLostError
+        from aot.cache.pauses import reached  # writers only: serving never imports it
 
         existing = self.index.get(manifest.key)
         broken = False

@@ -40,7 +40,7 @@ def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
     digest), written in batches by the serving processes; a read-only cache keeps them
     in the serving process's memory unless it has a local tier (--local).
     """
-    from aot.cache.stats import read_stats, zero_stats
+    from aot.cache.stats_report import read_stats, zero_stats
 
     cache = state.cache()
     if zero:
