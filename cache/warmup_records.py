@@ -286,6 +286,12 @@ def _module_file(module: Any) -> str | None:
     return os.path.abspath(path)
 
 
+#: name -> (the module object, its file if it is a project module, else None). A warm-up
+#: remembers after every item, and most of the ~1,000 loaded modules are the same
+#: objects as last time: only new or replaced ones are looked at again.
+_SEEN: dict[str, tuple[Any, str | None]] = {}
+
+
 def project_modules() -> dict[str, str]:
     """Loaded modules whose code is not an installed package's: name -> file.
 
@@ -296,8 +302,15 @@ def project_modules() -> dict[str, str]:
     for name, module in list(sys.modules.items()):
         if name == "__mp_main__":
             continue
-        path = _module_file(module)
-        if path is not None and not _installed(path):
+        seen = _SEEN.get(name)
+        if seen is not None and seen[0] is module:
+            path = seen[1]
+        else:
+            path = _module_file(module)
+            if path is not None and _installed(path):
+                path = None
+            _SEEN[name] = (module, path)
+        if path is not None:
             found[name] = path
     return found
 
