@@ -99,3 +99,73 @@ def test_ci_to_serving(tmp_path: Path) -> None:
     assert out["tiny"] == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0, 13.0, 15.0]
     assert out["sqlalchemy"] == []  # the serving process never imported SQLAlchemy
     assert out["scipy"] == []  # no program here calls LAPACK: SciPy's bindings stay unloaded
+
+
+EXIT_MODULE = textwrap.dedent("""
+    import atexit, os
+
+    OUT = os.environ["EXITMOD_OUT"]
+
+
+    def _write(name, text, _open=open, _join=os.path.join):
+        with _open(_join(OUT, name), "w") as f:
+            f.write(text)
+
+
+    atexit.register(_write, "atexit", "ran")
+
+
+    class _Finalized:
+        # Written when the interpreter frees this module's objects at exit.
+        def __del__(self, _write=_write):
+            _write("finalized", "ran")
+
+
+    _sentinel = _Finalized()
+
+
+    def double(x):
+        return x * 2.0
+""")
+
+
+def test_a_command_ends_without_teardown_yet_leaves_its_work_closed(tmp_path: Path) -> None:
+    """After a command, the process ends without the interpreter freeing every module
+    (0.3-0.4 s once JAX is loaded); atexit handlers still run, the cache is closed
+    (no SQLite write-ahead log left behind) and the exit status is the command's."""
+    project, cache = tmp_path / "project", tmp_path / "cache"
+    project.mkdir()
+    (project / "exitmod.py").write_text(EXIT_MODULE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project), os.environ.get("PYTHONPATH", "")])}
+
+    def outputs(name: str, command: list[str]) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+        out = tmp_path / name
+        out.mkdir()
+        result = subprocess.run(
+            command, cwd=REPO, env={**env, "EXITMOD_OUT": str(out)}, capture_output=True, text=True,
+            timeout=300,
+        )
+        return result, {p.name for p in out.iterdir()}
+
+    # The control: a plain interpreter exit finalizes the module's objects.
+    plain, written = outputs("plain", [sys.executable, "-c", "import exitmod"])
+    assert plain.returncode == 0, plain.stderr
+    assert written == {"atexit", "finalized"}
+
+    compiled, written = outputs(
+        "aot", [*_aot_command(), "--cache", str(cache), "compile", "exitmod:double", "--arg", "f32[4]"]
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    assert "exitmod.double" in compiled.stdout
+    assert written == {"atexit"}  # atexit ran; the interpreter's teardown did not
+    assert sorted(p.name for p in cache.glob("index.sqlite*")) == ["index.sqlite"]
+    entry = aot.Cache(cache, read_only=True).entries("exitmod.double")
+    assert len(entry) == 1 and entry[0].ok
+
+    failed, written = outputs(
+        "failed", [*_aot_command(), "--cache", str(cache), "compile", "exitmod:nope", "--arg", "f32[4]"]
+    )
+    assert failed.returncode == 1 and failed.stderr.startswith("Error: "), failed.stderr
+    assert written == {"atexit"}
+    usage, _ = outputs("usage", [*_aot_command(), "--cache", str(cache), "compile"])
+    assert usage.returncode == 2 and "Usage: aot compile" in usage.stderr
