@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jaxlib
@@ -28,7 +28,6 @@ import numpy as np
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError
 from aot.fingerprint import (
     Fingerprint,
-    PartDifference,
     canonical_json,
     combined_key,
     environment_fingerprint,
@@ -36,6 +35,9 @@ from aot.fingerprint import (
 )
 from aot.specs import format_aval, parse_dtype
 from aot.treedef import structure_key_of_json
+
+if TYPE_CHECKING:
+    from aot.differences import PartDifference
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +65,10 @@ ROLES = (EXECUTABLE, PORTABLE_HLO)
 UNSPECIFIED_SHARDING = {"type": "unspecified"}
 
 
-@dataclass(frozen=True, slots=True)
-class BlobRef:
+class BlobRef(NamedTuple):
+    """A blob as a manifest names it: the sha256 of its bytes and their size. (A
+    NamedTuple, not a dataclass: every serving process defines it.)"""
+
     digest: str
     size: int
 

@@ -6,7 +6,7 @@ import logging
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from jax.tree_util import PyTreeDef
@@ -60,9 +60,9 @@ def call_key(leaves: Sequence[Any]) -> tuple[Any, ...]:
         return tuple(map(raw_leaf_key, leaves))
 
 
-@dataclass(frozen=True, slots=True)
-class ArgAval:
-    """One flat input of a program: where it sits in the arguments and what it must be."""
+class ArgAval(NamedTuple):
+    """One flat input of a program: where it sits in the arguments and what it must be.
+    (A NamedTuple, not a dataclass: every serving process defines it.)"""
 
     path: str
     shape: tuple[int, ...]

@@ -16,10 +16,13 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jaxlib
+
+if TYPE_CHECKING:
+    from aot.differences import PartDifference
 
 # XLA flags that cannot change the compiled executable, decided flag by flag from
 # JAX's own list (jax/_src/cache_key.py, xla_flags_to_exclude_from_cache_key). They are
@@ -71,35 +74,6 @@ def canonical_json(value: Any) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class PartDifference:
-    """One named part that differs between two fingerprints."""
-
-    part: str
-    expected: str | None
-    actual: str | None
-
-    def describe(self) -> str:
-        expected, actual = self.expected, self.actual
-        if self.part == "cpu_isa" and expected is not None and actual is not None:
-            missing = sorted(set(expected.split()) - set(actual.split()))
-            extra = sorted(set(actual.split()) - set(expected.split()))
-            return (
-                f"cpu_isa: stored artifact needs {missing or 'nothing more'}, "
-                f"this CPU adds {extra or 'nothing'}"
-            )
-        return f"{self.part} {_short(expected)} != {_short(actual)}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"part": self.part, "expected": self.expected, "actual": self.actual}
-
-
-def _short(value: str | None, limit: int = 80) -> str:
-    if value is None:
-        return "(absent)"
-    return value if len(value) <= limit else value[: limit - 3] + "..."
-
-
-@dataclass(frozen=True, slots=True)
 class Fingerprint:
     """A named set of parts and the sha256 over them."""
 
@@ -120,11 +94,12 @@ class Fingerprint:
     def diff(self, actual: Fingerprint) -> tuple[PartDifference, ...]:
         """Parts of ``self`` (expected) that differ in ``actual``."""
         mine, theirs = self.as_dict(), actual.as_dict()
-        return tuple(
-            PartDifference(name, mine.get(name), theirs.get(name))
-            for name in sorted(set(mine) | set(theirs))
-            if mine.get(name) != theirs.get(name)
-        )
+        names = sorted(name for name in set(mine) | set(theirs) if mine.get(name) != theirs.get(name))
+        if not names:
+            return ()
+        from aot.differences import PartDifference
+
+        return tuple(PartDifference(name, mine.get(name), theirs.get(name)) for name in names)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "digest": self.digest, "parts": self.as_dict()}
@@ -226,8 +201,13 @@ def describe_differences(diffs: Iterable[PartDifference]) -> str:
     return "; ".join(d.describe() for d in diffs)
 
 
-_HEX = re.compile(r"^[0-9a-f]{64}$")
-
-
 def is_digest(text: str) -> bool:
-    return bool(_HEX.match(text))
+    return bool(re.match(r"^[0-9a-f]{64}$", text))  # compiled on first use, not at import
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PartDifference":  # defined where used (aot.differences)
+        from aot.differences import PartDifference
+
+        return PartDifference
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Sequence
@@ -529,7 +528,7 @@ def recompile(artifact: Artifact) -> Artifact:
         # these structures below.
         in_tree=treedefs.from_json(manifest.in_tree, standins=True),
         out_tree=treedefs.from_json(manifest.out_tree, standins=True),
-        args=tuple(replace(a, kept=i in kept) for i, a in enumerate(trusted.args)),
+        args=tuple(a._replace(kept=i in kept) for i, a in enumerate(trusted.args)),
         out_avals=tuple(
             jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
             for a, s in zip(unloaded.output_avals, unloaded.output_shardings)
@@ -1022,8 +1021,7 @@ def _entry_signature(xla_executable: Any) -> tuple[list[Any], Any] | None:
         text = modules[0].to_string(options) if options is not None else modules[0].to_string()
     except Exception:  # noqa: BLE001 - an executable without an HLO module to show
         return None
-    # Long tuples carry /*index=N*/ markers.
-    header = re.sub(r"/\*.*?\*/", "", text.split("\n", 1)[0])
+    header = _without_comments(text.split("\n", 1)[0])  # long tuples carry /*index=N*/
     start = header.find("entry_computation_layout={")
     if start < 0:
         return None
@@ -1037,6 +1035,17 @@ def _entry_signature(xla_executable: Any) -> tuple[list[Any], Any] | None:
     if not isinstance(params, list):
         return None
     return params, result
+
+
+def _without_comments(line: str) -> str:
+    """``line`` without its ``/*...*/`` comments, as a non-greedy ``re.sub`` would
+    remove them, without compiling a pattern in every serving process."""
+    parts, pos = [], 0
+    while (start := line.find("/*", pos)) >= 0 and (end := line.find("*/", start + 2)) >= 0:
+        parts.append(line[pos:start])
+        pos = end + 2
+    parts.append(line[pos:])
+    return "".join(parts)
 
 
 class _ShapeParser:

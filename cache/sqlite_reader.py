@@ -14,10 +14,10 @@ import logging
 import os
 import sqlite3
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from aot.cache.entry import SCHEMA_VERSION, IndexEntry, utcnow
@@ -50,9 +50,9 @@ def _time(value: object) -> datetime:
 # docs/reliability.md ("Serving read-only") has the cases and the test.
 
 
-@dataclass(frozen=True, slots=True)
-class ReadOnlyOpen:
-    """How to open a SQLite index read-only: the URI, and whether it is immutable."""
+class ReadOnlyOpen(NamedTuple):
+    """How to open a SQLite index read-only: the URI, and whether it is immutable.
+    (A NamedTuple, not a dataclass: a read-only serving process makes one.)"""
 
     uri: str
     immutable: bool
