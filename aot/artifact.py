@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jaxlib
@@ -33,6 +33,7 @@ from aot.fingerprint import (
     environment_fingerprint,
     sha256_hex,
 )
+from aot.records import Record
 from aot.specs import format_aval, parse_dtype
 from aot.treedef import structure_key_of_json
 
@@ -65,12 +66,16 @@ ROLES = (EXECUTABLE, PORTABLE_HLO)
 UNSPECIFIED_SHARDING = {"type": "unspecified"}
 
 
-class BlobRef(NamedTuple):
-    """A blob as a manifest names it: the sha256 of its bytes and their size. (A
-    NamedTuple, not a dataclass: every serving process defines it.)"""
+class BlobRef(Record):
+    """A blob as a manifest names it: the sha256 of its bytes and their size (a
+    :class:`~aot.records.Record`: every serving process defines it)."""
 
+    __slots__ = ("digest", "size")
     digest: str
     size: int
+
+    def __init__(self, digest: str, size: int) -> None:
+        self._set(digest, size)
 
     def to_dict(self) -> dict[str, Any]:
         return {"digest": self.digest, "size": self.size}

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
@@ -52,6 +52,7 @@ from aot.fingerprint import (
     environment_fingerprint,
     sha256_hex,
 )
+from aot.records import Record
 from aot.specs import dtype_to_str, format_aval
 from aot.shardings import (
     aval_from_json,
@@ -735,11 +736,12 @@ def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Art
 # runs them too.
 
 
-class _TrustedInputs(NamedTuple):
+class _TrustedInputs(Record):
     """What a recompilation takes from a manifest, each field vouched for by the
-    program fingerprint or the portable HLO. (A NamedTuple, not a dataclass: this
+    program fingerprint or the portable HLO. (A :class:`~aot.records.Record`: this
     module is imported by every serving process, which never recompiles.)"""
 
+    __slots__ = ("name", "kind", "args", "device_ids", "in_shardings", "out_shardings", "pinned")
     name: str
     kind: str
     args: tuple[ArgAval, ...]
@@ -747,6 +749,13 @@ class _TrustedInputs(NamedTuple):
     in_shardings: dict[int, dict[str, Any]]  # argument index -> sharding JSON
     out_shardings: tuple[dict[str, Any] | None, ...]  # None: not asked for
     pinned: bool  # some sharding was asked for at lowering time
+
+    def __init__(
+        self, name: str, kind: str, args: tuple[ArgAval, ...], device_ids: tuple[int, ...],
+        in_shardings: dict[int, dict[str, Any]], out_shardings: tuple[dict[str, Any] | None, ...],
+        pinned: bool,
+    ) -> None:
+        self._set(name, kind, args, device_ids, in_shardings, out_shardings, pinned)
 
 
 def _trusted_inputs(manifest: Manifest, exported: Any) -> _TrustedInputs:

@@ -36,10 +36,11 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import unquote
 
 from aot.errors import CacheError, CorruptArtifactError, ReadOnlyCacheError
+from aot.records import Record
 
 if TYPE_CHECKING:
     from aot.cache.blob_records import BlobStat
@@ -218,14 +219,18 @@ _SCHEME_PATTERN = r"^([A-Za-z][A-Za-z0-9+.\-]*)://"
 FOLDER, DATABASE, OBJECT = "folder", "database", "object"
 
 
-class Location(NamedTuple):
+class Location(Record):
     """Where a cache or its blobs live: a local ``folder`` (a path), a ``database``
-    (a SQLAlchemy URL) or an ``object`` store (an fsspec URL). (A NamedTuple, not a
-    dataclass: every serving process classifies its cache location.)"""
+    (a SQLAlchemy URL) or an ``object`` store (an fsspec URL). (A
+    :class:`~aot.records.Record`: every serving process classifies its cache location.)"""
 
+    __slots__ = ("kind", "target", "scheme")
     kind: str
     target: str  # the folder path, or the URL as given
-    scheme: str | None = None
+    scheme: str | None
+
+    def __init__(self, kind: str, target: str, scheme: str | None = None) -> None:
+        self._set(kind, target, scheme)
 
     def to_dict(self) -> dict[str, str | None]:
         return {"kind": self.kind, "target": self.target, "scheme": self.scheme}
