@@ -33,7 +33,7 @@ from aot.fingerprint import (
     environment_fingerprint,
     sha256_hex,
 )
-from aot.records import Record
+from aot.records import DataclassMethods, Record
 from aot.specs import format_aval, parse_dtype
 from aot.treedef import structure_key_of_json
 
@@ -81,8 +81,8 @@ class BlobRef(Record):
         return {"digest": self.digest, "size": self.size}
 
 
-@dataclass(frozen=True, slots=True)
-class Manifest:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)  # repr, ==, hash: DataclassMethods
+class Manifest(DataclassMethods):
     """Everything needed to call a stored executable with no tracing (JSON, no pickle)."""
 
     name: str
@@ -256,8 +256,8 @@ class Manifest:
         return tuple(self.symbolic.get("constraints", ())) if self.symbolic is not None else ()
 
 
-@dataclass(frozen=True)
-class Artifact:
+@dataclass(frozen=True, repr=False, eq=False)  # repr, ==, hash: DataclassMethods
+class Artifact(DataclassMethods):
     """A manifest and its blobs (``digest -> bytes``).
 
     ``verified``: blobs whose digest the reader has already checked (a content store

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jaxlib
 
+from aot.records import DataclassMethods
+
 if TYPE_CHECKING:
     from aot.differences import PartDifference
 
@@ -73,8 +75,8 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-@dataclass(frozen=True, slots=True)
-class Fingerprint:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)  # repr, ==, hash: DataclassMethods
+class Fingerprint(DataclassMethods):
     """A named set of parts and the sha256 over them."""
 
     kind: str

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
+from aot.records import DataclassMethods
+
 #: Version of the database schema this code writes. See the changelog above.
 SCHEMA_VERSION = 4
 
@@ -29,8 +31,8 @@ def _as_utc(value: datetime, what: str) -> datetime:
     return value.astimezone(timezone.utc)
 
 
-@dataclass(frozen=True, slots=True)
-class IndexEntry:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)  # repr, ==, hash: DataclassMethods
+class IndexEntry(DataclassMethods):
     """One artifact row of the index (the manifest stays a JSON string)."""
 
     key: str

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
 import pickle
+from typing import Any
 
 import pytest
 
-from aot.records import Record
+from aot.records import DataclassMethods, Record
 
 
 class Point(Record):
@@ -55,3 +57,61 @@ def test_a_record_copies_pickles_replaces_and_matches() -> None:
     match p:
         case Point(x, y, label):
             assert (x, y, label) == (1, 2, "a")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, repr=False, eq=False)
+class Declared(DataclassMethods):
+    a: int
+    b: list[int] = dataclasses.field(default_factory=list, hash=False)
+    c: str = dataclasses.field(default="", repr=False)
+    d: Any = dataclasses.field(default=None, compare=False)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Generated:
+    a: int
+    b: list[int] = dataclasses.field(default_factory=list, hash=False)
+    c: str = dataclasses.field(default="", repr=False)
+    d: Any = dataclasses.field(default=None, compare=False)
+
+
+def _pairs() -> list[tuple[Any, Any]]:
+    values = [(1,), (1, [2]), (1, [2], "x"), (1, [2], "x", object()), (2, [], "", None)]
+    return [(Declared(*v), Generated(*v)) for v in values]
+
+
+def test_dataclass_methods_are_the_ones_dataclasses_would_generate() -> None:
+    pairs = _pairs()
+    for declared, generated in pairs:
+        assert repr(declared) == repr(generated).replace("Generated", "Declared")
+        assert (declared == "other") is (generated == "other") is False
+        for other_declared, other_generated in pairs:
+            assert (declared == other_declared) == (generated == other_generated)
+            assert (declared != other_declared) == (generated != other_generated)
+    frozen = Declared(1, [2], "x")
+    assert hash(frozen) == hash(Generated(1, [2], "x")) == hash(Declared(1, [3], "x"))  # b: hash=False
+    assert dataclasses.replace(frozen, a=5) == Declared(5, [2], "x")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        frozen.a = 2  # type: ignore[misc]
+
+
+def test_a_recursive_repr_stops_as_dataclasses_does() -> None:
+    declared_loop: list[Any] = []
+    generated_loop: list[Any] = []
+    declared, generated = Declared(1, d=declared_loop), Generated(1, d=generated_loop)
+    declared_loop.append(declared)
+    generated_loop.append(generated)
+    # repr shows d, and "..." where the object recurs inside it.
+    assert repr(declared) == repr(generated).replace("Generated", "Declared") == "Declared(a=1, b=[], d=[...])"
+
+
+@pytest.mark.parametrize(
+    "cls", ["aot.artifact:Manifest", "aot.artifact:Artifact", "aot.fingerprint:Fingerprint", "aot.cache.entry:IndexEntry"]
+)
+def test_public_value_objects_are_frozen_dataclasses_with_these_methods(cls: str) -> None:
+    module, _, name = cls.partition(":")
+    value_class = getattr(importlib.import_module(module), name)
+    assert dataclasses.is_dataclass(value_class) and value_class.__dataclass_params__.frozen
+    assert issubclass(value_class, DataclassMethods)
+    for method in ("__repr__", "__eq__", "__hash__"):
+        assert getattr(value_class, method) is getattr(DataclassMethods, method)
