@@ -88,7 +88,10 @@ class Fingerprint(DataclassMethods):
 
     @property
     def digest(self) -> str:
-        return sha256_hex(canonical_json({"kind": self.kind, "parts": dict(self.parts)}))
+        try:
+            return _digest(self.kind, self.parts)
+        except TypeError:  # parts given as a list (unhashable): not memoized
+            return _digest.__wrapped__(self.kind, self.parts)
 
     def as_dict(self) -> dict[str, str]:
         return dict(self.parts)
@@ -109,6 +112,13 @@ class Fingerprint(DataclassMethods):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fingerprint:
         return cls.of(str(data["kind"]), dict(data["parts"]))
+
+
+@lru_cache(maxsize=256)
+def _digest(kind: str, parts: tuple[tuple[str, str], ...]) -> str:
+    """A fingerprint's digest, computed once per fingerprint (a load asks for the
+    same few several times: the manifest's key check, the environment's row filter)."""
+    return sha256_hex(canonical_json({"kind": kind, "parts": dict(parts)}))
 
 
 def combined_key(program: Fingerprint, environment: Fingerprint) -> str:
