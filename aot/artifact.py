@@ -33,7 +33,7 @@ from aot.fingerprint import (
     environment_fingerprint,
     sha256_hex,
 )
-from aot.records import DataclassMethods, Record
+from aot.records import FACTORY, DataclassMethods, Record, set_fields
 from aot.specs import format_aval, parse_dtype
 from aot.treedef import structure_key_of_json
 
@@ -81,7 +81,7 @@ class BlobRef(Record):
         return {"digest": self.digest, "size": self.size}
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)  # repr, ==, hash: DataclassMethods
+@dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)  # see aot.records
 class Manifest(DataclassMethods):
     """Everything needed to call a stored executable with no tracing (JSON, no pickle)."""
 
@@ -115,6 +115,21 @@ class Manifest(DataclassMethods):
     # Present only for a symbolic entry (format 2): {"constraints": ["b <= 64", ...]}.
     symbolic: Mapping[str, Any] | None = None
     hmac: str | None = field(default=None, compare=False)
+
+    def __init__(
+        self, name: str, kind: str, key: str, signature: str, program: Fingerprint,
+        environment: Fingerprint, in_tree: dict[str, Any], out_tree: dict[str, Any],
+        args: tuple[dict[str, Any], ...], in_avals: tuple[dict[str, Any], ...],
+        in_shardings: tuple[dict[str, Any], ...], out_avals: tuple[dict[str, Any], ...],
+        out_shardings: tuple[dict[str, Any], ...], device_ids: tuple[int, ...], committed: bool,
+        xla_name: str, blobs: Mapping[str, BlobRef], jax_version: str = jax.__version__,
+        jaxlib_version: str = jaxlib.__version__, compile_seconds: float = 0.0,
+        created_at: str = "", cost_analysis: Mapping[str, float] | None = None,
+        memory_analysis: Mapping[str, int] | None = None, format_version: int = FORMAT_VERSION,
+        arg_names: tuple[str, ...] = (), symbolic: Mapping[str, Any] | None = None,
+        hmac: str | None = None,
+    ) -> None:
+        set_fields(self, locals())
 
     # -- (de)serialization
     def to_dict(self, *, include_hmac: bool = True) -> dict[str, Any]:
@@ -256,7 +271,7 @@ class Manifest(DataclassMethods):
         return tuple(self.symbolic.get("constraints", ())) if self.symbolic is not None else ()
 
 
-@dataclass(frozen=True, repr=False, eq=False)  # repr, ==, hash: DataclassMethods
+@dataclass(frozen=True, init=False, repr=False, eq=False)  # see aot.records
 class Artifact(DataclassMethods):
     """A manifest and its blobs (``digest -> bytes``).
 
@@ -269,6 +284,11 @@ class Artifact(DataclassMethods):
     manifest: Manifest
     blobs: Mapping[str, bytes]
     verified: Mapping[str, bytes] = field(default_factory=dict, repr=False, compare=False)
+
+    def __init__(
+        self, manifest: Manifest, blobs: Mapping[str, bytes], verified: Mapping[str, bytes] = FACTORY,
+    ) -> None:
+        set_fields(self, locals())
 
     def blob(self, role: str) -> bytes:
         """The bytes of ``role``, verified against the manifest digest."""

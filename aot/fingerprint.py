@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jaxlib
 
-from aot.records import DataclassMethods
+from aot.records import DataclassMethods, set_fields
 
 if TYPE_CHECKING:
     from aot.differences import PartDifference
@@ -75,12 +75,15 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)  # repr, ==, hash: DataclassMethods
+@dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)  # see aot.records
 class Fingerprint(DataclassMethods):
     """A named set of parts and the sha256 over them."""
 
     kind: str
     parts: tuple[tuple[str, str], ...]
+
+    def __init__(self, kind: str, parts: tuple[tuple[str, str], ...]) -> None:
+        set_fields(self, locals())
 
     @classmethod
     def of(cls, kind: str, parts: Mapping[str, str]) -> Fingerprint:

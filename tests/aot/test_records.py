@@ -1,16 +1,17 @@
-"""aot.records.Record behaves as a frozen dataclass would."""
+"""aot.records: records and dataclass methods behave as a frozen dataclass's would."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import importlib
+import inspect
 import pickle
 from typing import Any
 
 import pytest
 
-from aot.records import DataclassMethods, Record
+from aot.records import FACTORY, DataclassMethods, Record, set_fields
 
 
 class Point(Record):
@@ -59,12 +60,19 @@ def test_a_record_copies_pickles_replaces_and_matches() -> None:
             assert (x, y, label) == (1, 2, "a")
 
 
-@dataclasses.dataclass(frozen=True, slots=True, repr=False, eq=False)
+@dataclasses.dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)
 class Declared(DataclassMethods):
     a: int
     b: list[int] = dataclasses.field(default_factory=list, hash=False)
     c: str = dataclasses.field(default="", repr=False)
     d: Any = dataclasses.field(default=None, compare=False)
+
+    def __init__(self, a: int, b: list[int] = FACTORY, c: str = "", d: Any = None) -> None:
+        set_fields(self, locals())
+
+    def __post_init__(self) -> None:
+        if self.a < 0:
+            raise ValueError("a < 0")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,6 +81,10 @@ class Generated:
     b: list[int] = dataclasses.field(default_factory=list, hash=False)
     c: str = dataclasses.field(default="", repr=False)
     d: Any = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.a < 0:
+            raise ValueError("a < 0")
 
 
 def _pairs() -> list[tuple[Any, Any]]:
@@ -93,6 +105,15 @@ def test_dataclass_methods_are_the_ones_dataclasses_would_generate() -> None:
     assert dataclasses.replace(frozen, a=5) == Declared(5, [2], "x")
     with pytest.raises(dataclasses.FrozenInstanceError):
         frozen.a = 2  # type: ignore[misc]
+    assert Declared(1).b == [] and Declared(1).b is not Declared(1).b  # the factory, per instance
+    assert Declared(1, d=None, c="", b=None).b is None  # an explicit value, even None
+    for cls in (Declared, Generated):
+        with pytest.raises(ValueError, match="a < 0"):
+            cls(-1)  # __post_init__ runs
+        with pytest.raises(TypeError):
+            cls()  # type: ignore[call-arg]
+        with pytest.raises(TypeError):
+            cls(1, [], "", None, 5)  # type: ignore[call-arg]
 
 
 def test_a_recursive_repr_stops_as_dataclasses_does() -> None:
@@ -115,3 +136,13 @@ def test_public_value_objects_are_frozen_dataclasses_with_these_methods(cls: str
     assert issubclass(value_class, DataclassMethods)
     for method in ("__repr__", "__eq__", "__hash__"):
         assert getattr(value_class, method) is getattr(DataclassMethods, method)
+    # Its written-out __init__ takes the fields, in order, with their defaults: what the
+    # generated one would take (a field added without it fails here).
+    expected = [
+        (f.name, f.default if f.default is not dataclasses.MISSING
+         else FACTORY if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty)
+        for f in dataclasses.fields(value_class) if f.init
+    ]
+    parameters = list(inspect.signature(value_class.__init__).parameters.values())[1:]
+    assert [(p.name, p.default) for p in parameters] == expected
+    assert {p.kind for p in parameters} == {inspect.Parameter.POSITIONAL_OR_KEYWORD}
