@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -14,6 +13,7 @@ from jax.tree_util import PyTreeDef
 from aot import treedef as treedefs
 from aot.errors import AvalMismatchError
 from aot.fingerprint import Fingerprint, combined_key
+from aot.records import Record
 from aot.specs import format_aval, leaf_signature
 
 log = logging.getLogger(__name__)
@@ -60,25 +60,37 @@ def call_key(leaves: Sequence[Any]) -> tuple[Any, ...]:
         return tuple(map(raw_leaf_key, leaves))
 
 
-@dataclass(frozen=True, slots=True)
-class ArgAval:
-    """One flat input of a program: where it sits in the arguments and what it must be."""
+class ArgAval(Record):
+    """One flat input of a program: where it sits in the arguments and what it must be
+    (a :class:`~aot.records.Record`: every serving process defines it)."""
 
+    __slots__ = ("path", "shape", "dtype", "donated", "kept", "weak_type")
     path: str
     shape: tuple[int, ...]
     dtype: Any  # a numpy dtype, or a typed-key dtype (key<fry>)
     donated: bool
     kept: bool
-    weak_type: bool = False
+    weak_type: bool
+
+    def __init__(
+        self, path: str, shape: tuple[int, ...], dtype: Any, donated: bool, kept: bool,
+        weak_type: bool = False,
+    ) -> None:
+        self._set(path, shape, dtype, donated, kept, weak_type)
 
     def describe(self) -> str:
         return format_aval(self.shape, self.dtype, self.weak_type)
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutableInfo:
-    """Everything about a compiled program except the compiled code itself."""
+class ExecutableInfo(Record):
+    """Everything about a compiled program except the compiled code itself (a
+    :class:`~aot.records.Record`: every serving process defines it)."""
 
+    __slots__ = (
+        "name", "kind", "in_tree", "out_tree", "args", "out_avals", "in_shardings",
+        "out_shardings", "device_ids", "program_fingerprint", "environment_fingerprint",
+        "compile_seconds", "arg_names", "in_structure", "out_json",
+    )
     name: str
     kind: str
     in_tree: PyTreeDef
@@ -90,20 +102,30 @@ class ExecutableInfo:
     device_ids: tuple[int, ...]
     program_fingerprint: Fingerprint
     environment_fingerprint: Fingerprint
-    compile_seconds: float = 0.0
+    compile_seconds: float
     # Names of the positional (non-static) parameters, for error messages; empty
     # when unknown (they are then recovered from the leaf paths where possible).
-    arg_names: tuple[str, ...] = ()
+    arg_names: tuple[str, ...]
     # treedef.structure_key of in_tree: how a caller's structure is matched (a loaded
     # in_tree may hold stand-ins for nodes this process cannot rebuild). Empty: computed.
-    in_structure: str = ""
+    in_structure: str
     # The stored output structure when out_tree holds stand-ins: each caller's outputs
     # are rebuilt from it with the caller's own input nodes (treedef.resolve).
-    out_json: Any = None
+    out_json: Any
 
-    def __post_init__(self) -> None:
-        if not self.in_structure:
-            object.__setattr__(self, "in_structure", treedefs.structure_key(self.in_tree))
+    def __init__(
+        self, name: str, kind: str, in_tree: PyTreeDef, out_tree: PyTreeDef,
+        args: tuple[ArgAval, ...], out_avals: tuple[jax.ShapeDtypeStruct, ...],
+        in_shardings: tuple[Any, ...], out_shardings: tuple[Any, ...],
+        device_ids: tuple[int, ...], program_fingerprint: Fingerprint,
+        environment_fingerprint: Fingerprint, compile_seconds: float = 0.0,
+        arg_names: tuple[str, ...] = (), in_structure: str = "", out_json: Any = None,
+    ) -> None:
+        self._set(
+            name, kind, in_tree, out_tree, args, out_avals, in_shardings, out_shardings,
+            device_ids, program_fingerprint, environment_fingerprint, compile_seconds,
+            arg_names, in_structure or treedefs.structure_key(in_tree), out_json,
+        )
 
     @property
     def key(self) -> str:

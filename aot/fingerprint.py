@@ -16,10 +16,15 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jaxlib
+
+from aot.records import DataclassMethods, set_fields
+
+if TYPE_CHECKING:
+    from aot.differences import PartDifference
 
 # XLA flags that cannot change the compiled executable, decided flag by flag from
 # JAX's own list (jax/_src/cache_key.py, xla_flags_to_exclude_from_cache_key). They are
@@ -70,41 +75,15 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-@dataclass(frozen=True, slots=True)
-class PartDifference:
-    """One named part that differs between two fingerprints."""
-
-    part: str
-    expected: str | None
-    actual: str | None
-
-    def describe(self) -> str:
-        expected, actual = self.expected, self.actual
-        if self.part == "cpu_isa" and expected is not None and actual is not None:
-            missing = sorted(set(expected.split()) - set(actual.split()))
-            extra = sorted(set(actual.split()) - set(expected.split()))
-            return (
-                f"cpu_isa: stored artifact needs {missing or 'nothing more'}, "
-                f"this CPU adds {extra or 'nothing'}"
-            )
-        return f"{self.part} {_short(expected)} != {_short(actual)}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"part": self.part, "expected": self.expected, "actual": self.actual}
-
-
-def _short(value: str | None, limit: int = 80) -> str:
-    if value is None:
-        return "(absent)"
-    return value if len(value) <= limit else value[: limit - 3] + "..."
-
-
-@dataclass(frozen=True, slots=True)
-class Fingerprint:
+@dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)  # see aot.records
+class Fingerprint(DataclassMethods):
     """A named set of parts and the sha256 over them."""
 
     kind: str
     parts: tuple[tuple[str, str], ...]
+
+    def __init__(self, kind: str, parts: tuple[tuple[str, str], ...]) -> None:
+        set_fields(self, locals())
 
     @classmethod
     def of(cls, kind: str, parts: Mapping[str, str]) -> Fingerprint:
@@ -112,7 +91,10 @@ class Fingerprint:
 
     @property
     def digest(self) -> str:
-        return sha256_hex(canonical_json({"kind": self.kind, "parts": dict(self.parts)}))
+        try:
+            return _digest(self.kind, self.parts)
+        except TypeError:  # parts given as a list (unhashable): not memoized
+            return _digest.__wrapped__(self.kind, self.parts)
 
     def as_dict(self) -> dict[str, str]:
         return dict(self.parts)
@@ -120,11 +102,12 @@ class Fingerprint:
     def diff(self, actual: Fingerprint) -> tuple[PartDifference, ...]:
         """Parts of ``self`` (expected) that differ in ``actual``."""
         mine, theirs = self.as_dict(), actual.as_dict()
-        return tuple(
-            PartDifference(name, mine.get(name), theirs.get(name))
-            for name in sorted(set(mine) | set(theirs))
-            if mine.get(name) != theirs.get(name)
-        )
+        names = sorted(name for name in set(mine) | set(theirs) if mine.get(name) != theirs.get(name))
+        if not names:
+            return ()
+        from aot.differences import PartDifference
+
+        return tuple(PartDifference(name, mine.get(name), theirs.get(name)) for name in names)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "digest": self.digest, "parts": self.as_dict()}
@@ -132,6 +115,13 @@ class Fingerprint:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fingerprint:
         return cls.of(str(data["kind"]), dict(data["parts"]))
+
+
+@lru_cache(maxsize=256)
+def _digest(kind: str, parts: tuple[tuple[str, str], ...]) -> str:
+    """A fingerprint's digest, computed once per fingerprint (a load asks for the
+    same few several times: the manifest's key check, the environment's row filter)."""
+    return sha256_hex(canonical_json({"kind": kind, "parts": dict(parts)}))
 
 
 def combined_key(program: Fingerprint, environment: Fingerprint) -> str:
@@ -226,8 +216,13 @@ def describe_differences(diffs: Iterable[PartDifference]) -> str:
     return "; ".join(d.describe() for d in diffs)
 
 
-_HEX = re.compile(r"^[0-9a-f]{64}$")
-
-
 def is_digest(text: str) -> bool:
-    return bool(_HEX.match(text))
+    return bool(re.match(r"^[0-9a-f]{64}$", text))  # compiled on first use, not at import
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PartDifference":  # defined where used (aot.differences)
+        from aot.differences import PartDifference
+
+        return PartDifference
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

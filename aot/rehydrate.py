@@ -8,12 +8,11 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
@@ -53,6 +52,7 @@ from aot.fingerprint import (
     environment_fingerprint,
     sha256_hex,
 )
+from aot.records import Record
 from aot.specs import dtype_to_str, format_aval
 from aot.shardings import (
     aval_from_json,
@@ -529,7 +529,7 @@ def recompile(artifact: Artifact) -> Artifact:
         # these structures below.
         in_tree=treedefs.from_json(manifest.in_tree, standins=True),
         out_tree=treedefs.from_json(manifest.out_tree, standins=True),
-        args=tuple(replace(a, kept=i in kept) for i, a in enumerate(trusted.args)),
+        args=tuple(a._replace(kept=i in kept) for i, a in enumerate(trusted.args)),
         out_avals=tuple(
             jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
             for a, s in zip(unloaded.output_avals, unloaded.output_shardings)
@@ -736,11 +736,12 @@ def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Art
 # runs them too.
 
 
-class _TrustedInputs(NamedTuple):
+class _TrustedInputs(Record):
     """What a recompilation takes from a manifest, each field vouched for by the
-    program fingerprint or the portable HLO. (A NamedTuple, not a dataclass: this
+    program fingerprint or the portable HLO. (A :class:`~aot.records.Record`: this
     module is imported by every serving process, which never recompiles.)"""
 
+    __slots__ = ("name", "kind", "args", "device_ids", "in_shardings", "out_shardings", "pinned")
     name: str
     kind: str
     args: tuple[ArgAval, ...]
@@ -748,6 +749,13 @@ class _TrustedInputs(NamedTuple):
     in_shardings: dict[int, dict[str, Any]]  # argument index -> sharding JSON
     out_shardings: tuple[dict[str, Any] | None, ...]  # None: not asked for
     pinned: bool  # some sharding was asked for at lowering time
+
+    def __init__(
+        self, name: str, kind: str, args: tuple[ArgAval, ...], device_ids: tuple[int, ...],
+        in_shardings: dict[int, dict[str, Any]], out_shardings: tuple[dict[str, Any] | None, ...],
+        pinned: bool,
+    ) -> None:
+        self._set(name, kind, args, device_ids, in_shardings, out_shardings, pinned)
 
 
 def _trusted_inputs(manifest: Manifest, exported: Any) -> _TrustedInputs:
@@ -1022,8 +1030,7 @@ def _entry_signature(xla_executable: Any) -> tuple[list[Any], Any] | None:
         text = modules[0].to_string(options) if options is not None else modules[0].to_string()
     except Exception:  # noqa: BLE001 - an executable without an HLO module to show
         return None
-    # Long tuples carry /*index=N*/ markers.
-    header = re.sub(r"/\*.*?\*/", "", text.split("\n", 1)[0])
+    header = _without_comments(text.split("\n", 1)[0])  # long tuples carry /*index=N*/
     start = header.find("entry_computation_layout={")
     if start < 0:
         return None
@@ -1037,6 +1044,17 @@ def _entry_signature(xla_executable: Any) -> tuple[list[Any], Any] | None:
     if not isinstance(params, list):
         return None
     return params, result
+
+
+def _without_comments(line: str) -> str:
+    """``line`` without its ``/*...*/`` comments, as a non-greedy ``re.sub`` would
+    remove them, without compiling a pattern in every serving process."""
+    parts, pos = [], 0
+    while (start := line.find("/*", pos)) >= 0 and (end := line.find("*/", start + 2)) >= 0:
+        parts.append(line[pos:start])
+        pos = end + 2
+    parts.append(line[pos:])
+    return "".join(parts)
 
 
 class _ShapeParser:

@@ -97,11 +97,10 @@ GRAMMAR = (
 )
 GRAMMAR += ", ".join(DTYPES) + ", key<IMPL>"
 
-_SPEC_RE = re.compile(
-    r"^\s*(~)?\s*(key<[A-Za-z0-9_]+>|[A-Za-z][A-Za-z0-9_]*)\s*\[([^\]]*)\]\s*(?:@(.*))?$"
-)
-_KEY_RE = re.compile(r"^key<([A-Za-z0-9_]+)>$")
-_AXIS_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Compiled on first use (re's cache): a serving process reads dtype names, not specs.
+_SPEC_PATTERN = r"^\s*(~)?\s*(key<[A-Za-z0-9_]+>|[A-Za-z][A-Za-z0-9_]*)\s*\[([^\]]*)\]\s*(?:@(.*))?$"
+_KEY_PATTERN = r"^key<([A-Za-z0-9_]+)>$"
+_AXIS_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _PY_SCALARS = (bool, int, float, complex)
 
 
@@ -159,7 +158,7 @@ def parse_dtype(text: str) -> Any:
     dtype = DTYPES.get(key) or _ALIASES.get(key)
     if dtype is not None:
         return dtype
-    if _KEY_RE.match(key):
+    if re.match(_KEY_PATTERN, key):
         found = _key_dtypes().get(key)
         if found is not None:
             return found
@@ -219,7 +218,7 @@ def parse_partition_spec(text: str) -> PartitionSpec:
             entries.append(None)
             continue
         axes = [axis.strip().strip("'\"") for axis in entry.split("+")]
-        if not all(_AXIS_RE.match(axis) for axis in axes):
+        if not all(re.match(_AXIS_PATTERN, axis) for axis in axes):
             raise SpecError(
                 f"malformed sharding {text!r}: entry {entry!r} is not an axis name, "
                 "'a+b' or None; expected e.g. 'data,None'"
@@ -244,12 +243,12 @@ def _parse_dims(text: str, dims_text: str, scope: Any) -> list[Any]:
 
 
 def _parse_string(text: str, mesh: Mesh | None, scope: Any = None) -> jax.ShapeDtypeStruct:
-    match = _SPEC_RE.match(text)
+    match = re.match(_SPEC_PATTERN, text)
     if match is None:
         raise SpecError(f"malformed spec {text!r}; expected {GRAMMAR}")
     weak, dtype_text, dims_text, sharding_text = match.groups()
     dtype = DTYPES.get(dtype_text) or _ALIASES.get(dtype_text)
-    if dtype is None and _KEY_RE.match(dtype_text):
+    if dtype is None and re.match(_KEY_PATTERN, dtype_text):
         try:
             dtype = parse_dtype(dtype_text)
         except SpecError as exc:

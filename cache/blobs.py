@@ -16,9 +16,9 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aot.cache.objectstore import (
-    BlobStat,
     blob_path,
     check_digest,
     digest_from_path,
@@ -26,6 +26,10 @@ from aot.cache.objectstore import (
     storage_error,
 )
 from aot.errors import CorruptArtifactError
+
+# Listing and stat-ing blobs only (gc, verify): reading one, as serving does, needs neither.
+if TYPE_CHECKING:
+    from aot.cache.blob_records import BlobStat
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ TEMP_DIR = ".tmp"
 #: at least once per chunk, so an hour is far beyond any real write.
 TEMP_GRACE_SECONDS = 3600.0
 
-_FANOUT_RE = re.compile(r"^[0-9a-f]{2}$")
+_FANOUT_PATTERN = r"^[0-9a-f]{2}$"  # compiled on first use
 _TMP_SUFFIX = ".tmp"
 
 
@@ -99,6 +103,8 @@ class FolderObjectStore:
         return {d for d in digests if self.path_for(d).is_file()}
 
     def _stat(self, digest: str) -> BlobStat | None:
+        from aot.cache.blob_records import BlobStat
+
         try:
             st = self.path_for(digest).stat()
         except FileNotFoundError:
@@ -117,7 +123,7 @@ class FolderObjectStore:
 
     def list(self) -> Iterator[BlobStat]:
         try:
-            fanouts = sorted(p.name for p in self.root.iterdir() if _FANOUT_RE.fullmatch(p.name))
+            fanouts = sorted(p.name for p in self.root.iterdir() if re.fullmatch(_FANOUT_PATTERN, p.name))
         except FileNotFoundError:
             return
         except OSError as e:
@@ -285,6 +291,8 @@ class MemoryObjectStore:
         return {d for d in digests if check_digest(d) in self._data}
 
     def stat(self, digests: Iterable[str]) -> dict[str, BlobStat]:
+        from aot.cache.blob_records import BlobStat
+
         out = {}
         for digest in digests:
             found = self._data.get(check_digest(digest))
@@ -293,6 +301,8 @@ class MemoryObjectStore:
         return out
 
     def list(self) -> Iterator[BlobStat]:
+        from aot.cache.blob_records import BlobStat
+
         with self._lock:
             items = sorted(self._data.items())
         for digest, (payload, modified) in items:

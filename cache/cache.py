@@ -7,7 +7,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from aot.cache.objectstore import DATABASE, FOLDER, OBJECT, classify_location, o
 if TYPE_CHECKING:
     from aot.computation import MeshComputation
     from aot.cache.background import BackgroundLoad
+    from aot.cache.compile_result import CompileResult
     from aot.cache.index import Index
     from aot.cache.sqlite_reader import SqliteReader
 
@@ -38,6 +39,14 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "AOT_CACHE"
 
 CacheEntry = IndexEntry
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CompileResult":  # defined in aot.cache.compile_result: serving never compiles
+        from aot.cache.compile_result import CompileResult
+
+        return CompileResult
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def default_location() -> str:
@@ -101,32 +110,6 @@ def require_cache(
     if index_file.is_file() and index_file.stat().st_size > 0:
         return
     raise CacheError(_lost_index_message(folder) or f"no cache at {folder} ({why}); {advice}")
-
-
-@dataclass(frozen=True, slots=True)
-class CompileResult:
-    """What :meth:`Cache.compile_entry` did: the executable, its entry, hit or miss.
-
-    ``executable`` is None for a symbolic (shape-polymorphic) program: it is stored
-    as portable HLO and compiled per concrete shape by ``aot.load``.
-    """
-
-    executable: MeshExecutable | None
-    entry: IndexEntry
-    hit: bool
-    seconds: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.entry.key,
-            "name": self.entry.name,
-            "signature": self.entry.signature,
-            "hit": self.hit,
-            "seconds": round(self.seconds, 4),
-            "compile_seconds": self.entry.compile_seconds,
-            "raw_size": self.entry.raw_size,
-            "stored_size": self.entry.stored_size,
-        }
 
 
 class Cache:
@@ -601,6 +584,7 @@ class Cache:
         **lower_kwargs: Any,
     ) -> CompileResult:
         """Lowers ``fn``; on a hit loads the stored executable, on a miss compiles and stores."""
+        from aot.cache.compile_result import CompileResult
         from aot.lowering import lower, lower_pmap  # serving never lowers
 
         start = time.perf_counter()
@@ -649,6 +633,8 @@ class Cache:
 
     def _store_symbolic(self, computation: MeshComputation, start: float) -> CompileResult:
         """Stores a symbolic computation's portable HLO (nothing to compile yet)."""
+        from aot.cache.compile_result import CompileResult
+
         entry = self.index.get(computation.fingerprint)
         if entry is not None and entry.ok:
             return CompileResult(None, entry, True, time.perf_counter() - start)

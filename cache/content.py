@@ -35,14 +35,16 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import zstandard
 
-from aot.cache.objectstore import BlobStat, ObjectStore, check_digest, read_only_error, storage_error
+from aot.cache.objectstore import ObjectStore, check_digest, read_only_error, storage_error
 from aot.errors import AotError, CorruptArtifactError
+
+if TYPE_CHECKING:
+    from aot.cache.blob_records import BlobStat, CopyReport, StoredBlob
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,17 @@ PROBLEM_UNDECODABLE = "truncated/undecodable zstd frame"
 
 T = TypeVar("T")
 
+# Defined in aot.cache.blob_records: reading a blob needs neither.
+_RECORDS = frozenset({"CopyReport", "StoredBlob"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RECORDS:
+        from aot.cache import blob_records
+
+        return getattr(blob_records, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def digest_of(data: bytes) -> str:
     """Lowercase hex sha256 of ``data`` (the uncompressed bytes)."""
@@ -100,35 +113,6 @@ def _corrupt(digest: str, where: str, problem: str) -> CorruptArtifactError:
         f"quarantine the entries using it (they are recompiled on next use) and "
         f"`aot gc` to remove it"
     )
-
-
-@dataclass(frozen=True, slots=True)
-class StoredBlob:
-    """What :meth:`ContentStore.store` did with some bytes."""
-
-    digest: str
-    size: int  # uncompressed
-    stored_size: int  # the payload in the store
-    written: bool  # False: an intact copy was there already
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"digest": self.digest, "size": self.size, "stored_size": self.stored_size, "written": self.written}
-
-
-@dataclass(frozen=True, slots=True)
-class CopyReport:
-    """What :meth:`ContentStore.copy_to` did."""
-
-    copied: tuple[str, ...]
-    present: tuple[str, ...]
-    bytes_copied: int
-    stored_sizes: dict[str, int]  # digest -> payload size in the destination
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "copied": list(self.copied), "present": list(self.present),
-            "bytes_copied": self.bytes_copied,
-        }
 
 
 class ContentStore:
@@ -219,6 +203,8 @@ class ContentStore:
     def store_bytes(self, data: bytes) -> StoredBlob:
         """Stores ``data`` unless an intact copy is there (then its age is refreshed);
         a corrupt copy is overwritten (repair)."""
+        from aot.cache.blob_records import StoredBlob
+
         digest = digest_of(data)
         if self.read_only:
             raise read_only_error(f"store blob {digest}", self.location)
@@ -274,6 +260,8 @@ class ContentStore:
         Callers copying blobs for index rows hold leases on them in the
         destination's index (as :meth:`aot.cache.cache.Cache.put_artifact` does).
         """
+        from aot.cache.blob_records import CopyReport
+
         if other.read_only:
             raise read_only_error("copy blobs", other.location)
         copied: list[str] = []

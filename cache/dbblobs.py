@@ -25,7 +25,8 @@ from aot.cache.index import (
     mask_url,
     server_now,
 )
-from aot.cache.objectstore import BlobStat, check_digest, read_only_error
+from aot.cache.blob_records import BlobStat
+from aot.cache.objectstore import check_digest, read_only_error
 from aot.errors import CacheError
 
 logger = logging.getLogger(__name__)

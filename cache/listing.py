@@ -18,7 +18,8 @@ from aot.cache.signatures import Signature
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
-    from aot.fingerprint import Fingerprint, PartDifference
+    from aot.differences import PartDifference
+    from aot.fingerprint import Fingerprint
 
 ENV_CHOICES = ("this", "all")
 

@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import jax
 from jax.tree_util import PyTreeDef
@@ -51,6 +51,7 @@ from aot.executable import (
     placement_error,
 )
 from aot.fingerprint import describe_differences
+from aot.records import Record
 from aot.specs import dtype_to_str, format_aval, leaf_aval
 from aot.cache.cache import Cache, default_location, is_url
 from aot.cache.entry import IndexEntry
@@ -68,9 +69,9 @@ log = logging.getLogger(__name__)
 LeafKey = tuple[tuple[int, ...], Any, bool]
 
 
-# The three records below are internal to this module and plain classes, not
-# dataclasses: generating a dataclass's methods costs ~0.5 ms per class at import,
-# paid by every serving process at start-up (issue 15).
+# The records below are internal to this module and not dataclasses: generating a
+# dataclass's methods costs ~0.5 ms per class at import, paid by every serving process
+# at start-up (issue 15).
 
 
 class _Program:
@@ -141,14 +142,18 @@ class _SymbolicProgram:
         return f"_SymbolicProgram({self.signature!r}, {len(self.entries)} entries)"
 
 
-class _Kind(NamedTuple):
+class _Kind(Record):
     """A kind of call already served: ``fn(*leaves)`` runs it (a bound executable's
     C++ call, or a padded call), ``program`` counts it; ``plain`` when JAX's C++
     dispatch may serve it (not padded)."""
 
+    __slots__ = ("fn", "program", "plain")
     fn: Callable[..., Any]
     program: _Program
     plain: bool
+
+    def __init__(self, fn: Callable[..., Any], program: _Program, plain: bool) -> None:
+        self._set(fn, program, plain)
 
 
 _NO_MATCH = object()

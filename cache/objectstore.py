@@ -34,13 +34,16 @@ import importlib
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import unquote
 
 from aot.errors import CacheError, CorruptArtifactError, ReadOnlyCacheError
+from aot.records import Record
+
+if TYPE_CHECKING:
+    from aot.cache.blob_records import BlobStat
 
 __all__ = [
     "BlobStat",
@@ -56,8 +59,17 @@ __all__ = [
     "storage_error",
 ]
 
-_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
-_PATH_RE = re.compile(r"^([0-9a-f]{2})/([0-9a-f]{64})\.zst$")
+# Patterns are compiled on first use (re's cache), not by every process importing this.
+_PATH_PATTERN = r"^([0-9a-f]{2})/([0-9a-f]{64})\.zst$"
+_HEX_DIGITS = "0123456789abcdef"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BlobStat":  # defined in aot.cache.blob_records: reading a blob never needs it
+        from aot.cache.blob_records import BlobStat
+
+        return BlobStat
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_digest(digest: str) -> str:
@@ -66,7 +78,7 @@ def check_digest(digest: str) -> str:
     Digests come from manifests and index rows and become file and object names, so
     anything else (``../``, upper case, a truncated value) is refused.
     """
-    if not isinstance(digest, str) or not _DIGEST_RE.fullmatch(digest):
+    if not isinstance(digest, str) or len(digest) != 64 or digest.strip(_HEX_DIGITS):
         raise CorruptArtifactError(
             f"invalid blob digest {digest!r}: expected 64 lowercase hex characters "
             f"(a sha256); the manifest or index row naming it is damaged, run `aot verify`"
@@ -82,19 +94,10 @@ def blob_path(digest: str) -> str:
 
 def digest_from_path(relative: str) -> str | None:
     """The digest of a relative path laid out by :func:`blob_path`, else None."""
-    match = _PATH_RE.fullmatch(relative.replace("\\", "/"))
+    match = re.fullmatch(_PATH_PATTERN, relative.replace("\\", "/"))
     if match is None or not match.group(2).startswith(match.group(1)):
         return None
     return match.group(2)
-
-
-@dataclass(frozen=True, slots=True)
-class BlobStat:
-    """One stored payload: its digest, stored (compressed) size and last write/touch."""
-
-    digest: str
-    stored_size: int
-    modified: datetime  # UTC, on the store's clock; ``now()`` when unknown
 
 
 @runtime_checkable
@@ -211,19 +214,23 @@ OBJECT_SCHEMES: dict[str, str] = {
 #: SQLAlchemy backends the index and the SQL blob store support.
 DATABASE_BACKENDS = ("sqlite", "postgresql")
 
-_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+_SCHEME_PATTERN = r"^([A-Za-z][A-Za-z0-9+.\-]*)://"
 
 FOLDER, DATABASE, OBJECT = "folder", "database", "object"
 
 
-@dataclass(frozen=True, slots=True)
-class Location:
+class Location(Record):
     """Where a cache or its blobs live: a local ``folder`` (a path), a ``database``
-    (a SQLAlchemy URL) or an ``object`` store (an fsspec URL)."""
+    (a SQLAlchemy URL) or an ``object`` store (an fsspec URL). (A
+    :class:`~aot.records.Record`: every serving process classifies its cache location.)"""
 
+    __slots__ = ("kind", "target", "scheme")
     kind: str
     target: str  # the folder path, or the URL as given
-    scheme: str | None = None
+    scheme: str | None
+
+    def __init__(self, kind: str, target: str, scheme: str | None = None) -> None:
+        self._set(kind, target, scheme)
 
     def to_dict(self) -> dict[str, str | None]:
         return {"kind": self.kind, "target": self.target, "scheme": self.scheme}
@@ -247,7 +254,7 @@ def classify_location(location: str | os.PathLike[str]) -> Location:
     refused (:class:`CacheError`), never taken for a local path; a database URL is
     recognised by its SQLAlchemy dialect, not by ``"://"``."""
     text = os.fspath(location)
-    match = _SCHEME_RE.match(text)
+    match = re.match(_SCHEME_PATTERN, text) if "://" in text else None  # a path: no regex
     if match is None:
         if text.startswith("sqlite:"):  # sqlite:relative.db is not a folder either
             raise CacheError(f"malformed SQLite URL {text!r}: expected sqlite:///PATH")

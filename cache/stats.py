@@ -59,9 +59,10 @@ import time
 import weakref
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from aot.errors import CacheError
+from aot.records import Record
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -146,13 +147,17 @@ class _Tally:
 _Key = tuple[str, str, str]  # (env_fp, name, signature)
 
 
-class _Watch(NamedTuple):
-    """A dispatcher's programs, whose ``calls`` the flusher reads. (A NamedTuple, not
-    a dataclass: every serving process imports this module at start-up.)"""
+class _Watch(Record):
+    """A dispatcher's programs, whose ``calls`` the flusher reads. (A
+    :class:`~aot.records.Record`: every serving process imports this module at start-up.)"""
 
+    __slots__ = ("env_fp", "name", "programs")
     env_fp: str
     name: str
     programs: MutableMapping[Any, Any]
+
+    def __init__(self, env_fp: str, name: str, programs: MutableMapping[Any, Any]) -> None:
+        self._set(env_fp, name, programs)
 
 
 # ---------------------------------------------------------------- sinks

@@ -44,14 +44,17 @@ import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aot.artifact import EXECUTABLE, Artifact
 from aot.cache.cache import Cache
 from aot.cache.content import ContentStore
 from aot.cache.entry import IndexEntry
-from aot.cache.objectstore import FOLDER, BlobStat, classify_location
+from aot.cache.objectstore import FOLDER, classify_location
 from aot.errors import AotError, CacheError, CorruptArtifactError
+
+if TYPE_CHECKING:
+    from aot.cache.blob_records import BlobStat
 
 log = logging.getLogger(__name__)
 

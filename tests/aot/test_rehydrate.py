@@ -179,3 +179,13 @@ def test_a_tampered_typed_key_or_int4_output_is_refused(keyed, index, field, val
         load_executable(tampered)
     # verify: caught by the portable HLO's avals (before deserializing anything)
     assert any(p.startswith("out_avals") for p in stored_artifact_problems(tampered))
+
+
+@pytest.mark.parametrize("line", [
+    "", "(f32[2], /*index=5*/f32[3])", "/*x*/", "a/*", "a*/b/*c*/d/*e", "/*/ a */", "/**/",
+    "x/*a*/*/y", "/*a/*b*/c*/", "entry_computation_layout={(f32[8]{0}, /*index=1*/s32[])->f32[8]{0}}",
+])
+def test_comments_are_removed_from_the_layout_line_as_re_sub_would(line: str) -> None:
+    from aot.rehydrate import _without_comments
+
+    assert _without_comments(line) == re.sub(r"/\*.*?\*/", "", line)

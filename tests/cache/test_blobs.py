@@ -154,7 +154,10 @@ def test_put_heals_a_corrupt_blob(
     assert read_raw(blob_store, digest) == good
 
 
-@pytest.mark.parametrize("bad", ["../../etc/passwd", "ABCDEF" * 10 + "ABCD", "ab", "g" * 64, ""])
+@pytest.mark.parametrize("bad", [
+    "../../etc/passwd", "ABCDEF" * 10 + "ABCD", "ab", "g" * 64, "",
+    "a" * 63 + "\n", "0" * 64 + "\n", "a" * 32 + "/" + "a" * 31, " " + "a" * 63, "\uff41" * 64,
+])
 def test_malformed_digests_are_refused(blob_store: BlobStore, bad: str) -> None:
     for op in (blob_store.get, blob_store.has, blob_store.delete, blob_store.check, blob_store.touch):
         with pytest.raises(CorruptArtifactError, match="invalid blob digest"):
