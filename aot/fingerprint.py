@@ -91,10 +91,7 @@ class Fingerprint(DataclassMethods):
 
     @property
     def digest(self) -> str:
-        try:
-            return _digest(self.kind, self.parts)
-        except TypeError:  # parts given as a list (unhashable): not memoized
-            return _digest.__wrapped__(self.kind, self.parts)
+        return _digest(self.kind, self.parts)
 
     def as_dict(self) -> dict[str, str]:
         return dict(self.parts)
