@@ -93,7 +93,9 @@ def warmup_command(
 
         workers = WorkerPool(min(jobs - 1, len(items) - 1))
     try:
-        cache = state.cache(create=True)
+        # A new cache's index is created in a helper process while this one imports
+        # JAX: SQLAlchemy is never imported here (aot.cache.index_process).
+        cache = state.cache(create=True, index=state.index_helper())
     except BaseException:
         if workers is not None:
             workers.close()
