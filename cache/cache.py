@@ -261,7 +261,8 @@ class Cache:
 
     def lookup(self, key: str) -> IndexEntry | None:
         """The row of ``key`` (None: not stored); through the standard library's sqlite3
-        while SQLAlchemy is not loaded (a fully cached warm-up never loads it)."""
+        while SQLAlchemy is not loaded here (a fully cached warm-up never loads it, nor
+        does one whose index is in a helper process: :meth:`adopt_index`)."""
         reader = self._serving_reader()
         if reader is not None:
             return reader.by_key(key)
