@@ -157,6 +157,7 @@ class Cache:
         self.require_signatures = require_signatures
         self.blob_location = str(blob_location) if blob_location is not None else None
         self._index: Index | None = None
+        self._index_elsewhere = False  # _index is an IndexProcess (adopt_index)
         self._index_file: Path | None = None
         self._reader: SqliteReader | None = None
         where = classify_location(location)
@@ -227,9 +228,19 @@ class Cache:
             self._index = Index.for_folder(self._index_file.parent, read_only=self.read_only)
         return self._index
 
+    def adopt_index(self, index: Any) -> None:
+        """Uses ``index`` as this folder cache's SQL index: an
+        :class:`~aot.cache.index_process.IndexProcess` with the same index open in a
+        helper process (``aot warmup`` starts one before it imports JAX, so that this
+        process never imports SQLAlchemy). :meth:`close` closes it."""
+        if self._index is not None or self._index_file is None or self.read_only:
+            raise ValueError(f"{self!r} cannot adopt an index: its own is open, or it is not a writable folder cache")
+        self._index = index
+        self._index_elsewhere = True  # reads stay here, through the stdlib reader
+
     def _serving_reader(self) -> SqliteReader | None:
-        """The stdlib reader of a folder cache, while SQLAlchemy is not loaded yet."""
-        if self._index is not None or self._index_file is None:
+        """The stdlib reader of a folder cache, while SQLAlchemy is not loaded here."""
+        if (self._index is not None and not self._index_elsewhere) or self._index_file is None:
             return None
         if self._reader is None:
             from aot.cache.sqlite_reader import SqliteReader
@@ -250,7 +261,8 @@ class Cache:
 
     def lookup(self, key: str) -> IndexEntry | None:
         """The row of ``key`` (None: not stored); through the standard library's sqlite3
-        while SQLAlchemy is not loaded (a fully cached warm-up never loads it)."""
+        while SQLAlchemy is not loaded here (a fully cached warm-up never loads it, nor
+        does one whose index is in a helper process: :meth:`adopt_index`)."""
         reader = self._serving_reader()
         if reader is not None:
             return reader.by_key(key)
@@ -388,10 +400,10 @@ class Cache:
         make the blobs durable (``write_blobs`` -> digest: (size, stored size)), then
         commit the row and release the lease in one transaction; start over if gc took
         an expired lease meanwhile."""
-        from aot.cache.index import LeaseLostError
+        from aot.cache.leases import LeaseLostError
         from aot.cache.pauses import reached  # writers only: serving never imports it
 
-        existing = self.index.get(manifest.key)
+        existing = self.lookup(manifest.key)
         broken = False
         if existing is not None and existing.ok:
             if all(self.blobs.check(d) is None for d in _entry_digests(existing)):
@@ -446,7 +458,7 @@ class Cache:
                 manifest.signature, manifest.key[:12],
             )
             outcome = "repaired" if broken else ("stored" if added else "present")
-            return self.index.get(entry.key) or final, outcome
+            return self.lookup(entry.key) or final, outcome
         raise CacheError(
             f"storing {label}: its blob leases expired {_LEASE_ATTEMPTS} times before the "
             "row could be committed (each lease lasts an hour on the database clock); is the "

@@ -107,6 +107,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.pool import StaticPool
 
 from aot.cache.entry import ARTIFACT_STATES, SCHEMA_VERSION, IndexEntry, _as_utc, utcnow
+from aot.cache.leases import Lease, LeaseLostError
 from aot.cache.pauses import reached
 from aot.errors import AotError, CacheError, ReadOnlyCacheError
 
@@ -793,22 +794,6 @@ def connection_for(engine: Engine, *, write: bool) -> Iterator[Connection]:
 
 
 # ------------------------------------------------------------------------- leases
-
-
-class LeaseLostError(CacheError):
-    """A writer's lease expired and gc took it (with, perhaps, its blobs): start over."""
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """A writer's pending references (see :meth:`Index.lease`)."""
-
-    token: str
-    digests: frozenset[str]
-    expires_at: datetime
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"token": self.token, "digests": sorted(self.digests), "expires_at": self.expires_at.isoformat()}
 
 
 class DeletionBatch:

@@ -33,7 +33,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["INHERITED_ENV", "Worker", "WorkerPool"]
+__all__ = ["INHERITED_ENV", "Worker", "WorkerPool", "exit_with_parent"]
 
 #: Environment variables a worker takes from the parent (set before it imports JAX).
 INHERITED_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "TF_CPP_MIN_LOG_LEVEL")
@@ -149,7 +149,7 @@ class WorkerPool:
 
 
 def _worker_main(conn: Connection, env: dict[str, str], log_level: int, parent_pid: int) -> None:
-    _exit_with_parent(parent_pid)
+    exit_with_parent(parent_pid)
     os.environ.update(env)
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
     import importlib
@@ -196,10 +196,11 @@ def _warm_up() -> None:
         log.debug("worker warm-up failed", exc_info=True)
 
 
-def _exit_with_parent(parent_pid: int) -> None:
-    """A worker must not outlive the warm-up that started it (``kill -9`` of the CLI
-    included): nothing would collect its result, and it holds CPU, memory and the
-    resource tracker's pipe (so the tracker outlives everyone too).
+def exit_with_parent(parent_pid: int) -> None:
+    """A worker (or the index helper, :mod:`aot.cache.index_process`) must not outlive
+    the warm-up that started it (``kill -9`` of the CLI included): nothing would collect
+    its result, and it holds CPU, memory and the resource tracker's pipe (so the
+    tracker outlives everyone too).
 
     On Linux the kernel kills the worker when its parent dies (``PR_SET_PDEATHSIG``).
     Everywhere, a watchdog thread exits once the parent is gone (the worker is

@@ -22,6 +22,7 @@ import click
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
     from aot.cache.config import Settings
+    from aot.cache.index_process import IndexProcess
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,33 +51,72 @@ class State:
             )
         return self._settings
 
-    def cache(self, *, create: bool = False) -> Cache:
+    def index_helper(self) -> IndexProcess | None:
+        """For a new folder cache: a helper process that creates its SQL index while
+        this process imports JAX (:mod:`aot.cache.index_process`); give it to
+        :meth:`cache`. None for other caches, once the cache is open, and when this
+        process is not the ``aot`` command itself (a helper is started with "spawn",
+        which imports the ``__main__`` module again: a script without a main guard that
+        calls the CLI would run twice)."""
+        from aot.cli.main import main as command
+
+        if getattr(sys.modules.get("__main__"), "main", None) is not command:
+            return None
+        settings = self.settings
+        location = settings.cache.value
+        if self._cache is not None or self.read_only or location is None or settings.local.value is not None:
+            return None
+        from aot.cache.objectstore import FOLDER, classify_location
+
+        where = classify_location(location)
+        if where.kind != FOLDER:
+            return None
+        from aot.cache.index_process import IndexProcess
+
+        return IndexProcess.for_new_cache(where.target)
+
+    def cache(self, *, create: bool = False, index: IndexProcess | None = None) -> Cache:
         """The cache of the settings (opened once, closed when the command ends).
 
         Only commands that store (``create=True``: compile, warmup, bundle import)
         create a cache folder; the others report a folder without a cache, so a typo
-        in ``--cache`` is not an empty cache.
+        in ``--cache`` is not an empty cache. ``index``: from :meth:`index_helper`.
         """
         if self._cache is None:
-            from aot.cache.cache import Cache, require_cache
-
-            settings = self.settings
-            location = settings.cache.value
-            assert location is not None
-            if not create:
-                require_cache(
-                    location,
-                    "nothing was compiled into it yet: aot compile, aot warmup and aot "
-                    "bundle import create one",
-                    f"check --cache, AOT_CACHE or [tool.aot] (the location came from "
-                    f"{settings.cache.source})",
-                )
-            self._cache = Cache(
-                location, read_only=self.read_only, blob_location=settings.blobs.value,
-                signing_key=settings.signing_key(), local=settings.local.value,
-            )
+            try:
+                self._cache = self._open(create, index)
+            except BaseException:
+                if index is not None:
+                    index.close()
+                raise
             click.get_current_context().call_on_close(self._close)
+        elif index is not None:
+            index.close()
         return self._cache
+
+    def _open(self, create: bool, index: IndexProcess | None) -> Cache:
+        from aot.cache.cache import Cache, require_cache  # imports JAX
+
+        settings = self.settings
+        location = settings.cache.value
+        assert location is not None
+        if not create:
+            require_cache(
+                location,
+                "nothing was compiled into it yet: aot compile, aot warmup and aot "
+                "bundle import create one",
+                f"check --cache, AOT_CACHE or [tool.aot] (the location came from "
+                f"{settings.cache.source})",
+            )
+        if index is not None and not index.wait_ready():
+            index = None  # the cache opens its index here, and says what is wrong
+        cache = Cache(
+            location, read_only=self.read_only, blob_location=settings.blobs.value,
+            signing_key=settings.signing_key(), local=settings.local.value,
+        )
+        if index is not None:
+            cache.adopt_index(index)
+        return cache
 
     def _close(self) -> None:
         if self._cache is not None:

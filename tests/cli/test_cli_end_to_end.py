@@ -169,3 +169,62 @@ def test_a_command_ends_without_teardown_yet_leaves_its_work_closed(tmp_path: Pa
     assert written == {"atexit"}
     usage, _ = outputs("usage", [*_aot_command(), "--cache", str(cache), "compile"])
     assert usage.returncode == 2 and "Usage: aot compile" in usage.stderr
+
+
+DRIVER = textwrap.dedent("""
+    # The aot command, reporting at exit whether this process imported SQLAlchemy.
+    import atexit
+    import sys
+
+    from aot.cli.main import main
+
+    atexit.register(lambda: print(f"SQLALCHEMY_HERE={'sqlalchemy' in sys.modules}", file=sys.stderr))
+
+    if __name__ == "__main__":
+        main()
+""")
+
+
+def test_warmup_into_a_new_cache_never_imports_sqlalchemy_here(tmp_path: Path) -> None:
+    """The first warm-up into a folder creates and writes its index in a helper process
+    (aot.cache.index_process), the next one only reads it: neither imports SQLAlchemy
+    in the command's own process, and the entries are stored as ever."""
+    driver, cache = tmp_path / "driver.py", tmp_path / "cache"
+    driver.write_text(DRIVER)
+
+    def warmup() -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, str(driver), "--cache", str(cache), "warmup", str(MANIFEST)],
+            cwd=REPO, env=os.environ.copy(), capture_output=True, text=True, timeout=300,
+        )
+        assert result.returncode == 0, result.stderr
+        return result
+
+    first = warmup()
+    assert "5 compiled, 0 hit" in first.stdout
+    assert "SQLALCHEMY_HERE=False" in first.stderr
+    assert sorted(p.name for p in cache.glob("index.sqlite*")) == ["index.sqlite"]
+    with aot.Cache(cache, read_only=True) as stored:
+        entries = stored.entries()
+        assert len(entries) == 5 and all(e.ok for e in entries)
+    run("--cache", cache, "verify", "--manifest", MANIFEST, "--strict")
+
+    second = warmup()
+    assert "0 compiled, 5 hit" in second.stdout
+    assert "SQLALCHEMY_HERE=False" in second.stderr
+
+
+def test_warmup_goes_on_when_the_index_helper_dies(tmp_path: Path) -> None:
+    """The helper that holds a new cache's index dies (as if killed) on its third call:
+    the command opens the index itself, every entry is stored, and the exit status is 0."""
+    cache = tmp_path / "cache"
+    result = subprocess.run(
+        [*_aot_command(), "--cache", str(cache), "warmup", str(MANIFEST)],
+        cwd=REPO, env={**os.environ, "AOT_TEST_INDEX_PROCESS_EXIT_AFTER": "3"},
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "5 compiled, 0 hit, 0 failed" in result.stdout
+    assert "helper process" in result.stderr and "opening the index in this process" in result.stderr
+    run("--cache", cache, "verify", "--manifest", MANIFEST, "--strict")
+    assert sorted(p.name for p in cache.glob("index.sqlite*")) == ["index.sqlite"]
