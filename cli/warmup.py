@@ -95,8 +95,8 @@ def warmup_command(
     try:
         # A new cache's index is created in a helper process while this one imports
         # JAX: SQLAlchemy is never imported here (aot.cache.index_process). Not beside
-        # workers started now: they take the spare cores, and a third process on two
-        # cores measured slower (docs/cli.md).
+        # workers started now: they take the spare cores, and with them the helper
+        # measured no faster (docs/cli.md).
         index = state.index_helper() if workers is None else None
         cache = state.cache(create=True, index=index)
     except BaseException:
