@@ -234,7 +234,9 @@ class Cache:
         helper process (``aot warmup`` starts one before it imports JAX, so that this
         process never imports SQLAlchemy). :meth:`close` closes it."""
         if self._index is not None or self._index_file is None or self.read_only:
-            raise ValueError(f"{self!r} cannot adopt an index: its own is open, or it is not a writable folder cache")
+            raise ValueError(
+                f"{self!r} cannot adopt an index: its own is open, or it is not a writable folder cache"
+            )
         self._index = index
         self._index_elsewhere = True  # reads stay here, through the stdlib reader
 
