@@ -30,14 +30,15 @@ pickled, between two processes of one warm-up (nothing stored is read this way).
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import threading
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aot.errors import CacheError
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class IndexProcess:
         self._lock = threading.Lock()  # one call at a time on the pipe
         self._local: Any = None  # the index opened here once the helper is gone
         self._ready: bool | None = None  # None: not heard from yet
+        import multiprocessing  # only now: an existing cache starts no helper
+
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         level = logging.getLogger("aot").getEffectiveLevel()
