@@ -24,7 +24,7 @@ from aot.executable import MeshExecutable
 from aot.fingerprint import environment_fingerprint
 from aot.signing import key_from, sign, verify
 from aot.cache.content import ContentStore
-from aot.cache.entry import IndexEntry
+from aot.cache.entry import INDEX_FILE, IndexEntry
 from aot.cache.objectstore import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ _LEASE_ATTEMPTS = 3
 
 def _lost_index_message(folder: Path) -> str | None:
     """What to say when a folder's index is missing or empty but its blobs are there."""
-    index_file = folder / "index.sqlite"
+    index_file = folder / INDEX_FILE
     blobs = _count_blob_files(folder / "blobs")
     if not blobs:
         return None
@@ -106,7 +106,7 @@ def require_cache(
     if is_url(location):
         return
     folder = Path(location).expanduser()
-    index_file = folder / "index.sqlite"
+    index_file = folder / INDEX_FILE
     if index_file.is_file() and index_file.stat().st_size > 0:
         return
     raise CacheError(_lost_index_message(folder) or f"no cache at {folder} ({why}); {advice}")
@@ -180,7 +180,7 @@ class Cache:
                 store = self._open_blobs(self.blob_location)
         else:
             folder = Path(where.target)
-            self._index_file = folder / "index.sqlite"
+            self._index_file = folder / INDEX_FILE
             if not read_only:
                 try:
                     folder.mkdir(parents=True, exist_ok=True)

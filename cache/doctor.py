@@ -165,7 +165,9 @@ def _local_tier(location: str, env: str) -> dict[str, Any]:
                            "stored_bytes": None, "error": None}
     from pathlib import Path
 
-    if not (Path(location).expanduser() / "index.sqlite").is_file():
+    from aot.cache.entry import INDEX_FILE
+
+    if not (Path(location).expanduser() / INDEX_FILE).is_file():
         out.update(entries=0, entries_this_environment=0, stored_bytes=0)
         return out  # created by the first process that serves through it
     try:

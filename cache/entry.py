@@ -14,6 +14,9 @@ from typing import Any, Mapping
 
 from aot.records import FACTORY, DataclassMethods, set_fields
 
+#: The SQLite index's file in a folder cache.
+INDEX_FILE = "index.sqlite"
+
 #: Version of the database schema this code writes. See the changelog above.
 SCHEMA_VERSION = 4
 

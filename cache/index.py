@@ -106,7 +106,7 @@ from sqlalchemy.engine.url import URL
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.pool import StaticPool
 
-from aot.cache.entry import ARTIFACT_STATES, SCHEMA_VERSION, IndexEntry, _as_utc, utcnow
+from aot.cache.entry import ARTIFACT_STATES, INDEX_FILE, SCHEMA_VERSION, IndexEntry, _as_utc, utcnow
 from aot.cache.leases import Lease, LeaseLostError
 from aot.cache.pauses import reached
 from aot.errors import AotError, CacheError, ReadOnlyCacheError
@@ -883,7 +883,7 @@ class Index:
     @classmethod
     def for_folder(cls, path: str | Path, *, read_only: bool = False) -> Index:
         """The SQLite index of a folder cache: ``path/index.sqlite``."""
-        db = Path(path).expanduser() / "index.sqlite"
+        db = Path(path).expanduser() / INDEX_FILE
         return cls(URL.create("sqlite", database=str(db)), read_only=read_only)
 
     # -- plumbing -----------------------------------------------------------------

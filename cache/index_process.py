@@ -35,6 +35,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aot.cache.entry import INDEX_FILE
 from aot.errors import CacheError
 
 if TYPE_CHECKING:
@@ -42,9 +43,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["INDEX_FILE", "IndexProcess"]
+__all__ = ["IndexProcess"]
 
-INDEX_FILE = "index.sqlite"  # in the cache folder (aot.cache.index.Index.for_folder)
 _READY_SECONDS = 60.0  # a helper that has not opened the index by then is given up
 _CLOSE_SECONDS = 5.0
 #: Test hook: the helper exits (as if killed) when this many calls have come in.

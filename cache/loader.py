@@ -54,7 +54,7 @@ from aot.fingerprint import describe_differences
 from aot.records import Record
 from aot.specs import dtype_to_str, format_aval, leaf_aval
 from aot.cache.cache import Cache, default_location, is_url
-from aot.cache.entry import IndexEntry
+from aot.cache.entry import INDEX_FILE, IndexEntry
 
 # Imported where used: serving an exact signature needs none of them (padding, symbolic
 # shapes, background loading, and the wording of a miss), and a serving process's
@@ -1243,7 +1243,7 @@ def open_existing(location: str | os.PathLike[str] | None, *, read_only: bool | 
                 raise CacheError(f"{exc}. {advice}") from None
         return Cache(location, read_only=bool(read_only))
     folder = Path(location).expanduser()
-    index = folder / "index.sqlite"
+    index = folder / INDEX_FILE
     if not index.is_file():
         raise CacheError(f"no cache at {folder} (no index.sqlite there); {advice}")
     if read_only is None:
