@@ -79,7 +79,7 @@ def main() -> None:
 
     from aot.artifact import EXECUTABLE, manifest_problems
     from aot.cache.cache import Cache
-    from aot.cache.maintenance import _consistency_problems
+    from aot.cache.admin.maintenance import _consistency_problems
     from aot.rehydrate import executable_info, executable_problems
     from aot.shardings import device_list, live_devices
 

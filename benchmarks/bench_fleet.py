@@ -23,7 +23,7 @@ interleaved:
 * ``... warm tier, refresh=False``: the same, without asking PostgreSQL for the rows
   (the remote is still opened: one connection and a schema check).
 
-``push``: ``aot push`` (the library call :func:`aot.cache.transfer.push`) from a
+``push``: ``aot push`` (the library call :func:`aot.cache.admin.transfer.push`) from a
 folder cache into a fresh PostgreSQL database and S3 prefix, with ``--jobs 1`` and
 ``--jobs 4``; entries/s and MB/s of stored bytes; then the same push again (everything
 skipped: each destination entry's blobs are re-read and verified). Two sets: ``small``,
@@ -57,7 +57,7 @@ t0 = time.perf_counter()
 import jax
 jax.devices()
 import aot
-import aot.cache.cache, aot.cache.loader, aot.cache.tiered, aot.cache.index
+import aot.cache.cache, aot.cache.serving.loader, aot.cache.tiered, aot.cache.index.sql
 # What any variant may need, imported before the clock starts: "ready" is connections,
 # queries, blob reads and deserializing; imports are reported apart.
 import psycopg, s3fs, sqlalchemy.dialects.postgresql.psycopg, sqlalchemy.dialects.sqlite.pysqlite
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
 
     import aot
-    from aot.cache.transfer import push
+    from aot.cache.admin.transfer import push
 
     servers = Servers(args.postgres, args.endpoint)
     root = Path(tempfile.mkdtemp(prefix="aot-fleet-"))

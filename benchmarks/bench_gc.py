@@ -50,7 +50,8 @@ def ms(values: list[float]) -> str:
 
 
 def bench(label: str, location: str, blob_location: str | None, arts: list[Any], orphans: int) -> list[str]:
-    from aot.cache import maintenance, pauses
+    from aot.cache import pauses
+    from aot.cache.admin import maintenance
     from aot.cache.cache import Cache
 
     half = len(arts) // 2

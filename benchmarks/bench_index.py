@@ -41,9 +41,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from aot.cache.blobs import FolderObjectStore
-from aot.cache.content import DEFAULT_LEVEL, ContentStore, compress, digest_of
-from aot.cache.index import Index, IndexEntry, mask_url
+from aot.cache.storage.folder import FolderObjectStore
+from aot.cache.storage.content import DEFAULT_LEVEL, ContentStore, compress, digest_of
+from aot.cache.index.sql import Index, IndexEntry, mask_url
 
 SIGNATURES_PER_NAME = 5
 ENVS = ("env-cpu-avx512", "env-cpu-avx2", "env-gpu-h100", "env-tpu-v5e")

@@ -14,7 +14,7 @@ What it measures, per client, on the same server and bucket (median of ``--runs`
 * dependency weight: the installed distributions each client pulls in, and their
   size on disk.
 
-``fsspec`` is measured through :class:`aot.cache.fsspec_store.FsspecObjectStore`
+``fsspec`` is measured through :class:`aot.cache.storage.fsspec_store.FsspecObjectStore`
 (the store the cache uses) plus s3fs's own batched ``pipe``/``cat``; ``obstore``
 through its ``put``/``get``/``head``/``list`` and their async forms under asyncio.
 
@@ -88,7 +88,7 @@ def _blobs(n: int, size: int, seed: str) -> dict[str, bytes]:
 
 
 def bench_fsspec(bucket: str, small: dict[str, bytes], large: dict[str, bytes]) -> dict[str, float]:
-    from aot.cache.fsspec_store import FsspecObjectStore
+    from aot.cache.storage.fsspec_store import FsspecObjectStore
 
     prefix = f"fsspec-{secrets.token_hex(4)}"
     store = FsspecObjectStore(f"s3://{bucket}/{prefix}")
@@ -158,7 +158,7 @@ def bench_obstore(bucket: str, endpoint: str, small: dict[str, bytes], large: di
 # ---------------------------------------------------------------- import time, weight
 
 _IMPORTS = {
-    "fsspec": "from aot.cache.fsspec_store import FsspecObjectStore; "
+    "fsspec": "from aot.cache.storage.fsspec_store import FsspecObjectStore; "
               "FsspecObjectStore('s3://b/p')._fs.s3 if False else FsspecObjectStore('s3://b/p')",
     "obstore": "from obstore.store import S3Store; S3Store('b', region='us-east-1')",
 }

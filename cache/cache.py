@@ -23,16 +23,16 @@ from aot.errors import (
 from aot.executable import MeshExecutable
 from aot.fingerprint import environment_fingerprint
 from aot.signing import key_from, sign, verify
-from aot.cache.content import ContentStore
-from aot.cache.entry import INDEX_FILE, IndexEntry
-from aot.cache.objectstore import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
+from aot.cache.storage.content import ContentStore
+from aot.cache.index.entry import INDEX_FILE, IndexEntry
+from aot.cache.storage.objectstore import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
 
 if TYPE_CHECKING:
     from aot.computation import MeshComputation
-    from aot.cache.background import BackgroundLoad
+    from aot.cache.serving.background import BackgroundLoad
     from aot.cache.compile_result import CompileResult
-    from aot.cache.index import Index
-    from aot.cache.sqlite_reader import SqliteReader
+    from aot.cache.index.sql import Index
+    from aot.cache.index.reader import SqliteReader
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def default_location() -> str:
 def is_url(location: str) -> bool:
     """Whether ``location`` is a URL (a database, or file://), not a plain folder path.
 
-    Recognised by scheme (:func:`aot.cache.objectstore.classify_location`); an
+    Recognised by scheme (:func:`aot.cache.storage.objectstore.classify_location`); an
     unknown scheme raises :class:`CacheError`.
     """
     return classify_location(location).scheme is not None
@@ -88,7 +88,7 @@ def _lost_index_message(folder: Path) -> str | None:
 
 def _count_blob_files(root: Path) -> int:
     """Blob files in a folder store, without opening the store (cheap, read-only)."""
-    from aot.cache.blobs import FolderObjectStore
+    from aot.cache.storage.folder import FolderObjectStore
 
     if not root.is_dir():
         return 0
@@ -119,8 +119,8 @@ class Cache:
     ``file://`` URL) -> SQLite index and zstd blobs there; a SQLAlchemy URL
     (``postgresql+psycopg://...``, told by its dialect) -> a shared index, with blobs
     in the same database unless ``blob_location`` names another store: a folder,
-    ``file://``, ``s3://``, ``gs://``, ``az://`` (:func:`~aot.cache.objectstore.open_object_store`).
-    ``cache.blobs`` is the :class:`~aot.cache.content.ContentStore` over it.
+    ``file://``, ``s3://``, ``gs://``, ``az://`` (:func:`~aot.cache.storage.objectstore.open_object_store`).
+    ``cache.blobs`` is the :class:`~aot.cache.storage.content.ContentStore` over it.
 
     ``local="/var/cache/aot"``: a local read-through tier for serving replicas (a
     folder cache this process writes): rows and blobs are read from it when present,
@@ -128,7 +128,7 @@ class Cache:
     serving from it when the remote is unreachable. The object is then a
     :class:`~aot.cache.tiered.TieredCache` (see :mod:`aot.cache.tiered`).
 
-    ``cache.stats`` records serving statistics (:mod:`aot.cache.stats`).
+    ``cache.stats`` records serving statistics (:mod:`aot.cache.serving.stats`).
     """
 
     _background: weakref.WeakSet[BackgroundLoad[Any]] | None = None
@@ -169,11 +169,11 @@ class Cache:
                 f"(aot --cache URL --blobs {location})"
             )
         if where.kind == DATABASE:
-            from aot.cache.index import Index
+            from aot.cache.index.sql import Index
 
             self._index = Index(location, read_only=read_only)
             if self.blob_location is None or _same_database(self.blob_location, location):
-                from aot.cache.dbblobs import SqlObjectStore
+                from aot.cache.storage.database import SqlObjectStore
 
                 store = SqlObjectStore(self._index.engine, read_only=read_only)
             else:
@@ -201,7 +201,7 @@ class Cache:
 
     def _start_stats(self) -> None:
         """``self.stats``, flushed by :meth:`close` or when this object is collected."""
-        from aot.cache.stats import recorder_for
+        from aot.cache.serving.stats import recorder_for
 
         self.stats = recorder_for(self)
         self._stats_finalizer = weakref.finalize(self, self.stats.close)
@@ -222,7 +222,7 @@ class Cache:
     def index(self) -> Index:
         """The SQL index (SQLAlchemy), opened on first use."""
         if self._index is None:
-            from aot.cache.index import Index
+            from aot.cache.index.sql import Index
 
             assert self._index_file is not None
             self._index = Index.for_folder(self._index_file.parent, read_only=self.read_only)
@@ -230,7 +230,7 @@ class Cache:
 
     def adopt_index(self, index: Any) -> None:
         """Uses ``index`` as this folder cache's SQL index: an
-        :class:`~aot.cache.index_process.IndexProcess` with the same index open in a
+        :class:`~aot.cache.index.process.IndexProcess` with the same index open in a
         helper process (``aot warmup`` starts one before it imports JAX, so that this
         process never imports SQLAlchemy). :meth:`close` closes it."""
         if self._index is not None or self._index_file is None or self.read_only:
@@ -245,7 +245,7 @@ class Cache:
         if (self._index is not None and not self._index_elsewhere) or self._index_file is None:
             return None
         if self._reader is None:
-            from aot.cache.sqlite_reader import SqliteReader
+            from aot.cache.index.reader import SqliteReader
 
             try:
                 self._reader = SqliteReader(self._index_file, read_only=self.read_only)
@@ -285,7 +285,7 @@ class Cache:
         """``location`` for messages and logs: a database URL's password is masked."""
         if classify_location(self.location).kind == FOLDER:
             return self.location
-        from aot.cache.index import mask_url
+        from aot.cache.index.sql import mask_url
 
         return mask_url(self.location)
 
@@ -402,7 +402,7 @@ class Cache:
         make the blobs durable (``write_blobs`` -> digest: (size, stored size)), then
         commit the row and release the lease in one transaction; start over if gc took
         an expired lease meanwhile."""
-        from aot.cache.leases import LeaseLostError
+        from aot.cache.index.leases import LeaseLostError
         from aot.cache.pauses import reached  # writers only: serving never imports it
 
         existing = self.lookup(manifest.key)
@@ -548,7 +548,7 @@ class Cache:
 
         Not a use of the entry by itself: :meth:`get` and a :meth:`compile` hit record
         one (last-used time, hits), an ``aot.load`` dispatcher records its calls
-        (:mod:`aot.cache.stats`), so that an entry loaded at start-up and never called
+        (:mod:`aot.cache.serving.stats`), so that an entry loaded at start-up and never called
         ages (``aot gc --older-than``)."""
         if isinstance(entry, str):
             entry = self.entry(entry)
@@ -640,7 +640,7 @@ class Cache:
         """
         result = self.compile_entry(fn, *args, name=name, pmap=pmap, **lower_kwargs)
         if result.executable is None:
-            from aot.cache.loader import Dispatcher
+            from aot.cache.serving.loader import Dispatcher
 
             return Dispatcher(self, result.entry.name)
         return result.executable
@@ -669,7 +669,7 @@ class Cache:
     # ------------------------------------------------------------------ maintenance
 
     def verify(self, *, quarantine: bool = True) -> Any:
-        from aot.cache.maintenance import verify_cache
+        from aot.cache.admin.maintenance import verify_cache
 
         return verify_cache(self, quarantine=quarantine)
 
@@ -679,7 +679,7 @@ class Cache:
     ) -> Any:
         """Plan-then-execute garbage collection; ``force`` deletes blobs even when the
         index is empty (it refuses otherwise: a lost index is not an empty cache)."""
-        from aot.cache.maintenance import collect_garbage
+        from aot.cache.admin.maintenance import collect_garbage
 
         return collect_garbage(
             self, max_size=max_size, older_than=older_than, dry_run=dry_run,
@@ -688,19 +688,19 @@ class Cache:
 
     def export_bundle(self, path: str | os.PathLike[str], names: str | Iterable[str] | None = None) -> Any:
         """Every intact entry whose name matches one of the globs ``names`` (all if None)."""
-        from aot.cache.bundle import export_bundle
+        from aot.cache.admin.bundle import export_bundle
 
         if isinstance(names, str):  # one glob, not its characters
             names = [names]
         return export_bundle(self, Path(path), list(names) if names else None)
 
     def import_bundle(self, path: str | os.PathLike[str]) -> Any:
-        from aot.cache.bundle import import_bundle
+        from aot.cache.admin.bundle import import_bundle
 
         return import_bundle(self, Path(path))
 
     def explain(self, name: str, *args: Any, fn: Callable[..., Any] | None = None, **lower_kwargs: Any) -> Any:
-        from aot.cache.explain import explain
+        from aot.cache.reports.explain import explain
 
         return explain(self, name, *args, fn=fn, **lower_kwargs)
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aot.executable import MeshExecutable
-    from aot.cache.entry import IndexEntry
+    from aot.cache.index.entry import IndexEntry
 
 
 @dataclass(frozen=True, slots=True)

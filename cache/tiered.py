@@ -34,7 +34,7 @@ read_only=True, local="/var/cache/aot")`` is a :class:`TieredCache`:
   serves its local tier (and cannot reach the remote until it is opened again); one
   with an empty local tier fails as it would without a tier.
 * **Statistics** go to the remote index when it is writable, else to the local tier's
-  index (:mod:`aot.cache.stats`): a read-only replica keeps them in its local tier.
+  index (:mod:`aot.cache.serving.stats`): a read-only replica keeps them in its local tier.
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ from typing import TYPE_CHECKING, Any
 
 from aot.artifact import EXECUTABLE, Artifact
 from aot.cache.cache import Cache
-from aot.cache.content import ContentStore
-from aot.cache.entry import IndexEntry
-from aot.cache.objectstore import FOLDER, classify_location
+from aot.cache.storage.content import ContentStore
+from aot.cache.index.entry import IndexEntry
+from aot.cache.storage.objectstore import FOLDER, classify_location
 from aot.errors import AotError, CacheError, CorruptArtifactError
 
 if TYPE_CHECKING:
-    from aot.cache.blob_records import BlobStat
+    from aot.cache.storage.records import BlobStat
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class TieredCache(Cache):
         if self.read_only or self.remote_error is not None:
             import weakref
 
-            from aot.cache.stats import recorder_for
+            from aot.cache.serving.stats import recorder_for
 
             self.stats = recorder_for(self.local)
             self._stats_finalizer = weakref.finalize(self, self.stats.close)

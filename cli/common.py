@@ -22,7 +22,7 @@ import click
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
     from aot.cache.config import Settings
-    from aot.cache.index_process import IndexProcess
+    from aot.cache.index.process import IndexProcess
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,7 +53,7 @@ class State:
 
     def index_helper(self) -> IndexProcess | None:
         """For a new folder cache: a helper process that creates its SQL index while
-        this process imports JAX (:mod:`aot.cache.index_process`); give it to
+        this process imports JAX (:mod:`aot.cache.index.process`); give it to
         :meth:`cache`. None for other caches, once the cache is open, and when this
         process is not the ``aot`` command itself (a helper is started with "spawn",
         which imports the ``__main__`` module again: a script without a main guard that
@@ -66,12 +66,12 @@ class State:
         location = settings.cache.value
         if self._cache is not None or self.read_only or location is None or settings.local.value is not None:
             return None
-        from aot.cache.objectstore import FOLDER, classify_location
+        from aot.cache.storage.objectstore import FOLDER, classify_location
 
         where = classify_location(location)
         if where.kind != FOLDER:
             return None
-        from aot.cache.index_process import IndexProcess
+        from aot.cache.index.process import IndexProcess
 
         return IndexProcess.for_new_cache(where.target)
 

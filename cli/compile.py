@@ -70,8 +70,8 @@ def compile_command(
           --arg @fixtures.models:mlp_param_specs --arg f32[32,784]
       aot compile fixtures.models:allreduce --pmap i --arg f32[8,1024]
     """
-    from aot.cache.signatures import Signature
-    from aot.cache.targets import compile_target
+    from aot.cache.serving.signatures import Signature
+    from aot.cache.warmup.targets import compile_target
     from aot.errors import ManifestError
 
     options = dict(
@@ -131,8 +131,8 @@ def why_command(
     Compares the input signature argument by argument (and, with --target, every
     program fingerprint part) and the environment. Exits 0 on a hit, 1 on a miss.
     """
-    from aot.cache.targets import place_statics
-    from aot.cache.warmup import resolve_args, resolve_target
+    from aot.cache.warmup.targets import place_statics
+    from aot.cache.warmup.run import resolve_args, resolve_target
 
     if static and target is None:
         raise click.UsageError("--static needs --target (static values only matter when lowering)")

@@ -26,7 +26,7 @@ def doctor_command(state: State, no_verify: bool) -> None:
     Opens the cache read-only and changes nothing. Exit status 1 if the cache cannot
     be opened or has problems.
     """
-    from aot.cache.doctor import diagnose
+    from aot.cache.reports.doctor import diagnose
 
     d = diagnose(check=not no_verify, settings=state.settings)
     if state.json:

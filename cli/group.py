@@ -39,7 +39,7 @@ class AotGroup(click.Group):
 def error_message(exc: BaseException) -> str:
     """A library error's message; anything else with its whole message, the user's
     own frame, and a hint for the traceback."""
-    from aot.cache.failures import Failure
+    from aot.cache.warmup.failures import Failure
     from aot.errors import AotError
 
     if isinstance(exc, AotError):

@@ -47,7 +47,7 @@ def ls_command(state: State, glob: str | None, env: str) -> None:
     superseded (a newer entry has the same name, signature and environment; `aot gc
     --superseded` removes it) or quarantined.
     """
-    from aot.cache.listing import list_entries
+    from aot.cache.reports.listing import list_entries
 
     cache = state.cache()
     listing = list_entries(cache, glob, env=env)
@@ -175,7 +175,7 @@ def show_command(state: State, key_or_name: str, hlo: bool, debug_info: bool) ->
     fingerprint parts, and XLA's cost and memory analysis; --hlo prints the stored
     StableHLO.
     """
-    from aot.cache.details import describe_entries
+    from aot.cache.reports.details import describe_entries
 
     details = describe_entries(state.cache(), key_or_name, hlo=hlo, debug_info=debug_info)
     if state.json:

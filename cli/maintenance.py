@@ -39,7 +39,7 @@ def verify_command(state: State, manifest: str | None, strict: bool) -> None:
     entry of the manifest is missing for this environment, and says why (not stored,
     quarantined, or stored for another environment: device_count 8 != 1).
     """
-    from aot.cache.coverage import verify_with_coverage
+    from aot.cache.reports.coverage import verify_with_coverage
 
     if strict and manifest is None:
         manifest = state.settings.manifest.value
@@ -72,7 +72,7 @@ def verify_command(state: State, manifest: str | None, strict: bool) -> None:
 
 
 def _victim_line(victim) -> str:  # type: ignore[no-untyped-def]
-    from aot.cache.signatures import shorten_middle
+    from aot.cache.serving.signatures import shorten_middle
 
     return (
         f"  {victim.key[:12]}  {victim.name} ({shorten_middle(victim.signature, VICTIM_SIGNATURE_WIDTH)})  "
@@ -162,7 +162,7 @@ def rm_command(
     terminal nothing asks); --dry-run stops after the plan. Exit status 1 when the
     target matches nothing.
     """
-    from aot.cache.removal import SignatureFilter, execute_removal, plan_removal
+    from aot.cache.admin.removal import SignatureFilter, execute_removal, plan_removal
     from aot.errors import SpecError
 
     for text in signatures:

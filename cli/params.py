@@ -53,7 +53,7 @@ class MeshType(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, tuple):
             return value
-        from aot.cache.warmup_manifest import parse_mesh
+        from aot.cache.warmup.manifest import parse_mesh
         from aot.errors import SpecError
 
         try:
@@ -73,7 +73,7 @@ def complete_entry_names(ctx: click.Context, param: click.Parameter, incomplete:
     try:
         from aot.cache.cache import require_cache
         from aot.cache.config import resolve_settings
-        from aot.cache.index import Index
+        from aot.cache.index.sql import Index
 
         from aot.cli.common import State
 

@@ -40,7 +40,7 @@ def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
     digest), written in batches by the serving processes; a read-only cache keeps them
     in the serving process's memory unless it has a local tier (--local).
     """
-    from aot.cache.stats_report import read_stats, zero_stats
+    from aot.cache.reports.stats import read_stats, zero_stats
 
     cache = state.cache()
     if zero:
@@ -58,7 +58,7 @@ def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
 
 
 def _render(report, glob: str | None, read_only: bool) -> None:  # type: ignore[no-untyped-def]
-    from aot.cache.signatures import shorten_middle
+    from aot.cache.serving.signatures import shorten_middle
 
     served = [r for r in report.rows if r.calls or r.loads or r.recompiles]
     if not report.rows:

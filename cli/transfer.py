@@ -46,7 +46,7 @@ def push_command(state: State, destination: str, globs: tuple[str, ...], to_blob
     with missing or corrupt blobs are repaired, and a run that was interrupted
     completes on the next one. Exit status 1 if an entry could not be copied.
     """
-    from aot.cache.transfer import push
+    from aot.cache.admin.transfer import push
 
     report = push(state.cache(), destination, list(globs) or None, blob_location=to_blobs, jobs=jobs)
     _render(state, report, "pushed")
@@ -68,7 +68,7 @@ def pull_command(state: State, source: str, globs: tuple[str, ...], from_blobs: 
 
     Idempotent and resumable, as push. Exit status 1 if an entry could not be copied.
     """
-    from aot.cache.transfer import pull
+    from aot.cache.admin.transfer import pull
 
     report = pull(state.cache(create=True), source, list(globs) or None, blob_location=from_blobs, jobs=jobs)
     _render(state, report, "pulled")

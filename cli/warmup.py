@@ -10,12 +10,12 @@ from aot.cli.progress import Progress
 
 
 class JobsType(click.ParamType):
-    """A count >= 1, or ``auto`` (:func:`aot.cache.warmup_jobs.auto_jobs`)."""
+    """A count >= 1, or ``auto`` (:func:`aot.cache.warmup.jobs.auto_jobs`)."""
 
     name = "N|auto"
 
     def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
-        from aot.cache.warmup_jobs import resolve_jobs
+        from aot.cache.warmup.jobs import resolve_jobs
 
         if isinstance(value, int) and not isinstance(value, bool):
             text: int | str = value
@@ -30,7 +30,7 @@ class JobsType(click.ParamType):
 def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
-    from aot.cache.warmup_shard import parse_shard
+    from aot.cache.warmup.shard import parse_shard
 
     try:
         return parse_shard(value)
@@ -75,7 +75,7 @@ def warmup_command(
     terminal; otherwise one line per entry. The manifest format is in
     docs/manifest.md.
     """
-    from aot.cache.warmup import expand, load_manifest, run_warmup
+    from aot.cache.warmup.run import expand, load_manifest, run_warmup
 
     if manifest is None:
         manifest = state.settings.manifest.value
@@ -89,12 +89,12 @@ def warmup_command(
     # the cache imports it). --isolate starts them only for entries not stored.
     workers = None
     if jobs > 1 and not isolate:
-        from aot.cache.warmup_workers import WorkerPool
+        from aot.cache.warmup.workers import WorkerPool
 
         workers = WorkerPool(min(jobs - 1, len(items) - 1))
     try:
         # A new cache's index is created in a helper process while this one imports
-        # JAX: SQLAlchemy is never imported here (aot.cache.index_process). Not beside
+        # JAX: SQLAlchemy is never imported here (aot.cache.index.process). Not beside
         # workers started now: they take the spare cores, and with them the helper
         # measured no faster (docs/cli.md).
         index = state.index_helper() if workers is None else None
@@ -104,7 +104,7 @@ def warmup_command(
             workers.close()
         raise
     if shard is not None:
-        from aot.cache.warmup_shard import select_shard
+        from aot.cache.warmup.shard import select_shard
 
         total = len(select_shard(items, shard, cache))
     else:

@@ -9,8 +9,6 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import sys  # noqa: E402
-
 import secrets  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
@@ -20,18 +18,10 @@ import sqlalchemy as sa  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.pool import NullPool  # noqa: E402
 
-# pytest puts this folder on sys.path, and its tests/aot subfolder (the mirror of the
-# aot package) would then be imported as a namespace package named ``aot`` that
-# shadows the real one under an editable install (setuptools' editable finder runs
-# after the path finder): ``aot.spec`` & co. would be missing. Import the real
-# package first, with this folder off the path.
-_TESTS = os.path.dirname(os.path.abspath(__file__))
-_saved_path = sys.path[:]
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _TESTS]
-try:
-    import aot  # noqa: E402,F401
-finally:
-    sys.path[:] = _saved_path
+# The test folders are packages (tests.aot, tests.cache.serving, ...), so pytest puts
+# the repository root on sys.path, never a test folder: ``aot`` is the real package.
+import aot  # noqa: E402
+
 assert hasattr(aot, "lower"), f"imported the wrong aot: {aot!r}"
 
 assert jax.device_count() == 8, "conftest must run before JAX initialises its backend"

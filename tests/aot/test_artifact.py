@@ -34,7 +34,7 @@ from aot.artifact import (
 )
 from aot.fingerprint import Fingerprint, combined_key
 from aot.rehydrate import build_artifact, load_executable, recompile
-from aot_test_helpers import assert_bitwise_equal, block
+from tests.aot.helpers import assert_bitwise_equal, block
 
 # batch.mask is donated but no output can reuse it: JAX warns, as it should.
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")

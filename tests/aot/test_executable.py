@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 import aot
-from aot_test_helpers import assert_bitwise_equal, block
+from tests.aot.helpers import assert_bitwise_equal, block
 
 Batch = collections.namedtuple("Batch", ["x", "mask"])
 Out = collections.namedtuple("Out", ["y", "stats"])

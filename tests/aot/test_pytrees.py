@@ -30,7 +30,7 @@ import aot
 from aot import treedef as treedefs
 from aot.artifact import Artifact
 from aot.rehydrate import build_artifact, load_executable
-from aot_test_helpers import assert_bitwise_equal
+from tests.aot.helpers import assert_bitwise_equal
 
 
 @jax.tree_util.register_dataclass

@@ -127,7 +127,7 @@ def test_a_recursive_repr_stops_as_dataclasses_does() -> None:
 
 
 @pytest.mark.parametrize(
-    "cls", ["aot.artifact:Manifest", "aot.artifact:Artifact", "aot.fingerprint:Fingerprint", "aot.cache.entry:IndexEntry"]
+    "cls", ["aot.artifact:Manifest", "aot.artifact:Artifact", "aot.fingerprint:Fingerprint", "aot.cache.index.entry:IndexEntry"]
 )
 def test_public_value_objects_are_frozen_dataclasses_with_these_methods(cls: str) -> None:
     module, _, name = cls.partition(":")

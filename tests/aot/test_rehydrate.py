@@ -18,7 +18,7 @@ import pytest
 import aot
 from aot.artifact import Artifact
 from aot.rehydrate import build_artifact, load_executable
-from aot_test_helpers import assert_bitwise_equal
+from tests.aot.helpers import assert_bitwise_equal
 
 
 def sort_then_scale(x):

@@ -15,7 +15,7 @@ from aot.artifact import EXECUTABLE, FORMAT_VERSION, PORTABLE_HLO, Artifact, Man
 from aot.fingerprint import combined_key
 from aot.rehydrate import build_artifact, build_symbolic_artifact, compile_symbolic, load_executable
 from aot.symbolic import bind, split_dims
-from aot_test_helpers import assert_bitwise_equal
+from tests.aot.helpers import assert_bitwise_equal
 
 
 def dense(x, w):

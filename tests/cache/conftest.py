@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from aot.cache.blobs import FolderObjectStore, MemoryObjectStore
-from aot.cache.content import ContentStore
-from aot.cache.dbblobs import SqlObjectStore
-from aot.cache.index import Index
+from aot.cache.storage.folder import FolderObjectStore, MemoryObjectStore
+from aot.cache.storage.content import ContentStore
+from aot.cache.storage.database import SqlObjectStore
+from aot.cache.index.sql import Index
 
 
 _postgres = pytest.mark.postgres
@@ -100,7 +100,7 @@ def age_blob(store: ContentStore, digest: str, seconds: float) -> None:
     import datetime as dt
     import os
 
-    from aot.cache.index import BlobDataRow
+    from aot.cache.index.sql import BlobDataRow
 
     raw = store.store
     when = raw.now() - dt.timedelta(seconds=seconds)
@@ -222,12 +222,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def import_fixture_models() -> Any:
-    """``fixtures.models`` (the repository root is appended to ``sys.path`` if needed:
-    ``fixtures`` is not installed, and appending cannot shadow the installed ``aot``)."""
-    import sys
-
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.append(str(REPO_ROOT))
+    """``fixtures.models`` (importable: pytest puts the repository root on ``sys.path``)."""
     from fixtures import models
 
     return models
@@ -340,7 +335,7 @@ def foreign() -> Callable[..., Any]:
 
 def set_manifest(cache: Any, key: str, manifest_json: str) -> None:
     """Overwrite the manifest text of an index row (tampering, for signature tests)."""
-    from aot.cache.index import ArtifactRow
+    from aot.cache.index.sql import ArtifactRow
 
     t = ArtifactRow.__table__
     with cache.index.engine.begin() as conn:

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import aot
-from aot.cache.fsspec_store import FsspecObjectStore
-from aot.cache.objectstore import blob_path
-from aot.cache.stats import read_stats
+from aot.cache.storage.fsspec_store import FsspecObjectStore
+from aot.cache.storage.objectstore import blob_path
+from aot.cache.serving.stats import read_stats
 from aot.cache.tiered import TieredCache
 from aot.errors import CacheError, CorruptArtifactError, SignatureNotFoundError
 
@@ -185,7 +185,7 @@ def test_a_corrupt_remote_object_is_refused_and_never_executed(fleet: Fleet, com
     remote = fleet.remote()
     _store_mlp(remote, compiled, (1,))
     digest = compiled.mlp[1].manifest.blobs["executable"].digest
-    from aot.cache.content import compress
+    from aot.cache.storage.content import compress
 
     remote.blobs.store.write(digest, compress(b"not the executable"))  # a valid frame, wrong bytes
     deserialized: list[str] = []

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from aot.cli.main import cli
-from cli_helpers import MANIFEST, REPO, Invoke
+from tests.cli.helpers import MANIFEST, REPO, Invoke
 
 # A developer's settings must not change what the tests see.
 _SETTINGS_ENV = (
@@ -52,7 +52,7 @@ def invoke(cache_dir: Path) -> Invoke:
 
 @pytest.fixture(scope="session")
 def _warmed_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from aot.cache.warmup import expand, load_manifest, run_warmup
+    from aot.cache.warmup.run import expand, load_manifest, run_warmup
 
     folder = tmp_path_factory.mktemp("warmed") / "cache"
     report = run_warmup(str(folder), expand(load_manifest(MANIFEST)), jobs=1)

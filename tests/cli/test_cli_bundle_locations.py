@@ -9,9 +9,9 @@ import stat
 from pathlib import Path
 
 import aot
-from aot.cache.bundle import MAGIC
+from aot.cache.admin.bundle import MAGIC
 
-from cli_helpers import REPO, Invoke, one_line_error
+from tests.cli.helpers import REPO, Invoke, one_line_error
 
 
 def test_bundle_through_s3(invoke: Invoke, warmed, s3_bucket: str, tmp_path: Path) -> None:  # noqa: ANN001

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from aot.cache.warmup import TargetError
-from cli_helpers import MLP_PARAMS, Invoke, one_line_error
+from aot.cache.warmup.run import TargetError
+from tests.cli.helpers import MLP_PARAMS, Invoke, one_line_error
 
 COMPILE_KEYS = {
     "key", "name", "signature", "hit", "seconds", "compile_seconds", "raw_size", "stored_size",
@@ -61,7 +61,7 @@ def test_compile_args_from(invoke: Invoke) -> None:
     data = compile_json(invoke, "fixtures.models:tiny", "--args-from", "fixtures.models:tiny_specs")
     assert data["signature"] == "f32[8], f32[8]"
     # A tuple is several positional arguments, and --arg values follow them.
-    data = compile_json(invoke, "cli_models:add3", "--args-from", "cli_models:three_specs")
+    data = compile_json(invoke, "tests.cli.models:add3", "--args-from", "tests.cli.models:three_specs")
     assert data["signature"] == "f32[4], f32[4], f32[4]"
     data = compile_json(
         invoke, "fixtures.models:mlp_forward", "--args-from", "fixtures.models:mlp_param_specs",
@@ -78,9 +78,9 @@ def test_compile_pmap(invoke: Invoke) -> None:
 
 
 def test_compile_kwargs_and_static(invoke: Invoke) -> None:
-    plain = compile_json(invoke, "cli_models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
+    plain = compile_json(invoke, "tests.cli.models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
     doubled = compile_json(
-        invoke, "cli_models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]", "--static", "double=true",
+        invoke, "tests.cli.models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]", "--static", "double=true",
     )
     assert plain["signature"] == doubled["signature"] == "f32[8], f32[8]"
     assert plain["key"] != doubled["key"]  # a static value is part of the program
@@ -88,11 +88,11 @@ def test_compile_kwargs_and_static(invoke: Invoke) -> None:
 
 def test_compile_on_a_mesh(invoke: Invoke) -> None:
     in_specs = compile_json(
-        invoke, "cli_models:matmul", "--mesh", "data=4,model=2",
+        invoke, "tests.cli.models:matmul", "--mesh", "data=4,model=2",
         "--arg", "f32[64,32]@data,None", "--arg", "f32[32,16]@None,model",
     )
     shardings = compile_json(
-        invoke, "cli_models:matmul", "--mesh", "data=4,model=2",
+        invoke, "tests.cli.models:matmul", "--mesh", "data=4,model=2",
         "--arg", "f32[64,32]", "--arg", "f32[32,16]",
         "--in-sharding", "data,None", "--in-sharding", "None,model", "--out-sharding", "data,model",
     )
@@ -103,18 +103,18 @@ def test_compile_on_a_mesh(invoke: Invoke) -> None:
 
 
 def test_compile_donate(invoke: Invoke) -> None:
-    kept = compile_json(invoke, "cli_models:donating", "--arg", "f32[8]", "--arg", "f32[8]")
-    donated = compile_json(invoke, "cli_models:donating", "--arg", "f32[8]", "--arg", "f32[8]", "--donate", "0")
+    kept = compile_json(invoke, "tests.cli.models:donating", "--arg", "f32[8]", "--arg", "f32[8]")
+    donated = compile_json(invoke, "tests.cli.models:donating", "--arg", "f32[8]", "--arg", "f32[8]", "--donate", "0")
     assert kept["key"] != donated["key"]
     program = json.loads(invoke("show", donated["key"], "--json").stdout)["entries"][0]["manifest"]["program"]
     assert program["parts"]["donated"] == "[0]"
 
 
 def test_compile_into_a_read_only_cache_stores_nothing(invoke: Invoke, warmed) -> None:
-    result = invoke("--read-only", "compile", "cli_models:add3", "--arg", "f32[2]", "--arg", "f32[2]", "--arg", "f32[2]")
+    result = invoke("--read-only", "compile", "tests.cli.models:add3", "--arg", "f32[2]", "--arg", "f32[2]", "--arg", "f32[2]")
     assert result.exit_code == 0, result.output
-    assert result.stdout.startswith("miss: compiled cli_models.add3 (not stored: the cache is read-only)")
-    assert "cli_models.add3" not in invoke("ls").stdout
+    assert result.stdout.startswith("miss: compiled tests.cli.models.add3 (not stored: the cache is read-only)")
+    assert "tests.cli.models.add3" not in invoke("ls").stdout
 
 
 # ---------------------------------------------------------------- errors
@@ -127,12 +127,12 @@ def test_compile_into_a_read_only_cache_stores_nothing(invoke: Invoke, warmed) -
          "Error: cannot import 'nosuch.module' for 'nosuch.module:f': no module named 'nosuch'"),
         (["fixtures.models:nope", "--arg", "f32[8]"],
          "Error: 'fixtures.models:nope': module 'fixtures.models' has no attribute 'nope'"),
-        (["cli_models:NOT_A_FUNCTION"], "Error: target 'cli_models:NOT_A_FUNCTION' is a int, not a function"),
+        (["tests.cli.models:NOT_A_FUNCTION"], "Error: target 'tests.cli.models:NOT_A_FUNCTION' is a int, not a function"),
         (["fixtures.models:tiny", "--arg", "f32[8", "--arg", "f32[8]"], "Error: malformed spec 'f32[8'"),
         (["fixtures.models:tiny", "--arg", "q32[8]", "--arg", "f32[8]"], "Error: malformed spec 'q32[8]': unknown dtype 'q32'"),
-        (["fixtures.models:tiny", "--arg", "@cli_models:not_callable_specs"],
-         "Error: calling 'cli_models:not_callable_specs' failed: RuntimeError: spec builder broke"),
-        (["cli_models:matmul", "--mesh", "data=64", "--arg", "f32[64,32]@data", "--arg", "f32[32,16]"],
+        (["fixtures.models:tiny", "--arg", "@tests.cli.models:not_callable_specs"],
+         "Error: calling 'tests.cli.models:not_callable_specs' failed: RuntimeError: spec builder broke"),
+        (["tests.cli.models:matmul", "--mesh", "data=64", "--arg", "f32[64,32]@data", "--arg", "f32[32,16]"],
          "Error: mesh data=64 needs 64 devices; this host has 8 (cpu)"),
     ],
 )
@@ -163,32 +163,32 @@ def test_compile_usage_errors_exit_2(invoke: Invoke, args: list[str], message: s
 
 
 def test_a_failure_in_user_code_keeps_the_whole_message_and_the_users_line(invoke: Invoke) -> None:
-    result = invoke("compile", "cli_models:broken", "--arg", "f32[8]")
+    result = invoke("compile", "tests.cli.models:broken", "--arg", "f32[8]")
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert result.stderr.splitlines() == [
         "Error: ValueError: this model is broken",
         "second line of the message",
-        '  at tests/cli/cli_models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
+        '  at tests/cli/tests.cli.models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
         "(run `aot --debug ...` for the traceback)",
     ]
 
 
 def test_a_trace_error_keeps_jaxs_explanation_and_the_users_line(invoke: Invoke) -> None:
-    result = invoke("compile", "cli_models:branches_on_a_value", "--arg", "f32[]")
+    result = invoke("compile", "tests.cli.models:branches_on_a_value", "--arg", "f32[]")
     assert result.exit_code == 1, result.output
     lines = result.stderr.splitlines()
     assert lines[0] == "Error: TracerBoolConversionError: Attempted boolean conversion of traced array with shape bool[]."
     # JAX's second half, which points at the user's function and argument, is kept.
     assert "The error occurred while tracing the function branches_on_a_value at " in lines[1]
     assert "depends on the value of the argument x" in lines[1]
-    assert "  at tests/cli/cli_models.py:" in result.stderr
+    assert "  at tests/cli/tests.cli.models.py:" in result.stderr
     assert " in branches_on_a_value: if x > 0:" in result.stderr
     assert lines[-1] == "(run `aot --debug ...` for the traceback)"
 
 
 def test_in_sharding_count_mismatch_is_a_usage_error(invoke: Invoke) -> None:
     result = invoke(
-        "compile", "cli_models:matmul", "--mesh", "data=4,model=2", "--arg", "f32[64,32]",
+        "compile", "tests.cli.models:matmul", "--mesh", "data=4,model=2", "--arg", "f32[64,32]",
         "--arg", "f32[32,16]", "--in-sharding", "data,None",
     )
     line = one_line_error(result, code=2)
@@ -263,7 +263,7 @@ def test_why_explains_a_miss(invoke: Invoke, warmed) -> None:
 
 
 def test_why_names_a_leaf_deep_in_a_pytree(invoke: Invoke, warmed) -> None:
-    result = invoke("why", "mlp.forward", "--arg", "@cli_models:mlp_params_wider", "--arg", "f32[8,784]")
+    result = invoke("why", "mlp.forward", "--arg", "@tests.cli.models:mlp_params_wider", "--arg", "f32[8,784]")
     assert result.exit_code == 1, result.output
     assert result.stdout.splitlines()[1:] == [
         "  params[2]['b']: stored f32[10], got f32[12]",
@@ -286,15 +286,15 @@ def test_why_hit_and_json(invoke: Invoke, warmed) -> None:
 
 
 def test_why_with_target_compares_the_program(invoke: Invoke) -> None:
-    invoke("compile", "cli_models:affine", "--name", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
+    invoke("compile", "tests.cli.models:affine", "--name", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
     result = invoke(
-        "why", "affine", "--target", "cli_models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]",
+        "why", "affine", "--target", "tests.cli.models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]",
         "--static", "double=true", "--json",
     )
     assert result.exit_code == 1, result.output
     parts = {d["part"] for d in json.loads(result.stdout)["differences"]}
     assert "stablehlo" in parts and "in_avals" not in parts
-    same = invoke("why", "affine", "--target", "cli_models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
+    same = invoke("why", "affine", "--target", "tests.cli.models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
     assert same.exit_code == 0, same.output
     # Without --target only the flat signature is compared, keyword arguments included.
     assert invoke("why", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]").exit_code == 0
@@ -304,17 +304,17 @@ def test_why_places_a_static_between_dynamic_arguments_as_compile_does(invoke: I
     """`--static factor=3` of f(x, factor, y) goes in by position (static_argnums) for
     compile; why must lower the same program (by keyword, y would bind to factor)."""
     stored = compile_json(
-        invoke, "cli_models:scale_between", "--name", "between", "--arg", "f32[4]", "--arg", "f32[4]",
+        invoke, "tests.cli.models:scale_between", "--name", "between", "--arg", "f32[4]", "--arg", "f32[4]",
         "--static", "factor=3",
     )
     same = invoke(
-        "why", "between", "--target", "cli_models:scale_between", "--arg", "f32[4]", "--arg", "f32[4]",
+        "why", "between", "--target", "tests.cli.models:scale_between", "--arg", "f32[4]", "--arg", "f32[4]",
         "--static", "factor=3", "--json",
     )
     assert same.exit_code == 0, same.output
     assert json.loads(same.stdout)["nearest_key"] == stored["key"]
     other = invoke(
-        "why", "between", "--target", "cli_models:scale_between", "--arg", "f32[4]", "--arg", "f32[4]",
+        "why", "between", "--target", "tests.cli.models:scale_between", "--arg", "f32[4]", "--arg", "f32[4]",
         "--static", "factor=4", "--json",
     )
     assert other.exit_code == 1 and "stablehlo" in {d["part"] for d in json.loads(other.stdout)["differences"]}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import aot
-from cli_helpers import Invoke, one_line_error
+from tests.cli.helpers import Invoke, one_line_error
 
 
 def _project(folder: Path, table: str) -> Path:
@@ -65,7 +65,7 @@ def test_a_pyproject_without_tool_aot_is_skipped(invoke: Invoke, project: Path, 
 
 
 def test_the_configured_cache_is_used(invoke: Invoke, project: Path) -> None:
-    result = invoke("compile", "cli_models:matmul", "--arg", "f32[2,2]", "--arg", "f32[2,2]", cache=None)
+    result = invoke("compile", "tests.cli.models:matmul", "--arg", "f32[2,2]", "--arg", "f32[2,2]", cache=None)
     assert result.exit_code == 0, result.output
     assert (project / "from-config" / "index.sqlite").exists()
     assert result.stdout.splitlines()[-1] == f"  cache      {project / 'from-config'}"
@@ -93,7 +93,7 @@ def test_warmup_uses_the_configured_manifest(invoke: Invoke, tmp_path: Path, mon
         "of pyproject.toml"
     )
     (tmp_path / "warmup.toml").write_text(
-        '[[function]]\nname = "mm"\ntarget = "cli_models:matmul"\nargs = ["f32[2,2]", "f32[2,2]"]\n'
+        '[[function]]\nname = "mm"\ntarget = "tests.cli.models:matmul"\nargs = ["f32[2,2]", "f32[2,2]"]\n'
     )
     monkeypatch.chdir(_project(tmp_path, 'manifest = "warmup.toml"'))
     result = invoke("warmup")
@@ -120,7 +120,7 @@ def test_signing_key_file_from_the_config(invoke: Invoke, tmp_path: Path, monkey
     (tmp_path / "aot.key").write_text("s3cret\n")
     folder = _project(tmp_path, 'signing_key_file = "aot.key"')
     monkeypatch.chdir(folder)
-    signed = invoke("compile", "cli_models:matmul", "--arg", "f32[4,4]", "--arg", "f32[4,4]", "--json")
+    signed = invoke("compile", "tests.cli.models:matmul", "--arg", "f32[4,4]", "--arg", "f32[4,4]", "--json")
     assert signed.exit_code == 0, signed.output
     key = json.loads(signed.stdout)["key"]
     cache = aot.Cache(tmp_path / "cache", signing_key="s3cret")  # the file's key, newline stripped

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import aot
-from cli_helpers import MANIFEST, REPO
+from tests.cli.helpers import MANIFEST, REPO
 
 pytestmark = pytest.mark.slow
 
@@ -187,7 +187,7 @@ DRIVER = textwrap.dedent("""
 
 def test_warmup_into_a_new_cache_never_imports_sqlalchemy_here(tmp_path: Path) -> None:
     """The first warm-up into a folder creates and writes its index in a helper process
-    (aot.cache.index_process), the next one only reads it: neither imports SQLAlchemy
+    (aot.cache.index.process), the next one only reads it: neither imports SQLAlchemy
     in the command's own process, and the entries are stored as ever."""
     driver, cache = tmp_path / "driver.py", tmp_path / "cache"
     driver.write_text(DRIVER)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 import aot
-from aot.cache.entry import SCHEMA_VERSION
-from cli_helpers import MLP_TREE, Invoke, one_line_error, store_for_another_environment
+from aot.cache.index.entry import SCHEMA_VERSION
+from tests.cli.helpers import MLP_TREE, Invoke, one_line_error, store_for_another_environment
 
 ENTRY_KEYS = {
     "key", "name", "program_fp", "env_fp", "signature", "platform", "exe_digest", "hlo_digest",
@@ -210,7 +210,7 @@ def test_show_a_foreign_entry_names_the_differences(invoke: Invoke, warmed) -> N
 
 def _two_programs_one_signature(invoke: Invoke) -> tuple[str, str]:
     """``affine`` compiled twice for the same signature, the function changed between."""
-    base = ("compile", "cli_models:affine", "--name", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]", "--json")
+    base = ("compile", "tests.cli.models:affine", "--name", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]", "--json")
     old = json.loads(invoke(*base).stdout)["key"]
     new = json.loads(invoke(*base, "--static", "double=true").stdout)["key"]
     assert old != new

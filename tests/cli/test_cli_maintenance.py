@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import aot
-from cli_helpers import MANIFEST, Invoke, one_line_error, store_for_another_environment
+from tests.cli.helpers import MANIFEST, Invoke, one_line_error, store_for_another_environment
 
 VERIFY_KEYS = {"ok", "integrity", "coverage"}
 INTEGRITY_KEYS = {

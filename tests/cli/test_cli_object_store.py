@@ -11,8 +11,8 @@ import boto3
 import pytest
 
 import aot
-from aot.cache.content import compress
-from cli_helpers import MANIFEST, Invoke, one_line_error
+from aot.cache.storage.content import compress
+from tests.cli.helpers import MANIFEST, Invoke, one_line_error
 
 pytestmark = pytest.mark.postgres
 

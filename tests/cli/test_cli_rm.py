@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import aot
-from cli_helpers import MLP_TREE, Invoke, one_line_error, store_for_another_environment
+from tests.cli.helpers import MLP_TREE, Invoke, one_line_error, store_for_another_environment
 
 RM_KEYS = {"target", "signatures", "env", "executed", "entries", "blobs", "bytes_freed"}
 VICTIM_KEYS = {"key", "name", "signature", "arguments", "environment", "status", "stored_size"}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import aot
-from cli_helpers import Invoke
+from tests.cli.helpers import Invoke
 
 STATS_KEYS = {"location", "env", "stored", "rows", "totals"}
 ROW_KEYS = {

@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 import aot
-from cli_helpers import Invoke
+from tests.cli.helpers import Invoke
 
 MLP_PARAMS = "f32[512], f32[784,512], f32[512], f32[512,512], f32[10], f32[512,10]"
 MLP_TREE = (

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import aot
-from cli_helpers import REPO, Invoke, one_line_error
+from tests.cli.helpers import REPO, Invoke, one_line_error
 
 TRANSFER_KEYS = {"source", "destination", "copied", "skipped", "repaired", "failed", "bytes_copied", "seconds", "keys"}
 
@@ -75,7 +75,7 @@ def test_a_push_killed_midway_completes_on_the_next_run(
     )
     assert proc.returncode == -9, proc.stderr[-2000:]
     first = aot.Cache(cache_dir).entries()[0]  # entries go in name order: allreduce
-    from aot.cache.fsspec_store import FsspecObjectStore
+    from aot.cache.storage.fsspec_store import FsspecObjectStore
 
     written: list[str] = []
     real = FsspecObjectStore.write

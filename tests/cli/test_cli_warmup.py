@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import MANIFEST, MANIFEST_LABELS, Invoke, one_line_error
+from tests.cli.helpers import MANIFEST, MANIFEST_LABELS, Invoke, one_line_error
 
 REPORT_KEYS = {"cache", "jobs", "shard", "total", "compiled", "hit", "failed", "seconds", "ok", "results"}
 RESULT_KEYS = {
@@ -61,7 +61,7 @@ def test_warmup_tries_every_entry_and_names_failures(invoke: Invoke, tmp_path: P
     manifest = write(tmp_path, """
 [[function]]
 name = "broken"
-target = "cli_models:broken"
+target = "tests.cli.models:broken"
 args = ["f32[{n}]"]
 vary = { n = [1, 2] }
 
@@ -79,7 +79,7 @@ args = ["f32[8]", "f32[8]"]
     assert result.exit_code == 1, result.output
     broken_lines = [
         "second line of the message",
-        '  at tests/cli/cli_models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
+        '  at tests/cli/tests.cli.models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
     ]
     lines = result.stdout.splitlines()
     assert lines[:7] == [
@@ -101,11 +101,11 @@ args = ["f32[8]", "f32[8]"]
 
 
 def test_warmup_debug_prints_the_traceback_of_a_failed_entry(invoke: Invoke, tmp_path: Path) -> None:
-    manifest = write(tmp_path, '[[function]]\nname = "broken"\ntarget = "cli_models:broken"\nargs = ["f32[8]"]\n')
+    manifest = write(tmp_path, '[[function]]\nname = "broken"\ntarget = "tests.cli.models:broken"\nargs = ["f32[8]"]\n')
     result = invoke("warmup", manifest, "--debug")
     assert result.exit_code == 1
     assert "traceback of broken:\nTraceback (most recent call last):\n" in result.stderr
-    assert 'cli_models.py", line 39, in broken' in result.stderr
+    assert 'tests.cli.models.py", line 39, in broken' in result.stderr
     assert "\nValueError: this model is broken\nsecond line of the message\n" in result.stderr
 
 
@@ -144,7 +144,7 @@ def test_warmup_json_without_a_terminal_prints_only_json(invoke: Invoke, warmed)
 
 
 def test_warmup_warns_when_jobs_exceed_the_cores(invoke: Invoke, warmed, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("aot.cache.warmup.available_cores", lambda: 2)
+    monkeypatch.setattr("aot.cache.warmup.run.available_cores", lambda: 2)
     result = invoke("warmup", MANIFEST, "--jobs", "3")
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines()[0] == (

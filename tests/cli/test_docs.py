@@ -10,7 +10,7 @@ import pytest
 
 from aot.cli.common import global_options
 from aot.cli.main import cli
-from cli_helpers import REPO
+from tests.cli.helpers import REPO
 
 DOCS = REPO / "docs"
 CLI_MD = (DOCS / "cli.md").read_text()
@@ -83,7 +83,7 @@ def test_no_reference_to_a_design_document_outside_the_repository() -> None:
 
 
 def test_the_manifest_keys_are_documented() -> None:
-    from aot.cache.warmup_manifest import _FUNCTION_KEYS
+    from aot.cache.warmup.manifest import _FUNCTION_KEYS
 
     manifest_md = (DOCS / "manifest.md").read_text()
     for key in _FUNCTION_KEYS:

@@ -1,4 +1,4 @@
-"""aot.cache.warmup as a library: parsing, expansion, parallel runs, coverage."""
+"""aot.cache.warmup.run as a library: parsing, expansion, parallel runs, coverage."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import aot
-from aot.cache.warmup import (
+from aot.cache.warmup.run import (
     WarmupItem,
     coverage,
     expand,
@@ -18,7 +18,7 @@ from aot.cache.warmup import (
     parse_manifest,
     run_warmup,
 )
-from cli_helpers import MANIFEST, MANIFEST_LABELS
+from tests.cli.helpers import MANIFEST, MANIFEST_LABELS
 
 
 def test_fixture_manifest_expands_to_its_buckets() -> None:
@@ -118,9 +118,9 @@ def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
     )
     items = [
         WarmupItem("tiny", "fixtures.models:tiny", ("f32[8]", "f32[8]")),       # hit
-        WarmupItem("dies", "cli_models:dies_in_worker", ("f32[4]",)),           # kills its worker
+        WarmupItem("dies", "tests.cli.models:dies_in_worker", ("f32[4]",)),           # kills its worker
         WarmupItem("tiny", "fixtures.models:tiny", ("f32[2]", "f32[2]")),       # compiles
-        WarmupItem("broken", "cli_models:broken", ("f32[4]",)),                 # fails (the error is recorded)
+        WarmupItem("broken", "tests.cli.models:broken", ("f32[4]",)),                 # fails (the error is recorded)
         WarmupItem("tiny64", "fixtures.models:tiny", ("f64[2]", "f64[2]"), x64=True),  # x64 in the worker
     ]
     signed = aot.Cache(location, signing_key="ci-secret")
@@ -137,10 +137,10 @@ def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
     assert report.results[3].error.splitlines() == [
         "ValueError: this model is broken",
         "second line of the message",
-        '  at tests/cli/cli_models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
+        '  at tests/cli/tests.cli.models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
     ]
     assert "Traceback (most recent call last)" in report.results[3].traceback
-    assert 'cli_models.py", line 39, in broken' in report.results[3].traceback
+    assert 'tests.cli.models.py", line 39, in broken' in report.results[3].traceback
     assert report.to_dict()["failed"] == 2
     # The workers opened the cache as the caller did: with its signing key.
     compiled = signed.index.get(report.results[2].key)
@@ -155,8 +155,8 @@ def test_parallel_warmup_compiles_here_and_in_a_worker(tmp_path: Path, monkeypat
     flag = tmp_path / "partner-traced"
     monkeypatch.setenv("AOT_TEST_PARTNER_FLAG", str(flag))
     items = [
-        WarmupItem("wait", "cli_models:waits_for_partner", ("f32[4]",)),
-        WarmupItem("partner", "cli_models:partner", ("f32[4]",)),
+        WarmupItem("wait", "tests.cli.models:waits_for_partner", ("f32[4]",)),
+        WarmupItem("partner", "tests.cli.models:partner", ("f32[4]",)),
     ]
     report = run_warmup(str(tmp_path / "c"), items, jobs=2)
     assert [(r.label, r.status) for r in report.results] == [("wait", "compiled"), ("partner", "compiled")]
@@ -166,19 +166,19 @@ def test_parallel_warmup_compiles_here_and_in_a_worker(tmp_path: Path, monkeypat
 
 
 def test_a_spec_callable_is_called_once_per_warmup(tmp_path: Path) -> None:
-    import cli_models
+    import tests.cli.models
 
     items = expand(parse_manifest(
-        '[[function]]\nname = "scaled"\ntarget = "cli_models:add3"\n'
-        'args = ["@cli_models:counted_specs", "@cli_models:counted_specs", "f32[{n}]"]\n'
+        '[[function]]\nname = "scaled"\ntarget = "tests.cli.models:add3"\n'
+        'args = ["@tests.cli.models:counted_specs", "@tests.cli.models:counted_specs", "f32[{n}]"]\n'
         'vary = { n = [1, 4] }\n'
     ))
-    before = len(cli_models.SPEC_CALLS)
+    before = len(tests.cli.models.SPEC_CALLS)
     report = run_warmup(str(tmp_path / "c"), items)
     assert [r.status for r in report.results] == ["compiled", "compiled"]
-    assert len(cli_models.SPEC_CALLS) - before == 1  # not once per use and bucket
+    assert len(tests.cli.models.SPEC_CALLS) - before == 1  # not once per use and bucket
     run_warmup(str(tmp_path / "c"), items)
-    assert len(cli_models.SPEC_CALLS) - before == 2  # but again in the next warm-up
+    assert len(tests.cli.models.SPEC_CALLS) - before == 2  # but again in the next warm-up
 
 
 def test_parallel_warmup_of_a_cached_manifest_starts_no_worker(
@@ -186,7 +186,7 @@ def test_parallel_warmup_of_a_cached_manifest_starts_no_worker(
 ) -> None:
     items = expand(load_manifest(MANIFEST))
     run_warmup(str(tmp_path / "c"), items)
-    from aot.cache.warmup_workers import WorkerPool
+    from aot.cache.warmup.workers import WorkerPool
 
     def no_worker(*args, **kwargs):  # pragma: no cover - must not run
         raise AssertionError("a worker was started for a cached entry")
@@ -217,7 +217,7 @@ def test_item_validation() -> None:
 
 
 def test_a_64_bit_spec_error_says_how_to_opt_in() -> None:
-    from aot.cache.targets import x64_hint
+    from aot.cache.warmup.targets import x64_hint
     from aot.errors import SpecError
 
     refused = SpecError("spec 'f64[8]' needs 64-bit types, but x64 is disabled")

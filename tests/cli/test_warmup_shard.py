@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 import aot
-from aot.cache.warmup import expand, load_manifest, run_warmup
-from aot.cache.warmup_shard import (
+from aot.cache.warmup.run import expand, load_manifest, run_warmup
+from aot.cache.warmup.shard import (
     STATIC_BASE_SECONDS,
     estimate_costs,
     parse_shard,
     plan_shards,
     select_shard,
 )
-from cli_helpers import MANIFEST, MANIFEST_LABELS, Invoke
+from tests.cli.helpers import MANIFEST, MANIFEST_LABELS, Invoke
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-import conformance_data as data
+try:  # the harness's processes have tests/conformance on PYTHONPATH (the model is a top-level module there)
+    import conformance_data as data
+except ImportError:  # the test process imports the package
+    from tests.conformance import conformance_data as data
 
 # ---------------------------------------------------------------- the registry
 

@@ -26,8 +26,8 @@ from typing import Any
 import jax
 import pytest
 
-import conformance_data as data
-import conformance_programs as programs
+from tests.conformance import conformance_data as data
+from tests.conformance import conformance_programs as programs
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import pytest
 
-from reliability_helpers import DeserializeSpy, TinyArtifacts
+from tests.reliability.helpers import DeserializeSpy, TinyArtifacts
 
 
 

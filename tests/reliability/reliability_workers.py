@@ -159,7 +159,7 @@ def _suicide() -> None:
 def _writer(location: str, blob_location: str | None, artifacts: list, seed: int, crash_at: str) -> None:
     from sqlalchemy import event
 
-    from aot.cache import blobs as blobs_module
+    from aot.cache.storage import folder as blobs_module
     from aot.cache.cache import Cache
 
     rng = random.Random(seed)
@@ -235,7 +235,8 @@ def _writer(location: str, blob_location: str | None, artifacts: list, seed: int
 
 def _collector(location: str, blob_location: str | None, crash_at: str) -> None:
     """A gc that evicts every entry and kills itself at ``crash_at`` (a ``gc.*`` point)."""
-    from aot.cache import maintenance, pauses
+    from aot.cache import pauses
+    from aot.cache.admin import maintenance
     from aot.cache.cache import Cache
 
     assert crash_at in pauses.POINTS and crash_at.startswith("gc."), crash_at

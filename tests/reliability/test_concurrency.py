@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-import reliability_workers as workers
-from reliability_helpers import check_scaled, child_env, worker_command
+from tests.reliability import reliability_workers as workers
+from tests.reliability.helpers import check_scaled, child_env, worker_command
 
 WORKERS = 8
 OPS = 25
@@ -58,9 +58,9 @@ def check_cache(location: str, results: list[dict], monkeypatch: pytest.MonkeyPa
     lost races left (collected by gc)."""
     import sqlalchemy as sa
 
-    from aot.cache import maintenance
+    from aot.cache.admin import maintenance
     from aot.cache.cache import Cache
-    from aot.cache.index import ArtifactRow, BlobRefRow
+    from aot.cache.index.sql import ArtifactRow, BlobRefRow
 
     with Cache(location) as cache:
         entries = cache.entries(workers.CONCURRENT_NAME)

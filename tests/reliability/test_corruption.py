@@ -25,12 +25,12 @@ import sqlalchemy as sa
 
 import aot
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Manifest
-from aot.cache.content import compress
+from aot.cache.storage.content import compress
 from aot.cache.cache import Cache
-from aot.cache.index import ArtifactRow
+from aot.cache.index.sql import ArtifactRow
 
-import reliability_workers as workers
-from reliability_helpers import TinyArtifacts, check_scaled
+from tests.reliability import reliability_workers as workers
+from tests.reliability.helpers import TinyArtifacts, check_scaled
 
 VICTIM = 2
 NOWHERE = "0" * 64
@@ -280,7 +280,7 @@ def test_index_columns_disagreeing_with_the_manifest_are_problems(
     """A row whose exe_digest column names a blob that does not exist (the manifest is
     intact): the executable still loads, but gc trusts the columns, so verify must
     flag the row, or gc would delete the real executable as an orphan."""
-    from aot.cache import maintenance
+    from aot.cache.admin import maintenance
 
     cache = make_cache()
     entry = victim(cache)

@@ -38,8 +38,8 @@ from typing import Any
 
 import pytest
 
-from aot.cache.blobs import FolderObjectStore
-from reliability_helpers import check_scaled, child_env, worker_command
+from aot.cache.storage.folder import FolderObjectStore
+from tests.reliability.helpers import check_scaled, child_env, worker_command
 
 SEED = 7_2026
 
@@ -148,7 +148,7 @@ def expire_leases(cache: Any) -> int:
     """Makes every lease expired (a killed writer's lease pins its blobs for an hour)."""
     import sqlalchemy as sa
 
-    from aot.cache.index import BlobLeaseRow
+    from aot.cache.index.sql import BlobLeaseRow
 
     t = BlobLeaseRow.__table__
     past = cache.index.now() - dt.timedelta(hours=2)
@@ -168,7 +168,7 @@ def remove_stale_temp_files(cache: Any) -> None:
 
 
 def collect_and_make_work(cache: Any, rng: random.Random, monkeypatch: pytest.MonkeyPatch, tally: Tally) -> None:
-    from aot.cache import maintenance
+    from aot.cache.admin import maintenance
 
     monkeypatch.setattr(maintenance, "ORPHAN_GRACE_SECONDS", 0.0)
     if expire_leases(cache):
@@ -285,9 +285,9 @@ def test_gc_never_takes_a_blob_a_writer_is_about_to_reference(
     import sqlalchemy as sa
 
     from aot.artifact import EXECUTABLE
-    from aot.cache import maintenance
+    from aot.cache.admin import maintenance
     from aot.cache.cache import Cache
-    from aot.cache.index import BlobDataRow
+    from aot.cache.index.sql import BlobDataRow
 
     location = str(tmp_path / "cache") if kind == "folder" else f"sqlite:///{tmp_path / 'c.sqlite'}"
     artifact = tiny.by_size[4]

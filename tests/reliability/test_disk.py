@@ -21,11 +21,11 @@ from typing import Any, Iterator
 import pytest
 
 import aot
-from aot.cache import blobs as blobs_module
+from aot.cache.storage import folder as blobs_module
 from aot.cache.cache import Cache
 
-import reliability_workers as workers
-from reliability_helpers import TinyArtifacts, check_scaled, snapshot
+from tests.reliability import reliability_workers as workers
+from tests.reliability.helpers import TinyArtifacts, check_scaled, snapshot
 
 ERRORS = {
     errno.ENOSPC: "free disk space",

@@ -29,7 +29,7 @@ import sqlalchemy as sa
 
 from aot.cache import pauses
 from aot.cache.cache import Cache
-from reliability_helpers import check_scaled
+from tests.reliability.helpers import check_scaled
 
 BACKENDS = [
     "sqlite-folder",
@@ -76,7 +76,7 @@ class Backend:
         self.close_all()
         self.generation += 1
         if self.postgres_url is not None:
-            from aot.cache.index import Base
+            from aot.cache.index.sql import Base
 
             engine = sa.create_engine(self.postgres_url)
             try:
@@ -269,8 +269,8 @@ def test_a_writer_whose_lease_gc_took_starts_over(
 ) -> None:
     """A writer suspended past its lease: gc deletes the lease and the blobs; the
     writer finds out when it commits, leases again, rewrites the blobs and commits."""
-    from aot.cache import index as index_mod
-    from aot.cache import maintenance
+    from aot.cache.index import sql as index_mod
+    from aot.cache.admin import maintenance
 
     artifact = tiny.by_size[7]
     key = evictable(backend, artifact)
@@ -301,9 +301,9 @@ def test_a_writer_whose_lease_gc_took_starts_over(
 def skew_client_clock(monkeypatch: pytest.MonkeyPatch, delta: dt.timedelta) -> None:
     """This process's clock as jax-aot reads it, ``delta`` off (the database server's
     clock and the kernel's file times are not this process's to change)."""
-    import aot.cache.blobs
-    import aot.cache.entry
-    import aot.cache.index
+    import aot.cache.storage.folder
+    import aot.cache.index.entry
+    import aot.cache.index.sql
 
     class Skewed(dt.datetime):
         @classmethod
@@ -311,9 +311,9 @@ def skew_client_clock(monkeypatch: pytest.MonkeyPatch, delta: dt.timedelta) -> N
             return dt.datetime.now(tz) + delta
 
     real_time = time.time
-    for module in (aot.cache.index, aot.cache.entry, aot.cache.blobs):
+    for module in (aot.cache.index.sql, aot.cache.index.entry, aot.cache.storage.folder):
         monkeypatch.setattr(module, "datetime", Skewed)
-    for module in (aot.cache.index, aot.cache.entry):
+    for module in (aot.cache.index.sql, aot.cache.index.entry):
         monkeypatch.setattr(module, "utcnow", lambda: dt.datetime.now(dt.timezone.utc) + delta)
     monkeypatch.setattr(time, "time", lambda: real_time() + delta.total_seconds())
 
@@ -328,8 +328,8 @@ def test_a_writer_whose_clock_is_15_minutes_behind_keeps_its_blobs(
     writer's clock they would have expired 5 minutes ago). ``age``: the issue's case,
     blobs in PostgreSQL and an orphan grace of 10 minutes (stamped with the writer's
     clock they looked 15 minutes old and were deleted); leases now protect them too."""
-    from aot.cache import index as index_mod
-    from aot.cache import maintenance
+    from aot.cache.index import sql as index_mod
+    from aot.cache.admin import maintenance
 
     if protection == "age" and backend.kind != "postgresql-db":
         pytest.skip("blob times come from the store (the kernel, the object store), not the writer's clock")
@@ -381,7 +381,7 @@ def test_kill_9_at_every_step_of_writer_and_gc(
     takes its orphans, every entry can be stored again, verify is clean."""
     from test_crashes import Zygote, expire_leases, remove_stale_temp_files
 
-    from aot.cache import maintenance
+    from aot.cache.admin import maintenance
 
     monkeypatch.setattr(maintenance, "ORPHAN_GRACE_SECONDS", 0.0)
     backend.reset()

@@ -34,13 +34,13 @@ import aot
 from aot import treedef as treedefs
 from aot.artifact import Manifest
 from aot.rehydrate import executable_info
-from aot.cache import bundle as bundles
+from aot.cache.admin import bundle as bundles
 from aot.cache.cache import Cache
 
-from reliability_helpers import TinyArtifacts, snapshot
+from tests.reliability.helpers import TinyArtifacts, snapshot
 
 try:
-    from aot.cache import warmup
+    from aot.cache.warmup import run as warmup
 except ImportError:  # pragma: no cover - the warmup module is someone else's work
     warmup = None
 
@@ -145,7 +145,7 @@ FUNCTION_KEYS = ["name", "target", "args", "args_from", "kwargs", "static", "var
 function_tables = st.dictionaries(st.sampled_from(FUNCTION_KEYS), toml_values, max_size=7)
 
 
-@pytest.mark.skipif(warmup is None, reason="cache/warmup.py is not there yet")
+@pytest.mark.skipif(warmup is None, reason="cache/warmup/run.py is not there yet")
 @FUZZ
 @given(st.lists(function_tables, max_size=3), st.dictionaries(st.sampled_from(["title", "function"]), toml_scalars, max_size=1))
 def test_warmup_manifest_structures(tmp_path_factory: Any, tables: list[dict[str, Any]], extra: dict[str, Any]) -> None:
@@ -157,7 +157,7 @@ def test_warmup_manifest_structures(tmp_path_factory: Any, tables: list[dict[str
         only_aot_errors(warmup.expand, manifest)
 
 
-@pytest.mark.skipif(warmup is None, reason="cache/warmup.py is not there yet")
+@pytest.mark.skipif(warmup is None, reason="cache/warmup/run.py is not there yet")
 @FUZZ
 @given(st.one_of(st.text(max_size=200), st.binary(max_size=200)))
 def test_warmup_manifest_text(tmp_path_factory: Any, content: str | bytes) -> None:
@@ -511,7 +511,7 @@ def test_mutated_manifests_in_a_cache_serve_or_refuse(
 ) -> None:
     """An unsigned manifest edited in the index (fields the key does not cover): aot.load
     and a call raise only AotErrors, or serve the right result."""
-    from aot.cache.index import ArtifactRow
+    from aot.cache.index.sql import ArtifactRow
     import sqlalchemy as sa
 
     mutated = copy.deepcopy(valid_manifest)

@@ -32,7 +32,7 @@ from aot.artifact import EXECUTABLE, PORTABLE_HLO, Manifest
 from aot.cache.cache import Cache
 from aot.rehydrate import build_artifact
 
-from reliability_helpers import HERE, TinyArtifacts, child_env
+from tests.reliability.helpers import HERE, TinyArtifacts, child_env
 
 WORKER = HERE / "manifest_field_worker.py"
 KEY = "manifest-fields-key"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from reliability_helpers import run_worker
+from tests.reliability.helpers import run_worker
 
 
 def test_the_guard_catches_every_kind_of_unpickling() -> None:

@@ -24,7 +24,7 @@ import pytest
 
 from aot.cache.cache import Cache
 
-from reliability_helpers import TinyArtifacts, child_env, snapshot
+from tests.reliability.helpers import TinyArtifacts, child_env, snapshot
 
 READER = r'''
 import json, sys
@@ -178,7 +178,7 @@ def test_a_read_only_postgresql_index_cannot_write_even_by_mistake(postgres_url:
     tries (the index refuses them itself before that)."""
     import sqlalchemy as sa
 
-    from aot.cache.index import Index
+    from aot.cache.index.sql import Index
 
     with Cache(postgres_url) as writer:
         writer.put_artifact(tiny.by_size[1])

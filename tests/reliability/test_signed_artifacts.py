@@ -21,12 +21,12 @@ import sqlalchemy as sa
 
 import aot
 from aot.artifact import EXECUTABLE, Manifest
-from aot.cache import bundle as bundles
+from aot.cache.admin import bundle as bundles
 from aot.cache.cache import Cache
-from aot.cache.index import ArtifactRow
+from aot.cache.index.sql import ArtifactRow
 
-import reliability_workers as workers
-from reliability_helpers import TinyArtifacts, check_scaled
+from tests.reliability import reliability_workers as workers
+from tests.reliability.helpers import TinyArtifacts, check_scaled
 
 KEY = "reliability-signing-key"
 OTHER_KEY = "another-key"

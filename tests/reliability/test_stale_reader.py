@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 import aot
-from aot.cache import loader
+from aot.cache.serving import loader
 from aot.cache.cache import Cache
 from aot.rehydrate import recompile
 
-import reliability_workers as workers
-from reliability_helpers import TinyArtifacts, check_scaled
+from tests.reliability import reliability_workers as workers
+from tests.reliability.helpers import TinyArtifacts, check_scaled
 
 N = 8
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from reliability_helpers import child_env
+from tests.reliability.helpers import child_env
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find the processes")
 

@@ -1,0 +1,1 @@
+"""Administration: verify and gc, rm, bundles, push/pull."""

@@ -1,0 +1,412 @@
+"""verify and gc: integrity checks and plan-then-execute garbage collection.
+
+Both talk only to the index and to the cache's :class:`~aot.cache.storage.content.ContentStore`
+(whatever object store is under it). gc's deletions follow the protocol in
+docs/reliability.md: a blob is deleted only inside the index's deletion lock, after
+re-checking there that no row references it and no live lease claims it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
+from aot.errors import AotError, CacheError, IntegrityError
+from aot.signing import verify as verify_signature
+from aot.cache.index.sql import IndexEntry
+from aot.cache.reports.listing import superseded_keys
+from aot.cache.storage.records import BlobStat
+from aot.cache.pauses import reached
+from aot.cache.units import human_size, parse_age, parse_size  # noqa: F401 - re-exported
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------- verify
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    key: str
+    name: str
+    what: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"key": self.key, "name": self.name, "problem": self.what}
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    checked_entries: int
+    checked_blobs: int
+    problems: tuple[Problem, ...]
+    quarantined: tuple[str, ...]
+    orphan_blobs: tuple[str, ...]
+    #: Problems of the cache as a whole (e.g. an empty index beside stored blobs).
+    cache_problems: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.orphan_blobs and not self.cache_problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "checked_entries": self.checked_entries,
+            "checked_blobs": self.checked_blobs,
+            "problems": [p.to_dict() for p in self.problems],
+            "quarantined": list(self.quarantined),
+            "orphan_blobs": list(self.orphan_blobs),
+            "cache_problems": list(self.cache_problems),
+        }
+
+
+def empty_index_problem(cache: Cache, digests: Iterable[str] | None = None) -> str | None:
+    """A message when the index has no row but the blob store holds blobs (``digests``,
+    listed if not given) that no writer has leased: the index was lost, truncated or
+    replaced, and gc would otherwise delete every blob."""
+    if not cache.index.is_empty():
+        return None
+    found = set(digests) if digests is not None else {s.digest for s in cache.blobs.list()}
+    stored = len(found - cache.index.leased_digests()) if found else 0
+    if not stored:
+        return None
+    return (
+        f"the index at {cache.index.url} is empty, but the blob store at "
+        f"{cache.blobs.location} holds {stored} blobs: the index was lost, truncated or "
+        "replaced. Restore it from a backup, or rebuild it (`aot bundle import`, or "
+        "`aot warmup` again: stored blobs are reused). `aot gc` refuses to delete blobs "
+        "in this state unless given --force"
+    )
+
+
+def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
+    """Re-hashes every blob, parses every manifest, reports and quarantines bad entries."""
+    problems: list[Problem] = []
+    quarantined: list[str] = []
+    blob_state: dict[str, str | None] = {}
+
+    def check(digest: str) -> str | None:
+        if digest not in blob_state:
+            blob_state[digest] = cache.blobs.check(digest)
+        return blob_state[digest]
+
+    entries = cache.index.entries()
+    for entry in entries:
+        found = _entry_problems(entry, check)
+        if not found:
+            found = _consistency_problems(cache, entry)
+        for what in found:
+            problems.append(Problem(entry.key, entry.name, what))
+        # Only while the row is still the one checked (a writer may have rewritten it).
+        if found and entry.ok and quarantine and not cache.read_only:
+            if cache.index.quarantine(entry.key, "; ".join(found), expect=entry):
+                quarantined.append(entry.key)
+        # Reported, never quarantined: a wrong key must not condemn good entries (a
+        # loader with the key refuses the bad ones anyway).
+        unsigned = None if found else _signature_problem(cache, entry)
+        if unsigned is not None:
+            problems.append(Problem(entry.key, entry.name, unsigned))
+    referenced = cache.index.referenced_digests() | cache.index.leased_digests()
+    stored = cache.blobs.digests()
+    orphans = tuple(d for d in stored if d not in referenced)
+    empty = empty_index_problem(cache, stored) if not entries else None
+    report = VerifyReport(
+        len(entries), len(blob_state), tuple(problems), tuple(quarantined), orphans,
+        (empty,) if empty else (),
+    )
+    log.info(
+        "verify: %d entries, %d blobs, %d problems, %d orphan blobs",
+        report.checked_entries, report.checked_blobs, len(problems), len(orphans),
+    )
+    return report
+
+
+def _consistency_problems(cache: Cache, entry: IndexEntry) -> list[str]:
+    """What a loader would refuse in the manifest of an entry whose blobs are intact:
+    fields that contradict its fingerprints, its portable HLO, or (entries of this
+    environment) its deserialized executable (aot.rehydrate.stored_artifact_problems)."""
+    from aot.rehydrate import stored_artifact_problems
+
+    try:
+        manifest = Manifest.from_json(entry.manifest)
+    except AotError as exc:
+        return [f"manifest: {exc}"]
+    local = manifest.environment.digest == cache.environment.digest
+    blobs: dict[str, bytes] = {}
+    for role in (PORTABLE_HLO, EXECUTABLE) if local else (PORTABLE_HLO,):
+        ref = manifest.blobs.get(role)
+        data = cache.blobs.get(ref.digest) if ref is not None else None
+        if data is not None:
+            blobs[ref.digest] = data
+    try:
+        found = stored_artifact_problems(Artifact(manifest, blobs), cache.environment)
+    except AotError as exc:  # a field too malformed to compare: that is the problem
+        found = [str(exc)]
+    return [f"manifest: {p}" for p in found]
+
+
+def _signature_problem(cache: Cache, entry: IndexEntry) -> str | None:
+    if cache.signing_key is None and not cache.require_signatures:
+        return None
+    try:
+        verify_signature(Manifest.from_json(entry.manifest), cache.signing_key, require=cache.require_signatures)
+    except IntegrityError as exc:
+        return f"signature: {exc}"
+    return None
+
+
+def _entry_problems(entry: IndexEntry, check: Any) -> list[str]:
+    found: list[str] = []
+    try:
+        manifest = Manifest.from_json(entry.manifest)
+    except AotError as exc:
+        return [f"manifest: {exc}"]
+    if manifest.key != entry.key:
+        found.append(f"manifest is for key {manifest.key[:12]}, not this row")
+    # gc keeps the blobs the index columns name: they must be the manifest's.
+    for role, column in ((EXECUTABLE, entry.exe_digest), (PORTABLE_HLO, entry.hlo_digest)):
+        ref = manifest.blobs.get(role)
+        if (ref.digest if ref is not None else None) != column:
+            found.append(
+                f"the index row names {role} blob {str(column)[:12]} but the manifest names "
+                f"{ref.digest[:12] if ref is not None else 'none'}"
+            )
+    for role, ref in sorted(manifest.blobs.items()):
+        problem = check(ref.digest)
+        if problem is not None:
+            found.append(f"{role} blob {ref.digest[:12]}: {problem}")
+    return found
+
+
+# ---------------------------------------------------------------- gc
+
+# Sizes and ages: aot.cache.units (re-exported here, where they used to live).
+
+
+@dataclass(frozen=True, slots=True)
+class GcVictim:
+    key: str
+    name: str
+    signature: str
+    stored_size: int
+    last_used_at: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key, "name": self.name, "signature": self.signature,
+            "stored_size": self.stored_size, "last_used_at": self.last_used_at,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GcPlan:
+    """What gc will delete (or deleted), and the bytes it frees."""
+
+    entries: tuple[GcVictim, ...]
+    blobs: tuple[str, ...]
+    bytes_freed: int
+    size_before: int
+    dry_run: bool
+    executed: bool = False
+    #: Why gc will not (or did not) delete blobs without force (an empty index).
+    warnings: tuple[str, ...] = ()
+    #: The victims' rows as planned (key -> state, last use): a row used, healed or
+    #: replaced after the plan is not deleted.
+    _rows: dict[str, tuple[str, _dt.datetime]] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def size_after(self) -> int:
+        return self.size_before - self.bytes_freed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "executed": self.executed,
+            "entries": [v.to_dict() for v in self.entries],
+            "blobs": list(self.blobs),
+            "bytes_freed": self.bytes_freed,
+            "size_before": self.size_before,
+            "size_after": self.size_after,
+            "warnings": list(self.warnings),
+        }
+
+
+#: An unreferenced blob younger than this (by its store's clock) is left alone. Not
+#: needed for correctness (writers lease their blobs) but spares blobs someone is
+#: copying in by hand, or an older writer's.
+ORPHAN_GRACE_SECONDS = 600.0
+
+#: Blobs deleted per deletion-lock transaction (writers wait for the lock meanwhile:
+#: a batch held it 4 ms (PostgreSQL blobs) to 120 ms (SQLite + blob folder) at the
+#: median on a loaded 2-core machine, benchmarks/bench_gc.py).
+GC_BATCH = 64
+
+#: Between batches gc leaves the lock free for as long as it held it (at most this),
+#: so that writers get their turn: SQLite's busy handler polls with growing sleeps
+#: and would otherwise miss the short gaps between gc's transactions.
+GC_YIELD_MAX_SECONDS = 0.1
+
+
+def plan_gc(
+    cache: Cache, *, max_size: int | str | None = None, older_than: Any = None,
+    superseded: bool = False, force: bool = False,
+) -> GcPlan:
+    """Quarantined entries, entries unused for ``older_than``, superseded entries (with
+    ``superseded``: a newer intact entry has the same name, signature and environment),
+    then least recently used entries until the cache fits ``max_size``; and every blob
+    nothing references (unreferenced ones only once older than
+    :data:`ORPHAN_GRACE_SECONDS`).
+
+    Times come from the clocks that stamped them: entries' last use from the
+    database server's, blobs' ages from their store's. A blob whose age cannot be
+    told is reported by its store as new: too young to delete. ``force`` overrides
+    the refusal to delete blobs beside an empty index (a lost index file).
+    """
+    limit = parse_size(max_size)
+    age = parse_age(older_than)
+    entries = cache.index.entries()
+    now = cache.index.now()
+    victims: dict[str, GcVictim] = {}
+    as_planned: dict[str, tuple[str, _dt.datetime]] = {}
+
+    def add(entry: IndexEntry, reason: str) -> None:
+        if entry.key not in victims:
+            victims[entry.key] = GcVictim(
+                entry.key, entry.name, entry.signature, entry.stored_size,
+                entry.last_used_at.isoformat(timespec="seconds"), reason,
+            )
+            as_planned[entry.key] = (entry.state, entry.last_used_at)
+
+    newer = superseded_keys(entries) if superseded else {}
+    for entry in entries:
+        if not entry.ok:
+            add(entry, f"quarantined: {entry.state_reason or ''}".strip())
+        elif age is not None and now - entry.last_used_at > age:
+            add(entry, f"unused for more than {older_than}")
+        elif entry.key in newer:
+            add(entry, f"superseded by {newer[entry.key][:12]}")
+    stored: dict[str, BlobStat] = {s.digest: s for s in cache.blobs.list()}
+    store_now = cache.blobs.now()
+    size_before = sum(s.stored_size for s in stored.values())
+    blob_sizes = {d: s.stored_size for d, s in stored.items()}
+    survivors = [e for e in entries if e.key not in victims]
+    if limit is not None:
+        lru = sorted(survivors, key=lambda e: (e.last_used_at, e.created_at))
+        # Reference counts keep eviction linear in the entries (re-summing every
+        # survivor after each eviction was quadratic: too slow for a large cache).
+        refs: dict[str, int] = {}
+        for e in lru:
+            for d in _digests(e):
+                refs[d] = refs.get(d, 0) + 1
+        live = sum(blob_sizes.get(d, 0) for d in refs)
+        evicted = 0
+        while evicted < len(lru) and live > limit:
+            victim = lru[evicted]
+            add(victim, f"least recently used; cache over {human_size(limit)}")
+            for d in _digests(victim):
+                refs[d] -= 1
+                if refs[d] == 0:
+                    live -= blob_sizes.get(d, 0)
+            evicted += 1
+        survivors = lru[evicted:]
+    keep: set[str] = set()
+    for entry in survivors:
+        keep.update(_digests(entry))  # no executable digest for a symbolic entry
+    # Programs rows keep their HLO only while an artifact of the program survives.
+    referenced = cache.index.referenced_digests()
+    keep |= cache.index.leased_digests()
+    grace = _dt.timedelta(seconds=ORPHAN_GRACE_SECONDS)
+
+    def old(stat: BlobStat) -> bool:
+        return store_now - stat.modified >= grace  # a future stamp is young
+
+    dead_blobs = tuple(sorted(
+        d for d, stat in stored.items()
+        if d not in keep and (d in referenced or old(stat))
+    ))
+    warnings: tuple[str, ...] = ()
+    if not entries and stored and not force:
+        problem = empty_index_problem(cache, stored)
+        if problem is not None:
+            warnings = (problem,)
+            dead_blobs = ()
+    freed = sum(stored[d].stored_size for d in dead_blobs)
+    return GcPlan(
+        tuple(victims.values()), dead_blobs, freed, size_before, dry_run=True, warnings=warnings,
+        _rows=as_planned,
+    )
+
+
+def _digests(entry: IndexEntry) -> set[str]:
+    return {entry.exe_digest, entry.hlo_digest} - {None}  # type: ignore[return-value]
+
+
+def delete_unreferenced_blobs(cache: Cache, digests: Sequence[str]) -> tuple[list[str], int]:
+    """Deletes those of ``digests`` that no row references and no writer leases, in
+    batches, each re-checked and deleted inside the index's deletion lock (the gc
+    protocol of docs/reliability.md); the digests removed and the stored bytes freed.
+    Between batches it pauses as long as the last batch held the lock, so writers
+    waiting on it get their turn."""
+    freed = 0
+    held = 0.0
+    removed: list[str] = []
+    for i in range(0, len(digests), GC_BATCH):
+        if i:
+            time.sleep(min(held, GC_YIELD_MAX_SECONDS))
+        start = time.monotonic()
+        with cache.index.deletion_lock() as batch:
+            doomed = batch.deletable(digests[i : i + GC_BATCH])
+            reached("gc.locked")
+            freed += cache.blobs.delete(doomed)
+            reached("gc.deleted")
+            batch.forget(doomed)
+        held = time.monotonic() - start
+        removed.extend(doomed)
+    return removed, freed
+
+
+def collect_garbage(
+    cache: Cache, *, max_size: int | str | None = None, older_than: Any = None,
+    dry_run: bool = False, superseded: bool = False, force: bool = False,
+) -> GcPlan:
+    """Plans, then (unless ``dry_run``) deletes index rows first and blobs after.
+
+    Blobs go in batches, each inside the index's deletion lock, and only those that
+    are still unreferenced and unleased there (a writer may have stored an evicted
+    entry again since the plan). A crash at any point leaves at most orphan blobs,
+    which the next gc removes. With an empty index beside stored blobs, gc refuses
+    (``CacheError``) unless ``force``.
+    """
+    plan = plan_gc(
+        cache, max_size=max_size, older_than=older_than, superseded=superseded, force=force
+    )
+    if dry_run:
+        return plan
+    cache._check_writable("collect garbage")
+    if plan.warnings:
+        raise CacheError(f"gc refused: {plan.warnings[0]}")
+    reached("gc.planned")
+    deleted = set(cache.index.delete_unchanged(plan._rows))
+    evicted = tuple(v for v in plan.entries if v.key in deleted)
+    if len(evicted) < len(plan.entries):
+        log.info("gc: kept %d entries used, healed or stored again since the plan", len(plan.entries) - len(evicted))
+    reached("gc.rows_deleted")
+    removed, freed = delete_unreferenced_blobs(cache, plan.blobs)
+    with cache.index.deletion_lock() as batch:
+        dropped = batch.drop_expired_leases()
+    if dropped:
+        log.info("gc: dropped %d expired leases of writers that died", dropped)
+    reached("gc.done")
+    log.info("gc: removed %d entries and %d blobs, freed %s", len(evicted), len(removed), human_size(freed))
+    return GcPlan(evicted, tuple(removed), freed, plan.size_before, dry_run=False, executed=True)

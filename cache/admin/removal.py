@@ -1,0 +1,238 @@
+"""``aot rm``: remove chosen entries, planned first (huggingface_hub's delete strategy).
+
+:func:`plan_removal` selects entries by key (a full key or a unique prefix of at
+least four hex digits) or by name glob, optionally only some input signatures and
+only this environment's, and returns a frozen :class:`RemovalPlan` with the blobs only
+those entries use and the bytes that frees. :func:`execute_removal` carries it out:
+index rows first, then the blobs no remaining row references (re-read after the rows
+are gone, so a blob another entry shares, or that a writer has just referenced, is
+kept). A crash in between leaves only unreferenced blobs, which ``aot gc`` removes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from aot.errors import ArtifactNotFoundError, SpecError
+from aot.cache.index.entry import IndexEntry
+from aot.cache.reports.listing import EntryRow, check_env_choice, entry_rows
+from aot.cache.admin.maintenance import delete_unreferenced_blobs
+from aot.cache.serving.signatures import Signature
+from aot.cache.units import human_size
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "RemovalPlan",
+    "RemovalVictim",
+    "SignatureFilter",
+    "execute_removal",
+    "plan_removal",
+]
+
+_HEX = re.compile(r"^[0-9a-fA-F]{4,64}$")
+_TOP_LEVEL_COMMA = re.compile(r",\s*(?![^\[]*\])")
+
+
+# ---------------------------------------------------------------- signature filters
+
+
+def _normalize_aval(text: str) -> str:
+    from aot.specs import format_aval, spec
+
+    try:
+        struct = spec(text.strip())
+    except SpecError as exc:
+        raise SpecError(f"--signature: {exc}") from None
+    return format_aval(struct.shape, struct.dtype, struct.weak_type)
+
+
+@dataclass(frozen=True, slots=True)
+class SignatureFilter:
+    """Selects entries by input signature.
+
+    Either a whole flat signature, exactly as stored (``"f32[8], f32[8]"``; dtype
+    aliases such as ``float32[8]`` are accepted), or one or more leaves named by path
+    (``"x: f32[1,784]"``, ``"params[0]['b']: f32[512], x: f32[1,784]"``), each of which
+    the entry must have.
+    """
+
+    text: str
+    flat: str | None
+    leaves: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def parse(cls, text: str) -> SignatureFilter:
+        items = [item.strip() for item in _TOP_LEVEL_COMMA.split(text) if item.strip()]
+        if not items:
+            raise SpecError("--signature is empty; give e.g. 'f32[8], f32[8]' or 'x: f32[8,784]'")
+        named = [item.rpartition(":") for item in items]
+        if not any(sep for _, sep, _ in named):
+            return cls(text, ", ".join(_normalize_aval(item) for item in items), ())
+        leaves = []
+        for item, (path, sep, aval) in zip(items, named):
+            if not sep or not path.strip():
+                raise SpecError(
+                    f"--signature {text!r}: {item!r} has no path; name every leaf "
+                    "('x: f32[8], y: f32[8]') or none ('f32[8], f32[8]')"
+                )
+            leaves.append((path.strip(), _normalize_aval(aval)))
+        return cls(text, None, tuple(leaves))
+
+    def matches(self, entry: IndexEntry, signature: Signature) -> bool:
+        if self.flat is not None:
+            return entry.signature == self.flat
+        have = {(leaf.path, leaf.aval) for leaf in signature.leaves}
+        return all(leaf in have for leaf in self.leaves)
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True, slots=True)
+class RemovalVictim:
+    key: str
+    name: str
+    signature: str
+    arguments: Signature
+    environment: str  # "this" or the first differing part (EnvironmentStatus.short)
+    status: str  # ok, superseded or quarantined
+    stored_size: int
+
+    def describe(self, width: int | None = None) -> str:
+        return f"{self.key[:12]}  {self.name} ({self.arguments.compact(width)})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "name": self.name,
+            "signature": self.signature,
+            "arguments": self.arguments.to_list(),
+            "environment": self.environment,
+            "status": self.status,
+            "stored_size": self.stored_size,
+        }
+
+    @classmethod
+    def of(cls, row: EntryRow) -> RemovalVictim:
+        e = row.entry
+        return cls(
+            e.key, e.name, e.signature, row.signature, row.environment.short(), row.status,
+            e.stored_size,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RemovalPlan:
+    """What ``aot rm`` removes (or removed): entries, the blobs only they use, bytes."""
+
+    target: str
+    signatures: tuple[str, ...]
+    env: str
+    entries: tuple[RemovalVictim, ...]
+    blobs: tuple[str, ...]
+    bytes_freed: int
+    executed: bool = False
+
+    def summary(self) -> str:
+        verb = "removed" if self.executed else "would remove"
+        return (
+            f"{verb} {len(self.entries)} entr{'y' if len(self.entries) == 1 else 'ies'} and "
+            f"{len(self.blobs)} blob{'s' if len(self.blobs) != 1 else ''}, freeing "
+            f"{human_size(self.bytes_freed)}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "signatures": list(self.signatures),
+            "env": self.env,
+            "executed": self.executed,
+            "entries": [v.to_dict() for v in self.entries],
+            "blobs": list(self.blobs),
+            "bytes_freed": self.bytes_freed,
+        }
+
+
+def _select(cache: Cache, target: str) -> list[IndexEntry]:
+    entries = cache.index.entries(target)
+    if entries:
+        return entries
+    if _HEX.match(target):
+        keys = cache.index.find_key_prefix(target.lower(), limit=11)
+        if len(keys) > 1:
+            shown = ", ".join(k[:12] for k in keys[:10]) + (", ..." if len(keys) > 10 else "")
+            raise ArtifactNotFoundError(
+                f"key prefix {target!r} is ambiguous ({shown}); give more characters"
+            )
+        if keys:
+            entry = cache.index.get(keys[0])
+            if entry is not None:
+                return [entry]
+    import difflib
+
+    names = sorted({e.name for e in cache.index.entries()})
+    close = difflib.get_close_matches(target, names, n=3)
+    hint = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
+    raise ArtifactNotFoundError(
+        f"no entry named {target!r} (as a name glob) and no key starting with it in the "
+        f"cache at {cache.display_location}{hint}; `aot ls` lists what is stored"
+    )
+
+
+def _digests(entry: IndexEntry) -> set[str]:
+    return {d for d in (entry.exe_digest, entry.hlo_digest) if d}
+
+
+def plan_removal(
+    cache: Cache, target: str, *, signatures: Sequence[str] = (), env: str = "all",
+) -> RemovalPlan:
+    """The entries ``target`` (a key, a unique key prefix, or a name glob) selects,
+    narrowed to ``signatures`` (any of them; see :class:`SignatureFilter`) and, with
+    ``env="this"``, to this environment's. Raises :class:`aot.ArtifactNotFoundError`
+    when nothing matches the target; a filter that leaves nothing is an empty plan."""
+    check_env_choice(env)
+    filters = [SignatureFilter.parse(s) for s in signatures]
+    selected = _select(cache, target)
+    rows = entry_rows(cache, selected, env=env)
+    if filters:
+        rows = [r for r in rows if any(f.matches(r.entry, r.signature) for f in filters)]
+    victims = {r.entry.key for r in rows}
+    survivors: set[str] = set()
+    for entry in cache.index.entries():
+        if entry.key not in victims:
+            survivors |= _digests(entry)
+    freed_blobs = sorted(set().union(*(_digests(r.entry) for r in rows)) - survivors) if rows else []
+    sizes = {row.digest: row.stored_size for row in cache.index.blob_rows()}
+    freed = sum(sizes.get(d, 0) for d in freed_blobs)
+    return RemovalPlan(
+        target, tuple(signatures), env, tuple(RemovalVictim.of(r) for r in rows),
+        tuple(freed_blobs), freed,
+    )
+
+
+def execute_removal(cache: Cache, plan: RemovalPlan) -> RemovalPlan:
+    """Deletes the plan's index rows, then its blobs that no row references any more."""
+    cache._check_writable("remove entries")
+    cache.index.delete([v.key for v in plan.entries])
+    # The blobs go through gc's protocol: each re-checked under the index's lock, so a
+    # writer storing one of them again meanwhile keeps it.
+    removed, freed = delete_unreferenced_blobs(cache, list(plan.blobs))
+    log.info("rm: removed %d entries and %d blobs", len(plan.entries), len(removed))
+    return replace(plan, blobs=tuple(removed), bytes_freed=freed, executed=True)
+
+
+def remove(
+    cache: Cache, target: str, *, signatures: Iterable[str] = (), env: str = "all",
+    dry_run: bool = False,
+) -> RemovalPlan:
+    """:func:`plan_removal`, then (unless ``dry_run``) :func:`execute_removal`."""
+    plan = plan_removal(cache, target, signatures=tuple(signatures), env=env)
+    return plan if dry_run else execute_removal(cache, plan)

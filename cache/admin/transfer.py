@@ -1,0 +1,170 @@
+"""Copying entries between caches (the library side of ``aot push`` / ``aot pull``).
+
+Rows are read from the source's index; blobs move as stored, ContentStore to
+ContentStore (:meth:`~aot.cache.storage.content.ContentStore.copy_to`: no recompression, every
+payload verified against its digest); the destination commits each row under the same
+gc protocol as any writer (leases, docs/reliability.md). Copies are idempotent and
+resumable: an entry stored intact at the destination is skipped, one whose blobs are
+missing or corrupt there is repaired. A run killed midway leaves committed rows
+(skipped next time) and, at worst, blobs without their row (found intact and kept
+next time: nothing is copied twice).
+
+``aot push DEST`` is :func:`push` (this cache -> DEST), ``aot pull SOURCE`` is
+:func:`pull` (SOURCE -> this cache); the other side is any cache location (a
+folder, a database URL) with its own blob location (``--to-blobs`` /
+``--from-blobs``: a folder or an object-store URL).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aot.cache.names import name_problem
+from aot.errors import AotError
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TransferReport", "copy_entries", "open_other", "pull", "push"]
+
+
+@dataclass(frozen=True, slots=True)
+class TransferReport:
+    """What :func:`copy_entries` did, by key."""
+
+    source: str
+    destination: str
+    copied: tuple[str, ...]
+    skipped: tuple[str, ...]  # stored intact at the destination already
+    repaired: tuple[str, ...] = ()  # stored there, blobs missing or corrupt: restored
+    failed: tuple[tuple[str, str], ...] = ()  # (key, why): names refused, damaged at the source
+    bytes_copied: int = 0  # stored bytes of the entries copied or repaired
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "destination": self.destination,
+            "copied": len(self.copied),
+            "skipped": len(self.skipped),
+            "repaired": len(self.repaired),
+            "failed": [{"key": k, "reason": why} for k, why in self.failed],
+            "bytes_copied": self.bytes_copied,
+            "seconds": round(self.seconds, 4),
+            "keys": {"copied": list(self.copied), "skipped": list(self.skipped), "repaired": list(self.repaired)},
+        }
+
+
+def copy_entries(
+    source: Cache, destination: Cache, names: Iterable[str] | None = None, *, jobs: int = 1,
+) -> TransferReport:
+    """Copies every intact entry of ``source`` whose name matches one of the globs
+    ``names`` (all if None) into ``destination``, ``jobs`` entries at a time (threads:
+    object stores answer slowly, not busily). An entry that cannot be copied (a
+    damaged source blob, a name the rule refuses) is reported in ``failed`` and the
+    others are copied."""
+    start = time.perf_counter()
+    globs = list(names) if names else None
+    destination._check_writable("copy entries into it")
+    outcomes: dict[str, list[str]] = {"stored": [], "present": [], "repaired": []}
+    failed: list[tuple[str, str]] = []
+    todo = []
+    for entry in source.index.entries():
+        if not entry.ok or (globs and not any(fnmatch.fnmatchcase(entry.name, g) for g in globs)):
+            continue
+        problem = name_problem(entry.name)
+        if problem is not None:
+            failed.append((entry.key, problem))
+            continue
+        todo.append(entry)
+
+    def one(entry: Any) -> tuple[Any, str | None, str | None]:
+        try:
+            _, outcome = destination.copy_entry_from(source, entry)
+        except AotError as exc:
+            log.warning("not copied: %s (%s): %s", entry.name, entry.key[:12], exc)
+            return entry, None, str(exc)
+        return entry, outcome, None
+
+    if jobs > 1 and len(todo) > 1:
+        destination.index  # noqa: B018 - opened once, before the threads share it
+        with ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+            results = list(pool.map(one, todo))
+    else:
+        results = [one(entry) for entry in todo]
+    copied_bytes = 0
+    for entry, outcome, error in results:  # in the source's order, whatever finished first
+        if outcome is None:
+            failed.append((entry.key, error or "?"))
+            continue
+        outcomes[outcome].append(entry.key)
+        if outcome != "present":
+            copied_bytes += entry.stored_size
+    report = TransferReport(
+        source.display_location, destination.display_location, tuple(outcomes["stored"]),
+        tuple(outcomes["present"]), tuple(outcomes["repaired"]), tuple(failed),
+        copied_bytes, time.perf_counter() - start,
+    )
+    log.info(
+        "copied %d entries from %s to %s (%d already there, %d repaired, %d failed)",
+        len(report.copied), report.source, report.destination, len(report.skipped),
+        len(report.repaired), len(report.failed),
+    )
+    return report
+
+
+def open_other(
+    location: str | os.PathLike[str], *, blob_location: str | None = None, read_only: bool,
+    like: Cache | None = None,
+) -> Cache:
+    """The cache at the other end of a push (``read_only=False``: created if needed) or
+    a pull (``read_only=True``: it must exist: a mistyped folder is not an empty
+    cache). ``like``: take its signing key and signature policy."""
+    from aot.cache.cache import Cache, require_cache
+
+    location = os.fspath(location)
+    if read_only:
+        require_cache(location, "nothing to pull from", "check the SOURCE location")
+    options: dict[str, Any] = {}
+    if like is not None:
+        options = {"signing_key": like.signing_key, "require_signatures": like.require_signatures}
+    return Cache(location, read_only=read_only, blob_location=blob_location, **options)
+
+
+def push(
+    cache: Cache, destination: str | os.PathLike[str], names: Iterable[str] | None = None, *,
+    blob_location: str | None = None, jobs: int = 1,
+) -> TransferReport:
+    """Copies ``cache``'s entries (matching the globs ``names``) to the cache at
+    ``destination`` (blobs at ``blob_location``), creating it if needed."""
+    other = open_other(destination, blob_location=blob_location, read_only=False, like=cache)
+    try:
+        return copy_entries(cache, other, names, jobs=jobs)
+    finally:
+        other.close()
+
+
+def pull(
+    cache: Cache, source: str | os.PathLike[str], names: Iterable[str] | None = None, *,
+    blob_location: str | None = None, jobs: int = 1,
+) -> TransferReport:
+    """Copies the entries of the cache at ``source`` (blobs at ``blob_location``;
+    opened read-only) matching the globs ``names`` into ``cache``."""
+    other = open_other(source, blob_location=blob_location, read_only=True, like=cache)
+    try:
+        return copy_entries(other, cache, names, jobs=jobs)
+    finally:
+        other.close()

@@ -1,0 +1,118 @@
+"""One artifact row of the index, as a value object; no SQLAlchemy here.
+
+Kept apart from :mod:`aot.cache.index.sql` so that a serving process can read a folder
+cache's index with the standard library alone (:mod:`aot.cache.index.reader`):
+importing SQLAlchemy costs more start-up time than loading an executable.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from aot.records import FACTORY, DataclassMethods, set_fields
+
+#: The SQLite index's file in a folder cache.
+INDEX_FILE = "index.sqlite"
+
+#: Version of the database schema this code writes. See the changelog above.
+SCHEMA_VERSION = 4
+
+#: Valid values of ``artifacts.state``.
+ARTIFACT_STATES = ("ok", "quarantined")
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC (the index stores nothing else)."""
+    return datetime.now(timezone.utc)
+
+
+def _as_utc(value: datetime, what: str) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError(f"{what} must be a timezone-aware datetime, got naive {value!r}")
+    return value.astimezone(timezone.utc)
+
+
+@dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)  # see aot.records
+class IndexEntry(DataclassMethods):
+    """One artifact row of the index (the manifest stays a JSON string)."""
+
+    key: str
+    name: str
+    program_fp: str
+    env_fp: str
+    signature: str
+    platform: str
+    manifest: str
+    exe_digest: str | None  # None: a symbolic entry (portable HLO, no executable)
+    hlo_digest: str | None
+    raw_size: int
+    stored_size: int
+    compile_seconds: float
+    created_at: datetime = field(default_factory=utcnow)
+    last_used_at: datetime = field(default_factory=utcnow)
+    hits: int = 0
+    state: str = "ok"
+    state_reason: str | None = None
+
+    def __init__(
+        self, key: str, name: str, program_fp: str, env_fp: str, signature: str, platform: str,
+        manifest: str, exe_digest: str | None, hlo_digest: str | None, raw_size: int,
+        stored_size: int, compile_seconds: float, created_at: datetime = FACTORY,
+        last_used_at: datetime = FACTORY, hits: int = 0, state: str = "ok",
+        state_reason: str | None = None,
+    ) -> None:
+        set_fields(self, locals())
+
+    def __post_init__(self) -> None:
+        if self.state not in ARTIFACT_STATES:
+            raise ValueError(f"state must be one of {ARTIFACT_STATES}, got {self.state!r}")
+        object.__setattr__(self, "created_at", _as_utc(self.created_at, "created_at"))
+        object.__setattr__(self, "last_used_at", _as_utc(self.last_used_at, "last_used_at"))
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "ok"
+
+    def manifest_dict(self) -> dict[str, Any]:
+        """The manifest parsed from JSON."""
+        parsed: dict[str, Any] = json.loads(self.manifest)
+        return parsed
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict; datetimes become ISO 8601 UTC strings."""
+        return fields_to_json(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> IndexEntry:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored (forward compatibility)."""
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            if f.name in ("created_at", "last_used_at") and isinstance(value, str):
+                value = parse_utc(value)
+            kwargs[f.name] = value
+        return cls(**kwargs)
+
+    def _row(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def fields_to_json(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as a JSON-able dict; datetimes become ISO 8601 strings."""
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        out[f.name] = value.isoformat() if isinstance(value, datetime) else value
+    return out
+
+
+def parse_utc(value: str) -> datetime:
+    """Inverse of ``isoformat`` for the index's times; naive means UTC."""
+    if value.endswith(("Z", "z")):  # Python 3.10's fromisoformat rejects "Z"
+        value = value[:-1] + "+00:00"
+    parsed = datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)

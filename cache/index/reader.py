@@ -1,0 +1,239 @@
+"""Serve-time reads of a folder cache's SQLite index with the standard library.
+
+``aot.load`` needs a few things from the index: the rows of one name (and of one
+key, to re-read a row whose blobs failed), the names (to suggest one for a mistyped
+name), a schema-version check, and a touch of the rows it loads. Importing SQLAlchemy costs
+a serving process about half a second, more than loading an executable, so these go
+through :mod:`sqlite3` against the schema :mod:`aot.cache.index.sql` creates. Everything
+else (writes, gc, verify, PostgreSQL) uses the SQLAlchemy index.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from dataclasses import fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from aot.cache.index.entry import SCHEMA_VERSION, IndexEntry, utcnow
+from aot.errors import CacheError
+from aot.records import Record
+
+log = logging.getLogger(__name__)
+
+_COLUMNS = tuple(f.name for f in fields(IndexEntry))
+_TIMES = {"created_at", "last_used_at"}
+_BUSY_TIMEOUT_S = 30.0
+
+
+def _time(value: object) -> datetime:
+    parsed = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return parsed.replace(tzinfo=timezone.utc) if parsed.tzinfo is None else parsed
+
+
+# ---------------------------------------------------------------- read-only opens
+#
+# A reader that may not write must never need to create the -wal/-shm files of a WAL
+# database, nor take a write lock. SQLite opens a WAL database with ``mode=ro`` only
+# when its -shm file exists (a connection has the database open: the writer's -shm
+# and -wal are then read, never written) or when the folder lets it create one. A
+# serving user that cannot write the CI user's folder meets neither once the last
+# writer has closed (SQLite deletes -wal and -shm then); but then the database file is
+# complete and nobody writes it, and SQLite's ``immutable=1`` reads it without any
+# lock or side file. Should a writer appear later, it creates the -shm before it
+# changes a single page of the database file (it writes to the -wal first), so every
+# statement checks whether the -shm has appeared and reopens the normal way if so.
+# docs/reliability.md ("Serving read-only") has the cases and the test.
+
+
+class ReadOnlyOpen(Record):
+    """How to open a SQLite index read-only: the URI, and whether it is immutable (a
+    :class:`~aot.records.Record`: every serving process defines it)."""
+
+    __slots__ = ("uri", "immutable", "reason", "stamp", "watch_shm")
+    uri: str
+    immutable: bool
+    reason: str
+    stamp: tuple[int, int, int] | None  # the database file when opened immutable
+    watch_shm: bool  # a -shm appearing means a writer: reopen through it
+
+    def __init__(
+        self, uri: str, immutable: bool, reason: str, stamp: tuple[int, int, int] | None = None,
+        watch_shm: bool = True,
+    ) -> None:
+        self._set(uri, immutable, reason, stamp, watch_shm)
+
+
+def _wal_mode(path: Path) -> bool:
+    """True when the database header says WAL (file format versions 2 at bytes 18-19)."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(20)
+    except OSError:
+        return False
+    return len(header) == 20 and header[18] == 2 and header[19] == 2
+
+
+def _read_only_file_system(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows)
+        return False
+
+
+def read_only_open(path: Path) -> ReadOnlyOpen:
+    """The URI a read-only reader of ``path`` uses now (see the comment above)."""
+    path = Path(path)
+    base = f"file:{quote(path.resolve().as_posix())}?mode=ro"
+    shm = path.with_name(path.name + "-shm")
+    wal = path.with_name(path.name + "-wal")
+    if _read_only_file_system(path):
+        return ReadOnlyOpen(base + "&immutable=1", True, "read-only file system")
+    if not _wal_mode(path):
+        return ReadOnlyOpen(base, False, "rollback journal: shared locks only")
+    if shm.exists():
+        return ReadOnlyOpen(base, False, "WAL with a live -shm: read through it")
+    if wal.exists() and wal.stat().st_size > 0:
+        log.warning(
+            "%s: the -wal file holds transactions no reader can see without creating a "
+            "-shm file, which a read-only reader never does; until a writer opens the "
+            "cache once (it folds them in), they are invisible here", path,
+        )
+    return ReadOnlyOpen(base + "&immutable=1", True, "WAL, no writer: immutable", _stamp(path))
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def stale_immutable(path: Path, opened: ReadOnlyOpen) -> bool:
+    """True when an immutable open no longer fits: a writer has the database open (its
+    -shm exists), or one came and went (it changed the file: its cached pages are old)."""
+    if not opened.immutable or opened.stamp is None:
+        return False
+    path = Path(path)
+    if opened.watch_shm and path.with_name(path.name + "-shm").exists():
+        return True
+    return _stamp(path) != opened.stamp
+
+
+class SqliteReader:
+    """Read rows by name and touch them; opened only on an existing, current index."""
+
+    def __init__(self, path: Path, *, read_only: bool) -> None:
+        self.path = path
+        self.read_only = read_only
+        self._opened: ReadOnlyOpen | None = None
+        self._lock = threading.Lock()  # one statement at a time; a reopen swaps _conn
+        self._conn, self.version = self._connect()
+        if self.version != SCHEMA_VERSION:
+            self._conn.close()
+            raise CacheError(
+                f"the cache index {path} has schema version {self.version}; this jax-aot "
+                f"reads version {SCHEMA_VERSION} (open it once with a writable Cache to "
+                "migrate, or upgrade jax-aot)"
+            )
+
+    def _connect(self) -> tuple[sqlite3.Connection, int]:
+        """A connection and the schema version it reads."""
+        if not self.read_only:
+            uri = f"file:{quote(Path(self.path).resolve().as_posix())}?mode=rw"
+            return self._open(uri, pragmas=("PRAGMA synchronous=NORMAL",))  # WAL, as the SQL index
+        self._opened = read_only_open(self.path)
+        log.debug("reading %s read-only (%s)", self.path, self._opened.reason)
+        try:
+            return self._open(self._opened.uri)
+        except CacheError as exc:
+            if self._opened.immutable:
+                raise
+            # A -shm left by a crashed writer needs a recovery only a writer can run.
+            log.warning(
+                "%s: cannot read through the existing -shm file (%s); reading the database "
+                "file alone, without the transactions still in its -wal", self.path, exc,
+            )
+            base = self._opened.uri
+            self._opened = ReadOnlyOpen(
+                base + "&immutable=1", True, "unreadable -shm: immutable", _stamp(self.path),
+                watch_shm=False,
+            )
+            return self._open(self._opened.uri)
+
+    def _open(self, uri: str, pragmas: tuple[str, ...] = ()) -> tuple[sqlite3.Connection, int]:
+        conn = None
+        try:
+            conn = sqlite3.connect(
+                uri, uri=True, timeout=_BUSY_TIMEOUT_S, check_same_thread=False,
+                isolation_level=None,
+            )
+            for pragma in pragmas:
+                conn.execute(pragma)
+            row = conn.execute("SELECT version FROM schema_version WHERE id = 1").fetchone()
+        except sqlite3.Error as exc:
+            if conn is not None:
+                conn.close()
+            raise CacheError(f"cannot read the cache index {self.path}: {exc}") from exc
+        return conn, int(row[0]) if row else 0
+
+    def _execute(self, query: str, params: list[object] | tuple[object, ...] = ()) -> list[Any]:
+        with self._lock:
+            if self._opened is not None and stale_immutable(self.path, self._opened):
+                log.info("%s: a writer opened the cache; reading through its -shm from now on", self.path)
+                self._conn.close()
+                self._conn, _ = self._connect()
+            try:
+                return self._conn.execute(query, params).fetchall()
+            except sqlite3.Error as exc:
+                raise CacheError(f"cannot read the cache index {self.path}: {exc}") from exc
+
+    def by_name(self, name: str, env_fp: str | None = None, state: str | None = "ok") -> list[IndexEntry]:
+        query = f"SELECT {', '.join(_COLUMNS)} FROM artifacts WHERE name = ?"
+        params: list[object] = [name]
+        if env_fp is not None:
+            query += " AND env_fp = ?"
+            params.append(env_fp)
+        if state is not None:
+            query += " AND state = ?"
+            params.append(state)
+        query += " ORDER BY created_at, key"
+        return self._rows(query, params)
+
+    def by_key(self, key: str) -> IndexEntry | None:
+        """The row of ``key`` as it is now (None: deleted)."""
+        rows = self._rows(f"SELECT {', '.join(_COLUMNS)} FROM artifacts WHERE key = ?", [key])
+        return rows[0] if rows else None
+
+    def names(self) -> list[str]:
+        """Every name with at least one row (for "did you mean" suggestions)."""
+        return sorted(str(r[0]) for r in self._execute("SELECT DISTINCT name FROM artifacts"))
+
+    def _rows(self, query: str, params: list[object]) -> list[IndexEntry]:
+        rows = self._execute(query, params)
+        return [
+            IndexEntry(*(_time(v) if c in _TIMES else v for c, v in zip(_COLUMNS, row)))
+            for row in rows
+        ]
+
+    def touch(self, key: str) -> None:
+        """Records a use (last-used time, hit count); never fails a load."""
+        if self.read_only:
+            return
+        now = utcnow().strftime("%Y-%m-%d %H:%M:%S.%f")  # SQLAlchemy's SQLite format
+        try:
+            self._execute(
+                "UPDATE artifacts SET last_used_at = ?, hits = hits + 1 WHERE key = ?", (now, key)
+            )
+        except CacheError as exc:
+            log.warning("could not record the use of %s in %s: %s", key[:12], self.path, exc)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

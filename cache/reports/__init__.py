@@ -1,0 +1,1 @@
+"""What ls, show, stats, why, coverage and doctor display."""

@@ -1,0 +1,179 @@
+"""``aot verify [--manifest M --strict]``: integrity plus manifest coverage, one value.
+
+Coverage asks, for every entry of a warm-up manifest, whether an intact artifact with
+its name and input signature is stored for *this* environment, and when not, why:
+nothing of that name is stored, other signatures are, it is quarantined, or it is
+stored for another environment (``device_count 8 != 1``: the stored value first).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aot.errors import AotError, ManifestError
+from aot.cache.reports.listing import environment_statuses
+from aot.cache.serving.signatures import Signature
+from aot.cache.warmup.targets import item_signature, x64_mode
+from aot.cache.warmup.manifest import WarmupItem, expand, load_manifest
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+    from aot.cache.index.entry import IndexEntry
+    from aot.cache.admin.maintenance import VerifyReport
+
+__all__ = ["CheckReport", "CoverageReport", "MissingItem", "check_coverage", "verify_with_coverage"]
+
+
+@dataclass(frozen=True, slots=True)
+class MissingItem:
+    """A manifest entry with no intact artifact for this environment, and why."""
+
+    item: WarmupItem
+    reason: str
+
+    def describe(self) -> str:
+        where = f" ({self.item.source})" if self.item.source else ""
+        return f"{self.item.label}{where}: {self.item.describe_args()}: {self.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.item.to_dict(), "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class CoverageReport:
+    manifest: str
+    strict: bool
+    items: int
+    missing: tuple[MissingItem, ...]
+
+    @property
+    def failed(self) -> bool:
+        return self.strict and bool(self.missing)
+
+    def summary(self) -> str:
+        if not self.missing:
+            return f"{self.manifest}: all {self.items} entries are stored for this environment"
+        note = "" if self.strict else " (not a failure without --strict)"
+        return (
+            f"{self.manifest}: {len(self.missing)} of {self.items} entries missing for this "
+            f"environment{note}:"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "manifest": self.manifest,
+            "strict": self.strict,
+            "items": self.items,
+            "missing": [m.to_dict() for m in self.missing],
+        }
+
+
+def _reason(
+    cache: Cache, item: WarmupItem, signature: str, entries: list[IndexEntry], env: str
+) -> str:
+    same = [e for e in entries if e.signature == signature]
+    here = [e for e in same if e.env_fp == env]
+    if here:  # only quarantined ones: an intact one would have covered it
+        reasons = "; ".join(sorted({e.state_reason or e.state for e in here}))
+        return f"quarantined ({reasons}); `aot gc` removes it and `aot warmup` compiles it again"
+    if same:
+        with x64_mode(item):
+            statuses = environment_statuses(same, cache.environment)
+        described = sorted({statuses[e.key].describe() for e in same if e.ok}) or sorted(
+            {statuses[e.key].describe() for e in same}
+        )
+        return "stored for " + " and for ".join(described)
+    if entries:
+        others = len({e.signature for e in entries})
+        return (
+            f"not stored ({others} other signature{'s' if others != 1 else ''} of "
+            f"{item.name!r} {'are' if others != 1 else 'is'})"
+        )
+    return f"not stored (nothing named {item.name!r} is)"
+
+
+def check_coverage(
+    cache: Cache, items: Iterable[WarmupItem], *, manifest: str = "", strict: bool = False
+) -> CoverageReport:
+    """Which ``items`` have no intact entry (same name and signature) for this
+    environment, and why (signatures are computed from the specs, without lowering).
+    Raises :class:`aot.ManifestError` naming the item whose specs cannot be resolved."""
+    items = list(items)
+    by_name: dict[str, list[IndexEntry]] = {}
+    missing = []
+    for item in items:
+        if item.name not in by_name:
+            by_name[item.name] = cache.index.by_name(item.name, state=None)
+        with x64_mode(item):
+            env = cache.environment.digest
+        try:
+            signature = item_signature(item)
+        except AotError as exc:
+            raise ManifestError(f"{item.source or item.name}: {item.label}: {exc}") from None
+        entries = by_name[item.name]
+        if any(e.ok and e.env_fp == env and e.signature == signature for e in entries):
+            continue
+        missing.append(MissingItem(item, _reason(cache, item, signature, entries, env)))
+    return CoverageReport(manifest, strict, len(items), tuple(missing))
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """``aot verify``'s result: integrity, and coverage with ``--manifest``."""
+
+    location: str
+    integrity: VerifyReport
+    coverage: CoverageReport | None
+    signatures: dict[str, Signature]  # of the entries with problems, by key
+
+    @property
+    def ok(self) -> bool:
+        # Unreferenced blobs are garbage, not damage (a writer may be between its blob
+        # and its index row): reported, but only problems with entries fail the check.
+        damaged = self.integrity.problems or self.integrity.cache_problems
+        return not damaged and not (self.coverage is not None and self.coverage.failed)
+
+    def summary(self) -> str:
+        status = "PROBLEMS" if self.integrity.problems or self.integrity.cache_problems else "ok"
+        return (
+            f"verified {self.integrity.checked_entries} entries and "
+            f"{self.integrity.checked_blobs} blobs in {self.location}: {status}"
+        )
+
+    def problem_lines(self) -> list[str]:
+        lines = [f"problem: {what}" for what in self.integrity.cache_problems]
+        for problem in self.integrity.problems:
+            signature = self.signatures.get(problem.key)
+            shown = f" ({signature.compact(60)})" if signature is not None and signature.leaves else ""
+            lines.append(f"problem: {problem.name}{shown} {problem.key[:12]}: {problem.what}")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "integrity": self.integrity.to_dict(),
+            "coverage": self.coverage.to_dict() if self.coverage is not None else None,
+        }
+
+
+def verify_with_coverage(
+    cache: Cache, manifest: str | os.PathLike[str] | None = None, *, strict: bool = False,
+    quarantine: bool = True,
+) -> CheckReport:
+    """Parses the manifest first (a bad one fails before anything is checked), then
+    verifies the cache and checks the manifest's coverage."""
+    items = expand(load_manifest(manifest)) if manifest is not None else None
+    integrity = cache.verify(quarantine=quarantine)
+    covered = (
+        check_coverage(cache, items, manifest=str(manifest), strict=strict)
+        if items is not None else None
+    )
+    signatures = {}
+    for problem in integrity.problems:
+        entry = cache.index.get(problem.key)
+        if entry is not None:
+            signatures[problem.key] = Signature.from_manifest_json(entry.manifest, entry.signature)
+    return CheckReport(cache.display_location, integrity, covered, signatures)

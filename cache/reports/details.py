@@ -1,0 +1,168 @@
+"""Looking entries up by key or name and describing them (``aot show``)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aot.artifact import PORTABLE_HLO, Manifest
+from aot.errors import AotError, ArtifactNotFoundError, CorruptArtifactError
+from aot.differences import PartDifference
+from aot.cache.reports.listing import superseded_keys
+from aot.cache.serving.signatures import Signature
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+    from aot.cache.index.sql import IndexEntry
+
+_HEX = re.compile(r"^[0-9a-fA-F]{1,64}$")
+
+#: The shortest key prefix accepted (shorter ones match too many keys to be safe).
+MIN_KEY_PREFIX = 4
+_CANDIDATES = 10
+
+
+def _candidates(cache: Cache, keys: list[str]) -> str:
+    shown = []
+    for key in keys[:_CANDIDATES]:
+        entry = cache.index.get(key)
+        shown.append(f"{key[:12]} ({entry.name})" if entry is not None else key[:12])
+    more = ", ..." if len(keys) > _CANDIDATES else ""
+    return ", ".join(shown) + more
+
+
+def find_entries(cache: Cache, key_or_name: str) -> list[IndexEntry]:
+    """Every entry (any environment or state) named ``key_or_name``; else the one entry
+    whose key starts with it (at least :data:`MIN_KEY_PREFIX` hex digits). Raises
+    :class:`aot.ArtifactNotFoundError`, listing the candidate keys of a prefix that is
+    too short or ambiguous, and close names."""
+    entries = cache.index.by_name(key_or_name, state=None)
+    if entries:
+        return entries
+    if _HEX.match(key_or_name):
+        prefix = key_or_name.lower()
+        keys = cache.index.find_key_prefix(prefix, limit=_CANDIDATES + 1)
+        if keys and len(prefix) < MIN_KEY_PREFIX:
+            raise ArtifactNotFoundError(
+                f"no entry named {key_or_name!r}, and {key_or_name!r} is too short for a key "
+                f"prefix (give at least {MIN_KEY_PREFIX} hex digits); keys starting with it: "
+                f"{_candidates(cache, keys)}"
+            )
+        if len(keys) > 1:
+            raise ArtifactNotFoundError(
+                f"key prefix {key_or_name!r} is ambiguous: {_candidates(cache, keys)}; "
+                "give more characters"
+            )
+        if keys:
+            entry = cache.index.get(keys[0])
+            if entry is not None:
+                return [entry]
+    names = sorted({e.name for e in cache.index.entries()})
+    close = difflib.get_close_matches(key_or_name, names, n=3)
+    hint = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
+    raise ArtifactNotFoundError(
+        f"no entry named {key_or_name!r} and no key starting with it in the cache at "
+        f"{cache.display_location}{hint}; `aot ls` lists what is stored"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EntryDetails:
+    """An entry, its parsed manifest, how it compares with this environment, its
+    arguments by path, the newer entry that supersedes it (if any), its HLO."""
+
+    entry: IndexEntry
+    manifest: Manifest | None
+    manifest_error: str | None
+    environment_differences: tuple[PartDifference, ...]
+    hlo: str | None = None
+    signature: Signature | None = None
+    superseded_by: str | None = None
+
+    @property
+    def this_environment(self) -> bool:
+        return self.manifest is not None and not self.environment_differences
+
+    @property
+    def arguments(self) -> Signature:
+        if self.signature is not None:
+            return self.signature
+        return Signature.from_manifest_json(self.entry.manifest, self.entry.signature)
+
+    def to_dict(self) -> dict[str, Any]:
+        entry = self.entry.to_dict()
+        entry.pop("manifest", None)
+        return {
+            "entry": entry,
+            "manifest": self.manifest.to_dict() if self.manifest is not None else None,
+            "manifest_error": self.manifest_error,
+            "this_environment": self.this_environment,
+            "environment_differences": [d.to_dict() for d in self.environment_differences],
+            "arguments": self.arguments.to_list(),
+            "superseded_by": self.superseded_by,
+            "hlo": self.hlo,
+        }
+
+
+def portable_hlo_text(cache: Cache, entry: IndexEntry, *, debug_info: bool = False) -> str:
+    """The StableHLO text of an entry's portable HLO blob (``jax.export`` bytes).
+
+    Without ``debug_info`` the source locations (``loc(...)``, which name the files of
+    the process that lowered it) are left out.
+    """
+    import jax
+
+    if entry.hlo_digest is None:
+        raise CorruptArtifactError(
+            f"{entry.name} ({entry.key[:12]}) has no portable HLO blob (it was compiled "
+            "into a read-only cache or imported without one); recompile it to get one"
+        )
+    blob = cache.artifact(entry).blob(PORTABLE_HLO)
+    try:
+        text = str(jax.export.deserialize(bytearray(blob)).mlir_module())
+    except Exception as exc:  # noqa: BLE001 - jax raises various kinds on bad bytes
+        raise CorruptArtifactError(
+            f"{entry.name} ({entry.key[:12]}): the portable HLO blob does not deserialize: {exc}"
+        ) from None
+    return text if debug_info else _without_locations(text)
+
+
+def _without_locations(text: str) -> str:
+    try:
+        from jax._src.interpreters import mlir
+        from jax._src.lib.mlir import ir
+
+        with mlir.make_ir_context():
+            return str(ir.Module.parse(text).operation.get_asm(enable_debug_info=False))
+    except Exception:  # noqa: BLE001 - private API: fall back to the text as stored
+        return text
+
+
+def describe_entries(
+    cache: Cache, key_or_name: str, *, hlo: bool = False, debug_info: bool = False
+) -> list[EntryDetails]:
+    """:func:`find_entries`, each with its manifest, environment differences, named
+    arguments, supersession and HLO."""
+    found = find_entries(cache, key_or_name)
+    peers = [p for name in sorted({e.name for e in found}) for p in cache.index.by_name(name)]
+    superseded = superseded_keys(peers)
+    details = []
+    for entry in found:
+        manifest: Manifest | None
+        try:
+            manifest = Manifest.from_json(entry.manifest)
+            error = None
+            diffs = manifest.environment.diff(cache.environment)
+        except AotError as exc:
+            manifest, error, diffs = None, str(exc), ()
+        text = portable_hlo_text(cache, entry, debug_info=debug_info) if hlo else None
+        signature = (
+            Signature.from_manifest_args(manifest.args) if manifest is not None
+            else Signature.flat(entry.signature)
+        )
+        details.append(EntryDetails(
+            entry, manifest, error, diffs, text, signature, superseded.get(entry.key),
+        ))
+    return details

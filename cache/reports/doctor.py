@@ -1,0 +1,184 @@
+"""``aot doctor``: versions, devices, the environment fingerprint, cache location and health."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+from aot.errors import AotError
+
+_DISTRIBUTIONS = ("jax-aot", "jax", "jaxlib", "numpy", "sqlalchemy", "zstandard", "click", "psycopg")
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in _DISTRIBUTIONS:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            if dist != "psycopg":
+                out[dist] = "not installed"
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    versions: dict[str, str]
+    devices: dict[str, Any]
+    environment: dict[str, Any]
+    location: str
+    index: str | None = None
+    schema_version: int | None = None
+    supported_schema_version: int | None = None
+    entries: int | None = None
+    entries_here: int | None = None
+    quarantined: int | None = None
+    stored_bytes: int | None = None
+    health: Any = None  # VerifyReport
+    error: str | None = None
+    settings: Any = None  # aot.cache.config.Settings: each setting and its source
+    #: Problems of the cache as a whole, found even without --no-verify's re-hashing
+    #: (an empty index beside stored blobs).
+    cache_problems: tuple[str, ...] = ()
+    #: Where the blobs are (a folder, the database, an object-store URL; no credentials).
+    blobs: str | None = None
+    #: The local read-through tier, when one is configured: location, entries, error.
+    local: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        local_ok = self.local is None or self.local.get("error") is None
+        return (
+            self.error is None and not self.cache_problems and local_ok
+            and (self.health is None or self.health.ok)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "versions": self.versions,
+            "devices": self.devices,
+            "environment": self.environment,
+            "cache": {
+                "location": self.location,
+                "index": self.index,
+                "blobs": self.blobs,
+                "schema_version": self.schema_version,
+                "supported_schema_version": self.supported_schema_version,
+                "entries": self.entries,
+                "entries_this_environment": self.entries_here,
+                "quarantined": self.quarantined,
+                "stored_bytes": self.stored_bytes,
+                "error": self.error,
+                "problems": list(self.cache_problems),
+            },
+            "health": self.health.to_dict() if self.health is not None else None,
+            "local": self.local,
+            "settings": self.settings.to_dict() if self.settings is not None else None,
+        }
+
+
+def diagnose(
+    location: str | None = None, *, check: bool = True, settings: Any = None
+) -> Diagnosis:
+    """Gathers everything ``aot doctor`` shows. Opens the cache read-only (it never
+    creates, migrates or quarantines anything); a cache that cannot be opened is
+    reported in ``error``, not raised. ``settings`` (:class:`aot.cache.config.Settings`)
+    name the cache, blob location and signing key, and are reported with their sources."""
+    import jax
+
+    from aot.cache.cache import Cache, default_location
+    from aot.cache.index.sql import SCHEMA_VERSION, mask_url
+    from aot.cache.admin.maintenance import empty_index_problem
+    from aot.cache.storage.objectstore import FOLDER, classify_location
+    from aot.fingerprint import environment_fingerprint, xla_flags_outside_key
+
+    devices = jax.devices()
+    first = devices[0]
+    device_info = {
+        "platform": first.platform,
+        "device_kind": first.device_kind,
+        "count": len(devices),
+        "local_count": jax.local_device_count(),
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+    }
+    env = environment_fingerprint()
+    environment = {
+        "digest": env.digest,
+        "parts": env.as_dict(),
+        # Set here but not in the key: they cannot change an executable.
+        "outside_key": {"xla_flags": xla_flags_outside_key()},
+    }
+    options: dict[str, Any] = {}
+    if settings is not None:
+        location = location if location is not None else settings.cache.value
+        if settings.blobs.value is not None:
+            options["blob_location"] = settings.blobs.value
+    location = str(location) if location is not None else default_location()
+    try:
+        shown = location if classify_location(location).kind == FOLDER else mask_url(location)
+    except AotError:
+        shown = mask_url(location)
+    local_tier = settings.local.value if settings is not None else None
+    base = dict(
+        versions=versions(), devices=device_info, environment=environment, location=shown,
+        supported_schema_version=SCHEMA_VERSION, settings=settings,
+        local=_local_tier(local_tier, env.digest) if local_tier is not None else None,
+    )
+    try:
+        if settings is not None:
+            options["signing_key"] = settings.signing_key()
+        cache = Cache(location, read_only=True, **options)
+    except AotError as exc:
+        return Diagnosis(**base, error=str(exc))  # type: ignore[arg-type]
+    try:
+        entries = cache.index.entries()
+        health = cache.verify(quarantine=False) if check else None
+        stats = list(cache.blobs.list())
+        empty = empty_index_problem(cache, [s.digest for s in stats]) if not entries else None
+        return Diagnosis(
+            **base,  # type: ignore[arg-type]
+            blobs=cache.blobs.location,
+            index=cache.index.url,
+            schema_version=cache.index.schema_version(),
+            entries=len(entries),
+            entries_here=sum(1 for e in entries if e.env_fp == env.digest and e.ok),
+            quarantined=sum(1 for e in entries if not e.ok),
+            stored_bytes=sum(s.stored_size for s in stats),
+            health=health,
+            cache_problems=(empty,) if empty else (),
+        )
+    except AotError as exc:
+        return Diagnosis(**base, index=cache.index.url, blobs=cache.blobs.location, error=str(exc))  # type: ignore[arg-type]
+    finally:
+        cache.close()
+
+
+def _local_tier(location: str, env: str) -> dict[str, Any]:
+    """What the local tier holds (opened read-only: doctor creates nothing)."""
+    from aot.cache.cache import Cache
+
+    out: dict[str, Any] = {"location": location, "entries": None, "entries_this_environment": None,
+                           "stored_bytes": None, "error": None}
+    from pathlib import Path
+
+    from aot.cache.index.entry import INDEX_FILE
+
+    if not (Path(location).expanduser() / INDEX_FILE).is_file():
+        out.update(entries=0, entries_this_environment=0, stored_bytes=0)
+        return out  # created by the first process that serves through it
+    try:
+        with Cache(location, read_only=True) as tier:
+            entries = tier.index.entries()
+            out["entries"] = len(entries)
+            out["entries_this_environment"] = sum(1 for e in entries if e.env_fp == env and e.ok)
+            out["stored_bytes"] = sum(s.stored_size for s in tier.blobs.list())
+    except AotError as exc:
+        out["error"] = str(exc)
+    return out
+
+
+__all__ = ["Diagnosis", "diagnose", "versions"]

@@ -1,0 +1,167 @@
+"""Explain a miss: the nearest stored entry and which fingerprint parts differ.
+
+Besides the parts (the input signature, every program part with a function to lower,
+the environment, the state), the input signature is compared leaf by leaf, so the
+explanation names the argument that differs (``x: stored f32[1,784], got f32[4,784]``)
+as the loader's own error does, instead of printing two whole signatures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from aot.artifact import Manifest
+from aot.differences import PartDifference
+from aot.errors import AotError
+from aot.fingerprint import xla_flags_outside_key
+from aot.lowering import lower
+from aot.specs import format_aval, spec
+from aot.cache.serving.signatures import ArgLeaf, LeafDifference, Signature, leaf_differences
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+
+#: Width of each signature in the first line of :meth:`Explanation.describe`.
+SIGNATURE_WIDTH = 72
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    name: str
+    signature: str
+    hit: bool
+    nearest_key: str | None
+    nearest_signature: str | None
+    differences: tuple[PartDifference, ...]
+    stored: int
+    arguments: Signature | None = None  # the request, by path
+    nearest_arguments: Signature | None = None
+    argument_differences: tuple[LeafDifference, ...] = ()
+    # XLA flags set here that are not part of any key (they cannot change the code).
+    xla_flags_outside_key: str = ""
+
+    def _shown(self, signature: Signature | None, flat: str | None) -> str:
+        if signature is not None and signature.has_paths:
+            return signature.compact(SIGNATURE_WIDTH)
+        return flat or ""
+
+    def describe(self) -> str:
+        request = self._shown(self.arguments, self.signature)
+        if self.stored == 0:
+            return f"{self.name}: nothing is stored under this name; compile it first"
+        if self.hit:
+            return f"{self.name} ({request}): hit, key {self.nearest_key[:12]}"  # type: ignore[index]
+        nearest = self._shown(self.nearest_arguments, self.nearest_signature)
+        lines = [
+            f"{self.name} ({request}): miss; nearest of {self.stored} stored entries is "
+            f"{self.nearest_key[:12]} ({nearest})"  # type: ignore[index]
+        ]
+        for d in self.differences:
+            if d.part == "in_avals" and self.argument_differences:
+                lines += [f"  {leaf.describe()}" for leaf in self.argument_differences]
+            else:
+                lines.append(f"  {d.describe()}")
+        if self.xla_flags_outside_key:
+            lines.append(
+                f"  (not compared: XLA flags {self.xla_flags_outside_key}, which cannot change "
+                "the executable)"
+            )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "signature": self.signature,
+            "hit": self.hit,
+            "nearest_key": self.nearest_key,
+            "nearest_signature": self.nearest_signature,
+            "differences": [d.to_dict() for d in self.differences],
+            "stored": self.stored,
+            "arguments": self.arguments.to_list() if self.arguments is not None else [],
+            "argument_differences": [d.to_dict() for d in self.argument_differences],
+            "xla_flags_outside_key": self.xla_flags_outside_key,
+        }
+
+
+def explain(
+    cache: Cache, name: str, *args: Any, fn: Callable[..., Any] | None = None, **lower_kwargs: Any
+) -> Explanation:
+    """Compares the request with every entry of ``name``: all program parts when ``fn``
+    is given (it is lowered with ``lower_kwargs``), else the input signature of
+    ``args`` and the keyword arguments' specs ``lower_kwargs``; always the environment."""
+    from aot.executable import arg_paths
+
+    environment = cache.environment
+    request: Signature | None
+    if fn is not None:
+        computation = lower(fn, *args, name=name, **lower_kwargs)
+        program_parts = computation.program_fingerprint.as_dict()
+        signature = computation.signature
+        paths = arg_paths(computation.in_tree, computation.arg_names)
+        request = Signature(tuple(
+            ArgLeaf(path, format_aval(a.shape, a.dtype, a.weak_type))
+            for path, a in zip(paths, computation.in_avals)
+        ))
+        positional, keywords = (), {}
+    else:
+        positional = tuple(spec(a) for a in args)
+        keywords = {k: spec(v) for k, v in lower_kwargs.items()}
+        leaves = jax.tree_util.tree_leaves((positional, [keywords[k] for k in sorted(keywords)]))
+        signature = ", ".join(format_aval(leaf.shape, leaf.dtype, leaf.weak_type) for leaf in leaves)
+        program_parts = {"in_avals": signature}
+        request = None  # named after each candidate's own parameter names
+    best: tuple[tuple[int, int, int], Manifest, tuple[PartDifference, ...], Signature, Signature] | None = None
+    entries = list(cache.index.by_name(name, state=None))
+    for entry in entries:
+        try:
+            manifest = Manifest.from_json(entry.manifest)
+        except AotError:
+            continue
+        stored_parts = manifest.program.as_dict()
+        diffs = tuple(
+            PartDifference(part, stored_parts.get(part), value)
+            for part, value in sorted(program_parts.items())
+            if stored_parts.get(part) != value
+        ) + manifest.environment.diff(environment)
+        if not entry.ok:
+            diffs += (PartDifference("state", "ok", entry.state),)
+        stored_signature = Signature.from_manifest_args(manifest.args)
+        mine = request if request is not None else Signature.from_specs(
+            positional, keywords, manifest.arg_names or _names_from_paths(manifest)
+        )
+        leaf_diffs = leaf_differences(stored_signature, mine)
+        score = (len(diffs), len(leaf_diffs), sum(d.distance() for d in leaf_diffs))
+        if best is None or score < best[0]:
+            best = (score, manifest, diffs, stored_signature, mine)
+    outside = xla_flags_outside_key()
+    if best is None:
+        shown = request if request is not None else Signature.from_specs(positional, keywords)
+        return Explanation(
+            name, signature, False, None, None, (), len(entries), shown,
+            xla_flags_outside_key=outside,
+        )
+    _, manifest, diffs, stored_signature, mine = best
+    leaf_diffs = (
+        leaf_differences(stored_signature, mine)
+        if any(d.part == "in_avals" for d in diffs) else ()
+    )
+    return Explanation(
+        name, signature, not diffs, manifest.key, manifest.signature, diffs, len(entries),
+        mine, stored_signature, leaf_diffs, xla_flags_outside_key=outside,
+    )
+
+
+def _names_from_paths(manifest: Manifest) -> tuple[str, ...]:
+    """Positional parameter names of a manifest written without ``arg_names``."""
+    from aot.cache.serving.signatures import path_head
+
+    names: list[str] = []
+    for arg in manifest.args:
+        head = path_head(str(arg.get("path", "")))
+        if head and head not in names:
+            names.append(head)
+    return tuple(names)

@@ -1,0 +1,237 @@
+"""What ``aot ls`` shows: each entry with its named signature, whether it was built for
+this environment (or which part differs), and whether a newer entry supersedes it.
+
+An entry is *superseded* when a newer intact entry has the same name, the same input
+signature (flat avals and pytree structure) and the same environment: the loader
+serves the newest one, so the older one only takes space (``aot gc --superseded``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aot.cache.index.entry import IndexEntry
+from aot.cache.serving.signatures import Signature
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+    from aot.differences import PartDifference
+    from aot.fingerprint import Fingerprint
+
+ENV_CHOICES = ("this", "all")
+
+__all__ = [
+    "ENV_CHOICES",
+    "EntryRow",
+    "EnvironmentStatus",
+    "Listing",
+    "environment_statuses",
+    "list_entries",
+    "superseded_keys",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentStatus:
+    """How an entry's environment compares with this process's: the same, or the
+    parts that differ (``device_count 8 != 1``: stored value first)."""
+
+    this: bool
+    differences: tuple[PartDifference, ...] = ()
+    error: str | None = None  # the manifest could not be read
+
+    def short(self) -> str:
+        """``this``, or the first differing part with its stored value
+        (``device_count 8``, ``+2`` when more parts differ)."""
+        if self.this:
+            return "this"
+        if not self.differences:
+            return "unreadable" if self.error else "other"
+        first = self.differences[0]
+        text = f"{first.part} {_clip(first.expected)}"
+        if len(self.differences) > 1:
+            text += f" +{len(self.differences) - 1}"
+        return text
+
+    def describe(self) -> str:
+        """``this environment`` or ``another environment (device_count 8 != 1; ...)``."""
+        if self.this:
+            return "this environment"
+        if not self.differences:
+            return f"another environment ({self.error or 'unknown differences'})"
+        return "another environment (" + "; ".join(d.describe() for d in self.differences) + ")"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "this_environment": self.this,
+            "environment_differences": [d.to_dict() for d in self.differences],
+        }
+
+
+def _clip(value: str | None, limit: int = 24) -> str:
+    if value is None:
+        return "(absent)"
+    return value if len(value) <= limit else value[: limit - 3] + "..."
+
+
+# Most telling first: the short form (``aot ls``'s ENV column) shows the first one.
+_PART_ORDER = (
+    "platform", "device_kind", "device_count", "process_count", "topology", "x64",
+    "jaxlib", "jax", "platform_version", "xla_flags", "cpu_isa",
+)
+
+
+def _ordered(diffs: Iterable[PartDifference]) -> tuple[PartDifference, ...]:
+    rank = {part: i for i, part in enumerate(_PART_ORDER)}
+    return tuple(sorted(diffs, key=lambda d: (rank.get(d.part, len(rank)), d.part)))
+
+
+def environment_statuses(
+    entries: Iterable[IndexEntry], current: Fingerprint
+) -> dict[str, EnvironmentStatus]:
+    """Each entry's :class:`EnvironmentStatus` by key (one manifest parse per
+    environment digest, not per entry)."""
+    from aot.fingerprint import Fingerprint as _Fingerprint
+
+    by_env: dict[str, EnvironmentStatus] = {}
+    out: dict[str, EnvironmentStatus] = {}
+    for entry in entries:
+        status = by_env.get(entry.env_fp)
+        if status is None:
+            if entry.env_fp == current.digest:
+                status = EnvironmentStatus(True)
+            else:
+                try:
+                    stored = _Fingerprint.from_dict(json.loads(entry.manifest)["environment"])
+                    status = EnvironmentStatus(False, _ordered(stored.diff(current)))
+                except Exception as exc:  # noqa: BLE001 - verify reports unreadable manifests
+                    status = EnvironmentStatus(False, error=f"unreadable manifest: {exc!r}"[:120])
+            by_env[entry.env_fp] = status
+        out[entry.key] = status
+    return out
+
+
+def _structure(entry: IndexEntry) -> str:
+    try:
+        return json.dumps(json.loads(entry.manifest).get("in_tree"), sort_keys=True)
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def superseded_keys(entries: Iterable[IndexEntry]) -> dict[str, str]:
+    """``{superseded key: key of the newest entry that supersedes it}`` among the
+    intact entries (same name, signature, pytree structure and environment)."""
+    candidates: dict[tuple[str, str, str], list[IndexEntry]] = {}
+    for entry in entries:
+        if entry.ok:
+            candidates.setdefault((entry.name, entry.env_fp, entry.signature), []).append(entry)
+    groups: dict[tuple[str, str, str, str], list[IndexEntry]] = {}
+    for key, members in candidates.items():
+        if len(members) > 1:  # only then is the pytree structure worth parsing
+            for entry in members:
+                groups.setdefault((*key, _structure(entry)), []).append(entry)
+    out: dict[str, str] = {}
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        group.sort(key=lambda e: (e.created_at, e.key))
+        newest = group[-1]
+        for older in group[:-1]:
+            out[older.key] = newest.key
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRow:
+    """One entry of a listing."""
+
+    entry: IndexEntry
+    signature: Signature
+    environment: EnvironmentStatus
+    superseded_by: str | None = None
+
+    @property
+    def status(self) -> str:
+        """``ok``, ``superseded`` or ``quarantined``."""
+        if not self.entry.ok:
+            return self.entry.state
+        return "superseded" if self.superseded_by else "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = self.entry.to_dict()
+        data.pop("manifest", None)
+        data["arguments"] = self.signature.to_list()
+        data.update(self.environment.to_dict())
+        data["superseded_by"] = self.superseded_by
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """The entries of a cache matching a name glob and an environment filter."""
+
+    location: str
+    glob: str | None
+    env: str
+    rows: tuple[EntryRow, ...]
+
+    @property
+    def stored_size(self) -> int:
+        return sum(row.entry.stored_size for row in self.rows)
+
+    @property
+    def superseded(self) -> int:
+        return sum(1 for row in self.rows if row.superseded_by)
+
+    @property
+    def other_environments(self) -> int:
+        return sum(1 for row in self.rows if not row.environment.this)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cache": self.location,
+            "env": self.env,
+            "count": len(self.rows),
+            "entries": [row.to_dict() for row in self.rows],
+        }
+
+
+def check_env_choice(env: str) -> str:
+    if env not in ENV_CHOICES:
+        raise ValueError(f"env must be one of {ENV_CHOICES}, got {env!r}")
+    return env
+
+
+def entry_rows(
+    cache: Cache, entries: Sequence[IndexEntry], *, env: str = "all",
+    peers: Sequence[IndexEntry] | None = None,
+) -> list[EntryRow]:
+    """Rows for ``entries``, filtered by ``env``. Supersession is decided among
+    ``peers`` (default: every intact entry of the names in ``entries``)."""
+    check_env_choice(env)
+    if peers is None:
+        peers = [p for name in sorted({e.name for e in entries}) for p in cache.index.by_name(name)]
+    superseded = superseded_keys(peers)
+    statuses = environment_statuses(entries, cache.environment)
+    rows = []
+    for entry in entries:
+        status = statuses[entry.key]
+        if env == "this" and not status.this:
+            continue
+        rows.append(EntryRow(
+            entry, Signature.from_manifest_json(entry.manifest, entry.signature), status,
+            superseded.get(entry.key),
+        ))
+    return rows
+
+
+def list_entries(cache: Cache, glob: str | None = None, *, env: str = "all") -> Listing:
+    """Every entry whose name matches ``glob`` (all without one); ``env="this"``:
+    only those built for this environment."""
+    entries = cache.index.entries(glob)
+    # A name glob selects every entry of a name or none: they are their own peers.
+    rows = entry_rows(cache, entries, env=env, peers=entries)
+    return Listing(cache.display_location, glob, env, tuple(rows))

@@ -1,0 +1,168 @@
+"""Reading serving statistics back: what ``aot stats`` shows.
+
+The value objects (:class:`SignatureStats`, :class:`StatsReport`) and the queries over
+the index's ``call_stats`` table. Recording them (on the serving path, cheap to
+import) is :mod:`aot.cache.serving.stats`, which also re-exports these names.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from aot.cache.index.entry import fields_to_json, parse_utc
+from aot.cache.serving.stats import _COUNTERS
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+    from aot.cache.index.sql import Index
+
+__all__ = ["SignatureStats", "StatsReport", "read_stats", "zero_stats"]
+
+
+# ---------------------------------------------------------------- value objects
+
+
+@dataclass(frozen=True, slots=True)
+class SignatureStats:
+    """The statistics of one (environment, name, signature)."""
+
+    env_fp: str
+    name: str
+    signature: str
+    calls: int = 0
+    loads: int = 0
+    load_seconds: float = 0.0
+    saved_seconds: float = 0.0
+    misses: int = 0
+    miss_reason: str | None = None
+    recompiles: int = 0
+    recompile_seconds: float = 0.0
+    recompile_reason: str | None = None
+    created_at: datetime | None = None  # first recorded (index clock); None in memory
+    updated_at: datetime | None = None  # last recorded
+    this_environment: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return fields_to_json(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SignatureStats:
+        kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        for key in ("created_at", "updated_at"):
+            if isinstance(kwargs.get(key), str):
+                kwargs[key] = parse_utc(kwargs[key])
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class StatsReport:
+    """What ``aot stats`` shows: rows (most called first) and their totals."""
+
+    location: str  # where the statistics are kept
+    rows: tuple[SignatureStats, ...]
+    env: str = "all"
+    stored: bool = True  # False: a read-only cache's statistics, kept in memory
+
+    @property
+    def totals(self) -> dict[str, Any]:
+        out: dict[str, Any] = {name: 0 for name in _COUNTERS}
+        for row in self.rows:
+            for name in _COUNTERS:
+                out[name] += getattr(row, name)
+        out["signatures"] = sum(1 for r in self.rows if r.calls or r.loads or r.recompiles)
+        return out
+
+    @property
+    def misses(self) -> tuple[SignatureStats, ...]:
+        return tuple(r for r in self.rows if r.misses)
+
+    @property
+    def recompiled(self) -> tuple[SignatureStats, ...]:
+        return tuple(r for r in self.rows if r.recompiles)
+
+    def to_dict(self) -> dict[str, Any]:
+        totals = self.totals
+        return {
+            "location": self.location,
+            "env": self.env,
+            "stored": self.stored,
+            "rows": [r.to_dict() for r in self.rows],
+            "totals": {k: round(v, 6) if isinstance(v, float) else v for k, v in totals.items()},
+        }
+
+
+def ordered(rows: Iterable[SignatureStats]) -> tuple[SignatureStats, ...]:
+    """Most called first (then by name, signature and environment)."""
+    return tuple(sorted(rows, key=lambda r: (-r.calls, r.name, r.signature, r.env_fp)))
+
+
+# ---------------------------------------------------------------- the index side
+
+
+def _stats_index(cache: Cache) -> Index:
+    """The index that holds ``cache``'s statistics: its own, or its local tier's when
+    the remote is read-only (:attr:`aot.cache.tiered.TieredCache.stats_cache`)."""
+    return getattr(cache, "stats_cache", cache).index  # type: ignore[no-any-return]
+
+
+def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") -> StatsReport:
+    """The statistics stored in ``cache``'s index (or its local tier's; names matching
+    ``name_glob``; ``env="this"``: this environment's only), most called first: what
+    every process that served from it wrote. (What this process counted on a
+    read-only cache, kept in memory, is :meth:`StatsRecorder.report`.)"""
+    import sqlalchemy as sa
+
+    from aot.cache.index.sql import _STATS, glob_to_like
+
+    this = cache.environment.digest
+    index = _stats_index(cache)
+    query = sa.select(_STATS)
+    if name_glob is not None and name_glob != "*":
+        query = query.where(_STATS.c.name.like(glob_to_like(name_glob), escape="\\"))
+    if env == "this":
+        query = query.where(_STATS.c.env_fp == this)
+    with index._read("read call statistics") as conn:
+        found = conn.execute(query).all()
+    rows = []
+    for row in found:
+        data = dict(row._mapping)
+        if name_glob is not None and not fnmatch.fnmatchcase(data["name"], name_glob):
+            continue
+        data.pop("signature_digest", None)
+        rows.append(SignatureStats(this_environment=data["env_fp"] == this, **data))
+    return StatsReport(index.url, ordered(rows), env, stored=True)
+
+
+def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") -> int:
+    """Deletes the statistics (matching ``name_glob``, in ``env``); how many rows.
+    Entries' ``hits`` and last-used times are left alone (gc needs them)."""
+    import sqlalchemy as sa
+
+    from aot.cache.index.sql import _STATS
+
+    cache.stats.flush()  # what this process counted goes too
+    cache.stats.zero(name_glob)
+    target = getattr(cache, "stats_cache", cache)
+    target._check_writable("reset the call statistics")
+    index = _stats_index(cache)
+    this = cache.environment.digest
+    with index._read("read call statistics") as conn:
+        rows = conn.execute(sa.select(_STATS.c.env_fp, _STATS.c.name, _STATS.c.signature_digest)).all()
+    doomed = [
+        r for r in rows
+        if (name_glob is None or fnmatch.fnmatchcase(r.name, name_glob)) and (env == "all" or r.env_fp == this)
+    ]
+    if not doomed:
+        return 0
+    with index._write("reset call statistics") as conn:
+        for r in doomed:
+            conn.execute(sa.delete(_STATS).where(
+                _STATS.c.env_fp == r.env_fp, _STATS.c.name == r.name,
+                _STATS.c.signature_digest == r.signature_digest,
+            ))
+    return len(doomed)
+

@@ -1,0 +1,489 @@
+"""Serving statistics, like ``sccache --show-stats``: per environment, name and signature.
+
+What is counted (one row per environment x name x signature in the index's
+``call_stats`` table):
+
+``calls``
+    calls served by an ``aot.load`` dispatcher (an exact signature, or padded up to
+    a stored bucket).
+``loads``, ``load_seconds``
+    executables rehydrated from the cache (:meth:`~aot.cache.cache.Cache.load`: a
+    dispatcher's start-up, ``cache.get``, a ``cache.compile`` hit), and the time
+    that took (blob reads included).
+``saved_seconds``
+    compile time saved: the stored compile time of each executable loaded instead
+    of compiled.
+``misses``, ``miss_reason``
+    calls whose signature has no stored executable and no bucket to pad to (the row's
+    signature is the one that missed), and what happened to the last one: not found,
+    compiled from a symbolic program, compiled by the fallback.
+``recompiles``, ``recompile_seconds``, ``recompile_reason``
+    executables compiled from stored portable HLO, and why (another environment, a
+    quarantined executable, a symbolic program bound to a concrete shape).
+
+How, without slowing the call path: a dispatcher counts a call with one integer
+increment on the program object it already holds (``program.calls += 1`` in
+:meth:`aot.cache.serving.loader.Dispatcher.__call__`); nothing else happens per call. Loads,
+misses and recompiles are slow paths anyway: they add to a pending tally under a lock.
+One flusher thread per process (:data:`FLUSH_SECONDS`), :meth:`StatsRecorder.flush`
+at :meth:`Cache.close` and at exit (``weakref.finalize``) move the counts into the
+index in one transaction per cache: ``call_stats`` rows are upserted (adding, so any
+number of processes can share one index), and each called entry's ``hits`` grows by
+its calls and its ``last_used_at`` becomes the database server's now (``aot ls``'s
+HITS counts calls, and ``aot gc --older-than`` finds buckets nobody calls; a
+dispatcher's own loads at start-up do not count as uses). A failed write is logged
+and kept for the next flush; nothing is ever raised into the caller.
+
+Where: the cache's own index when it is writable. A read-only cache keeps them in
+memory (:meth:`StatsRecorder.report`), unless it has a local tier
+(:mod:`aot.cache.tiered`), whose index (a folder this process writes anyway)
+receives them.
+
+Counting is exact for one thread; threads calling one dispatcher concurrently may
+lose an increment now and then (``+=`` on an attribute is not atomic), never add one.
+
+This module records (every serving process imports it); reading the statistics back
+and ``aot stats``'s value objects are :mod:`aot.cache.reports.stats` (their names are
+importable from here too).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aot.errors import CacheError
+from aot.records import Record
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+    from aot.cache.index.entry import IndexEntry
+    from aot.cache.index.sql import Index
+    from aot.cache.reports.stats import SignatureStats, StatsReport, read_stats, zero_stats
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "FLUSH_SECONDS",
+    "SignatureStats",
+    "StatsRecorder",
+    "StatsReport",
+    "read_stats",
+    "zero_stats",
+]
+
+#: How often the flusher thread writes pending counts (seconds); None: only at
+#: :meth:`StatsRecorder.flush`, :meth:`Cache.close` and exit.
+FLUSH_SECONDS: float | None = 5.0
+
+#: Distinct missed signatures a process records per name; further ones are counted
+#: under :data:`OTHER_SIGNATURES` (a client sending random shapes must not fill the index).
+MAX_MISSED_SIGNATURES = 100
+OTHER_SIGNATURES = "(other signatures)"
+
+_COUNTERS = (
+    "calls", "loads", "load_seconds", "saved_seconds", "misses", "recompiles", "recompile_seconds",
+)
+_REASONS = ("miss_reason", "recompile_reason")
+
+# Reading and reporting (aot stats), imported on first use: a serving process only records.
+_REPORTING = frozenset({"SignatureStats", "StatsReport", "read_stats", "zero_stats"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _REPORTING:
+        from aot.cache.reports import stats as stats_report
+
+        return getattr(stats_report, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _digest(signature: str) -> str:
+    return hashlib.sha256(signature.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- pending tallies
+
+
+class _Tally:
+    """Counts not written yet, for one (environment, name, signature)."""
+
+    __slots__ = (*_COUNTERS, *_REASONS)
+
+    def __init__(self) -> None:
+        for name in _COUNTERS:
+            setattr(self, name, 0)
+        for name in _REASONS:
+            setattr(self, name, None)
+
+    def merge(self, other: _Tally) -> None:
+        for name in _COUNTERS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in _REASONS:
+            if getattr(other, name) is not None:
+                setattr(self, name, getattr(other, name))
+
+    def row(self, env_fp: str, name: str, signature: str) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "env_fp": env_fp, "name": name, "signature_digest": _digest(signature),
+            "signature": signature,
+        }
+        for counter in _COUNTERS:
+            out[counter] = getattr(self, counter)
+        for reason in _REASONS:
+            out[reason] = getattr(self, reason)
+        return out
+
+
+_Key = tuple[str, str, str]  # (env_fp, name, signature)
+
+
+class _Watch(Record):
+    """A dispatcher's programs, whose ``calls`` the flusher reads. (A
+    :class:`~aot.records.Record`: every serving process imports this module at start-up.)"""
+
+    __slots__ = ("env_fp", "name", "programs")
+    env_fp: str
+    name: str
+    programs: MutableMapping[Any, Any]
+
+    def __init__(self, env_fp: str, name: str, programs: MutableMapping[Any, Any]) -> None:
+        self._set(env_fp, name, programs)
+
+
+# ---------------------------------------------------------------- sinks
+
+
+class _IndexSink:
+    """Writes through the SQLAlchemy index (PostgreSQL, SQLite URLs)."""
+
+    def __init__(self, index: Index) -> None:
+        self.index = index
+        self.location = index.url
+
+    def write(self, rows: list[dict[str, Any]], touches: Mapping[str, int]) -> None:
+        import sqlalchemy as sa
+
+        from aot.cache.index.sql import _ART, _STATS, _insert_ignore, server_now
+
+        with self.index._write("record call statistics") as conn:
+            now = server_now(conn)
+            if rows:
+                stmt = _insert_ignore(conn, _STATS)
+                updates: dict[str, Any] = {
+                    c: _STATS.c[c] + stmt.excluded[c] for c in _COUNTERS
+                }
+                for reason in _REASONS:
+                    updates[reason] = sa.func.coalesce(stmt.excluded[reason], _STATS.c[reason])
+                updates["updated_at"] = stmt.excluded.updated_at
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=[_STATS.c.env_fp, _STATS.c.name, _STATS.c.signature_digest],
+                    set_=updates,
+                )
+                for row in rows:
+                    conn.execute(stmt, {**row, "created_at": now, "updated_at": now})
+            if touches:
+                conn.execute(
+                    sa.update(_ART)
+                    .where(_ART.c.key == sa.bindparam("k"))
+                    .values(hits=_ART.c.hits + sa.bindparam("n"), last_used_at=now),
+                    [{"k": key, "n": n} for key, n in sorted(touches.items())],
+                )
+
+
+_SQLITE_UPSERT = (
+    "INSERT INTO call_stats (env_fp, name, signature_digest, signature, "
+    + ", ".join(_COUNTERS) + ", " + ", ".join(_REASONS) + ", created_at, updated_at) VALUES ("
+    + ", ".join("?" * (4 + len(_COUNTERS) + len(_REASONS) + 2)) + ") "
+    "ON CONFLICT (env_fp, name, signature_digest) DO UPDATE SET "
+    + ", ".join(f"{c} = {c} + excluded.{c}" for c in _COUNTERS) + ", "
+    + ", ".join(f"{r} = coalesce(excluded.{r}, {r})" for r in _REASONS)
+    + ", updated_at = excluded.updated_at"
+)
+# The SQL index's own text format for SQLite timestamps (see index._server_now_expr).
+_SQLITE_NOW = "SELECT strftime('%Y-%m-%d %H:%M:%f000', 'now')"
+
+
+class _SqliteFileSink:
+    """Writes a folder cache's ``index.sqlite`` with the standard library, so that a
+    serving process that never imported SQLAlchemy does not import it to count calls."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.location = str(path)
+
+    def write(self, rows: list[dict[str, Any]], touches: Mapping[str, int]) -> None:
+        try:
+            conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise CacheError(f"cannot open {self.path} to record call statistics: {exc}") from exc
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            (now,) = conn.execute(_SQLITE_NOW).fetchone()
+            for row in rows:
+                values = [row["env_fp"], row["name"], row["signature_digest"], row["signature"]]
+                values += [row[c] for c in _COUNTERS] + [row[r] for r in _REASONS] + [now, now]
+                conn.execute(_SQLITE_UPSERT, values)
+            conn.executemany(
+                "UPDATE artifacts SET hits = hits + ?, last_used_at = ? WHERE key = ?",
+                [(n, now, key) for key, n in sorted(touches.items())],
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise CacheError(f"cannot record call statistics in {self.path}: {exc}") from exc
+        finally:
+            conn.close()
+
+
+# ---------------------------------------------------------------- the recorder
+
+_REGISTRY: weakref.WeakSet[StatsRecorder] = weakref.WeakSet()
+_THREAD: threading.Thread | None = None
+_THREAD_LOCK = threading.Lock()
+
+
+def _flusher() -> None:
+    while True:
+        time.sleep(FLUSH_SECONDS or 1.0)
+        if FLUSH_SECONDS is None:
+            continue
+        for recorder in list(_REGISTRY):
+            recorder.flush()
+
+
+def _start_flusher() -> None:
+    global _THREAD
+    with _THREAD_LOCK:
+        if _THREAD is None or not _THREAD.is_alive():
+            _THREAD = threading.Thread(target=_flusher, name="aot-stats-flusher", daemon=True)
+            _THREAD.start()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's pending counts are the parent's to write; recorders check the pid.
+    global _THREAD
+    _THREAD = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class StatsRecorder:
+    """Collects one cache's statistics and writes them in batches (module docstring).
+
+    ``sink``: a callable returning where to write (created on the first flush with
+    something to write), or None to keep the statistics in memory.
+    """
+
+    def __init__(self, location: str, sink: Any = None) -> None:
+        self.location = location
+        self._sink_factory = sink
+        self._sink: Any = None
+        # Reentrant: a dispatcher's finalizer (_unwatch) can run on this thread while
+        # the lock is held, when a garbage collection happens inside flush (a
+        # dispatcher in a reference cycle, freed by the collector, not by refcount).
+        self._lock = threading.RLock()
+        self._pending: dict[_Key, _Tally] = {}
+        self._touches: dict[str, int] = {}
+        self._memory: dict[_Key, _Tally] = {}
+        self._watches: dict[int, _Watch] = {}
+        self._missed: dict[tuple[str, str], set[str]] = {}
+        self._pid = os.getpid()
+        self._closed = False
+        self._warned = False
+        _REGISTRY.add(self)
+
+    @property
+    def stored(self) -> bool:
+        """Whether the statistics go to an index (else they stay in memory)."""
+        return self._sink_factory is not None
+
+    def __repr__(self) -> str:
+        where = self.location if self.stored else "memory"
+        return f"StatsRecorder({where!r})"
+
+    # -- recording (slow paths only; a call is counted by the dispatcher itself) ----
+
+    def watch(self, dispatcher: Any, programs: MutableMapping[Any, Any], env_fp: str, name: str) -> None:
+        """Reads ``program.calls`` of ``programs`` (a dispatcher's) at every flush; the
+        last counts when the dispatcher is garbage-collected."""
+        ident = id(programs)
+        with self._lock:
+            self._watches[ident] = _Watch(env_fp, name, programs)
+        weakref.finalize(dispatcher, self._unwatch, ident)
+        _start_flusher()
+
+    def _unwatch(self, ident: int) -> None:
+        with self._lock:
+            watch = self._watches.pop(ident, None)
+            if watch is not None:
+                self._collect(watch)
+
+    def _tally(self, key: _Key) -> _Tally:
+        tally = self._pending.get(key)
+        if tally is None:
+            tally = self._pending[key] = _Tally()
+        return tally
+
+    def loaded(self, env_fp: str, entry: IndexEntry, seconds: float) -> None:
+        """An executable was loaded from the cache instead of compiled."""
+        with self._lock:
+            tally = self._tally((env_fp, entry.name, entry.signature))
+            tally.loads += 1
+            tally.load_seconds += seconds
+            tally.saved_seconds += float(entry.compile_seconds or 0.0)
+        _start_flusher()
+
+    def missed(self, env_fp: str, name: str, signature: str, reason: str) -> None:
+        """A call found no stored executable for ``signature``."""
+        with self._lock:
+            seen = self._missed.setdefault((env_fp, name), set())
+            if signature not in seen:
+                if len(seen) >= MAX_MISSED_SIGNATURES:
+                    signature = OTHER_SIGNATURES
+                else:
+                    seen.add(signature)
+            tally = self._tally((env_fp, name, signature))
+            tally.misses += 1
+            tally.miss_reason = reason
+        _start_flusher()
+
+    def recompiled(self, env_fp: str, name: str, signature: str, reason: str, seconds: float) -> None:
+        """An executable was compiled from stored portable HLO."""
+        with self._lock:
+            tally = self._tally((env_fp, name, signature))
+            tally.recompiles += 1
+            tally.recompile_seconds += seconds
+            tally.recompile_reason = reason
+        _start_flusher()
+
+    # -- flushing ------------------------------------------------------------------
+
+    def _collect(self, watch: _Watch) -> None:
+        """Moves the calls counted since the last flush into the pending tallies (lock held)."""
+        for program in list(watch.programs.values()):
+            calls = program.calls
+            delta = calls - program.counted
+            if delta <= 0:
+                continue
+            program.counted = calls
+            self._tally((watch.env_fp, watch.name, program.signature)).calls += delta
+            executable = program.executable
+            key = getattr(executable, "key", None)
+            if key:
+                self._touches[key] = self._touches.get(key, 0) + delta
+
+    def flush(self) -> bool:
+        """Writes what was counted since the last flush; False if the write failed
+        (the counts are kept for the next one). Never raises."""
+        if os.getpid() != self._pid:
+            return False  # a forked child: these counts are the parent's
+        with self._lock:
+            for watch in list(self._watches.values()):
+                self._collect(watch)
+            if not self._pending and not self._touches:
+                return True
+            pending, touches = self._pending, self._touches
+            self._pending, self._touches = {}, {}
+            if self._sink_factory is None or self._closed:
+                _merge_into(self._memory, pending)
+                return True
+            try:
+                if self._sink is None:
+                    self._sink = self._sink_factory()
+                rows = [tally.row(*key) for key, tally in sorted(pending.items())]
+                self._sink.write(rows, touches)
+            except Exception as exc:  # noqa: BLE001 - statistics never fail the caller
+                _merge_into(self._pending, pending, first=True)
+                for key, n in touches.items():
+                    self._touches[key] = self._touches.get(key, 0) + n
+                level = logging.DEBUG if self._warned else logging.WARNING
+                self._warned = True
+                log.log(level, "could not record call statistics at %s (kept for the next "
+                        "try): %s", self.location, exc)
+                return False
+            _merge_into(self._memory, pending)
+            return True
+
+    def close(self) -> None:
+        """Flushes; afterwards counts stay in memory (the index is being closed)."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        _REGISTRY.discard(self)
+
+    # -- reading -------------------------------------------------------------------
+
+    def report(self, name_glob: str | None = None) -> StatsReport:
+        """This process's statistics (written or not), without reading the index: what
+        a read-only cache without a local tier counted lives only here."""
+        from aot.cache.reports.stats import SignatureStats, StatsReport, ordered
+
+        with self._lock:
+            for watch in list(self._watches.values()):
+                self._collect(watch)
+            totals: dict[_Key, _Tally] = {}
+            _merge_into(totals, self._memory)
+            _merge_into(totals, self._pending)
+        rows = [
+            SignatureStats(env_fp=env, name=name, signature=signature, **_counts(tally))
+            for (env, name, signature), tally in totals.items()
+            if name_glob is None or fnmatch.fnmatchcase(name, name_glob)
+        ]
+        return StatsReport("this process", ordered(rows), stored=False)
+
+    def zero(self, name_glob: str | None = None) -> None:
+        """Forgets this process's counts (matching ``name_glob``)."""
+        with self._lock:
+            for watch in list(self._watches.values()):
+                self._collect(watch)
+            for table in (self._memory, self._pending):
+                for key in [k for k in table if name_glob is None or fnmatch.fnmatchcase(k[1], name_glob)]:
+                    del table[key]
+
+
+def _merge_into(target: dict[_Key, _Tally], source: Mapping[_Key, _Tally], first: bool = False) -> None:
+    for key, tally in source.items():
+        if key in target:
+            if first:  # the older counts' reasons give way to newer ones
+                older = _Tally()
+                older.merge(tally)
+                older.merge(target[key])
+                target[key] = older
+            else:
+                target[key].merge(tally)
+        else:
+            copy = _Tally()
+            copy.merge(tally)
+            target[key] = copy
+
+
+def _counts(tally: _Tally) -> dict[str, Any]:
+    return {name: getattr(tally, name) for name in (*_COUNTERS, *_REASONS)}
+
+
+def recorder_for(cache: Cache) -> StatsRecorder:
+    """The recorder of a cache: its index when writable, else memory. (It never holds
+    the cache itself: the cache's finalizer flushes it.)"""
+    if cache.read_only:
+        return StatsRecorder(cache.display_location)
+    index_file = getattr(cache, "_index_file", None)
+    if index_file is not None:
+        return StatsRecorder(str(index_file), lambda: _SqliteFileSink(index_file))
+    index = cache.index
+    return StatsRecorder(index.url, lambda: _IndexSink(index))

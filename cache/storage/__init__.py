@@ -1,0 +1,1 @@
+"""Storage: the ObjectStore protocol and its backends (folder, database table, fsspec), and ContentStore."""

@@ -1,0 +1,317 @@
+"""The raw storage layer under the blob cache: ``ObjectStore``, bytes by digest.
+
+An object store keeps opaque payloads (already compressed by
+:class:`aot.cache.storage.content.ContentStore`, which hashes, compresses, verifies and
+repairs) under a sha256 digest. It knows nothing of zstd, manifests or the index.
+Modelled on JAX's ``CacheInterface`` and dvc-objects' ODB over a FileSystem.
+
+Implementations: a local folder, a SQL table in the index database, and fsspec
+(``s3://``, ``gs://``, ``az://``, ``memory://``, ``file://``). :func:`blob_path` is
+the one layout every path-based store uses (``ab/<digest>.zst``), so a folder
+store and a ``file://`` store over the same folder see the same blobs.
+
+Contract, for every implementation:
+
+* ``write`` publishes all or nothing (temp file + rename, a transaction, or an
+  object PUT, which is atomic): a reader never sees a partial payload under its
+  final name. Writing an existing digest overwrites it (that is how a corrupt
+  blob is repaired).
+* ``modified`` times are UTC and come from the store's own clock, and ``now()``
+  reads that same clock, so an age is always ``store.now() - modified`` and never
+  mixes two machines' clocks. A store that cannot tell a blob's age reports it as
+  ``now()``: too young for gc to delete.
+* ``touch`` makes a blob young again (gc's grace period starts over).
+* Batched calls (``exists``, ``stat``, ``delete``) take any iterable of digests and
+  ignore digests that are absent.
+* Errors are :class:`aot.errors.CacheError` (or ``ReadOnlyCacheError``) with advice;
+  never a raw ``OSError`` or a library's own exception.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from urllib.parse import unquote
+
+from aot.errors import CacheError, CorruptArtifactError, ReadOnlyCacheError
+from aot.records import Record
+
+if TYPE_CHECKING:
+    from aot.cache.storage.records import BlobStat
+
+__all__ = [
+    "BlobStat",
+    "Location",
+    "ObjectStore",
+    "blob_path",
+    "check_digest",
+    "classify_location",
+    "digest_from_path",
+    "open_object_store",
+    "read_only_error",
+    "register_error_translator",
+    "storage_error",
+]
+
+# Patterns are compiled on first use (re's cache), not by every process importing this.
+_PATH_PATTERN = r"^([0-9a-f]{2})/([0-9a-f]{64})\.zst$"
+_HEX_DIGITS = "0123456789abcdef"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BlobStat":  # defined in aot.cache.storage.records: reading a blob never needs it
+        from aot.cache.storage.records import BlobStat
+
+        return BlobStat
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def check_digest(digest: str) -> str:
+    """``digest`` if it is 64 lowercase hex characters, else CorruptArtifactError.
+
+    Digests come from manifests and index rows and become file and object names, so
+    anything else (``../``, upper case, a truncated value) is refused.
+    """
+    if not isinstance(digest, str) or len(digest) != 64 or digest.strip(_HEX_DIGITS):
+        raise CorruptArtifactError(
+            f"invalid blob digest {digest!r}: expected 64 lowercase hex characters "
+            f"(a sha256); the manifest or index row naming it is damaged, run `aot verify`"
+        )
+    return digest
+
+
+def blob_path(digest: str) -> str:
+    """The relative path of a blob in every path-based store: ``ab/<digest>.zst``."""
+    check_digest(digest)
+    return f"{digest[:2]}/{digest}.zst"
+
+
+def digest_from_path(relative: str) -> str | None:
+    """The digest of a relative path laid out by :func:`blob_path`, else None."""
+    match = re.fullmatch(_PATH_PATTERN, relative.replace("\\", "/"))
+    if match is None or not match.group(2).startswith(match.group(1)):
+        return None
+    return match.group(2)
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """Raw payloads by digest. See the module docstring for the contract."""
+
+    read_only: bool
+
+    @property
+    def location(self) -> str:
+        """Where the payloads live, for messages (no credentials)."""
+        ...
+
+    def read(self, digest: str) -> bytes | None:
+        """The stored payload, or None if absent."""
+        ...
+
+    def write(self, digest: str, payload: bytes) -> None:
+        """Publishes ``payload`` under ``digest``, all or nothing (overwrites)."""
+        ...
+
+    def exists(self, digests: Iterable[str]) -> set[str]:
+        """The subset of ``digests`` that are stored."""
+        ...
+
+    def stat(self, digests: Iterable[str]) -> dict[str, BlobStat]:
+        """Size and age of each stored digest among ``digests``."""
+        ...
+
+    def delete(self, digests: Iterable[str]) -> int:
+        """Removes the stored ones among ``digests``; the stored bytes freed."""
+        ...
+
+    def list(self) -> Iterator[BlobStat]:
+        """Every stored payload."""
+        ...
+
+    def touch(self, digest: str) -> None:
+        """Marks a stored payload as just written (gc's grace starts over)."""
+        ...
+
+    def now(self) -> datetime:
+        """The current UTC time on the clock that stamps ``modified``."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+# ------------------------------------------------------------------------ errors
+
+#: Turns an exception of a storage library into a CacheError with advice, or None
+#: when it does not recognise it. ``what`` is the failed action ("write blob ab12..."),
+#: ``where`` the store's location.
+ErrorTranslator = Callable[[BaseException, str, str], "CacheError | None"]
+
+_TRANSLATORS: list[ErrorTranslator] = []
+
+
+def register_error_translator(translator: ErrorTranslator) -> None:
+    """Adds a translator (e.g. for fsspec's exceptions), asked before the OS one."""
+    if translator not in _TRANSLATORS:
+        _TRANSLATORS.insert(0, translator)
+
+
+def _os_advice(e: OSError) -> str:
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return "free disk space (e.g. `aot gc --max-size ...`) or move the cache (AOT_CACHE)"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return "fix the permissions of the cache folder, or open the cache read-only"
+    if e.errno == errno.EROFS:
+        return "the file system is read-only: open the cache read-only or move it (AOT_CACHE)"
+    return "check the cache folder or blob location (AOT_CACHE / AOT_BLOBS)"
+
+
+def storage_error(exc: BaseException, what: str, where: str) -> CacheError:
+    """The one translator of storage failures into :class:`CacheError` with advice.
+
+    An :class:`AotError` passes through unchanged (it already says what to do);
+    registered translators are asked first, then OS errors get advice by errno.
+    """
+    if isinstance(exc, CacheError):
+        return exc
+    for translator in _TRANSLATORS:
+        translated = translator(exc, what, where)
+        if translated is not None:
+            return translated
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        code = f" [errno {exc.errno}]" if exc.errno is not None else ""
+        return CacheError(f"cannot {what} at {where}: {reason}{code}; {_os_advice(exc)}")
+    return CacheError(f"cannot {what} at {where}: {type(exc).__name__}: {exc}")
+
+
+def read_only_error(what: str, where: str) -> ReadOnlyCacheError:
+    return ReadOnlyCacheError(
+        f"cannot {what}: the blob store at {where} was opened read-only; open the "
+        f"cache without read_only=True to modify it"
+    )
+
+
+# --------------------------------------------------------------------- locations
+
+#: Object-store URL schemes -> the pip extra that installs their fsspec driver.
+OBJECT_SCHEMES: dict[str, str] = {
+    "s3": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "az": "azure",
+    "abfs": "azure",
+    "memory": "fsspec",
+}
+
+#: SQLAlchemy backends the index and the SQL blob store support.
+DATABASE_BACKENDS = ("sqlite", "postgresql")
+
+_SCHEME_PATTERN = r"^([A-Za-z][A-Za-z0-9+.\-]*)://"
+
+FOLDER, DATABASE, OBJECT = "folder", "database", "object"
+
+
+class Location(Record):
+    """Where a cache or its blobs live: a local ``folder`` (a path), a ``database``
+    (a SQLAlchemy URL) or an ``object`` store (an fsspec URL). (A
+    :class:`~aot.records.Record`: every serving process classifies its cache location.)"""
+
+    __slots__ = ("kind", "target", "scheme")
+    kind: str
+    target: str  # the folder path, or the URL as given
+    scheme: str | None
+
+    def __init__(self, kind: str, target: str, scheme: str | None = None) -> None:
+        self._set(kind, target, scheme)
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"kind": self.kind, "target": self.target, "scheme": self.scheme}
+
+
+def _unknown_scheme(location: str, scheme: str) -> CacheError:
+    return CacheError(
+        f"unknown location scheme {scheme + '://'!r} in {_shown(location)!r}: expected a folder "
+        f"path, file://PATH, s3://, gs://, az://, memory:// (blobs only) or a database URL "
+        f"(sqlite:///PATH, postgresql+psycopg://USER@HOST/DB)"
+    )
+
+
+def _shown(location: str) -> str:
+    """``location`` without a password, for messages."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", location)
+
+
+def classify_location(location: str | os.PathLike[str]) -> Location:
+    """Which kind of store ``location`` names, by its scheme. An unknown scheme is
+    refused (:class:`CacheError`), never taken for a local path; a database URL is
+    recognised by its SQLAlchemy dialect, not by ``"://"``."""
+    text = os.fspath(location)
+    match = re.match(_SCHEME_PATTERN, text) if "://" in text else None  # a path: no regex
+    if match is None:
+        if text.startswith("sqlite:"):  # sqlite:relative.db is not a folder either
+            raise CacheError(f"malformed SQLite URL {text!r}: expected sqlite:///PATH")
+        return Location(FOLDER, str(Path(text).expanduser()))
+    scheme = match.group(1).lower()
+    if scheme == "file":
+        rest = text[match.end():]
+        if rest.startswith("localhost/"):
+            rest = rest[len("localhost"):]
+        if not rest.startswith("/"):
+            raise CacheError(f"file URL {text!r} must name an absolute path: file:///PATH")
+        return Location(FOLDER, unquote(rest), "file")
+    if scheme in OBJECT_SCHEMES:
+        return Location(OBJECT, text, scheme)
+    # Only now pay for SQLAlchemy (a folder cache's serving path never gets here).
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        backend = make_url(text).get_backend_name()
+    except (ArgumentError, ValueError):
+        raise _unknown_scheme(text, scheme) from None
+    if backend in DATABASE_BACKENDS:
+        return Location(DATABASE, text, scheme)
+    raise _unknown_scheme(text, scheme)
+
+
+def open_object_store(
+    location: str | os.PathLike[str], *, read_only: bool = False, engine: Any = None,
+) -> ObjectStore:
+    """The :class:`ObjectStore` for ``location``, picked by its scheme.
+
+    A folder path or ``file://`` URL -> :class:`~aot.cache.storage.folder.FolderObjectStore`;
+    a database URL -> :class:`~aot.cache.storage.database.SqlObjectStore` (on ``engine`` when
+    given: the index's own, so that gc's deletions join the index's lock);
+    ``s3://``, ``gs://``, ``az://``, ``memory://`` -> the fsspec store
+    (``pip install jax-aot[s3]`` etc.); anything else is refused.
+    """
+    where = classify_location(location)
+    if where.kind == FOLDER:
+        from aot.cache.storage.folder import FolderObjectStore
+
+        return FolderObjectStore(where.target, read_only=read_only)
+    if where.kind == DATABASE:
+        from aot.cache.storage.database import SqlObjectStore
+
+        if engine is not None:
+            return SqlObjectStore(engine, read_only=read_only)
+        return SqlObjectStore.open(where.target, read_only=read_only)
+    extra = OBJECT_SCHEMES[where.scheme or ""]
+    hint = f"pip install 'jax-aot[{extra}]'"
+    try:
+        module = importlib.import_module("aot.cache.storage.fsspec_store")
+        return module.FsspecObjectStore(where.target, read_only=read_only)  # type: ignore[no-any-return]
+    except ImportError as exc:  # the module, fsspec, or the scheme's driver (s3fs, ...)
+        missing = getattr(exc, "name", None) or str(exc)
+        raise CacheError(
+            f"blobs at {_shown(where.target)} need an object-store driver that is not "
+            f"installed ({missing}); install it with: {hint}"
+        ) from exc

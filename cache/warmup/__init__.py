@@ -1,0 +1,1 @@
+"""Warm-ups: manifests, targets, the run, workers, jobs, shards, records, failures."""

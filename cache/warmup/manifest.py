@@ -1,0 +1,451 @@
+"""Warmup manifests (TOML): parsing, validation and ``vary`` expansion into items.
+
+A manifest is TOML with one ``[[function]]`` table per function::
+
+    [[function]]
+    name   = "mlp.forward"                      # the name aot.load() serves it under
+    target = "fixtures.models:mlp_forward"      # module:attribute of the function
+    args   = ["@fixtures.models:mlp_param_specs", "f32[{batch},784]"]
+    vary   = { batch = [1, 8, 32] }             # one entry per value (cartesian product)
+
+Optional keys: ``args_from = "module:callable"`` (its result comes before ``args``: a
+tuple is several positional arguments, anything else one), ``kwargs`` (a table of
+spec strings), ``static`` (a table of JSON-able
+values passed as static keyword arguments), ``pmap = "AXIS"`` (lower with
+:func:`aot.lower_pmap`), ``mesh = "data=4,model=2"`` with ``in_shardings`` (one
+partition-spec string per positional argument, ``"auto"`` for unspecified) and
+``out_shardings`` (a string or a list), ``donate`` (argument indices), ``x64 = true``
+(lower and compile this entry with 64-bit types enabled, as under
+``jax.enable_x64(True)``; without it the process's own mode applies).
+
+A spec string is ``DTYPE[DIMS][@SHARDING]`` (see :mod:`aot.specs`); ``"@module:callable"``
+stands for the pytree of specs that the callable returns (for example
+``jax.eval_shape(init, ...)``). ``"{key}"`` placeholders in args, kwargs, static values
+and the name are replaced by each value of ``vary[key]``; the name usually stays the
+same, because buckets are signatures of one name.
+
+:func:`load_manifest` parses and validates a file (raising :class:`aot.ManifestError`
+with the file, the TOML line and the entry) and :func:`expand` turns it into
+:class:`WarmupItem` s. Nothing here imports JAX or the targets: see
+:mod:`aot.cache.warmup.targets` for resolving an item and :mod:`aot.cache.warmup.run` for running.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aot.errors import ManifestError, SpecError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "AUTO_SHARDING",
+    "FunctionEntry",
+    "RESERVED_KWARGS",
+    "WarmupItem",
+    "WarmupManifest",
+    "expand",
+    "load_manifest",
+    "parse_manifest",
+    "parse_mesh",
+]
+
+
+# Keyword arguments of aot.lower(): a function's own kwargs cannot use these names.
+RESERVED_KWARGS = frozenset({
+    "fn", "name", "pmap", "static_argnums", "static_argnames", "donate_argnums", "mesh",
+    "in_shardings", "out_shardings", "compiler_options",
+})
+
+_FUNCTION_KEYS = (
+    "name", "target", "args", "args_from", "kwargs", "static", "vary", "pmap", "mesh",
+    "in_shardings", "out_shardings", "donate", "x64",
+)
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_TOML_LINE = re.compile(r"\(at line (\d+), column (\d+)\)")
+_FUNCTION_HEADER = re.compile(r"^\s*\[\[\s*function\s*\]\]")
+_MESH_AXIS = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\d+)\s*$")
+AUTO_SHARDING = "auto"
+
+
+# ---------------------------------------------------------------- data
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupItem:
+    """One compile: a function, its argument specs, and how to lower it.
+
+    ``args`` / ``kwargs`` values are spec strings or ``"@module:callable"``; ``static``
+    values are JSON values passed as static keyword arguments. Items are plain data,
+    so they cross process boundaries (spawned workers) as they are.
+    """
+
+    name: str
+    target: str
+    args: tuple[str, ...] = ()
+    kwargs: tuple[tuple[str, str], ...] = ()
+    args_from: str | None = None
+    static: tuple[tuple[str, Any], ...] = ()
+    pmap: str | None = None
+    mesh: tuple[tuple[str, int], ...] | None = None
+    in_shardings: tuple[str, ...] | None = None
+    out_shardings: str | tuple[str, ...] | None = None
+    donate: tuple[int, ...] = ()
+    x64: bool = False  # lower and compile under jax.enable_x64(True)
+    bucket: tuple[tuple[str, Any], ...] = ()
+    base_dir: str | None = None
+    source: str | None = None  # "file.toml:LINE" of the [[function]] it came from
+
+    def __post_init__(self) -> None:
+        problem = _item_problem(self)
+        if problem is not None:
+            error = ManifestError(f"{self.label}: {problem}")
+            error.problem = problem  # type: ignore[attr-defined]
+            raise error
+
+    @property
+    def label(self) -> str:
+        """``name[batch=8]``: the name and the bucket this item compiles."""
+        if not self.bucket:
+            return self.name
+        return f"{self.name}[{','.join(f'{k}={v}' for k, v in self.bucket)}]"
+
+    def describe_args(self) -> str:
+        parts = ([f"*@{self.args_from}"] if self.args_from else []) + list(self.args) + [f"{k}={v}" for k, v in self.kwargs]
+        parts += [f"{k}={json.dumps(v)}" for k, v in self.static]
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "label": self.label,
+            "target": self.target,
+            "args": list(self.args),
+            "args_from": self.args_from,
+            "kwargs": dict(self.kwargs),
+            "static": dict(self.static),
+            "bucket": dict(self.bucket),
+            "pmap": self.pmap,
+            "mesh": dict(self.mesh) if self.mesh is not None else None,
+            "in_shardings": list(self.in_shardings) if self.in_shardings is not None else None,
+            "out_shardings": (
+                list(self.out_shardings) if isinstance(self.out_shardings, tuple)
+                else self.out_shardings
+            ),
+            "donate": list(self.donate),
+            "x64": self.x64,
+            "source": self.source,
+        }
+
+
+def _item_problem(item: WarmupItem) -> str | None:
+    if not item.name:
+        return "the name is empty"
+    if not _TARGET.match(item.target):
+        return f"target {item.target!r} is not MODULE:ATTRIBUTE (e.g. 'fixtures.models:tiny')"
+    if item.args_from is not None and not _TARGET.match(item.args_from.lstrip("@")):
+        return f"args_from {item.args_from!r} is not MODULE:CALLABLE"
+    clash = sorted(RESERVED_KWARGS & ({k for k, _ in item.kwargs} | {k for k, _ in item.static}))
+    if clash:
+        return (
+            f"keyword arguments {clash} clash with aot.lower()'s own parameters; rename "
+            "them in the function"
+        )
+    both = sorted({k for k, _ in item.kwargs} & {k for k, _ in item.static})
+    if both:
+        return f"{both} are given both as kwargs and as static"
+    if item.pmap is not None:
+        extra = [
+            what for what, present in (
+                ("kwargs", item.kwargs), ("static", item.static), ("mesh", item.mesh),
+                ("in_shardings", item.in_shardings is not None),
+                ("out_shardings", item.out_shardings is not None),
+            ) if present
+        ]
+        if extra:
+            return f"pmap entries take positional args only; remove {', '.join(extra)}"
+    elif item.mesh is None:
+        sharded = [a for a in item.args if "@" in a.lstrip("@")] + [
+            v for _, v in item.kwargs if "@" in v.lstrip("@")
+        ]
+        if item.in_shardings is not None or item.out_shardings is not None:
+            return "in_shardings / out_shardings need a mesh (mesh = \"data=4,model=2\")"
+        if sharded:
+            return f"spec {sharded[0]!r} names a sharding but no mesh is given"
+    if any(d < 0 for d in item.donate):
+        return f"donate indices must be >= 0, got {list(item.donate)}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionEntry:
+    """One ``[[function]]`` table of a manifest, validated, before ``vary`` expansion."""
+
+    index: int
+    line: int | None
+    name: str
+    target: str
+    args: tuple[str, ...]
+    args_from: str | None
+    kwargs: tuple[tuple[str, str], ...]
+    static: tuple[tuple[str, Any], ...]
+    vary: tuple[tuple[str, tuple[Any, ...]], ...]
+    pmap: str | None
+    mesh: tuple[tuple[str, int], ...] | None
+    in_shardings: tuple[str, ...] | None
+    out_shardings: str | tuple[str, ...] | None
+    donate: tuple[int, ...]
+    x64: bool = False
+
+    @property
+    def buckets(self) -> int:
+        count = 1
+        for _, values in self.vary:
+            count *= len(values)
+        return count
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupManifest:
+    path: str
+    functions: tuple[FunctionEntry, ...]
+
+    @property
+    def base_dir(self) -> str:
+        return str(Path(self.path).resolve().parent)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "functions": [
+                {"name": f.name, "target": f.target, "line": f.line, "buckets": f.buckets,
+                 "x64": f.x64}
+                for f in self.functions
+            ],
+        }
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def load_manifest(path: str | os.PathLike[str]) -> WarmupManifest:
+    """Reads and validates a warmup manifest; raises :class:`aot.ManifestError`."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such manifest file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path}: cannot read the manifest: {exc}") from None
+    return parse_manifest(text, str(path))
+
+
+def parse_manifest(text: str, path: str = "<manifest>") -> WarmupManifest:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        match = _TOML_LINE.search(message)
+        where = f"{path}:{match.group(1)}" if match else path
+        message = _TOML_LINE.sub("", message).strip()
+        raise ManifestError(f"{where}: invalid TOML: {message}") from None
+    unknown = sorted(set(data) - {"function"})
+    if unknown:
+        raise ManifestError(
+            f"{path}: unknown top-level key(s) {unknown}; a manifest holds [[function]] tables"
+        )
+    tables = data.get("function")
+    if tables is None:
+        raise ManifestError(f"{path}: no [[function]] tables; nothing to compile")
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ManifestError(f"{path}: 'function' must be an array of tables ([[function]])")
+    lines = [i + 1 for i, line in enumerate(text.splitlines()) if _FUNCTION_HEADER.match(line)]
+    if len(lines) != len(tables):
+        lines = []  # inline tables: no line numbers to give
+    functions = []
+    for index, table in enumerate(tables):
+        line = lines[index] if lines else None
+        functions.append(_parse_function(table, index, line, path))
+    return WarmupManifest(path, tuple(functions))
+
+
+def _parse_function(table: dict[str, Any], index: int, line: int | None, path: str) -> FunctionEntry:
+    label = table.get("name") if isinstance(table.get("name"), str) else None
+    where = f"{path}:{line}" if line is not None else path
+    entry_desc = f"[[function]] #{index + 1}" + (f" ({label!r})" if label else "")
+
+    def fail(problem: str) -> ManifestError:
+        return ManifestError(f"{where}: {entry_desc}: {problem}")
+
+    unknown = sorted(set(table) - set(_FUNCTION_KEYS))
+    if unknown:
+        raise fail(f"unknown key(s) {unknown}; expected some of {list(_FUNCTION_KEYS)}")
+    target = table.get("target")
+    if not isinstance(target, str) or not _TARGET.match(target):
+        raise fail(
+            f"'target' must be 'MODULE:ATTRIBUTE' (e.g. 'fixtures.models:tiny'), got {target!r}"
+        )
+    name = table.get("name", target.replace(":", "."))
+    if not isinstance(name, str) or not name:
+        raise fail(f"'name' must be a non-empty string, got {name!r}")
+    args = table.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise fail(f"'args' must be a list of spec strings, got {args!r}")
+    args_from = table.get("args_from")
+    if args_from is not None and (not isinstance(args_from, str) or not _TARGET.match(args_from.lstrip("@"))):
+        raise fail(f"'args_from' must be 'MODULE:CALLABLE', got {args_from!r}")
+    kwargs = table.get("kwargs", {})
+    if not isinstance(kwargs, dict) or not all(isinstance(v, str) for v in kwargs.values()):
+        raise fail(f"'kwargs' must be a table of spec strings, got {kwargs!r}")
+    static = table.get("static", {})
+    if not isinstance(static, dict):
+        raise fail(f"'static' must be a table of values, got {static!r}")
+    vary = table.get("vary", {})
+    if not isinstance(vary, dict):
+        raise fail(f"'vary' must be a table of lists, e.g. {{ batch = [1, 8] }}, got {vary!r}")
+    vary_items: list[tuple[str, tuple[Any, ...]]] = []
+    for key, values in vary.items():
+        if not isinstance(values, list) or not values:
+            raise fail(f"vary.{key} must be a non-empty list, got {values!r}")
+        if not all(isinstance(v, (str, int, float, bool)) for v in values):
+            raise fail(f"vary.{key} values must be strings or numbers, got {values!r}")
+        vary_items.append((key, tuple(values)))
+    pmap = table.get("pmap")
+    if pmap is not None and (not isinstance(pmap, str) or not pmap):
+        raise fail(f"'pmap' must be the axis name (a string), got {pmap!r}")
+    mesh = None
+    if "mesh" in table:
+        try:
+            mesh = parse_mesh(table["mesh"])
+        except SpecError as exc:
+            raise fail(str(exc)) from None
+    in_shardings = table.get("in_shardings")
+    if in_shardings is not None:
+        if not isinstance(in_shardings, list) or not all(isinstance(s, str) for s in in_shardings):
+            raise fail(f"'in_shardings' must be a list of strings like 'data,None', got {in_shardings!r}")
+        in_shardings = tuple(in_shardings)
+    out_shardings = table.get("out_shardings")
+    if out_shardings is not None:
+        if isinstance(out_shardings, list) and all(isinstance(s, str) for s in out_shardings):
+            out_shardings = tuple(out_shardings)
+        elif not isinstance(out_shardings, str):
+            raise fail(f"'out_shardings' must be a string or a list of strings, got {out_shardings!r}")
+    donate = table.get("donate", [])
+    if isinstance(donate, int) and not isinstance(donate, bool):
+        donate = [donate]
+    if not isinstance(donate, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in donate
+    ):
+        raise fail(f"'donate' must be a list of argument indices, got {donate!r}")
+    x64 = table.get("x64", False)
+    if not isinstance(x64, bool):
+        raise fail(f"'x64' must be true or false, got {x64!r}")
+    # Every placeholder must be a vary key, and every vary key must be used.
+    texts = [name, *args, *kwargs.values(), json.dumps(static)]
+    used = {m for t in texts for m in _PLACEHOLDER.findall(t)}
+    undefined = sorted(used - set(vary))
+    if undefined:
+        raise fail(
+            f"placeholder(s) {['{' + u + '}' for u in undefined]} have no values in 'vary'"
+        )
+    unused = sorted(set(vary) - used)
+    if unused:
+        raise fail(f"vary key(s) {unused} are not used as '{{key}}' in args, kwargs or static")
+    entry = FunctionEntry(
+        index=index, line=line, name=name, target=target, args=tuple(args), args_from=args_from,
+        kwargs=tuple(sorted(kwargs.items())), static=tuple(sorted(static.items())),
+        vary=tuple(vary_items), pmap=pmap, mesh=mesh, in_shardings=in_shardings,
+        out_shardings=out_shardings, donate=tuple(donate), x64=x64,
+    )
+    try:  # check the combination once, with the first bucket
+        next(_expand_function(entry, None, path))
+    except ManifestError as exc:
+        raise fail(getattr(exc, "problem", str(exc))) from None
+    return entry
+
+
+def parse_mesh(value: Any) -> tuple[tuple[str, int], ...]:
+    """``"data=4,model=2"`` (or a table ``{data = 4, model = 2}``) -> axis sizes."""
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, str):
+        pairs = []
+        for part in value.split(","):
+            match = _MESH_AXIS.match(part)
+            if match is None:
+                raise SpecError(
+                    f"malformed mesh {value!r}: {part.strip()!r} is not AXIS=SIZE; expected "
+                    "e.g. 'data=4,model=2'"
+                )
+            pairs.append((match.group(1), int(match.group(2))))
+    else:
+        raise SpecError(f"malformed mesh {value!r}; expected a string like 'data=4,model=2'")
+    names = [n for n, _ in pairs]
+    if not pairs or len(set(names)) != len(names):
+        raise SpecError(f"malformed mesh {value!r}: axis names must be present and distinct")
+    for axis, size in pairs:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise SpecError(f"malformed mesh {value!r}: axis {axis!r} needs a size >= 1")
+    return tuple((str(n), int(s)) for n, s in pairs)
+
+
+# ---------------------------------------------------------------- expansion
+
+
+def _substitute(value: Any, bucket: Mapping[str, Any]) -> Any:
+    if isinstance(value, str):
+        whole = _PLACEHOLDER.fullmatch(value)
+        if whole is not None and whole.group(1) in bucket:
+            return bucket[whole.group(1)]
+        return _PLACEHOLDER.sub(lambda m: str(bucket.get(m.group(1), m.group(0))), value)
+    if isinstance(value, list):
+        return [_substitute(v, bucket) for v in value]
+    if isinstance(value, dict):
+        return {k: _substitute(v, bucket) for k, v in value.items()}
+    return value
+
+
+def _expand_function(
+    entry: FunctionEntry, base_dir: str | None, path: str
+) -> Iterator[WarmupItem]:
+    keys = [k for k, _ in entry.vary]
+    source = f"{path}:{entry.line}" if entry.line is not None else path
+    for values in itertools.product(*(v for _, v in entry.vary)):
+        bucket = dict(zip(keys, values))
+        yield WarmupItem(
+            name=str(_substitute(entry.name, bucket)),
+            target=entry.target,
+            args=tuple(str(_substitute(a, bucket)) for a in entry.args),
+            args_from=entry.args_from,
+            kwargs=tuple((k, str(_substitute(v, bucket))) for k, v in entry.kwargs),
+            static=tuple((k, _substitute(v, bucket)) for k, v in entry.static),
+            pmap=entry.pmap,
+            mesh=entry.mesh,
+            in_shardings=entry.in_shardings,
+            out_shardings=entry.out_shardings,
+            donate=entry.donate,
+            x64=entry.x64,
+            bucket=tuple(bucket.items()),
+            base_dir=base_dir,
+            source=source,
+        )
+
+
+def expand(manifest: WarmupManifest) -> list[WarmupItem]:
+    """Every (function x ``vary`` bucket) of a manifest, in file order."""
+    items: list[WarmupItem] = []
+    for entry in manifest.functions:
+        items.extend(_expand_function(entry, manifest.base_dir, manifest.path))
+    return items

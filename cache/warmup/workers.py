@@ -1,0 +1,227 @@
+"""Warm-up worker processes: started before the parent imports JAX, fed one item at a time.
+
+``aot warmup --jobs N`` compiles in this process and in ``N - 1`` worker processes
+(``--isolate``: in ``N`` workers only). A worker is a fresh Python (``spawn``, never
+``fork``: the parent has JAX's threads) that imports JAX and jax-aot, says it is ready,
+then runs one item at a time as the parent sends them, each from preparing and lowering
+to storing, and sends back the :class:`~aot.cache.warmup.run.ItemResult`.
+
+Nothing here imports JAX, so the CLI starts the workers before it imports JAX itself:
+their imports overlap the parent's. Each worker has its own pipe, so the parent knows
+which item a worker was running when it died (a crash, the out-of-memory killer): that
+item fails, the others go on.
+
+A worker never outlives the warm-up that started it (``kill -9`` of the CLI included):
+on Linux the kernel kills it when its parent dies (``PR_SET_PDEATHSIG``; workers are
+started from the thread that runs the warm-up, which lives until they are closed), and
+everywhere a watchdog thread exits once the parent is gone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["INHERITED_ENV", "Worker", "WorkerPool", "exit_with_parent"]
+
+#: Environment variables a worker takes from the parent (set before it imports JAX).
+INHERITED_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "TF_CPP_MIN_LOG_LEVEL")
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_WATCHDOG_SECONDS = 1.0
+_CLOSE_SECONDS = 2.0  # how long a ready worker gets to exit when told to
+
+
+@dataclass(eq=False)
+class Worker:
+    """One worker process and the parent's end of its pipe."""
+
+    process: Any  # multiprocessing.process.BaseProcess
+    conn: Connection
+    ready: bool = False
+    task: tuple[int, Any] | None = None  # (index, item) it is running
+    sent: int = field(default=0)  # items it was given
+
+    @property
+    def idle(self) -> bool:
+        return self.ready and self.task is None
+
+
+class WorkerPool:
+    """Worker processes, each fed one item at a time by the parent."""
+
+    def __init__(self, count: int, *, log_level: int | None = None) -> None:
+        self._context = multiprocessing.get_context("spawn")
+        self._env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        self._log_level = log_level if log_level is not None else logging.getLogger("aot").getEffectiveLevel()
+        self.workers: list[Worker] = []
+        self.started = 0
+        for _ in range(count):
+            self.add()
+
+    def add(self) -> Worker:
+        """Starts one more worker (it says when it is ready)."""
+        parent_conn, child_conn = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker_main, args=(child_conn, self._env, self._log_level, os.getpid()),
+            name="aot-warmup-worker", daemon=True,
+        )
+        process.start()
+        child_conn.close()
+        worker = Worker(process, parent_conn)
+        self.workers.append(worker)
+        self.started += 1
+        return worker
+
+    def idle(self) -> list[Worker]:
+        return [w for w in self.workers if w.idle]
+
+    @property
+    def busy(self) -> bool:
+        return any(w.task is not None for w in self.workers)
+
+    def send(self, worker: Worker, index: int, item: Any, payload: tuple[Any, ...]) -> bool:
+        """Gives ``worker`` an item; False when its pipe is closed (it died: the next
+        :meth:`receive` says so)."""
+        try:
+            worker.conn.send(("task", index, item, *payload))
+        except (OSError, ValueError):
+            return False
+        worker.task = (index, item)
+        worker.sent += 1
+        return True
+
+    def receive(self, worker: Worker) -> tuple[str, Any]:
+        """The worker's next message: ``("ready", pid)``, ``("result", ItemResult)``,
+        or ``("died", (index, item) | None)`` when its pipe closed (it is removed)."""
+        try:
+            message = worker.conn.recv()
+        except (EOFError, OSError):
+            self.workers.remove(worker)
+            worker.conn.close()
+            worker.process.join(timeout=_CLOSE_SECONDS)
+            task, worker.task = worker.task, None
+            log.warning(
+                "warmup: worker process %s died (exit code %s)%s", worker.process.pid,
+                worker.process.exitcode, f" while running {task[1].label}" if task else "",
+            )
+            return "died", task
+        kind, value = message
+        if kind == "ready":
+            worker.ready = True
+        elif kind == "result":
+            worker.task = None
+        return kind, value
+
+    def close(self) -> None:
+        """Ready, idle workers are told to exit; any other is terminated (one still
+        importing JAX has nothing to finish)."""
+        for worker in self.workers:
+            try:
+                if worker.idle:
+                    worker.conn.send(None)
+                else:
+                    worker.process.terminate()
+            except (OSError, ValueError):
+                worker.process.terminate()
+        deadline = time.monotonic() + _CLOSE_SECONDS
+        for worker in self.workers:
+            worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                worker.process.terminate()
+                worker.process.join(timeout=_CLOSE_SECONDS)
+            worker.conn.close()
+        self.workers.clear()
+
+
+# ---------------------------------------------------------------- in the worker
+
+
+def _worker_main(conn: Connection, env: dict[str, str], log_level: int, parent_pid: int) -> None:
+    exit_with_parent(parent_pid)
+    os.environ.update(env)
+    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    import importlib
+
+    importlib.import_module("aot.cache.cache")  # imported now, not in the first item
+    from aot.cache.warmup.targets import remembering_specs
+    from aot.cache.warmup.run import ItemResult, warmup_task
+
+    _warm_up()
+    conn.send(("ready", os.getpid()))
+    with remembering_specs():  # this worker serves one warm-up
+        _serve(conn, ItemResult, warmup_task)
+
+
+def _serve(conn: Connection, result_type: Any, task: Any) -> None:
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        if message is None:
+            # Everything is stored (each put commits); JAX's teardown would only keep
+            # the parent waiting.
+            logging.shutdown()
+            os._exit(0)
+        _, index, item, x64, options, records = message
+        try:
+            result = task(options, x64, index, item, records)
+        except Exception as exc:  # noqa: BLE001 - the parent must get an answer
+            result = result_type.failed(index, item, exc)
+        conn.send(("result", result))
+
+
+def _warm_up() -> None:
+    """The first program a process traces, lowers, compiles and exports costs it a few
+    tenths of a second of one-time work (the backend, MLIR, jax.export's modules); paid
+    here, before the worker says it is ready, not by the first item it is given."""
+    try:
+        from aot.lowering import lower
+
+        computation = lower(lambda x: x * 2.0 + 1.0, "f32[2]", name="aot.warmup.worker")
+        computation.portable_hlo(computation.compile())
+    except Exception:  # noqa: BLE001 - only a head start; the items say what is wrong
+        log.debug("worker warm-up failed", exc_info=True)
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """A worker (or the index helper, :mod:`aot.cache.index.process`) must not outlive
+    the warm-up that started it (``kill -9`` of the CLI included): nothing would collect
+    its result, and it holds CPU, memory and the resource tracker's pipe (so the
+    tracker outlives everyone too).
+
+    On Linux the kernel kills the worker when its parent dies (``PR_SET_PDEATHSIG``).
+    Everywhere, a watchdog thread exits once the parent is gone (the worker is
+    re-parented, so ``getppid()`` changes).
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+                log.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        except (OSError, AttributeError) as exc:
+            log.debug("prctl(PR_SET_PDEATHSIG) unavailable: %s", exc)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid,), name="aot-warmup-parent-watchdog", daemon=True
+    ).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(_WATCHDOG_SECONDS)
+        if os.getppid() != parent_pid:
+            os._exit(1)  # no cleanup to run: the parent that wanted the result is gone

@@ -1,0 +1,84 @@
+"""aot rm in the library (aot.cache.admin.removal) on every backend, and superseded entries."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import aot
+from aot.cache.reports.listing import list_entries, superseded_keys
+from aot.cache.admin.removal import SignatureFilter, execute_removal, plan_removal
+
+
+def test_plan_then_execute_removes_rows_then_unshared_blobs(cache, compiled) -> None:  # noqa: ANN001
+    for artifact in compiled.all():
+        cache.put(artifact)
+    before = set(cache.blobs.digests())
+    plan = plan_removal(cache, "mlp.*", signatures=["x: f32[2,784]"])
+    (victim,) = plan.entries
+    assert victim.signature.endswith("f32[2,784]") and victim.environment == "this"
+    assert not plan.executed and len(plan.blobs) == 2 and plan.bytes_freed > 0
+    assert set(cache.blobs.digests()) == before  # planning changes nothing
+    done = execute_removal(cache, plan)
+    assert done.executed and set(done.blobs) == set(plan.blobs)
+    assert set(cache.blobs.digests()) == before - set(plan.blobs)
+    assert sorted(e.signature.rsplit(", ", 1)[1] for e in cache.entries("mlp.forward")) == ["f32[1,784]", "f32[4,784]"]
+    assert cache.verify().ok
+
+
+def test_a_blob_referenced_meanwhile_is_kept(cache, compiled) -> None:  # noqa: ANN001
+    """Between the plan and its execution another entry starts using a planned blob."""
+    entry = cache.put(compiled.tiny)
+    plan = plan_removal(cache, "tiny")
+    assert set(plan.blobs) == {entry.exe_digest, entry.hlo_digest}
+    twin = replace(compiled.tiny.manifest, name="tiny.twin")  # same blobs, other name
+    from aot.artifact import Artifact
+    from aot.fingerprint import combined_key
+
+    program = replace(twin.program, parts=tuple((k, "tiny.twin" if k == "name" else v) for k, v in twin.program.parts))
+    twin = replace(twin, program=program, key=combined_key(program, twin.environment))
+    cache.put_artifact(Artifact(twin, dict(compiled.tiny.blobs)))
+    done = execute_removal(cache, plan)
+    assert done.blobs == () and done.bytes_freed == 0
+    assert cache.artifact(cache.entries("tiny.twin")[0]).blob("executable")
+
+
+def test_an_ambiguous_or_unknown_target(cache, compiled) -> None:  # noqa: ANN001
+    for artifact in compiled.all():
+        cache.put(artifact)
+    with pytest.raises(aot.ArtifactNotFoundError, match="did you mean 'tiny'"):
+        plan_removal(cache, "tinny")
+    keys = sorted(e.key for e in cache.entries())
+    plan = plan_removal(cache, keys[0][:6])
+    assert [v.key for v in plan.entries] == [keys[0]]
+
+
+def test_signature_filters() -> None:
+    assert SignatureFilter.parse("float32[8], f32[8]").flat == "f32[8], f32[8]"
+    named = SignatureFilter.parse("params[0]['b']: f32[512], x: bfloat16[2]")
+    assert named.leaves == (("params[0]['b']", "f32[512]"), ("x", "bf16[2]"))
+    with pytest.raises(aot.SpecError, match="has no path"):
+        SignatureFilter.parse("x: f32[8], f32[8]")
+
+
+def test_superseded_keys(open_folder_cache, compiled, foreign) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    old = cache.put(compiled.tiny)
+    changed = replace(compiled.tiny.manifest.program, parts=tuple(
+        (k, "sha256:changed" if k == "stablehlo" else v) for k, v in compiled.tiny.manifest.program.parts
+    ))
+    from aot.artifact import Artifact
+    from aot.fingerprint import combined_key
+
+    manifest = replace(compiled.tiny.manifest, program=changed, key=combined_key(changed, compiled.tiny.manifest.environment))
+    new = cache.put_artifact(Artifact(manifest, dict(compiled.tiny.blobs)))
+    other_env = cache.put(foreign(compiled.tiny, device_count="4"))
+    assert superseded_keys(cache.entries()) == {old.key: new.key}
+    rows = {r.entry.key: r for r in list_entries(cache).rows}
+    assert rows[old.key].status == "superseded" and rows[new.key].status == "ok"
+    assert rows[other_env.key].environment.short() == "device_count 4"
+    cache.quarantine(new, "test")  # a quarantined newer row supersedes nothing
+    assert superseded_keys(cache.entries()) == {}
+    plan = cache.gc(superseded=True, dry_run=True)
+    assert [v.key for v in plan.entries] == [new.key]  # only the quarantined one

@@ -1,0 +1,1 @@
+"""Tests (a package: modules are imported as tests.<folder>.<module>)."""
