@@ -43,7 +43,9 @@ from sqlalchemy.pool import NullPool
 
 from aot.cache.storage.folder import FolderObjectStore
 from aot.cache.storage.content import DEFAULT_LEVEL, ContentStore, compress, digest_of
-from aot.cache.index.sql import Index, IndexEntry, mask_url
+from aot.cache.index.advice import mask_url
+from aot.cache.index.entry import IndexEntry
+from aot.cache.index.sql import Index
 
 SIGNATURES_PER_NAME = 5
 ENVS = ("env-cpu-avx512", "env-cpu-avx2", "env-gpu-h100", "env-tpu-v5e")

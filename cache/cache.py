@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from aot.computation import MeshComputation
     from aot.cache.serving.background import BackgroundLoad
     from aot.cache.compile_result import CompileResult
+    from aot.cache.index.protocol import IndexReader
     from aot.cache.index.sql import Index
-    from aot.cache.index.reader import SqliteReader
 
 log = logging.getLogger(__name__)
 
@@ -157,9 +157,7 @@ class Cache:
         self.require_signatures = require_signatures
         self.blob_location = str(blob_location) if blob_location is not None else None
         self._index: Index | None = None
-        self._index_elsewhere = False  # _index is an IndexProcess (adopt_index)
         self._index_file: Path | None = None
-        self._reader: SqliteReader | None = None
         where = classify_location(location)
         if where.kind == OBJECT:
             raise CacheError(
@@ -196,6 +194,13 @@ class Cache:
                 self.index  # noqa: B018 - creates the schema of a new cache now
             store = self._open_blobs(self.blob_location or str(folder / "blobs"))
         self.blobs = ContentStore(store)
+        try:
+            self.reader: IndexReader = self._open_reader()
+        except BaseException:
+            self.blobs.close()
+            if self._index is not None:
+                self._index.close()
+            raise
         self._environment: dict[tuple[bool, str], Any] = {}
         self._start_stats()
 
@@ -228,64 +233,42 @@ class Cache:
             self._index = Index.for_folder(self._index_file.parent, read_only=self.read_only)
         return self._index
 
-    def adopt_index(self, index: Any) -> None:
-        """Uses ``index`` as this folder cache's SQL index: an
-        :class:`~aot.cache.index.process.IndexProcess` with the same index open in a
-        helper process (``aot warmup`` starts one before it imports JAX, so that this
-        process never imports SQLAlchemy). :meth:`close` closes it."""
-        if self._index is not None or self._index_file is None or self.read_only:
-            raise ValueError(
-                f"{self!r} cannot adopt an index: its own is open, or it is not a writable folder cache"
-            )
-        self._index = index
-        self._index_elsewhere = True  # reads stay here, through the stdlib reader
+    def _open_reader(self) -> IndexReader:
+        """The index's read seam (:class:`~aot.cache.index.protocol.IndexReader`), chosen
+        once, here: the SQL index of a database; for a folder cache the standard
+        library's reader, so that serving and a fully cached warm-up never import
+        SQLAlchemy, unless that reader cannot read the file (another schema version, a
+        damaged file): then the SQL index, which migrates it or says what is wrong."""
+        if self._index_file is None:
+            return self.index
+        from aot.cache.index.reader import SqliteReader
 
-    def _serving_reader(self) -> SqliteReader | None:
-        """The stdlib reader of a folder cache, while SQLAlchemy is not loaded here."""
-        if (self._index is not None and not self._index_elsewhere) or self._index_file is None:
-            return None
-        if self._reader is None:
-            from aot.cache.index.reader import SqliteReader
-
-            try:
-                self._reader = SqliteReader(self._index_file, read_only=self.read_only)
-            except CacheError as exc:
-                log.debug("serving reader unavailable (%s); using the SQL index", exc)
-                return None
-        return self._reader
+        try:
+            return SqliteReader(self._index_file, read_only=self.read_only)
+        except CacheError as exc:
+            log.debug("stdlib reader: cannot read %s (%s); using the SQL index", self._index_file, exc)
+            return self.index
 
     def entries_named(self, name: str, *, state: str | None = "ok") -> list[IndexEntry]:
         """Every entry stored under ``name`` (all environments)."""
-        reader = self._serving_reader()
-        if reader is not None:
-            return reader.by_name(name, state=state)
-        return self.index.by_name(name, state=state)
+        return self.reader.by_name(name, state=state)
 
     def lookup(self, key: str) -> IndexEntry | None:
-        """The row of ``key`` (None: not stored); through the standard library's sqlite3
-        while SQLAlchemy is not loaded here (a fully cached warm-up never loads it, nor
-        does one whose index is in a helper process: :meth:`adopt_index`)."""
-        reader = self._serving_reader()
-        if reader is not None:
-            return reader.by_key(key)
-        return self.index.get(key)
+        """The row of ``key`` (None: not stored)."""
+        return self.reader.get(key)
 
     def touch(self, key: str) -> None:
         """Records a use of ``key`` (last-used time for gc, hit count)."""
         if self.read_only:
             return
-        reader = self._serving_reader()
-        if reader is not None:
-            reader.touch(key)
-        else:
-            self.index.touch(key)
+        self.reader.touch(key)
 
     @property
     def display_location(self) -> str:
         """``location`` for messages and logs: a database URL's password is masked."""
         if classify_location(self.location).kind == FOLDER:
             return self.location
-        from aot.cache.index.sql import mask_url
+        from aot.cache.index.advice import mask_url
 
         return mask_url(self.location)
 
@@ -300,8 +283,8 @@ class Cache:
         for work in list(self._background or ()):
             work.stop()
         self._stats_finalizer()  # the last statistics, while the index is open
-        if self._reader is not None:
-            self._reader.close()
+        if self.reader is not self._index:
+            self.reader.close()
         self.blobs.close()
         if self._index is not None:
             self._index.close()
@@ -581,17 +564,11 @@ class Cache:
 
     def reread(self, entry: IndexEntry) -> IndexEntry | None:
         """The row of ``entry.key`` as it is now (None: deleted)."""
-        reader = self._serving_reader()
-        if reader is not None:
-            return reader.by_key(entry.key)
-        return self.index.get(entry.key)
+        return self.reader.get(entry.key)
 
     def names(self) -> list[str]:
         """Every name stored (all environments and states)."""
-        reader = self._serving_reader()
-        if reader is not None:
-            return reader.names()
-        return self.index.names()
+        return self.reader.names()
 
     def compile_entry(
         self, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,

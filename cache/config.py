@@ -79,7 +79,7 @@ class Setting:
         if self.name == "signing_key_file" and self.source == f"environment {SIGNING_KEY_ENV}":
             return "(a key, not a file)"
         if _is_url(self.value):
-            from aot.cache.index.sql import mask_url
+            from aot.cache.index.advice import mask_url
 
             return mask_url(self.value)
         return self.value

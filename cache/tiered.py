@@ -108,6 +108,31 @@ class _Unreachable:
         pass
 
 
+class _UnreachableIndex:
+    """The index reader of a remote that could not be opened: every read says so (the
+    tier's own methods read the local tier instead)."""
+
+    read_only = True
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+
+    def get(self, key: str) -> IndexEntry | None:
+        raise CacheError(self._message)
+
+    def by_name(self, name: str, env_fp: str | None = None, state: str | None = "ok") -> list[IndexEntry]:
+        raise CacheError(self._message)
+
+    def names(self) -> list[str]:
+        raise CacheError(self._message)
+
+    def touch(self, key: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class TieredCache(Cache):
     """A remote cache read through a local folder cache (see the module docstring).
 
@@ -167,10 +192,10 @@ class TieredCache(Cache):
         self.blob_location = str(blob_location) if blob_location is not None else None
         self._index = None
         self._index_file = None
-        self._reader = None
         self._environment = {}
         self.remote_error = str(exc)
         self.blobs = ContentStore(_Unreachable(self.blob_location or self.location, str(exc)))
+        self.reader = _UnreachableIndex(self._unreachable())
         log.warning(
             "the remote cache %s is unreachable (%s); serving the local tier at %s",
             self.display_location, exc, self.local.location,
@@ -188,12 +213,15 @@ class TieredCache(Cache):
     @property
     def index(self):  # type: ignore[no-untyped-def,override]
         if self.remote_error is not None:
-            raise CacheError(
-                f"the remote cache {self.display_location} is unreachable ({self.remote_error}); "
-                f"the local tier at {self.local.location} serves what it holds (`aot --cache "
-                f"{self.local.location} ls` lists it)"
-            )
+            raise CacheError(self._unreachable())
         return super().index
+
+    def _unreachable(self) -> str:
+        return (
+            f"the remote cache {self.display_location} is unreachable ({self.remote_error}); "
+            f"the local tier at {self.local.location} serves what it holds (`aot --cache "
+            f"{self.local.location} ls` lists it)"
+        )
 
     @property
     def stats_cache(self) -> Cache:

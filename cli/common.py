@@ -22,7 +22,6 @@ import click
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
     from aot.cache.config import Settings
-    from aot.cache.index.process import IndexProcess
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -51,50 +50,19 @@ class State:
             )
         return self._settings
 
-    def index_helper(self) -> IndexProcess | None:
-        """For a new folder cache: a helper process that creates its SQL index while
-        this process imports JAX (:mod:`aot.cache.index.process`); give it to
-        :meth:`cache`. None for other caches, once the cache is open, and when this
-        process is not the ``aot`` command itself (a helper is started with "spawn",
-        which imports the ``__main__`` module again: a script without a main guard that
-        calls the CLI would run twice)."""
-        from aot.cli.main import main as command
-
-        if getattr(sys.modules.get("__main__"), "main", None) is not command:
-            return None
-        settings = self.settings
-        location = settings.cache.value
-        if self._cache is not None or self.read_only or location is None or settings.local.value is not None:
-            return None
-        from aot.cache.storage.objectstore import FOLDER, classify_location
-
-        where = classify_location(location)
-        if where.kind != FOLDER:
-            return None
-        from aot.cache.index.process import IndexProcess
-
-        return IndexProcess.for_new_cache(where.target)
-
-    def cache(self, *, create: bool = False, index: IndexProcess | None = None) -> Cache:
+    def cache(self, *, create: bool = False) -> Cache:
         """The cache of the settings (opened once, closed when the command ends).
 
         Only commands that store (``create=True``: compile, warmup, bundle import)
         create a cache folder; the others report a folder without a cache, so a typo
-        in ``--cache`` is not an empty cache. ``index``: from :meth:`index_helper`.
+        in ``--cache`` is not an empty cache.
         """
         if self._cache is None:
-            try:
-                self._cache = self._open(create, index)
-            except BaseException:
-                if index is not None:
-                    index.close()
-                raise
+            self._cache = self._open(create)
             click.get_current_context().call_on_close(self._close)
-        elif index is not None:
-            index.close()
         return self._cache
 
-    def _open(self, create: bool, index: IndexProcess | None) -> Cache:
+    def _open(self, create: bool) -> Cache:
         from aot.cache.cache import Cache, require_cache  # imports JAX
 
         settings = self.settings
@@ -108,15 +76,10 @@ class State:
                 f"check --cache, AOT_CACHE or [tool.aot] (the location came from "
                 f"{settings.cache.source})",
             )
-        if index is not None and not index.wait_ready():
-            index = None  # the cache opens its index here, and says what is wrong
-        cache = Cache(
+        return Cache(
             location, read_only=self.read_only, blob_location=settings.blobs.value,
             signing_key=settings.signing_key(), local=settings.local.value,
         )
-        if index is not None:
-            cache.adopt_index(index)
-        return cache
 
     def _close(self) -> None:
         if self._cache is not None:

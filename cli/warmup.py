@@ -93,12 +93,7 @@ def warmup_command(
 
         workers = WorkerPool(min(jobs - 1, len(items) - 1))
     try:
-        # A new cache's index is created in a helper process while this one imports
-        # JAX: SQLAlchemy is never imported here (aot.cache.index.process). Not beside
-        # workers started now: they take the spare cores, and with them the helper
-        # measured no faster (docs/cli.md).
-        index = state.index_helper() if workers is None else None
-        cache = state.cache(create=True, index=index)
+        cache = state.cache(create=True)
     except BaseException:
         if workers is not None:
             workers.close()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
 from aot.errors import AotError, CacheError, IntegrityError
 from aot.signing import verify as verify_signature
-from aot.cache.index.sql import IndexEntry
+from aot.cache.index.entry import IndexEntry
 from aot.cache.reports.listing import superseded_keys
 from aot.cache.storage.records import BlobStat
 from aot.cache.pauses import reached

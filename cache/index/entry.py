@@ -1,8 +1,9 @@
 """One artifact row of the index, as a value object; no SQLAlchemy here.
 
-Kept apart from :mod:`aot.cache.index.sql` so that a serving process can read a folder
-cache's index with the standard library alone (:mod:`aot.cache.index.reader`):
-importing SQLAlchemy costs more start-up time than loading an executable.
+Kept apart from the SQLAlchemy index (:mod:`aot.cache.index.sql`) so that a serving
+process can read a folder cache's index with the standard library alone
+(:mod:`aot.cache.index.reader`): importing SQLAlchemy costs more start-up time than
+loading an executable.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from aot.records import FACTORY, DataclassMethods, set_fields
 #: The SQLite index's file in a folder cache.
 INDEX_FILE = "index.sqlite"
 
-#: Version of the database schema this code writes. See the changelog above.
+#: Version of the database schema this code writes; the changelog and the migrations
+#: are in :mod:`aot.cache.index.schema` (here because the stdlib reader checks it).
 SCHEMA_VERSION = 4
 
 #: Valid values of ``artifacts.state``.
@@ -28,7 +30,8 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def _as_utc(value: datetime, what: str) -> datetime:
+def as_utc(value: datetime, what: str) -> datetime:
+    """``value`` in UTC; a naive datetime is refused (``what`` names it in the error)."""
     if value.tzinfo is None:
         raise ValueError(f"{what} must be a timezone-aware datetime, got naive {value!r}")
     return value.astimezone(timezone.utc)
@@ -68,8 +71,8 @@ class IndexEntry(DataclassMethods):
     def __post_init__(self) -> None:
         if self.state not in ARTIFACT_STATES:
             raise ValueError(f"state must be one of {ARTIFACT_STATES}, got {self.state!r}")
-        object.__setattr__(self, "created_at", _as_utc(self.created_at, "created_at"))
-        object.__setattr__(self, "last_used_at", _as_utc(self.last_used_at, "last_used_at"))
+        object.__setattr__(self, "created_at", as_utc(self.created_at, "created_at"))
+        object.__setattr__(self, "last_used_at", as_utc(self.last_used_at, "last_used_at"))
 
     @property
     def ok(self) -> bool:

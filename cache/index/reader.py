@@ -1,11 +1,13 @@
-"""Serve-time reads of a folder cache's SQLite index with the standard library.
+"""Reads of a folder cache's SQLite index with the standard library.
 
-``aot.load`` needs a few things from the index: the rows of one name (and of one
-key, to re-read a row whose blobs failed), the names (to suggest one for a mistyped
-name), a schema-version check, and a touch of the rows it loads. Importing SQLAlchemy costs
-a serving process about half a second, more than loading an executable, so these go
-through :mod:`sqlite3` against the schema :mod:`aot.cache.index.sql` creates. Everything
-else (writes, gc, verify, PostgreSQL) uses the SQLAlchemy index.
+``aot.load`` and the cache's own lookups need a few things from the index
+(:class:`~aot.cache.index.protocol.IndexReader`): the rows of one name, the row of one
+key (to re-read a row whose blobs failed, or before a write), the names (to suggest one
+for a mistyped name), a schema-version check, and a touch of the rows it loads.
+Importing SQLAlchemy costs a serving process more than loading an executable, so for a
+folder cache these go through :mod:`sqlite3` against the schema
+:mod:`aot.cache.index.schema` creates. Everything else (writes, gc, verify, PostgreSQL)
+uses the SQLAlchemy index (:mod:`aot.cache.index.sql`).
 """
 
 from __future__ import annotations
@@ -127,7 +129,8 @@ def stale_immutable(path: Path, opened: ReadOnlyOpen) -> bool:
 
 
 class SqliteReader:
-    """Read rows by name and touch them; opened only on an existing, current index."""
+    """An :class:`~aot.cache.index.protocol.IndexReader` of a folder cache's
+    ``index.sqlite`` with :mod:`sqlite3`; opened only on an existing, current index."""
 
     def __init__(self, path: Path, *, read_only: bool) -> None:
         self.path = path
@@ -195,6 +198,7 @@ class SqliteReader:
                 raise CacheError(f"cannot read the cache index {self.path}: {exc}") from exc
 
     def by_name(self, name: str, env_fp: str | None = None, state: str | None = "ok") -> list[IndexEntry]:
+        """Rows stored under ``name`` (for one environment; ``state=None``: any), oldest first."""
         query = f"SELECT {', '.join(_COLUMNS)} FROM artifacts WHERE name = ?"
         params: list[object] = [name]
         if env_fp is not None:
@@ -206,8 +210,8 @@ class SqliteReader:
         query += " ORDER BY created_at, key"
         return self._rows(query, params)
 
-    def by_key(self, key: str) -> IndexEntry | None:
-        """The row of ``key`` as it is now (None: deleted)."""
+    def get(self, key: str) -> IndexEntry | None:
+        """The row of ``key`` as it is now (None: not stored)."""
         rows = self._rows(f"SELECT {', '.join(_COLUMNS)} FROM artifacts WHERE key = ?", [key])
         return rows[0] if rows else None
 

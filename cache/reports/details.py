@@ -15,7 +15,7 @@ from aot.cache.serving.signatures import Signature
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
-    from aot.cache.index.sql import IndexEntry
+    from aot.cache.index.entry import IndexEntry
 
 _HEX = re.compile(r"^[0-9a-fA-F]{1,64}$")
 

@@ -90,7 +90,8 @@ def diagnose(
     import jax
 
     from aot.cache.cache import Cache, default_location
-    from aot.cache.index.sql import SCHEMA_VERSION, mask_url
+    from aot.cache.index.advice import mask_url
+    from aot.cache.index.entry import SCHEMA_VERSION
     from aot.cache.admin.maintenance import empty_index_problem
     from aot.cache.storage.objectstore import FOLDER, classify_location
     from aot.fingerprint import environment_fingerprint, xla_flags_outside_key

@@ -116,15 +116,16 @@ def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
     read-only cache, kept in memory, is :meth:`StatsRecorder.report`.)"""
     import sqlalchemy as sa
 
-    from aot.cache.index.sql import _STATS, glob_to_like
+    from aot.cache.index.globs import glob_to_like
+    from aot.cache.index.schema import CALL_STATS
 
     this = cache.environment.digest
     index = _stats_index(cache)
-    query = sa.select(_STATS)
+    query = sa.select(CALL_STATS)
     if name_glob is not None and name_glob != "*":
-        query = query.where(_STATS.c.name.like(glob_to_like(name_glob), escape="\\"))
+        query = query.where(CALL_STATS.c.name.like(glob_to_like(name_glob), escape="\\"))
     if env == "this":
-        query = query.where(_STATS.c.env_fp == this)
+        query = query.where(CALL_STATS.c.env_fp == this)
     with index._read("read call statistics") as conn:
         found = conn.execute(query).all()
     rows = []
@@ -142,7 +143,7 @@ def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
     Entries' ``hits`` and last-used times are left alone (gc needs them)."""
     import sqlalchemy as sa
 
-    from aot.cache.index.sql import _STATS
+    from aot.cache.index.schema import CALL_STATS
 
     cache.stats.flush()  # what this process counted goes too
     cache.stats.zero(name_glob)
@@ -151,7 +152,8 @@ def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
     index = _stats_index(cache)
     this = cache.environment.digest
     with index._read("read call statistics") as conn:
-        rows = conn.execute(sa.select(_STATS.c.env_fp, _STATS.c.name, _STATS.c.signature_digest)).all()
+        columns = (CALL_STATS.c.env_fp, CALL_STATS.c.name, CALL_STATS.c.signature_digest)
+        rows = conn.execute(sa.select(*columns)).all()
     doomed = [
         r for r in rows
         if (name_glob is None or fnmatch.fnmatchcase(r.name, name_glob)) and (env == "all" or r.env_fp == this)
@@ -160,9 +162,9 @@ def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
         return 0
     with index._write("reset call statistics") as conn:
         for r in doomed:
-            conn.execute(sa.delete(_STATS).where(
-                _STATS.c.env_fp == r.env_fp, _STATS.c.name == r.name,
-                _STATS.c.signature_digest == r.signature_digest,
+            conn.execute(sa.delete(CALL_STATS).where(
+                CALL_STATS.c.env_fp == r.env_fp, CALL_STATS.c.name == r.name,
+                CALL_STATS.c.signature_digest == r.signature_digest,
             ))
     return len(doomed)
 

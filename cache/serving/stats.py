@@ -173,29 +173,30 @@ class _IndexSink:
     def write(self, rows: list[dict[str, Any]], touches: Mapping[str, int]) -> None:
         import sqlalchemy as sa
 
-        from aot.cache.index.sql import _ART, _STATS, _insert_ignore, server_now
+        from aot.cache.index.engine import insert_ignore, server_now
+        from aot.cache.index.schema import ARTIFACTS, CALL_STATS
 
         with self.index._write("record call statistics") as conn:
             now = server_now(conn)
             if rows:
-                stmt = _insert_ignore(conn, _STATS)
+                stmt = insert_ignore(conn, CALL_STATS)
                 updates: dict[str, Any] = {
-                    c: _STATS.c[c] + stmt.excluded[c] for c in _COUNTERS
+                    c: CALL_STATS.c[c] + stmt.excluded[c] for c in _COUNTERS
                 }
                 for reason in _REASONS:
-                    updates[reason] = sa.func.coalesce(stmt.excluded[reason], _STATS.c[reason])
+                    updates[reason] = sa.func.coalesce(stmt.excluded[reason], CALL_STATS.c[reason])
                 updates["updated_at"] = stmt.excluded.updated_at
                 stmt = stmt.on_conflict_do_update(
-                    index_elements=[_STATS.c.env_fp, _STATS.c.name, _STATS.c.signature_digest],
+                    index_elements=[CALL_STATS.c.env_fp, CALL_STATS.c.name, CALL_STATS.c.signature_digest],
                     set_=updates,
                 )
                 for row in rows:
                     conn.execute(stmt, {**row, "created_at": now, "updated_at": now})
             if touches:
                 conn.execute(
-                    sa.update(_ART)
-                    .where(_ART.c.key == sa.bindparam("k"))
-                    .values(hits=_ART.c.hits + sa.bindparam("n"), last_used_at=now),
+                    sa.update(ARTIFACTS)
+                    .where(ARTIFACTS.c.key == sa.bindparam("k"))
+                    .values(hits=ARTIFACTS.c.hits + sa.bindparam("n"), last_used_at=now),
                     [{"k": key, "n": n} for key, n in sorted(touches.items())],
                 )
 
@@ -209,7 +210,7 @@ _SQLITE_UPSERT = (
     + ", ".join(f"{r} = coalesce(excluded.{r}, {r})" for r in _REASONS)
     + ", updated_at = excluded.updated_at"
 )
-# The SQL index's own text format for SQLite timestamps (see index._server_now_expr).
+# The SQL index's own text format for SQLite timestamps (see aot.cache.index.engine.server_now_expr).
 _SQLITE_NOW = "SELECT strftime('%Y-%m-%d %H:%M:%f000', 'now')"
 
 

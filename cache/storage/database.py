@@ -14,17 +14,9 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
-from aot.cache.index.sql import (
-    BlobDataRow,
-    _insert_ignore,
-    _make_engine,
-    _reason,
-    _server_now_expr,
-    connection_for,
-    ensure_schema,
-    mask_url,
-    server_now,
-)
+from aot.cache.index.advice import mask_url, reason_of
+from aot.cache.index.engine import connection_for, insert_ignore, make_engine, server_now, server_now_expr
+from aot.cache.index.schema import BlobDataRow, ensure_schema
 from aot.cache.storage.records import BlobStat
 from aot.cache.storage.objectstore import check_digest, read_only_error
 from aot.errors import CacheError
@@ -41,7 +33,7 @@ class SqlObjectStore:
 
     ``created_at`` is the last write or touch, stamped with the database server's
     clock, and :meth:`now` reads that clock: ages never mix machines' clocks. The
-    schema is created by :func:`aot.cache.index.sql.ensure_schema` (a no-op when an
+    schema is created by :func:`aot.cache.index.schema.ensure_schema` (a no-op when an
     :class:`~aot.cache.index.sql.Index` has already opened the database). Concurrent
     writes of one digest are safe (``ON CONFLICT DO UPDATE``: the last one wins,
     and every writer writes the same bytes or a repair).
@@ -61,7 +53,7 @@ class SqlObjectStore:
     @classmethod
     def open(cls, url: str, *, read_only: bool = False) -> SqlObjectStore:
         """A store on its own engine (blobs in another database than the index)."""
-        return cls(_make_engine(url, read_only), read_only=read_only, owns_engine=True)
+        return cls(make_engine(url, read_only), read_only=read_only, owns_engine=True)
 
     def __repr__(self) -> str:
         return f"SqlObjectStore({self.url!r}, read_only={self.read_only})"
@@ -71,7 +63,7 @@ class SqlObjectStore:
         return f"{self.url} table blobs_data"
 
     def _fail(self, what: str, e: BaseException) -> CacheError:
-        return CacheError(f"cannot {what} in the database at {self.url}: {_reason(e)}")
+        return CacheError(f"cannot {what} in the database at {self.url}: {reason_of(e)}")
 
     def read(self, digest: str) -> bytes | None:
         check_digest(digest)
@@ -131,8 +123,8 @@ class SqlObjectStore:
         t = self._table
         try:
             with connection_for(self.engine, write=True) as conn:
-                stmt = _insert_ignore(conn, t).values(
-                    digest=digest, data=payload, created_at=_server_now_expr(conn.dialect.name)
+                stmt = insert_ignore(conn, t).values(
+                    digest=digest, data=payload, created_at=server_now_expr(conn.dialect.name)
                 )
                 conn.execute(
                     stmt.on_conflict_do_update(
@@ -151,7 +143,7 @@ class SqlObjectStore:
         try:
             with connection_for(self.engine, write=True) as conn:
                 conn.execute(
-                    sa.update(t).where(t.c.digest == digest).values(created_at=_server_now_expr(conn.dialect.name))
+                    sa.update(t).where(t.c.digest == digest).values(created_at=server_now_expr(conn.dialect.name))
                 )
         except sa_exc.SQLAlchemyError as e:
             raise self._fail(f"touch blob {digest}", e) from e

@@ -197,8 +197,7 @@ def _warm_up() -> None:
 
 
 def exit_with_parent(parent_pid: int) -> None:
-    """A worker (or the index helper, :mod:`aot.cache.index.process`) must not outlive
-    the warm-up that started it (``kill -9`` of the CLI included): nothing would collect
+    """A worker must not outlive the warm-up that started it (``kill -9`` of the CLI included): nothing would collect
     its result, and it holds CPU, memory and the resource tracker's pipe (so the
     tracker outlives everyone too).
 

@@ -100,7 +100,7 @@ def age_blob(store: ContentStore, digest: str, seconds: float) -> None:
     import datetime as dt
     import os
 
-    from aot.cache.index.sql import BlobDataRow
+    from aot.cache.index.schema import BlobDataRow
 
     raw = store.store
     when = raw.now() - dt.timedelta(seconds=seconds)
@@ -335,7 +335,7 @@ def foreign() -> Callable[..., Any]:
 
 def set_manifest(cache: Any, key: str, manifest_json: str) -> None:
     """Overwrite the manifest text of an index row (tampering, for signature tests)."""
-    from aot.cache.index.sql import ArtifactRow
+    from aot.cache.index.schema import ArtifactRow
 
     t = ArtifactRow.__table__
     with cache.index.engine.begin() as conn:

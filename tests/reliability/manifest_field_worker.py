@@ -72,7 +72,7 @@ def main(location: str, key: str, signing_key: str, cases_file: str) -> None:
     import aot
     from aot.artifact import Manifest, manifest_problems
     from aot.cache.cache import Cache
-    from aot.cache.index.sql import ArtifactRow
+    from aot.cache.index.schema import ArtifactRow
 
     signing = None if signing_key == "-" else signing_key
     cases = json.loads(open(cases_file).read())

@@ -60,7 +60,7 @@ def check_cache(location: str, results: list[dict], monkeypatch: pytest.MonkeyPa
 
     from aot.cache.admin import maintenance
     from aot.cache.cache import Cache
-    from aot.cache.index.sql import ArtifactRow, BlobRefRow
+    from aot.cache.index.schema import ArtifactRow, BlobRefRow
 
     with Cache(location) as cache:
         entries = cache.entries(workers.CONCURRENT_NAME)

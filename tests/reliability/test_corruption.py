@@ -27,7 +27,7 @@ import aot
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Manifest
 from aot.cache.storage.content import compress
 from aot.cache.cache import Cache
-from aot.cache.index.sql import ArtifactRow
+from aot.cache.index.schema import ArtifactRow
 
 from tests.reliability import reliability_workers as workers
 from tests.reliability.helpers import TinyArtifacts, check_scaled

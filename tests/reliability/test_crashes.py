@@ -148,7 +148,7 @@ def expire_leases(cache: Any) -> int:
     """Makes every lease expired (a killed writer's lease pins its blobs for an hour)."""
     import sqlalchemy as sa
 
-    from aot.cache.index.sql import BlobLeaseRow
+    from aot.cache.index.schema import BlobLeaseRow
 
     t = BlobLeaseRow.__table__
     past = cache.index.now() - dt.timedelta(hours=2)
@@ -287,7 +287,7 @@ def test_gc_never_takes_a_blob_a_writer_is_about_to_reference(
     from aot.artifact import EXECUTABLE
     from aot.cache.admin import maintenance
     from aot.cache.cache import Cache
-    from aot.cache.index.sql import BlobDataRow
+    from aot.cache.index.schema import BlobDataRow
 
     location = str(tmp_path / "cache") if kind == "folder" else f"sqlite:///{tmp_path / 'c.sqlite'}"
     artifact = tiny.by_size[4]

@@ -76,7 +76,7 @@ class Backend:
         self.close_all()
         self.generation += 1
         if self.postgres_url is not None:
-            from aot.cache.index.sql import Base
+            from aot.cache.index.schema import Base
 
             engine = sa.create_engine(self.postgres_url)
             try:
@@ -302,8 +302,7 @@ def skew_client_clock(monkeypatch: pytest.MonkeyPatch, delta: dt.timedelta) -> N
     """This process's clock as jax-aot reads it, ``delta`` off (the database server's
     clock and the kernel's file times are not this process's to change)."""
     import aot.cache.storage.folder
-    import aot.cache.index.entry
-    import aot.cache.index.sql
+    from aot.cache.index import engine, entry, gc, queries, schema, sql
 
     class Skewed(dt.datetime):
         @classmethod
@@ -311,9 +310,10 @@ def skew_client_clock(monkeypatch: pytest.MonkeyPatch, delta: dt.timedelta) -> N
             return dt.datetime.now(tz) + delta
 
     real_time = time.time
-    for module in (aot.cache.index.sql, aot.cache.index.entry, aot.cache.storage.folder):
-        monkeypatch.setattr(module, "datetime", Skewed)
-    for module in (aot.cache.index.sql, aot.cache.index.entry):
+    for module in (schema, engine, queries, gc, sql, entry, aot.cache.storage.folder):
+        if hasattr(module, "datetime"):
+            monkeypatch.setattr(module, "datetime", Skewed)
+    for module in (schema, entry):
         monkeypatch.setattr(module, "utcnow", lambda: dt.datetime.now(dt.timezone.utc) + delta)
     monkeypatch.setattr(time, "time", lambda: real_time() + delta.total_seconds())
 
@@ -328,13 +328,13 @@ def test_a_writer_whose_clock_is_15_minutes_behind_keeps_its_blobs(
     writer's clock they would have expired 5 minutes ago). ``age``: the issue's case,
     blobs in PostgreSQL and an orphan grace of 10 minutes (stamped with the writer's
     clock they looked 15 minutes old and were deleted); leases now protect them too."""
-    from aot.cache.index import sql as index_mod
+    from aot.cache.index import gc as index_gc
     from aot.cache.admin import maintenance
 
     if protection == "age" and backend.kind != "postgresql-db":
         pytest.skip("blob times come from the store (the kernel, the object store), not the writer's clock")
     if protection == "lease":
-        monkeypatch.setattr(index_mod, "LEASE_SECONDS", 600.0)
+        monkeypatch.setattr(index_gc, "LEASE_SECONDS", 600.0)
         monkeypatch.setattr(maintenance, "ORPHAN_GRACE_SECONDS", 0.0)
     else:
         monkeypatch.setattr(maintenance, "ORPHAN_GRACE_SECONDS", 600.0)
@@ -379,7 +379,7 @@ def test_kill_9_at_every_step_of_writer_and_gc(
     deletion transaction) at each of its steps. After every kill: no committed row
     without its blobs; then the cache recovers: the dead writer's leases expire and gc
     takes its orphans, every entry can be stored again, verify is clean."""
-    from test_crashes import Zygote, expire_leases, remove_stale_temp_files
+    from tests.reliability.test_crashes import Zygote, expire_leases, remove_stale_temp_files
 
     from aot.cache.admin import maintenance
 

@@ -511,7 +511,7 @@ def test_mutated_manifests_in_a_cache_serve_or_refuse(
 ) -> None:
     """An unsigned manifest edited in the index (fields the key does not cover): aot.load
     and a call raise only AotErrors, or serve the right result."""
-    from aot.cache.index.sql import ArtifactRow
+    from aot.cache.index.schema import ArtifactRow
     import sqlalchemy as sa
 
     mutated = copy.deepcopy(valid_manifest)

@@ -23,7 +23,7 @@ import aot
 from aot.artifact import EXECUTABLE, Manifest
 from aot.cache.admin import bundle as bundles
 from aot.cache.cache import Cache
-from aot.cache.index.sql import ArtifactRow
+from aot.cache.index.schema import ArtifactRow
 
 from tests.reliability import reliability_workers as workers
 from tests.reliability.helpers import TinyArtifacts, check_scaled

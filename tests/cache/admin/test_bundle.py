@@ -275,7 +275,7 @@ def test_export_leaves_out_names_no_cache_would_accept(source, compiled, tmp_pat
     not exported: the bundle would not import anywhere."""
     import sqlalchemy as sa
 
-    from aot.cache.index.sql import ArtifactRow
+    from aot.cache.index.schema import ArtifactRow
 
     bad = source.entries(compiled.TINY_NAME)[0]
     t = ArtifactRow.__table__

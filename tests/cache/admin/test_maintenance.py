@@ -9,7 +9,7 @@ import json
 import pytest
 
 import aot
-from aot.cache.index.sql import utcnow
+from aot.cache.index.entry import utcnow
 from aot.cache.admin import maintenance
 from aot.cache.admin.maintenance import ORPHAN_GRACE_SECONDS, human_size, parse_age, parse_size
 from aot.errors import CacheError

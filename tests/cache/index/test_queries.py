@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 import aot
-from aot.cache.index import sql as index_module
+from aot.cache.index import engine as index_module
 from aot.cache.index.sql import Index
 from aot.errors import CacheError
 

@@ -14,9 +14,15 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from aot.cache.index import sql as index_mod
+from aot.cache.index import entry as index_entry
+from aot.cache.index import gc as index_gc
+from aot.cache.index import schema as index_schema
+from aot.cache.index.entry import SCHEMA_VERSION, IndexEntry
+from aot.cache.index.globs import glob_to_like
+from aot.cache.index.leases import LeaseLostError
+from aot.cache.index.schema import Migration
+from aot.cache.index.sql import Index
 from aot.cache.storage.content import digest_of
-from aot.cache.index.sql import SCHEMA_VERSION, Index, IndexEntry, Migration, glob_to_like
 from aot.errors import CacheError, ReadOnlyCacheError
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
@@ -313,8 +319,8 @@ def test_schema_version_is_recorded_and_reopening_is_a_no_op(index_url: str) -> 
     with Index(index_url) as again:
         assert again.schema_version() == SCHEMA_VERSION
         assert again.count() == 1
-    assert SCHEMA_VERSION == index_mod.MIGRATIONS[-1].version
-    assert [m.version for m in index_mod.MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
+    assert SCHEMA_VERSION == index_schema.MIGRATIONS[-1].version
+    assert [m.version for m in index_schema.MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 
 
 def test_newer_schema_is_refused_naming_both_versions(index_url: str) -> None:
@@ -343,11 +349,11 @@ def test_older_schema_is_migrated_once(index_url: str, monkeypatch: pytest.Monke
         add(v1, entry)
     calls: list[int] = []
     monkeypatch.setattr(
-        index_mod,
+        index_schema,
         "MIGRATIONS",
-        (*index_mod.MIGRATIONS, Migration(SCHEMA_VERSION + 1, "add note", _add_note_column(calls))),
+        (*index_schema.MIGRATIONS, Migration(SCHEMA_VERSION + 1, "add note", _add_note_column(calls))),
     )
-    monkeypatch.setattr(index_mod, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr(index_schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     with pytest.raises(CacheError, match="opened read-only so it was not migrated"):
         Index(index_url, read_only=True)
     with Index(index_url) as v2:
@@ -367,9 +373,9 @@ def test_failing_migration_changes_nothing(index_url: str, monkeypatch: pytest.M
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(
-        index_mod, "MIGRATIONS", (*index_mod.MIGRATIONS, Migration(SCHEMA_VERSION + 1, "broken", broken))
+        index_schema, "MIGRATIONS", (*index_schema.MIGRATIONS, Migration(SCHEMA_VERSION + 1, "broken", broken))
     )
-    monkeypatch.setattr(index_mod, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr(index_schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     with pytest.raises(CacheError, match=f"disk on fire; nothing was changed.*version {SCHEMA_VERSION}"):
         Index(index_url)
     monkeypatch.undo()
@@ -453,7 +459,8 @@ def test_concurrent_adds_of_one_key_store_one_row(index_url: str) -> None:
 
 _ADD_IN_A_PROCESS = r"""
 import json, pathlib, sys, time
-from aot.cache.index.sql import Index, IndexEntry
+from aot.cache.index.entry import IndexEntry
+from aot.cache.index.sql import Index
 url, entry_json, sync, me = sys.argv[1:5]
 entry = IndexEntry.from_dict(json.loads(entry_json))
 sync = pathlib.Path(sync)
@@ -617,7 +624,7 @@ def test_a_lease_protects_its_digests_until_released_or_expired(index: Index) ->
     entry = make_entry()
     lease = index.lease([entry.exe_digest, entry.hlo_digest])
     assert index.leased_digests() == {entry.exe_digest, entry.hlo_digest}
-    assert abs(lease.expires_at - index.now() - timedelta(seconds=index_mod.LEASE_SECONDS)) < timedelta(minutes=1)
+    assert abs(lease.expires_at - index.now() - timedelta(seconds=index_gc.LEASE_SECONDS)) < timedelta(minutes=1)
     with index.deletion_lock() as batch:
         assert batch.deletable([entry.exe_digest, "f" * 64]) == ["f" * 64]
     assert index.add(entry, blob_sizes=sizes(entry), lease=lease) is True  # releases it
@@ -629,7 +636,7 @@ def test_a_lease_protects_its_digests_until_released_or_expired(index: Index) ->
     stale = index.lease([other.exe_digest], seconds=0)
     with index.deletion_lock() as batch:
         assert batch.deletable([other.exe_digest]) == [other.exe_digest]
-    with pytest.raises(index_mod.LeaseLostError, match="expired"):
+    with pytest.raises(LeaseLostError, match="expired"):
         index.add(other, blob_sizes=sizes(other), lease=stale)
     assert index.get(other.key) is None
     released = index.lease([other.exe_digest])
@@ -642,7 +649,8 @@ def test_server_clock_stamps_rows_and_uses(index: Index, monkeypatch: pytest.Mon
     server's clock, whatever this process's clock says."""
     server = index.now()
     assert abs(server - datetime.now(timezone.utc)) < timedelta(minutes=1)
-    monkeypatch.setattr(index_mod, "utcnow", lambda: datetime(2001, 1, 1, tzinfo=timezone.utc))
+    for module in (index_schema, index_entry):  # wherever the index reads this process's clock
+        monkeypatch.setattr(module, "utcnow", lambda: datetime(2001, 1, 1, tzinfo=timezone.utc))
     entry = make_entry(created_at=datetime(2001, 1, 1, tzinfo=timezone.utc))
     index.add(entry, blob_sizes=sizes(entry), stamp=True)
     got = index.get(entry.key)
@@ -680,7 +688,7 @@ def test_a_version_1_index_is_migrated_to_leases(index_url: str) -> None:
 def _create_schema_v1(url: str) -> None:
     """A database as schema version 1 created it (``exe_digest`` NOT NULL)."""
     metadata = sa.MetaData()
-    for table in index_mod.Base.metadata.sorted_tables:
+    for table in index_schema.Base.metadata.sorted_tables:
         table.to_metadata(metadata)
     metadata.tables["artifacts"].c.exe_digest.nullable = False
     engine = sa.create_engine(url)
@@ -708,11 +716,11 @@ def test_schema_1_is_migrated_to_allow_entries_without_an_executable(index_url: 
     assert not _exe_digest_nullable(index_url)
     engine = sa.create_engine(index_url)  # a row written by the old version
     with engine.begin() as conn:
-        conn.execute(sa.insert(index_mod.ProgramRow.__table__).values(
+        conn.execute(sa.insert(index_schema.ProgramRow.__table__).values(
             program_fp=entry.program_fp, name=entry.name, signature=entry.signature,
             hlo_digest=entry.hlo_digest, created_at=T0,
         ))
-        conn.execute(sa.insert(index_mod.ArtifactRow.__table__).values(**entry._row()))
+        conn.execute(sa.insert(index_schema.ArtifactRow.__table__).values(**entry._row()))
     engine.dispose()
     with pytest.raises(CacheError, match="opened read-only so it was not migrated"):
         Index(index_url, read_only=True)

@@ -362,7 +362,7 @@ def _make_old(raw: ObjectStore, digest: str) -> None:
 
     from aot.cache.storage.folder import MemoryObjectStore
     from aot.cache.storage.database import SqlObjectStore
-    from aot.cache.index.sql import BlobDataRow
+    from aot.cache.index.schema import BlobDataRow
 
     old = raw.now() - dt.timedelta(hours=2)
     if isinstance(raw, FolderObjectStore):
@@ -383,7 +383,7 @@ def test_a_sql_store_stamps_and_reads_ages_on_the_database_clock(
     """A writer whose clock is 15 minutes behind must not make its blobs look old (the
     stamp is the server's) and a gc whose clock is ahead must not see them as old."""
     from aot.cache.storage import database as dbblobs_mod
-    from aot.cache.index import sql as index_mod
+    from aot.cache.index import engine, gc, queries, schema, sql
     from aot.cache.storage.database import SqlObjectStore
 
     if not isinstance(blob_store.store, SqlObjectStore):
@@ -396,10 +396,10 @@ def test_a_sql_store_stamps_and_reads_ages_on_the_database_clock(
             def now(cls, tz=None):  # noqa: ANN001, ANN206
                 return dt.datetime.now(tz) + skew
 
-        for module in (index_mod, dbblobs_mod):  # the client's clock, wherever it is read
+        for module in (schema, engine, queries, gc, sql, dbblobs_mod):  # the client's clock, wherever it is read
             if hasattr(module, "datetime"):
                 monkeypatch.setattr(module, "datetime", Skewed)
-        monkeypatch.setattr(index_mod, "utcnow", lambda: dt.datetime.now(dt.timezone.utc) + skew)
+        monkeypatch.setattr(schema, "utcnow", lambda: dt.datetime.now(dt.timezone.utc) + skew)
         digest = blob_store.put(COMPRESSIBLE + str(skew).encode())
         modified = blob_store.store.stat([digest])[digest].modified
         assert abs(modified - real) < dt.timedelta(minutes=1)

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 import aot
 from aot.cache.storage.content import compress
-from aot.cache.index.sql import Base
+from aot.cache.index.schema import Base
 from aot.cache.admin.transfer import copy_entries, pull, push
 from aot.errors import CorruptArtifactError
 

@@ -1,0 +1,55 @@
+"""What a database error or URL looks like in a message: the reason, the advice a
+user can act on, a URL with its password masked."""
+
+from __future__ import annotations
+
+import re
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.engine.url import URL
+
+__all__ = ["advice_for", "mask_url", "reason_of"]
+
+
+def mask_url(url: str | URL) -> str:
+    """``url`` with any password replaced by ``***`` (for messages and logs)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparsable URL has no password we can find
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(url))
+
+
+def reason_of(e: BaseException) -> str:
+    """The first line of a database error's own message (the driver's, when wrapped)."""
+    orig = getattr(e, "orig", None)
+    text = str(orig if orig is not None else e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def advice_for(reason: str, read_only: bool = False) -> str:
+    """What to do about the database errors a user can fix."""
+    text = reason.lower()
+    if "malformed" in text or "not a database" in text or "database corrupt" in text:
+        return (
+            "; the index file is damaged (truncated or overwritten). Restore it from a "
+            "backup, or move it aside and rebuild the index: `aot bundle import` a bundle "
+            "of the entries, or `aot warmup` again (stored blobs are reused, and `aot gc` "
+            "refuses to delete them while the index is empty)"
+        )
+    if "disk is full" in text or "no space left" in text or "quota" in text:
+        return "; free disk space (e.g. `aot gc --max-size ...`) or move the cache (AOT_CACHE)"
+    readonly = "readonly database" in text or "read-only" in text
+    if read_only and (readonly or "unable to open database file" in text):
+        # Opened read-only already: never advise the option that is set.
+        return (
+            "; the index cannot be read here: check that this user may read the cache "
+            "folder and index.sqlite (and, while a writer has it open, index.sqlite-wal "
+            "and index.sqlite-shm)"
+        )
+    if readonly or "unable to open database file" in text:
+        return (
+            "; the index cannot be written here: fix the permissions of the cache folder, "
+            "or serve it read-only (read_only=True, `aot --read-only`), which needs read "
+            "access only"
+        )
+    return ""

@@ -1,0 +1,346 @@
+"""The engine of the SQL index: creating it, its connections and transactions, and the
+database server's clock.
+
+SQLite: pragmas on every connection (busy timeout, foreign keys, WAL and
+``synchronous = NORMAL`` when writable); a read-only index is opened so that it is
+never written (no -wal/-shm created, no write lock taken). PostgreSQL: psycopg, a
+connect timeout, sessions that refuse writes when read-only, and a ping only for a
+pooled connection that sat idle.
+
+Transactions are short, one per method call. On SQLite the pysqlite driver's own
+transaction handling is switched off and transactions are begun explicitly:
+``BEGIN IMMEDIATE`` for writes (so a writer waits on ``busy_timeout`` instead of
+failing on a read-to-write lock upgrade) and ``BEGIN`` for reads; WAL mode lets
+readers proceed while one process writes.
+
+Every time compared across machines (leases, blob ages, last use) is the database
+server's (:func:`server_now`, :func:`server_now_expr`): client clocks drift.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine.url import URL
+from sqlalchemy.pool import StaticPool
+
+from aot.cache.index.advice import advice_for, mask_url, reason_of
+from aot.cache.index.entry import as_utc
+from aot.cache.index.schema import UTCDateTime
+from aot.errors import CacheError, ReadOnlyCacheError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "PING_AFTER_IDLE_S",
+    "SQLITE_BUSY_TIMEOUT_MS",
+    "IndexEngine",
+    "connection_for",
+    "insert_ignore",
+    "joined",
+    "make_engine",
+    "server_now",
+    "server_now_expr",
+]
+
+#: SQLite waits this long for a lock held by another writer before failing.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+# -------------------------------------------------------------------------- engines
+
+
+def _sqlite_engine(url: URL, read_only: bool) -> Engine:
+    database = url.database
+    if not database or database == ":memory:":
+        engine = sa.create_engine(
+            url, poolclass=StaticPool, connect_args={"check_same_thread": False}
+        )
+    else:
+        if database.startswith("file:"):
+            raise CacheError(f"SQLite URI filenames are not supported as index URL: {url}")
+        path = Path(database).expanduser()
+        if read_only:
+            if not path.is_file():
+                raise CacheError(
+                    f"no jax-aot cache index at {path} (opened read-only, so it was not "
+                    f"created); check the cache location"
+                )
+            engine = _read_only_sqlite_engine(url, path)
+        else:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise CacheError(
+                    f"cannot create the folder of the cache index {path}: {e.strerror or e}; "
+                    f"choose a writable cache location (AOT_CACHE)"
+                ) from e
+            engine = sa.create_engine(url, connect_args={"check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event below emit BEGIN instead of pysqlite.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cur.execute("PRAGMA foreign_keys = ON")
+            if not read_only:
+                _enable_wal(cur)
+                cur.execute("PRAGMA synchronous = NORMAL")
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get("aot_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def _enable_wal(cur: Any) -> None:
+    """Switches a SQLite database to WAL. Connections opening a new database at once
+    all try the switch, and SQLite answers "database is locked" at once to the losers
+    (the busy handler does not cover it): retry until the busy timeout."""
+    import sqlite3
+
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+
+def _read_only_sqlite_engine(url: URL, path: Path) -> Engine:
+    """An engine that never creates -wal/-shm files nor takes a write lock: each
+    connection is opened as :func:`aot.cache.index.reader.read_only_open` decides
+    (``immutable=1`` on a WAL database no writer has open), and an immutable one is
+    replaced at checkout once a writer has opened the database."""
+    import sqlite3
+
+    from aot.cache.index.reader import read_only_open, stale_immutable
+
+    opens: dict[int, Any] = {}
+
+    def creator() -> sqlite3.Connection:
+        how = read_only_open(path)
+        conn = sqlite3.connect(how.uri, uri=True, check_same_thread=False)
+        opens[id(conn)] = how
+        return conn
+
+    engine = sa.create_engine(url, creator=creator)
+
+    @event.listens_for(engine, "connect")
+    def _remember(dbapi_conn: Any, record: Any) -> None:
+        record.info["aot_open"] = opens.pop(id(dbapi_conn), None)
+
+    @event.listens_for(engine, "checkout")
+    def _still_fits(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        how = record.info.get("aot_open")
+        if how is not None and stale_immutable(path, how):
+            raise sa_exc.DisconnectionError("a writer opened the database: reopen it")
+
+    return engine
+
+
+def make_engine(url: str | URL, read_only: bool) -> Engine:
+    """An engine for the index database at ``url``: SQLite (pragmas, WAL, busy timeout,
+    explicit BEGINs; a read-only file never written) or PostgreSQL (psycopg, connect
+    timeout, read-only sessions when ``read_only``); any other database is refused."""
+    try:
+        parsed = make_url(url)
+    except sa_exc.ArgumentError as e:
+        raise CacheError(
+            f"cannot parse the cache index URL {mask_url(url)!r}: {e}; expected e.g. "
+            f"sqlite:///path/index.sqlite or postgresql+psycopg://user@host/db"
+        ) from e
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(parsed, read_only)
+    if backend == "postgresql":
+        if parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        connect_args: dict[str, Any] = {"connect_timeout": 10}
+        if read_only:  # the server refuses writes too, whatever a code path tries
+            connect_args["options"] = "-c default_transaction_read_only=on"
+        try:
+            engine = sa.create_engine(parsed, connect_args=connect_args)
+        except ModuleNotFoundError as e:
+            raise CacheError(
+                f"the PostgreSQL driver for {mask_url(parsed)} is not installed ({e}); "
+                f"install it with: pip install 'jax-aot[postgres]'"
+            ) from e
+        _ping_when_idle(engine)
+        return engine
+    raise CacheError(
+        f"unsupported cache index database {backend!r} in {mask_url(url)}: jax-aot "
+        f"supports SQLite (sqlite:///...) and PostgreSQL (postgresql+psycopg://...)"
+    )
+
+
+#: A pooled PostgreSQL connection idle longer than this is pinged at checkout (one
+#: more round trip); one used more recently is taken as alive (HikariCP's
+#: ``aliveBypassWindowMs`` is the same idea, at 0.5 s).
+PING_AFTER_IDLE_S = 1.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """SQLAlchemy's ``pool_pre_ping`` pings at every checkout: a round trip on every
+    lookup, a large share of a ``get`` on a fast network. Only a connection that sat idle in the
+    pool, which the server or a proxy may have closed meanwhile, is pinged; a dead one
+    is replaced before the caller sees it (the pool retries the checkout)."""
+
+    @event.listens_for(engine, "checkin")
+    def _idle_from(dbapi_conn: Any, record: Any) -> None:
+        record.info["aot_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _alive(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("aot_idle_since")
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
+            return  # just connected, or just used
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as e:  # noqa: BLE001 - any failure: reconnect
+            raise sa_exc.DisconnectionError(f"a pooled connection is gone: {e}") from e
+
+
+# --------------------------------------------------------------- dialects and the clock
+
+
+def insert_ignore(conn: Connection, table: sa.Table) -> Any:
+    """INSERT ... ON CONFLICT DO NOTHING for the connection's dialect."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table)
+
+
+def server_now_expr(dialect: str) -> Any:
+    """The database server's current UTC time as an SQL expression (SQLite is in
+    process: its clock is this host's)."""
+    if dialect == "sqlite":
+        # SQLAlchemy's own SQLite text format (microseconds), so values compare as text
+        return sa.type_coerce(sa.func.strftime("%Y-%m-%d %H:%M:%f000", "now"), UTCDateTime)
+    return sa.type_coerce(sa.func.now(), UTCDateTime)
+
+
+def server_now(conn: Connection) -> datetime:
+    """The database server's clock (PostgreSQL ``now()``: this transaction's start)."""
+    value = conn.execute(sa.select(server_now_expr(conn.dialect.name))).scalar_one()
+    return as_utc(value, "the database clock")
+
+
+# A SQL blob store that lives in the index's database joins gc's deletion
+# transaction (SQLite allows one writer at a time: a second connection would wait
+# on the lock gc holds; PostgreSQL then deletes blobs atomically with the checks).
+_JOINED: ContextVar[tuple[Engine, Connection] | None] = ContextVar("aot_joined_connection", default=None)
+
+
+@contextmanager
+def connection_for(engine: Engine, *, write: bool) -> Iterator[Connection]:
+    """A connection in a transaction on ``engine``: the enclosing deletion lock's if
+    one is open on this engine (then its transaction decides), else a new one."""
+    joined = _JOINED.get()
+    if joined is not None and joined[0] is engine:
+        yield joined[1]
+        return
+    with engine.connect() as conn:
+        if write:
+            conn.execution_options(aot_write=True)
+        with conn.begin():
+            yield conn
+
+
+# --------------------------------------------------------------- transactions
+
+
+@contextmanager
+def joined(engine: Engine, conn: Connection) -> Iterator[None]:
+    """Within the block, :func:`connection_for` on ``engine`` (in this context) hands
+    out ``conn``: gc's deletion transaction, which a SQL blob store joins."""
+    token = _JOINED.set((engine, conn))
+    try:
+        yield
+    finally:
+        _JOINED.reset(token)
+
+
+class IndexEngine:
+    """What every part of :class:`~aot.cache.index.sql.Index` shares: the engine, the
+    URL for messages, and one short transaction per method call."""
+
+    read_only: bool
+    url: str
+    _engine: Engine
+    _autocommit_reads: bool
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine (shared with :class:`~aot.cache.storage.database.SqlObjectStore`)."""
+        return self._engine
+
+    @property
+    def dialect(self) -> str:
+        return self._engine.dialect.name
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def _fail(self, what: str, e: BaseException) -> CacheError:
+        reason = reason_of(e)
+        return CacheError(
+            f"{what} failed on the cache index at {self.url}: {reason}{advice_for(reason, self.read_only)}"
+        )
+
+    @contextmanager
+    def _read(self, what: str) -> Iterator[Connection]:
+        """A connection for reads. On PostgreSQL it autocommits: every read here is one
+        statement, which is atomic alone, and BEGIN and COMMIT would be two more round
+        trips. (SQLite keeps its BEGIN: a local call, and the read-only engine's
+        reopen logic runs there.)"""
+        try:
+            with self._engine.connect() as conn:
+                if self._autocommit_reads:
+                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                with conn.begin():
+                    yield conn
+        except sa_exc.SQLAlchemyError as e:
+            raise self._fail(what, e) from e
+
+    @contextmanager
+    def _write(self, what: str) -> Iterator[Connection]:
+        if self.read_only:
+            raise ReadOnlyCacheError(
+                f"cannot {what}: the cache index at {self.url} was opened read-only; "
+                f"open the cache without read_only=True to modify it"
+            )
+        try:
+            with self._engine.connect() as conn:
+                conn.execution_options(aot_write=True)
+                with conn.begin():
+                    yield conn
+        except sa_exc.SQLAlchemyError as e:
+            raise self._fail(what, e) from e

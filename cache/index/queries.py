@@ -1,0 +1,163 @@
+"""The index's reads: the statements the cache, serving, reports and gc run, as a
+part of :class:`~aot.cache.index.sql.Index`."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from aot.cache.index.engine import IndexEngine
+from aot.cache.index.entry import IndexEntry
+from aot.cache.index.globs import glob_to_like, like_escape
+from aot.cache.index.schema import ARTIFACTS, BLOBS, PROGRAMS
+
+__all__ = ["BlobRow", "IndexReads"]
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRow:
+    """One row of the blob reference table."""
+
+    digest: str
+    size: int
+    stored_size: int
+    created_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "digest": self.digest,
+            "size": self.size,
+            "stored_size": self.stored_size,
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+_ENTRY_COLUMNS = tuple(ARTIFACTS.c[f.name] for f in fields(IndexEntry))
+
+
+def _entry(row: sa.Row[Any]) -> IndexEntry:
+    return IndexEntry(*row)  # _ENTRY_COLUMNS are in field order
+
+
+# The lookups on every load, built once: a statement built per call costs SQLAlchemy
+# its construction and cache-key walk each time.
+_GET = sa.select(*_ENTRY_COLUMNS).where(ARTIFACTS.c.key == sa.bindparam("key"))
+
+
+def _by_name_query(with_env: bool, with_state: bool) -> sa.Select[Any]:
+    q = sa.select(*_ENTRY_COLUMNS).where(ARTIFACTS.c.name == sa.bindparam("name"))
+    if with_env:
+        q = q.where(ARTIFACTS.c.env_fp == sa.bindparam("env_fp"))
+    if with_state:
+        q = q.where(ARTIFACTS.c.state == sa.bindparam("state"))
+    return q.order_by(ARTIFACTS.c.created_at, ARTIFACTS.c.key)
+
+
+_BY_NAME = {(env, state): _by_name_query(env, state) for env in (False, True) for state in (False, True)}
+
+
+class IndexReads(IndexEngine):
+    """Reads of the index, each one statement in a short transaction."""
+
+    def get(self, key: str) -> IndexEntry | None:
+        """The row of ``key`` (None: not stored)."""
+        with self._read(f"get {key}") as conn:
+            row = conn.execute(_GET, {"key": key}).first()
+        return _entry(row) if row is not None else None
+
+    def by_name(
+        self, name: str, env_fp: str | None = None, state: str | None = "ok"
+    ) -> list[IndexEntry]:
+        """Artifacts stored under ``name`` (for one environment; ``state=None``: any),
+        oldest first, in one query."""
+        q = _BY_NAME[env_fp is not None, state is not None]
+        with self._read(f"look up {name}") as conn:
+            rows = conn.execute(q, {"name": name, "env_fp": env_fp, "state": state}).all()
+        return [_entry(r) for r in rows]
+
+    def by_program(self, program_fp: str) -> list[IndexEntry]:
+        """Every artifact of one program (all environments and states)."""
+        q = (
+            sa.select(*_ENTRY_COLUMNS)
+            .where(ARTIFACTS.c.program_fp == program_fp)
+            .order_by(ARTIFACTS.c.created_at, ARTIFACTS.c.key)
+        )
+        with self._read(f"look up program {program_fp}") as conn:
+            return [_entry(r) for r in conn.execute(q).all()]
+
+    def entries(self, name_glob: str | None = None) -> list[IndexEntry]:
+        """All artifacts, or those whose name matches an fnmatch glob (case-sensitive)."""
+        q = sa.select(*_ENTRY_COLUMNS)
+        if name_glob is not None and name_glob != "*":
+            q = q.where(ARTIFACTS.c.name.like(glob_to_like(name_glob), escape="\\"))
+        q = q.order_by(ARTIFACTS.c.name, ARTIFACTS.c.created_at, ARTIFACTS.c.key)
+        with self._read("list artifacts") as conn:
+            out = [_entry(r) for r in conn.execute(q).all()]
+        if name_glob is not None and name_glob != "*":
+            # LIKE is case-insensitive on SQLite and has no [...] classes.
+            out = [e for e in out if fnmatch.fnmatchcase(e.name, name_glob)]
+        return out
+
+    def names(self) -> list[str]:
+        """Every name with at least one artifact row."""
+        with self._read("list names") as conn:
+            return sorted(conn.execute(sa.select(ARTIFACTS.c.name).distinct()).scalars())
+
+    def count(self) -> int:
+        """How many artifact rows (all environments and states)."""
+        with self._read("count artifacts") as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(ARTIFACTS)).scalar_one())
+
+    def program(self, program_fp: str) -> dict[str, Any] | None:
+        """The programs row as a dict (name, signature, hlo_digest, created_at)."""
+        with self._read(f"look up program {program_fp}") as conn:
+            row = conn.execute(sa.select(PROGRAMS).where(PROGRAMS.c.program_fp == program_fp)).first()
+        return dict(row._mapping) if row is not None else None
+
+    def find_key_prefix(self, prefix: str, *, limit: int | None = None) -> list[str]:
+        """Keys starting with ``prefix`` (for abbreviated keys on the command line)."""
+        q = (
+            sa.select(ARTIFACTS.c.key)
+            .where(ARTIFACTS.c.key.like(like_escape(prefix) + "%", escape="\\"))
+            .order_by(ARTIFACTS.c.key)
+        )
+        if limit is not None:
+            q = q.limit(limit)
+        with self._read("look up a key prefix") as conn:
+            keys = list(conn.execute(q).scalars())
+        return [k for k in keys if k.startswith(prefix)]  # SQLite LIKE ignores case
+
+    def referenced_digests(self) -> set[str]:
+        """Every blob digest that an artifact or program row references."""
+        q = sa.union(
+            sa.select(ARTIFACTS.c.exe_digest.label("d")).where(ARTIFACTS.c.exe_digest.is_not(None)),
+            sa.select(ARTIFACTS.c.hlo_digest.label("d")).where(ARTIFACTS.c.hlo_digest.is_not(None)),
+            sa.select(PROGRAMS.c.hlo_digest.label("d")).where(PROGRAMS.c.hlo_digest.is_not(None)),
+        )
+        with self._read("list referenced blobs") as conn:
+            return {d for d in conn.execute(q).scalars() if d is not None}
+
+    def blob_rows(self) -> list[BlobRow]:
+        """The blob reference table, by digest."""
+        with self._read("list blob rows") as conn:
+            rows = conn.execute(sa.select(BLOBS).order_by(BLOBS.c.digest)).all()
+        return [BlobRow(**r._mapping) for r in rows]
+
+    def total_stored_size(self) -> int:
+        """Bytes the registered blobs occupy in the blob store (each digest once)."""
+        with self._read("sum blob sizes") as conn:
+            return int(
+                conn.execute(sa.select(sa.func.coalesce(sa.func.sum(BLOBS.c.stored_size), 0))).scalar_one()
+            )
+
+    def is_empty(self) -> bool:
+        """No artifact and no program row (a new, lost or emptied index)."""
+        with self._read("count rows") as conn:
+            for table in (ARTIFACTS, PROGRAMS):
+                if conn.execute(sa.select(sa.literal(1)).select_from(table).limit(1)).first() is not None:
+                    return False
+        return True
