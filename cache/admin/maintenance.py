@@ -247,9 +247,8 @@ class GcPlan:
 #: copying in by hand, or an older writer's.
 ORPHAN_GRACE_SECONDS = 600.0
 
-#: Blobs deleted per deletion-lock transaction (writers wait for the lock meanwhile:
-#: a batch held it 4 ms (PostgreSQL blobs) to 120 ms (SQLite + blob folder) at the
-#: median on a loaded 2-core machine, benchmarks/bench_gc.py).
+#: Blobs deleted per deletion-lock transaction: writers wait for the lock meanwhile,
+#: so a batch is kept short (benchmarks/bench_gc.py measures how long it is held).
 GC_BATCH = 64
 
 #: Between batches gc leaves the lock free for as long as it held it (at most this),

@@ -8,7 +8,7 @@ The invariant: a committed row never names a missing blob.
 
 Every test runs on the four shared-cache backends: SQLite + blob folder, PostgreSQL
 with blobs in the database, PostgreSQL + blob folder, PostgreSQL + S3 (a moto server:
-the fleet's configuration, issue 13). Pauses come from the named
+the fleet's configuration). Pauses come from the named
 points of :mod:`aot.cache.pauses` (a hook in this process; ``kill`` in a child).
 """
 
@@ -201,7 +201,7 @@ def evictable(backend: Backend, artifact: Any) -> str:
 def test_gc_paused_before_deleting_while_a_writer_stores_the_evicted_entry_again(
     backend: Backend, tiny: Any
 ) -> None:
-    """Issue 12: gc evicts an entry (LRU) and, before it deletes the blobs, a writer
+    """gc evicts an entry (LRU) and, before it deletes the blobs, a writer
     stores the same entry again: it finds the blobs present, writes nothing and commits
     its row. On the old code gc then deleted both blobs under the committed row."""
     artifact = tiny.by_size[5]
@@ -322,10 +322,10 @@ def skew_client_clock(monkeypatch: pytest.MonkeyPatch, delta: dt.timedelta) -> N
 def test_a_writer_whose_clock_is_15_minutes_behind_keeps_its_blobs(
     backend: Backend, tiny: Any, monkeypatch: pytest.MonkeyPatch, protection: str
 ) -> None:
-    """Issue 12: a writer's clock runs 15 minutes behind the gc host's. Its in-flight
+    """A writer's clock runs 15 minutes behind the gc host's. Its in-flight
     blobs must survive a gc: every stamp and every comparison uses the database
     server's clock. ``lease``: no orphan grace, leases of 10 minutes (stamped with the
-    writer's clock they would have expired 5 minutes ago). ``age``: the issue's case,
+    writer's clock they would have expired 5 minutes ago). ``age``: the reported case,
     blobs in PostgreSQL and an orphan grace of 10 minutes (stamped with the writer's
     clock they looked 15 minutes old and were deleted); leases now protect them too."""
     from aot.cache.index import gc as index_gc

@@ -253,7 +253,7 @@ def test_one_glob_may_be_given_as_a_string(source, compiled, tmp_path: Path) -> 
 def test_import_repairs_entries_whose_blobs_are_missing_or_corrupt(
     cache: aot.Cache, source, compiled, tmp_path: Path  # noqa: ANN001
 ) -> None:
-    """Issue 12: importing a good bundle over entries whose rows exist but whose blobs
+    """Importing a good bundle over entries whose rows exist but whose blobs
     are gone or damaged reported "0 imported (5 already present)" and serving still
     failed. Import checks the blobs of the rows it would skip and restores them."""
     path = source.export_bundle(tmp_path / "all.aotb").path

@@ -260,7 +260,7 @@ def test_gc_between_a_writers_blobs_and_its_index_row_loses_nothing(
     assert writer.get(entry.key).key == entry.key
 
 
-# ---------------------------------------------------------------- issue 12: ages and empty indexes
+# ---------------------------------------------------------------- ages and empty indexes
 
 
 def test_a_blob_of_a_store_gc_does_not_know_is_aged_by_its_store(tmp_path, compiled) -> None:  # noqa: ANN001

@@ -502,7 +502,7 @@ def test_concurrent_adds_from_processes(index_url: str, tmp_path: Path) -> None:
         assert idx.count() == 1 and idx.get(entry.key) == entry
 
 
-# ------------------------------------------------------------------- globs (issue 12)
+# ------------------------------------------------------------------- globs
 
 
 @pytest.mark.parametrize(
