@@ -3,8 +3,8 @@
 The parts of the index live beside this module: the schema and its migrations
 (:mod:`~aot.cache.index.schema`), the engine and its transactions
 (:mod:`~aot.cache.index.engine`), the reads (:mod:`~aot.cache.index.queries`), the gc
-protocol (:mod:`~aot.cache.index.gc`). A folder cache is read at serve time through
-the standard library instead (:mod:`~aot.cache.index.reader`); both satisfy
+protocol (:mod:`~aot.cache.index.gc_protocol`). A folder cache is read through the
+standard library instead (:mod:`~aot.cache.index.reader`); both satisfy
 :class:`~aot.cache.index.protocol.IndexReader`.
 """
 
@@ -23,7 +23,7 @@ from sqlalchemy.engine.url import URL
 from aot.cache.index.advice import advice_for, mask_url, reason_of
 from aot.cache.index.engine import insert_ignore, make_engine, server_now, server_now_expr
 from aot.cache.index.entry import INDEX_FILE, IndexEntry, as_utc
-from aot.cache.index.gc import IndexGc
+from aot.cache.index.gc_protocol import IndexGc
 from aot.cache.index.leases import Lease, LeaseLostError
 from aot.cache.index.queries import IndexReads
 from aot.cache.index.schema import ARTIFACTS, BLOBS, LEASES, PROGRAMS, ensure_schema, read_version
@@ -39,8 +39,8 @@ class Index(IndexReads, IndexGc):
     """The SQL index of a cache: SQLite (default) or PostgreSQL (shared).
 
     Its reads (:class:`~aot.cache.index.queries.IndexReads`) and its side of the gc
-    protocol (:class:`~aot.cache.index.gc.IndexGc`) are defined beside it; the writes
-    of rows are here.
+    protocol (:class:`~aot.cache.index.gc_protocol.IndexGc`) are defined beside it; the
+    writes of rows are here.
     """
 
     def __init__(self, url: str | URL, *, read_only: bool = False) -> None:

@@ -302,7 +302,7 @@ def skew_client_clock(monkeypatch: pytest.MonkeyPatch, delta: dt.timedelta) -> N
     """This process's clock as jax-aot reads it, ``delta`` off (the database server's
     clock and the kernel's file times are not this process's to change)."""
     import aot.cache.storage.folder
-    from aot.cache.index import engine, entry, gc, queries, schema, sql
+    from aot.cache.index import engine, entry, gc_protocol, queries, schema, sql
 
     class Skewed(dt.datetime):
         @classmethod
@@ -310,7 +310,7 @@ def skew_client_clock(monkeypatch: pytest.MonkeyPatch, delta: dt.timedelta) -> N
             return dt.datetime.now(tz) + delta
 
     real_time = time.time
-    for module in (schema, engine, queries, gc, sql, entry, aot.cache.storage.folder):
+    for module in (schema, engine, queries, gc_protocol, sql, entry, aot.cache.storage.folder):
         if hasattr(module, "datetime"):
             monkeypatch.setattr(module, "datetime", Skewed)
     for module in (schema, entry):
@@ -328,7 +328,7 @@ def test_a_writer_whose_clock_is_15_minutes_behind_keeps_its_blobs(
     writer's clock they would have expired 5 minutes ago). ``age``: the reported case,
     blobs in PostgreSQL and an orphan grace of 10 minutes (stamped with the writer's
     clock they looked 15 minutes old and were deleted); leases now protect them too."""
-    from aot.cache.index import gc as index_gc
+    from aot.cache.index import gc_protocol as index_gc
     from aot.cache.admin import maintenance
 
     if protection == "age" and backend.kind != "postgresql-db":

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from aot.cache.index import entry as index_entry
-from aot.cache.index import gc as index_gc
+from aot.cache.index import gc_protocol as index_gc
 from aot.cache.index import schema as index_schema
 from aot.cache.index.entry import SCHEMA_VERSION, IndexEntry
 from aot.cache.index.globs import glob_to_like

@@ -383,7 +383,7 @@ def test_a_sql_store_stamps_and_reads_ages_on_the_database_clock(
     """A writer whose clock is 15 minutes behind must not make its blobs look old (the
     stamp is the server's) and a gc whose clock is ahead must not see them as old."""
     from aot.cache.storage import database as dbblobs_mod
-    from aot.cache.index import engine, gc, queries, schema, sql
+    from aot.cache.index import engine, gc_protocol, queries, schema, sql
     from aot.cache.storage.database import SqlObjectStore
 
     if not isinstance(blob_store.store, SqlObjectStore):
@@ -396,7 +396,8 @@ def test_a_sql_store_stamps_and_reads_ages_on_the_database_clock(
             def now(cls, tz=None):  # noqa: ANN001, ANN206
                 return dt.datetime.now(tz) + skew
 
-        for module in (schema, engine, queries, gc, sql, dbblobs_mod):  # the client's clock, wherever it is read
+        # The client's clock, wherever it is read.
+        for module in (schema, engine, queries, gc_protocol, sql, dbblobs_mod):
             if hasattr(module, "datetime"):
                 monkeypatch.setattr(module, "datetime", Skewed)
         monkeypatch.setattr(schema, "utcnow", lambda: dt.datetime.now(dt.timezone.utc) + skew)
