@@ -379,7 +379,7 @@ def test_kill_9_at_every_step_of_writer_and_gc(
     deletion transaction) at each of its steps. After every kill: no committed row
     without its blobs; then the cache recovers: the dead writer's leases expire and gc
     takes its orphans, every entry can be stored again, verify is clean."""
-    from test_crashes import Zygote, expire_leases, remove_stale_temp_files
+    from tests.reliability.test_crashes import Zygote, expire_leases, remove_stale_temp_files
 
     from aot.cache.admin import maintenance
 
