@@ -72,8 +72,12 @@ _register()
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point (``aot``) and ``python -m aot``."""
+    # Whether this process is the `aot` command itself (the console script or
+    # `python -m aot`), not a script that calls main(): only the command starts helper
+    # processes, which import the __main__ module again.
+    command_process = getattr(sys.modules.get("__main__"), "main", None) is main
     try:
-        cli.main(args=argv, prog_name="aot")
+        cli.main(args=argv, prog_name="aot", obj=State(command_process=command_process))
     except SystemExit as exc:
         leave(exc.code)
     leave(0)

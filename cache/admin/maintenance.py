@@ -20,7 +20,7 @@ from aot.errors import AotError, CacheError, IntegrityError
 from aot.signing import verify as verify_signature
 from aot.cache.index.sql import IndexEntry
 from aot.cache.reports.listing import superseded_keys
-from aot.cache.storage.records import BlobStat
+from aot.cache.storage.objectstore import BlobStat
 from aot.cache.pauses import reached
 from aot.cache.units import human_size, parse_age, parse_size  # noqa: F401 - re-exported
 

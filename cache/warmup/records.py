@@ -381,7 +381,7 @@ class RecordStore:
     @classmethod
     def for_cache(cls, cache: Cache, *, enabled: bool = True) -> RecordStore:
         """The records of ``cache`` (off for a database cache, or when not ``enabled``)."""
-        from aot.cache.storage.objectstore import FOLDER, classify_location
+        from aot.cache.storage.locations import FOLDER, classify_location
 
         where = classify_location(cache.location)
         if not enabled or where.kind != FOLDER:

@@ -446,7 +446,7 @@ def test_copy_to_moves_payloads_as_stored_and_verifies_them(
 
 def test_open_object_store_picks_the_class_by_scheme(tmp_path: Path, sqlite_url: str) -> None:
     from aot.cache.storage.database import SqlObjectStore
-    from aot.cache.storage.objectstore import classify_location, open_object_store
+    from aot.cache.storage.locations import classify_location, open_object_store
 
     folder = open_object_store(str(tmp_path / "a"))
     assert isinstance(folder, FolderObjectStore) and folder.root == tmp_path / "a"
@@ -474,7 +474,7 @@ def test_open_object_store_picks_the_class_by_scheme(tmp_path: Path, sqlite_url:
 def test_an_unknown_scheme_is_refused_never_a_local_folder(
     location: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aot.cache.storage.objectstore import open_object_store
+    from aot.cache.storage.locations import open_object_store
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CacheError, match="scheme"):
@@ -490,7 +490,7 @@ def test_an_object_store_url_without_its_driver_says_what_to_install(
     import sys
 
     import aot
-    from aot.cache.storage.objectstore import open_object_store
+    from aot.cache.storage.locations import open_object_store
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(sys.modules, "aot.cache.storage.fsspec_store", None)  # as if not installed
