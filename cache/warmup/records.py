@@ -287,7 +287,7 @@ def _module_file(module: Any) -> str | None:
 
 
 #: name -> (the module object, its file if it is a project module, else None). A warm-up
-#: remembers after every item, and most of the ~1,000 loaded modules are the same
+#: remembers after every item, and most of the many loaded modules are the same
 #: objects as last time: only new or replaced ones are looked at again.
 _SEEN: dict[str, tuple[Any, str | None]] = {}
 
