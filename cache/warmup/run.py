@@ -99,6 +99,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class WarmupReport:
+    """What a warm-up did: one result per item run, in manifest order."""
+
     location: str
     jobs: int
     results: tuple[ItemResult, ...]

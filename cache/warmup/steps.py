@@ -11,6 +11,7 @@ a worker process or an executor runs.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -28,6 +29,8 @@ from aot.cache.warmup.targets import prepare, x64_hint, x64_mode
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "SIGNATURE_WIDTH",

@@ -137,10 +137,10 @@ def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
     assert report.results[3].error.splitlines() == [
         "ValueError: this model is broken",
         "second line of the message",
-        '  at tests/cli/tests.cli.models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
+        '  at tests/cli/models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
     ]
     assert "Traceback (most recent call last)" in report.results[3].traceback
-    assert 'tests.cli.models.py", line 39, in broken' in report.results[3].traceback
+    assert 'tests/cli/models.py", line 39, in broken' in report.results[3].traceback
     assert report.to_dict()["failed"] == 2
     # The workers opened the cache as the caller did: with its signing key.
     compiled = signed.index.get(report.results[2].key)
