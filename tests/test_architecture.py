@@ -16,8 +16,9 @@ the tree is read as written, without importing anything.
 An import edge goes to the module named: ``import a.b.c`` and ``from a.b import c`` (when
 ``a.b.c`` is a module) import ``a.b.c``; ``from a.b import name`` imports ``a.b``. The
 packages a dotted import passes through are not edges: every module would otherwise
-depend on its package's ``__init__``. A name imported through ``importlib`` by a string
-(the lazy public names of ``aot/__init__.py``) is no edge either.
+depend on its package's ``__init__``. ``importlib.import_module("a.b")`` with a literal
+name is an import of ``a.b``; a name computed at run time (the lazy public names of
+``aot/__init__.py``) cannot be read and is no edge.
 
 The tests at the end run the checker on small trees written to ``tmp_path``, so each
 check is seen to fail on what it forbids.
@@ -194,7 +195,26 @@ def imports_of(module: Module, modules: Mapping[str, Module]) -> list[Import]:
             target = _known(source, modules)
             if from_package and target is not None:
                 found.append(Import(module.name, target, module.path, node.lineno, tuple(from_package)))
+        elif isinstance(node, ast.Call):
+            name = _imported_by_call(node)
+            target = _known(name, modules) if name is not None else None
+            if target is not None:
+                found.append(Import(module.name, target, module.path, node.lineno))
     return found
+
+
+def _imported_by_call(node: ast.Call) -> str | None:
+    """The module named by ``importlib.import_module("a.b")`` or ``__import__("a.b")``
+    with a literal absolute name: an import all the same. (A name computed at run time
+    cannot be read; the lazy public names of ``aot/__init__.py`` are of that kind.)"""
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if called not in ("import_module", "__import__") or not node.args:
+        return None
+    first = node.args[0]
+    if isinstance(first, ast.Constant) and isinstance(first.value, str) and not first.value.startswith("."):
+        return first.value
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,6 +551,15 @@ def test_checker_finds_a_longer_circle_and_keeps_two_apart(tmp_path: Path) -> No
         "circle of 5 modules: aot.m0, aot.m1, aot.m2, aot.m3, aot.m4",
         "circle of 2 modules: aot.x, aot.y",
     ]
+
+
+def test_checker_counts_importlib_with_a_literal_name(tmp_path: Path) -> None:
+    tree = _write(tmp_path, {
+        "aot/a.py": "import aot.b\n",
+        "aot/b.py": "import importlib\ndef f():\n    return importlib.import_module('aot.a')\n",
+    })
+    (report,) = import_circles(tree)
+    assert "aot.b -> aot.a  (aot/b.py:3)" in report
 
 
 def test_checker_ignores_type_checking_imports(tmp_path: Path) -> None:
