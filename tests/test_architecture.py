@@ -590,10 +590,15 @@ def test_checker_finds_private_names_across_modules(tmp_path: Path) -> None:
         "cache/attr.py": "import aot.cache.index.sql as sql\nx = sql._ART\n",
         "cache/dotted.py": "import aot.cache.index.sql\nx = aot.cache.index.sql._engine\n",
         "cache/inside.py": "_mine = 1\ny = _mine\n",
+        # A private module is private to its package.
+        "cache/index/_impl.py": "",
+        "cache/index/reader.py": "from . import _impl\n",
+        "cache/outside.py": "from aot.cache.index import _impl\n",
     })
     assert private_imports(tree) == [
         "cache/attr.py:2: aot.cache.attr uses aot.cache.index.sql._ART",
         "cache/dotted.py:2: aot.cache.dotted uses aot.cache.index.sql._engine",
+        "cache/outside.py:1: aot.cache.outside uses aot.cache.index._impl",
         "cache/stats.py:1: aot.cache.stats uses aot.cache.index.sql._ART",
         "cache/storage.py:2: aot.cache.storage uses aot.cache.index.sql._engine",
     ]
