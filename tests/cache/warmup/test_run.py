@@ -1,4 +1,8 @@
-"""aot.cache.warmup.run as a library: parsing, expansion, parallel runs, coverage."""
+"""aot.cache.warmup.run as a library: parsing, expansion, parallel runs, coverage.
+
+Run from the repository root, as the CLI tests are: the fixture manifest's targets
+(``fixtures.models``) are imported from there, also by worker processes.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,12 @@ from aot.cache.warmup.run import (
     parse_manifest,
     run_warmup,
 )
-from tests.cli.helpers import MANIFEST, MANIFEST_LABELS
+from tests.cli.helpers import MANIFEST, MANIFEST_LABELS, REPO
+
+
+@pytest.fixture(autouse=True)
+def _at_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
 
 
 def test_fixture_manifest_expands_to_its_buckets() -> None:
