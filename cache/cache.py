@@ -25,7 +25,7 @@ from aot.fingerprint import environment_fingerprint
 from aot.signing import key_from, sign, verify
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import INDEX_FILE, IndexEntry
-from aot.cache.storage.objectstore import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
+from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
 
 if TYPE_CHECKING:
     from aot.computation import MeshComputation
@@ -61,7 +61,7 @@ def default_location() -> str:
 def is_url(location: str) -> bool:
     """Whether ``location`` is a URL (a database, or file://), not a plain folder path.
 
-    Recognised by scheme (:func:`aot.cache.storage.objectstore.classify_location`); an
+    Recognised by scheme (:func:`aot.cache.storage.locations.classify_location`); an
     unknown scheme raises :class:`CacheError`.
     """
     return classify_location(location).scheme is not None
@@ -119,7 +119,7 @@ class Cache:
     ``file://`` URL) -> SQLite index and zstd blobs there; a SQLAlchemy URL
     (``postgresql+psycopg://...``, told by its dialect) -> a shared index, with blobs
     in the same database unless ``blob_location`` names another store: a folder,
-    ``file://``, ``s3://``, ``gs://``, ``az://`` (:func:`~aot.cache.storage.objectstore.open_object_store`).
+    ``file://``, ``s3://``, ``gs://``, ``az://`` (:func:`~aot.cache.storage.locations.open_object_store`).
     ``cache.blobs`` is the :class:`~aot.cache.storage.content.ContentStore` over it.
 
     ``local="/var/cache/aot"``: a local read-through tier for serving replicas (a

@@ -50,11 +50,11 @@ from aot.artifact import EXECUTABLE, Artifact
 from aot.cache.cache import Cache
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import IndexEntry
-from aot.cache.storage.objectstore import FOLDER, classify_location
+from aot.cache.storage.locations import FOLDER, classify_location
 from aot.errors import AotError, CacheError, CorruptArtifactError
 
 if TYPE_CHECKING:
-    from aot.cache.storage.records import BlobStat
+    from aot.cache.storage.objectstore import BlobStat
 
 log = logging.getLogger(__name__)
 

@@ -37,6 +37,10 @@ class State:
     read_only: bool = False
     json: bool = False
     debug: bool = False
+    # True when this process is the ``aot`` command itself: its entry point,
+    # :func:`aot.cli.main.main`, is the ``main`` of the ``__main__`` module. The entry
+    # point says so; this module never imports it (it imports every command).
+    command_process: bool = False
     _settings: Settings | None = field(default=None, repr=False)
     _cache: Cache | None = field(default=None, repr=False)
 
@@ -58,15 +62,13 @@ class State:
         process is not the ``aot`` command itself (a helper is started with "spawn",
         which imports the ``__main__`` module again: a script without a main guard that
         calls the CLI would run twice)."""
-        from aot.cli.main import main as command
-
-        if getattr(sys.modules.get("__main__"), "main", None) is not command:
+        if not self.command_process:
             return None
         settings = self.settings
         location = settings.cache.value
         if self._cache is not None or self.read_only or location is None or settings.local.value is not None:
             return None
-        from aot.cache.storage.objectstore import FOLDER, classify_location
+        from aot.cache.storage.locations import FOLDER, classify_location
 
         where = classify_location(location)
         if where.kind != FOLDER:

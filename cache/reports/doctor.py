@@ -92,7 +92,7 @@ def diagnose(
     from aot.cache.cache import Cache, default_location
     from aot.cache.index.sql import SCHEMA_VERSION, mask_url
     from aot.cache.admin.maintenance import empty_index_problem
-    from aot.cache.storage.objectstore import FOLDER, classify_location
+    from aot.cache.storage.locations import FOLDER, classify_location
     from aot.fingerprint import environment_fingerprint, xla_flags_outside_key
 
     devices = jax.devices()

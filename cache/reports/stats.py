@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.entry import fields_to_json, parse_utc
-from aot.cache.serving.stats import _COUNTERS
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -58,6 +57,13 @@ class SignatureStats:
         return cls(**kwargs)
 
 
+#: The fields of a row that add up: its counts and seconds (``calls``, ``loads``,
+#: ``load_seconds``, ...), in the order of the index's columns.
+COUNTERS: tuple[str, ...] = tuple(
+    f.name for f in fields(SignatureStats) if f.type in ("int", "float")
+)
+
+
 @dataclass(frozen=True, slots=True)
 class StatsReport:
     """What ``aot stats`` shows: rows (most called first) and their totals."""
@@ -69,9 +75,9 @@ class StatsReport:
 
     @property
     def totals(self) -> dict[str, Any]:
-        out: dict[str, Any] = {name: 0 for name in _COUNTERS}
+        out: dict[str, Any] = {name: 0 for name in COUNTERS}
         for row in self.rows:
-            for name in _COUNTERS:
+            for name in COUNTERS:
                 out[name] += getattr(row, name)
         out["signatures"] = sum(1 for r in self.rows if r.calls or r.loads or r.recompiles)
         return out
@@ -116,15 +122,16 @@ def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
     read-only cache, kept in memory, is :meth:`StatsRecorder.report`.)"""
     import sqlalchemy as sa
 
-    from aot.cache.index.sql import _STATS, glob_to_like
+    from aot.cache.index.sql import CallStatsRow, glob_to_like
 
+    table: sa.Table = CallStatsRow.__table__  # type: ignore[assignment]
     this = cache.environment.digest
     index = _stats_index(cache)
-    query = sa.select(_STATS)
+    query = sa.select(table)
     if name_glob is not None and name_glob != "*":
-        query = query.where(_STATS.c.name.like(glob_to_like(name_glob), escape="\\"))
+        query = query.where(table.c.name.like(glob_to_like(name_glob), escape="\\"))
     if env == "this":
-        query = query.where(_STATS.c.env_fp == this)
+        query = query.where(table.c.env_fp == this)
     with index._read("read call statistics") as conn:
         found = conn.execute(query).all()
     rows = []
@@ -142,8 +149,9 @@ def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
     Entries' ``hits`` and last-used times are left alone (gc needs them)."""
     import sqlalchemy as sa
 
-    from aot.cache.index.sql import _STATS
+    from aot.cache.index.sql import CallStatsRow
 
+    table: sa.Table = CallStatsRow.__table__  # type: ignore[assignment]
     cache.stats.flush()  # what this process counted goes too
     cache.stats.zero(name_glob)
     target = getattr(cache, "stats_cache", cache)
@@ -151,7 +159,7 @@ def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
     index = _stats_index(cache)
     this = cache.environment.digest
     with index._read("read call statistics") as conn:
-        rows = conn.execute(sa.select(_STATS.c.env_fp, _STATS.c.name, _STATS.c.signature_digest)).all()
+        rows = conn.execute(sa.select(table.c.env_fp, table.c.name, table.c.signature_digest)).all()
     doomed = [
         r for r in rows
         if (name_glob is None or fnmatch.fnmatchcase(r.name, name_glob)) and (env == "all" or r.env_fp == this)
@@ -160,9 +168,9 @@ def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
         return 0
     with index._write("reset call statistics") as conn:
         for r in doomed:
-            conn.execute(sa.delete(_STATS).where(
-                _STATS.c.env_fp == r.env_fp, _STATS.c.name == r.name,
-                _STATS.c.signature_digest == r.signature_digest,
+            conn.execute(sa.delete(table).where(
+                table.c.env_fp == r.env_fp, table.c.name == r.name,
+                table.c.signature_digest == r.signature_digest,
             ))
     return len(doomed)
 

@@ -25,8 +25,7 @@ from aot.cache.index.sql import (
     mask_url,
     server_now,
 )
-from aot.cache.storage.records import BlobStat
-from aot.cache.storage.objectstore import check_digest, read_only_error
+from aot.cache.storage.objectstore import BlobStat, check_digest, read_only_error
 from aot.errors import CacheError
 
 logger = logging.getLogger(__name__)

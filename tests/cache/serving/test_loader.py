@@ -364,7 +364,6 @@ _SERVER = textwrap.dedent(
             # Value objects defined apart because serving never makes one (each frozen
             # dataclass costs ~0.5 ms to define).
             "aot.differences",  # two fingerprints that differ
-            "aot.cache.storage.records",  # listing, storing and copying blobs
             "aot.cache.compile_result",  # compiling
         )
         if m in sys.modules
