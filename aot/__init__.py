@@ -30,7 +30,7 @@ from aot.errors import (
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
-    from aot.cache.serving.loader import load
+    from aot.cache.serving.load import load
     from aot.computation import MeshComputation, PmapComputation
     from aot.executable import MeshExecutable, PmapExecutable
     from aot.lowering import lower, lower_pmap
@@ -40,7 +40,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Cache": "aot.cache.cache",
-    "load": "aot.cache.serving.loader",
+    "load": "aot.cache.serving.load",
     "MeshComputation": "aot.computation",
     "PmapComputation": "aot.computation",
     "MeshExecutable": "aot.executable",

@@ -640,7 +640,7 @@ class Cache:
         """
         result = self.compile_entry(fn, *args, name=name, pmap=pmap, **lower_kwargs)
         if result.executable is None:
-            from aot.cache.serving.loader import Dispatcher
+            from aot.cache.serving.dispatcher import Dispatcher
 
             return Dispatcher(self, result.entry.name)
         return result.executable

@@ -23,7 +23,7 @@ What is counted (one row per environment x name x signature in the index's
 
 How, without slowing the call path: a dispatcher counts a call with one integer
 increment on the program object it already holds (``program.calls += 1`` in
-:meth:`aot.cache.serving.loader.Dispatcher.__call__`); nothing else happens per call. Loads,
+:meth:`aot.cache.serving.dispatcher.Dispatcher.__call__`); nothing else happens per call. Loads,
 misses and recompiles are slow paths anyway: they add to a pending tally under a lock.
 One flusher thread per process (:data:`FLUSH_SECONDS`), :meth:`StatsRecorder.flush`
 at :meth:`Cache.close` and at exit (``weakref.finalize``) move the counts into the

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import aot
-from aot.cache.serving import loader
+from aot.cache.serving import programs
 from aot.cache.cache import Cache
 from aot.rehydrate import recompile
 
@@ -45,13 +45,13 @@ def rewarmed(tiny: TinyArtifacts) -> Any:
 @pytest.fixture
 def recompiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     calls: list[str] = []
-    real = loader.recompile
+    real = programs.recompile
 
     def counting(artifact: Any) -> Any:
         calls.append(artifact.manifest.key)
         return real(artifact)
 
-    monkeypatch.setattr(loader, "recompile", counting)
+    monkeypatch.setattr(programs, "recompile", counting)
     yield calls
 
 

@@ -209,7 +209,7 @@ def test_closing_the_cache_cancels_pending_loads_and_waits_for_running_ones(
     gate.wait_entered(2)  # two loads running (held), the third queued
     closer = threading.Thread(target=cache.close)
     closer.start()
-    stopped = fn._background._stopped  # noqa: SLF001 - set by close before it waits
+    stopped = fn.programs.background._stopped  # noqa: SLF001 - set by close before it waits
     assert stopped.wait(_WAIT)
     closer.join(0.2)
     assert closer.is_alive()  # close waits for the running loads

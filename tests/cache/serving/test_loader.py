@@ -154,7 +154,7 @@ def test_fallback_compiles_stores_and_logs(
     before = len(served.entries())
     x8 = models.mlp_input(8)
     expected = np.asarray(jax.jit(models.mlp_forward)(compiled.params, x8))
-    with caplog.at_level(logging.WARNING, logger="aot.cache.serving.loader"):
+    with caplog.at_level(logging.WARNING, logger="aot.cache.serving"):
         out = fn(compiled.params, x8)
     np.testing.assert_array_equal(np.asarray(out), expected)
     assert len(served.entries()) == before + 1
@@ -200,7 +200,7 @@ def moved(served, compiled, foreign):  # noqa: ANN001, ANN201
 
 def test_other_environment_is_recompiled_from_hlo(moved, compiled, caplog) -> None:  # noqa: ANN001
     cache, original, other = moved
-    with caplog.at_level(logging.WARNING, logger="aot.cache.serving.loader"):
+    with caplog.at_level(logging.WARNING, logger="aot.cache.serving"):
         fn = aot.load(compiled.MLP_NAME, cache=cache)
     _check_buckets(fn, compiled)
     assert len(fn.signatures) == 3
