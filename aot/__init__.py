@@ -29,7 +29,7 @@ from aot.errors import (
 )
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.opening import Cache
     from aot.cache.serving.load import load
     from aot.computation import MeshComputation, PmapComputation
     from aot.executable import MeshExecutable, PmapExecutable
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Cache": "aot.cache.cache",
+    "Cache": "aot.cache.opening",
     "load": "aot.cache.serving.load",
     "MeshComputation": "aot.computation",
     "PmapComputation": "aot.computation",

@@ -1,4 +1,10 @@
-"""The Cache facade: an SQL index plus a blob store, holding artifacts by key."""
+"""The Cache facade: an SQL index plus a blob store, holding artifacts by key.
+
+:class:`Cache` stores, finds, loads and quarantines entries; :class:`CompileResult`
+says what :meth:`Cache.compile_entry` did. The local read-through tier
+(:mod:`aot.cache.tiered`) and ``aot.load`` (:mod:`aot.cache.serving`) build on this
+module, which imports neither.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,9 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
 from aot.rehydrate import build_artifact, build_symbolic_artifact, load_executable
@@ -29,8 +35,6 @@ from aot.cache.storage.objectstore import DATABASE, FOLDER, OBJECT, classify_loc
 
 if TYPE_CHECKING:
     from aot.computation import MeshComputation
-    from aot.cache.serving.background import BackgroundLoad
-    from aot.cache.compile_result import CompileResult
     from aot.cache.index.sql import Index
     from aot.cache.index.reader import SqliteReader
 
@@ -41,12 +45,37 @@ CACHE_ENV = "AOT_CACHE"
 CacheEntry = IndexEntry
 
 
-def __getattr__(name: str) -> Any:
-    if name == "CompileResult":  # defined in aot.cache.compile_result: serving never compiles
-        from aot.cache.compile_result import CompileResult
+@dataclass(frozen=True, slots=True)
+class CompileResult:
+    """What :meth:`Cache.compile_entry` did: the executable, its entry, hit or miss.
 
-        return CompileResult
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    ``executable`` is None for a symbolic (shape-polymorphic) program: it is stored
+    as portable HLO and compiled per concrete shape by ``aot.load``.
+    """
+
+    executable: MeshExecutable | None
+    entry: IndexEntry
+    hit: bool
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.entry.key,
+            "name": self.entry.name,
+            "signature": self.entry.signature,
+            "hit": self.hit,
+            "seconds": round(self.seconds, 4),
+            "compile_seconds": self.entry.compile_seconds,
+            "raw_size": self.entry.raw_size,
+            "stored_size": self.entry.stored_size,
+        }
+
+
+class BackgroundWork(Protocol):
+    """Work running over a cache in other threads (``aot.load(background=True)``):
+    :meth:`Cache.close` stops it before it closes the stores it reads."""
+
+    def stop(self) -> None: ...
 
 
 def default_location() -> str:
@@ -122,23 +151,14 @@ class Cache:
     ``file://``, ``s3://``, ``gs://``, ``az://`` (:func:`~aot.cache.storage.objectstore.open_object_store`).
     ``cache.blobs`` is the :class:`~aot.cache.storage.content.ContentStore` over it.
 
-    ``local="/var/cache/aot"``: a local read-through tier for serving replicas (a
-    folder cache this process writes): rows and blobs are read from it when present,
-    otherwise fetched from ``location``, verified, and kept there; the replica keeps
-    serving from it when the remote is unreachable. The object is then a
-    :class:`~aot.cache.tiered.TieredCache` (see :mod:`aot.cache.tiered`).
+    ``aot.Cache(..., local="/var/cache/aot")`` adds a local read-through tier for
+    serving replicas: the object is then a :class:`~aot.cache.tiered.TieredCache`
+    (see :mod:`aot.cache.tiered`; :mod:`aot.cache.opening` makes the choice).
 
     ``cache.stats`` records serving statistics (:mod:`aot.cache.serving.stats`).
     """
 
-    _background: weakref.WeakSet[BackgroundLoad[Any]] | None = None
-
-    def __new__(cls, *args: Any, local: str | os.PathLike[str] | None = None, **kwargs: Any) -> Cache:
-        if local is not None and cls is Cache:
-            from aot.cache.tiered import TieredCache
-
-            return super().__new__(TieredCache)
-        return super().__new__(cls)
+    _background: weakref.WeakSet[BackgroundWork] | None = None
 
     def __init__(
         self,
@@ -148,7 +168,6 @@ class Cache:
         read_only: bool = False,
         blob_location: str | os.PathLike[str] | None = None,
         require_signatures: bool = False,
-        local: str | os.PathLike[str] | None = None,  # taken by __new__: a TieredCache
     ) -> None:
         location = str(location) if location is not None else default_location()
         self.location = location
@@ -289,7 +308,7 @@ class Cache:
 
         return mask_url(self.location)
 
-    def hold_background(self, work: BackgroundLoad[Any]) -> None:
+    def hold_background(self, work: BackgroundWork) -> None:
         """Background loading over this cache: :meth:`close` stops it first."""
         if self._background is None:
             self._background = weakref.WeakSet()
@@ -598,7 +617,6 @@ class Cache:
         **lower_kwargs: Any,
     ) -> CompileResult:
         """Lowers ``fn``; on a hit loads the stored executable, on a miss compiles and stores."""
-        from aot.cache.compile_result import CompileResult
         from aot.lowering import lower, lower_pmap  # serving never lowers
 
         start = time.perf_counter()
@@ -647,8 +665,6 @@ class Cache:
 
     def _store_symbolic(self, computation: MeshComputation, start: float) -> CompileResult:
         """Stores a symbolic computation's portable HLO (nothing to compile yet)."""
-        from aot.cache.compile_result import CompileResult
-
         entry = self.index.get(computation.fingerprint)
         if entry is not None and entry.ok:
             return CompileResult(None, entry, True, time.perf_counter() - start)

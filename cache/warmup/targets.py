@@ -20,8 +20,7 @@ from aot.errors import AotError, ManifestError, SpecError, TargetError
 from aot.cache.warmup.manifest import AUTO_SHARDING, WarmupItem
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
-    from aot.cache.compile_result import CompileResult
+    from aot.cache.cache import Cache, CompileResult
 
 __all__ = [
     "Prepared",

@@ -1,4 +1,4 @@
-"""A stale reader must not condemn fresh data (issue 12).
+"""A stale reader must not condemn fresh data.
 
 A lazy dispatcher reads the rows of its name at start-up and loads each on its first
 call. If gc evicted an entry and a warm-up stored it again meanwhile, the row now

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import aot
-from aot.cache.serving.stats import read_stats
+from aot.cache.reports.stats import read_stats
 from aot.errors import CorruptArtifactError
 
 _WAIT = 60.0  # seconds; only a hung loader would take that long

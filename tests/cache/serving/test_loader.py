@@ -266,7 +266,7 @@ def test_strict_refuses_a_corrupt_executable_blob(served, compiled, read_raw, wr
 def test_strict_never_writes_for_a_manifest_that_contradicts_its_fingerprints(
     served, compiled, tamper_manifest, field: str  # noqa: ANN001
 ) -> None:
-    """The dispatcher files rows by their manifest's cross-checks (issue 12); under
+    """The dispatcher files rows by their manifest's cross-checks; under
     strict=True a contradicting row is logged and refused, never quarantined (issue
     11: strict loading never writes). A lenient dispatcher quarantines it."""
     import json
@@ -350,7 +350,7 @@ _SERVER = textwrap.dedent(
     result["jax_work"] = work
     # Serving a program without linalg needs neither LAPACK (scipy) nor SQLAlchemy
     # nor the lowering modules; serving exact signatures needs none of the modules of
-    # other features (issue 15: every serving process pays for its imports at start-up).
+    # other features (every serving process pays for its imports at start-up).
     result["imported"] = sorted(
         m for m in (
             "scipy", "sqlalchemy", "aot.lowering", "aot.computation",
@@ -358,14 +358,14 @@ _SERVER = textwrap.dedent(
             "aot.cache.serving.padding",  # only with pad=
             "aot.symbolic",  # only for symbolic signatures
             "aot.cache.serving.signatures",  # the wording of a miss
+            "aot.cache.serving.misses",  # the wording of a miss
+            "aot.cache.serving.symbolic",  # only for symbolic signatures
             "aot.cache.reports.stats",  # reading statistics back (aot stats)
             "aot.cache.serving.background",  # only with background=True
             "aot.cache.names", "aot.cache.pauses",  # writers only
-            # Value objects defined apart because serving never makes one (each frozen
-            # dataclass costs ~0.5 ms to define).
+            # Value objects defined apart because serving never makes one.
             "aot.differences",  # two fingerprints that differ
             "aot.cache.storage.records",  # listing, storing and copying blobs
-            "aot.cache.compile_result",  # compiling
         )
         if m in sys.modules
     )
