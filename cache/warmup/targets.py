@@ -20,7 +20,8 @@ from aot.errors import AotError, ManifestError, SpecError, TargetError
 from aot.cache.warmup.manifest import AUTO_SHARDING, WarmupItem
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache, CompileResult
+    from aot.cache.cache import Cache
+    from aot.cache.compiling import CompileResult
 
 __all__ = [
     "Prepared",
