@@ -37,10 +37,7 @@ import numpy as np
 from aot.errors import AvalMismatchError, SignatureNotFoundError, SpecError
 
 if TYPE_CHECKING:
-    from aot.cache.serving.programs import Program
-
-# (shape, dtype, weak_type) of one input, as the loader keys it.
-LeafKey = tuple[tuple[int, ...], Any, bool]
+    from aot.cache.serving.programs import LeafKey, Program
 
 
 @dataclass(frozen=True, slots=True)
