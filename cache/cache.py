@@ -186,8 +186,7 @@ class Cache:
 
     def _start_stats(self) -> None:
         """``self.stats``, flushed by :meth:`close` or when this object is collected."""
-        # The recorder lives with what it mostly counts (aot.load's calls); it takes the
-        # cache only as an argument, so this import forms no circle.
+        # Lives with what it mostly counts (aot.load's calls); no circle: it never imports this.
         from aot.cache.serving.stats import recorder_for
 
         self.stats = recorder_for(self)
@@ -459,8 +458,7 @@ class Cache:
         """
         result = self.compile_entry(fn, *args, name=name, pmap=pmap, **lower_kwargs)
         if result.executable is None:
-            # The documented result is aot.load's dispatcher, which takes the cache only
-            # as an argument: imported here, when a symbolic program asks for it.
+            # The documented result; no circle: the dispatcher never imports this module.
             from aot.cache.serving.dispatcher import Dispatcher
 
             return Dispatcher(self, result.entry.name)
