@@ -2,7 +2,7 @@
 
 The value objects (:class:`SignatureStats`, :class:`StatsReport`) and the queries over
 the index's ``call_stats`` table. Recording them (on the serving path, cheap to
-import) is :mod:`aot.cache.serving.stats`, which also re-exports these names.
+import) is :mod:`aot.cache.serving.stats`.
 """
 
 from __future__ import annotations
