@@ -29,8 +29,8 @@ from aot.errors import (
 )
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
-    from aot.cache.serving.loader import load
+    from aot.cache.opening import Cache
+    from aot.cache.serving.load import load
     from aot.computation import MeshComputation, PmapComputation
     from aot.executable import MeshExecutable, PmapExecutable
     from aot.lowering import lower, lower_pmap
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Cache": "aot.cache.cache",
-    "load": "aot.cache.serving.loader",
+    "Cache": "aot.cache.opening",
+    "load": "aot.cache.serving.load",
     "MeshComputation": "aot.computation",
     "PmapComputation": "aot.computation",
     "MeshExecutable": "aot.executable",

@@ -79,7 +79,7 @@ def main() -> None:
 
     from aot.artifact import EXECUTABLE, manifest_problems
     from aot.cache.cache import Cache
-    from aot.cache.admin.maintenance import _consistency_problems
+    from aot.cache.admin.maintenance import consistency_problems
     from aot.rehydrate import executable_info, executable_problems
     from aot.shardings import device_list, live_devices
 
@@ -105,7 +105,7 @@ def main() -> None:
                     median_ms(lambda: manifest_problems(manifest), runs),
                     median_ms(lambda: executable_problems(manifest, info, loaded), runs),
                     median_ms(lambda: cache.load(entry), runs),
-                    median_ms(lambda: _consistency_problems(cache, entry), runs),
+                    median_ms(lambda: consistency_problems(cache, entry), runs),
                 ))
     print(f"median of {runs} runs, ms; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print("| program | HLO text KiB | deserialize | pure checks | executable checks | whole load | verify consistency |")

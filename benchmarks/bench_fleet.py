@@ -57,7 +57,7 @@ t0 = time.perf_counter()
 import jax
 jax.devices()
 import aot
-import aot.cache.cache, aot.cache.serving.loader, aot.cache.tiered, aot.cache.index.sql
+import aot.cache.cache, aot.cache.serving.load, aot.cache.tiered, aot.cache.index.sql
 # What any variant may need, imported before the clock starts: "ready" is connections,
 # queries, blob reads and deserializing; imports are reported apart.
 import psycopg, s3fs, sqlalchemy.dialects.postgresql.psycopg, sqlalchemy.dialects.sqlite.pysqlite

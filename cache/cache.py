@@ -1,4 +1,12 @@
-"""The Cache facade: an SQL index plus a blob store, holding artifacts by key."""
+"""The Cache facade: an SQL index plus a blob store, holding artifacts by key.
+
+:class:`Cache` finds, loads, stores and quarantines entries, delegating the work to
+the modules below it: reading and storing an entry's artifact
+(:mod:`aot.cache.artifacts`), compiling through the cache (:mod:`aot.cache.compiling`).
+The local read-through tier (:mod:`aot.cache.tiered`, chosen by ``aot.Cache(...,
+local=...)`` in :mod:`aot.cache.opening`) and ``aot.load`` (:mod:`aot.cache.serving`)
+build on this module.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +15,22 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
-from aot.rehydrate import build_artifact, build_symbolic_artifact, load_executable
-from aot.errors import (
-    ArtifactNotFoundError,
-    CacheError,
-    CorruptArtifactError,
-    IncompatibleEnvironmentError,
-    ReadOnlyCacheError,
-)
+from aot.artifact import EXECUTABLE, Artifact
+from aot.rehydrate import load_executable
+from aot.errors import ArtifactNotFoundError, CacheError, ReadOnlyCacheError
 from aot.executable import MeshExecutable
 from aot.fingerprint import environment_fingerprint
-from aot.signing import key_from, sign, verify
+from aot.signing import key_from
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import INDEX_FILE, IndexEntry
-from aot.cache.storage.objectstore import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
+from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
 
 if TYPE_CHECKING:
     from aot.computation import MeshComputation
-    from aot.cache.serving.background import BackgroundLoad
-    from aot.cache.compile_result import CompileResult
+    from aot.cache.compiling import CompileResult
     from aot.cache.index.protocol import IndexReader
     from aot.cache.index.sql import Index
 
@@ -41,12 +41,11 @@ CACHE_ENV = "AOT_CACHE"
 CacheEntry = IndexEntry
 
 
-def __getattr__(name: str) -> Any:
-    if name == "CompileResult":  # defined in aot.cache.compile_result: serving never compiles
-        from aot.cache.compile_result import CompileResult
+class BackgroundWork(Protocol):
+    """Work running over a cache in other threads (``aot.load(background=True)``):
+    :meth:`Cache.close` stops it before it closes the stores it reads."""
 
-        return CompileResult
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def stop(self) -> None: ...
 
 
 def default_location() -> str:
@@ -61,14 +60,10 @@ def default_location() -> str:
 def is_url(location: str) -> bool:
     """Whether ``location`` is a URL (a database, or file://), not a plain folder path.
 
-    Recognised by scheme (:func:`aot.cache.storage.objectstore.classify_location`); an
+    Recognised by scheme (:func:`aot.cache.storage.locations.classify_location`); an
     unknown scheme raises :class:`CacheError`.
     """
     return classify_location(location).scheme is not None
-
-
-#: How many times a writer starts over when gc took its expired lease.
-_LEASE_ATTEMPTS = 3
 
 
 def _lost_index_message(folder: Path) -> str | None:
@@ -119,26 +114,17 @@ class Cache:
     ``file://`` URL) -> SQLite index and zstd blobs there; a SQLAlchemy URL
     (``postgresql+psycopg://...``, told by its dialect) -> a shared index, with blobs
     in the same database unless ``blob_location`` names another store: a folder,
-    ``file://``, ``s3://``, ``gs://``, ``az://`` (:func:`~aot.cache.storage.objectstore.open_object_store`).
+    ``file://``, ``s3://``, ``gs://``, ``az://`` (:func:`~aot.cache.storage.locations.open_object_store`).
     ``cache.blobs`` is the :class:`~aot.cache.storage.content.ContentStore` over it.
 
-    ``local="/var/cache/aot"``: a local read-through tier for serving replicas (a
-    folder cache this process writes): rows and blobs are read from it when present,
-    otherwise fetched from ``location``, verified, and kept there; the replica keeps
-    serving from it when the remote is unreachable. The object is then a
-    :class:`~aot.cache.tiered.TieredCache` (see :mod:`aot.cache.tiered`).
+    ``aot.Cache(..., local="/var/cache/aot")`` adds a local read-through tier for
+    serving replicas: the object is then a :class:`~aot.cache.tiered.TieredCache`
+    (see :mod:`aot.cache.tiered`; :mod:`aot.cache.opening` makes the choice).
 
     ``cache.stats`` records serving statistics (:mod:`aot.cache.serving.stats`).
     """
 
-    _background: weakref.WeakSet[BackgroundLoad[Any]] | None = None
-
-    def __new__(cls, *args: Any, local: str | os.PathLike[str] | None = None, **kwargs: Any) -> Cache:
-        if local is not None and cls is Cache:
-            from aot.cache.tiered import TieredCache
-
-            return super().__new__(TieredCache)
-        return super().__new__(cls)
+    _background: weakref.WeakSet[BackgroundWork] | None = None
 
     def __init__(
         self,
@@ -148,7 +134,6 @@ class Cache:
         read_only: bool = False,
         blob_location: str | os.PathLike[str] | None = None,
         require_signatures: bool = False,
-        local: str | os.PathLike[str] | None = None,  # taken by __new__: a TieredCache
     ) -> None:
         location = str(location) if location is not None else default_location()
         self.location = location
@@ -206,6 +191,7 @@ class Cache:
 
     def _start_stats(self) -> None:
         """``self.stats``, flushed by :meth:`close` or when this object is collected."""
+        # Lives with what it mostly counts (aot.load's calls); no circle: it never imports this.
         from aot.cache.serving.stats import recorder_for
 
         self.stats = recorder_for(self)
@@ -272,7 +258,7 @@ class Cache:
 
         return mask_url(self.location)
 
-    def hold_background(self, work: BackgroundLoad[Any]) -> None:
+    def hold_background(self, work: BackgroundWork) -> None:
         """Background loading over this cache: :meth:`close` stops it first."""
         if self._background is None:
             self._background = weakref.WeakSet()
@@ -318,26 +304,10 @@ class Cache:
 
     def put(self, item: MeshComputation | MeshExecutable | Artifact) -> IndexEntry:
         """Stores a computation (compiling it), an executable or an artifact."""
-        self._check_writable("store an artifact")
-        from aot.computation import MeshComputation  # serving never stores one
+        from aot.cache.compiling import artifact_of  # serving never stores
 
-        if isinstance(item, MeshComputation) and item.symbolic:
-            artifact = build_symbolic_artifact(item)
-        elif isinstance(item, MeshComputation):
-            executable = item.compile()
-            artifact = build_artifact(executable, item.portable_hlo(executable))
-        elif isinstance(item, MeshExecutable):
-            computation = getattr(item, "computation", None)
-            hlo = computation.portable_hlo(item) if computation is not None else None
-            artifact = build_artifact(item, hlo)
-        elif isinstance(item, Artifact):
-            artifact = item
-        else:
-            raise TypeError(
-                f"Cache.put takes a MeshComputation, MeshExecutable or Artifact, got "
-                f"{type(item).__name__}"
-            )
-        return self.put_artifact(artifact)
+        self._check_writable("store an artifact")
+        return self.put_artifact(artifact_of(item))
 
     def put_artifact(self, artifact: Artifact) -> IndexEntry:
         """Stores an artifact: blobs first (durable), the index row last.
@@ -352,121 +322,17 @@ class Cache:
         """:meth:`put_artifact`, and what it did: ``"stored"``, ``"present"`` (stored
         and intact already: nothing written) or ``"repaired"`` (the stored row's blobs
         were missing or corrupt; blobs written again and the row replaced)."""
-        data: dict[str, bytes] = {}
+        from aot.cache.artifacts import store_artifact  # writers only
 
-        def write_blobs() -> dict[str, tuple[int, int]]:
-            if not data:
-                data.update((ref.digest, artifact.blob(role)) for role, ref in manifest.blobs.items())  # verified
-            sizes = {}
-            for digest, blob in data.items():
-                stored = self.blobs.store_bytes(blob)
-                sizes[digest] = (stored.size, stored.stored_size)
-            return sizes
-
-        manifest = self._manifest_to_store(artifact.manifest)
-        return self._commit(manifest, write_blobs)
-
-    def _manifest_to_store(self, manifest: Manifest) -> Manifest:
-        """``manifest`` checked (name rule) and signed with this cache's key."""
-        from aot.cache.names import check_name
-
-        self._check_writable("store an artifact")
-        check_name(manifest.name)  # before any blob is written
-        if self.signing_key is not None:
-            if manifest.hmac is None:
-                return sign(manifest, self.signing_key)
-            verify(manifest, self.signing_key)  # signed elsewhere: only if this cache could load it
-        return manifest
-
-    def _commit(
-        self, manifest: Manifest, write_blobs: Callable[[], dict[str, tuple[int, int]]],
-    ) -> tuple[IndexEntry, str]:
-        """The writer's side of the gc protocol (docs/reliability.md): lease the digests,
-        make the blobs durable (``write_blobs`` -> digest: (size, stored size)), then
-        commit the row and release the lease in one transaction; start over if gc took
-        an expired lease meanwhile."""
-        from aot.cache.index.leases import LeaseLostError
-        from aot.cache.pauses import reached  # writers only: serving never imports it
-
-        existing = self.lookup(manifest.key)
-        broken = False
-        if existing is not None and existing.ok:
-            if all(self.blobs.check(d) is None for d in _entry_digests(existing)):
-                # Stored and intact. XLA's executables are not byte-identical from one
-                # compile to the next, so writing this one would only leave an orphan
-                # blob behind (and `aot verify` reports orphans).
-                return existing, "present"
-            broken = True
-        entry = IndexEntry(
-            key=manifest.key,
-            name=manifest.name,
-            program_fp=manifest.program.digest,
-            env_fp=manifest.environment.digest,
-            signature=manifest.signature,
-            platform=manifest.environment.as_dict().get("platform", "?"),
-            manifest=manifest.to_json(),
-            exe_digest=_digest_of(manifest, EXECUTABLE),  # None: a symbolic entry
-            hlo_digest=_digest_of(manifest, PORTABLE_HLO),
-            raw_size=0,
-            stored_size=0,
-            compile_seconds=manifest.compile_seconds,
-        )
-        digests = {ref.digest for ref in manifest.blobs.values()}
-        label = f"{manifest.name!r} ({manifest.key[:12]})"
-        for attempt in range(1, _LEASE_ATTEMPTS + 1):
-            reached("put.start")
-            try:
-                lease = self.index.lease(digests)
-            except CacheError as exc:
-                raise type(exc)(f"storing {label}: {exc}") from exc
-            try:
-                reached("put.leased")
-                sizes = write_blobs()
-                reached("put.blobs_ready")
-                final = replace(
-                    entry,
-                    raw_size=sum(size for size, _ in sizes.values()),
-                    stored_size=sum(stored for _, stored in sizes.values()),
-                )
-                added = self.index.add(final, blob_sizes=sizes, lease=lease, stamp=True, replace=broken)
-            except LeaseLostError as exc:
-                log.warning("%s (attempt %d of %d)", exc, attempt, _LEASE_ATTEMPTS)
-                continue
-            except BaseException as exc:
-                self.index.release(lease)
-                if isinstance(exc, CacheError):  # full disk, permissions: say which entry
-                    raise type(exc)(f"storing {label}: {exc}") from exc
-                raise
-            reached("put.committed")
-            log.info(
-                "%s %s (%s) key %s", "stored" if added else "already had", manifest.name,
-                manifest.signature, manifest.key[:12],
-            )
-            outcome = "repaired" if broken else ("stored" if added else "present")
-            return self.lookup(entry.key) or final, outcome
-        raise CacheError(
-            f"storing {label}: its blob leases expired {_LEASE_ATTEMPTS} times before the "
-            "row could be committed (each lease lasts an hour on the database clock); is the "
-            "blob store very slow, or this process being suspended?"
-        )
+        return store_artifact(self, artifact)
 
     def copy_entry_from(self, source: Cache, entry: IndexEntry) -> tuple[IndexEntry, str]:
         """Stores ``source``'s entry here: its blobs copied as stored (no recompression,
         each verified), under the same gc protocol as :meth:`put_artifact`. Returns the
         stored entry and ``"stored"`` / ``"present"`` / ``"repaired"``."""
-        try:
-            manifest = Manifest.from_json(entry.manifest)
-        except CorruptArtifactError as exc:
-            raise CorruptArtifactError(f"{entry.name} ({entry.key[:12]}): {exc}") from None
-        verify(manifest, source.signing_key, require=source.require_signatures)
-        manifest = self._manifest_to_store(manifest)
-        raw = {ref.digest: ref.size for ref in manifest.blobs.values()}
+        from aot.cache.artifacts import copy_entry  # writers only
 
-        def copy_blobs() -> dict[str, tuple[int, int]]:
-            report = source.blobs.copy_to(self.blobs, raw)
-            return {d: (raw[d], report.stored_sizes[d]) for d in raw}
-
-        return self._commit(manifest, copy_blobs)
+        return copy_entry(self, source, entry)
 
     # ------------------------------------------------------------------ reading
 
@@ -497,34 +363,11 @@ class Cache:
         ``roles`` (e.g. ``("portable_hlo",)``) reads only those blobs, so a corrupt or
         missing executable does not stop a recompilation from the portable HLO.
         """
+        from aot.cache.artifacts import read_artifact
+
         if isinstance(entry, str):
             entry = self.entry(entry)
-        label = f"{entry.name} ({entry.key[:12]})"
-        try:
-            manifest = Manifest.from_json(entry.manifest)
-        except CorruptArtifactError as exc:
-            raise CorruptArtifactError(f"{label}: {exc}; run `aot verify` and recompile it") from None
-        except IncompatibleEnvironmentError as exc:  # another format version: say which entry
-            raise IncompatibleEnvironmentError(f"{label}: {exc}", exc.differences) from None
-        if manifest.key != entry.key:
-            raise CorruptArtifactError(
-                f"{label}: the index row's manifest is for key {manifest.key[:12]}; "
-                "run `aot verify` and recompile it"
-            )
-        verify(manifest, self.signing_key, require=self.require_signatures)
-        wanted = set(roles) if roles is not None else None
-        blobs: dict[str, bytes] = {}
-        for role, ref in manifest.blobs.items():
-            if wanted is not None and role not in wanted:
-                continue
-            try:
-                data = self.blobs.get(ref.digest)  # the store verifies the digest
-            except CorruptArtifactError as exc:
-                raise CorruptArtifactError(f"{label}: {role} {exc}") from None
-            if data is not None:
-                blobs[ref.digest] = data
-        # The store hashed each blob it returned: Artifact.blob need not hash them again.
-        return Artifact(manifest, blobs, verified=dict(blobs))
+        return read_artifact(self, entry, roles)
 
     def load(self, entry: IndexEntry | str) -> MeshExecutable:
         """Rehydrates the executable of one entry (no recompilation).
@@ -574,36 +417,11 @@ class Cache:
         self, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
         **lower_kwargs: Any,
     ) -> CompileResult:
-        """Lowers ``fn``; on a hit loads the stored executable, on a miss compiles and stores."""
-        from aot.cache.compile_result import CompileResult
-        from aot.lowering import lower, lower_pmap  # serving never lowers
+        """Lowers ``fn``; on a hit loads the stored executable, on a miss compiles and stores
+        it (:mod:`aot.cache.compiling`)."""
+        from aot.cache.compiling import compile_entry  # serving never compiles
 
-        start = time.perf_counter()
-        computation = (lower_pmap if pmap else lower)(fn, *args, name=name, **lower_kwargs)
-        if computation.symbolic:
-            return self._store_symbolic(computation, start)
-        if not self.read_only:
-            from aot.cache.names import check_name
-
-            check_name(computation.name)  # before an XLA compile that could not be stored
-        key = computation.fingerprint
-        entry = self.index.get(key)
-        if entry is not None and entry.ok:
-            try:
-                executable = self.load(entry)
-                self.touch(entry.key)
-                return CompileResult(executable, entry, True, time.perf_counter() - start)
-            except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
-                self.quarantine(entry, str(exc))
-        executable = computation.compile()
-        if self.read_only:
-            log.info("read-only cache: compiled %s without storing it", computation.name)
-            artifact = build_artifact(executable, None)
-            stored = _unstored_entry(artifact)
-        else:
-            artifact = build_artifact(executable, computation.portable_hlo(executable))
-            stored = self.put_artifact(artifact)
-        return CompileResult(executable, stored, False, time.perf_counter() - start)
+        return compile_entry(self, fn, *args, name=name, pmap=pmap, **lower_kwargs)
 
     def compile(
         self, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
@@ -617,27 +435,11 @@ class Cache:
         """
         result = self.compile_entry(fn, *args, name=name, pmap=pmap, **lower_kwargs)
         if result.executable is None:
-            from aot.cache.serving.loader import Dispatcher
+            # The documented result; no circle: the dispatcher never imports this module.
+            from aot.cache.serving.dispatcher import Dispatcher
 
             return Dispatcher(self, result.entry.name)
         return result.executable
-
-    def _store_symbolic(self, computation: MeshComputation, start: float) -> CompileResult:
-        """Stores a symbolic computation's portable HLO (nothing to compile yet)."""
-        from aot.cache.compile_result import CompileResult
-
-        entry = self.index.get(computation.fingerprint)
-        if entry is not None and entry.ok:
-            return CompileResult(None, entry, True, time.perf_counter() - start)
-        if self.read_only:
-            raise ReadOnlyCacheError(
-                f"cannot store the symbolic program {computation.name} "
-                f"({computation.signature}): the cache at {self.display_location} is "
-                "read-only, and a symbolic program has no executable to return without "
-                "storing it; open the cache writable or lower with concrete specs"
-            )
-        stored = self.put_artifact(build_symbolic_artifact(computation))
-        return CompileResult(None, stored, False, time.perf_counter() - start)
 
     def entries(self, name: str | None = None) -> list[IndexEntry]:
         """Stored entries, all or those whose name matches a glob."""
@@ -682,10 +484,6 @@ class Cache:
         return explain(self, name, *args, fn=fn, **lower_kwargs)
 
 
-def _entry_digests(entry: IndexEntry) -> list[str]:
-    return [d for d in (entry.exe_digest, entry.hlo_digest) if d]
-
-
 def _same_database(a: str, b: str) -> bool:
     """Whether two locations are the same database URL (then one engine serves both)."""
     if classify_location(a).kind != DATABASE or classify_location(b).kind != DATABASE:
@@ -693,21 +491,3 @@ def _same_database(a: str, b: str) -> bool:
     from sqlalchemy.engine import make_url
 
     return make_url(a) == make_url(b)
-
-
-def _unstored_entry(artifact: Artifact) -> IndexEntry:
-    manifest = artifact.manifest
-    size = manifest.raw_size
-    return IndexEntry(
-        key=manifest.key, name=manifest.name, program_fp=manifest.program.digest,
-        env_fp=manifest.environment.digest, signature=manifest.signature,
-        platform=manifest.environment.as_dict().get("platform", "?"),
-        manifest=manifest.to_json(), exe_digest=_digest_of(manifest, EXECUTABLE),
-        hlo_digest=None, raw_size=size, stored_size=0,
-        compile_seconds=manifest.compile_seconds,
-    )
-
-
-def _digest_of(manifest: Manifest, role: str) -> str | None:
-    ref = manifest.blobs.get(role)
-    return ref.digest if ref is not None else None

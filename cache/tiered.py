@@ -1,7 +1,8 @@
 """A local read-through tier for serving replicas: ``aot.Cache(remote, local=DIR)``.
 
 ``aot.Cache("postgresql+psycopg://reader@db/aot", blob_location="s3://bucket/aot",
-read_only=True, local="/var/cache/aot")`` is a :class:`TieredCache`:
+read_only=True, local="/var/cache/aot")`` is a :class:`TieredCache`
+(:mod:`aot.cache.opening` makes the choice):
 
 * The **remote** (``location`` and ``blob_location``) is the cache of record. Every
   method not listed below (``put``, ``compile``, ``entries``, ``verify``, ``gc``,
@@ -41,20 +42,22 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from aot.artifact import EXECUTABLE, Artifact
-from aot.cache.cache import Cache
+from aot.cache.cache import Cache, default_location
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import IndexEntry
-from aot.cache.storage.objectstore import FOLDER, classify_location
+from aot.cache.storage.locations import FOLDER, classify_location
 from aot.errors import AotError, CacheError, CorruptArtifactError
+from aot.signing import key_from
 
 if TYPE_CHECKING:
-    from aot.cache.storage.records import BlobStat
+    from aot.cache.storage.objectstore import BlobStat
 
 log = logging.getLogger(__name__)
 
@@ -182,9 +185,6 @@ class TieredCache(Cache):
         require_signatures: bool, exc: CacheError,
     ) -> None:
         """The remote could not be opened: serve the local tier alone."""
-        from aot.cache.cache import default_location
-        from aot.signing import key_from
-
         self.location = str(location) if location is not None else default_location()
         self.read_only = read_only
         self.signing_key = key_from(signing_key)
@@ -230,9 +230,7 @@ class TieredCache(Cache):
 
     def _start_stats(self) -> None:
         if self.read_only or self.remote_error is not None:
-            import weakref
-
-            from aot.cache.serving.stats import recorder_for
+            from aot.cache.serving.stats import recorder_for  # as Cache._start_stats does
 
             self.stats = recorder_for(self.local)
             self._stats_finalizer = weakref.finalize(self, self.stats.close)

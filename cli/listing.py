@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from aot.cli.common import (
+    F,
     State,
     echo_json,
     human_size,
@@ -17,6 +21,11 @@ from aot.cli.common import (
 )
 from aot.cli.params import complete_entry_names
 
+if TYPE_CHECKING:
+    from aot.artifact import Manifest
+    from aot.cache.reports.details import EntryDetails
+    from aot.fingerprint import Fingerprint
+
 PART_WIDTH = 100
 # Narrowest signature column, however narrow the terminal.
 MIN_SIGNATURE_WIDTH = 24
@@ -27,7 +36,7 @@ ENV_OPTION_HELP = (
 )
 
 
-def env_option(fn):  # type: ignore[no-untyped-def]
+def env_option(fn: F) -> F:
     return click.option(
         "--env", type=click.Choice(["this", "all"]), default="all", show_default=True,
         help=ENV_OPTION_HELP,
@@ -86,13 +95,13 @@ def ls_command(state: State, glob: str | None, env: str) -> None:
     click.echo(footer)
 
 
-def _parts(title: str, fingerprint) -> str:  # type: ignore[no-untyped-def]
+def _parts(title: str, fingerprint: Fingerprint) -> str:
     lines = [f"{title} {fingerprint.digest}"]
     lines.append(key_value([(k, shorten(v, PART_WIDTH)) for k, v in sorted(fingerprint.as_dict().items())]))
     return "\n".join(lines)
 
 
-def _numbers(title: str, values) -> str:  # type: ignore[no-untyped-def]
+def _numbers(title: str, values: Mapping[str, Any] | None) -> str:
     if not values:
         return f"{title}: not recorded"
     pairs = []
@@ -104,7 +113,7 @@ def _numbers(title: str, values) -> str:  # type: ignore[no-untyped-def]
     return f"{title}\n{key_value(pairs)}"
 
 
-def _symbolic_summary(manifest) -> str:  # type: ignore[no-untyped-def]
+def _symbolic_summary(manifest: Manifest) -> str:
     from aot.symbolic import patterns_of, variables_of
 
     names = ", ".join(variables_of(patterns_of(manifest.args)))
@@ -115,7 +124,7 @@ def _symbolic_summary(manifest) -> str:  # type: ignore[no-untyped-def]
     )
 
 
-def _render(details) -> str:  # type: ignore[no-untyped-def]
+def _render(details: EntryDetails) -> str:
     e = details.entry
     m = details.manifest
     arguments = details.arguments

@@ -73,7 +73,7 @@ _register()
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point (``aot``) and ``python -m aot``."""
     try:
-        cli.main(args=argv, prog_name="aot")
+        cli.main(args=argv, prog_name="aot", obj=State())
     except SystemExit as exc:
         leave(exc.code)
     leave(0)
@@ -86,10 +86,10 @@ def leave(code: object) -> NoReturn:
     the cache (the SQL index's connections, which checkpoints SQLite's write-ahead log;
     the statistics; background loads). An exit would then run the atexit handlers
     (JAX's, logging's, the user's: they still run here) and free every object of every
-    module, which takes 0.3-0.4 s once JAX is loaded: longer than many commands. That
-    freeing is skipped. The normal exit runs instead whenever something may still need
-    it: another non-daemon thread alive, or JAX's distributed runtime started by the
-    user's code (a manifest's module)."""
+    module, which once JAX is loaded takes longer than many commands. That freeing is
+    skipped. The normal exit runs instead whenever something may still need it: another
+    non-daemon thread alive, or JAX's distributed runtime started by the user's code (a
+    manifest's module)."""
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's own exit step
     if run_exit_handlers is None or _teardown_needed():
         sys.exit(code)

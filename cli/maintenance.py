@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from aot.cli.common import (
@@ -15,6 +17,10 @@ from aot.cli.common import (
 )
 from aot.cli.listing import env_option
 from aot.cli.params import AGE, SIZE, complete_entry_names, complete_manifests
+
+if TYPE_CHECKING:
+    from aot.cache.admin.maintenance import GcPlan, GcVictim
+    from aot.cache.admin.removal import RemovalPlan
 
 VICTIM_SIGNATURE_WIDTH = 60
 
@@ -71,7 +77,7 @@ def verify_command(state: State, manifest: str | None, strict: bool) -> None:
         click.get_current_context().exit(1)
 
 
-def _victim_line(victim) -> str:  # type: ignore[no-untyped-def]
+def _victim_line(victim: GcVictim) -> str:
     from aot.cache.serving.signatures import shorten_middle
 
     return (
@@ -80,7 +86,7 @@ def _victim_line(victim) -> str:  # type: ignore[no-untyped-def]
     )
 
 
-def _render_gc(plan, *, err: bool = False, asking: bool = False) -> None:  # type: ignore[no-untyped-def]
+def _render_gc(plan: GcPlan, *, err: bool = False, asking: bool = False) -> None:
     for warning in plan.warnings:
         click.echo(f"warning: {warning}", err=err)
     if not plan.entries and not plan.blobs:
@@ -134,7 +140,7 @@ def gc_command(
     _finish_gc(state, cache.gc(dry_run=dry_run, **options))
 
 
-def _finish_gc(state: State, plan) -> None:  # type: ignore[no-untyped-def]
+def _finish_gc(state: State, plan: GcPlan) -> None:
     if state.json:
         echo_json(plan.to_dict())
     else:
@@ -182,7 +188,7 @@ def rm_command(
     _finish_rm(state, execute_removal(cache, plan))
 
 
-def _render_rm(plan, *, err: bool = False) -> None:  # type: ignore[no-untyped-def]
+def _render_rm(plan: RemovalPlan, *, err: bool = False) -> None:
     if not plan.entries:
         narrowed = " with those signatures" if plan.signatures else ""
         narrowed += " for this environment" if plan.env == "this" else ""
@@ -201,7 +207,7 @@ def _render_rm(plan, *, err: bool = False) -> None:  # type: ignore[no-untyped-d
         )
 
 
-def _finish_rm(state: State, plan) -> None:  # type: ignore[no-untyped-def]
+def _finish_rm(state: State, plan: RemovalPlan) -> None:
     if state.json:
         echo_json(plan.to_dict())
     else:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from aot.cli.common import State, echo_json, pass_state, table
 from aot.cli.listing import env_option
 from aot.cli.params import complete_entry_names
+
+if TYPE_CHECKING:
+    from aot.cache.reports.stats import SignatureStats, StatsReport
 
 SIGNATURE_WIDTH = 60
 
@@ -17,7 +22,7 @@ def _seconds(value: float) -> str:
     return f"{value:.2f}s" if value >= 0.01 or value == 0 else f"{value * 1000:.1f}ms"
 
 
-def _env(row) -> str:  # type: ignore[no-untyped-def]
+def _env(row: SignatureStats) -> str:
     return "this" if row.this_environment else row.env_fp[:12]
 
 
@@ -57,7 +62,7 @@ def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
     _render(report, glob, cache.read_only and getattr(cache, "local", None) is None)
 
 
-def _render(report, glob: str | None, read_only: bool) -> None:  # type: ignore[no-untyped-def]
+def _render(report: StatsReport, glob: str | None, read_only: bool) -> None:
     from aot.cache.serving.signatures import shorten_middle
 
     served = [r for r in report.rows if r.calls or r.loads or r.recompiles]

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from aot.cli.common import State, echo_json, human_size, pass_state
 from aot.cli.params import complete_entry_names
 
+if TYPE_CHECKING:
+    from aot.cache.admin.transfer import TransferReport
+
 JOBS_HELP = "Entries copied at once (threads; object stores reward a few)."
 
 
-def _render(state: State, report, verb: str) -> None:  # type: ignore[no-untyped-def]
+def _render(state: State, report: TransferReport, verb: str) -> None:
     if state.json:
         echo_json(report.to_dict())
     else:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from aot.cli.common import State, echo_json, pass_state, stderr_is_tty, stdout_is_tty
 from aot.cli.params import complete_manifests
 from aot.cli.progress import Progress
+
+if TYPE_CHECKING:
+    from aot.cache.warmup.steps import ItemResult
 
 
 class JobsType(click.ParamType):
@@ -14,7 +19,7 @@ class JobsType(click.ParamType):
 
     name = "N|auto"
 
-    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         from aot.cache.warmup.jobs import resolve_jobs
 
         if isinstance(value, int) and not isinstance(value, bool):
@@ -111,7 +116,7 @@ def warmup_command(
     # terminal the lines would go to.
     lines = not state.json and not (progress is not None and stdout_is_tty())
 
-    def on_result(result) -> None:  # type: ignore[no-untyped-def]
+    def on_result(result: ItemResult) -> None:
         if progress is not None:
             progress.update(result.label, failed=not result.ok)
         if lines:

@@ -20,7 +20,7 @@ from aot.errors import AotError, CacheError, IntegrityError
 from aot.signing import verify as verify_signature
 from aot.cache.index.entry import IndexEntry
 from aot.cache.reports.listing import superseded_keys
-from aot.cache.storage.records import BlobStat
+from aot.cache.storage.objectstore import BlobStat
 from aot.cache.pauses import reached
 from aot.cache.units import human_size, parse_age, parse_size  # noqa: F401 - re-exported
 
@@ -103,7 +103,7 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
     for entry in entries:
         found = _entry_problems(entry, check)
         if not found:
-            found = _consistency_problems(cache, entry)
+            found = consistency_problems(cache, entry)
         for what in found:
             problems.append(Problem(entry.key, entry.name, what))
         # Only while the row is still the one checked (a writer may have rewritten it).
@@ -130,7 +130,7 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
     return report
 
 
-def _consistency_problems(cache: Cache, entry: IndexEntry) -> list[str]:
+def consistency_problems(cache: Cache, entry: IndexEntry) -> list[str]:
     """What a loader would refuse in the manifest of an entry whose blobs are intact:
     fields that contradict its fingerprints, its portable HLO, or (entries of this
     environment) its deserialized executable (aot.rehydrate.stored_artifact_problems)."""
@@ -248,7 +248,7 @@ class GcPlan:
 ORPHAN_GRACE_SECONDS = 600.0
 
 #: Blobs deleted per deletion-lock transaction: writers wait for the lock meanwhile,
-#: so a batch is kept short (benchmarks/bench_gc.py measures how long it is held).
+#: so a batch stays short (benchmarks/bench_gc.py measures how long one holds it).
 GC_BATCH = 64
 
 #: Between batches gc leaves the lock free for as long as it held it (at most this),

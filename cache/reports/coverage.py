@@ -9,14 +9,14 @@ stored for another environment (``device_count 8 != 1``: the stored value first)
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aot.errors import AotError, ManifestError
 from aot.cache.reports.listing import environment_statuses
 from aot.cache.serving.signatures import Signature
-from aot.cache.warmup.targets import item_signature, x64_mode
+from aot.cache.warmup.coverage import find_uncovered
+from aot.cache.warmup.targets import x64_mode
 from aot.cache.warmup.manifest import WarmupItem, expand, load_manifest
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class CoverageReport:
 
 
 def _reason(
-    cache: Cache, item: WarmupItem, signature: str, entries: list[IndexEntry], env: str
+    cache: Cache, item: WarmupItem, signature: str, entries: Sequence[IndexEntry], env: str
 ) -> str:
     same = [e for e in entries if e.signature == signature]
     here = [e for e in same if e.env_fp == env]
@@ -102,22 +102,11 @@ def check_coverage(
     environment, and why (signatures are computed from the specs, without lowering).
     Raises :class:`aot.ManifestError` naming the item whose specs cannot be resolved."""
     items = list(items)
-    by_name: dict[str, list[IndexEntry]] = {}
-    missing = []
-    for item in items:
-        if item.name not in by_name:
-            by_name[item.name] = cache.index.by_name(item.name, state=None)
-        with x64_mode(item):
-            env = cache.environment.digest
-        try:
-            signature = item_signature(item)
-        except AotError as exc:
-            raise ManifestError(f"{item.source or item.name}: {item.label}: {exc}") from None
-        entries = by_name[item.name]
-        if any(e.ok and e.env_fp == env and e.signature == signature for e in entries):
-            continue
-        missing.append(MissingItem(item, _reason(cache, item, signature, entries, env)))
-    return CoverageReport(manifest, strict, len(items), tuple(missing))
+    missing = tuple(
+        MissingItem(u.item, _reason(cache, u.item, u.signature, u.entries, u.env))
+        for u in find_uncovered(cache, items)
+    )
+    return CoverageReport(manifest, strict, len(items), missing)
 
 
 @dataclass(frozen=True, slots=True)

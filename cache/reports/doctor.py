@@ -93,7 +93,7 @@ def diagnose(
     from aot.cache.index.advice import mask_url
     from aot.cache.index.entry import SCHEMA_VERSION
     from aot.cache.admin.maintenance import empty_index_problem
-    from aot.cache.storage.objectstore import FOLDER, classify_location
+    from aot.cache.storage.locations import FOLDER, classify_location
     from aot.fingerprint import environment_fingerprint, xla_flags_outside_key
 
     devices = jax.devices()

@@ -2,7 +2,7 @@
 
 The value objects (:class:`SignatureStats`, :class:`StatsReport`) and the queries over
 the index's ``call_stats`` table. Recording them (on the serving path, cheap to
-import) is :mod:`aot.cache.serving.stats`, which also re-exports these names.
+import) is :mod:`aot.cache.serving.stats`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.entry import fields_to_json, parse_utc
-from aot.cache.serving.stats import _COUNTERS
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -58,6 +57,13 @@ class SignatureStats:
         return cls(**kwargs)
 
 
+#: The fields of a row that add up: its counts and seconds (``calls``, ``loads``,
+#: ``load_seconds``, ...), in the order of the index's columns.
+COUNTERS: tuple[str, ...] = tuple(
+    f.name for f in fields(SignatureStats) if f.type in ("int", "float")
+)
+
+
 @dataclass(frozen=True, slots=True)
 class StatsReport:
     """What ``aot stats`` shows: rows (most called first) and their totals."""
@@ -69,9 +75,9 @@ class StatsReport:
 
     @property
     def totals(self) -> dict[str, Any]:
-        out: dict[str, Any] = {name: 0 for name in _COUNTERS}
+        out: dict[str, Any] = {name: 0 for name in COUNTERS}
         for row in self.rows:
-            for name in _COUNTERS:
+            for name in COUNTERS:
                 out[name] += getattr(row, name)
         out["signatures"] = sum(1 for r in self.rows if r.calls or r.loads or r.recompiles)
         return out

@@ -27,17 +27,17 @@ The rules (docs/symbolic.md):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
-from aot.errors import AvalMismatchError, SpecError
+from aot.errors import AvalMismatchError, SignatureNotFoundError, SpecError
 
-# (shape, dtype, weak_type) of one input, as the loader keys it.
-LeafKey = tuple[tuple[int, ...], Any, bool]
+if TYPE_CHECKING:
+    from aot.cache.serving.programs import LeafKey, Program
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,3 +222,59 @@ def _slice(leaf: Any, axis: int, n: int) -> Any:
     index = [slice(None)] * np.ndim(leaf)
     index[axis] = slice(0, n)
     return np.asarray(leaf)[tuple(index)]
+
+
+def choose_bucket(
+    name: str, candidates: Sequence[Program], leaves: Sequence[Any], got: Sequence[LeafKey],
+    axes: Mapping[int, int], notes: list[str], *, symbolic_may_serve: bool,
+) -> tuple[Program, int, int] | None:
+    """The program with the smallest bucket that fits the call, its size and the
+    call's rows ``n``; None when no bucket differs from the call only along the
+    padded axes (not a padding question).
+
+    No bucket large enough: refused, naming the largest; unless a symbolic program
+    may serve the exact shape (``symbolic_may_serve``), which is then tried (the
+    refusal becomes a note of the miss).
+    """
+    n = rows(leaves, got, axes)
+    sizes = [(fits(p.leaves, got, axes, n), p) for p in candidates]
+    usable = [(size, p) for size, p in sizes if size is not None]
+    if not usable:
+        return None
+    large = [(size, p) for size, p in usable if size >= n]
+    if not large:
+        largest, program = max(usable, key=lambda pair: pair[0])
+        message = f"{n} rows do not fit any stored bucket: the largest is {largest} ({program.signature})"
+        if symbolic_may_serve:
+            notes.append(f"Padding: {message}.")
+            return None
+        raise SignatureNotFoundError(
+            f"{name}: {message}. Compile a bucket of at least {n} rows "
+            "(aot compile / aot warmup), or split the request.",
+            tuple(sorted(p.signature for _, p in usable)),
+        )
+    size, program = min(large, key=lambda pair: pair[0])
+    return program, size, n
+
+
+class PaddedCall:
+    """A kind of call served by padding to a bucket: ``fn(*leaves)`` pads the declared
+    inputs, runs the bucket's executable and slices the outputs back (the dispatcher's
+    per-call cache holds it like a bound executable)."""
+
+    __slots__ = ("run", "axes", "size", "n", "plan")
+
+    def __init__(self, run: Callable[..., Any], axes: Mapping[int, int], size: int, n: int, plan: PadPlan) -> None:
+        self.run = run  # the bucket's executable, bound to the call's pytree structure
+        self.axes = axes
+        self.size = size
+        self.n = n
+        self.plan = plan
+
+    def fn(self, *leaves: Any) -> Any:
+        axes, size, value = self.axes, self.size, self.plan.value
+        padded = [
+            pad_leaf(leaf, axes[i], size, value) if i in axes else leaf
+            for i, leaf in enumerate(leaves)
+        ]
+        return unpad_outputs(self.run(*padded), self.plan, size, self.n)

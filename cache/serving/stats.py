@@ -23,7 +23,7 @@ What is counted (one row per environment x name x signature in the index's
 
 How, without slowing the call path: a dispatcher counts a call with one integer
 increment on the program object it already holds (``program.calls += 1`` in
-:meth:`aot.cache.serving.loader.Dispatcher.__call__`); nothing else happens per call. Loads,
+:meth:`aot.cache.serving.dispatcher.Dispatcher.__call__`); nothing else happens per call. Loads,
 misses and recompiles are slow paths anyway: they add to a pending tally under a lock.
 One flusher thread per process (:data:`FLUSH_SECONDS`), :meth:`StatsRecorder.flush`
 at :meth:`Cache.close` and at exit (``weakref.finalize``) move the counts into the
@@ -43,8 +43,7 @@ Counting is exact for one thread; threads calling one dispatcher concurrently ma
 lose an increment now and then (``+=`` on an attribute is not atomic), never add one.
 
 This module records (every serving process imports it); reading the statistics back
-and ``aot stats``'s value objects are :mod:`aot.cache.reports.stats` (their names are
-importable from here too).
+and ``aot stats``'s value objects are :mod:`aot.cache.reports.stats`.
 """
 
 from __future__ import annotations
@@ -58,28 +57,21 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aot.errors import CacheError
-from aot.records import Record
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
     from aot.cache.index.entry import IndexEntry
     from aot.cache.index.sql import Index
-    from aot.cache.reports.stats import SignatureStats, StatsReport, read_stats, zero_stats
+    from aot.cache.reports.stats import StatsReport
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "FLUSH_SECONDS",
-    "SignatureStats",
-    "StatsRecorder",
-    "StatsReport",
-    "read_stats",
-    "zero_stats",
-]
+__all__ = ["FLUSH_SECONDS", "COUNTERS", "REASONS", "StatsRecorder", "recorder_for"]
 
 #: How often the flusher thread writes pending counts (seconds); None: only at
 #: :meth:`StatsRecorder.flush`, :meth:`Cache.close` and exit.
@@ -90,22 +82,12 @@ FLUSH_SECONDS: float | None = 5.0
 MAX_MISSED_SIGNATURES = 100
 OTHER_SIGNATURES = "(other signatures)"
 
-_COUNTERS = (
+#: The counted columns of ``call_stats`` (added to on every flush), and the reasons
+#: (the last one kept).
+COUNTERS = (
     "calls", "loads", "load_seconds", "saved_seconds", "misses", "recompiles", "recompile_seconds",
 )
-_REASONS = ("miss_reason", "recompile_reason")
-
-# Reading and reporting (aot stats), imported on first use: a serving process only records.
-_REPORTING = frozenset({"SignatureStats", "StatsReport", "read_stats", "zero_stats"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _REPORTING:
-        from aot.cache.reports import stats as stats_report
-
-        return getattr(stats_report, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+REASONS = ("miss_reason", "recompile_reason")
 
 def _digest(signature: str) -> str:
     return hashlib.sha256(signature.encode()).hexdigest()
@@ -117,18 +99,18 @@ def _digest(signature: str) -> str:
 class _Tally:
     """Counts not written yet, for one (environment, name, signature)."""
 
-    __slots__ = (*_COUNTERS, *_REASONS)
+    __slots__ = (*COUNTERS, *REASONS)
 
     def __init__(self) -> None:
-        for name in _COUNTERS:
+        for name in COUNTERS:
             setattr(self, name, 0)
-        for name in _REASONS:
+        for name in REASONS:
             setattr(self, name, None)
 
     def merge(self, other: _Tally) -> None:
-        for name in _COUNTERS:
+        for name in COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in _REASONS:
+        for name in REASONS:
             if getattr(other, name) is not None:
                 setattr(self, name, getattr(other, name))
 
@@ -137,9 +119,9 @@ class _Tally:
             "env_fp": env_fp, "name": name, "signature_digest": _digest(signature),
             "signature": signature,
         }
-        for counter in _COUNTERS:
+        for counter in COUNTERS:
             out[counter] = getattr(self, counter)
-        for reason in _REASONS:
+        for reason in REASONS:
             out[reason] = getattr(self, reason)
         return out
 
@@ -147,17 +129,13 @@ class _Tally:
 _Key = tuple[str, str, str]  # (env_fp, name, signature)
 
 
-class _Watch(Record):
-    """A dispatcher's programs, whose ``calls`` the flusher reads. (A
-    :class:`~aot.records.Record`: every serving process imports this module at start-up.)"""
+@dataclass(frozen=True, slots=True, eq=False)
+class _Watch:
+    """A dispatcher's programs, whose ``calls`` the flusher reads."""
 
-    __slots__ = ("env_fp", "name", "programs")
     env_fp: str
     name: str
     programs: MutableMapping[Any, Any]
-
-    def __init__(self, env_fp: str, name: str, programs: MutableMapping[Any, Any]) -> None:
-        self._set(env_fp, name, programs)
 
 
 # ---------------------------------------------------------------- sinks
@@ -173,41 +151,51 @@ class _IndexSink:
     def write(self, rows: list[dict[str, Any]], touches: Mapping[str, int]) -> None:
         import sqlalchemy as sa
 
-        from aot.cache.index.engine import insert_ignore, server_now
-        from aot.cache.index.schema import ARTIFACTS, CALL_STATS
+        from aot.cache.index.engine import server_now
+        from aot.cache.index.schema import ArtifactRow, CallStatsRow
 
+        artifacts, call_stats = ArtifactRow.__table__, CallStatsRow.__table__
         with self.index._write("record call statistics") as conn:
             now = server_now(conn)
             if rows:
-                stmt = insert_ignore(conn, CALL_STATS)
+                stmt = _upsert(conn, call_stats)
                 updates: dict[str, Any] = {
-                    c: CALL_STATS.c[c] + stmt.excluded[c] for c in _COUNTERS
+                    c: call_stats.c[c] + stmt.excluded[c] for c in COUNTERS
                 }
-                for reason in _REASONS:
-                    updates[reason] = sa.func.coalesce(stmt.excluded[reason], CALL_STATS.c[reason])
+                for reason in REASONS:
+                    updates[reason] = sa.func.coalesce(stmt.excluded[reason], call_stats.c[reason])
                 updates["updated_at"] = stmt.excluded.updated_at
                 stmt = stmt.on_conflict_do_update(
-                    index_elements=[CALL_STATS.c.env_fp, CALL_STATS.c.name, CALL_STATS.c.signature_digest],
+                    index_elements=[call_stats.c.env_fp, call_stats.c.name, call_stats.c.signature_digest],
                     set_=updates,
                 )
                 for row in rows:
                     conn.execute(stmt, {**row, "created_at": now, "updated_at": now})
             if touches:
                 conn.execute(
-                    sa.update(ARTIFACTS)
-                    .where(ARTIFACTS.c.key == sa.bindparam("k"))
-                    .values(hits=ARTIFACTS.c.hits + sa.bindparam("n"), last_used_at=now),
+                    sa.update(artifacts)
+                    .where(artifacts.c.key == sa.bindparam("k"))
+                    .values(hits=artifacts.c.hits + sa.bindparam("n"), last_used_at=now),
                     [{"k": key, "n": n} for key, n in sorted(touches.items())],
                 )
 
 
+def _upsert(conn: Any, table: Any) -> Any:
+    """An INSERT that takes ``on_conflict_do_update``, in the connection's dialect."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert(table)
+
+
 _SQLITE_UPSERT = (
     "INSERT INTO call_stats (env_fp, name, signature_digest, signature, "
-    + ", ".join(_COUNTERS) + ", " + ", ".join(_REASONS) + ", created_at, updated_at) VALUES ("
-    + ", ".join("?" * (4 + len(_COUNTERS) + len(_REASONS) + 2)) + ") "
+    + ", ".join(COUNTERS) + ", " + ", ".join(REASONS) + ", created_at, updated_at) VALUES ("
+    + ", ".join("?" * (4 + len(COUNTERS) + len(REASONS) + 2)) + ") "
     "ON CONFLICT (env_fp, name, signature_digest) DO UPDATE SET "
-    + ", ".join(f"{c} = {c} + excluded.{c}" for c in _COUNTERS) + ", "
-    + ", ".join(f"{r} = coalesce(excluded.{r}, {r})" for r in _REASONS)
+    + ", ".join(f"{c} = {c} + excluded.{c}" for c in COUNTERS) + ", "
+    + ", ".join(f"{r} = coalesce(excluded.{r}, {r})" for r in REASONS)
     + ", updated_at = excluded.updated_at"
 )
 # The SQL index's own text format for SQLite timestamps (see aot.cache.index.engine.server_now_expr).
@@ -232,7 +220,7 @@ class _SqliteFileSink:
             (now,) = conn.execute(_SQLITE_NOW).fetchone()
             for row in rows:
                 values = [row["env_fp"], row["name"], row["signature_digest"], row["signature"]]
-                values += [row[c] for c in _COUNTERS] + [row[r] for r in _REASONS] + [now, now]
+                values += [row[c] for c in COUNTERS] + [row[r] for r in REASONS] + [now, now]
                 conn.execute(_SQLITE_UPSERT, values)
             conn.executemany(
                 "UPDATE artifacts SET hits = hits + ?, last_used_at = ? WHERE key = ?",
@@ -475,7 +463,7 @@ def _merge_into(target: dict[_Key, _Tally], source: Mapping[_Key, _Tally], first
 
 
 def _counts(tally: _Tally) -> dict[str, Any]:
-    return {name: getattr(tally, name) for name in (*_COUNTERS, *_REASONS)}
+    return {name: getattr(tally, name) for name in (*COUNTERS, *REASONS)}
 
 
 def recorder_for(cache: Cache) -> StatsRecorder:

@@ -7,27 +7,11 @@ one zstd frame with the content size in its header, and every read decompresses 
 re-hashes: :meth:`ContentStore.get` never returns bytes that do not match their
 digest, it raises :class:`~aot.errors.CorruptArtifactError` instead.
 
-The zstd level (:data:`DEFAULT_LEVEL`) was chosen by measuring real XLA CPU
-executables (``serialize_executable``) and ``jax.export`` bytes from jax 0.10.2 on
-an AMD EPYC (2 cores); ratio = raw / compressed, speeds in MB/s of raw bytes::
-
-    sample (raw bytes)              level:   1      3      6      9      19
-    MLP 784-512-256-10 exe (16 KB)  ratio  3.00   3.09   3.20   3.20   3.42
-                                    comp    313    296     94     43    3.1
-    transformer layer exe (45 KB)   ratio  3.37   3.51   3.76   3.79   4.04
-                                    comp    440    334     78     58    2.6
-    8 transformer layers (215 KB)   ratio  6.95   7.06   7.36   7.69   8.51
-                                    comp    444    172     26     43    1.9
-    32 transformer layers (766 KB)  ratio  -      9.56   -      -     12.37
-    MLP jax.export (2.7 KB)         ratio  1.78   1.83   1.87   1.87   1.98
-    layer jax.export (4.4 KB)       ratio  1.74   1.80   1.84   1.84   1.93
-    decompression: 0.4-1.1 GB/s at every level.
-
-(one-shot timings on a shared 2-core machine: read the speeds as orders of magnitude.)
-Level 3 files are 10-30% larger than level 19's but are written 50-100x faster;
-levels 6-9 buy 3-8% more ratio for a 4-10x slower write, which matters for the
-multi-hundred-MB executables of large models (level 19 would take minutes there).
-Level 1 saves little time over 3 at a slightly worse ratio. Hence 3.
+The zstd level (:data:`DEFAULT_LEVEL`) trades the size of the stored files against
+the time to write them, measured on real XLA executables and ``jax.export`` bytes
+(benchmarks/README.md, "zstd level"): higher levels buy a little ratio for a much
+slower write, which matters for the executables of large models; lower ones save
+little time. Decompression is fast at every level.
 """
 
 from __future__ import annotations
@@ -35,16 +19,14 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import zstandard
 
-from aot.cache.storage.objectstore import ObjectStore, check_digest, read_only_error, storage_error
+from aot.cache.storage.objectstore import BlobStat, ObjectStore, check_digest, read_only_error, storage_error
 from aot.errors import AotError, CorruptArtifactError
-
-if TYPE_CHECKING:
-    from aot.cache.storage.records import BlobStat, CopyReport, StoredBlob
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +43,7 @@ __all__ = [
     "digest_of",
 ]
 
-#: zstd level of every store (see the measurements in the module docstring).
+#: zstd level of every store (see the module docstring).
 DEFAULT_LEVEL = 3
 
 #: Storing bytes that are already stored marks the blob as just written when it is
@@ -75,16 +57,33 @@ PROBLEM_UNDECODABLE = "truncated/undecodable zstd frame"
 
 T = TypeVar("T")
 
-# Defined in aot.cache.storage.records: reading a blob needs neither.
-_RECORDS = frozenset({"CopyReport", "StoredBlob"})
+@dataclass(frozen=True, slots=True)
+class StoredBlob:
+    """What :meth:`ContentStore.store_bytes` did with some bytes."""
+
+    digest: str
+    size: int  # uncompressed
+    stored_size: int  # the payload in the store
+    written: bool  # False: an intact copy was there already
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"digest": self.digest, "size": self.size, "stored_size": self.stored_size, "written": self.written}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _RECORDS:
-        from aot.cache.storage import records as blob_records
+@dataclass(frozen=True, slots=True)
+class CopyReport:
+    """What :meth:`ContentStore.copy_to` did."""
 
-        return getattr(blob_records, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    copied: tuple[str, ...]
+    present: tuple[str, ...]
+    bytes_copied: int
+    stored_sizes: dict[str, int]  # digest -> payload size in the destination
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "copied": list(self.copied), "present": list(self.present),
+            "bytes_copied": self.bytes_copied,
+        }
 
 
 def digest_of(data: bytes) -> str:
@@ -203,8 +202,6 @@ class ContentStore:
     def store_bytes(self, data: bytes) -> StoredBlob:
         """Stores ``data`` unless an intact copy is there (then its age is refreshed);
         a corrupt copy is overwritten (repair)."""
-        from aot.cache.storage.records import StoredBlob
-
         digest = digest_of(data)
         if self.read_only:
             raise read_only_error(f"store blob {digest}", self.location)
@@ -260,8 +257,6 @@ class ContentStore:
         Callers copying blobs for index rows hold leases on them in the
         destination's index (as :meth:`aot.cache.cache.Cache.put_artifact` does).
         """
-        from aot.cache.storage.records import CopyReport
-
         if other.read_only:
             raise read_only_error("copy blobs", other.location)
         copied: list[str] = []

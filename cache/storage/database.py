@@ -17,8 +17,7 @@ from sqlalchemy.engine import Engine
 from aot.cache.index.advice import mask_url, reason_of
 from aot.cache.index.engine import connection_for, insert_ignore, make_engine, server_now, server_now_expr
 from aot.cache.index.schema import BlobDataRow, ensure_schema
-from aot.cache.storage.records import BlobStat
-from aot.cache.storage.objectstore import check_digest, read_only_error
+from aot.cache.storage.objectstore import BlobStat, check_digest, read_only_error
 from aot.errors import CacheError
 
 logger = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from aot.cache.storage.objectstore import (
+    BlobStat,
     blob_path,
     check_digest,
     digest_from_path,
@@ -26,10 +26,6 @@ from aot.cache.storage.objectstore import (
     storage_error,
 )
 from aot.errors import CorruptArtifactError
-
-# Listing and stat-ing blobs only (gc, verify): reading one, as serving does, needs neither.
-if TYPE_CHECKING:
-    from aot.cache.storage.records import BlobStat
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +99,6 @@ class FolderObjectStore:
         return {d for d in digests if self.path_for(d).is_file()}
 
     def _stat(self, digest: str) -> BlobStat | None:
-        from aot.cache.storage.records import BlobStat
-
         try:
             st = self.path_for(digest).stat()
         except FileNotFoundError:
@@ -291,8 +285,6 @@ class MemoryObjectStore:
         return {d for d in digests if check_digest(d) in self._data}
 
     def stat(self, digests: Iterable[str]) -> dict[str, BlobStat]:
-        from aot.cache.storage.records import BlobStat
-
         out = {}
         for digest in digests:
             found = self._data.get(check_digest(digest))
@@ -301,8 +293,6 @@ class MemoryObjectStore:
         return out
 
     def list(self) -> Iterator[BlobStat]:
-        from aot.cache.storage.records import BlobStat
-
         with self._lock:
             items = sorted(self._data.items())
         for digest, (payload, modified) in items:

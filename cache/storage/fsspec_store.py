@@ -35,8 +35,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from aot.errors import CacheError, ReadOnlyCacheError
-from aot.cache.storage.records import BlobStat
-from aot.cache.storage.objectstore import blob_path, check_digest, digest_from_path
+from aot.cache.storage.objectstore import BlobStat, blob_path, check_digest, digest_from_path
 
 __all__ = [
     "SCHEMES", "FsspecObjectStore", "UrlTarget", "is_url", "open_fsspec_store", "open_url",

@@ -6,9 +6,11 @@ repairs) under a sha256 digest. It knows nothing of zstd, manifests or the index
 Modelled on JAX's ``CacheInterface`` and dvc-objects' ODB over a FileSystem.
 
 Implementations: a local folder, a SQL table in the index database, and fsspec
-(``s3://``, ``gs://``, ``az://``, ``memory://``, ``file://``). :func:`blob_path` is
-the one layout every path-based store uses (``ab/<digest>.zst``), so a folder
-store and a ``file://`` store over the same folder see the same blobs.
+(``s3://``, ``gs://``, ``az://``, ``memory://``, ``file://``);
+:func:`aot.cache.storage.locations.open_object_store` picks one by a location's
+scheme. This module imports none of them. :func:`blob_path` is the one layout every
+path-based store uses (``ab/<digest>.zst``), so a folder store and a ``file://``
+store over the same folder see the same blobs.
 
 Contract, for every implementation:
 
@@ -30,30 +32,21 @@ Contract, for every implementation:
 from __future__ import annotations
 
 import errno
-import importlib
-import os
 import re
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
-from urllib.parse import unquote
+from typing import Protocol, runtime_checkable
 
 from aot.errors import CacheError, CorruptArtifactError, ReadOnlyCacheError
-from aot.records import Record
-
-if TYPE_CHECKING:
-    from aot.cache.storage.records import BlobStat
 
 __all__ = [
     "BlobStat",
-    "Location",
+    "ErrorTranslator",
     "ObjectStore",
     "blob_path",
     "check_digest",
-    "classify_location",
     "digest_from_path",
-    "open_object_store",
     "read_only_error",
     "register_error_translator",
     "storage_error",
@@ -62,14 +55,6 @@ __all__ = [
 # Patterns are compiled on first use (re's cache), not by every process importing this.
 _PATH_PATTERN = r"^([0-9a-f]{2})/([0-9a-f]{64})\.zst$"
 _HEX_DIGITS = "0123456789abcdef"
-
-
-def __getattr__(name: str) -> Any:
-    if name == "BlobStat":  # defined in aot.cache.storage.records: reading a blob never needs it
-        from aot.cache.storage.records import BlobStat
-
-        return BlobStat
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_digest(digest: str) -> str:
@@ -98,6 +83,15 @@ def digest_from_path(relative: str) -> str | None:
     if match is None or not match.group(2).startswith(match.group(1)):
         return None
     return match.group(2)
+
+
+@dataclass(frozen=True, slots=True)
+class BlobStat:
+    """One stored payload: its digest, stored (compressed) size and last write/touch."""
+
+    digest: str
+    stored_size: int
+    modified: datetime  # UTC, on the store's clock; ``now()`` when unknown
 
 
 @runtime_checkable
@@ -197,121 +191,3 @@ def read_only_error(what: str, where: str) -> ReadOnlyCacheError:
         f"cannot {what}: the blob store at {where} was opened read-only; open the "
         f"cache without read_only=True to modify it"
     )
-
-
-# --------------------------------------------------------------------- locations
-
-#: Object-store URL schemes -> the pip extra that installs their fsspec driver.
-OBJECT_SCHEMES: dict[str, str] = {
-    "s3": "s3",
-    "gs": "gcs",
-    "gcs": "gcs",
-    "az": "azure",
-    "abfs": "azure",
-    "memory": "fsspec",
-}
-
-#: SQLAlchemy backends the index and the SQL blob store support.
-DATABASE_BACKENDS = ("sqlite", "postgresql")
-
-_SCHEME_PATTERN = r"^([A-Za-z][A-Za-z0-9+.\-]*)://"
-
-FOLDER, DATABASE, OBJECT = "folder", "database", "object"
-
-
-class Location(Record):
-    """Where a cache or its blobs live: a local ``folder`` (a path), a ``database``
-    (a SQLAlchemy URL) or an ``object`` store (an fsspec URL). (A
-    :class:`~aot.records.Record`: every serving process classifies its cache location.)"""
-
-    __slots__ = ("kind", "target", "scheme")
-    kind: str
-    target: str  # the folder path, or the URL as given
-    scheme: str | None
-
-    def __init__(self, kind: str, target: str, scheme: str | None = None) -> None:
-        self._set(kind, target, scheme)
-
-    def to_dict(self) -> dict[str, str | None]:
-        return {"kind": self.kind, "target": self.target, "scheme": self.scheme}
-
-
-def _unknown_scheme(location: str, scheme: str) -> CacheError:
-    return CacheError(
-        f"unknown location scheme {scheme + '://'!r} in {_shown(location)!r}: expected a folder "
-        f"path, file://PATH, s3://, gs://, az://, memory:// (blobs only) or a database URL "
-        f"(sqlite:///PATH, postgresql+psycopg://USER@HOST/DB)"
-    )
-
-
-def _shown(location: str) -> str:
-    """``location`` without a password, for messages."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", location)
-
-
-def classify_location(location: str | os.PathLike[str]) -> Location:
-    """Which kind of store ``location`` names, by its scheme. An unknown scheme is
-    refused (:class:`CacheError`), never taken for a local path; a database URL is
-    recognised by its SQLAlchemy dialect, not by ``"://"``."""
-    text = os.fspath(location)
-    match = re.match(_SCHEME_PATTERN, text) if "://" in text else None  # a path: no regex
-    if match is None:
-        if text.startswith("sqlite:"):  # sqlite:relative.db is not a folder either
-            raise CacheError(f"malformed SQLite URL {text!r}: expected sqlite:///PATH")
-        return Location(FOLDER, str(Path(text).expanduser()))
-    scheme = match.group(1).lower()
-    if scheme == "file":
-        rest = text[match.end():]
-        if rest.startswith("localhost/"):
-            rest = rest[len("localhost"):]
-        if not rest.startswith("/"):
-            raise CacheError(f"file URL {text!r} must name an absolute path: file:///PATH")
-        return Location(FOLDER, unquote(rest), "file")
-    if scheme in OBJECT_SCHEMES:
-        return Location(OBJECT, text, scheme)
-    # Only now pay for SQLAlchemy (a folder cache's serving path never gets here).
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        backend = make_url(text).get_backend_name()
-    except (ArgumentError, ValueError):
-        raise _unknown_scheme(text, scheme) from None
-    if backend in DATABASE_BACKENDS:
-        return Location(DATABASE, text, scheme)
-    raise _unknown_scheme(text, scheme)
-
-
-def open_object_store(
-    location: str | os.PathLike[str], *, read_only: bool = False, engine: Any = None,
-) -> ObjectStore:
-    """The :class:`ObjectStore` for ``location``, picked by its scheme.
-
-    A folder path or ``file://`` URL -> :class:`~aot.cache.storage.folder.FolderObjectStore`;
-    a database URL -> :class:`~aot.cache.storage.database.SqlObjectStore` (on ``engine`` when
-    given: the index's own, so that gc's deletions join the index's lock);
-    ``s3://``, ``gs://``, ``az://``, ``memory://`` -> the fsspec store
-    (``pip install jax-aot[s3]`` etc.); anything else is refused.
-    """
-    where = classify_location(location)
-    if where.kind == FOLDER:
-        from aot.cache.storage.folder import FolderObjectStore
-
-        return FolderObjectStore(where.target, read_only=read_only)
-    if where.kind == DATABASE:
-        from aot.cache.storage.database import SqlObjectStore
-
-        if engine is not None:
-            return SqlObjectStore(engine, read_only=read_only)
-        return SqlObjectStore.open(where.target, read_only=read_only)
-    extra = OBJECT_SCHEMES[where.scheme or ""]
-    hint = f"pip install 'jax-aot[{extra}]'"
-    try:
-        module = importlib.import_module("aot.cache.storage.fsspec_store")
-        return module.FsspecObjectStore(where.target, read_only=read_only)  # type: ignore[no-any-return]
-    except ImportError as exc:  # the module, fsspec, or the scheme's driver (s3fs, ...)
-        missing = getattr(exc, "name", None) or str(exc)
-        raise CacheError(
-            f"blobs at {_shown(where.target)} need an object-store driver that is not "
-            f"installed ({missing}); install it with: {hint}"
-        ) from exc

@@ -287,7 +287,7 @@ def _module_file(module: Any) -> str | None:
 
 
 #: name -> (the module object, its file if it is a project module, else None). A warm-up
-#: remembers after every item, and most of the ~1,000 loaded modules are the same
+#: remembers after every item, and most of the many loaded modules are the same
 #: objects as last time: only new or replaced ones are looked at again.
 _SEEN: dict[str, tuple[Any, str | None]] = {}
 
@@ -381,7 +381,7 @@ class RecordStore:
     @classmethod
     def for_cache(cls, cache: Cache, *, enabled: bool = True) -> RecordStore:
         """The records of ``cache`` (off for a database cache, or when not ``enabled``)."""
-        from aot.cache.storage.objectstore import FOLDER, classify_location
+        from aot.cache.storage.locations import FOLDER, classify_location
 
         where = classify_location(cache.location)
         if not enabled or where.kind != FOLDER:

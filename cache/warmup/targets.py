@@ -21,7 +21,7 @@ from aot.cache.warmup.manifest import AUTO_SHARDING, WarmupItem
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
-    from aot.cache.compile_result import CompileResult
+    from aot.cache.compiling import CompileResult
 
 __all__ = [
     "Prepared",

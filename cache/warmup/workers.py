@@ -4,7 +4,7 @@
 (``--isolate``: in ``N`` workers only). A worker is a fresh Python (``spawn``, never
 ``fork``: the parent has JAX's threads) that imports JAX and jax-aot, says it is ready,
 then runs one item at a time as the parent sends them, each from preparing and lowering
-to storing, and sends back the :class:`~aot.cache.warmup.run.ItemResult`.
+to storing, and sends back the :class:`~aot.cache.warmup.steps.ItemResult`.
 
 Nothing here imports JAX, so the CLI starts the workers before it imports JAX itself:
 their imports overlap the parent's. Each worker has its own pipe, so the parent knows
@@ -156,7 +156,7 @@ def _worker_main(conn: Connection, env: dict[str, str], log_level: int, parent_p
 
     importlib.import_module("aot.cache.cache")  # imported now, not in the first item
     from aot.cache.warmup.targets import remembering_specs
-    from aot.cache.warmup.run import ItemResult, warmup_task
+    from aot.cache.warmup.steps import ItemResult, warmup_task
 
     _warm_up()
     conn.send(("ready", os.getpid()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -188,11 +189,25 @@ def test_gc_json_on_a_terminal_asks_on_stderr(invoke: Invoke, warmed, terminal) 
     assert "Remove 5 entries and 10 blobs" in result.stderr
 
 
-def test_gc_older_than_accepts_unambiguous_units(invoke: Invoke, warmed) -> None:
+def _last_used(cache_dir: Path, when: dt.datetime) -> None:
+    """Every entry of the cache at ``cache_dir`` was last used at ``when``."""
+    with aot.Cache(str(cache_dir)) as cache:
+        for entry in cache.entries():
+            cache.index.touch(entry.key, when=when)
+
+
+def test_gc_older_than_accepts_unambiguous_units(invoke: Invoke, warmed: Path) -> None:
+    # The entries' ages are set here: the session's warmed template may be of any age.
     for age in ("30d", "12h", "15min", "2w", "1mo", "1month", "90s", "2 weeks"):
+        _last_used(warmed, dt.datetime.now(dt.timezone.utc))  # used just now
         result = invoke("gc", "--older-than", age, "--dry-run")
         assert result.exit_code == 0, (age, result.output)
         assert result.stdout.startswith("nothing to collect"), age
+    # Used 20 days ago: older than two weeks, younger than a month (30 days).
+    _last_used(warmed, dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=20))
+    for age, collected in (("2w", 5), ("2 weeks", 5), ("12h", 5), ("30d", 0), ("1mo", 0), ("1month", 0)):
+        plan = json.loads(invoke("gc", "--older-than", age, "--dry-run", "--json").stdout)
+        assert len(plan["entries"]) == collected, age
     plan = json.loads(invoke("gc", "--older-than", "0s", "--dry-run", "--json").stdout)
     assert len(plan["entries"]) == 5
     assert plan["entries"][0]["reason"] == "unused for more than 0s"

@@ -1,4 +1,4 @@
-"""A stale reader must not condemn fresh data (issue 12).
+"""A stale reader must not condemn fresh data.
 
 A lazy dispatcher reads the rows of its name at start-up and loads each on its first
 call. If gc evicted an entry and a warm-up stored it again meanwhile, the row now
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import aot
-from aot.cache.serving import loader
+from aot.cache.serving import programs
 from aot.cache.cache import Cache
 from aot.rehydrate import recompile
 
@@ -45,13 +45,13 @@ def rewarmed(tiny: TinyArtifacts) -> Any:
 @pytest.fixture
 def recompiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     calls: list[str] = []
-    real = loader.recompile
+    real = programs.recompile
 
     def counting(artifact: Any) -> Any:
         calls.append(artifact.manifest.key)
         return real(artifact)
 
-    monkeypatch.setattr(loader, "recompile", counting)
+    monkeypatch.setattr(programs, "recompile", counting)
     yield calls
 
 

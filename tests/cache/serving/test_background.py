@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import aot
-from aot.cache.serving.stats import read_stats
+from aot.cache.reports.stats import read_stats
 from aot.errors import CorruptArtifactError
 
 _WAIT = 60.0  # seconds; only a hung loader would take that long
@@ -209,7 +209,7 @@ def test_closing_the_cache_cancels_pending_loads_and_waits_for_running_ones(
     gate.wait_entered(2)  # two loads running (held), the third queued
     closer = threading.Thread(target=cache.close)
     closer.start()
-    stopped = fn._background._stopped  # noqa: SLF001 - set by close before it waits
+    stopped = fn.programs.background._stopped  # noqa: SLF001 - set by close before it waits
     assert stopped.wait(_WAIT)
     closer.join(0.2)
     assert closer.is_alive()  # close waits for the running loads

@@ -11,7 +11,7 @@ import pytest
 
 import aot
 from aot.cache.serving import stats as stats_mod
-from aot.cache.serving.stats import read_stats
+from aot.cache.reports.stats import read_stats
 from aot.errors import AvalMismatchError, SignatureNotFoundError
 
 

@@ -154,7 +154,7 @@ def test_fallback_compiles_stores_and_logs(
     before = len(served.entries())
     x8 = models.mlp_input(8)
     expected = np.asarray(jax.jit(models.mlp_forward)(compiled.params, x8))
-    with caplog.at_level(logging.WARNING, logger="aot.cache.serving.loader"):
+    with caplog.at_level(logging.WARNING, logger="aot.cache.serving"):
         out = fn(compiled.params, x8)
     np.testing.assert_array_equal(np.asarray(out), expected)
     assert len(served.entries()) == before + 1
@@ -200,7 +200,7 @@ def moved(served, compiled, foreign):  # noqa: ANN001, ANN201
 
 def test_other_environment_is_recompiled_from_hlo(moved, compiled, caplog) -> None:  # noqa: ANN001
     cache, original, other = moved
-    with caplog.at_level(logging.WARNING, logger="aot.cache.serving.loader"):
+    with caplog.at_level(logging.WARNING, logger="aot.cache.serving"):
         fn = aot.load(compiled.MLP_NAME, cache=cache)
     _check_buckets(fn, compiled)
     assert len(fn.signatures) == 3
@@ -266,7 +266,7 @@ def test_strict_refuses_a_corrupt_executable_blob(served, compiled, read_raw, wr
 def test_strict_never_writes_for_a_manifest_that_contradicts_its_fingerprints(
     served, compiled, tamper_manifest, field: str  # noqa: ANN001
 ) -> None:
-    """The dispatcher files rows by their manifest's cross-checks (issue 12); under
+    """The dispatcher files rows by their manifest's cross-checks; under
     strict=True a contradicting row is logged and refused, never quarantined (issue
     11: strict loading never writes). A lenient dispatcher quarantines it."""
     import json
@@ -350,7 +350,7 @@ _SERVER = textwrap.dedent(
     result["jax_work"] = work
     # Serving a program without linalg needs neither LAPACK (scipy) nor SQLAlchemy
     # nor the lowering modules; serving exact signatures needs none of the modules of
-    # other features (issue 15: every serving process pays for its imports at start-up).
+    # other features (every serving process pays for its imports at start-up).
     result["imported"] = sorted(
         m for m in (
             "scipy", "sqlalchemy", "aot.lowering", "aot.computation",
@@ -358,14 +358,13 @@ _SERVER = textwrap.dedent(
             "aot.cache.serving.padding",  # only with pad=
             "aot.symbolic",  # only for symbolic signatures
             "aot.cache.serving.signatures",  # the wording of a miss
+            "aot.cache.serving.misses",  # the wording of a miss
+            "aot.cache.serving.symbolic",  # only for symbolic signatures
             "aot.cache.reports.stats",  # reading statistics back (aot stats)
             "aot.cache.serving.background",  # only with background=True
             "aot.cache.names", "aot.cache.pauses",  # writers only
-            # Value objects defined apart because serving never makes one (each frozen
-            # dataclass costs ~0.5 ms to define).
+            # Value objects defined apart because serving never makes one.
             "aot.differences",  # two fingerprints that differ
-            "aot.cache.storage.records",  # listing, storing and copying blobs
-            "aot.cache.compile_result",  # compiling
         )
         if m in sys.modules
     )

@@ -110,7 +110,7 @@ def test_entries_of_the_other_x64_mode_are_skipped_not_fatal(open_folder_cache, 
     assert aot.load("mixed", cache=cache)(np.arange(5.0)).dtype == np.float64
     jax.config.update("jax_enable_x64", False)
     for strict in (False, True):
-        with caplog.at_level(logging.WARNING, logger="aot.cache.serving.loader"):
+        with caplog.at_level(logging.WARNING, logger="aot.cache.serving"):
             fn = aot.load("mixed", cache=cache, strict=strict)
         assert fn.signatures == ["f32[5]"]
         assert "compiled with jax_enable_x64=true, this process has jax_enable_x64=false" in caplog.text
@@ -145,7 +145,7 @@ def test_an_entry_this_jax_or_host_cannot_run_is_skipped(open_folder_cache, comp
     cache.put_artifact(dataclasses.replace(elsewhere, manifest=_on_device(elsewhere.manifest, 12)))
     assert len(cache.entries(compiled.TINY_NAME)) == 3
 
-    with caplog.at_level(logging.WARNING, logger="aot.cache.serving.loader"):
+    with caplog.at_level(logging.WARNING, logger="aot.cache.serving"):
         fn = aot.load(compiled.TINY_NAME, cache=cache, strict=strict)
     np.testing.assert_array_equal(np.asarray(fn(*compiled.tiny_inputs)), compiled.tiny_expected)
     reasons = sorted(reason for _, _, reason in fn.skipped)

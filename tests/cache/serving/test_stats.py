@@ -21,7 +21,7 @@ import aot
 from aot.cache.serving import stats as stats_mod
 from aot.cache.index.entry import SCHEMA_VERSION, utcnow
 from aot.cache.index.sql import Index
-from aot.cache.serving.stats import read_stats, zero_stats
+from aot.cache.reports.stats import SignatureStats, read_stats, zero_stats
 from aot.errors import CacheError, SignatureNotFoundError
 
 
@@ -227,7 +227,7 @@ def test_report_round_trips_through_json(open_folder_cache, compiled) -> None:  
     report = read_stats(cache)
     data = json.loads(json.dumps(report.to_dict()))
     assert data["totals"]["calls"] == 3 and data["stored"] is True
-    assert stats_mod.SignatureStats.from_dict(data["rows"][0]) == report.rows[0]
+    assert SignatureStats.from_dict(data["rows"][0]) == report.rows[0]
 
 
 def test_a_dispatcher_collected_during_a_flush_does_not_deadlock() -> None:

@@ -318,8 +318,8 @@ def test_pad_serves_the_smallest_bucket_that_fits_and_slices_outputs(
 ) -> None:
     fn = aot.load("step", cache=buckets, pad={"x": 0})
     used: list[str] = []
-    for program in fn._programs.values():
-        executable = fn._executable(program)
+    for program in fn.programs.concrete.values():
+        executable = fn.programs.executable(program)
         real = executable.bind  # once per kind of call: a padded size, an exact one
         monkeypatch.setattr(
             executable, "bind",

@@ -1,6 +1,7 @@
 """Blob storage: ContentStore over every ObjectStore (round trip, dedup, verified reads,
 corruption, repair, read-only), the folder store's disk errors, the ObjectStore
-contract (ages, touch, batches), copies between stores, and picking a store by URL."""
+contract (ages, touch, batches), copies between stores, the error translator.
+Picking a store by URL: test_locations.py."""
 
 from __future__ import annotations
 
@@ -440,68 +441,6 @@ def test_copy_to_moves_payloads_as_stored_and_verifies_them(
     assert fresh.digests() == []
     with pytest.raises(CorruptArtifactError, match="missing"):
         blob_store.copy_to(fresh, [digest_of(b"never stored")])
-
-
-# ----------------------------------------------------------------- picking a store by URL
-
-
-def test_open_object_store_picks_the_class_by_scheme(tmp_path: Path, sqlite_url: str) -> None:
-    from aot.cache.storage.database import SqlObjectStore
-    from aot.cache.storage.objectstore import classify_location, open_object_store
-
-    folder = open_object_store(str(tmp_path / "a"))
-    assert isinstance(folder, FolderObjectStore) and folder.root == tmp_path / "a"
-    by_url = open_object_store(f"file://{tmp_path / 'a'}")
-    assert isinstance(by_url, FolderObjectStore) and by_url.root == tmp_path / "a"
-    # the same layout: what one writes, the other reads
-    ContentStore(folder).put(COMPRESSIBLE)
-    assert ContentStore(by_url).get(digest_of(COMPRESSIBLE)) == COMPRESSIBLE
-    sql = open_object_store(sqlite_url)
-    try:
-        assert isinstance(sql, SqlObjectStore)
-        ContentStore(sql).put(COMPRESSIBLE)
-        assert ContentStore(sql).get(digest_of(COMPRESSIBLE)) == COMPRESSIBLE
-    finally:
-        sql.close()
-    assert classify_location("postgresql+psycopg://u:secret@h/db").kind == "database"
-    assert classify_location("sqlite:////tmp/x.sqlite").kind == "database"
-    assert classify_location("s3://bucket/prefix").kind == "object"
-    assert classify_location("relative/folder").kind == "folder"
-
-
-@pytest.mark.parametrize(
-    "location", ["ftp://host/blobs", "mysql://u@h/db", "s4://bucket/x", "http://example.com/blobs"]
-)
-def test_an_unknown_scheme_is_refused_never_a_local_folder(
-    location: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from aot.cache.storage.objectstore import open_object_store
-
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(CacheError, match="scheme"):
-        open_object_store(location)
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_an_object_store_url_without_its_driver_says_what_to_install(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """s3:// used to become a local folder named 's3:'; without the fsspec store or its
-    library it is a CacheError naming the extra to install."""
-    import sys
-
-    import aot
-    from aot.cache.storage.objectstore import open_object_store
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setitem(sys.modules, "aot.cache.storage.fsspec_store", None)  # as if not installed
-    with pytest.raises(CacheError, match=r"pip install 'jax-aot\[s3\]'"):
-        open_object_store("s3://bucket/prefix")
-    with pytest.raises(CacheError, match=r"jax-aot\[gcs\]"):
-        aot.Cache(str(tmp_path / "cache"), blob_location="gs://bucket/prefix")
-    assert not (tmp_path / "s3:").exists() and not (tmp_path / "gs:").exists()
-    with pytest.raises(CacheError, match="cannot hold a cache index"):
-        aot.Cache("s3://bucket/prefix")
 
 
 def test_storage_errors_go_through_one_translator_with_an_extension_point(tmp_path: Path) -> None:

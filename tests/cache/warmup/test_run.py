@@ -1,4 +1,8 @@
-"""aot.cache.warmup.run as a library: parsing, expansion, parallel runs, coverage."""
+"""aot.cache.warmup.run as a library: parsing, expansion, parallel runs, coverage.
+
+Run from the repository root, as the CLI tests are: the fixture manifest's targets
+(``fixtures.models``) are imported from there, also by worker processes.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,12 @@ from aot.cache.warmup.run import (
     parse_manifest,
     run_warmup,
 )
-from tests.cli.helpers import MANIFEST, MANIFEST_LABELS
+from tests.cli.helpers import MANIFEST, MANIFEST_LABELS, REPO
+
+
+@pytest.fixture(autouse=True)
+def _at_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
 
 
 def test_fixture_manifest_expands_to_its_buckets() -> None:
@@ -137,10 +146,10 @@ def test_parallel_warmup_survives_a_dying_worker(tmp_path: Path) -> None:
     assert report.results[3].error.splitlines() == [
         "ValueError: this model is broken",
         "second line of the message",
-        '  at tests/cli/tests.cli.models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
+        '  at tests/cli/models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
     ]
     assert "Traceback (most recent call last)" in report.results[3].traceback
-    assert 'tests.cli.models.py", line 39, in broken' in report.results[3].traceback
+    assert 'tests/cli/models.py", line 39, in broken' in report.results[3].traceback
     assert report.to_dict()["failed"] == 2
     # The workers opened the cache as the caller did: with its signing key.
     compiled = signed.index.get(report.results[2].key)

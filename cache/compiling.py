@@ -1,0 +1,131 @@
+"""Compiling through a cache: lower a function, then load the stored executable (a
+hit) or compile it and store the result (a miss); :class:`CompileResult` says which.
+
+A symbolic (shape-polymorphic) computation has nothing to compile yet: its portable
+HLO is stored, and ``aot.load`` compiles it per concrete shape.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aot.artifact import Artifact
+from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, ReadOnlyCacheError
+from aot.rehydrate import build_artifact, build_symbolic_artifact
+from aot.cache.artifacts import unstored_entry
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+    from aot.cache.index.entry import IndexEntry
+    from aot.computation import MeshComputation
+    from aot.executable import MeshExecutable
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CompileResult", "artifact_of", "compile_entry"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompileResult:
+    """What :meth:`Cache.compile_entry <aot.cache.cache.Cache.compile_entry>` did: the
+    executable, its entry, hit or miss.
+
+    ``executable`` is None for a symbolic (shape-polymorphic) program: it is stored
+    as portable HLO and compiled per concrete shape by ``aot.load``.
+    """
+
+    executable: MeshExecutable | None
+    entry: IndexEntry
+    hit: bool
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.entry.key,
+            "name": self.entry.name,
+            "signature": self.entry.signature,
+            "hit": self.hit,
+            "seconds": round(self.seconds, 4),
+            "compile_seconds": self.entry.compile_seconds,
+            "raw_size": self.entry.raw_size,
+            "stored_size": self.entry.stored_size,
+        }
+
+
+def artifact_of(item: MeshComputation | MeshExecutable | Artifact) -> Artifact:
+    """The artifact to store for a computation (compiled now), an executable or an
+    artifact (:meth:`Cache.put <aot.cache.cache.Cache.put>`)."""
+    from aot.computation import MeshComputation
+    from aot.executable import MeshExecutable
+
+    if isinstance(item, MeshComputation) and item.symbolic:
+        return build_symbolic_artifact(item)
+    if isinstance(item, MeshComputation):
+        executable = item.compile()
+        return build_artifact(executable, item.portable_hlo(executable))
+    if isinstance(item, MeshExecutable):
+        computation = getattr(item, "computation", None)
+        hlo = computation.portable_hlo(item) if computation is not None else None
+        return build_artifact(item, hlo)
+    if isinstance(item, Artifact):
+        return item
+    raise TypeError(
+        f"Cache.put takes a MeshComputation, MeshExecutable or Artifact, got "
+        f"{type(item).__name__}"
+    )
+
+
+def compile_entry(
+    cache: Cache, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
+    **lower_kwargs: Any,
+) -> CompileResult:
+    """Lowers ``fn``; on a hit loads the stored executable, on a miss compiles and
+    stores it (compiles without storing into a read-only cache)."""
+    from aot.lowering import lower, lower_pmap  # serving never lowers
+
+    start = time.perf_counter()
+    computation = (lower_pmap if pmap else lower)(fn, *args, name=name, **lower_kwargs)
+    if computation.symbolic:
+        return _store_symbolic(cache, computation, start)
+    if not cache.read_only:
+        from aot.cache.names import check_name
+
+        check_name(computation.name)  # before an XLA compile that could not be stored
+    key = computation.fingerprint
+    entry = cache.index.get(key)
+    if entry is not None and entry.ok:
+        try:
+            executable = cache.load(entry)
+            cache.touch(entry.key)
+            return CompileResult(executable, entry, True, time.perf_counter() - start)
+        except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
+            cache.quarantine(entry, str(exc))
+    executable = computation.compile()
+    if cache.read_only:
+        log.info("read-only cache: compiled %s without storing it", computation.name)
+        artifact = build_artifact(executable, None)
+        stored = unstored_entry(artifact)
+    else:
+        artifact = build_artifact(executable, computation.portable_hlo(executable))
+        stored = cache.put_artifact(artifact)
+    return CompileResult(executable, stored, False, time.perf_counter() - start)
+
+
+def _store_symbolic(cache: Cache, computation: MeshComputation, start: float) -> CompileResult:
+    """Stores a symbolic computation's portable HLO (nothing to compile yet)."""
+    entry = cache.index.get(computation.fingerprint)
+    if entry is not None and entry.ok:
+        return CompileResult(None, entry, True, time.perf_counter() - start)
+    if cache.read_only:
+        raise ReadOnlyCacheError(
+            f"cannot store the symbolic program {computation.name} "
+            f"({computation.signature}): the cache at {cache.display_location} is "
+            "read-only, and a symbolic program has no executable to return without "
+            "storing it; open the cache writable or lower with concrete specs"
+        )
+    stored = cache.put_artifact(build_symbolic_artifact(computation))
+    return CompileResult(None, stored, False, time.perf_counter() - start)

@@ -1,0 +1,190 @@
+"""``aot.load(name)``: open a cache for serving and return a dispatcher over every
+signature stored for ``name``.
+
+Serving is read-only and fails fast: a location that holds no cache is refused
+(nothing is created there), and a name with nothing servable is refused at start-up,
+never at the first request, naming close names and the entries stored for other
+environments.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from aot.artifact import Manifest
+from aot.errors import AotError, CacheError, SignatureNotFoundError, UsageError
+from aot.fingerprint import describe_differences
+
+from aot.cache.cache import Cache, default_location, is_url
+from aot.cache.index.entry import INDEX_FILE
+from aot.cache.serving.dispatcher import Dispatcher
+
+log = logging.getLogger(__name__)
+
+__all__ = ["load", "open_existing", "Dispatcher"]
+
+
+def load(
+    name: str,
+    cache: Cache | str | None = None,
+    *,
+    strict: bool = False,
+    lazy: bool = False,
+    fallback: Callable[..., Any] | None = None,
+    read_only: bool | None = None,
+    pad: Mapping[str, int] | None = None,
+    pad_outputs: int | Mapping[str, int] | None = None,
+    pad_value: Any = 0,
+    allow_empty: bool = False,
+    background: bool = False,
+) -> Dispatcher:
+    """A callable over every signature stored for ``name`` in this environment.
+
+    ``lazy=False`` (the default) loads every signature now, in parallel, so the first
+    request runs at full speed; ``lazy=True`` loads each on its first call;
+    ``background=True`` returns once the index rows are read and loads every
+    signature in background threads: a call waits for its own signature only, and a
+    signature that fails to load raises that error (as ``background=False`` would at
+    start-up) at its first call (:meth:`Dispatcher.load_in_background`).
+
+    A call whose shapes match no stored executable is served, in this order: by
+    padding (with ``pad=``) up to the smallest stored bucket that fits; by compiling
+    a stored symbolic signature (``f32[b,784]``) for its shapes, stored back under
+    ``name`` (not with ``strict=True``); by ``fallback``; else
+    :class:`SignatureNotFoundError`.
+
+    ``pad={"x": 0}`` pads input ``x`` along axis 0 and slices the outputs back (see
+    :mod:`aot.cache.serving.padding` for the rules). It declares that rows along that axis
+    are independent (no batch norm, no reduction across the batch): jax-aot cannot
+    check that without the model.
+
+    Fails fast, at start-up, never on the first request: a location that holds no
+    cache is a :class:`CacheError` (nothing is created there), and a name with no
+    servable signature (none for this environment under ``strict=True``) is a
+    :class:`SignatureNotFoundError` naming close names and the entries stored for
+    other environments. ``allow_empty=True`` (or a ``fallback``, which compiles
+    missing signatures on demand) starts anyway. ``read_only=None`` opens a folder
+    read-only when this process cannot write it.
+    """
+    if lazy and background:
+        raise UsageError(
+            "aot.load: lazy=True loads each signature at its first call, background=True "
+            "loads them all now in threads; pass one of them"
+        )
+    plan = None
+    if pad is not None:
+        from aot.cache.serving.padding import PadPlan  # only padded serving needs it
+
+        plan = PadPlan.of(pad, pad_outputs, pad_value)
+    owned = not isinstance(cache, Cache)
+    if owned:
+        cache = open_existing(cache, read_only=read_only)
+    assert isinstance(cache, Cache)
+    try:
+        dispatcher = Dispatcher(cache, name, strict=strict, fallback=fallback, pad=plan)
+        if not allow_empty and fallback is None and not dispatcher.servable():
+            raise nothing_servable(cache, name, dispatcher)
+        if background:
+            dispatcher.load_in_background()
+        elif not lazy:
+            dispatcher.warm()
+    except BaseException:
+        if owned:
+            cache.close()
+        raise
+    return dispatcher
+
+
+def open_existing(location: str | os.PathLike[str] | None, *, read_only: bool | None = None) -> Cache:
+    """Opens the cache at ``location`` for serving; never creates one.
+
+    ``read_only=None``: a folder this process cannot write (another user's) is opened
+    read-only; a database URL is opened read-write.
+    """
+    location = str(location) if location is not None else default_location()
+    advice = (
+        "aot.load never creates a cache: check the path (or AOT_CACHE), or fill the "
+        "cache first (aot warmup / aot compile / aot bundle import)"
+    )
+    if is_url(location):
+        if not read_only:
+            from aot.cache.index.sql import Index  # a folder cache is read without SQLAlchemy
+
+            try:  # a read-only open creates nothing; a writable one would create the schema
+                Index(location, read_only=True).close()
+            except CacheError as exc:
+                raise CacheError(f"{exc}. {advice}") from None
+        return Cache(location, read_only=bool(read_only))
+    folder = Path(location).expanduser()
+    index = folder / INDEX_FILE
+    if not index.is_file():
+        raise CacheError(f"no cache at {folder} (no index.sqlite there); {advice}")
+    if read_only is None:
+        writable = os.access(folder, os.W_OK) and os.access(index, os.W_OK)
+        if not writable:
+            log.info("aot.load: %s is not writable by this process; serving it read-only", folder)
+        read_only = not writable
+    return Cache(location, read_only=read_only)
+
+
+def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> SignatureNotFoundError:
+    """The start-up error of a name with no servable signature: what is stored and
+    why none of it serves here, or the names that are close."""
+    where = f"the cache at {cache.display_location}"
+    lines: list[str] = []
+    environment = cache.environment
+    programs = list(dispatcher.programs.concrete.values())
+    for program in programs:
+        for entry in program.foreign:
+            try:
+                manifest = Manifest.from_json(entry.manifest)
+            except AotError:
+                continue
+            diffs = manifest.environment.diff(environment)
+            lines.append(
+                f"  ({program.signature}) {entry.key[:12]} compiled for another environment: "
+                + (describe_differences(diffs) or "environment differs")
+            )
+        for entry in program.quarantined:
+            lines.append(
+                f"  ({program.signature}) {entry.key[:12]} quarantined: "
+                f"{(entry.state_reason or 'no reason recorded')[:200]}"
+            )
+    for entry, reason in dispatcher.unusable:
+        lines.append(f"  ({entry.signature}) {entry.key[:12]} unusable: {reason[:200]}")
+    for key, signature, reason in dispatcher.skipped:
+        lines.append(f"  ({signature}) {key[:12]} cannot run in this process: {reason[:200]}")
+    if programs or dispatcher.unusable or dispatcher.skipped:
+        head = (
+            f"aot.load({name!r}): no signature of {name!r} in {where} can be served here"
+            + (" with strict=True (it never compiles)" if dispatcher.strict else "")
+            + ". Stored:\n" + "\n".join(lines)
+        )
+        advice = (
+            "Compile it for this environment in CI (aot warmup / aot compile)"
+            + (", or load with strict=False to recompile from the portable HLO" if dispatcher.strict else "")
+        )
+    else:
+        try:
+            names = cache.names()
+        except AotError:
+            names = []
+        close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
+        head = f"aot.load({name!r}): nothing is stored under {name!r} in {where}"
+        if close:
+            head += f". Did you mean {', '.join(repr(n) for n in close)}?"
+        elif names:
+            head += f" ({len(names)} other names are: `aot ls` lists them)"
+        else:
+            head += " (the cache is empty)"
+        advice = "Compile it in CI (aot warmup / aot compile)"
+    message = (
+        f"{head}\n{advice}, or pass allow_empty=True to start without it "
+        "(fallback=fn compiles missing signatures on demand)."
+    )
+    return SignatureNotFoundError(message, tuple(dispatcher.signatures))

@@ -1,0 +1,241 @@
+"""The wording of a miss: what a call that no stored program serves is told.
+
+A miss names the call per argument (a list of 1000 floats is one phrase, not 1000
+leaves), lists the stored signatures, the entries that cannot serve in this process,
+why padding or a symbolic program did not fit, and the nearest stored signature with
+what differs: which leaves (and how far their shapes are), or which arguments differ
+in pytree structure.
+
+Imported on the first miss only: serving exact signatures never needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from jax.tree_util import PyTreeDef
+
+from aot import treedef as treedefs
+from aot.errors import AvalMismatchError, SignatureNotFoundError
+from aot.specs import format_aval, leaf_aval
+
+from aot.cache.serving.programs import LeafKey, Program, ProgramTable, SymbolicProgram
+from aot.cache.serving.signatures import describe_call, path_head
+
+WEAK_HINT = (
+    " (a Python scalar is weakly typed under jax.jit, an array is not: pass the kind "
+    "that was compiled, or compile the other)"
+)
+
+
+def describe_keys(keys: Sequence[LeafKey]) -> str:
+    """A call's leaves as avals (``f32[8,784], i32[]``)."""
+    return ", ".join(format_aval(shape, dtype, weak) for shape, dtype, weak in keys)
+
+
+def arg_names(table: ProgramTable) -> list[str]:
+    """The positional parameter names, from the stored leaf paths."""
+    names: list[str] = []
+    for program in table.concrete.values():
+        for path in program.paths:
+            head = path_head(path)
+            if head not in names:
+                names.append(head)
+        break
+    return names
+
+
+def describe_the_call(table: ProgramTable, args: Any, kwargs: Any) -> str:
+    """The call, per argument and by name."""
+    return describe_call(args, kwargs, arg_names(table))
+
+
+def not_a_jax_type(name: str, args: Any, kwargs: Any) -> AvalMismatchError:
+    """A call with an input jax.jit refuses too (a string, an object)."""
+    bad = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]:
+        try:
+            leaf_aval(leaf)
+        except TypeError:
+            bad.append(f"{_render(path)} is {_short(leaf)}")
+    return AvalMismatchError(
+        f"{name}: {'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}: not an array "
+        "or a Python scalar (jax.jit refuses it too); pass arrays",
+        tuple(bad),
+    )
+
+
+def not_found(
+    table: ProgramTable, args: Any, kwargs: Any, structure: str, got: tuple[LeafKey, ...],
+    notes: Sequence[str] = (),
+) -> SignatureNotFoundError:
+    """No stored program serves the call: what is stored, and the nearest."""
+    stored = table.signatures
+    lines = [f"  {s}" for s in stored] or ["  (none: nothing is stored under this name here)"]
+    message = (
+        f"{table.name}: no executable compiled for ({describe_the_call(table, args, kwargs)}).\n"
+        f"Stored signatures:\n" + "\n".join(lines)
+    )
+    if table.skipped:
+        message += "\nNot servable in this process:\n" + "\n".join(
+            f"  {sig} ({key[:12]}): {reason}" for key, sig, reason in table.skipped[:5]
+        )
+    for note in notes:
+        message += f"\n{note}"
+    found = nearest(table, args, kwargs, structure, got)
+    if found is not None:
+        program, diffs = found
+        message += f"\nNearest: ({program.signature}); differs in " + ", ".join(diffs)
+    message += (
+        "\nCompile this signature in CI (aot compile / aot warmup), or pass fallback=fn "
+        "to aot.load to compile it on demand."
+    )
+    return SignatureNotFoundError(message, tuple(stored))
+
+
+def strict_symbolic_error(
+    table: ProgramTable, program: SymbolicProgram, got: tuple[LeafKey, ...], values: dict[str, int],
+) -> SignatureNotFoundError:
+    """A symbolic program would serve the call, but ``strict=True`` forbids compiling."""
+    concrete = sorted(p.signature for p in table.concrete.values())
+    lines = [f"  {s}" for s in concrete] or ["  (none)"]
+    bound = ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
+    return SignatureNotFoundError(
+        f"{table.name}: no executable compiled for ({describe_keys(got)}). The symbolic "
+        f"program ({program.signature}) would serve it ({bound}), but strict=True "
+        "forbids compiling. Concrete signatures stored:\n" + "\n".join(lines)
+        + "\nCompile this shape in CI (aot compile / aot warmup with concrete specs), or "
+        "load with strict=False to compile it from the stored portable HLO.",
+        tuple(concrete),
+    )
+
+
+def nearest(
+    table: ProgramTable, args: Any, kwargs: Any, structure: str, got: tuple[LeafKey, ...],
+) -> tuple[Program, list[str]] | None:
+    """The stored program nearest to the call, and how it differs."""
+    best: tuple[tuple[int, int], Program, list[str]] | None = None
+    for program in table.concrete.values():
+        if program.structure != structure or len(program.leaves) != len(got):
+            diffs = structure_differences(program, args, kwargs)
+            score: tuple[int, int] = (1000, 0)
+        else:
+            differing = [
+                (path, want, have)
+                for path, want, have in zip(program.paths, program.leaves, got)
+                if want != have
+            ]
+            diffs = [
+                f"{path}: stored {format_aval(*want)}, got {format_aval(*have)}"
+                + (WEAK_HINT if want[2] != have[2] else "")
+                for path, want, have in differing
+            ]
+            # Fewest differing leaves first, then the closest shapes (batch 8 is
+            # nearer to the batch-4 bucket than to the batch-1 bucket).
+            score = (len(diffs), sum(_distance(want, have) for _, want, have in differing))
+        if best is None or score < best[0]:
+            best = (score, program, diffs)
+    return (best[1], best[2]) if best is not None else None
+
+
+def structure_differences(program: Program, args: Any, kwargs: Any) -> list[str]:
+    """Which arguments differ in pytree structure from a stored program's."""
+    try:
+        stored_args, stored_kwargs = program.treedef.children()
+        arg_trees = stored_args.children()
+    except (ValueError, AttributeError):
+        return ["pytree structure"]
+    names = _argument_names(program, arg_trees)
+    diffs: list[str] = []
+    if len(arg_trees) != len(args):
+        diffs.append(f"pytree structure ({len(arg_trees)} positional arguments stored, {len(args)} given)")
+    for i, (tree, value) in enumerate(zip(arg_trees, args)):
+        if treedefs.structure_key(tree) != treedefs.structure_key(jax.tree_util.tree_structure(value)):
+            diffs.append(f"pytree structure of {names[i]}: stored {describe_tree(tree)}, got {describe_value(value)}")
+    stored_keys = list((stored_kwargs.node_data() or (None, []))[1] or [])
+    if sorted(map(str, stored_keys)) != sorted(map(str, kwargs)):
+        diffs.append(f"pytree structure of keyword arguments: stored {sorted(map(str, stored_keys))}, got {sorted(map(str, kwargs))}")
+    return diffs or [f"pytree structure ({len(program.leaves)} leaves stored)"]
+
+
+def describe_tree(tree: PyTreeDef) -> str:
+    """One short phrase for a stored pytree node (``a dict with keys [...]``)."""
+    node = tree.node_data()
+    if node is None:
+        return "an array"
+    cls, aux = node
+    n = len(tree.children())
+    if cls in (list, tuple):
+        return f"a {cls.__name__} of {n} item{'s' if n != 1 else ''}"
+    if cls is dict:
+        return f"a dict with keys {sorted(map(str, aux))[:6]}"
+    if cls is type(None):
+        return "None"
+    if cls is treedefs.Unresolved:
+        return f"a {aux[0]}"
+    return f"a {getattr(cls, '__qualname__', cls)}"
+
+
+def describe_value(value: Any) -> str:
+    """One short phrase for one argument: its aval, or what kind of pytree it is."""
+    leaves, tree = jax.tree_util.tree_flatten(value)
+    if tree.num_leaves == 1 and tree.num_nodes == 1:
+        try:
+            return format_aval(*leaf_aval(leaves[0]))
+        except TypeError:
+            return _short(value)
+    kind = describe_tree(tree)  # not a leaf: handled above
+    if kind == "None":
+        return kind
+    if tree.num_leaves <= 4:
+        try:
+            return kind + " (" + ", ".join(format_aval(*leaf_aval(x)) for x in leaves) + ")"
+        except TypeError:
+            return kind
+    return f"{kind} ({tree.num_leaves} leaves)"
+
+
+def _argument_names(program: Program, arg_trees: Sequence[PyTreeDef]) -> list[str]:
+    names, offset = [], 0
+    for i, tree in enumerate(arg_trees):
+        name = f"args[{i}]"
+        if tree.num_leaves and offset < len(program.paths):
+            path = program.paths[offset]
+            placeholder = tree.unflatten(range(tree.num_leaves))
+            inner = jax.tree_util.keystr(tuple(jax.tree_util.tree_flatten_with_path(placeholder)[0][0][0]))
+            if path.endswith(inner) and len(path) > len(inner):
+                name = path[: len(path) - len(inner)]
+            elif not inner:
+                name = path
+        names.append(name)
+        offset += tree.num_leaves
+    return names
+
+
+def _distance(want: LeafKey, have: LeafKey) -> int:
+    (want_shape, want_dtype, _), (have_shape, have_dtype, _) = want, have
+    if len(want_shape) != len(have_shape):
+        return 1 << 40
+    return sum(abs(a - b) for a, b in zip(want_shape, have_shape)) + (
+        0 if want_dtype == have_dtype else 1 << 30
+    )
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001
+        text = "?"
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"a {type(value).__name__} ({text})"
+
+
+def _render(key_path: Sequence[Any]) -> str:
+    head, rest = key_path[:2], key_path[2:]
+    if getattr(head[0], "idx", 0) == 0:
+        name = f"args[{getattr(head[1], 'idx', 0)}]"
+    else:
+        name = str(getattr(head[1], "key", head[1]))
+    return name + jax.tree_util.keystr(tuple(rest))

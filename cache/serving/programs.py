@@ -1,0 +1,485 @@
+"""The stored programs of one name, filed by input signature, and the fallback ladder.
+
+:class:`ProgramTable` reads every index row stored under a name once, at start-up, and
+files each under its input signature (pytree structure + avals): rows for this
+environment, rows for other environments, and quarantined rows. A row this process
+cannot use (another x64 mode, platform or device set, a dtype this jax lacks) is
+skipped with a logged reason and never quarantined; a row whose manifest contradicts
+its own fingerprints is quarantined (proven corruption).
+
+Loading a program climbs the fallback ladder: the newest executable stored for this
+environment; else recompile the stored portable HLO (of another environment, or of a
+quarantined row) and store the result; else a clear error. ``strict=True`` forbids the
+middle step and never writes to the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+from jax.tree_util import PyTreeDef
+
+from aot import treedef as treedefs
+from aot.artifact import PORTABLE_HLO, Manifest, json_part, manifest_dtype, manifest_problems
+from aot.errors import (
+    AotError,
+    CorruptArtifactError,
+    IncompatibleEnvironmentError,
+    IntegrityError,
+)
+from aot.fingerprint import describe_differences
+from aot.rehydrate import load_executable, manifest_args, recompile
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+    from aot.cache.index.entry import IndexEntry
+    from aot.cache.serving.background import BackgroundLoad
+    from aot.executable import MeshExecutable
+
+log = logging.getLogger(__name__)
+
+#: (shape, dtype, weak_type) of one input, as jax.jit sees it.
+LeafKey = tuple[tuple[int, ...], Any, bool]
+
+#: Rows rewritten again and again while one call loads: give up after this many.
+MAX_REREADS = 4
+
+
+class Program:
+    """One stored signature of a name: its rows for this and other environments, and
+    quarantined rows (never executed; their portable HLO can still be recompiled).
+
+    Mutable and slotted: a call counts itself with ``program.calls += 1``, and the
+    statistics recorder (:mod:`aot.cache.serving.stats`) reads ``calls`` and
+    ``counted``."""
+
+    __slots__ = (
+        "signature", "structure", "treedef", "leaves", "paths", "local", "foreign",
+        "quarantined", "executable", "lock", "calls", "counted",
+    )
+
+    def __init__(
+        self,
+        signature: str,
+        structure: str,  # treedef.structure_key of the inputs
+        treedef: PyTreeDef,  # the input structure (stand-ins for nodes not rebuildable here)
+        leaves: tuple[LeafKey, ...],
+        paths: tuple[str, ...],
+        local: list[IndexEntry] | None = None,
+        foreign: list[IndexEntry] | None = None,
+        quarantined: list[IndexEntry] | None = None,
+        executable: MeshExecutable | None = None,
+    ) -> None:
+        self.signature = signature
+        self.structure = structure
+        self.treedef = treedef
+        self.leaves = leaves
+        self.paths = paths
+        self.local: list[IndexEntry] = [] if local is None else local
+        self.foreign: list[IndexEntry] = [] if foreign is None else foreign
+        self.quarantined: list[IndexEntry] = [] if quarantined is None else quarantined
+        self.executable = executable
+        self.lock = threading.Lock()
+        self.calls = 0  # calls served
+        self.counted = 0  # of which already flushed to the statistics
+
+    def __repr__(self) -> str:
+        return f"Program({self.signature!r}, loaded={self.executable is not None})"
+
+
+class SymbolicProgram:
+    """A stored shape-polymorphic signature of a name (``f32[b,784]``): its intact
+    rows, newest first, any environment (portable HLO compiles anywhere)."""
+
+    __slots__ = ("signature", "structure", "treedef", "patterns", "dtypes", "paths", "constraints", "entries")
+
+    def __init__(
+        self,
+        signature: str,
+        structure: str,  # treedef.structure_key of the inputs
+        treedef: PyTreeDef,
+        patterns: tuple[tuple[int | str, ...], ...],
+        dtypes: tuple[tuple[Any, bool], ...],  # (dtype, weak_type) per input
+        paths: tuple[str, ...],
+        constraints: tuple[str, ...],
+    ) -> None:
+        self.signature = signature
+        self.structure = structure
+        self.treedef = treedef
+        self.patterns = patterns
+        self.dtypes = dtypes
+        self.paths = paths
+        self.constraints = constraints
+        self.entries: list[IndexEntry] = []
+
+    def __repr__(self) -> str:
+        return f"SymbolicProgram({self.signature!r}, {len(self.entries)} entries)"
+
+
+def same_row(a: IndexEntry, b: IndexEntry) -> bool:
+    """The same version of a row: same blobs, same manifest."""
+    return (a.exe_digest, a.hlo_digest, a.manifest) == (b.exe_digest, b.hlo_digest, b.manifest)
+
+
+class ProgramTable:
+    """Every program stored under ``name``, by signature, and how each is loaded.
+
+    ``concrete`` maps (structure key, leaf keys) to a :class:`Program`; ``symbolic``
+    holds the shape-polymorphic ones. ``unusable`` lists rows that could not even be
+    filed (entry, why); ``skipped`` the rows that cannot serve in this process (key,
+    signature, reason). ``strict=True`` never writes to the cache: a row found
+    damaged is logged and refused, not quarantined (``aot verify`` does that).
+    """
+
+    def __init__(self, cache: Cache, name: str, *, strict: bool = False) -> None:
+        self.cache = cache
+        self.name = name
+        self.strict = strict
+        self.concrete: dict[tuple[str, tuple[LeafKey, ...]], Program] = {}
+        self.symbolic: dict[tuple[Any, ...], SymbolicProgram] = {}
+        self.symbolic_lock = threading.Lock()
+        self.unusable: list[tuple[IndexEntry, str]] = []
+        self.skipped: list[tuple[str, str, str]] = []
+        # Background loading (load(background=True)): the running load, the programs
+        # whose load was started (by it or by a call), and the errors it met, each
+        # raised by the first call of its program (by id: programs are never dropped).
+        self.background: BackgroundLoad[Program] | None = None
+        self._attempted: set[int] = set()
+        self._failed: dict[int, Exception] = {}
+        here = cache.environment.as_dict()
+        # Quarantined rows too: their executable is never run, but the signature stays
+        # servable by recompiling their portable HLO (the fallback ladder).
+        for entry in cache.entries_named(name, state=None):
+            self._file(entry, here)
+        log.info("aot.load(%r): %d signatures, %d symbolic", name, len(self.concrete), len(self.symbolic))
+        self.env = cache.environment.digest
+
+    # ------------------------------------------------------------ filing rows
+
+    def _file(self, entry: IndexEntry, here: dict[str, str]) -> None:
+        """Files one index row under its signature (or skips or quarantines it)."""
+        try:
+            manifest = Manifest.from_json(entry.manifest)
+            reason = cannot_serve_here(manifest, here)
+            if reason is None:
+                structure = treedefs.structure_key_of_json(manifest.in_tree)
+                treedef = treedefs.from_json(manifest.in_tree, standins=True)
+                # Dtypes this jax may lack (IncompatibleEnvironmentError).
+                args = () if manifest.is_symbolic else manifest_args(manifest)
+                dtypes = tuple(
+                    (manifest_dtype(a["dtype"]), bool(a.get("weak_type", False))) for a in manifest.args
+                )
+        except IncompatibleEnvironmentError as exc:
+            reason = str(exc)
+        except AotError as exc:
+            self.quarantine(entry, f"unreadable manifest: {exc}")
+            self.unusable.append((entry, f"unreadable manifest: {exc}"))
+            return
+        if reason is not None:
+            log.warning("aot.load(%r): skipping %s (%s): %s", self.name, entry.key[:12], entry.signature, reason)
+            self.skipped.append((entry.key, entry.signature, reason))
+            return
+        if manifest.is_symbolic:
+            self._add_symbolic(entry, manifest, structure, treedef, dtypes)
+            return
+        problems = manifest_problems(manifest)
+        if any(p.startswith("in_tree") for p in problems):
+            # Its input structure cannot be trusted, so it cannot even be filed
+            # under a signature; never served, never recompiled.
+            reason = "manifest contradicts its fingerprints: " + "; ".join(problems)
+            self.quarantine(entry, reason)
+            self.unusable.append((entry, reason))
+            return
+        if problems and entry.ok and self.quarantine(
+            entry, "manifest contradicts its fingerprints: " + "; ".join(problems)
+        ):
+            entry = self.cache.reread(entry) or entry
+        leaves = tuple((a.shape, a.dtype, a.weak_type) for a in args)
+        program = self.concrete.setdefault(
+            (structure, leaves),
+            Program(manifest.signature, structure, treedef, leaves, tuple(a.path for a in args)),
+        )
+        # Rows come oldest first and are inserted at the front: the newest row of a
+        # signature is tried first (a name recompiled from changed code must not keep
+        # serving the old program).
+        self.place(program, entry, front=True)
+
+    def _add_symbolic(
+        self, entry: IndexEntry, manifest: Manifest, structure: str, treedef: PyTreeDef,
+        dtypes: tuple[tuple[Any, bool], ...],
+    ) -> None:
+        if not entry.ok:  # its portable HLO is what is damaged: nothing to compile from
+            log.warning("%s (%s): symbolic entry %s is quarantined: %s", self.name,
+                        manifest.signature, entry.key[:12], entry.state_reason)
+            return
+        from aot.symbolic import patterns_of  # only names with symbolic entries need it
+
+        patterns = patterns_of(manifest.args)
+        key = (structure, patterns, dtypes, manifest.symbolic_constraints)
+        program = self.symbolic.setdefault(key, SymbolicProgram(
+            manifest.signature, structure, treedef, patterns, dtypes,
+            tuple(str(a["path"]) for a in manifest.args), manifest.symbolic_constraints,
+        ))
+        # Newest first; this environment's rows before others (same portable HLO kind).
+        program.entries.insert(0, entry)
+        program.entries.sort(key=lambda e: e.env_fp != self.cache.environment.digest)
+
+    def place(self, program: Program, entry: IndexEntry, *, front: bool = False) -> None:
+        """Files a row under local, foreign or quarantined by its state and environment."""
+        if not entry.ok:
+            bucket = program.quarantined
+        elif entry.env_fp == self.cache.environment.digest:
+            bucket = program.local
+        else:
+            bucket = program.foreign
+        if front:
+            bucket.insert(0, entry)
+        else:
+            bucket.append(entry)
+
+    def quarantine(self, entry: IndexEntry, reason: str) -> bool:
+        """Quarantines ``entry`` while its row is still as read (compare-and-set);
+        True when it did. Serving with ``strict=True`` never writes to the cache: the
+        row is logged and not used, and False returned."""
+        if self.strict:
+            log.warning("aot.load(%r): not using %s: %s", self.name, entry.key[:12], reason)
+            return False
+        return self.cache.quarantine(entry, reason)
+
+    @property
+    def writes(self) -> bool:
+        """Whether serving this name may write to the cache (quarantine, store)."""
+        return not self.strict and not self.cache.read_only
+
+    # ------------------------------------------------------------ inspection
+
+    def servable(self) -> list[str]:
+        """Signatures that can be served: with a row for this environment, or (unless
+        strict) with any row whose portable HLO can be recompiled, and (unless strict)
+        symbolic signatures, compiled per concrete shape."""
+        concrete = [
+            p.signature for p in self.concrete.values()
+            if p.executable is not None or p.local
+            or (not self.strict and (p.foreign or p.quarantined))
+        ]
+        symbolic = [] if self.strict else [p.signature for p in self.symbolic.values() if p.entries]
+        return sorted(concrete + symbolic)
+
+    @property
+    def signatures(self) -> list[str]:
+        """Every stored signature: concrete ones, and symbolic ones (``f32[b,784]``)."""
+        return sorted(
+            [p.signature for p in self.concrete.values()]
+            + [p.signature for p in self.symbolic.values()]
+        )
+
+    def paths(self) -> list[str]:
+        """Every input path of the stored programs (concrete and symbolic)."""
+        programs = list(self.concrete.values()) + list(self.symbolic.values())
+        return sorted({p for program in programs for p in program.paths})
+
+    def unloaded(self) -> list[Program]:
+        return [p for p in self.concrete.values() if p.executable is None]
+
+    # ------------------------------------------------------------ loading
+
+    def executable(self, program: Program) -> MeshExecutable:
+        """``program``'s executable, loaded now unless it is (waits for a background
+        load of it)."""
+        with program.lock:  # held by a background load of this program: wait for it
+            if program.executable is None:
+                failed = self._failed.pop(id(program), None)
+                if failed is not None:
+                    # Its background load failed: this (first) call raises that error,
+                    # as the foreground load would have; a later call tries again.
+                    raise failed
+                self._attempted.add(id(program))
+                program.executable = self._load(program)
+            return program.executable
+
+    def start_background(self, workers: int | None = None) -> None:
+        """Starts loading every program not loaded yet in background threads; closing
+        the cache cancels the loads not started and waits for the running ones."""
+        if self.background is not None:
+            return
+        programs = self.unloaded()
+        if programs:
+            from aot.cache.serving.background import BackgroundLoad
+
+            self.background = BackgroundLoad(programs, self._load_in_background, workers=workers)
+            self.cache.hold_background(self.background)
+
+    def _load_in_background(self, program: Program) -> None:
+        """One background task: loads ``program`` unless a call already did (or is);
+        keeps the error for the first call of it."""
+        with program.lock:
+            if program.executable is not None or id(program) in self._attempted:
+                return
+            self._attempted.add(id(program))
+            try:
+                program.executable = self._load(program)
+            except Exception as exc:  # noqa: BLE001 - raised by the first call instead
+                log.warning(
+                    "aot.load(%r): loading (%s) in the background failed; its first call "
+                    "raises: %s", self.name, program.signature, exc,
+                )
+                self._failed[id(program)] = exc
+
+    # ------------------------------------------------------------ the fallback ladder
+
+    def _load(self, program: Program) -> MeshExecutable:
+        """Step one: the newest intact executable of this environment; else step two
+        (:meth:`_recompile`), unless strict; else an error naming what was tried."""
+        problems: list[str] = []
+        unusable: list[IndexEntry] = []  # rows of this environment that failed to load
+        rereads = 0
+        while program.local:
+            entry = program.local[0]
+            try:
+                return self.cache.load(entry)  # not a use: the calls are (aot.cache.serving.stats)
+            except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
+                program.local.remove(entry)
+                # The row may have changed since it was read (gc and a new warm-up
+                # rewrite a key with fresh blobs): a stale snapshot must neither condemn
+                # the fresh row nor hide it. Quarantine only the row that failed.
+                fresh = self.cache.reread(entry)
+                if fresh is not None and not same_row(fresh, entry) and rereads < MAX_REREADS:
+                    rereads += 1
+                    log.info(
+                        "%s (%s): row %s changed since it was read (%s); using the row as it is now",
+                        self.name, program.signature, entry.key[:12], exc,
+                    )
+                    self.place(program, fresh, front=True)
+                    continue
+                problems.append(str(exc))
+                if fresh is None:
+                    continue  # deleted meanwhile: nothing to quarantine
+                # Under strict=True or read-only: logged, never written.
+                if not self.quarantine(entry, str(exc)) and self.writes:
+                    changed = self.cache.reread(entry)
+                    if changed is not None and rereads < MAX_REREADS:
+                        rereads += 1
+                        self.place(program, changed, front=True)
+                        continue
+                if isinstance(exc, CorruptArtifactError):
+                    program.quarantined.append(entry)
+                    if self.strict:
+                        raise
+                else:
+                    # XLA refused the executable although the fingerprint matched: never
+                    # try it again (quarantined, so the recompiled artifact replaces it).
+                    unusable.append(entry)
+        candidates = program.foreign + program.quarantined + unusable
+        if not candidates:
+            raise CorruptArtifactError(
+                f"{self.name} ({program.signature}): no intact artifact is left "
+                f"({'; '.join(problems) or 'its rows were deleted'}); recompile it "
+                "(aot warmup / aot compile)"
+            )
+        if self.strict:
+            raise self._strict_refusal(program, problems, unusable)
+        return self._recompile(program, candidates)
+
+    def _strict_refusal(
+        self, program: Program, problems: Sequence[str], unusable: Sequence[IndexEntry],
+    ) -> AotError:
+        """Why ``strict=True`` cannot serve ``program`` without compiling."""
+        if program.foreign or unusable:
+            entry = program.foreign[0] if program.foreign else unusable[0]
+            manifest = Manifest.from_json(entry.manifest)
+            diffs = manifest.environment.diff(self.cache.environment)
+            described = tuple(d.describe() for d in diffs) or tuple(problems)
+            return IncompatibleEnvironmentError(
+                f"{self.name} ({program.signature}): no executable for this environment "
+                f"and strict=True forbids compiling: {'; '.join(described)}. Compile it for "
+                "this environment in CI (aot warmup) or load with strict=False",
+                described,
+            )
+        reasons = "; ".join(problems) or "; ".join(
+            f"{e.key[:12]}: {e.state_reason or 'quarantined'}" for e in program.quarantined
+        )
+        return CorruptArtifactError(
+            f"{self.name} ({program.signature}): the stored executable is quarantined "
+            f"({reasons}) and strict=True forbids recompiling it. Run `aot verify`, "
+            "recompile it (aot warmup / aot compile) or load with strict=False"
+        )
+
+    def _recompile(self, program: Program, candidates: Sequence[IndexEntry]) -> MeshExecutable:
+        """Step two: compiles the first candidate's portable HLO that compiles here,
+        and stores the result (unless the cache is read-only)."""
+        errors: list[str] = []
+        environment = self.cache.environment
+        pending = list(candidates)
+        rereads = 0
+        while pending:
+            entry = pending.pop(0)
+            start = time.perf_counter()
+            try:
+                # Only the portable HLO is needed: the executable blob may be corrupt.
+                artifact = self.cache.artifact(entry, roles=(PORTABLE_HLO,))
+                manifest = artifact.manifest
+                diffs = manifest.environment.diff(environment)
+                rebuilt = recompile(artifact)
+                executable = load_executable(rebuilt, current=environment)
+            except IntegrityError:
+                raise  # unsigned or tampered: never compiled from, and said as such
+            except AotError as exc:
+                fresh = self.cache.reread(entry)
+                if fresh is not None and not same_row(fresh, entry) and rereads < MAX_REREADS:
+                    rereads += 1  # a stale snapshot: try the row as it is now, first
+                    if fresh.ok and fresh.env_fp == environment.digest:
+                        try:
+                            return self.cache.load(fresh)
+                        except AotError as again:
+                            errors.append(f"{fresh.key[:12]}: {again}")
+                    pending.insert(0, fresh)
+                    continue
+                errors.append(f"{entry.key[:12]}: {exc}")
+                continue
+            reason = describe_differences(diffs) or f"stored executable unusable: {entry.state_reason}"
+            log.warning("%s (%s): recompiled from portable HLO (%s)", self.name, program.signature, reason)
+            self.cache.stats.recompiled(
+                self.env, self.name, program.signature, reason, time.perf_counter() - start
+            )
+            if not self.cache.read_only:
+                # Replaces a quarantined row of the same key; rewrites corrupt blobs.
+                stored = self.cache.put_artifact(rebuilt)
+                program.local.append(stored)
+            return executable
+        raise CorruptArtifactError(
+            f"{self.name} ({program.signature}): cannot recompile from portable HLO: "
+            + "; ".join(errors)
+        )
+
+
+def cannot_serve_here(manifest: Manifest, here: dict[str, str]) -> str | None:
+    """Why an entry can neither run nor be recompiled in this process, or None."""
+    program_x64 = manifest.program.as_dict().get("x64")
+    current_x64 = here.get("x64")
+    if program_x64 is not None and current_x64 is not None and program_x64 != current_x64:
+        return (
+            f"compiled with jax_enable_x64={program_x64}, this process has "
+            f"jax_enable_x64={current_x64}"
+        )
+    stored_platform = manifest.environment.as_dict().get("platform")
+    if stored_platform is not None and stored_platform != here.get("platform"):
+        return f"compiled for platform {stored_platform}, this process runs {here.get('platform')}"
+    live = {int(d.id) for d in jax.devices()}
+    # The devices the program fingerprint pins (the manifest's device_ids field is not
+    # covered by the key: a wrong one is corruption, quarantined and healed, not a
+    # reason to skip the entry).
+    pinned = json_part(manifest.program.as_dict(), "devices")
+    wanted = pinned if isinstance(pinned, list) and all(isinstance(d, int) for d in pinned) else manifest.device_ids
+    missing = sorted(set(wanted) - live)
+    if missing:
+        return (
+            f"needs device ids {missing[:8]} (compiled on "
+            f"{manifest.environment.as_dict().get('device_count', '?')} devices), this process "
+            f"has {len(live)}"
+        )
+    return None

@@ -1,0 +1,53 @@
+"""Which items of a manifest a cache holds no intact entry for, in this environment.
+
+Signatures are computed from the items' specs, without lowering. Why each one is
+missing is worded by :mod:`aot.cache.reports.coverage` (``aot verify --manifest``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aot.errors import AotError, ManifestError
+from aot.cache.warmup.manifest import WarmupItem
+from aot.cache.warmup.targets import item_signature, x64_mode
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+    from aot.cache.index.entry import IndexEntry
+
+__all__ = ["Uncovered", "find_uncovered"]
+
+
+@dataclass(frozen=True, slots=True)
+class Uncovered:
+    """An item with no intact entry for this environment, and what was looked at."""
+
+    item: WarmupItem
+    signature: str  # the item's input signature
+    entries: tuple[IndexEntry, ...]  # every entry of the item's name, any state
+    env: str  # this environment's digest, in the item's x64 mode
+
+
+def find_uncovered(cache: Cache, items: Iterable[WarmupItem]) -> list[Uncovered]:
+    """The ``items`` with no intact entry (same name and signature) for this
+    environment, in manifest order. Raises :class:`aot.ManifestError` naming the item
+    whose specs cannot be resolved."""
+    by_name: dict[str, tuple[IndexEntry, ...]] = {}
+    missing = []
+    for item in items:
+        if item.name not in by_name:
+            by_name[item.name] = tuple(cache.index.by_name(item.name, state=None))
+        with x64_mode(item):
+            env = cache.environment.digest
+        try:
+            signature = item_signature(item)
+        except AotError as exc:
+            raise ManifestError(f"{item.source or item.name}: {item.label}: {exc}") from None
+        entries = by_name[item.name]
+        if any(e.ok and e.env_fp == env and e.signature == signature for e in entries):
+            continue
+        missing.append(Uncovered(item, signature, entries, env))
+    return missing

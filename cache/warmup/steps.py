@@ -1,0 +1,297 @@
+"""One item of a warm-up, in steps, and what running it returns.
+
+Every way of running a warm-up (one item after another, in parallel with worker
+processes, on any executor) goes through the same three steps: :func:`lower_here`
+(prepare, warm-up record, lower, look up: a hit or a failure ends there), the XLA
+compile (:func:`compile_lowered`: inline, in a compile thread, or in a worker process's
+own :func:`run_one`), and :func:`store_here` (export the portable HLO, serialize, put,
+write the record). :func:`warmup_task` runs all three for one item of plain data: what
+a worker process or an executor runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, SpecError
+from aot.cache.serving.signatures import Signature
+from aot.cache.warmup.failures import Failure
+from aot.cache.warmup.manifest import WarmupItem
+from aot.cache.warmup.records import RecordStore, record_id
+from aot.cache.warmup.targets import prepare, x64_hint, x64_mode
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "SIGNATURE_WIDTH",
+    "ItemResult",
+    "Lowered",
+    "cache_options",
+    "compile_lowered",
+    "lower_here",
+    "run_one",
+    "store_here",
+    "warmup_task",
+]
+
+#: Width of the signature in a report line (both ends kept; --json has it whole).
+SIGNATURE_WIDTH = 72
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    """What happened to one item: ``compiled``, ``hit`` or ``failed`` (with the error)."""
+
+    index: int
+    name: str
+    label: str
+    status: str
+    seconds: float
+    key: str | None = None
+    signature: str | None = None
+    compile_seconds: float | None = None
+    raw_size: int | None = None
+    stored_size: int | None = None
+    error: str | None = None
+    source: str | None = None
+    traceback: str | None = None  # of a failure (shown by `aot warmup --debug`)
+    arguments: Signature | None = None  # the signature with pytree paths
+    # False: a hit found through its warm-up record, without lowering (None: failed
+    # before it was known).
+    lowered: bool | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "failed"
+
+    def describe(self, width: int | None = SIGNATURE_WIDTH) -> str:
+        """``label (x: f32[8], ...) 0.27s``, or ``label: error`` for a failure."""
+        if self.status == "failed":
+            return f"{self.label}: {self.error}"
+        shown = self.arguments.compact(width) if self.arguments is not None else self.signature
+        return f"{self.label} ({shown}) {self.seconds:.2f}s"
+
+    def line(self, width: int | None = SIGNATURE_WIDTH) -> str:
+        """One report line: ``compiled  label (...) 0.27s`` / ``FAILED    label: error``
+        (a multi-line error's further lines are indented under it)."""
+        status = {"compiled": "compiled", "hit": "hit", "failed": "FAILED"}[self.status]
+        first, *rest = self.describe(width).splitlines() or [""]
+        return "\n".join([f"{status:<9} {first}", *(f"{'':10}{r}" for r in rest)])
+
+    @classmethod
+    def failed(
+        cls, index: int, item: WarmupItem, exc: BaseException, seconds: float = 0.0
+    ) -> ItemResult:
+        failure = Failure.of(exc)
+        return cls(
+            index, item.name, item.label, "failed", seconds, error=failure.describe(),
+            source=item.source, traceback=failure.traceback,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "label": self.label,
+            "status": self.status,
+            "key": self.key,
+            "signature": self.signature,
+            "seconds": round(self.seconds, 4),
+            "compile_seconds": self.compile_seconds,
+            "raw_size": self.raw_size,
+            "stored_size": self.stored_size,
+            "error": self.error,
+            "source": self.source,
+            "arguments": self.arguments.to_list() if self.arguments is not None else None,
+            "lowered": self.lowered,
+            "traceback": self.traceback,
+        }
+
+
+def _done(
+    index: int, item: WarmupItem, entry: Any, status: str, seconds: float, *, lowered: bool = True,
+) -> ItemResult:
+    return ItemResult(
+        index, item.name, item.label, status, seconds, key=entry.key,
+        signature=entry.signature, compile_seconds=entry.compile_seconds,
+        raw_size=entry.raw_size, stored_size=entry.stored_size, source=item.source,
+        arguments=Signature.from_manifest_json(entry.manifest, entry.signature), lowered=lowered,
+    )
+
+
+# ---------------------------------------------------------------- one item, in steps
+
+
+@dataclass(slots=True)
+class Lowered:
+    """An item lowered here that is not in the cache: it waits for its XLA compile."""
+
+    index: int
+    item: WarmupItem
+    computation: Any
+    rid: str | None  # its warm-up record's id
+    seconds: float  # spent on it so far (prepare, lower, look up)
+
+
+def _failed(index: int, item: WarmupItem, exc: BaseException, seconds: float) -> ItemResult:
+    log.debug("warmup: %s failed", item.label, exc_info=exc)
+    if isinstance(exc, SpecError):
+        exc = x64_hint(item, exc)
+    return ItemResult.failed(index, item, exc, seconds)
+
+
+def _load_hit(
+    cache: Cache, index: int, item: WarmupItem, entry: Any, start: float, *, lowered: bool,
+) -> ItemResult | None:
+    """Loads a stored entry, which checks that it is servable: the hit, or None when
+    it did not load (then it is quarantined, and compiled again)."""
+    try:
+        if entry.exe_digest is not None:  # a symbolic entry has no executable to load
+            cache.load(entry)
+    except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
+        cache.quarantine(entry, str(exc))
+        return None
+    return _done(index, item, entry, "hit", time.perf_counter() - start, lowered=lowered)
+
+
+def lower_here(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | Lowered:
+    """The hit (found by its record, or lowered and found by key), a failure, or the
+    lowered item to compile."""
+    from aot.cache.names import check_name
+    from aot.lowering import lower, lower_pmap
+
+    start = time.perf_counter()
+    with x64_mode(item):
+        try:
+            prepared = prepare(item)
+            rid = record_id(item, prepared, cache.environment.digest) if records.enabled else None
+            key = records.lookup(rid)
+            if key is not None:
+                entry = cache.lookup(key)
+                if entry is not None and entry.ok and entry.env_fp == cache.environment.digest:
+                    result = _load_hit(cache, index, item, entry, start, lowered=False)
+                    if result is not None:
+                        return result
+            options = dict(prepared.options)
+            pmap = options.pop("pmap", False)
+            computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
+            check_name(computation.name)  # before an XLA compile that could not be stored
+            key = computation.fingerprint
+            entry = cache.lookup(key)
+            if entry is not None and entry.ok:
+                result = _load_hit(cache, index, item, entry, start, lowered=True)
+                if result is not None:
+                    records.remember(rid, key)
+                    return result
+            if computation.symbolic:  # nothing to compile: its portable HLO is stored
+                entry = cache.put(computation)
+                records.remember(rid, entry.key)
+                return _done(index, item, entry, "compiled", time.perf_counter() - start)
+        except Exception as exc:  # noqa: BLE001 - every item is tried; failures are recorded
+            return _failed(index, item, exc, time.perf_counter() - start)
+    return Lowered(index, item, computation, rid, time.perf_counter() - start)
+
+
+def compile_lowered(lowered: Lowered) -> tuple[Any, float]:
+    """The XLA compile of a lowered item (in any thread: XLA releases the GIL)."""
+    start = time.perf_counter()
+    with x64_mode(lowered.item):
+        executable = lowered.computation.compile()
+    return executable, time.perf_counter() - start
+
+
+def store_here(
+    cache: Cache, records: RecordStore, lowered: Lowered, compiled: Future[tuple[Any, float]],
+) -> ItemResult:
+    """Exports, serializes and stores a compiled item; its result."""
+    from aot.rehydrate import build_artifact
+
+    index, item = lowered.index, lowered.item
+    start = time.perf_counter()
+    try:
+        executable, compile_seconds = compiled.result()
+        with x64_mode(item):
+            artifact = build_artifact(executable, lowered.computation.portable_hlo(executable))
+        entry = cache.put_artifact(artifact)
+    except Exception as exc:  # noqa: BLE001
+        return _failed(index, item, exc, lowered.seconds + time.perf_counter() - start)
+    records.remember(lowered.rid, entry.key)
+    seconds = lowered.seconds + compile_seconds + time.perf_counter() - start
+    return _done(index, item, entry, "compiled", seconds)
+
+
+def _now(fn: Callable[[], Any]) -> Future[Any]:
+    """``fn()`` run here, as a finished future."""
+    future: Future[Any] = Future()
+    try:
+        future.set_result(fn())
+    except BaseException as exc:  # noqa: BLE001 - delivered by result()
+        future.set_exception(exc)
+    return future
+
+
+def run_one(cache: Cache, index: int, item: WarmupItem, records: RecordStore | None = None) -> ItemResult:
+    """One item, start to end, in this thread."""
+    records = records if records is not None else RecordStore(None)
+    outcome = lower_here(cache, records, index, item)
+    if isinstance(outcome, ItemResult):
+        return outcome
+    return store_here(cache, records, outcome, _now(lambda: compile_lowered(outcome)))
+
+
+# ---------------------------------------------------------------- any process, any executor
+
+
+def cache_options(cache: Cache) -> dict[str, Any]:
+    """How a worker process opens the same cache (signing key included)."""
+    return {
+        "location": cache.location,
+        "signing_key": cache.signing_key,
+        "require_signatures": cache.require_signatures,
+        "blob_location": cache.blob_location,
+    }
+
+
+_TASK_CACHES: dict[tuple[Any, ...], Cache] = {}
+_TASK_LOCK = threading.Lock()
+
+
+def warmup_task(
+    cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem, records: bool = True,
+) -> ItemResult:
+    """Compiles one item into the cache ``cache_options`` names; what an executor runs.
+
+    A module-level function of plain data, so any executor can ship it (pickled by a
+    process pool, cloudpickled by dask). Each worker process (and thread) opens the
+    cache once and keeps it. ``records``: use and write warm-up records.
+    """
+    import jax
+
+    from aot.cache.cache import Cache
+
+    if bool(jax.config.jax_enable_x64) != x64:
+        jax.config.update("jax_enable_x64", x64)
+    key = (os.getpid(), threading.get_ident(), repr(sorted(cache_options.items())))
+    with _TASK_LOCK:
+        cache = _TASK_CACHES.get(key)
+    if cache is None:
+        options = dict(cache_options)
+        try:
+            cache = Cache(options.pop("location"), **options)
+        except Exception as exc:  # noqa: BLE001
+            return ItemResult.failed(index, item, exc)
+        with _TASK_LOCK:
+            _TASK_CACHES[key] = cache
+    return run_one(cache, index, item, RecordStore.for_cache(cache, enabled=records))
