@@ -244,7 +244,7 @@ class Manifest(DataclassMethods):
         # or a manifest edited to f32[16,8] would run a f32[8,16] program on it.
         try:
             signature = ", ".join(
-                format_aval(a["shape"], _dtype(a["dtype"]), bool(a.get("weak_type", False)))
+                format_aval(a["shape"], parse_manifest_dtype(a["dtype"]), bool(a.get("weak_type", False)))
                 for a in manifest.args
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -412,7 +412,9 @@ def check_environment(manifest: Manifest, current: Fingerprint | None = None) ->
         )
 
 
-def _dtype(name: Any) -> Any:
+def parse_manifest_dtype(name: Any) -> Any:
+    """The dtype a manifest names: corruption when it is not a name, an incompatible
+    environment when this jax does not have it."""
     if not isinstance(name, str):
         raise CorruptArtifactError(f"manifest has a malformed dtype {str(name)[:40]!r}")
     try:
@@ -460,19 +462,19 @@ def manifest_problems(manifest: Manifest) -> list[str]:
     device_ids = list(manifest.device_ids)
     if not device_ids or len(set(device_ids)) != len(device_ids):
         problems.append(f"device_ids {device_ids} is empty or repeats a device")
-    pinned_devices = _json_part(program, "devices")
+    pinned_devices = json_part(program, "devices")
     if pinned_devices is not None and pinned_devices != device_ids:
         differs("device_ids", device_ids, pinned_devices, "program fingerprint's 'devices' part")
 
     donated = [i for i, a in enumerate(manifest.args) if a.get("donated") is True]
     kept = [i for i, a in enumerate(manifest.args) if a.get("kept") is True]
-    pinned = _json_part(program, "donated")
+    pinned = json_part(program, "donated")
     if pinned is not None and pinned != donated:
         differs("donated args", donated, pinned, "program fingerprint's 'donated' part")
     # An executable recompiled from the portable HLO takes every argument (jax.export
     # keeps unused ones in its calling convention): kept may grow, never shrink. A
     # wrong count is caught against the executable's parameters.
-    pinned = _json_part(program, "kept_args")
+    pinned = json_part(program, "kept_args")
     if isinstance(pinned, list) and not set(pinned) <= set(kept):
         differs("kept args", kept, pinned, "program fingerprint's 'kept_args' part (a subset)")
     for i, arg in enumerate(manifest.args):
@@ -512,15 +514,15 @@ def manifest_problems(manifest: Manifest) -> list[str]:
     # The fingerprint pins the shardings the program was lowered with, by position
     # among the arguments it kept then; an executable recompiled from the portable HLO
     # keeps every argument, so positions are matched through the argument indices.
-    pinned_kept = _json_part(program, "kept_args")
-    pinned_in = _json_part(program, "in_shardings")
+    pinned_kept = json_part(program, "kept_args")
+    pinned_in = json_part(program, "in_shardings")
     pinned_by_arg = (
         dict(zip(pinned_kept, pinned_in))
         if isinstance(pinned_kept, list) and isinstance(pinned_in, list) else {}
     )
     for field_name, shardings, avals, pinned_list in (
         ("in_shardings", manifest.in_shardings, manifest.in_avals, [pinned_by_arg.get(a) for a in kept]),
-        ("out_shardings", manifest.out_shardings, manifest.out_avals, _json_part(program, "out_shardings")),
+        ("out_shardings", manifest.out_shardings, manifest.out_avals, json_part(program, "out_shardings")),
     ):
         for i, (sharding, aval) in enumerate(zip(shardings, avals)):
             where = f"{field_name}[{i}]"
@@ -632,7 +634,7 @@ def _int_list(value: Any, what: str) -> list[int]:
     return list(value)
 
 
-def _json_part(parts: Mapping[str, str], name: str) -> Any:
+def json_part(parts: Mapping[str, str], name: str) -> Any:
     """A fingerprint part holding JSON, parsed (None when absent or not JSON)."""
     if name not in parts:
         return None
@@ -656,7 +658,7 @@ def _leaf_count(tree: Any) -> int | None:
 
 def _aval_key(aval: Any) -> tuple[Any, Any] | None:
     try:
-        return tuple(int(d) for d in aval["shape"]), _dtype(aval["dtype"])
+        return tuple(int(d) for d in aval["shape"]), parse_manifest_dtype(aval["dtype"])
     except (KeyError, TypeError, ValueError, CorruptArtifactError, IncompatibleEnvironmentError):
         return None
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
-from aot.rehydrate import build_artifact, build_symbolic_artifact, load_executable
+from aot.build import build_artifact, build_symbolic_artifact
+from aot.rehydrate import load_executable
 from aot.errors import (
     ArtifactNotFoundError,
     CacheError,

@@ -21,6 +21,7 @@ import click
 
 from aot.cli.common import State, configure_logging, global_options
 from aot.cli.group import AotGroup, error_message  # noqa: F401 - error_message re-exported
+from aot.jaxcompat.runtime import distributed_client_active
 
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -113,9 +114,7 @@ def _teardown_needed() -> bool:
     main_thread = threading.main_thread()
     if any(t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()):
         return True
-    distributed = sys.modules.get("jax._src.distributed")
-    state = getattr(distributed, "global_state", None)
-    return getattr(state, "client", None) is not None
+    return distributed_client_active()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -23,15 +23,10 @@ import jax
 from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
-from aot.artifact import PORTABLE_HLO, Manifest, _dtype, _json_part, manifest_problems
-from aot.rehydrate import (
-    compile_symbolic,
-    dispatch_function,
-    first_call,
-    load_executable,
-    manifest_args,
-    recompile,
-)
+from aot.artifact import PORTABLE_HLO, Manifest, json_part, manifest_problems, parse_manifest_dtype
+from aot.jaxcompat.dispatch import dispatch_function, first_call
+from aot.recompile import compile_symbolic, recompile
+from aot.rehydrate import load_executable, manifest_args
 from aot.errors import (
     AotError,
     AvalMismatchError,
@@ -260,7 +255,7 @@ class Dispatcher:
                     # Dtypes this jax may lack (IncompatibleEnvironmentError).
                     args = () if manifest.is_symbolic else manifest_args(manifest)
                     dtypes = tuple(
-                        (_dtype(a["dtype"]), bool(a.get("weak_type", False))) for a in manifest.args
+                        (parse_manifest_dtype(a["dtype"]), bool(a.get("weak_type", False))) for a in manifest.args
                     )
             except IncompatibleEnvironmentError as exc:
                 reason = str(exc)
@@ -1139,7 +1134,7 @@ def _cannot_serve_here(manifest: Manifest, here: dict[str, str]) -> str | None:
     # The devices the program fingerprint pins (the manifest's device_ids field is not
     # covered by the key: a wrong one is corruption, quarantined and healed, not a
     # reason to skip the entry).
-    pinned = _json_part(manifest.program.as_dict(), "devices")
+    pinned = json_part(manifest.program.as_dict(), "devices")
     wanted = pinned if isinstance(pinned, list) and all(isinstance(d, int) for d in pinned) else manifest.device_ids
     missing = sorted(set(wanted) - live)
     if missing:

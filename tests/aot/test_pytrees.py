@@ -29,7 +29,8 @@ from jax.experimental import checkify
 import aot
 from aot import treedef as treedefs
 from aot.artifact import Artifact
-from aot.rehydrate import build_artifact, load_executable
+from aot.build import build_artifact
+from aot.rehydrate import load_executable
 from tests.aot.helpers import assert_bitwise_equal
 
 
