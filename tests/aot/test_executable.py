@@ -412,7 +412,7 @@ def test_wrong_dtype_and_shape_exact_message(mlp_exe):
     with pytest.raises(aot.AvalMismatchError) as info:
         mlp_exe(x.astype(np.float16), w[:3])
     assert str(info.value) == (
-        "test_executable.mlp: inputs do not match the compiled signature "
+        "tests.aot.test_executable.mlp: inputs do not match the compiled signature "
         "(f32[8,16], f32[16,4]):\n"
         "  x: expected f32[8,16], got f16[8,16]\n"
         "  y: expected f32[16,4], got f32[3,4]\n"
@@ -527,7 +527,7 @@ def test_every_mismatch_is_listed_by_path():
 
 
 def test_executable_identity(mlp_exe):
-    assert mlp_exe.name == "test_executable.mlp"
+    assert mlp_exe.name == "tests.aot.test_executable.mlp"
     assert mlp_exe.signature == "f32[8,16], f32[16,4]"
     assert mlp_exe.in_avals == (
         jax.ShapeDtypeStruct((8, 16), np.float32), jax.ShapeDtypeStruct((16, 4), np.float32)
@@ -535,7 +535,7 @@ def test_executable_identity(mlp_exe):
     assert [(a.shape, a.dtype) for a in mlp_exe.out_avals] == [((8, 4), np.float32)]
     assert mlp_exe.key == mlp_exe.fingerprint
     assert len(mlp_exe.key) == 64
-    assert repr(mlp_exe).startswith("MeshExecutable('test_executable.mlp', (f32[8,16], f32[16,4])")
+    assert repr(mlp_exe).startswith("MeshExecutable('tests.aot.test_executable.mlp', (f32[8,16], f32[16,4])")
 
 
 # ------------------------------------------------------------------ dtypes, keys, weak types, statics

@@ -25,7 +25,7 @@ def test_lower_returns_a_mesh_computation():
     comp = aot.lower(affine, "f32[2,3]", "f32[3,4]", "f32[4]")
     assert isinstance(comp, aot.MeshComputation)
     assert comp.kind == "jit"
-    assert comp.name == "test_lowering.affine"
+    assert comp.name == "tests.aot.test_lowering.affine"
     assert comp.arg_names == ("x", "w", "b")
     assert comp.in_avals == tuple(
         jax.ShapeDtypeStruct(s, np.float32) for s in [(2, 3), (3, 4), (4,)]
@@ -36,7 +36,7 @@ def test_lower_returns_a_mesh_computation():
     assert comp.donated == (False, False, False)
     assert comp.kept == frozenset({0, 1, 2})
     assert comp.signature == "f32[2,3], f32[3,4], f32[4]"
-    assert repr(comp) == "MeshComputation('test_lowering.affine', (f32[2,3], f32[3,4], f32[4]))"
+    assert repr(comp) == "MeshComputation('tests.aot.test_lowering.affine', (f32[2,3], f32[3,4], f32[4]))"
 
 
 def test_as_text_is_stablehlo_without_locations_unless_asked():
@@ -52,7 +52,7 @@ def test_explicit_name_and_name_of_a_partial():
     comp = aot.lower(affine, "f32[2,3]", "f32[3,4]", "f32[4]", name="model.affine")
     assert comp.name == "model.affine"
     partial = functools.partial(affine, b=np.zeros(4, np.float32))
-    assert aot.lower(partial, "f32[2,3]", "f32[3,4]").name == "test_lowering.affine"
+    assert aot.lower(partial, "f32[2,3]", "f32[3,4]").name == "tests.aot.test_lowering.affine"
 
 
 def test_pytree_outputs_have_their_structure():
@@ -153,7 +153,7 @@ def test_host_callbacks_are_refused_at_lowering(fn, primitive, what):
     with pytest.raises(aot.UnsupportedComputationError) as info:
         aot.lower(fn, "f32[3]")
     message = str(info.value)
-    assert message.startswith(f"test_lowering.{fn.__name__}: uses primitive {primitive!r} ({what})")
+    assert message.startswith(f"tests.aot.test_lowering.{fn.__name__}: uses primitive {primitive!r} ({what})")
     assert "calls back into the Python host" in message
     assert "before compiling ahead of time" in message
 

@@ -94,7 +94,7 @@ def test_a_namedtuple_that_cannot_be_imported_is_rebuilt_from_its_fields():
     treedef = jax.tree_util.tree_structure([Local(0, (0, 0))])
     data = treedefs.to_json(treedef)
     # collections.namedtuple sets __qualname__ to the bare name, which this module lacks.
-    assert data["c"][0]["type"] == "test_treedef:Local"
+    assert data["c"][0]["type"] == "tests.aot.test_treedef:Local"
     rebuilt = treedefs.from_json(json.loads(json.dumps(data)))
     (value,) = jax.tree_util.tree_unflatten(rebuilt, [1, 2, 3])
     assert type(value) is not Local
@@ -132,7 +132,7 @@ def test_custom_node_whose_class_cannot_be_imported_names_the_class():
     data = treedefs.to_json(jax.tree_util.tree_structure((Hidden(0),)))
     with pytest.raises(aot.UnsupportedComputationError) as info:
         treedefs.from_json(data)
-    name = "test_treedef:test_custom_node_whose_class_cannot_be_imported_names_the_class.<locals>.Hidden"
+    name = "tests.aot.test_treedef:test_custom_node_whose_class_cannot_be_imported_names_the_class.<locals>.Hidden"
     assert str(info.value).startswith(f"pytree node class {name} cannot be imported in this process")
     assert "import the module that registers it before loading" in str(info.value)
 
@@ -141,7 +141,7 @@ def test_custom_node_with_non_json_aux_is_stored_by_digest():
     """Auxiliary data that does not round-trip (here a bare object()) is identified by
     a digest of its description; rebuilding it needs the caller's own node."""
     data = treedefs.to_json(jax.tree_util.tree_structure(Opaque(0)))
-    assert data["type"] == "test_treedef:Opaque" and "aux" not in data
+    assert data["type"] == "tests.aot.test_treedef:Opaque" and "aux" not in data
     assert len(data["digest"]) == 64
     with pytest.raises(aot.PytreeNodeError) as info:
         treedefs.from_json(data)
