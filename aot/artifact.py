@@ -33,12 +33,11 @@ from aot.fingerprint import (
     environment_fingerprint,
     sha256_hex,
 )
-from aot.records import FACTORY, DataclassMethods, Record, set_fields
 from aot.specs import format_aval, parse_dtype
 from aot.treedef import structure_key_of_json
 
 if TYPE_CHECKING:
-    from aot.differences import PartDifference
+    from aot.fingerprint import PartDifference
 
 log = logging.getLogger(__name__)
 
@@ -66,23 +65,19 @@ ROLES = (EXECUTABLE, PORTABLE_HLO)
 UNSPECIFIED_SHARDING = {"type": "unspecified"}
 
 
-class BlobRef(Record):
-    """A blob as a manifest names it: the sha256 of its bytes and their size (a
-    :class:`~aot.records.Record`: every serving process defines it)."""
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    """A blob as a manifest names it: the sha256 of its bytes and their size."""
 
-    __slots__ = ("digest", "size")
     digest: str
     size: int
-
-    def __init__(self, digest: str, size: int) -> None:
-        self._set(digest, size)
 
     def to_dict(self) -> dict[str, Any]:
         return {"digest": self.digest, "size": self.size}
 
 
-@dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)  # see aot.records
-class Manifest(DataclassMethods):
+@dataclass(frozen=True, slots=True)
+class Manifest:
     """Everything needed to call a stored executable with no tracing (JSON, no pickle)."""
 
     name: str
@@ -115,21 +110,6 @@ class Manifest(DataclassMethods):
     # Present only for a symbolic entry (format 2): {"constraints": ["b <= 64", ...]}.
     symbolic: Mapping[str, Any] | None = None
     hmac: str | None = field(default=None, compare=False)
-
-    def __init__(
-        self, name: str, kind: str, key: str, signature: str, program: Fingerprint,
-        environment: Fingerprint, in_tree: dict[str, Any], out_tree: dict[str, Any],
-        args: tuple[dict[str, Any], ...], in_avals: tuple[dict[str, Any], ...],
-        in_shardings: tuple[dict[str, Any], ...], out_avals: tuple[dict[str, Any], ...],
-        out_shardings: tuple[dict[str, Any], ...], device_ids: tuple[int, ...], committed: bool,
-        xla_name: str, blobs: Mapping[str, BlobRef], jax_version: str = jax.__version__,
-        jaxlib_version: str = jaxlib.__version__, compile_seconds: float = 0.0,
-        created_at: str = "", cost_analysis: Mapping[str, float] | None = None,
-        memory_analysis: Mapping[str, int] | None = None, format_version: int = FORMAT_VERSION,
-        arg_names: tuple[str, ...] = (), symbolic: Mapping[str, Any] | None = None,
-        hmac: str | None = None,
-    ) -> None:
-        set_fields(self, locals())
 
     # -- (de)serialization
     def to_dict(self, *, include_hmac: bool = True) -> dict[str, Any]:
@@ -271,24 +251,19 @@ class Manifest(DataclassMethods):
         return tuple(self.symbolic.get("constraints", ())) if self.symbolic is not None else ()
 
 
-@dataclass(frozen=True, init=False, repr=False, eq=False)  # see aot.records
-class Artifact(DataclassMethods):
+@dataclass(frozen=True)
+class Artifact:
     """A manifest and its blobs (``digest -> bytes``).
 
     ``verified``: blobs whose digest the reader has already checked (a content store
     hashes every blob it returns); :meth:`blob` does not hash those same bytes objects
-    again (for an executable of hundreds of MB that is a second pass of ~0.1 s per
-    100 MB), and hashes anything else, including bytes swapped in afterwards.
+    again (a second pass over a large executable), and hashes anything else,
+    including bytes swapped in afterwards.
     """
 
     manifest: Manifest
     blobs: Mapping[str, bytes]
     verified: Mapping[str, bytes] = field(default_factory=dict, repr=False, compare=False)
-
-    def __init__(
-        self, manifest: Manifest, blobs: Mapping[str, bytes], verified: Mapping[str, bytes] = FACTORY,
-    ) -> None:
-        set_fields(self, locals())
 
     def blob(self, role: str) -> bytes:
         """The bytes of ``role``, verified against the manifest digest."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.artifact import PORTABLE_HLO, Manifest
 from aot.errors import AotError, ArtifactNotFoundError, CorruptArtifactError
-from aot.differences import PartDifference
+from aot.fingerprint import PartDifference
 from aot.cache.reports.listing import superseded_keys
 from aot.cache.serving.signatures import Signature
 

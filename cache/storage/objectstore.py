@@ -34,13 +34,13 @@ import importlib
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import unquote
 
 from aot.errors import CacheError, CorruptArtifactError, ReadOnlyCacheError
-from aot.records import Record
 
 if TYPE_CHECKING:
     from aot.cache.storage.records import BlobStat
@@ -219,18 +219,14 @@ _SCHEME_PATTERN = r"^([A-Za-z][A-Za-z0-9+.\-]*)://"
 FOLDER, DATABASE, OBJECT = "folder", "database", "object"
 
 
-class Location(Record):
+@dataclass(frozen=True, slots=True)
+class Location:
     """Where a cache or its blobs live: a local ``folder`` (a path), a ``database``
-    (a SQLAlchemy URL) or an ``object`` store (an fsspec URL). (A
-    :class:`~aot.records.Record`: every serving process classifies its cache location.)"""
+    (a SQLAlchemy URL) or an ``object`` store (an fsspec URL)."""
 
-    __slots__ = ("kind", "target", "scheme")
     kind: str
     target: str  # the folder path, or the URL as given
-    scheme: str | None
-
-    def __init__(self, kind: str, target: str, scheme: str | None = None) -> None:
-        self._set(kind, target, scheme)
+    scheme: str | None = None
 
     def to_dict(self) -> dict[str, str | None]:
         return {"kind": self.kind, "target": self.target, "scheme": self.scheme}
