@@ -9,8 +9,11 @@ uses; the rest of the code base imports these functions and never ``jax._src``
 
 :data:`PRIVATE_SYMBOLS` names each private module attribute the modules here import or
 construct; tests/aot/jaxcompat/test_canary.py resolves every one and checks the
-signatures we rely on, so a JAX upgrade fails with one list of what moved. Importing
-this package imports no JAX: each module imports what it wraps.
+signatures we rely on, so a JAX upgrade fails with one list of what moved;
+:data:`PRIVATE_ATTRIBUTES` names the private attributes of JAX objects read here
+(``compiled._executable``, ...), which the canary finds on live objects and which
+tests/aot/test_jax_private.py forbids elsewhere. Importing this package imports no
+JAX: each module imports what it wraps.
 
 Modules:
   build        compiling without JAX's in-memory cache; reading a ``Compiled``
@@ -44,6 +47,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src.lib:xla_client.DeviceList",
     "jax._src.lib:lapack.registrations",
     "jax._src.lax:linalg.initialize_lapack",
+    "jax._src.lib:gpu_solver.initialize_hybrid_kernels",
     # dispatch
     "jax._src.lib:_jax.pjit",
     "jax._src.interpreters.pxla:JitGlobalCppCacheKeys",
@@ -82,3 +86,21 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     # runtime
     "jax._src.distributed:global_state",
 )
+
+#: Private attributes of JAX objects the modules of this package read (on a
+#: ``Lowered``, a ``Compiled``, its executables, a ``Sharding``, a ``PjitFunction``).
+PRIVATE_ATTRIBUTES: frozenset[str] = frozenset({
+    "_executable",  # Compiled -> pxla.MeshExecutable
+    "_unloaded_executable",  # pxla.MeshExecutable -> pxla.UnloadedMeshExecutable
+    "_params",  # Compiled -> its CompiledCallParams (const_args)
+    "_lowering",  # Lowered -> pxla.MeshComputation
+    "_name",  # pxla.MeshComputation
+    "_device_list",  # pxla.MeshComputation
+    "_compiler_options_kvs",  # pxla.MeshComputation
+    "_no_kwargs",  # Lowered
+    "_in_types",  # Lowered
+    "_out_types",  # Lowered
+    "_to_xla_hlo_sharding",  # Sharding
+    "_device_assignment",  # Sharding
+    "_cache_miss",  # the C++ call of a Compiled
+})
