@@ -20,7 +20,6 @@ from aot.fingerprint import combined_key, sha256_hex
 from aot.jaxcompat.build import compile_args, serialize_compiled, unloaded_executable
 from aot.shardings import aval_to_json, sharding_to_json
 from aot.specs import dtype_to_str
-from aot.symbolic import format_dim, is_symbolic_dim
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +137,10 @@ def _safe(call: Any) -> Any:
 
 
 def _symbolic_aval_json(aval: Any) -> dict[str, Any]:
+    # Imported here: serving processes, which import this module, never build
+    # symbolic artifacts.
+    from aot.symbolic import format_dim, is_symbolic_dim
+
     out: dict[str, Any] = {
         "shape": [format_dim(d) if is_symbolic_dim(d) else int(d) for d in aval.shape],
         "dtype": dtype_to_str(aval.dtype),

@@ -22,10 +22,8 @@ from aot.jaxcompat.checks import (
     parameter_shardings,
     physical_shape_text,
 )
-from aot.jaxcompat.shape_poly import shape_evaluator
 from aot.jaxcompat.shardings import hlo_sharding, hlo_sharding_from_proto, hlo_shardings_equal
 from aot.specs import format_aval
-from aot.symbolic import bind, check_dim_text, format_dim, is_symbolic_dim
 
 
 def check_executable(manifest: Manifest, info: ExecutableInfo, xla_executable: Any) -> None:
@@ -229,6 +227,10 @@ def _strip_layout(shape: str) -> str:
 def portable_hlo_problems(manifest: Manifest, hlo: bytes) -> list[str]:
     """Where the manifest's argument and output avals or device count differ from the
     portable HLO's (``jax.export``: public API, no XLA needed)."""
+    # Imported here, as in hlo_avals: a serving process never reads a portable HLO
+    # unless it recompiles.
+    from aot.symbolic import check_dim_text
+
     try:
         exported = jax.export.deserialize(bytearray(hlo))
     except Exception as exc:  # noqa: BLE001
@@ -265,6 +267,8 @@ def hlo_avals(manifest: Manifest, exported: Any) -> tuple[list[Any], list[Any]]:
     dimensions as their text (``"b"``), or, for a concrete entry compiled from a
     symbolic one (which keeps the symbolic portable HLO), evaluated for the entry's
     argument shapes. Shapes that do not bind stay symbolic, so they compare unequal."""
+    from aot.jaxcompat.shape_poly import shape_evaluator
+    from aot.symbolic import bind, format_dim, is_symbolic_dim
 
     def as_text(avals: Any) -> list[Any]:
         return [

@@ -87,7 +87,7 @@ def leave(code: object) -> NoReturn:
     the cache (the SQL index's connections, which checkpoints SQLite's write-ahead log;
     the statistics; background loads). An exit would then run the atexit handlers
     (JAX's, logging's, the user's: they still run here) and free every object of every
-    module, which takes 0.3-0.4 s once JAX is loaded: longer than many commands. That
+    module, which once JAX is loaded takes longer than many commands do. That
     freeing is skipped. The normal exit runs instead whenever something may still need
     it: another non-daemon thread alive, or JAX's distributed runtime started by the
     user's code (a manifest's module)."""

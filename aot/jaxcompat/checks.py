@@ -22,7 +22,7 @@ from jax._src.lib import xla_client as xc
 # What the module's text need not show: only its first line (the entry computation's
 # layout) is read, and XLA prints that line whatever these say. Each one left on grows
 # the text of every instruction.
-_UNPRINTED = (
+UNPRINTED_OPTIONS = (
     "print_metadata", "print_backend_config", "print_large_constants",
     "print_operand_shape", "print_result_shape", "print_operand_names", "print_ids",
     "print_extra_attributes", "print_control_dependencies", "print_percent",
@@ -35,7 +35,7 @@ def _print_options() -> Any:
     if options_class is None:
         return None
     options = options_class.short_parsable()
-    for name in _UNPRINTED:
+    for name in UNPRINTED_OPTIONS:
         if hasattr(options, name):
             setattr(options, name, False)
     return options

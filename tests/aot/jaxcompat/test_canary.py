@@ -261,7 +261,7 @@ def test_shardings_shapes_and_registries() -> None:
         from jax._src.lib import hlo
 
         options = hlo.HloPrintOptions.short_parsable()
-        gone = [name for name in checks._UNPRINTED if not hasattr(options, name)]
+        gone = [name for name in checks.UNPRINTED_OPTIONS if not hasattr(options, name)]
         return f"HloPrintOptions lost {gone}" if gone else None
 
     def key_dtypes() -> str | None:
