@@ -9,7 +9,7 @@ carry an HMAC-SHA256 over its canonical JSON (see :mod:`aot.signing`).
 
 This module is the pure data format: it imports no JAX internals, so gc, verify,
 bundles and push/pull never load them. Building an artifact from a compiled
-executable and rehydrating one live in :mod:`aot.rehydrate`.
+executable lives in :mod:`aot.build`, rehydrating one in :mod:`aot.rehydrate`.
 """
 
 from __future__ import annotations
@@ -416,7 +416,7 @@ def parse_manifest_dtype(name: Any) -> Any:
 def manifest_problems(manifest: Manifest) -> list[str]:
     """What in ``manifest`` contradicts its own fingerprints (empty: consistent).
 
-    Pure data checks, no JAX: :func:`aot.rehydrate.executable_problems` checks the
+    Pure data checks, no JAX: :func:`aot.executable_checks.executable_problems` checks the
     fields only the deserialized executable can confirm (output avals, shardings).
     """
     problems: list[str] = []
