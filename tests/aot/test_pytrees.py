@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -121,7 +122,7 @@ _DIGESTS = textwrap.dedent(
     import json, sys
     sys.path.insert(0, sys.argv[1])
     import jax
-    import test_pytrees
+    from tests.aot import test_pytrees
     from aot import treedef as treedefs
     print(json.dumps({
         name: treedefs.structure_key(jax.tree_util.tree_structure(tree))
@@ -142,7 +143,8 @@ def test_digests_are_the_same_in_another_process():
     assert len(here) == 5
     env = dict(os.environ, PYTHONHASHSEED="123")  # another hash seed, other addresses
     proc = subprocess.run(
-        [sys.executable, "-c", _DIGESTS, os.path.dirname(__file__)],
+        # The repository's root: the classes are named by the same module path here.
+        [sys.executable, "-c", _DIGESTS, str(Path(__file__).resolve().parents[2])],
         capture_output=True, text=True, env=env, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
