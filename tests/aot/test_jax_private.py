@@ -136,3 +136,20 @@ structure = jax.tree_util.tree_structure(1)
 self._executable(program)
 '''
     assert list(private_uses(source)) == []
+
+
+def test_jaxcompat_imports_nothing_of_ours_but_itself() -> None:
+    """aot/jaxcompat is a leaf: the core imports it, never the other way round, so it
+    can be reviewed (and replaced on a JAX upgrade) alone."""
+    found = []
+    for path in sorted(ALLOWED.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            for module in modules:
+                if module.split(".")[0] == "aot" and not module.startswith("aot.jaxcompat"):
+                    found.append(f"{path.name}:{node.lineno}: {module}")
+    assert not found, "aot/jaxcompat imports the code that uses it:\n  " + "\n  ".join(found)
