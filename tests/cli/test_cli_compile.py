@@ -168,7 +168,7 @@ def test_a_failure_in_user_code_keeps_the_whole_message_and_the_users_line(invok
     assert result.stderr.splitlines() == [
         "Error: ValueError: this model is broken",
         "second line of the message",
-        '  at tests/cli/tests.cli.models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
+        '  at tests/cli/models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
         "(run `aot --debug ...` for the traceback)",
     ]
 
@@ -181,7 +181,7 @@ def test_a_trace_error_keeps_jaxs_explanation_and_the_users_line(invoke: Invoke)
     # JAX's second half, which points at the user's function and argument, is kept.
     assert "The error occurred while tracing the function branches_on_a_value at " in lines[1]
     assert "depends on the value of the argument x" in lines[1]
-    assert "  at tests/cli/tests.cli.models.py:" in result.stderr
+    assert "  at tests/cli/models.py:" in result.stderr
     assert " in branches_on_a_value: if x > 0:" in result.stderr
     assert lines[-1] == "(run `aot --debug ...` for the traceback)"
 

@@ -79,7 +79,7 @@ args = ["f32[8]", "f32[8]"]
     assert result.exit_code == 1, result.output
     broken_lines = [
         "second line of the message",
-        '  at tests/cli/tests.cli.models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
+        '  at tests/cli/models.py:39 in broken: raise ValueError("this model is broken\\nsecond line of the message")',
     ]
     lines = result.stdout.splitlines()
     assert lines[:7] == [
@@ -105,7 +105,7 @@ def test_warmup_debug_prints_the_traceback_of_a_failed_entry(invoke: Invoke, tmp
     result = invoke("warmup", manifest, "--debug")
     assert result.exit_code == 1
     assert "traceback of broken:\nTraceback (most recent call last):\n" in result.stderr
-    assert 'tests.cli.models.py", line 39, in broken' in result.stderr
+    assert 'tests/cli/models.py", line 39, in broken' in result.stderr
     assert "\nValueError: this model is broken\nsecond line of the message\n" in result.stderr
 
 
