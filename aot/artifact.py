@@ -9,7 +9,7 @@ carry an HMAC-SHA256 over its canonical JSON (see :mod:`aot.signing`).
 
 This module is the pure data format: it imports no JAX internals, so gc, verify,
 bundles and push/pull never load them. Building an artifact from a compiled
-executable and rehydrating one live in :mod:`aot.rehydrate`.
+executable lives in :mod:`aot.build`, rehydrating one in :mod:`aot.rehydrate`.
 """
 
 from __future__ import annotations
@@ -33,12 +33,11 @@ from aot.fingerprint import (
     environment_fingerprint,
     sha256_hex,
 )
-from aot.records import FACTORY, DataclassMethods, Record, set_fields
 from aot.specs import format_aval, parse_dtype
 from aot.treedef import structure_key_of_json
 
 if TYPE_CHECKING:
-    from aot.differences import PartDifference
+    from aot.fingerprint import PartDifference
 
 log = logging.getLogger(__name__)
 
@@ -66,23 +65,19 @@ ROLES = (EXECUTABLE, PORTABLE_HLO)
 UNSPECIFIED_SHARDING = {"type": "unspecified"}
 
 
-class BlobRef(Record):
-    """A blob as a manifest names it: the sha256 of its bytes and their size (a
-    :class:`~aot.records.Record`: every serving process defines it)."""
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    """A blob as a manifest names it: the sha256 of its bytes and their size."""
 
-    __slots__ = ("digest", "size")
     digest: str
     size: int
-
-    def __init__(self, digest: str, size: int) -> None:
-        self._set(digest, size)
 
     def to_dict(self) -> dict[str, Any]:
         return {"digest": self.digest, "size": self.size}
 
 
-@dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)  # see aot.records
-class Manifest(DataclassMethods):
+@dataclass(frozen=True, slots=True)
+class Manifest:
     """Everything needed to call a stored executable with no tracing (JSON, no pickle)."""
 
     name: str
@@ -115,21 +110,6 @@ class Manifest(DataclassMethods):
     # Present only for a symbolic entry (format 2): {"constraints": ["b <= 64", ...]}.
     symbolic: Mapping[str, Any] | None = None
     hmac: str | None = field(default=None, compare=False)
-
-    def __init__(
-        self, name: str, kind: str, key: str, signature: str, program: Fingerprint,
-        environment: Fingerprint, in_tree: dict[str, Any], out_tree: dict[str, Any],
-        args: tuple[dict[str, Any], ...], in_avals: tuple[dict[str, Any], ...],
-        in_shardings: tuple[dict[str, Any], ...], out_avals: tuple[dict[str, Any], ...],
-        out_shardings: tuple[dict[str, Any], ...], device_ids: tuple[int, ...], committed: bool,
-        xla_name: str, blobs: Mapping[str, BlobRef], jax_version: str = jax.__version__,
-        jaxlib_version: str = jaxlib.__version__, compile_seconds: float = 0.0,
-        created_at: str = "", cost_analysis: Mapping[str, float] | None = None,
-        memory_analysis: Mapping[str, int] | None = None, format_version: int = FORMAT_VERSION,
-        arg_names: tuple[str, ...] = (), symbolic: Mapping[str, Any] | None = None,
-        hmac: str | None = None,
-    ) -> None:
-        set_fields(self, locals())
 
     # -- (de)serialization
     def to_dict(self, *, include_hmac: bool = True) -> dict[str, Any]:
@@ -244,7 +224,7 @@ class Manifest(DataclassMethods):
         # or a manifest edited to f32[16,8] would run a f32[8,16] program on it.
         try:
             signature = ", ".join(
-                format_aval(a["shape"], manifest_dtype(a["dtype"]), bool(a.get("weak_type", False)))
+                format_aval(a["shape"], parse_manifest_dtype(a["dtype"]), bool(a.get("weak_type", False)))
                 for a in manifest.args
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -271,24 +251,19 @@ class Manifest(DataclassMethods):
         return tuple(self.symbolic.get("constraints", ())) if self.symbolic is not None else ()
 
 
-@dataclass(frozen=True, init=False, repr=False, eq=False)  # see aot.records
-class Artifact(DataclassMethods):
+@dataclass(frozen=True)
+class Artifact:
     """A manifest and its blobs (``digest -> bytes``).
 
     ``verified``: blobs whose digest the reader has already checked (a content store
     hashes every blob it returns); :meth:`blob` does not hash those same bytes objects
-    again (for an executable of hundreds of MB that is a second pass of ~0.1 s per
-    100 MB), and hashes anything else, including bytes swapped in afterwards.
+    again (a second pass over a large executable), and hashes anything else,
+    including bytes swapped in afterwards.
     """
 
     manifest: Manifest
     blobs: Mapping[str, bytes]
     verified: Mapping[str, bytes] = field(default_factory=dict, repr=False, compare=False)
-
-    def __init__(
-        self, manifest: Manifest, blobs: Mapping[str, bytes], verified: Mapping[str, bytes] = FACTORY,
-    ) -> None:
-        set_fields(self, locals())
 
     def blob(self, role: str) -> bytes:
         """The bytes of ``role``, verified against the manifest digest."""
@@ -412,9 +387,9 @@ def check_environment(manifest: Manifest, current: Fingerprint | None = None) ->
         )
 
 
-def manifest_dtype(name: Any) -> Any:
-    """The dtype a manifest names: :class:`CorruptArtifactError` when malformed,
-    :class:`IncompatibleEnvironmentError` when this jax lacks it."""
+def parse_manifest_dtype(name: Any) -> Any:
+    """The dtype a manifest names: corruption when it is not a name, an incompatible
+    environment when this jax does not have it."""
     if not isinstance(name, str):
         raise CorruptArtifactError(f"manifest has a malformed dtype {str(name)[:40]!r}")
     try:
@@ -429,7 +404,6 @@ def manifest_dtype(name: Any) -> Any:
         ) from None
 
 
-_dtype = manifest_dtype  # the former name, still imported by aot/rehydrate.py
 
 
 # ---------------------------------------------------------------- cross-checks
@@ -444,7 +418,7 @@ _dtype = manifest_dtype  # the former name, still imported by aot/rehydrate.py
 def manifest_problems(manifest: Manifest) -> list[str]:
     """What in ``manifest`` contradicts its own fingerprints (empty: consistent).
 
-    Pure data checks, no JAX: :func:`aot.rehydrate.executable_problems` checks the
+    Pure data checks, no JAX: :func:`aot.executable_checks.executable_problems` checks the
     fields only the deserialized executable can confirm (output avals, shardings).
     """
     problems: list[str] = []
@@ -661,7 +635,7 @@ def _leaf_count(tree: Any) -> int | None:
 
 def _aval_key(aval: Any) -> tuple[Any, Any] | None:
     try:
-        return tuple(int(d) for d in aval["shape"]), manifest_dtype(aval["dtype"])
+        return tuple(int(d) for d in aval["shape"]), parse_manifest_dtype(aval["dtype"])
     except (KeyError, TypeError, ValueError, CorruptArtifactError, IncompatibleEnvironmentError):
         return None
 

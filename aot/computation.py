@@ -22,6 +22,13 @@ from aot.fingerprint import (
     program_fingerprint,
     sha256_hex,
 )
+from aot.jaxcompat.build import (
+    compile_args,
+    compile_uncached,
+    hoisted_constants,
+    lowered_devices,
+    unloaded_executable,
+)
 from aot.shardings import sharding_to_json
 from aot.specs import format_aval
 from aot.symbolic import constraints_of, is_symbolic_dim, is_symbolic_shape
@@ -48,7 +55,7 @@ class MeshComputation:
         self.arg_names = tuple(arg_names)
         self._export = export
         self._options = options
-        self._compile_args = lowered._lowering.compile_args
+        self._compile_args = compile_args(lowered)
         # The fingerprints are computed lazily, but must describe the configuration
         # the program was lowered under (x64, XLA flags), not the one current when
         # they are first read.
@@ -104,7 +111,7 @@ class MeshComputation:
 
     @property
     def devices(self) -> tuple[Any, ...]:
-        return tuple(self.lowered._lowering._device_list)
+        return lowered_devices(self.lowered)
 
     @property
     def signature(self) -> str:
@@ -194,8 +201,6 @@ class MeshComputation:
     def compile_fresh(self) -> MeshExecutable:
         """Compiles again, bypassing JAX's in-memory executable cache: an executable
         XLA can still serialize (one that ``jax.jit`` ran cannot always be)."""
-        from aot.rehydrate import compile_uncached
-
         start = time.perf_counter()
         compiled = compile_uncached(self.lowered, self._options.get("compiler_options"))
         executable = self._executable(compiled, time.perf_counter() - start)
@@ -203,16 +208,17 @@ class MeshComputation:
         return executable
 
     def _executable(self, compiled: jax.stages.Compiled, seconds: float) -> MeshExecutable:
-        unloaded = getattr(compiled._executable, "_unloaded_executable", None)
+        unloaded = unloaded_executable(compiled)
         if unloaded is None or unloaded.host_callbacks:
             raise UnsupportedComputationError(
                 f"{self.name}: the compiled program calls back into Python on the host, "
                 "which cannot be served from an artifact; remove jax.debug.print / "
                 "pure_callback / io_callback from the function"
             )
-        if compiled._params.const_args:
+        constants = hoisted_constants(compiled)
+        if constants:
             raise UnsupportedComputationError(
-                f"{self.name}: the program takes {len(compiled._params.const_args)} "
+                f"{self.name}: the program takes {len(constants)} "
                 "hoisted constant arguments, which artifacts cannot store yet; pass the "
                 "constants as arguments instead"
             )
@@ -299,7 +305,7 @@ def _sharding_data(sharding: Any, ndim: int) -> Any:
 def executable_info(
     computation: MeshComputation, compiled: jax.stages.Compiled, seconds: float
 ) -> ExecutableInfo:
-    unloaded = compiled._executable._unloaded_executable
+    unloaded = unloaded_executable(compiled)
     paths = arg_paths(computation.in_tree, computation.arg_names)
     kept = computation.kept
     args = tuple(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -13,7 +14,7 @@ from jax.tree_util import PyTreeDef
 from aot import treedef as treedefs
 from aot.errors import AvalMismatchError
 from aot.fingerprint import Fingerprint, combined_key
-from aot.records import Record
+from aot.jaxcompat.dispatch import ARRAY_TYPE, dispatch_function, first_call, flat_call
 from aot.specs import format_aval, leaf_signature
 
 log = logging.getLogger(__name__)
@@ -25,10 +26,8 @@ _flatten = jax.tree_util.tree_flatten
 FAST_CACHE_LIMIT = 4096
 
 
-try:
-    from jax._src.array import ArrayImpl as JAX_ARRAY  # the concrete type of jax.Array
-except ImportError:  # pragma: no cover - another jax layout: every call takes call_key
-    JAX_ARRAY = None  # type: ignore[assignment,misc]
+# The concrete type of jax.Array: leaves of this type are keyed by their avals.
+JAX_ARRAY = ARRAY_TYPE
 
 
 def raw_leaf_key(leaf: Any) -> Any:
@@ -60,37 +59,25 @@ def call_key(leaves: Sequence[Any]) -> tuple[Any, ...]:
         return tuple(map(raw_leaf_key, leaves))
 
 
-class ArgAval(Record):
-    """One flat input of a program: where it sits in the arguments and what it must be
-    (a :class:`~aot.records.Record`: every serving process defines it)."""
+@dataclass(frozen=True, slots=True)
+class ArgAval:
+    """One flat input of a program: where it sits in the arguments and what it must be."""
 
-    __slots__ = ("path", "shape", "dtype", "donated", "kept", "weak_type")
     path: str
     shape: tuple[int, ...]
     dtype: Any  # a numpy dtype, or a typed-key dtype (key<fry>)
     donated: bool
     kept: bool
-    weak_type: bool
-
-    def __init__(
-        self, path: str, shape: tuple[int, ...], dtype: Any, donated: bool, kept: bool,
-        weak_type: bool = False,
-    ) -> None:
-        self._set(path, shape, dtype, donated, kept, weak_type)
+    weak_type: bool = False
 
     def describe(self) -> str:
         return format_aval(self.shape, self.dtype, self.weak_type)
 
 
-class ExecutableInfo(Record):
-    """Everything about a compiled program except the compiled code itself (a
-    :class:`~aot.records.Record`: every serving process defines it)."""
+@dataclass(frozen=True, slots=True)
+class ExecutableInfo:
+    """Everything about a compiled program except the compiled code itself."""
 
-    __slots__ = (
-        "name", "kind", "in_tree", "out_tree", "args", "out_avals", "in_shardings",
-        "out_shardings", "device_ids", "program_fingerprint", "environment_fingerprint",
-        "compile_seconds", "arg_names", "in_structure", "out_json",
-    )
     name: str
     kind: str
     in_tree: PyTreeDef
@@ -102,30 +89,20 @@ class ExecutableInfo(Record):
     device_ids: tuple[int, ...]
     program_fingerprint: Fingerprint
     environment_fingerprint: Fingerprint
-    compile_seconds: float
+    compile_seconds: float = 0.0
     # Names of the positional (non-static) parameters, for error messages; empty
     # when unknown (they are then recovered from the leaf paths where possible).
-    arg_names: tuple[str, ...]
+    arg_names: tuple[str, ...] = ()
     # treedef.structure_key of in_tree: how a caller's structure is matched (a loaded
     # in_tree may hold stand-ins for nodes this process cannot rebuild). Empty: computed.
-    in_structure: str
+    in_structure: str = ""
     # The stored output structure when out_tree holds stand-ins: each caller's outputs
     # are rebuilt from it with the caller's own input nodes (treedef.resolve).
-    out_json: Any
+    out_json: Any = None
 
-    def __init__(
-        self, name: str, kind: str, in_tree: PyTreeDef, out_tree: PyTreeDef,
-        args: tuple[ArgAval, ...], out_avals: tuple[jax.ShapeDtypeStruct, ...],
-        in_shardings: tuple[Any, ...], out_shardings: tuple[Any, ...],
-        device_ids: tuple[int, ...], program_fingerprint: Fingerprint,
-        environment_fingerprint: Fingerprint, compile_seconds: float = 0.0,
-        arg_names: tuple[str, ...] = (), in_structure: str = "", out_json: Any = None,
-    ) -> None:
-        self._set(
-            name, kind, in_tree, out_tree, args, out_avals, in_shardings, out_shardings,
-            device_ids, program_fingerprint, environment_fingerprint, compile_seconds,
-            arg_names, in_structure or treedefs.structure_key(in_tree), out_json,
-        )
+    def __post_init__(self) -> None:
+        if not self.in_structure:
+            object.__setattr__(self, "in_structure", treedefs.structure_key(self.in_tree))
 
     @property
     def key(self) -> str:
@@ -217,8 +194,6 @@ class MeshExecutable:
         return self._cpp(*args, **kwargs)
 
     def _first_call(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
-        from aot.rehydrate import first_call
-
         leaves, treedef = _flatten((args, kwargs))
         binding = self._admit(args, kwargs, leaves, treedef)
         try:
@@ -294,8 +269,6 @@ class PmapExecutable(MeshExecutable):
 
 def _dispatch_of(executable: MeshExecutable) -> Any:
     """JAX's C++ dispatch for ``executable``, whose cache miss does not keep it alive."""
-    from aot.rehydrate import dispatch_function
-
     ref = weakref.ref(executable)
 
     def cache_miss(*args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
@@ -316,11 +289,9 @@ class Binding:
     __slots__ = ("executable", "out_tree", "fn")
 
     def __init__(self, executable: MeshExecutable, out_tree: PyTreeDef) -> None:
-        from aot.rehydrate import flat_call
-
         self.executable = executable
         self.out_tree = out_tree
-        self.fn = flat_call(executable.compiled, executable.info, out_tree)
+        self.fn = flat_call(executable.compiled, executable.info.args, out_tree)
 
     def __call__(self, leaves: Sequence[Any]) -> Any:
         try:

@@ -16,15 +16,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jaxlib
-
-from aot.records import DataclassMethods, set_fields
-
-if TYPE_CHECKING:
-    from aot.differences import PartDifference
 
 # XLA flags that cannot change the compiled executable, decided flag by flag from
 # JAX's own list (jax/_src/cache_key.py, xla_flags_to_exclude_from_cache_key). They are
@@ -75,15 +70,12 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-@dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)  # see aot.records
-class Fingerprint(DataclassMethods):
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
     """A named set of parts and the sha256 over them."""
 
     kind: str
     parts: tuple[tuple[str, str], ...]
-
-    def __init__(self, kind: str, parts: tuple[tuple[str, str], ...]) -> None:
-        set_fields(self, locals())
 
     @classmethod
     def of(cls, kind: str, parts: Mapping[str, str]) -> Fingerprint:
@@ -102,8 +94,6 @@ class Fingerprint(DataclassMethods):
         names = sorted(name for name in set(mine) | set(theirs) if mine.get(name) != theirs.get(name))
         if not names:
             return ()
-        from aot.differences import PartDifference
-
         return tuple(PartDifference(name, mine.get(name), theirs.get(name)) for name in names)
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,6 +102,35 @@ class Fingerprint(DataclassMethods):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fingerprint:
         return cls.of(str(data["kind"]), dict(data["parts"]))
+
+
+@dataclass(frozen=True, slots=True)
+class PartDifference:
+    """One named part that differs between two fingerprints."""
+
+    part: str
+    expected: str | None
+    actual: str | None
+
+    def describe(self) -> str:
+        expected, actual = self.expected, self.actual
+        if self.part == "cpu_isa" and expected is not None and actual is not None:
+            missing = sorted(set(expected.split()) - set(actual.split()))
+            extra = sorted(set(actual.split()) - set(expected.split()))
+            return (
+                f"cpu_isa: stored artifact needs {missing or 'nothing more'}, "
+                f"this CPU adds {extra or 'nothing'}"
+            )
+        return f"{self.part} {_short(expected)} != {_short(actual)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"part": self.part, "expected": self.expected, "actual": self.actual}
+
+
+def _short(value: str | None, limit: int = 80) -> str:
+    if value is None:
+        return "(absent)"
+    return value if len(value) <= limit else value[: limit - 3] + "..."
 
 
 @lru_cache(maxsize=256)
@@ -216,10 +235,3 @@ def describe_differences(diffs: Iterable[PartDifference]) -> str:
 def is_digest(text: str) -> bool:
     return bool(re.match(r"^[0-9a-f]{64}$", text))  # compiled on first use, not at import
 
-
-def __getattr__(name: str) -> Any:
-    if name == "PartDifference":  # defined where used (aot.differences)
-        from aot.differences import PartDifference
-
-        return PartDifference
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

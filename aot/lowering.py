@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
-from jax._src import config as jax_config
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from aot.computation import MeshComputation, PmapComputation
 from aot.errors import SpecError, SymbolicShapeError, UnsupportedComputationError
+from aot.jaxcompat.lowering import no_traceback_locations
 from aot.specs import format_aval, parse_partition_spec, spec
 from aot.symbolic import is_symbolic_shape, unify_scopes
 
@@ -213,7 +213,7 @@ def _export_flat(
     flat_jit = jax.jit(flat_fn, out_shardings=tuple(out_shardings))
     # No Python tracebacks in the locations: the portable HLO must not depend on where
     # it was exported from (the same program under two names shares one blob).
-    with jax_config.traceback_in_locations_limit(0):
+    with no_traceback_locations():
         with jax.set_mesh(mesh) if mesh is not None else _nullcontext():
             exported = jax.export.export(flat_jit)(*specs)
     return bytes(exported.serialize())

@@ -7,12 +7,10 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src import core
-from jax._src.lib import xla_client as xc
-from jax._src.sharding_impls import GSPMDSharding
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError
+from aot.jaxcompat.shardings import device_assignment, gspmd_sharding, hlo_sharding, xla_device_list
 from aot.specs import dtype_to_str, parse_dtype
 
 Devices = Mapping[int, Any]
@@ -66,11 +64,11 @@ def sharding_to_json(sharding: Any, ndim: int) -> dict[str, Any]:
             "spec": spec_to_json(sharding.spec),
             "memory_kind": memory_kind,
         }
-    device_ids = [int(d.id) for d in sharding._device_assignment]
+    device_ids = [int(d.id) for d in device_assignment(sharding)]
     return {
         "type": "gspmd",
         "device_ids": device_ids,
-        "hlo": str(sharding._to_xla_hlo_sharding(ndim)),
+        "hlo": str(hlo_sharding(sharding, ndim)),
         "memory_kind": memory_kind,
     }
 
@@ -86,8 +84,7 @@ def sharding_from_json(data: Mapping[str, Any], devices: Devices) -> Any:
             return NamedSharding(mesh, spec_from_json(data["spec"]), memory_kind=memory_kind)
         if kind == "gspmd":
             assigned = tuple(_device(devices, i) for i in data["device_ids"])
-            hlo = xc.HloSharding.from_string(data["hlo"])
-            return GSPMDSharding(assigned, hlo, memory_kind=memory_kind)
+            return gspmd_sharding(assigned, data["hlo"], memory_kind)
     except IncompatibleEnvironmentError:
         raise
     except Exception as exc:  # noqa: BLE001 - jax raises many kinds on bad data
@@ -110,7 +107,7 @@ def aval_to_json(aval: Any) -> dict[str, Any]:
     return out
 
 
-def aval_from_json(data: Mapping[str, Any], sharding: Any = None) -> core.ShapedArray:
+def aval_from_json(data: Mapping[str, Any], sharding: Any = None) -> jax.core.ShapedArray:
     try:
         shape = tuple(int(d) for d in data["shape"])
         dtype = parse_dtype(str(data["dtype"]))
@@ -119,13 +116,14 @@ def aval_from_json(data: Mapping[str, Any], sharding: Any = None) -> core.Shaped
     weak = bool(data.get("weak_type", False))
     if "spec" in data and isinstance(sharding, NamedSharding):
         abstract = NamedSharding(sharding.mesh.abstract_mesh, spec_from_json(data["spec"]))
-        return core.ShapedArray(shape, dtype, weak_type=weak, sharding=abstract)
-    return core.ShapedArray(shape, dtype, weak_type=weak)
+        return jax.core.ShapedArray(shape, dtype, weak_type=weak, sharding=abstract)
+    return jax.core.ShapedArray(shape, dtype, weak_type=weak)
 
 
 def live_devices(backend: str | None = None) -> dict[int, Any]:
     return {int(d.id): d for d in jax.devices(backend)}
 
 
-def device_list(ids: Sequence[int], devices: Devices) -> xc.DeviceList:
-    return xc.DeviceList(tuple(_device(devices, i) for i in ids))
+def device_list(ids: Sequence[int], devices: Devices) -> Any:
+    """The XLA device list of ``ids``; names a device id this runtime lacks."""
+    return xla_device_list([_device(devices, i) for i in ids])

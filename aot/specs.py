@@ -131,12 +131,9 @@ def _key_dtypes() -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     try:
-        from jax._src.random import prng
+        from aot.jaxcompat.dtypes import prng_key_dtypes
 
-        for impl in prng.prngs.values():
-            dtype = prng.KeyTy(impl)
-            out[str(dtype)] = dtype
-        return out
+        return prng_key_dtypes()
     except (ImportError, AttributeError, TypeError):  # pragma: no cover - other jax layouts
         pass
     for name in ("threefry2x32", "rbg", "unsafe_rbg"):

@@ -50,9 +50,9 @@ def is_symbolic_dim(dim: Any) -> bool:
     """True for a ``jax.export`` dimension expression (not for ints or numpy ints)."""
     if isinstance(dim, (int, np.integer)):
         return False
-    from jax._src.export import shape_poly
+    from aot.jaxcompat.shape_poly import is_symbolic_dim as is_expression
 
-    return shape_poly.is_symbolic_dim(dim)
+    return is_expression(dim)
 
 
 def is_symbolic_shape(shape: Iterable[Any]) -> bool:
@@ -193,20 +193,20 @@ def _solver(
     patterns: tuple[tuple[Any, ...], ...], constraints: tuple[str, ...]
 ) -> tuple[Any, Any, Any, tuple[str, ...]]:
     import jax
-    from jax._src import core
-    from jax._src.export import shape_poly
+
+    from aot.jaxcompat.shape_poly import all_dim_vars, solve_dim_vars
 
     scope = jax.export.SymbolicScope(constraints)
     avals = tuple(
-        core.ShapedArray(
+        jax.core.ShapedArray(
             tuple(parse_dim(str(d), scope) if isinstance(d, str) else int(d) for d in shape),
             np.float32,
         )
         for shape in patterns
     )
     tree = jax.tree_util.tree_structure((tuple(range(len(avals))), {}))
-    solution, shape_constraints, synthetic = shape_poly.solve_dim_vars(avals, tree)
-    return solution, shape_constraints, synthetic, tuple(shape_poly.all_dim_vars(avals))
+    solution, shape_constraints, synthetic = solve_dim_vars(avals, tree)
+    return solution, shape_constraints, synthetic, all_dim_vars(avals)
 
 
 def bind(
@@ -232,7 +232,7 @@ def bind(
         for axis, (want, have) in enumerate(zip(pattern, shape)):
             if not isinstance(want, str) and int(want) != int(have):
                 return Binding(None, f"{where}: dimension {axis} is {have}, not {want}")
-    from jax._src.export import shape_poly
+    from aot.jaxcompat.shape_poly import shape_evaluator
 
     key = tuple(tuple(d if isinstance(d, str) else int(d) for d in p) for p in patterns)
     try:
@@ -240,7 +240,7 @@ def bind(
     except Exception as exc:  # noqa: BLE001 - an unsolvable signature (e.g. only b*c)
         return Binding(None, f"jax.export cannot solve the dimensions: {_first_line(exc)}")
     env = {name: int(shapes[arg][axis]) for (name, arg, axis) in synthetic}
-    evaluator = shape_poly.ShapeEvaluator(env)
+    evaluator = shape_evaluator(env)
     try:
         shape_constraints.check_statically(evaluator)
         values = {var: int(evaluator.evaluate(solution[var])) for var in variables}

@@ -49,13 +49,7 @@ import numpy as np
 from jax.tree_util import PyTreeDef, default_registry
 
 from aot.errors import CorruptArtifactError, PytreeNodeError
-
-try:
-    from jax._src.dtypes import ExtendedDType as _ExtendedDType
-except ImportError:  # pragma: no cover - another jax layout: typed keys by name
-
-    class _ExtendedDType:  # type: ignore[no-redef]
-        pass
+from aot.jaxcompat.dtypes import ExtendedDType
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +188,7 @@ class _Encoder:
                 "$": "namedtuple", "v": _type_path(v),
                 "fields": [[f, self.encode(getattr(v, f), depth)] for f in t._fields],
             }
-        if isinstance(v, (np.dtype, _ExtendedDType)):
+        if isinstance(v, (np.dtype, ExtendedDType)):
             return {"$": "dtype", "v": _dtype_str(v)}
         if isinstance(v, jax.ShapeDtypeStruct):
             return {
@@ -348,9 +342,9 @@ def decode(data: Any) -> Any:
         except Exception:  # noqa: BLE001 - a node inside cannot be rebuilt here
             raise _NotDecodable("treedef") from None
     if kind == "traceback":
-        from jax._src.lib import xla_client
+        from aot.jaxcompat.pytrees import current_traceback
 
-        return xla_client.Traceback.get_traceback()
+        return current_traceback()
     if kind == "partial":
         fn = decode(data["fn"])
         return functools.partial(fn, *(decode(a) for a in data["args"]), **{str(k): decode(x) for k, x in data["kw"]})
@@ -431,9 +425,9 @@ def describe_aux(aux: Any) -> tuple[str, Any]:
 def _jax_serialization(cls: type, aux: Any) -> dict[str, Any] | None:
     """The node's auxiliary data through JAX's ``register_pytree_node_serialization``."""
     try:
-        from jax._src.export import _export
+        from aot.jaxcompat.pytrees import node_serializer
 
-        registered = _export.serialization_registry.get(cls)
+        registered = node_serializer(cls)
         if registered is None:
             return None
         name, serialize = registered
@@ -445,12 +439,12 @@ def _jax_serialization(cls: type, aux: Any) -> dict[str, Any] | None:
 
 def _jax_deserialization(ser: Any) -> tuple[type, Any] | None:
     try:
-        from jax._src.export import _export
+        from aot.jaxcompat.pytrees import node_deserializer
 
-        registered = _export.deserialization_registry.get(str(ser["name"]))
+        registered = node_deserializer(str(ser["name"]))
         if registered is None:
             return None
-        cls, deserialize, _ = registered
+        cls, deserialize = registered
         return cls, deserialize(base64.b64decode(str(ser["data"]), validate=True))
     except Exception:  # noqa: BLE001
         return None

@@ -9,7 +9,7 @@ folder cache, prints the median of ``--runs`` measurements of:
   load costs anyway);
 * ``pure``: :func:`aot.artifact.manifest_problems` (the manifest against its
   fingerprints);
-* ``executable``: :func:`aot.rehydrate.executable_problems` (per-device parameter and
+* ``executable``: :func:`aot.executable_checks.executable_problems` (per-device parameter and
   result shapes from the HLO module's header, shardings, output memory kinds);
 * ``load``: the whole :meth:`Cache.load` (digest, checks, deserialize, rehydrate);
 * ``verify``: the consistency part of ``aot verify`` for the entry (reads the
@@ -80,7 +80,8 @@ def main() -> None:
     from aot.artifact import EXECUTABLE, manifest_problems
     from aot.cache.cache import Cache
     from aot.cache.admin.maintenance import consistency_problems
-    from aot.rehydrate import executable_info, executable_problems
+    from aot.executable_checks import executable_problems
+    from aot.rehydrate import executable_info
     from aot.shardings import device_list, live_devices
 
     rows = []

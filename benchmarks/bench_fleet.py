@@ -103,7 +103,7 @@ def _large(n: int) -> list[Any]:
     import numpy as np
 
     import aot
-    from aot.rehydrate import build_artifact
+    from aot.build import build_artifact
 
     out = []
     for seed in range(n):
@@ -123,7 +123,7 @@ def _artifacts() -> tuple[list[Any], list[Any]]:
     import jax
 
     import aot
-    from aot.rehydrate import build_artifact
+    from aot.build import build_artifact
 
     sys.path.insert(0, str(REPO))
     from fixtures import models

@@ -32,7 +32,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 def artifacts(n: int) -> list[Any]:
     import aot
-    from aot.rehydrate import build_artifact
+    from aot.build import build_artifact
 
     def scaled(x):  # noqa: ANN001, ANN202
         return x * 3.0 - 1.0

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.artifact import Artifact
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, ReadOnlyCacheError
-from aot.rehydrate import build_artifact, build_symbolic_artifact
+from aot.build import build_artifact, build_symbolic_artifact
 from aot.cache.artifacts import unstored_entry
 
 if TYPE_CHECKING:

@@ -21,6 +21,7 @@ import click
 
 from aot.cli.common import State, configure_logging, global_options
 from aot.cli.group import AotGroup, error_message  # noqa: F401 - error_message re-exported
+from aot.jaxcompat.runtime import distributed_client_active
 
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -86,10 +87,10 @@ def leave(code: object) -> NoReturn:
     the cache (the SQL index's connections, which checkpoints SQLite's write-ahead log;
     the statistics; background loads). An exit would then run the atexit handlers
     (JAX's, logging's, the user's: they still run here) and free every object of every
-    module, which once JAX is loaded takes longer than many commands. That freeing is
-    skipped. The normal exit runs instead whenever something may still need it: another
-    non-daemon thread alive, or JAX's distributed runtime started by the user's code (a
-    manifest's module)."""
+    module, which once JAX is loaded takes longer than many commands do. That
+    freeing is skipped. The normal exit runs instead whenever something may still need
+    it: another non-daemon thread alive, or JAX's distributed runtime started by the
+    user's code (a manifest's module)."""
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's own exit step
     if run_exit_handlers is None or _teardown_needed():
         sys.exit(code)
@@ -113,9 +114,7 @@ def _teardown_needed() -> bool:
     main_thread = threading.main_thread()
     if any(t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()):
         return True
-    distributed = sys.modules.get("jax._src.distributed")
-    state = getattr(distributed, "global_state", None)
-    return getattr(state, "client", None) is not None
+    return distributed_client_active()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from aot.records import FACTORY, DataclassMethods, set_fields
 
 #: The SQLite index's file in a folder cache.
 INDEX_FILE = "index.sqlite"
@@ -37,8 +36,8 @@ def as_utc(value: datetime, what: str) -> datetime:
     return value.astimezone(timezone.utc)
 
 
-@dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)  # see aot.records
-class IndexEntry(DataclassMethods):
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
     """One artifact row of the index (the manifest stays a JSON string)."""
 
     key: str
@@ -58,15 +57,6 @@ class IndexEntry(DataclassMethods):
     hits: int = 0
     state: str = "ok"
     state_reason: str | None = None
-
-    def __init__(
-        self, key: str, name: str, program_fp: str, env_fp: str, signature: str, platform: str,
-        manifest: str, exe_digest: str | None, hlo_digest: str | None, raw_size: int,
-        stored_size: int, compile_seconds: float, created_at: datetime = FACTORY,
-        last_used_at: datetime = FACTORY, hits: int = 0, state: str = "ok",
-        state_reason: str | None = None,
-    ) -> None:
-        set_fields(self, locals())
 
     def __post_init__(self) -> None:
         if self.state not in ARTIFACT_STATES:

@@ -16,7 +16,7 @@ import logging
 import os
 import sqlite3
 import threading
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,6 @@ from urllib.parse import quote
 
 from aot.cache.index.entry import SCHEMA_VERSION, IndexEntry, utcnow
 from aot.errors import CacheError
-from aot.records import Record
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +52,15 @@ def _time(value: object) -> datetime:
 # docs/reliability.md ("Serving read-only") has the cases and the test.
 
 
-class ReadOnlyOpen(Record):
-    """How to open a SQLite index read-only: the URI, and whether it is immutable (a
-    :class:`~aot.records.Record`: every serving process defines it)."""
+@dataclass(frozen=True, slots=True)
+class ReadOnlyOpen:
+    """How to open a SQLite index read-only: the URI, and whether it is immutable."""
 
-    __slots__ = ("uri", "immutable", "reason", "stamp", "watch_shm")
     uri: str
     immutable: bool
     reason: str
-    stamp: tuple[int, int, int] | None  # the database file when opened immutable
-    watch_shm: bool  # a -shm appearing means a writer: reopen through it
-
-    def __init__(
-        self, uri: str, immutable: bool, reason: str, stamp: tuple[int, int, int] | None = None,
-        watch_shm: bool = True,
-    ) -> None:
-        self._set(uri, immutable, reason, stamp, watch_shm)
+    stamp: tuple[int, int, int] | None = None  # the database file when opened immutable
+    watch_shm: bool = True  # a -shm appearing means a writer: reopen through it
 
 
 def _wal_mode(path: Path) -> bool:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.artifact import PORTABLE_HLO, Manifest
 from aot.errors import AotError, ArtifactNotFoundError, CorruptArtifactError
-from aot.differences import PartDifference
+from aot.fingerprint import PartDifference
 from aot.cache.reports.listing import superseded_keys
 from aot.cache.serving.signatures import Signature
 
@@ -131,11 +131,9 @@ def portable_hlo_text(cache: Cache, entry: IndexEntry, *, debug_info: bool = Fal
 
 def _without_locations(text: str) -> str:
     try:
-        from jax._src.interpreters import mlir
-        from jax._src.lib.mlir import ir
+        from aot.jaxcompat.mlir import text_without_locations
 
-        with mlir.make_ir_context():
-            return str(ir.Module.parse(text).operation.get_asm(enable_debug_info=False))
+        return text_without_locations(text)
     except Exception:  # noqa: BLE001 - private API: fall back to the text as stored
         return text
 

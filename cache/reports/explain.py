@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from aot.artifact import Manifest
-from aot.differences import PartDifference
 from aot.errors import AotError
-from aot.fingerprint import xla_flags_outside_key
+from aot.fingerprint import PartDifference, xla_flags_outside_key
 from aot.lowering import lower
 from aot.specs import format_aval, spec
 from aot.cache.serving.signatures import ArgLeaf, LeafDifference, Signature, leaf_differences

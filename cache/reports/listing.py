@@ -18,8 +18,7 @@ from aot.cache.serving.signatures import Signature
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
-    from aot.differences import PartDifference
-    from aot.fingerprint import Fingerprint
+    from aot.fingerprint import Fingerprint, PartDifference
 
 ENV_CHOICES = ("this", "all")
 

@@ -32,7 +32,7 @@ from jax.tree_util import PyTreeDef
 from aot import treedef as treedefs
 from aot.errors import AotError
 from aot.executable import FAST_CACHE_LIMIT, JAX_ARRAY, call_key, placement_error
-from aot.rehydrate import dispatch_function, first_call
+from aot.jaxcompat.dispatch import dispatch_function, first_call
 from aot.specs import leaf_aval
 
 from aot.cache.serving.programs import LeafKey, Program, ProgramTable

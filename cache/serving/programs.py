@@ -25,7 +25,7 @@ import jax
 from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
-from aot.artifact import PORTABLE_HLO, Manifest, json_part, manifest_dtype, manifest_problems
+from aot.artifact import PORTABLE_HLO, Manifest, json_part, manifest_problems, parse_manifest_dtype
 from aot.errors import (
     AotError,
     CorruptArtifactError,
@@ -33,7 +33,8 @@ from aot.errors import (
     IntegrityError,
 )
 from aot.fingerprint import describe_differences
-from aot.rehydrate import load_executable, manifest_args, recompile
+from aot.recompile import recompile
+from aot.rehydrate import load_executable, manifest_args
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -172,7 +173,7 @@ class ProgramTable:
                 # Dtypes this jax may lack (IncompatibleEnvironmentError).
                 args = () if manifest.is_symbolic else manifest_args(manifest)
                 dtypes = tuple(
-                    (manifest_dtype(a["dtype"]), bool(a.get("weak_type", False))) for a in manifest.args
+                    (parse_manifest_dtype(a["dtype"]), bool(a.get("weak_type", False))) for a in manifest.args
                 )
         except IncompatibleEnvironmentError as exc:
             reason = str(exc)

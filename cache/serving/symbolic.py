@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from aot.artifact import PORTABLE_HLO
 from aot.errors import AotError, CorruptArtifactError, IntegrityError
-from aot.rehydrate import compile_symbolic, load_executable
+from aot.recompile import compile_symbolic
+from aot.rehydrate import load_executable
 from aot.specs import dtype_to_str, format_aval
 from aot.symbolic import bind
 

@@ -216,7 +216,7 @@ def store_here(
     cache: Cache, records: RecordStore, lowered: Lowered, compiled: Future[tuple[Any, float]],
 ) -> ItemResult:
     """Exports, serializes and stores a compiled item; its result."""
-    from aot.rehydrate import build_artifact
+    from aot.build import build_artifact
 
     index, item = lowered.index, lowered.item
     start = time.perf_counter()

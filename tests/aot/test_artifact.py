@@ -33,7 +33,9 @@ from aot.artifact import (
     Manifest,
 )
 from aot.fingerprint import Fingerprint, combined_key
-from aot.rehydrate import build_artifact, load_executable, recompile
+from aot.build import build_artifact
+from aot.recompile import recompile
+from aot.rehydrate import load_executable
 from tests.aot.helpers import assert_bitwise_equal, block
 
 # batch.mask is donated but no output can reuse it: JAX warns, as it should.
@@ -208,7 +210,8 @@ import ml_dtypes
 import numpy as np
 
 from aot.artifact import Artifact
-from aot.rehydrate import load_executable, recompile
+from aot.recompile import recompile
+from aot.rehydrate import load_executable
 
 
 def load(path):
@@ -689,11 +692,17 @@ def test_a_folder_without_manifest_is_corrupt(tmp_path):
 def test_loader_source_has_no_pickle_marshal_or_eval():
     # The load path in the library itself (the subprocess test checks it at run time).
     import aot.artifact
+    import aot.executable_checks
+    import aot.jaxcompat.deserialize
     import aot.rehydrate
     import aot.shardings
     import aot.treedef
 
-    for module in (aot.artifact, aot.rehydrate, aot.shardings, aot.treedef):
+    modules = (
+        aot.artifact, aot.executable_checks, aot.jaxcompat.deserialize, aot.rehydrate,
+        aot.shardings, aot.treedef,
+    )
+    for module in modules:
         source = Path(module.__file__).read_text()
         for word in ("import pickle", "import marshal", "eval(", "exec(", "cloudpickle"):
             assert word not in source, f"{module.__name__} uses {word}"

@@ -543,7 +543,8 @@ def test_executable_identity(mlp_exe):
 
 def _stored_and_loaded(comp, tmp_path):
     from aot.artifact import Artifact
-    from aot.rehydrate import build_artifact, load_executable
+    from aot.build import build_artifact
+    from aot.rehydrate import load_executable
 
     exe = comp.compile()
     build_artifact(exe, comp.portable_hlo(exe)).save(tmp_path)

@@ -30,7 +30,8 @@ from jax.experimental import checkify
 import aot
 from aot import treedef as treedefs
 from aot.artifact import Artifact
-from aot.rehydrate import build_artifact, load_executable
+from aot.build import build_artifact
+from aot.rehydrate import load_executable
 from tests.aot.helpers import assert_bitwise_equal
 
 
@@ -142,6 +143,7 @@ def test_digests_are_the_same_in_another_process():
     assert len(here) == 5
     env = dict(os.environ, PYTHONHASHSEED="123")  # another hash seed, other addresses
     proc = subprocess.run(
+        # The repository's root: the classes are named by the same module path here.
         [sys.executable, "-c", _DIGESTS, str(Path(__file__).resolve().parents[2])],
         capture_output=True, text=True, env=env, timeout=240,
     )

@@ -17,7 +17,8 @@ import pytest
 
 import aot
 from aot.artifact import Artifact
-from aot.rehydrate import build_artifact, load_executable
+from aot.build import build_artifact
+from aot.rehydrate import load_executable
 from tests.aot.helpers import assert_bitwise_equal
 
 
@@ -186,6 +187,6 @@ def test_a_tampered_typed_key_or_int4_output_is_refused(keyed, index, field, val
     "x/*a*/*/y", "/*a/*b*/c*/", "entry_computation_layout={(f32[8]{0}, /*index=1*/s32[])->f32[8]{0}}",
 ])
 def test_comments_are_removed_from_the_layout_line_as_re_sub_would(line: str) -> None:
-    from aot.rehydrate import _without_comments
+    from aot.executable_checks import without_comments
 
-    assert _without_comments(line) == re.sub(r"/\*.*?\*/", "", line)
+    assert without_comments(line) == re.sub(r"/\*.*?\*/", "", line)

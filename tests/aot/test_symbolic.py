@@ -13,7 +13,9 @@ import pytest
 import aot
 from aot.artifact import EXECUTABLE, FORMAT_VERSION, PORTABLE_HLO, Artifact, Manifest
 from aot.fingerprint import combined_key
-from aot.rehydrate import build_artifact, build_symbolic_artifact, compile_symbolic, load_executable
+from aot.build import build_artifact, build_symbolic_artifact
+from aot.recompile import compile_symbolic
+from aot.rehydrate import load_executable
 from aot.symbolic import bind, split_dims
 from tests.aot.helpers import assert_bitwise_equal
 

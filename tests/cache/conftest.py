@@ -240,7 +240,7 @@ class Compiled:
         import numpy as np
 
         import aot
-        from aot.rehydrate import build_artifact
+        from aot.build import build_artifact
 
         models = import_fixture_models()
 

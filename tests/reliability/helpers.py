@@ -47,7 +47,7 @@ class TinyArtifacts:
     def __init__(self, count: int) -> None:
         import aot
         from aot.artifact import EXECUTABLE
-        from aot.rehydrate import build_artifact
+        from aot.build import build_artifact
 
         from tests.reliability import reliability_workers as workers
 

@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import aot
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Manifest
 from aot.cache.cache import Cache
-from aot.rehydrate import build_artifact
+from aot.build import build_artifact
 
 from tests.reliability.helpers import HERE, TinyArtifacts, child_env
 

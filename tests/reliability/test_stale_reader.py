@@ -19,7 +19,7 @@ import pytest
 import aot
 from aot.cache.serving import programs
 from aot.cache.cache import Cache
-from aot.rehydrate import recompile
+from aot.recompile import recompile
 
 from tests.reliability import reliability_workers as workers
 from tests.reliability.helpers import TinyArtifacts, check_scaled

@@ -364,7 +364,6 @@ _SERVER = textwrap.dedent(
             "aot.cache.serving.background",  # only with background=True
             "aot.cache.names", "aot.cache.pauses",  # writers only
             # Value objects defined apart because serving never makes one.
-            "aot.differences",  # two fingerprints that differ
         )
         if m in sys.modules
     )

@@ -1,0 +1,106 @@
+"""Every use of private JAX and jaxlib API in jax-aot, and nothing else.
+
+Serving a stored executable without tracing needs what JAX keeps private: rebuilding
+``pxla.UnloadedMeshExecutable`` and ``stages.Compiled`` from data, JAX's C++ dispatch
+function, XLA's HLO shardings, shape polymorphism's solver, the pytree serialization
+registry of ``jax.export``. Each module here wraps one job and says which internals it
+uses; the rest of the code base imports these functions and never ``jax._src``
+(tests/aot/test_jax_private.py enforces it).
+
+:data:`PRIVATE_SYMBOLS` names each private module attribute the modules here import or
+construct; tests/aot/jaxcompat/test_canary.py resolves every one and checks the
+signatures we rely on, so a JAX upgrade fails with one list of what moved;
+:data:`PRIVATE_ATTRIBUTES` names the private attributes of JAX objects read here
+(``compiled._executable``, ...), which the canary finds on live objects and which
+tests/aot/test_jax_private.py forbids elsewhere. Importing this package imports no
+JAX: each module imports what it wraps.
+
+Modules:
+  build        compiling without JAX's in-memory cache; reading a ``Compiled``
+  deserialize  XLA bytes -> ``UnloadedMeshExecutable`` -> ``Compiled``; custom calls
+  dispatch     the C++ ``PjitFunction`` fast path and flat calls
+  checks       what a deserialized executable takes and returns (HLO text, shapes)
+  shardings    GSPMD shardings and HLO shardings
+  shape_poly   solving and evaluating symbolic dimensions
+  dtypes       extended dtypes and PRNG key types
+  pytrees      ``jax.export``'s pytree serialization registry, jaxlib tracebacks
+  lowering     tracing configuration used while lowering
+  mlir         StableHLO modules in an MLIR context
+  runtime      the state of JAX's distributed runtime
+"""
+
+from __future__ import annotations
+
+#: Every private attribute of JAX or jaxlib the modules of this package use, as
+#: ``"module:attribute"`` (the attribute may be dotted). A test checks that each
+#: ``from jax._src... import name`` here is listed, and the canary resolves each one.
+PRIVATE_SYMBOLS: tuple[str, ...] = (
+    # build
+    "jax._src.stages:Compiled",
+    "jax._src.stages:Lowered",
+    "jax._src.interpreters.pxla:UnloadedMeshExecutable.from_hlo",
+    "jax._src.interpreters.pxla:MeshComputation.stablehlo",
+    # deserialize
+    "jax._src.interpreters.pxla:UnloadedMeshExecutable",
+    "jax._src.interpreters.pxla:UnloadedMeshExecutable.load",
+    "jax._src.stages:ArgInfo",
+    "jax._src.lib:xla_client.DeviceList",
+    "jax._src.lib:lapack.registrations",
+    "jax._src.lax:linalg.initialize_lapack",
+    "jax._src.lib:gpu_solver.initialize_hybrid_kernels",
+    # dispatch
+    "jax._src.lib:_jax.pjit",
+    "jax._src.interpreters.pxla:JitGlobalCppCacheKeys",
+    "jax._src.interpreters.pxla:cc_shard_arg",
+    "jax._src.interpreters.pxla:MeshExecutable.create_cpp_call",
+    "jax._src.tree_util:dispatch_registry",
+    "jax._src.array:ArrayImpl",
+    # checks
+    "jax._src.core:physical_aval",
+    "jax._src.lib:xla_client.Shape.array_shape",
+    "jax._src.lib:xla_client.HloSharding.from_proto",
+    "jax._src.lib:hlo",
+    "jax._src:op_shardings.are_hlo_shardings_equal",
+    # shardings
+    "jax._src.sharding_impls:GSPMDSharding",
+    "jax._src.lib:xla_client.HloSharding.from_string",
+    # shape_poly
+    "jax._src.export.shape_poly:is_symbolic_dim",
+    "jax._src.export.shape_poly:solve_dim_vars",
+    "jax._src.export.shape_poly:all_dim_vars",
+    "jax._src.export.shape_poly:ShapeEvaluator",
+    # dtypes
+    "jax._src.dtypes:ExtendedDType",
+    "jax._src.random:prng.prngs",
+    "jax._src.random:prng.KeyTy",
+    # pytrees
+    "jax._src.export:_export.serialization_registry",
+    "jax._src.export:_export.deserialization_registry",
+    "jax._src.lib:xla_client.Traceback.get_traceback",
+    # lowering
+    "jax._src.config:traceback_in_locations_limit",
+    # mlir
+    "jax._src.interpreters.mlir:make_ir_context",
+    "jax._src.interpreters.mlir:module_to_bytecode",
+    "jax._src.lib.mlir:ir.Module.parse",
+    # runtime
+    "jax._src.distributed:global_state",
+)
+
+#: Private attributes of JAX objects the modules of this package read (on a
+#: ``Lowered``, a ``Compiled``, its executables, a ``Sharding``, a ``PjitFunction``).
+PRIVATE_ATTRIBUTES: frozenset[str] = frozenset({
+    "_executable",  # Compiled -> pxla.MeshExecutable
+    "_unloaded_executable",  # pxla.MeshExecutable -> pxla.UnloadedMeshExecutable
+    "_params",  # Compiled -> its CompiledCallParams (const_args)
+    "_lowering",  # Lowered -> pxla.MeshComputation
+    "_name",  # pxla.MeshComputation
+    "_device_list",  # pxla.MeshComputation
+    "_compiler_options_kvs",  # pxla.MeshComputation
+    "_no_kwargs",  # Lowered
+    "_in_types",  # Lowered
+    "_out_types",  # Lowered
+    "_to_xla_hlo_sharding",  # Sharding
+    "_device_assignment",  # Sharding
+    "_cache_miss",  # the C++ call of a Compiled
+})

@@ -1,0 +1,1 @@
+"""Tests of aot.jaxcompat: the canary of a JAX upgrade."""

@@ -1,0 +1,351 @@
+"""The canary of a JAX upgrade: every private JAX symbol and attribute aot/jaxcompat
+relies on still exists and still has the shape we use.
+
+Each check collects what moved instead of stopping at the first, so a failing
+upgrade reads as one list. The symbols are :data:`aot.jaxcompat.PRIVATE_SYMBOLS`; a
+test below keeps that list complete (every ``from jax._src... import`` in
+aot/jaxcompat is listed).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from aot.jaxcompat import PRIVATE_ATTRIBUTES, PRIVATE_SYMBOLS
+
+JAXCOMPAT = Path(__file__).resolve().parents[3] / "aot" / "jaxcompat"
+
+
+def resolve(symbol: str) -> Any:
+    """``"module:attr.path"`` -> the object; raises what the lookup raises."""
+    module_name, _, attributes = symbol.partition(":")
+    value: Any = importlib.import_module(module_name)
+    for name in attributes.split("."):
+        try:
+            value = getattr(value, name)
+        except AttributeError:
+            # A submodule not imported by its package yet (jax._src.lib.lapack).
+            owner = getattr(value, "__name__", type(value).__name__)
+            try:
+                value = importlib.import_module(f"{owner}.{name}")
+            except ImportError:
+                raise AttributeError(f"{owner} has no attribute {name!r}") from None
+    return value
+
+
+def _moved(checks: dict[str, Any]) -> list[str]:
+    """Runs each check (a callable returning a problem or None) and lists problems."""
+    problems = []
+    for what, check in checks.items():
+        try:
+            problem = check()
+        except Exception as exc:  # noqa: BLE001 - what moved is the report
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem:
+            problems.append(f"{what}: {problem}")
+    return problems
+
+
+def test_every_private_symbol_resolves() -> None:
+    missing = []
+    for symbol in PRIVATE_SYMBOLS:
+        try:
+            resolve(symbol)
+        except (ImportError, AttributeError) as exc:
+            missing.append(f"{symbol}: {type(exc).__name__}: {exc}")
+    assert not missing, "private JAX symbols that moved:\n  " + "\n  ".join(missing)
+
+
+def test_every_private_import_of_jaxcompat_is_listed() -> None:
+    listed = {symbol.replace(":", ".") for symbol in PRIVATE_SYMBOLS}
+    unlisted = []
+    for path in sorted(JAXCOMPAT.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jax._src"):
+                for alias in node.names:
+                    imported = f"{node.module}.{alias.name}"
+                    if not any(s == imported or s.startswith(imported + ".") for s in listed):
+                        unlisted.append(f"{path.name}:{node.lineno}: {imported}")
+    assert not unlisted, "add to aot.jaxcompat.PRIVATE_SYMBOLS:\n  " + "\n  ".join(unlisted)
+
+
+def _keywords_of_call(path: Path, callee: str) -> set[str]:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == callee:
+            return {k.arg for k in node.keywords if k.arg is not None}
+    raise AssertionError(f"no call of {callee} in {path.name}")
+
+
+def test_the_signatures_we_call_are_unchanged() -> None:
+    from jax._src import stages
+    from jax._src.export import shape_poly
+    from jax._src.interpreters import pxla
+    from jax._src.lib import _jax
+
+    def unloaded_fields() -> str | None:
+        fields = {f.name for f in dataclasses.fields(pxla.UnloadedMeshExecutable)}
+        required = {
+            f.name for f in dataclasses.fields(pxla.UnloadedMeshExecutable)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
+        given = _keywords_of_call(JAXCOMPAT / "deserialize.py", "pxla.UnloadedMeshExecutable")
+        unknown, missing = given - fields, required - given
+        if unknown or missing:
+            return f"we pass unknown fields {sorted(unknown)}, miss required ones {sorted(missing)}"
+        return None
+
+    def compiled_init() -> str | None:
+        names = list(inspect.signature(stages.Compiled.__init__).parameters)[1:]
+        expected = ["executable", "const_args", "args_info", "out_tree", "no_kwargs", "in_types", "out_types"]
+        return None if names[: len(expected)] == expected else f"parameters are {names}"
+
+    def pjit_arity() -> str | None:
+        # nanobind functions have no inspectable signature; their docstring has it.
+        head = (_jax.pjit.__doc__ or "").split("->")[0]
+        names = re.findall(r"(\w+)\s*:", head[head.index("(") + 1 :])
+        expected = [
+            "function_name", "fun", "cache_miss", "static_argnums", "static_argnames",
+            "global_cache_key", "pytree_registry", "shard_arg_fallback",
+        ]
+        return None if names[: len(expected)] == expected else f"parameters are {names}"
+
+    def from_hlo() -> str | None:
+        parameters = inspect.signature(pxla.UnloadedMeshExecutable.from_hlo).parameters
+        missing = {"name", "hlo", "compiler_options_kvs", "device_list"} - set(parameters)
+        return f"no parameters {sorted(missing)}" if missing else None
+
+    def shape_poly_functions() -> str | None:
+        arities = {
+            "solve_dim_vars": (shape_poly.solve_dim_vars, 2),
+            "all_dim_vars": (shape_poly.all_dim_vars, 1),
+            "is_symbolic_dim": (shape_poly.is_symbolic_dim, 1),
+        }
+        wrong = [
+            name for name, (fn, n) in arities.items()
+            if len([p for p in inspect.signature(fn).parameters.values() if p.default is p.empty]) != n
+        ]
+        if not hasattr(shape_poly.ShapeEvaluator({}), "evaluate"):
+            wrong.append("ShapeEvaluator.evaluate")
+        return f"changed: {wrong}" if wrong else None
+
+    problems = _moved({
+        "pxla.UnloadedMeshExecutable fields": unloaded_fields,
+        "stages.Compiled.__init__": compiled_init,
+        "_jax.pjit": pjit_arity,
+        "pxla.UnloadedMeshExecutable.from_hlo": from_hlo,
+        "shape_poly": shape_poly_functions,
+    })
+    assert not problems, "private JAX signatures that changed:\n  " + "\n  ".join(problems)
+
+
+def _program() -> tuple[Any, Any, Any]:
+    def f(x: jax.Array, y: jax.Array) -> jax.Array:
+        return jnp.sin(x) @ y
+
+    args = (jax.ShapeDtypeStruct((4, 4), np.float32), jax.ShapeDtypeStruct((4, 2), np.float32))
+    lowered = jax.jit(f).trace(*args).lower()
+    return f, lowered, lowered.compile()
+
+
+def test_private_attributes_are_on_live_objects() -> None:
+    _, lowered, compiled = _program()
+    mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    sharding = NamedSharding(mesh, PartitionSpec("x"))
+    from aot.jaxcompat.dispatch import flat_call
+    from aot.executable import ArgAval
+
+    args = [ArgAval("x", (4, 4), np.dtype(np.float32), False, True), ArgAval("y", (4, 2), np.dtype(np.float32), False, True)]
+    cpp_call = flat_call(compiled, args, compiled.out_tree)
+    owners = {
+        "_executable": compiled,
+        "_unloaded_executable": compiled._executable,
+        "_params": compiled,
+        "_lowering": lowered,
+        "_name": lowered._lowering,
+        "_device_list": lowered._lowering,
+        "_compiler_options_kvs": lowered._lowering,
+        "_no_kwargs": lowered,
+        "_in_types": lowered,
+        "_out_types": lowered,
+        "_to_xla_hlo_sharding": sharding,
+        "_device_assignment": sharding,
+        "_cache_miss": cpp_call,
+    }
+    assert set(owners) == PRIVATE_ATTRIBUTES, "probe each attribute of PRIVATE_ATTRIBUTES here"
+    missing = [f"{type(owner).__name__}.{name}" for name, owner in owners.items() if not hasattr(owner, name)]
+    unloaded = compiled._executable._unloaded_executable
+    for name in ("input_avals", "output_avals", "input_shardings", "output_shardings", "kept_var_idx",
+                 "device_list", "committed", "name", "host_callbacks", "xla_executable"):
+        if not hasattr(unloaded, name):
+            missing.append(f"UnloadedMeshExecutable.{name}")
+    if not hasattr(compiled._params, "const_args"):
+        missing.append("Compiled._params.const_args")
+    for key in ("global_in_avals", "global_out_avals", "in_shardings", "out_shardings", "kept_var_idx", "committed"):
+        if key not in lowered._lowering.compile_args:
+            missing.append(f"MeshComputation.compile_args[{key!r}]")
+    assert not missing, "private JAX attributes that moved:\n  " + "\n  ".join(missing)
+
+
+def test_an_executable_round_trips_through_the_wrappers() -> None:
+    """Serialize, deserialize, rebuild a ``Compiled``, dispatch in C++: the path a
+    serving process takes, through aot.jaxcompat only."""
+    from aot.executable import ArgAval
+    from aot.jaxcompat import build, checks, deserialize, dispatch, shardings
+
+    f, lowered, compiled = _program()
+    x, y = jnp.ones((4, 4), np.float32), jnp.ones((4, 2), np.float32)
+    expected = np.asarray(f(x, y))
+    unloaded = build.unloaded_executable(compiled)
+    assert unloaded is not None and list(build.hoisted_constants(compiled)) == []
+    assert build.compile_args(lowered)["global_in_avals"] and build.lowered_devices(lowered)
+    data = build.serialize_compiled(compiled)
+    device = jax.devices()[0]
+    devices = shardings.xla_device_list([device])
+    xla_executable = deserialize.deserialize_xla_executable(device.client, data, devices)
+    header = checks.hlo_module_header(xla_executable)
+    assert header is not None and "entry_computation_layout={" in header
+    args = [ArgAval("x", (4, 4), np.dtype(np.float32), False, True), ArgAval("y", (4, 2), np.dtype(np.float32), False, True)]
+    loaded = deserialize.load_compiled(
+        xla_executable, devices=devices, backend=device.client,
+        in_avals=unloaded.input_avals, in_shardings=unloaded.input_shardings,
+        out_avals=unloaded.output_avals, out_shardings=unloaded.output_shardings,
+        committed=unloaded.committed, name=unloaded.name, kept_var_idx={0, 1}, args=args,
+        in_tree=jax.tree_util.tree_structure(((0, 0), {})), out_tree=compiled.out_tree,
+    )
+    np.testing.assert_allclose(np.asarray(loaded(x, y)), expected, rtol=1e-6)
+    fn = dispatch.flat_call(loaded, args, compiled.out_tree)
+    assert not isinstance(fn, jax.stages.Compiled), "no C++ call path (create_cpp_call)"
+    calls = []
+
+    def cache_miss(*leaves: Any) -> Any:
+        calls.append(1)
+        return dispatch.first_call(fn, leaves)
+
+    cpp = dispatch.dispatch_function("canary", cache_miss)
+    for _ in range(3):
+        np.testing.assert_allclose(np.asarray(cpp(x, y)), expected, rtol=1e-6)
+    assert calls == [1], "the C++ dispatch did not cache the signature after the first call"
+    assert dispatch.ARRAY_TYPE is type(x)
+
+
+def test_shardings_shapes_and_registries() -> None:
+    from aot.jaxcompat import checks, dtypes, lowering, mlir, pytrees, runtime, shape_poly, shardings
+
+    def gspmd_round_trip() -> str | None:
+        mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+        named = NamedSharding(mesh, PartitionSpec("x"))
+        hlo = shardings.hlo_sharding(named, 2)
+        rebuilt = shardings.gspmd_sharding(shardings.device_assignment(named), str(hlo), None)
+        same = shardings.hlo_shardings_equal(shardings.hlo_sharding(rebuilt, 2), hlo)
+        return None if same else f"{rebuilt} is not {named}"
+
+    def physical_shape() -> str | None:
+        text = checks.physical_shape_text((2, 3), jnp.int4)
+        key = checks.physical_shape_text((4,), jax.random.key(0).dtype)
+        ok = text.startswith("s4[2,3]") and key.startswith("u32[4,2]")
+        return None if ok else f"int4 -> {text}, key<fry> -> {key}"
+
+    def print_options() -> str | None:
+        from jax._src.lib import hlo
+
+        options = hlo.HloPrintOptions.short_parsable()
+        gone = [name for name in checks.UNPRINTED_OPTIONS if not hasattr(options, name)]
+        return f"HloPrintOptions lost {gone}" if gone else None
+
+    def key_dtypes() -> str | None:
+        found = dtypes.prng_key_dtypes()
+        key_dtype = jax.random.key(0).dtype
+        ok = "key<fry>" in found and isinstance(key_dtype, dtypes.ExtendedDType)
+        return None if ok else f"found {sorted(found)}"
+
+    def serialization_registry() -> str | None:
+        @dataclasses.dataclass(frozen=True)
+        class CanaryNode:
+            label: str
+
+        jax.tree_util.register_pytree_node(CanaryNode, lambda n: ((), n.label), lambda label, _: CanaryNode(label))
+        jax.export.register_pytree_node_serialization(
+            CanaryNode, serialized_name="aot.canary.CanaryNode",
+            serialize_auxdata=lambda label: label.encode(), deserialize_auxdata=lambda data: data.decode(),
+        )
+        name, serialize = pytrees.node_serializer(CanaryNode)
+        cls, deserialize = pytrees.node_deserializer("aot.canary.CanaryNode")
+        ok = name == "aot.canary.CanaryNode" and cls is CanaryNode and deserialize(serialize("a")) == "a"
+        return None if ok else "the registries answer otherwise"
+
+    def traceback() -> str | None:
+        tb = type(pytrees.current_traceback())
+        # aot.treedef recognises a checkify traceback by this name and module.
+        ok = tb.__name__ == "Traceback" and tb.__module__.startswith("jaxlib")
+        return None if ok else f"{tb.__module__}.{tb.__name__}"
+
+    def symbolic() -> str | None:
+        (b,) = jax.export.symbolic_shape("b")
+        avals = (jax.core.ShapedArray((b, 2), np.float32),)
+        tree = jax.tree_util.tree_structure(((0,), {}))
+        solution, constraints, synthetic = shape_poly.solve_dim_vars(avals, tree)
+        evaluator = shape_poly.shape_evaluator({name: 5 for name, *_ in synthetic})
+        constraints.check_statically(evaluator)
+        ok = shape_poly.is_symbolic_dim(b) and shape_poly.all_dim_vars(avals) == ("b",)
+        ok = ok and int(evaluator.evaluate(solution["b"])) == 5
+        return None if ok else "solving b from a shape gave another answer"
+
+    def module_text() -> str | None:
+        _, lowered, _ = _program()
+        text = mlir.text_without_locations(lowered.as_text(debug_info=True))
+        copy = mlir.copy_module(lowered.compiler_ir())
+        return None if "loc(" not in text and copy is not None else "locations stayed"
+
+    def tracing() -> str | None:
+        with lowering.no_traceback_locations():
+            pass
+        return None
+
+    def distributed() -> str | None:
+        import jax._src.distributed as state
+
+        ok = hasattr(state.global_state, "client") and not runtime.distributed_client_active()
+        return None if ok else "global_state has no client"
+
+    def lapack() -> str | None:
+        from aot.jaxcompat.deserialize import lapack_targets
+
+        targets = lapack_targets()
+        return None if len(targets) > 1 else f"only {targets}: jaxlib's registrations were not read"
+
+    problems = _moved({
+        "GSPMDSharding / HloSharding": gspmd_round_trip,
+        "physical shapes": physical_shape,
+        "HloPrintOptions": print_options,
+        "PRNG key dtypes": key_dtypes,
+        "pytree serialization registry": serialization_registry,
+        "jaxlib Traceback": traceback,
+        "shape_poly": symbolic,
+        "mlir": module_text,
+        "traceback_in_locations_limit": tracing,
+        "jax._src.distributed": distributed,
+        "LAPACK registrations": lapack,
+    })
+    assert not problems, "private JAX behaviour that changed:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("platform", ["cpu"])
+def test_custom_call_targets_register(platform: str) -> None:
+    from aot.jaxcompat.deserialize import ensure_custom_call_targets
+
+    ensure_custom_call_targets(platform)  # logs a warning, never raises, when they moved
+    from jax._src.lax import linalg
+
+    assert callable(linalg.initialize_lapack)

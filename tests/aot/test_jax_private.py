@@ -1,0 +1,155 @@
+"""Private JAX and jaxlib API is used in aot/jaxcompat/ and nowhere else.
+
+The source of aot/, cache/ and cli/ (outside aot/jaxcompat/) is walked with ``ast``
+(standard library only) and every private use is reported as ``file:line: what``:
+- an import of ``jax._src``, ``jax.interpreters``, ``jax.lib``, ``jax.extend`` or a
+  submodule of ``jaxlib`` (``import jaxlib`` for ``jaxlib.__version__`` is public);
+  ``jax.extend`` is included because JAX gives it no compatibility guarantee;
+- the same reached as an attribute (``jax._src.core``, ``jaxlib.xla_client``) or named
+  in a string (``sys.modules.get("jax._src.distributed")``, ``import_module``);
+- a private attribute that aot/jaxcompat reads on JAX objects
+  (``aot.jaxcompat.PRIVATE_ATTRIBUTES``: ``compiled._executable``, ...), read on
+  anything but ``self``/``cls`` or through ``getattr(x, "_name")``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from aot.jaxcompat import PRIVATE_ATTRIBUTES
+
+ROOT = Path(__file__).resolve().parents[2]
+SCANNED = ("aot", "cache", "cli")
+ALLOWED = ROOT / "aot" / "jaxcompat"
+
+_PRIVATE_MODULE = re.compile(r"^(jax\.(_src|interpreters|lib|extend)|jaxlib\.[A-Za-z_]\w*)(\.\w+)*$")
+_JAX_PRIVATE_ATTRIBUTES = {"jax": {"interpreters", "lib", "extend"}, "jaxlib": set()}
+
+
+def _is_private_module(name: str) -> bool:
+    return bool(_PRIVATE_MODULE.match(name)) and name != "jaxlib.__version__"
+
+
+def _private_attribute_of_package(node: ast.Attribute) -> bool:
+    """``jax._src``, ``jax.interpreters``, ``jaxlib.xla_client``, ... on the names
+    ``jax`` and ``jaxlib`` (a dunder such as ``jaxlib.__version__`` is public)."""
+    if not isinstance(node.value, ast.Name) or node.value.id not in _JAX_PRIVATE_ATTRIBUTES:
+        return False
+    attr = node.attr
+    if attr.startswith("__"):
+        return False
+    if node.value.id == "jaxlib":
+        return True  # every jaxlib attribute but its version is a private module
+    return attr.startswith("_") or attr in _JAX_PRIVATE_ATTRIBUTES["jax"]
+
+
+def private_uses(source: str, filename: str = "<source>") -> Iterator[tuple[int, str]]:
+    """``(line, what)`` for each private JAX use in ``source``."""
+    tree = ast.parse(source, filename)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _is_private_module(alias.name):
+                    yield node.lineno, f"import {alias.name}"
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if _is_private_module(node.module):
+                yield node.lineno, f"from {node.module} import ..."
+            elif node.module in ("jax", "jaxlib"):
+                for alias in node.names:
+                    if _is_private_module(f"{node.module}.{alias.name}"):
+                        yield node.lineno, f"from {node.module} import {alias.name}"
+        elif isinstance(node, ast.Attribute):
+            if _private_attribute_of_package(node):
+                yield node.lineno, f"{node.value.id}.{node.attr}"  # type: ignore[attr-defined]
+            elif node.attr in PRIVATE_ATTRIBUTES and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            ):
+                yield node.lineno, f"private attribute .{node.attr}"
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if (
+                isinstance(func, ast.Name) and func.id in ("getattr", "hasattr", "setattr")
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in PRIVATE_ATTRIBUTES
+            ):
+                yield node.lineno, f"{func.id}(..., {node.args[1].value!r})"
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if _is_private_module(node.value):
+                yield node.lineno, f"the module name {node.value!r}"
+
+
+def offenders() -> list[str]:
+    found = []
+    for folder in SCANNED:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if ALLOWED in path.parents:
+                continue
+            relative = path.relative_to(ROOT)
+            for line, what in sorted(private_uses(path.read_text(), str(relative))):
+                found.append(f"{relative}:{line}: {what}")
+    return found
+
+
+def test_no_private_jax_outside_jaxcompat() -> None:
+    found = offenders()
+    assert not found, (
+        "private JAX/jaxlib API outside aot/jaxcompat/ (wrap it there, list it in "
+        "aot.jaxcompat.PRIVATE_SYMBOLS and call the wrapper):\n  " + "\n  ".join(found)
+    )
+
+
+def test_the_walk_finds_each_kind_of_private_use() -> None:
+    source = '''
+import jaxlib
+import jax._src.core
+from jax._src import stages
+from jax._src.lib import xla_client as xc
+from jax.interpreters import pxla
+from jax import _src
+from jax.extend import backend
+from jaxlib import xla_client
+import sys, jax
+version = jaxlib.__version__
+client = jaxlib.xla_client
+core = jax._src.core
+module = sys.modules.get("jax._src.distributed")
+unloaded = compiled._executable._unloaded_executable
+maybe = getattr(compiled, "_executable", None)
+self._executable = None
+'''
+    found = [(line, what) for line, what in private_uses(source)]
+    assert found and {line for line, _ in found} == {3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16}, found
+    assert (15, "private attribute ._executable") in found and (15, "private attribute ._unloaded_executable") in found
+
+
+def test_public_uses_are_not_reported() -> None:
+    source = '''
+import jax, jaxlib
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+version = jaxlib.__version__
+names = ("jax", "jaxlib")
+structure = jax.tree_util.tree_structure(1)
+self._executable(program)
+'''
+    assert list(private_uses(source)) == []
+
+
+def test_jaxcompat_imports_nothing_of_ours_but_itself() -> None:
+    """aot/jaxcompat is a leaf: the core imports it, never the other way round, so it
+    can be reviewed (and replaced on a JAX upgrade) alone."""
+    found = []
+    for path in sorted(ALLOWED.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            for module in modules:
+                if module.split(".")[0] == "aot" and not module.startswith("aot.jaxcompat"):
+                    found.append(f"{path.name}:{node.lineno}: {module}")
+    assert not found, "aot/jaxcompat imports the code that uses it:\n  " + "\n  ".join(found)
