@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from aot.cache.storage.folder import FolderObjectStore, MemoryObjectStore
 from aot.errors import CorruptArtifactError
 
 from tests.cache.storage.zstd_frames import bomb, claiming
+from tests.reliability.rss import run_measured
 
 MB = 1024 * 1024
 GIB = 1024 * MB
@@ -49,12 +48,7 @@ print(json.dumps({"grew": (after - before) * 1024, "outcome": outcome}))
 
 
 def peak_growth(root: Path, digest: str, size: int | None, call: str) -> tuple[int, str]:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(root), digest, json.dumps(size), call],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = run_measured(CHILD, str(root), digest, json.dumps(size), call, timeout=120)
     return int(found["grew"]), str(found["outcome"])
 
 
