@@ -17,6 +17,7 @@ import pytest
 from aot.cache.storage.content import PROBLEM_MISMATCH, PROBLEM_SIZE, ContentStore, compress, digest_of
 from aot.cache.storage.database import SqlObjectStore
 from aot.cache.storage.folder import FolderObjectStore, MemoryObjectStore
+from aot.cache.storage.fsspec_store import open_fsspec_store
 from aot.errors import CorruptArtifactError
 
 from tests.cache.storage.zstd_frames import bomb, claiming
@@ -52,13 +53,15 @@ def peak_growth(root: Path, digest: str, size: int | None, call: str) -> tuple[i
     return int(found["grew"]), str(found["outcome"])
 
 
-@pytest.fixture(params=["folder", "memory", "database"])
+@pytest.fixture(params=["folder", "memory", "database", "fsspec-file"])
 def blobs(request: pytest.FixtureRequest, tmp_path: Path) -> ContentStore:
     """A content store over each kind of object store (streamed or read whole)."""
     if request.param == "folder":
         return ContentStore(FolderObjectStore(tmp_path / "blobs"))
     if request.param == "memory":
         return ContentStore(MemoryObjectStore())
+    if request.param == "fsspec-file":
+        return ContentStore(open_fsspec_store(f"file://{tmp_path / 'fs'}"))
     return ContentStore(SqlObjectStore.open(f"sqlite:///{tmp_path / 'blobs.sqlite'}"))
 
 
