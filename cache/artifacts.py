@@ -55,7 +55,7 @@ def read_artifact(cache: Cache, entry: IndexEntry, roles: Iterable[str] | None =
         if wanted is not None and role not in wanted:
             continue
         try:
-            data = cache.blobs.get(ref.digest)  # the store verifies the digest
+            data = cache.blobs.get(ref.digest, ref.size)  # verifies the digest and size
         except CorruptArtifactError as exc:
             raise CorruptArtifactError(f"{label}: {role} {exc}") from None
         if data is not None:

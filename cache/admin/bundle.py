@@ -126,8 +126,11 @@ def export_bundle(cache: Cache, path: BundlePath, names: list[str] | None) -> Bu
 
 
 def _read_exact(stream: IO[bytes], n: int, what: str, path: str) -> bytes:
-    chunks: list[bytes] = []
-    remaining = n
+    # One read of the whole size (zstd's reader fills it): the bytes are allocated
+    # once, never joined from chunks (which would hold them twice).
+    first = stream.read(n)
+    chunks = [first]
+    remaining = n - len(first)
     while remaining:
         chunk = stream.read(min(remaining, 1 << 20))
         if not chunk:
@@ -137,7 +140,7 @@ def _read_exact(stream: IO[bytes], n: int, what: str, path: str) -> bytes:
             )
         chunks.append(chunk)
         remaining -= len(chunk)
-    return b"".join(chunks)
+    return first if len(chunks) == 1 else b"".join(chunks)
 
 
 def read_bundle(path: BundlePath) -> list[Artifact]:
@@ -214,12 +217,9 @@ def _parse(stream: IO[bytes], path: str) -> list[Artifact]:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise CorruptArtifactError(f"bundle {path}: malformed header: {exc!r}") from None
+    _check_declared(manifests, blob_list, path)
     blobs: dict[str, bytes] = {}
     for digest, size in blob_list:
-        if digest in blobs:
-            raise CorruptArtifactError(f"bundle {path}: blob {digest[:16]} appears twice")
-        if not 0 <= size <= MAX_BLOB_BYTES:
-            raise CorruptArtifactError(f"bundle {path}: blob {digest[:16]} has size {size}")
         data = _read_exact(stream, size, f"blob {digest[:16]}", path)
         if sha256_hex(data) != digest:
             raise CorruptArtifactError(
@@ -229,11 +229,6 @@ def _parse(stream: IO[bytes], path: str) -> list[Artifact]:
         blobs[digest] = data
     if stream.read(1):
         raise CorruptArtifactError(f"bundle {path}: unexpected bytes after the last blob")
-    needed = {ref.digest for m in manifests for ref in m.blobs.values()}
-    if needed - set(blobs):
-        raise CorruptArtifactError(f"bundle {path}: blobs {sorted(needed - set(blobs))[:3]} are missing")
-    if set(blobs) - needed:
-        raise CorruptArtifactError(f"bundle {path}: holds blobs no manifest references")
     keys = [m.key for m in manifests]
     if len(keys) != len(set(keys)):
         raise CorruptArtifactError(f"bundle {path}: an entry appears twice")
@@ -241,6 +236,37 @@ def _parse(stream: IO[bytes], path: str) -> list[Artifact]:
         if not isinstance(m.name, str):
             raise CorruptArtifactError(f"bundle {path}: entry name {m.name!r} is not a string")
     return [Artifact(m, {r.digest: blobs[r.digest] for r in m.blobs.values()}) for m in manifests]
+
+
+def _check_declared(manifests: list[Manifest], blob_list: list[tuple[str, int]], path: str) -> None:
+    """Before a byte of a blob is inflated: the header lists exactly the blobs the
+    manifests reference, each once, with the size every manifest declares for it,
+    so reading allocates no more than the entries need."""
+    declared: dict[str, int] = {}
+    for m in manifests:
+        for ref in m.blobs.values():
+            if declared.setdefault(ref.digest, ref.size) != ref.size:
+                raise CorruptArtifactError(
+                    f"bundle {path}: manifests declare blob {ref.digest[:16]} with sizes "
+                    f"{declared[ref.digest]} and {ref.size}; export it again"
+                )
+    listed: set[str] = set()
+    for digest, size in blob_list:
+        if digest in listed:
+            raise CorruptArtifactError(f"bundle {path}: blob {digest[:16]} appears twice")
+        listed.add(digest)
+        if digest not in declared:
+            raise CorruptArtifactError(
+                f"bundle {path}: holds blobs no manifest references (digest {digest[:16]!r}, "
+                f"{size} bytes); refused before reading it. Export it again"
+            )
+        if size != declared[digest] or not 0 <= size <= MAX_BLOB_BYTES:
+            raise CorruptArtifactError(
+                f"bundle {path}: blob {digest[:16]} has size {size}, its manifest declares "
+                f"{declared[digest]}; refused before reading it. Export it again"
+            )
+    if set(declared) - listed:
+        raise CorruptArtifactError(f"bundle {path}: blobs {sorted(set(declared) - listed)[:3]} are missing")
 
 
 def import_bundle(cache: Cache, path: BundlePath) -> BundleReport:

@@ -92,12 +92,13 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
     """Re-hashes every blob, parses every manifest, reports and quarantines bad entries."""
     problems: list[Problem] = []
     quarantined: list[str] = []
-    blob_state: dict[str, str | None] = {}
+    blob_state: dict[tuple[str, int], str | None] = {}
 
-    def check(digest: str) -> str | None:
-        if digest not in blob_state:
-            blob_state[digest] = cache.blobs.check(digest)
-        return blob_state[digest]
+    def check(digest: str, size: int) -> str | None:
+        # Against the size the manifest declares: a blob inflating past it is corrupt.
+        if (digest, size) not in blob_state:
+            blob_state[(digest, size)] = cache.blobs.check(digest, size)
+        return blob_state[(digest, size)]
 
     entries = cache.index.entries()
     for entry in entries:
@@ -120,7 +121,7 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
     orphans = tuple(d for d in stored if d not in referenced)
     empty = empty_index_problem(cache, stored) if not entries else None
     report = VerifyReport(
-        len(entries), len(blob_state), tuple(problems), tuple(quarantined), orphans,
+        len(entries), len({d for d, _ in blob_state}), tuple(problems), tuple(quarantined), orphans,
         (empty,) if empty else (),
     )
     log.info(
@@ -144,7 +145,7 @@ def consistency_problems(cache: Cache, entry: IndexEntry) -> list[str]:
     blobs: dict[str, bytes] = {}
     for role in (PORTABLE_HLO, EXECUTABLE) if local else (PORTABLE_HLO,):
         ref = manifest.blobs.get(role)
-        data = cache.blobs.get(ref.digest) if ref is not None else None
+        data = cache.blobs.get(ref.digest, ref.size) if ref is not None else None
         if data is not None:
             blobs[ref.digest] = data
     try:
@@ -181,7 +182,7 @@ def _entry_problems(entry: IndexEntry, check: Any) -> list[str]:
                 f"{ref.digest[:12] if ref is not None else 'none'}"
             )
     for role, ref in sorted(manifest.blobs.items()):
-        problem = check(ref.digest)
+        problem = check(ref.digest, ref.size)
         if problem is not None:
             found.append(f"{role} blob {ref.digest[:12]}: {problem}")
     return found

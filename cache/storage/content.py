@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import zstandard
 
@@ -32,8 +32,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_LEVEL",
+    "MAX_BLOB_BYTES",
+    "MAX_WINDOW_BYTES",
     "PROBLEM_MISMATCH",
     "PROBLEM_MISSING",
+    "PROBLEM_SIZE",
     "PROBLEM_UNDECODABLE",
     "REFRESH_AFTER_SECONDS",
     "ContentStore",
@@ -54,6 +57,19 @@ REFRESH_AFTER_SECONDS = 60.0
 PROBLEM_MISSING = "missing"
 PROBLEM_MISMATCH = "digest mismatch"
 PROBLEM_UNDECODABLE = "truncated/undecodable zstd frame"
+PROBLEM_SIZE = "size differs from the declared size"
+
+#: The most a blob may inflate to when no size is declared (a caller of
+#: :meth:`ContentStore.get` without ``size``), and the most any declaration may say:
+#: a frame or a manifest claiming more is corrupt, not a reason to allocate it.
+MAX_BLOB_BYTES = 8 * 1024**3
+
+#: zstd frames asking for a larger window (decoder memory) are refused; this store
+#: writes frames with windows far below it.
+MAX_WINDOW_BYTES = 1 << 27
+
+_CHUNK = 8 * 1024 * 1024  # bytes inflated (and hashed) per step of a streaming read
+_FRAME_HEADER_MAX = 18  # zstd: 4-byte magic + at most 14 bytes of frame header
 
 T = TypeVar("T")
 
@@ -96,14 +112,75 @@ def compress(data: bytes, level: int = DEFAULT_LEVEL) -> bytes:
     return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
 
 
-def _problem(digest: str, payload: bytes) -> tuple[str | None, bytes | None]:
+def _frame_size(head: bytes) -> int | None:
+    """The content size a zstd frame header claims; None if it records none.
+    Raises ZstdError when ``head`` is no frame header."""
+    size = zstandard.get_frame_parameters(head).content_size
+    return None if size == zstandard.CONTENTSIZE_UNKNOWN else int(size)
+
+
+def _inflate(
+    digest: str, source: bytes | BinaryIO, size: int | None, *, keep: bool,
+) -> tuple[str | None, bytes | None]:
+    """Decompresses ``source`` (a payload, or a file object on one), hashing it as it
+    streams: ``(problem, data)``; ``data`` only with ``keep`` and no problem.
+
+    Memory is bounded by ``size`` (the size a manifest or index row declares; else
+    :data:`MAX_BLOB_BYTES`), never by what the frame claims: a frame header whose
+    content size exceeds the declared size is refused before a byte is inflated,
+    and decoding stops as soon as the output passes the bound. Without ``keep`` only
+    a chunk is held at a time.
+    """
+    limit = MAX_BLOB_BYTES if size is None else size
+    if not 0 <= limit <= MAX_BLOB_BYTES:
+        return f"{PROBLEM_SIZE}: {limit} bytes are declared, more than a blob may have ({MAX_BLOB_BYTES})", None
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        head = bytes(source[:_FRAME_HEADER_MAX])
+    else:
+        head = source.read(_FRAME_HEADER_MAX)
+        source.seek(0)
     try:
-        data = zstandard.ZstdDecompressor().decompress(payload)
+        claimed = _frame_size(head)
     except zstandard.ZstdError:
         return PROBLEM_UNDECODABLE, None
-    if digest_of(data) != digest:
+    if claimed is not None and claimed > limit:
+        bound = f"only {size} are declared" if size is not None else f"more than a blob may have ({limit})"
+        return f"{PROBLEM_SIZE}: the zstd frame header claims {claimed} bytes, {bound}", None
+    # A frame that claims the declared size is read in one call, which allocates the
+    # result once (no join, no copy); otherwise chunks, each hashed as it comes.
+    step = claimed + 1 if keep and claimed is not None and claimed == size else _CHUNK
+    hasher = hashlib.sha256()
+    chunks: list[bytes] = []
+    total = 0
+    try:
+        decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES)
+        with decompressor.stream_reader(source, read_size=_CHUNK, closefd=False) as reader:
+            while True:
+                chunk = reader.read(min(step, limit - total + 1))
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > limit:
+                    bound = "declared" if size is not None else "a blob may have"
+                    return f"{PROBLEM_SIZE}: inflates beyond the {limit} bytes {bound}", None
+                hasher.update(chunk)
+                if keep:
+                    chunks.append(chunk)
+    except zstandard.ZstdError:
+        return PROBLEM_UNDECODABLE, None
+    if claimed is not None and total != claimed:
+        return PROBLEM_UNDECODABLE, None  # the frame ended before the size it claims
+    if hasher.hexdigest() != digest:
         return PROBLEM_MISMATCH, None
-    return None, data
+    if size is not None and total != size:
+        return f"{PROBLEM_SIZE}: {total} bytes, {size} are declared", None
+    if not keep:
+        return None, None
+    return None, chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _problem(digest: str, payload: bytes, size: int | None = None) -> str | None:
+    return _inflate(digest, payload, size, keep=False)[0]
 
 
 def _corrupt(digest: str, where: str, problem: str) -> CorruptArtifactError:
@@ -147,22 +224,45 @@ class ContentStore:
         check_digest(digest)
         return self._call(f"read blob {digest}", lambda: self.store.read(digest))
 
-    def get(self, digest: str) -> bytes | None:
-        """The verified uncompressed bytes; None if absent; CorruptArtifactError if bad."""
-        payload = self._read(digest)
-        if payload is None:
+    def _inflate(
+        self, digest: str, size: int | None, *, keep: bool
+    ) -> tuple[str | None, bytes | None, int]:
+        """``(problem, data, stored size)`` of the stored blob (see :func:`_inflate`),
+        streamed from the store when it has ``read_stream``; ``missing`` if absent."""
+        check_digest(digest)
+        opener = getattr(self.store, "read_stream", None)
+        if opener is None:
+            payload = self._read(digest)
+            if payload is None:
+                return PROBLEM_MISSING, None, 0
+            found = self._call(f"read blob {digest}", lambda: _inflate(digest, payload, size, keep=keep))
+            return found[0], found[1], len(payload)
+        stream = self._call(f"read blob {digest}", lambda: opener(digest))
+        if stream is None:
+            return PROBLEM_MISSING, None, 0
+        with stream:
+            found = self._call(f"read blob {digest}", lambda: _inflate(digest, stream, size, keep=keep))
+            return found[0], found[1], self._call(f"read blob {digest}", lambda: stream.seek(0, 2))
+
+    def get(self, digest: str, size: int | None = None) -> bytes | None:
+        """The verified uncompressed bytes; None if absent; CorruptArtifactError if bad.
+
+        ``size`` is the uncompressed size the caller's manifest or index row declares:
+        a blob of another size is corrupt, and reading it never holds more than
+        ``size`` bytes (:data:`MAX_BLOB_BYTES` when not given).
+        """
+        problem, data, _ = self._inflate(digest, size, keep=True)
+        if problem == PROBLEM_MISSING:
             return None
-        problem, data = _problem(digest, payload)
         if problem is not None or data is None:
             raise _corrupt(digest, self.location, problem or PROBLEM_UNDECODABLE)
         return data
 
-    def check(self, digest: str) -> str | None:
-        """None if the blob is intact, else ``missing`` / ``digest mismatch`` / ``truncated/...``."""
-        payload = self._read(digest)
-        if payload is None:
-            return PROBLEM_MISSING
-        return _problem(digest, payload)[0]
+    def check(self, digest: str, size: int | None = None) -> str | None:
+        """None if the blob is intact (and of the declared ``size``, when given), else
+        ``missing`` / ``digest mismatch`` / ``truncated/...`` / ``size differs...``.
+        Streams: memory is bounded by a chunk, whatever the blob's size."""
+        return self._inflate(digest, size, keep=False)[0]
 
     def has(self, digest: str) -> bool:
         """Whether a payload is stored under ``digest`` (not verified)."""
@@ -205,12 +305,11 @@ class ContentStore:
         digest = digest_of(data)
         if self.read_only:
             raise read_only_error(f"store blob {digest}", self.location)
-        existing = self._read(digest)
-        if existing is not None:
-            problem = _problem(digest, existing)[0]
+        problem, _, stored = self._inflate(digest, len(data), keep=False)
+        if problem != PROBLEM_MISSING:
             if problem is None:
                 self._refresh(digest)
-                return StoredBlob(digest, len(data), len(existing), written=False)
+                return StoredBlob(digest, len(data), stored, written=False)
             logger.warning("blob %s at %s is corrupt (%s); rewriting it", digest, self.location, problem)
         payload = compress(data, self.level)
         self._call(f"write blob {digest}", lambda: self.store.write(digest, payload))
@@ -264,18 +363,18 @@ class ContentStore:
         sizes: dict[str, int] = {}
         total = 0
         for digest in dict.fromkeys(check_digest(d) for d in digests):
-            there = other._read(digest)
-            if there is not None and _problem(digest, there)[0] is None:
+            problem, _, stored = other._inflate(digest, None, keep=False)
+            if problem is None:
                 other._refresh(digest)
                 present.append(digest)
-                sizes[digest] = len(there)
+                sizes[digest] = stored
                 continue
             payload = self._read(digest)
             if payload is None:
                 raise CorruptArtifactError(
                     f"blob {digest} is missing at {self.location}; run `aot verify` there"
                 )
-            problem = _problem(digest, payload)[0]
+            problem = _problem(digest, payload)
             if problem is not None:
                 raise _corrupt(digest, self.location, problem)
             other._call(f"write blob {digest}", lambda: other.store.write(digest, payload))

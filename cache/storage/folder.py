@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import BinaryIO
 
 from aot.cache.storage.objectstore import (
     BlobStat,
@@ -86,6 +87,20 @@ class FolderObjectStore:
         try:
             with open(path, "rb") as f:
                 return f.read()
+        except FileNotFoundError:
+            return None
+        except IsADirectoryError as e:
+            raise CorruptArtifactError(
+                f"blob {digest} at {path} is not a regular file; move it away and run `aot verify`"
+            ) from e
+        except OSError as e:
+            raise storage_error(e, f"read blob {digest}", str(path)) from e
+
+    def read_stream(self, digest: str) -> BinaryIO | None:
+        """The stored payload as a file to stream (the caller closes it), or None."""
+        path = self.path_for(digest)
+        try:
+            return open(path, "rb")  # noqa: SIM115 - the caller closes it
         except FileNotFoundError:
             return None
         except IsADirectoryError as e:

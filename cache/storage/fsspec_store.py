@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
+import io
 import logging
 import os
 import re
@@ -370,6 +371,21 @@ class FsspecObjectStore:
                 # One GET: with concurrency s3fs first HEADs every object for its size.
                 return bytes(self._fs.cat_file(path, max_concurrency=1))
             return bytes(self._fs.cat_file(path))
+        except Exception as exc:  # noqa: BLE001
+            if self._missing(exc) or isinstance(exc, IsADirectoryError):
+                return None
+            raise self._fail(exc, f"read blob {digest[:16]}") from exc
+
+    def read_stream(self, digest: str) -> IO[bytes] | None:
+        """The payload as a file to stream (the caller closes it), or None. A local
+        file is streamed; a remote object is still one GET (a streamed read would
+        first HEAD it), kept in memory as stored."""
+        if self.protocol != "file":
+            payload = self.read(digest)
+            return io.BytesIO(payload) if payload is not None else None
+        path = self._path(digest)
+        try:
+            return self._fs.open(path, "rb")  # type: ignore[no-any-return]
         except Exception as exc:  # noqa: BLE001
             if self._missing(exc) or isinstance(exc, IsADirectoryError):
                 return None

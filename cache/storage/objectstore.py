@@ -25,6 +25,10 @@ Contract, for every implementation:
 * ``touch`` makes a blob young again (gc's grace period starts over).
 * Batched calls (``exists``, ``stat``, ``delete``) take any iterable of digests and
   ignore digests that are absent.
+* Optional: ``read_stream(digest) -> BinaryIO | None``, a seekable file on the payload (the
+  caller closes it). A store that has one (the folder store, fsspec's ``file://``)
+  is read in chunks, so verifying a blob holds a chunk, not the blob; the others
+  are ``read`` whole (compressed).
 * Errors are :class:`aot.errors.CacheError` (or ``ReadOnlyCacheError``) with advice;
   never a raw ``OSError`` or a library's own exception.
 """

@@ -453,6 +453,8 @@ def test_storage_errors_go_through_one_translator_with_an_extension_point(tmp_pa
         def read(self, digest: str) -> bytes | None:
             raise LibraryError("throttled by the service")
 
+        read_stream = read  # the streaming read the content store prefers
+
     store = ContentStore(Flaky(tmp_path))
     with pytest.raises(CacheError, match="LibraryError: throttled"):
         store.get(digest_of(b"x"))
