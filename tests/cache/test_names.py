@@ -1,4 +1,4 @@
-"""One name rule on every path, checked before any blob is written (issue 12): SQLite
+"""One name rule on every path, checked before any blob is written: SQLite
 accepted names over 512 characters and control characters, PostgreSQL refused them at
 row insert after the blobs were written (orphans)."""
 

@@ -1,4 +1,4 @@
-"""Every manifest field is checked before XLA sees it (issue 12).
+"""Every manifest field is checked before XLA sees it.
 
 An unsigned manifest is only as trustworthy as the index row it sits in. Each field of
 a stored manifest is mutated in turn, through the index row, as an attacker (or a bad
@@ -203,7 +203,7 @@ HLO_ONLY = ("blobs.portable_hlo", "blobs.portable_hlo.digest", "blobs.portable_h
 UNHEALABLE = ("environment", "key", "kind", "program", "signature", "in_tree", "out_tree")
 # Refused and skipped, never quarantined by a server: a format version this jax-aot
 # does not read is what another (newer) jax-aot writes into a shared cache, so a
-# serving process cannot tell it from damage (issue 11: an entry that cannot load here
+# serving process cannot tell it from damage (an entry that cannot load here
 # is skipped); `aot verify` reports it.
 OTHER_VERSION = ("format_version",)
 # The issue's reproductions: each must be refused as corruption, then healed.

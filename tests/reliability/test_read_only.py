@@ -1,4 +1,4 @@
-"""Read-only means read-only: a cache another user owns is served (issue 12).
+"""Read-only means read-only: a cache another user owns is served.
 
 The CI user writes the cache; a serving user that can read but not write the folder
 must be able to serve it with ``read_only=True`` (or with the default, which opens a

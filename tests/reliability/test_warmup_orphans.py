@@ -1,4 +1,4 @@
-"""Warm-up workers do not outlive their parent (issue 12).
+"""Warm-up workers do not outlive their parent.
 
 ``aot warmup --jobs 2 --isolate`` compiles in spawned worker processes. After ``kill -9`` of
 the CLI process they used to keep compiling forever, and the multiprocessing resource

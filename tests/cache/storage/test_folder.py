@@ -77,7 +77,7 @@ def test_real_executable_round_trips_compressed(blob_store: BlobStore, executabl
     digest = blob_store.put(executable_bytes)
     assert blob_store.get(digest) == executable_bytes
     stored = blob_store.stored_size(digest)
-    assert stored is not None and stored < len(executable_bytes) / 2  # measured ratio ~3x
+    assert stored is not None and stored < len(executable_bytes) / 2
 
 
 def test_identical_bytes_are_stored_once(blob_store: BlobStore, read_raw: ReadRaw) -> None:
