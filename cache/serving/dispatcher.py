@@ -296,8 +296,41 @@ class Dispatcher:
             raise not_a_jax_type(self.name, args, kwargs) from None
         program = self.programs.concrete.get((self._structure_of(treedef), keys))
         if program is None:
+            kind = self._by_keyword(args, kwargs, leaves, treedef, keys)
+            if kind is not None:
+                return self._run(kind, leaves)
             return self._miss(args, kwargs, leaves, treedef, keys)
         return self._run(self._bind(program, args, kwargs, leaves, treedef), leaves)
+
+    def _by_keyword(
+        self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef, keys: tuple[LeafKey, ...],
+    ) -> Kind | None:
+        """A stored program that takes the same arguments, passed by position where the
+        call names them or the reverse (:mod:`~aot.cache.serving.keywords`): its kind,
+        which reorders the call's leaves, remembered for the Python path only."""
+        from operator import itemgetter
+
+        from aot.cache.serving.keywords import layout_of, permutations
+
+        layouts = {}
+        for stored in self.programs.concrete.values():
+            layout = layout_of(stored.treedef, stored.names)
+            if layout is not None:
+                layouts[layout] = None
+        for perm, form in permutations(treedef, layouts):
+            program = self.programs.concrete.get((self._structure_of(form), tuple(keys[i] for i in perm)))
+            if program is None:
+                continue
+            executable = program.executable or self.programs.executable(program)
+            bound = executable.bind(form).fn
+            pick = itemgetter(*perm) if len(perm) > 1 else (lambda leaves: tuple(leaves[i] for i in perm))
+
+            def fn(*call_leaves: Any, _bound: Any = bound, _pick: Any = pick) -> Any:
+                return _bound(*_pick(call_leaves))
+
+            self._remember(args, kwargs, leaves, treedef, fn, program, plain=False)
+            return Kind(fn, program, False)
+        return None
 
     def _stored_kind(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Kind | None:
         """The kind of this call when a stored program serves it exactly (loaded and
