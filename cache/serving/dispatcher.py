@@ -306,11 +306,11 @@ class Dispatcher:
         self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef, keys: tuple[LeafKey, ...],
     ) -> Kind | None:
         """A stored program that takes the same arguments, passed by position where the
-        call names them or the reverse (:mod:`~aot.cache.serving.keywords`): its kind,
+        call names them or the reverse (:mod:`aot.keywords`): its kind,
         which reorders the call's leaves, remembered for the Python path only."""
         from operator import itemgetter
 
-        from aot.cache.serving.keywords import layout_of, permutations
+        from aot.keywords import layout_of, permutations
 
         layouts = {}
         for stored in self.programs.concrete.values():

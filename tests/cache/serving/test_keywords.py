@@ -93,3 +93,18 @@ def test_donation_given_twice_and_differently_is_refused(tmp_path: Path) -> None
         "in jax.jit with donate_argnums=[0]; give it once (pass the unwrapped function, "
         "or drop the argument here)"
     )
+
+
+def test_a_compiled_executable_takes_keywords_as_jit_does(tmp_path: Path, inputs) -> None:  # noqa: ANN001
+    x, y, s = inputs
+    cache = aot.Cache(tmp_path / "c")
+    compiled = cache.compile(f, x, y, scale=s, name="kw.executable")
+    loaded = cache.compile(f, x, y, scale=s, name="kw.executable")  # a hit: loaded from the store
+    want = jax.jit(f)(x, y, scale=s)
+    for fn in (compiled, loaded):
+        for _ in range(2):
+            _same(fn(x, y, scale=s), want)
+            _same(fn(x, y=y, scale=s), want)
+            _same(fn(x, y, s), want)
+        with pytest.raises(aot.AotError):
+            fn(x, y, s, y=y)

@@ -3,9 +3,10 @@ by position, or the reverse: ``serve(x, y=y)`` on an entry compiled as ``f(x, y)
 
 ``jax.jit`` binds both forms to the function's parameters; a stored entry knows its
 parameters by name (``Manifest.arg_names``), so such a call is rearranged into the
-form that was compiled. Only the Python path does this (the first call of a kind, then
-a remembered permutation of the leaves): a call of the compiled form itself is served
-by JAX's C++ dispatch untouched.
+form that was compiled. Only the Python path does this (``aot.load``'s dispatcher
+remembers the permutation of the leaves per kind of call; a ``MeshExecutable`` maps
+each such call): a call of the compiled form itself is served by JAX's C++ dispatch
+untouched.
 """
 
 from __future__ import annotations
