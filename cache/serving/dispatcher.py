@@ -291,9 +291,9 @@ class Dispatcher:
         try:
             keys = tuple(map(leaf_aval, leaves))
         except TypeError:
-            from aot.cache.serving.misses import not_a_jax_type
+            from aot.cache.serving.misses import arg_names, not_a_jax_type
 
-            raise not_a_jax_type(self.name, args, kwargs) from None
+            raise not_a_jax_type(self.name, args, kwargs, arg_names(self.programs)) from None
         program = self.programs.concrete.get((self._structure_of(treedef), keys))
         if program is None:
             kind = self._by_keyword(args, kwargs, leaves, treedef, keys)

@@ -36,9 +36,12 @@ def describe_keys(keys: Sequence[LeafKey]) -> str:
 
 
 def arg_names(table: ProgramTable) -> list[str]:
-    """The positional parameter names, from the stored leaf paths."""
+    """The positional parameter names: as the manifest records them, else from the
+    stored leaf paths."""
     names: list[str] = []
     for program in table.concrete.values():
+        if program.names:
+            return list(program.names)
         for path in program.paths:
             head = path_head(path)
             if head not in names:
@@ -52,14 +55,15 @@ def describe_the_call(table: ProgramTable, args: Any, kwargs: Any) -> str:
     return describe_call(args, kwargs, arg_names(table))
 
 
-def not_a_jax_type(name: str, args: Any, kwargs: Any) -> AvalMismatchError:
-    """A call with an input jax.jit refuses too (a string, an object)."""
+def not_a_jax_type(name: str, args: Any, kwargs: Any, names: Sequence[str] = ()) -> AvalMismatchError:
+    """A call with an input jax.jit refuses too (a string, an object), named by the
+    parameter's name where it is known."""
     bad = []
     for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]:
         try:
             leaf_aval(leaf)
         except TypeError:
-            bad.append(f"{_render(path)} is {_short(leaf)}")
+            bad.append(f"{_render(path, names)} is {_short(leaf)}")
     return AvalMismatchError(
         f"{name}: {'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}: not an array "
         "or a Python scalar (jax.jit refuses it too); pass arrays",
@@ -232,10 +236,11 @@ def _short(value: Any, limit: int = 60) -> str:
     return f"a {type(value).__name__} ({text})"
 
 
-def _render(key_path: Sequence[Any]) -> str:
+def _render(key_path: Sequence[Any], names: Sequence[str] = ()) -> str:
     head, rest = key_path[:2], key_path[2:]
     if getattr(head[0], "idx", 0) == 0:
-        name = f"args[{getattr(head[1], 'idx', 0)}]"
+        position = getattr(head[1], "idx", 0)
+        name = names[position] if position < len(names) else f"args[{position}]"
     else:
         name = str(getattr(head[1], "key", head[1]))
     return name + jax.tree_util.keystr(tuple(rest))
