@@ -377,7 +377,8 @@ class Dispatcher:
         if self.fallback is not None:
             return self._compile_with_fallback(args, kwargs, structure, keys)
         self.cache.stats.missed(table.env, self.name, misses.describe_keys(keys), "no stored signature")
-        raise misses.not_found(table, args, kwargs, structure, keys, notes)
+        hint = misses.pad_hint(table, structure, keys) if self.pad is None else None
+        raise misses.not_found(table, args, kwargs, structure, keys, [*notes, *([hint] if hint else [])])
 
     def _padded(
         self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef, structure: str,
@@ -395,10 +396,16 @@ class Dispatcher:
         axes = self._pad_axes.get(structure)
         if axes is None:
             axes = self._pad_axes[structure] = self.pad.axes_for(candidates[0].paths)
-        choice = choose_bucket(
-            self.name, candidates, leaves, got, axes, notes,
-            symbolic_may_serve=bool(self.programs.symbolic) and not self.strict,
-        )
+        try:
+            choice = choose_bucket(
+                self.name, candidates, leaves, got, axes, notes,
+                symbolic_may_serve=bool(self.programs.symbolic) and not self.strict,
+            )
+        except AotError:  # no bucket large enough, or padded axes that disagree: a miss
+            from aot.cache.serving.misses import describe_keys
+
+            self.cache.stats.missed(self.programs.env, self.name, describe_keys(got), "no bucket to pad to")
+            raise
         if choice is None:
             return None
         program, size, n = choice

@@ -99,6 +99,44 @@ def not_found(
     return SignatureNotFoundError(message, tuple(stored))
 
 
+def pad_hint(table: ProgramTable, structure: str, got: tuple[LeafKey, ...]) -> str | None:
+    """When the call differs from a stored signature only along one axis of some
+    inputs (a batch size), the ``pad=`` that would serve it from that bucket."""
+    best: tuple[bool, Program, int, dict[str, int]] | None = None
+    for program in table.concrete.values():
+        if program.structure != structure or len(program.leaves) != len(got):
+            continue
+        axes: set[int] = set()
+        sizes: set[int] = set()
+        heads: dict[str, int] = {}
+        for path, (want, want_dtype, want_weak), (have, have_dtype, have_weak) in zip(
+            program.paths, program.leaves, got
+        ):
+            if (want_dtype, want_weak, len(want)) != (have_dtype, have_weak, len(have)):
+                break
+            differ = [d for d, (a, b) in enumerate(zip(want, have)) if int(a) != int(b)]
+            if len(differ) > 1:
+                break
+            if differ:
+                axes.add(differ[0])
+                sizes.add(int(want[differ[0]]) - int(have[differ[0]]))
+                heads[path_head(path)] = differ[0]
+        else:
+            if len(axes) == 1 and heads:
+                fits = all(size > 0 for size in sizes)
+                if best is None or (fits and not best[0]):
+                    best = (fits, program, axes.pop(), heads)
+    if best is None:
+        return None
+    _, program, axis, heads = best
+    pad = "{" + ", ".join(f"{head!r}: {a}" for head, a in heads.items()) + "}"
+    return (
+        f"Only axis {axis} of {', '.join(heads)} differs from the stored ({program.signature}): "
+        f"aot.load({table.name!r}, pad={pad}) pads such calls up to a stored size "
+        "(docs/symbolic.md)."
+    )
+
+
 def strict_symbolic_error(
     table: ProgramTable, program: SymbolicProgram, got: tuple[LeafKey, ...], values: dict[str, int],
 ) -> SignatureNotFoundError:

@@ -1,0 +1,47 @@
+"""What a new user sees on a miss: padded loaders' misses counted in the statistics,
+and a miss that only a padded axis explains suggests pad=."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import aot
+from aot.cache.reports.stats import read_stats
+from aot.errors import SignatureNotFoundError
+
+
+def step(x, w):  # noqa: ANN001, ANN201
+    return x @ w
+
+
+@pytest.fixture
+def buckets(open_folder_cache):  # noqa: ANN001, ANN201
+    cache = open_folder_cache()
+    for b in (2, 8):
+        cache.compile(step, f"f32[{b},4]", "f32[4,3]", name="step")
+    return cache
+
+
+def test_a_padded_loaders_misses_are_counted(buckets) -> None:  # noqa: ANN001
+    fn = aot.load("step", cache=buckets, pad={"x": 0})
+    for _ in range(2):
+        with pytest.raises(SignatureNotFoundError):
+            fn(np.zeros((9, 4), np.float32), np.zeros((4, 3), np.float32))
+    buckets.stats.flush()
+    missed = {r.signature: r.misses for r in read_stats(buckets, "step").rows if r.misses}
+    assert missed == {"f32[9,4], f32[4,3]": 2}
+
+
+def test_a_miss_on_a_batch_size_suggests_pad(buckets) -> None:  # noqa: ANN001
+    fn = aot.load("step", cache=buckets)
+    with pytest.raises(SignatureNotFoundError) as caught:
+        fn(np.zeros((5, 4), np.float32), np.zeros((4, 3), np.float32))
+    assert (
+        "\nOnly axis 0 of x differs from the stored (f32[8,4], f32[4,3]): "
+        "aot.load('step', pad={'x': 0}) pads such calls up to a stored size (docs/symbolic.md).\n"
+    ) in str(caught.value)
+    # Another dimension differs too: no such suggestion.
+    with pytest.raises(SignatureNotFoundError) as caught:
+        fn(np.zeros((5, 5), np.float32), np.zeros((5, 3), np.float32))
+    assert "pad=" not in str(caught.value)
