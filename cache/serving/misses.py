@@ -194,12 +194,46 @@ def structure_differences(program: Program, args: Any, kwargs: Any) -> list[str]
     if len(arg_trees) != len(args):
         diffs.append(f"pytree structure ({len(arg_trees)} positional arguments stored, {len(args)} given)")
     for i, (tree, value) in enumerate(zip(arg_trees, args)):
-        if treedefs.structure_key(tree) != treedefs.structure_key(jax.tree_util.tree_structure(value)):
-            diffs.append(f"pytree structure of {names[i]}: stored {describe_tree(tree)}, got {describe_value(value)}")
+        got = jax.tree_util.tree_structure(value)
+        if treedefs.structure_key(tree) != treedefs.structure_key(got):
+            where = first_difference(tree, got, names[i])
+            diffs.append(f"pytree structure of {names[i]}: " + (
+                where if where is not None and where.split(":")[0] != names[i]
+                else f"stored {describe_tree(tree)}, got {describe_value(value)}"
+            ))
     stored_keys = list((stored_kwargs.node_data() or (None, []))[1] or [])
     if sorted(map(str, stored_keys)) != sorted(map(str, kwargs)):
         diffs.append(f"pytree structure of keyword arguments: stored {sorted(map(str, stored_keys))}, got {sorted(map(str, kwargs))}")
     return diffs or [f"pytree structure ({len(program.leaves)} leaves stored)"]
+
+
+def first_difference(stored: PyTreeDef, got: PyTreeDef, path: str) -> str | None:
+    """The first place where two structures differ, by its path
+    (``params['Dense_1']['bias'] is missing``), or None when none is found."""
+    node, other = stored.node_data(), got.node_data()
+    if (node is None) != (other is None) or (node is not None and other is not None and node[0] is not other[0]):
+        return f"{path}: stored {describe_tree(stored)}, got {describe_tree(got)}"
+    if node is None or other is None:
+        return None
+    children, got_children = stored.children(), got.children()
+    if node[0] is dict:
+        mine = dict(zip(node[1], children))
+        theirs = dict(zip(other[1], got_children))
+        for key in sorted(mine, key=str):
+            if key not in theirs:
+                return f"{path}[{key!r}] is missing (stored {describe_tree(mine[key])})"
+        for key in sorted(theirs, key=str):
+            if key not in mine:
+                return f"{path}[{key!r}] was not stored (got {describe_tree(theirs[key])})"
+        pairs = [(f"{path}[{key!r}]", mine[key], theirs[key]) for key in sorted(mine, key=str)]
+    elif len(children) != len(got_children):
+        return f"{path}: stored {describe_tree(stored)}, got {describe_tree(got)}"
+    else:
+        pairs = [(f"{path}[{i}]", a, b) for i, (a, b) in enumerate(zip(children, got_children))]
+    for child_path, a, b in pairs:
+        if treedefs.structure_key(a) != treedefs.structure_key(b):
+            return first_difference(a, b, child_path)
+    return f"{path}: {describe_tree(stored)} with other auxiliary data"
 
 
 def describe_tree(tree: PyTreeDef) -> str:

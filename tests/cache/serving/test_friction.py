@@ -45,3 +45,23 @@ def test_a_miss_on_a_batch_size_suggests_pad(buckets) -> None:  # noqa: ANN001
     with pytest.raises(SignatureNotFoundError) as caught:
         fn(np.zeros((5, 5), np.float32), np.zeros((5, 3), np.float32))
     assert "pad=" not in str(caught.value)
+
+
+def head(params, x):  # noqa: ANN001, ANN201
+    return x @ params["params"]["Dense_0"]["kernel"] + params["params"]["Dense_1"]["bias"]
+
+
+def test_a_pytree_mismatch_names_the_missing_leaf(open_folder_cache) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    params = {"params": {"Dense_0": {"kernel": np.zeros((4, 3), np.float32)},
+                         "Dense_1": {"bias": np.zeros((3,), np.float32)}}}
+    cache.compile(head, params, "f32[2,4]", name="head")
+    fn = aot.load("head", cache=cache)
+    del params["params"]["Dense_1"]["bias"]
+    params["params"]["Dense_1"]["kernel"] = np.zeros((3,), np.float32)
+    with pytest.raises(SignatureNotFoundError) as caught:
+        fn(params, np.zeros((2, 4), np.float32))
+    assert (
+        "differs in pytree structure of params: params['params']['Dense_1']['bias'] is missing "
+        "(stored an array)"
+    ) in str(caught.value)
