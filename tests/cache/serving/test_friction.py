@@ -65,3 +65,16 @@ def test_a_pytree_mismatch_names_the_missing_leaf(open_folder_cache) -> None:  #
         "differs in pytree structure of params: params['params']['Dense_1']['bias'] is missing "
         "(stored an array)"
     ) in str(caught.value)
+
+
+def test_the_stats_report_prints_as_a_table(buckets) -> None:  # noqa: ANN001
+    fn = aot.load("step", cache=buckets)
+    for _ in range(3):
+        fn(np.zeros((2, 4), np.float32), np.zeros((4, 3), np.float32))
+    buckets.stats.flush()
+    report = buckets.stats.report()
+    lines = str(report).splitlines()
+    assert lines[0] == "NAME  SIGNATURE           CALLS  LOADS  MISSES  RECOMPILES"
+    assert lines[1] == "step  f32[2,4], f32[4,3]      3      1       0           0"
+    assert lines[2] == "step  f32[8,4], f32[4,3]      0      1       0           0"
+    assert lines[-1] == f"3 calls on 2 signatures; 2 loads; 0 misses; 0 recompiles ({report.location})"
