@@ -436,5 +436,6 @@ class Dispatcher:
         self.programs.concrete[(structure, keys)] = Program(
             executable.signature, structure, executable.info.in_tree, keys,
             tuple(a.path for a in executable.info.args), [result.entry], [], [], executable,
+            names=executable.info.arg_names,
         )
         return executable(*args, **kwargs)
