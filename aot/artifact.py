@@ -105,7 +105,9 @@ class Manifest:
     memory_analysis: Mapping[str, int] | None = None
     format_version: int = FORMAT_VERSION
     # Optional (absent in manifests written before it existed): positional parameter
-    # names, so that errors of loaded executables say "nothing", not "args[3]".
+    # names, so that errors of loaded executables say "nothing", not "args[3]"; then
+    # the names of the parameters after them that may be passed either way, so that a
+    # keyword call maps onto the compiled form (still a list of names: no format change).
     arg_names: tuple[str, ...] = ()
     # Present only for a symbolic entry (format 2): {"constraints": ["b <= 64", ...]}.
     symbolic: Mapping[str, Any] | None = None

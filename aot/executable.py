@@ -195,6 +195,13 @@ class MeshExecutable:
 
     def _first_call(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
         leaves, treedef = _flatten((args, kwargs))
+        if not self.accepts_structure(treedef):
+            mapped = self._by_keyword(leaves, treedef)
+            if mapped is not None:  # never cached by the C++ dispatch: mapped per call
+                try:
+                    return mapped[0](mapped[1]), None, False
+                except (TypeError, ValueError) as exc:
+                    raise placement_error(self.name, exc) from exc
         binding = self._admit(args, kwargs, leaves, treedef)
         try:
             return first_call(binding.fn, leaves)
@@ -206,6 +213,18 @@ class MeshExecutable:
         if not self.accepts_structure(treedef) or not self._leaves_match(leaves):
             raise self.mismatch_error(args, kwargs)
         return self.bind(treedef)
+
+    def _by_keyword(self, leaves: list[Any], treedef: PyTreeDef) -> tuple[Binding, list[Any]] | None:
+        """The call with its arguments moved to where they were compiled, by parameter
+        name (:mod:`aot.keywords`): by keyword where compiled by position, or the reverse."""
+        from aot.keywords import layout_of, permutations
+
+        layout = layout_of(self.info.in_tree, self.info.arg_names)
+        for perm, form in permutations(treedef, [layout] if layout is not None else []):
+            moved = [leaves[i] for i in perm]
+            if self.accepts_structure(form) and self._leaves_match(moved):
+                return self.bind(form), moved
+        return None
 
     def accepts_structure(self, treedef: PyTreeDef) -> bool:
         """``treedef`` is the structure compiled for (by digest, in any process)."""

@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from aot.computation import MeshComputation, PmapComputation
 from aot.errors import SpecError, SymbolicShapeError, UnsupportedComputationError
-from aot.jaxcompat.lowering import no_traceback_locations
+from aot.jaxcompat.lowering import jit_settings, no_traceback_locations
 from aot.specs import format_aval, parse_partition_spec, spec
 from aot.symbolic import is_symbolic_shape, unify_scopes
 
@@ -72,6 +72,12 @@ def _positional_names(fn: Callable[..., Any], count: int) -> list[str]:
             names.append(params[i].name)
         else:
             names.append(f"args[{i}]")
+    # The parameters after them that a caller may pass by position or by keyword: a
+    # loaded entry maps such a call onto the form it was compiled with, as jax.jit does.
+    for param in params[count:]:
+        if param.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            break
+        names.append(param.name)
     return names
 
 
@@ -238,6 +244,9 @@ def lower(
     arrays or pytrees of them; static arguments are passed as their values.
     """
     name = name or default_name(fn)
+    fn, static_argnums, static_argnames, donate_argnums, donate_argnames = _unwrap_jit(
+        name, fn, static_argnums, static_argnames, donate_argnums
+    )
     static_nums = {i if i >= 0 else len(args) + i for i in _as_tuple(static_argnums)}
     static_names = set(_as_name_tuple(static_argnames))
     static_nums, static_names = _infer_static(fn, static_nums, static_names)
@@ -249,6 +258,7 @@ def lower(
         static_argnums=tuple(sorted(static_nums)),
         static_argnames=tuple(sorted(static_names)),
         donate_argnums=_as_tuple(donate_argnums),
+        donate_argnames=donate_argnames,
         in_shardings=_resolve_shardings(in_shardings, mesh),
         out_shardings=_resolve_shardings(out_shardings, mesh),
     )
@@ -256,6 +266,39 @@ def lower(
     return _trace_and_lower(
         MeshComputation, name, jitted, arg_specs, kwarg_specs, static_nums, static_names,
         mesh, arg_names, {"compiler_options": compiler_options},
+    )
+
+
+def _unwrap_jit(
+    name: str, fn: Callable[..., Any], static_argnums: int | Sequence[int],
+    static_argnames: str | Sequence[str], donate_argnums: int | Sequence[int],
+) -> tuple[Callable[..., Any], Any, Any, Any, tuple[str, ...]]:
+    """A function already wrapped in ``jax.jit``: its own function, with the static and
+    donated arguments the wrapper was given (a jit inside the lowering's jit would drop
+    its donation: the served program would keep inputs that jax.jit deletes). Settings
+    given to the lowering too must agree with the wrapper's."""
+    found = jit_settings(fn)
+    if found is None:
+        return fn, static_argnums, static_argnames, donate_argnums, ()
+    wrapped, settings = found
+    given = {
+        "static_argnums": _as_tuple(static_argnums),
+        "static_argnames": _as_name_tuple(static_argnames),
+        "donate_argnums": _as_tuple(donate_argnums),
+    }
+    for option, value in given.items():
+        if value and settings[option] and tuple(sorted(value)) != tuple(sorted(settings[option])):
+            raise UnsupportedComputationError(
+                f"{name}: {option}={list(value)} was given, but the function is already "
+                f"wrapped in jax.jit with {option}={list(settings[option])}; give it once "
+                "(pass the unwrapped function, or drop the argument here)"
+            )
+    return (
+        wrapped,
+        given["static_argnums"] or settings["static_argnums"],
+        given["static_argnames"] or settings["static_argnames"],
+        given["donate_argnums"] or settings["donate_argnums"],
+        () if given["donate_argnums"] else settings["donate_argnames"],
     )
 
 

@@ -239,10 +239,30 @@ def _parse_dims(text: str, dims_text: str, scope: Any) -> list[Any]:
     return dims
 
 
+def _bad_part(text: str) -> str:
+    """Where a spec that does not parse goes wrong: what, and where (one line: CLI
+    errors are one line)."""
+    opening, closing = text.find("["), text.find("]")
+    if not text.strip():
+        return "it is empty"
+    if opening < 0:
+        column = re.match(r"\s*~?\s*[A-Za-z0-9_<>]*", text).end()  # type: ignore[union-attr]
+        why = "no '[DIMS]' follows the dtype (a scalar is 'f32[]')"
+    elif closing < 0:
+        column, why = opening, "this '[' is never closed"
+    elif closing < opening or not re.match(r"^\s*~?\s*[A-Za-z<>0-9_]+\s*$", text[:opening]):
+        column, why = 0, "it does not start with a dtype"
+    else:
+        column = closing + 1
+        column += len(text[column:]) - len(text[column:].lstrip())
+        why = "only '@SHARDING' may follow ']'"
+    return f"{why} (column {column + 1}: {text[:column]!r} >>> {text[column:]!r})"
+
+
 def _parse_string(text: str, mesh: Mesh | None, scope: Any = None) -> jax.ShapeDtypeStruct:
     match = re.match(_SPEC_PATTERN, text)
     if match is None:
-        raise SpecError(f"malformed spec {text!r}; expected {GRAMMAR}")
+        raise SpecError(f"malformed spec {text!r}: {_bad_part(text)}; expected {GRAMMAR}")
     weak, dtype_text, dims_text, sharding_text = match.groups()
     dtype = DTYPES.get(dtype_text) or _ALIASES.get(dtype_text)
     if dtype is None and re.match(_KEY_PATTERN, dtype_text):

@@ -717,8 +717,9 @@ def _unrebuildable(path: str, data: Mapping[str, Any]) -> PytreeNodeError:
         found = False
     if not found:
         where = (
-            f"its module {module!r} is not imported (the loader never imports a module "
-            "named by a manifest)" if module not in sys.modules
+            f"its module {module!r} is not imported (the loader imports only the modules "
+            f"of known libraries, never one a manifest names): `import {module}` before "
+            "loading" if module not in sys.modules
             else "it is not a module-level class of an imported module"
         )
         why = f"pytree node class {path} cannot be imported in this process ({where})"
@@ -754,5 +755,41 @@ def unresolved(treedef: PyTreeDef) -> list[str]:
 
 def resolve(data: Any, nodes: NodeTable) -> PyTreeDef:
     """The output structure ``data`` rebuilt with the caller's ``nodes`` first; raises
-    a :class:`PytreeNodeError` naming a node that still cannot be rebuilt."""
-    return from_json(data, nodes=nodes, standins=False)
+    a :class:`PytreeNodeError` naming a node that still cannot be rebuilt.
+
+    An output node of a known library's class (an Equinox module returned but not
+    passed in) imports that library's module on demand (:func:`import_library_module`)."""
+    tried: set[str] = set()
+    while True:
+        try:
+            return from_json(data, nodes=nodes, standins=False)
+        except PytreeNodeError as exc:
+            module = exc.node.partition(":")[0]
+            if module in tried or not import_library_module(module):
+                raise
+            tried.add(module)
+
+
+# Top-level packages of libraries whose pytree classes an output may hold: the loader
+# imports their modules when an output node needs one. Never the model's own code: a
+# manifest's type path is data, and importing an arbitrary module runs its code.
+LIBRARY_PACKAGES = frozenset({
+    "jax", "flax", "optax", "equinox", "haiku", "chex", "distrax", "numpyro", "jraph",
+    "diffrax", "optimistix", "lineax", "blackjax", "brax", "orbax", "jaxtyping",
+})
+
+
+def import_library_module(module: str) -> bool:
+    """Imports ``module`` when it belongs to a package of :data:`LIBRARY_PACKAGES` and
+    is not imported yet; whether it was imported now."""
+    if module in sys.modules or module.partition(".")[0] not in LIBRARY_PACKAGES:
+        return False
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - not installed, or failing here: the error stands
+        log.info("could not import %s for a stored output node: %s", module, exc)
+        return False
+    log.info("imported %s to rebuild a stored output node", module)
+    return True

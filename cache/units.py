@@ -73,3 +73,11 @@ def human_size(n: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{n} B"
+
+
+_PLURALS = {"entry": "entries", "miss": "misses"}
+
+
+def counted(n: int, word: str) -> str:
+    """``counted(1, "entry")`` -> ``"1 entry"``; ``counted(2, "entry")`` -> ``"2 entries"``."""
+    return f"{n} {word if n == 1 else _PLURALS.get(word, word + 's')}"

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from aot.cache.units import counted
 from aot.cli.common import State, echo_json, human_size, pass_state
 from aot.cli.group import AotGroup
 from aot.cli.params import complete_entry_names
@@ -33,7 +34,7 @@ def export_command(state: State, file: str, globs: tuple[str, ...]) -> None:
             echo_json(report.to_dict())
     else:
         click.echo(
-            f"exported {len(report.entries)} entries to {report.path} ({human_size(report.bytes)})",
+            f"exported {counted(len(report.entries), 'entry')} to {report.path} ({human_size(report.bytes)})",
             err=to_stderr,
         )
 
@@ -50,7 +51,7 @@ def import_command(state: State, file: str) -> None:
     else:
         repaired = f", {len(report.repaired)} repaired" if report.repaired else ""
         click.echo(
-            f"imported {len(report.imported)} entries from {report.path} "
+            f"imported {counted(len(report.imported), 'entry')} from {report.path} "
             f"({len(report.skipped)} already present{repaired})"
         )
         for refusal in report.refused:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from aot.cache.units import counted
 from aot.cli.common import State, echo_json, human_size, key_value, pass_state
 
 _SETTING_LABELS = {
@@ -75,7 +76,7 @@ def doctor_command(state: State, no_verify: bool) -> None:
                 f"{len(h.problems)} problems, {len(h.orphan_blobs)} unreferenced blobs "
                 "(run `aot verify`)"
             )
-            pairs.append(("health", f"{status}: {h.checked_entries} entries, {h.checked_blobs} blobs checked"))
+            pairs.append(("health", f"{status}: {counted(h.checked_entries, 'entry')}, {counted(h.checked_blobs, 'blob')} checked"))
         pairs.extend(("problem", problem) for problem in d.cache_problems)
         click.echo(key_value(pairs))
         if d.local is not None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from aot.cache.units import counted
 from aot.cli.common import (
     F,
     State,
@@ -87,7 +88,7 @@ def ls_command(state: State, glob: str | None, env: str) -> None:
     for row, r in zip(rows, listing.rows):
         row[2] = r.signature.compact(signature_width)
     click.echo(table(headers, rows, right=(4, 7)))
-    footer = f"{len(listing.rows)} entries, {human_size(listing.stored_size)} stored"
+    footer = f"{counted(len(listing.rows), 'entry')}, {human_size(listing.stored_size)} stored"
     if listing.other_environments:
         footer += f"; {listing.other_environments} for other environments (--env this hides them)"
     if listing.superseded:

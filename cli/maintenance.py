@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from aot.cache.units import counted
 from aot.cli.common import (
     State,
     confirm,
@@ -63,10 +64,10 @@ def verify_command(state: State, manifest: str | None, strict: bool) -> None:
             click.echo(line)
         integrity = report.integrity
         if integrity.quarantined:
-            click.echo(f"quarantined {len(integrity.quarantined)} entries (`aot gc` removes them)")
+            click.echo(f"quarantined {counted(len(integrity.quarantined), 'entry')} (`aot gc` removes them)")
         if integrity.orphan_blobs:
             click.echo(
-                f"{len(integrity.orphan_blobs)} blobs no entry references (`aot gc` removes "
+                f"{counted(len(integrity.orphan_blobs), 'blob')} no entry references (`aot gc` removes "
                 "them once they are old enough)"
             )
         if report.coverage is not None:
@@ -94,7 +95,7 @@ def _render_gc(plan: GcPlan, *, err: bool = False, asking: bool = False) -> None
         return
     verb = "would remove" if not plan.executed else "removed"
     click.echo(
-        f"{verb} {len(plan.entries)} entries and {len(plan.blobs)} blobs, freeing "
+        f"{verb} {counted(len(plan.entries), 'entry')} and {counted(len(plan.blobs), 'blob')}, freeing "
         f"{human_size(plan.bytes_freed)} (cache {human_size(plan.size_before)} -> "
         f"{human_size(plan.size_after)})" + (" [dry run]" if plan.dry_run and not asking else ""),
         err=err,
@@ -134,7 +135,7 @@ def gc_command(
             return
         _render_gc(plan, err=state.json, asking=True)
         confirm(
-            f"Remove {len(plan.entries)} entries and {len(plan.blobs)} blobs "
+            f"Remove {counted(len(plan.entries), 'entry')} and {counted(len(plan.blobs), 'blob')} "
             f"({human_size(plan.bytes_freed)})?", yes=yes,
         )
     _finish_gc(state, cache.gc(dry_run=dry_run, **options))

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from aot.cache.units import counted
 from aot.cli.common import State, echo_json, pass_state, table
 from aot.cli.listing import env_option
 from aot.cli.params import complete_entry_names
@@ -53,7 +54,7 @@ def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
         if state.json:
             echo_json({"zeroed": count})
         else:
-            click.echo(f"zeroed the statistics of {count} signatures")
+            click.echo(f"zeroed the statistics of {counted(count, 'signature')}")
         return
     report = read_stats(cache, glob, env=env)
     if state.json:
@@ -99,7 +100,7 @@ def _render(report: StatsReport, glob: str | None, read_only: bool) -> None:
             )
     t = report.totals
     click.echo(
-        f"{t['calls']} calls on {t['signatures']} signatures; {t['loads']} loads in "
+        f"{counted(t['calls'], 'call')} on {counted(t['signatures'], 'signature')}; {counted(t['loads'], 'load')} in "
         f"{_seconds(t['load_seconds'])}, saving {_seconds(t['saved_seconds'])} of compiling; "
-        f"{t['misses']} misses; {t['recompiles']} recompiles ({report.location})"
+        f"{counted(t['misses'], 'miss')}; {counted(t['recompiles'], 'recompile')} ({report.location})"
     )

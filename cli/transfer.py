@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from aot.cache.units import counted
 from aot.cli.common import State, echo_json, human_size, pass_state
 from aot.cli.params import complete_entry_names
 
@@ -21,7 +22,7 @@ def _render(state: State, report: TransferReport, verb: str) -> None:
     else:
         extra = f", {len(report.repaired)} repaired" if report.repaired else ""
         click.echo(
-            f"{verb} {len(report.copied)} entries ({human_size(report.bytes_copied)}) "
+            f"{verb} {counted(len(report.copied), 'entry')} ({human_size(report.bytes_copied)}) "
             f"{'to' if verb == 'pushed' else 'from'} "
             f"{report.destination if verb == 'pushed' else report.source}: "
             f"{len(report.skipped)} already there{extra}, {len(report.failed)} failed "

@@ -24,7 +24,7 @@ Modules:
   shape_poly   solving and evaluating symbolic dimensions
   dtypes       extended dtypes and PRNG key types
   pytrees      ``jax.export``'s pytree serialization registry, jaxlib tracebacks
-  lowering     tracing configuration used while lowering
+  lowering     tracing configuration used while lowering; a jitted function's settings
   mlir         StableHLO modules in an MLIR context
   runtime      the state of JAX's distributed runtime
 """
@@ -103,4 +103,5 @@ PRIVATE_ATTRIBUTES: frozenset[str] = frozenset({
     "_to_xla_hlo_sharding",  # Sharding
     "_device_assignment",  # Sharding
     "_cache_miss",  # the C++ call of a Compiled
+    "_jit_info",  # a jax.jit function -> its static and donated arguments
 })

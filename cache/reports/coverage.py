@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from aot.cache.units import counted
 from aot.cache.reports.listing import environment_statuses
 from aot.cache.serving.signatures import Signature
 from aot.cache.warmup.coverage import find_uncovered
@@ -55,10 +56,11 @@ class CoverageReport:
 
     def summary(self) -> str:
         if not self.missing:
-            return f"{self.manifest}: all {self.items} entries are stored for this environment"
+            stored = "the 1 entry is" if self.items == 1 else f"all {self.items} entries are"
+            return f"{self.manifest}: {stored} stored for this environment"
         note = "" if self.strict else " (not a failure without --strict)"
         return (
-            f"{self.manifest}: {len(self.missing)} of {self.items} entries missing for this "
+            f"{self.manifest}: {len(self.missing)} of {counted(self.items, 'entry')} missing for this "
             f"environment{note}:"
         )
 
@@ -128,8 +130,8 @@ class CheckReport:
     def summary(self) -> str:
         status = "PROBLEMS" if self.integrity.problems or self.integrity.cache_problems else "ok"
         return (
-            f"verified {self.integrity.checked_entries} entries and "
-            f"{self.integrity.checked_blobs} blobs in {self.location}: {status}"
+            f"verified {counted(self.integrity.checked_entries, 'entry')} and "
+            f"{counted(self.integrity.checked_blobs, 'blob')} in {self.location}: {status}"
         )
 
     def problem_lines(self) -> list[str]:

@@ -90,6 +90,32 @@ class StatsReport:
     def recompiled(self) -> tuple[SignatureStats, ...]:
         return tuple(r for r in self.rows if r.recompiles)
 
+    def __str__(self) -> str:
+        """A small table, as ``aot stats`` prints it: one row per signature, then the
+        totals (``print(cache.stats.report())``)."""
+        from aot.cache.units import counted
+
+        if not self.rows:
+            return f"no statistics in {self.location}"
+        headers = ("NAME", "SIGNATURE", "CALLS", "LOADS", "MISSES", "RECOMPILES")
+        cells = [
+            (r.name, r.signature if len(r.signature) <= 48 else r.signature[:22] + "..." + r.signature[-23:],
+             str(r.calls), str(r.loads), str(r.misses), str(r.recompiles))
+            for r in self.rows
+        ]
+        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+        lines = [
+            "  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip()
+            for row in [headers, *cells]
+        ]
+        t = self.totals
+        lines.append(
+            f"{counted(t['calls'], 'call')} on {counted(t['signatures'], 'signature')}; "
+            f"{counted(t['loads'], 'load')}; {counted(t['misses'], 'miss')}; "
+            f"{counted(t['recompiles'], 'recompile')} ({self.location})"
+        )
+        return "\n".join(lines)
+
     def to_dict(self) -> dict[str, Any]:
         totals = self.totals
         return {

@@ -291,13 +291,46 @@ class Dispatcher:
         try:
             keys = tuple(map(leaf_aval, leaves))
         except TypeError:
-            from aot.cache.serving.misses import not_a_jax_type
+            from aot.cache.serving.misses import arg_names, not_a_jax_type
 
-            raise not_a_jax_type(self.name, args, kwargs) from None
+            raise not_a_jax_type(self.name, args, kwargs, arg_names(self.programs)) from None
         program = self.programs.concrete.get((self._structure_of(treedef), keys))
         if program is None:
+            kind = self._by_keyword(args, kwargs, leaves, treedef, keys)
+            if kind is not None:
+                return self._run(kind, leaves)
             return self._miss(args, kwargs, leaves, treedef, keys)
         return self._run(self._bind(program, args, kwargs, leaves, treedef), leaves)
+
+    def _by_keyword(
+        self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef, keys: tuple[LeafKey, ...],
+    ) -> Kind | None:
+        """A stored program that takes the same arguments, passed by position where the
+        call names them or the reverse (:mod:`aot.keywords`): its kind,
+        which reorders the call's leaves, remembered for the Python path only."""
+        from operator import itemgetter
+
+        from aot.keywords import layout_of, permutations
+
+        layouts = {}
+        for stored in self.programs.concrete.values():
+            layout = layout_of(stored.treedef, stored.names)
+            if layout is not None:
+                layouts[layout] = None
+        for perm, form in permutations(treedef, layouts):
+            program = self.programs.concrete.get((self._structure_of(form), tuple(keys[i] for i in perm)))
+            if program is None:
+                continue
+            executable = program.executable or self.programs.executable(program)
+            bound = executable.bind(form).fn
+            pick = itemgetter(*perm) if len(perm) > 1 else (lambda leaves: tuple(leaves[i] for i in perm))
+
+            def fn(*call_leaves: Any, _bound: Any = bound, _pick: Any = pick) -> Any:
+                return _bound(*_pick(call_leaves))
+
+            self._remember(args, kwargs, leaves, treedef, fn, program, plain=False)
+            return Kind(fn, program, False)
+        return None
 
     def _stored_kind(self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef) -> Kind | None:
         """The kind of this call when a stored program serves it exactly (loaded and
@@ -344,7 +377,8 @@ class Dispatcher:
         if self.fallback is not None:
             return self._compile_with_fallback(args, kwargs, structure, keys)
         self.cache.stats.missed(table.env, self.name, misses.describe_keys(keys), "no stored signature")
-        raise misses.not_found(table, args, kwargs, structure, keys, notes)
+        hint = misses.pad_hint(table, structure, keys) if self.pad is None else None
+        raise misses.not_found(table, args, kwargs, structure, keys, [*notes, *([hint] if hint else [])])
 
     def _padded(
         self, args: Any, kwargs: Any, leaves: list[Any], treedef: PyTreeDef, structure: str,
@@ -362,10 +396,16 @@ class Dispatcher:
         axes = self._pad_axes.get(structure)
         if axes is None:
             axes = self._pad_axes[structure] = self.pad.axes_for(candidates[0].paths)
-        choice = choose_bucket(
-            self.name, candidates, leaves, got, axes, notes,
-            symbolic_may_serve=bool(self.programs.symbolic) and not self.strict,
-        )
+        try:
+            choice = choose_bucket(
+                self.name, candidates, leaves, got, axes, notes,
+                symbolic_may_serve=bool(self.programs.symbolic) and not self.strict,
+            )
+        except AotError:  # no bucket large enough, or padded axes that disagree: a miss
+            from aot.cache.serving.misses import describe_keys
+
+            self.cache.stats.missed(self.programs.env, self.name, describe_keys(got), "no bucket to pad to")
+            raise
         if choice is None:
             return None
         program, size, n = choice
@@ -396,5 +436,6 @@ class Dispatcher:
         self.programs.concrete[(structure, keys)] = Program(
             executable.signature, structure, executable.info.in_tree, keys,
             tuple(a.path for a in executable.info.args), [result.entry], [], [], executable,
+            names=executable.info.arg_names,
         )
         return executable(*args, **kwargs)

@@ -36,9 +36,12 @@ def describe_keys(keys: Sequence[LeafKey]) -> str:
 
 
 def arg_names(table: ProgramTable) -> list[str]:
-    """The positional parameter names, from the stored leaf paths."""
+    """The positional parameter names: as the manifest records them, else from the
+    stored leaf paths."""
     names: list[str] = []
     for program in table.concrete.values():
+        if program.names:
+            return list(program.names)
         for path in program.paths:
             head = path_head(path)
             if head not in names:
@@ -52,14 +55,15 @@ def describe_the_call(table: ProgramTable, args: Any, kwargs: Any) -> str:
     return describe_call(args, kwargs, arg_names(table))
 
 
-def not_a_jax_type(name: str, args: Any, kwargs: Any) -> AvalMismatchError:
-    """A call with an input jax.jit refuses too (a string, an object)."""
+def not_a_jax_type(name: str, args: Any, kwargs: Any, names: Sequence[str] = ()) -> AvalMismatchError:
+    """A call with an input jax.jit refuses too (a string, an object), named by the
+    parameter's name where it is known."""
     bad = []
     for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]:
         try:
             leaf_aval(leaf)
         except TypeError:
-            bad.append(f"{_render(path)} is {_short(leaf)}")
+            bad.append(f"{_render(path, names)} is {_short(leaf)}")
     return AvalMismatchError(
         f"{name}: {'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}: not an array "
         "or a Python scalar (jax.jit refuses it too); pass arrays",
@@ -93,6 +97,44 @@ def not_found(
         "to aot.load to compile it on demand."
     )
     return SignatureNotFoundError(message, tuple(stored))
+
+
+def pad_hint(table: ProgramTable, structure: str, got: tuple[LeafKey, ...]) -> str | None:
+    """When the call differs from a stored signature only along one axis of some
+    inputs (a batch size), the ``pad=`` that would serve it from that bucket."""
+    best: tuple[bool, Program, int, dict[str, int]] | None = None
+    for program in table.concrete.values():
+        if program.structure != structure or len(program.leaves) != len(got):
+            continue
+        axes: set[int] = set()
+        sizes: set[int] = set()
+        heads: dict[str, int] = {}
+        for path, (want, want_dtype, want_weak), (have, have_dtype, have_weak) in zip(
+            program.paths, program.leaves, got
+        ):
+            if (want_dtype, want_weak, len(want)) != (have_dtype, have_weak, len(have)):
+                break
+            differ = [d for d, (a, b) in enumerate(zip(want, have)) if int(a) != int(b)]
+            if len(differ) > 1:
+                break
+            if differ:
+                axes.add(differ[0])
+                sizes.add(int(want[differ[0]]) - int(have[differ[0]]))
+                heads[path_head(path)] = differ[0]
+        else:
+            if len(axes) == 1 and heads:
+                fits = all(size > 0 for size in sizes)
+                if best is None or (fits and not best[0]):
+                    best = (fits, program, axes.pop(), heads)
+    if best is None:
+        return None
+    _, program, axis, heads = best
+    pad = "{" + ", ".join(f"{head!r}: {a}" for head, a in heads.items()) + "}"
+    return (
+        f"Only axis {axis} of {', '.join(heads)} differs from the stored ({program.signature}): "
+        f"aot.load({table.name!r}, pad={pad}) pads such calls up to a stored size "
+        "(docs/symbolic.md)."
+    )
 
 
 def strict_symbolic_error(
@@ -152,12 +194,46 @@ def structure_differences(program: Program, args: Any, kwargs: Any) -> list[str]
     if len(arg_trees) != len(args):
         diffs.append(f"pytree structure ({len(arg_trees)} positional arguments stored, {len(args)} given)")
     for i, (tree, value) in enumerate(zip(arg_trees, args)):
-        if treedefs.structure_key(tree) != treedefs.structure_key(jax.tree_util.tree_structure(value)):
-            diffs.append(f"pytree structure of {names[i]}: stored {describe_tree(tree)}, got {describe_value(value)}")
+        got = jax.tree_util.tree_structure(value)
+        if treedefs.structure_key(tree) != treedefs.structure_key(got):
+            where = first_difference(tree, got, names[i])
+            diffs.append(f"pytree structure of {names[i]}: " + (
+                where if where is not None and where.split(":")[0] != names[i]
+                else f"stored {describe_tree(tree)}, got {describe_value(value)}"
+            ))
     stored_keys = list((stored_kwargs.node_data() or (None, []))[1] or [])
     if sorted(map(str, stored_keys)) != sorted(map(str, kwargs)):
         diffs.append(f"pytree structure of keyword arguments: stored {sorted(map(str, stored_keys))}, got {sorted(map(str, kwargs))}")
     return diffs or [f"pytree structure ({len(program.leaves)} leaves stored)"]
+
+
+def first_difference(stored: PyTreeDef, got: PyTreeDef, path: str) -> str | None:
+    """The first place where two structures differ, by its path
+    (``params['Dense_1']['bias'] is missing``), or None when none is found."""
+    node, other = stored.node_data(), got.node_data()
+    if (node is None) != (other is None) or (node is not None and other is not None and node[0] is not other[0]):
+        return f"{path}: stored {describe_tree(stored)}, got {describe_tree(got)}"
+    if node is None or other is None:
+        return None
+    children, got_children = stored.children(), got.children()
+    if node[0] is dict:
+        mine = dict(zip(node[1], children))
+        theirs = dict(zip(other[1], got_children))
+        for key in sorted(mine, key=str):
+            if key not in theirs:
+                return f"{path}[{key!r}] is missing (stored {describe_tree(mine[key])})"
+        for key in sorted(theirs, key=str):
+            if key not in mine:
+                return f"{path}[{key!r}] was not stored (got {describe_tree(theirs[key])})"
+        pairs = [(f"{path}[{key!r}]", mine[key], theirs[key]) for key in sorted(mine, key=str)]
+    elif len(children) != len(got_children):
+        return f"{path}: stored {describe_tree(stored)}, got {describe_tree(got)}"
+    else:
+        pairs = [(f"{path}[{i}]", a, b) for i, (a, b) in enumerate(zip(children, got_children))]
+    for child_path, a, b in pairs:
+        if treedefs.structure_key(a) != treedefs.structure_key(b):
+            return first_difference(a, b, child_path)
+    return f"{path}: {describe_tree(stored)} with other auxiliary data"
 
 
 def describe_tree(tree: PyTreeDef) -> str:
@@ -232,10 +308,11 @@ def _short(value: Any, limit: int = 60) -> str:
     return f"a {type(value).__name__} ({text})"
 
 
-def _render(key_path: Sequence[Any]) -> str:
+def _render(key_path: Sequence[Any], names: Sequence[str] = ()) -> str:
     head, rest = key_path[:2], key_path[2:]
     if getattr(head[0], "idx", 0) == 0:
-        name = f"args[{getattr(head[1], 'idx', 0)}]"
+        position = getattr(head[1], "idx", 0)
+        name = names[position] if position < len(names) else f"args[{position}]"
     else:
         name = str(getattr(head[1], "key", head[1]))
     return name + jax.tree_util.keystr(tuple(rest))

@@ -61,7 +61,7 @@ class Program:
 
     __slots__ = (
         "signature", "structure", "treedef", "leaves", "paths", "local", "foreign",
-        "quarantined", "executable", "lock", "calls", "counted",
+        "quarantined", "executable", "lock", "calls", "counted", "names",
     )
 
     def __init__(
@@ -75,7 +75,9 @@ class Program:
         foreign: list[IndexEntry] | None = None,
         quarantined: list[IndexEntry] | None = None,
         executable: MeshExecutable | None = None,
+        names: tuple[str, ...] = (),  # parameter names (Manifest.arg_names): keyword calls
     ) -> None:
+        self.names = names
         self.signature = signature
         self.structure = structure
         self.treedef = treedef
@@ -203,7 +205,8 @@ class ProgramTable:
         leaves = tuple((a.shape, a.dtype, a.weak_type) for a in args)
         program = self.concrete.setdefault(
             (structure, leaves),
-            Program(manifest.signature, structure, treedef, leaves, tuple(a.path for a in args)),
+            Program(manifest.signature, structure, treedef, leaves, tuple(a.path for a in args),
+                    names=manifest.arg_names),
         )
         # Rows come oldest first and are inserted at the front: the newest row of a
         # signature is tried first (a name recompiled from changed code must not keep

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.errors import TargetError
+from aot.cache.units import counted
 from aot.cache.warmup.coverage import find_uncovered
 from aot.cache.warmup.jobs import JOB_MEMORY, auto_jobs, available_cores, available_memory, resolve_jobs
 from aot.cache.warmup.manifest import (
@@ -133,7 +134,7 @@ class WarmupReport:
     def summary(self) -> str:
         where = f" (shard {self.shard[0]}/{self.shard[1]})" if self.shard else ""
         return (
-            f"{len(self.results)} entries{where}: {self.compiled} compiled, {self.hit} hit, "
+            f"{counted(len(self.results), 'entry')}{where}: {self.compiled} compiled, {self.hit} hit, "
             f"{self.failed} failed in {self.seconds:.1f}s"
         )
 

@@ -301,12 +301,13 @@ def test_positional_parameter_given_by_keyword():
     exe = aot.lower(mlp, x="f32[8,16]", w="f32[16,4]").compile()
     x, w = mlp_inputs()
     assert_bitwise_equal(exe(x=x, w=w), jax.jit(mlp)(x, w))
+    # By position, as jax.jit takes it: mapped onto the parameter names.
+    assert_bitwise_equal(exe(x, w), jax.jit(mlp)(x, w))
     with pytest.raises(aot.AvalMismatchError) as info:
-        exe(x, w)
+        exe(x, x=x)
     assert info.value.mismatches == (
-        "expected 0 positional arguments, got 2",
+        "expected 0 positional arguments, got 1",
         "missing keyword argument 'w' (expected f32[16,4])",
-        "missing keyword argument 'x' (expected f32[8,16])",
     )
 
 

@@ -181,3 +181,15 @@ def test_pmap_axis_longer_than_the_devices_is_refused_with_the_fix():
     message = str(info.value)
     assert "axis 0 of size 8" in message and "only 2 device(s)" in message
     assert "--xla_force_host_platform_device_count=8" in message
+
+
+def test_a_prejitted_function_keeps_its_static_and_donated_arguments() -> None:
+    def scaled(x, n):  # noqa: ANN001, ANN202
+        return x * n + 1.0
+
+    jitted = jax.jit(scaled, static_argnums=1, donate_argnums=0)
+    exe = aot.lower(jitted, "f32[4]", 3).compile()
+    x, x_jit = jnp.arange(4.0), jnp.arange(4.0)
+    out, want = exe(x), jitted(x_jit, 3)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    assert out.dtype == want.dtype and x.is_deleted() and x_jit.is_deleted()

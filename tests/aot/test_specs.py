@@ -166,11 +166,13 @@ def test_leaf_signature():
 # ------------------------------------------------------------------ malformed specs
 
 MALFORMED = [
-    ("f32[8,", "malformed spec 'f32[8,'; expected "),
-    ("f32(8)", "malformed spec 'f32(8)'; expected "),
-    ("[8,128]", "malformed spec '[8,128]'; expected "),
-    ("", "malformed spec ''; expected "),
-    ("f32[8]x", "malformed spec 'f32[8]x'; expected "),
+    # The whole spec, what goes wrong, and where.
+    ("float32[1", "malformed spec 'float32[1': this '[' is never closed (column 8: 'float32' >>> '[1'); expected "),
+    ("f32[8,", "malformed spec 'f32[8,': this '[' is never closed (column 4: 'f32' >>> '[8,'); expected "),
+    ("f32(8)", "malformed spec 'f32(8)': no '[DIMS]' follows the dtype (a scalar is 'f32[]') (column 4: 'f32' >>> '(8)'); expected "),
+    ("[8,128]", "malformed spec '[8,128]': it does not start with a dtype (column 1: '' >>> '[8,128]'); expected "),
+    ("", "malformed spec '': it is empty; expected "),
+    ("f32[8]x", "malformed spec 'f32[8]x': only '@SHARDING' may follow ']' (column 7: 'f32[8]' >>> 'x'); expected "),
     ("f33[8]", "malformed spec 'f33[8]': unknown dtype 'f33' (did you mean f32?); expected [~]DTYPE"),
     ("fp32[8]", "malformed spec 'fp32[8]': unknown dtype 'fp32' (did you mean f32?); expected [~]DTYPE"),
     ("float[8]", "malformed spec 'float[8]': unknown dtype 'float'"),

@@ -100,7 +100,7 @@ def test_warmup_uses_the_configured_manifest(invoke: Invoke, tmp_path: Path, mon
     assert result.exit_code == 0, result.output
     assert len(result.stdout.splitlines()) == 2
     assert result.stdout.startswith("compiled  mm (x: f32[2,2], w: f32[2,2]) ")
-    assert result.stdout.splitlines()[1].startswith("1 entries: 1 compiled, 0 hit, 0 failed in ")
+    assert result.stdout.splitlines()[1].startswith("1 entry: 1 compiled, 0 hit, 0 failed in ")
 
 
 def test_blob_location_from_the_environment(invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,7 +90,7 @@ def test_ls_env_column_and_filter(invoke: Invoke, warmed, cache_dir) -> None:
     assert "  this  " in local
     assert rows[-1].endswith("; 1 for other environments (--env this hides them)")
     only_here = invoke("ls", "tiny", "--env", "this").stdout
-    assert key[:12] not in only_here and only_here.splitlines()[-1].startswith("1 entries, ")
+    assert key[:12] not in only_here and only_here.splitlines()[-1].startswith("1 entry, ")
     data = json.loads(invoke("ls", "tiny", "--json").stdout)
     by_key = {e["key"]: e for e in data["entries"]}
     assert by_key[key]["this_environment"] is False

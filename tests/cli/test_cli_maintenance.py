@@ -45,7 +45,7 @@ def test_verify_finds_and_quarantines_a_corrupt_blob(invoke: Invoke, warmed) -> 
     lines = result.stdout.splitlines()
     assert lines[0].endswith(": PROBLEMS")
     assert lines[1].startswith(f"problem: tiny (x: f32[8], y: f32[8]) {key[:12]}: executable blob ")
-    assert "quarantined 1 entries (`aot gc` removes them)" in lines
+    assert "quarantined 1 entry (`aot gc` removes them)" in lines
     assert "quarantined" in invoke("ls", "tiny").stdout
     data = json.loads(invoke("verify", "--json").stdout)
     assert data["ok"] is False and data["integrity"]["problems"][0]["key"] == key

@@ -43,7 +43,7 @@ def test_stats(invoke: Invoke, warmed, cache_dir: Path) -> None:  # noqa: ANN001
         "  tiny (f32[4], f32[8])  1  last: no stored signature",
     ]
     assert re.fullmatch(
-        rf"3 calls on 1 signatures; 1 loads in \S+s, saving \S+s of compiling; 1 misses; 0 recompiles "
+        rf"3 calls on 1 signature; 1 load in \S+s, saving \S+s of compiling; 1 miss; 0 recompiles "
         rf"\(sqlite:///{re.escape(str(cache_dir / 'index.sqlite'))}\)", lines[4],
     ), lines[4]
     assert len(lines) == 5

@@ -221,7 +221,7 @@ x64 = true
     # Coverage is checked under x64 too.
     verified = invoke("verify", "--manifest", manifest, "--strict")
     assert verified.exit_code == 0, verified.output
-    assert verified.stdout.splitlines()[-1] == f"{manifest}: all 1 entries are stored for this environment"
+    assert verified.stdout.splitlines()[-1] == f"{manifest}: the 1 entry is stored for this environment"
     bad = write(tmp_path, '[[function]]\nname = "x"\ntarget = "m:f"\nx64 = "yes"\n', "bad.toml")
     line = one_line_error(invoke("warmup", bad))
     assert line == f"Error: {bad}:1: [[function]] #1 ('x'): 'x64' must be true or false, got 'yes'"

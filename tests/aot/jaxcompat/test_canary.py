@@ -182,6 +182,7 @@ def test_private_attributes_are_on_live_objects() -> None:
         "_to_xla_hlo_sharding": sharding,
         "_device_assignment": sharding,
         "_cache_miss": cpp_call,
+        "_jit_info": jax.jit(lambda x: x, donate_argnums=0),
     }
     assert set(owners) == PRIVATE_ATTRIBUTES, "probe each attribute of PRIVATE_ATTRIBUTES here"
     missing = [f"{type(owner).__name__}.{name}" for name, owner in owners.items() if not hasattr(owner, name)]
@@ -190,6 +191,11 @@ def test_private_attributes_are_on_live_objects() -> None:
                  "device_list", "committed", "name", "host_callbacks", "xla_executable"):
         if not hasattr(unloaded, name):
             missing.append(f"UnloadedMeshExecutable.{name}")
+    from aot.jaxcompat.lowering import jit_settings
+
+    settings = jit_settings(jax.jit(lambda x, n: x, static_argnums=1, donate_argnums=0))
+    if settings is None or settings[1]["donate_argnums"] != (0,) or settings[1]["static_argnums"] != (1,):
+        missing.append(f"PjitFunction._jit_info (static/donate settings): {settings}")
     if not hasattr(compiled._params, "const_args"):
         missing.append("Compiled._params.const_args")
     for key in ("global_in_avals", "global_out_avals", "in_shardings", "out_shardings", "kept_var_idx", "committed"):

@@ -76,7 +76,7 @@ def test_a_non_array_leaf_is_refused_in_one_line(doubled) -> None:
     with pytest.raises(AvalMismatchError) as info:
         doubled("abc")
     assert str(info.value) == (
-        "double: args[0] is a str ('abc'): not an array or a Python scalar (jax.jit refuses "
+        "double: x is a str ('abc'): not an array or a Python scalar (jax.jit refuses "
         "it too); pass arrays"
     )
 
