@@ -17,7 +17,7 @@ from typing import Any, Mapping
 INDEX_FILE = "index.sqlite"
 
 #: Version of the database schema this code writes. See the changelog above.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: Valid values of ``artifacts.state``.
 ARTIFACT_STATES = ("ok", "quarantined")

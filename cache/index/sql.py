@@ -62,6 +62,9 @@ Changelog of :data:`SCHEMA_VERSION`:
 * 4 (2026-12-03): call_stats: calls, loads, misses and recompiles per environment,
   name and signature, written in batches off the call path (``_migrate_add_call_stats``,
   :mod:`aot.cache.serving.stats`).
+* 5 (2026-12-03): index_state: when a deletion of this index's own (gc, ``aot rm``)
+  left it empty, so that gc tells an index it emptied from a lost or replaced one
+  (``_migrate_add_index_state``).
 
 Transactions are short, one per method call. On SQLite the pysqlite driver's own
 transaction handling is switched off and transactions are begun explicitly:
@@ -302,12 +305,25 @@ class CallStatsRow(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class IndexStateRow(Base):
+    """One row: ``emptied_at`` is set when a deletion through :class:`Index` left the
+    index without any artifact or program row, and cleared by the next row added.
+    An empty index without it was never emptied by us: lost, truncated or replaced."""
+
+    __tablename__ = "index_state"
+    __table_args__ = (CheckConstraint("id = 1", name="ck_index_state_single_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    emptied_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
 _ART = ArtifactRow.__table__
 _PROG = ProgramRow.__table__
 _BLOB = BlobRefRow.__table__
 _VER = SchemaVersionRow.__table__
 _LEASE = BlobLeaseRow.__table__
 _STATS = CallStatsRow.__table__
+_STATE = IndexStateRow.__table__
 
 
 # --------------------------------------------------------------------- value objects
@@ -405,6 +421,10 @@ def _migrate_add_call_stats(conn: Connection) -> None:
     _STATS.create(conn, checkfirst=True)
 
 
+def _migrate_add_index_state(conn: Connection) -> None:
+    _STATE.create(conn, checkfirst=True)
+
+
 #: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
 #: database is created from the models at the current version; migration 1 exists
 #: so that the list is complete and every version has a description.
@@ -413,6 +433,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "artifacts.exe_digest may be NULL (symbolic entries)", _migrate_exe_digest_nullable),
     Migration(3, "blob leases, and indexes on blob digests (gc safety)", _migrate_add_blob_leases),
     Migration(4, "call statistics per environment, name and signature", _migrate_add_call_stats),
+    Migration(5, "index_state: an index emptied by its own deletions", _migrate_add_index_state),
 )
 
 
@@ -796,6 +817,24 @@ def connection_for(engine: Engine, *, write: bool) -> Iterator[Connection]:
 # ------------------------------------------------------------------------- leases
 
 
+def _no_rows(conn: Connection) -> bool:
+    return all(
+        conn.execute(sa.select(sa.literal(1)).select_from(t).limit(1)).first() is None for t in (_ART, _PROG)
+    )
+
+
+def _mark_emptied(conn: Connection) -> None:
+    """Records, in the deleting transaction, that this deletion emptied the index."""
+    now = server_now(conn)
+    upsert = _insert_ignore(conn, _STATE).values(id=1, emptied_at=now)
+    conn.execute(upsert.on_conflict_do_update(index_elements=[_STATE.c.id], set_={"emptied_at": now}))
+
+
+def _clear_emptied(conn: Connection) -> None:
+    """A row was added: an empty index from now on would not be one we emptied."""
+    conn.execute(sa.update(_STATE).where(_STATE.c.id == 1, _STATE.c.emptied_at.is_not(None)).values(emptied_at=None))
+
+
 class DeletionBatch:
     """gc's view inside :meth:`Index.deletion_lock` (one transaction, under the lock)."""
 
@@ -963,6 +1002,13 @@ class Index:
                     return False
         return True
 
+    def emptied_at(self) -> datetime | None:
+        """When a deletion of this index's own (gc's eviction, ``aot rm``) left it
+        empty, if no row was added since (database server's clock); None for an
+        index that was never emptied that way (new, lost, truncated or replaced)."""
+        with self._read("read the index state") as conn:
+            return conn.execute(sa.select(_STATE.c.emptied_at).where(_STATE.c.id == 1)).scalar_one_or_none()
+
     # -- leases (see docs/reliability.md, "gc and writers") ------------------------
 
     def lease(self, digests: Iterable[str], *, seconds: float | None = None) -> Lease:
@@ -1081,6 +1127,7 @@ class Index:
                 .returning(_ART.c.key)
             ).scalar_one_or_none()
             if inserted is not None:
+                _clear_emptied(conn)
                 reached("put.before_commit")
                 logger.debug("index: added %s (%s)", entry.key, entry.name)
                 return True
@@ -1205,6 +1252,8 @@ class Index:
                             _PROG.c.program_fp.in_(progs[i : i + _CHUNK]), ~still_used.exists()
                         )
                     )
+            if deleted and _no_rows(conn):
+                _mark_emptied(conn)
         logger.debug("index: deleted %d artifact rows", deleted)
         return deleted, kept
 
@@ -1333,3 +1382,4 @@ class Index:
                 conn.execute(_insert_ignore(conn, _PROG).on_conflict_do_nothing(), list(progs.values()))
             if entries:
                 conn.execute(sa.insert(_ART), [e._row() for e in entries])
+                _clear_emptied(conn)
