@@ -75,11 +75,11 @@ def empty_index_problem(cache: Cache, digests: Iterable[str] | None = None) -> s
     replaced, and gc would otherwise delete every blob. None for an index that its own
     deletions emptied (gc's evictions, ``aot rm``; a gc that lost a race to another):
     the index records that in the deleting transaction, and the next row clears it."""
-    if not cache.index.is_empty():
+    empty, emptied = cache.index.emptiness()  # one snapshot: writers and gc run meanwhile
+    if not empty:
         return None
-    emptied = cache.index.emptied_at()
     if emptied is not None:
-        log.debug("the index is empty since its own deletion at %s", emptied.isoformat())
+        log.debug("the index is empty since its own deletion at %s", emptied)
         return None
     found = set(digests) if digests is not None else {s.digest for s in cache.blobs.list()}
     stored = len(found - cache.index.leased_digests()) if found else 0

@@ -1002,12 +1002,24 @@ class Index:
                     return False
         return True
 
-    def emptied_at(self) -> datetime | None:
-        """When a deletion of this index's own (gc's eviction, ``aot rm``) left it
-        empty, if no row was added since (database server's clock); None for an
-        index that was never emptied that way (new, lost, truncated or replaced)."""
+    def emptiness(self) -> tuple[bool, datetime | None]:
+        """Whether the index has no artifact or program row and, if so, when a deletion
+        of its own (gc's eviction, ``aot rm``) left it so (None: never emptied that way,
+        or a row was added since: new, lost, truncated or replaced). One statement, so
+        both answers come from one snapshot even while writers and gc run."""
+        empty = sa.and_(
+            ~sa.select(sa.literal(1)).select_from(_ART).exists(),
+            ~sa.select(sa.literal(1)).select_from(_PROG).exists(),
+        )
+        marked = sa.select(_STATE.c.emptied_at).where(_STATE.c.id == 1).scalar_subquery()
         with self._read("read the index state") as conn:
-            return conn.execute(sa.select(_STATE.c.emptied_at).where(_STATE.c.id == 1)).scalar_one_or_none()
+            row = conn.execute(sa.select(empty.label("empty"), marked.label("emptied_at"))).one()
+        is_empty = bool(row.empty)
+        return is_empty, (row.emptied_at if is_empty else None)
+
+    def emptied_at(self) -> datetime | None:
+        """:meth:`emptiness`'s time: when the index's own deletion left it empty."""
+        return self.emptiness()[1]
 
     # -- leases (see docs/reliability.md, "gc and writers") ------------------------
 
