@@ -17,8 +17,10 @@ matched by digest in any process. The description itself is stored as ``aux`` on
 when it round-trips (decoding it and describing the result gives it back), and then a
 process that has imported the node's class can rebuild the node without the caller.
 
-Nothing here ever imports a module: a manifest (possibly from a bundle) names
-modules, and only modules the process has already imported are looked up.
+A manifest (possibly from a bundle) names modules. Only JAX's own modules and those of
+the libraries in :data:`aot.libraries.LIBRARY_PACKAGES` are imported on demand (a checkify error
+names ``jax._src.checkify``; the user need not import it first); any other module,
+such as the model's own code, is looked up only if the process has imported it.
 
 Rebuilding, :func:`from_json`: a node comes from (1) the caller's own input structure
 when one of its nodes has the same type and digest (``nodes=``, see
@@ -50,6 +52,7 @@ from jax.tree_util import PyTreeDef, default_registry
 
 from aot.errors import CorruptArtifactError, PytreeNodeError
 from aot.jaxcompat.dtypes import ExtendedDType
+from aot.libraries import import_library
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +90,20 @@ class _NotDecodable(Exception):
     """A description cannot be turned back into the value here."""
 
 
+class _NotImported(_NotDecodable):
+    """The module a description names is not imported in this process (and is not a
+    library module the loader imports): a limit of this process, not corruption."""
+
+
 def _resolve(path: str) -> Any:
-    """The object at ``module:qualname`` if its module is already imported (never imports)."""
+    """The object at ``module:qualname`` if its module is imported, or is a library
+    module :func:`import_library` imports."""
     module_name, sep, qualname = str(path).partition(":")
     if not sep or not qualname or "<locals>" in qualname or "<lambda>" in qualname:
         raise _NotDecodable(path)
-    obj: Any = sys.modules.get(module_name)
+    obj: Any = import_library(module_name)
     if obj is None:
-        raise _NotDecodable(path)
+        raise _NotImported(path)
     for part in qualname.split("."):
         try:
             obj = getattr(obj, part)
@@ -657,6 +666,14 @@ def _from_json(data: Any, nodes: NodeTable, standins: bool) -> PyTreeDef:
     elif kind == "dict":
         try:
             keys = [_hashable(decode(k)) for k in data["k"]]
+        except _NotImported as exc:
+            module = str(exc).partition(":")[0]
+            raise PytreeNodeError(
+                f"a pytree dict key is {exc}, and its module {module!r} is not imported in "
+                "this process (the loader imports only JAX and allow-listed libraries, never "
+                "model code); import it before loading",
+                str(exc),
+            ) from None
         except _NotDecodable as exc:
             raise CorruptArtifactError(f"malformed pytree dict key: {exc}") from None
         if len(keys) != len(children):

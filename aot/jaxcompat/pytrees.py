@@ -36,3 +36,23 @@ def current_traceback() -> Any:
     from jax._src.lib import xla_client
 
     return xla_client.Traceback.get_traceback()
+
+
+#: Private JAX modules a stored pytree node may name, and the public module whose
+#: import defines them (importing it runs the registrations a user's import would).
+_PUBLIC_HOMES: dict[str, str] = {
+    "jax._src.checkify": "jax.experimental.checkify",
+}
+
+
+def import_jax_module(name: str) -> Any:
+    """Imports a module of JAX itself named by a stored pytree node (``jax.*``,
+    private ones through their public home); the module, or None if it is not there."""
+    import importlib
+
+    if name != "jax" and not name.startswith("jax."):
+        return None
+    home = _PUBLIC_HOMES.get(name)
+    if home is not None:
+        importlib.import_module(home)
+    return importlib.import_module(name)

@@ -72,8 +72,14 @@ class VerifyReport:
 def empty_index_problem(cache: Cache, digests: Iterable[str] | None = None) -> str | None:
     """A message when the index has no row but the blob store holds blobs (``digests``,
     listed if not given) that no writer has leased: the index was lost, truncated or
-    replaced, and gc would otherwise delete every blob."""
-    if not cache.index.is_empty():
+    replaced, and gc would otherwise delete every blob. None for an index that its own
+    deletions emptied (gc's evictions, ``aot rm``; a gc that lost a race to another):
+    the index records that in the deleting transaction, and the next row clears it."""
+    empty, emptied = cache.index.emptiness()  # one snapshot: writers and gc run meanwhile
+    if not empty:
+        return None
+    if emptied is not None:
+        log.debug("the index is empty since its own deletion at %s", emptied)
         return None
     found = set(digests) if digests is not None else {s.digest for s in cache.blobs.list()}
     stored = len(found - cache.index.leased_digests()) if found else 0

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 from aot.cache.index.engine import IndexEngine, joined, server_now
 from aot.cache.index.leases import Lease
 from aot.cache.index.schema import ARTIFACTS, BLOBS, LEASES, PROGRAMS
+from aot.cache.index.state import has_no_rows, mark_emptied
 from aot.errors import AotError
 
 logger = logging.getLogger(__name__)
@@ -214,6 +215,8 @@ class IndexGc(IndexEngine):
                             PROGRAMS.c.program_fp.in_(progs[i : i + _CHUNK]), ~still_used.exists()
                         )
                     )
+            if deleted and has_no_rows(conn):
+                mark_emptied(conn)
         logger.debug("index: deleted %d artifact rows", deleted)
         return deleted, kept
 

@@ -11,9 +11,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from aot.cache.index.engine import IndexEngine
-from aot.cache.index.entry import IndexEntry
+from aot.cache.index.entry import IndexEntry, as_utc
 from aot.cache.index.globs import glob_to_like, like_escape
 from aot.cache.index.schema import ARTIFACTS, BLOBS, PROGRAMS
+from aot.cache.index.state import emptiness_query
 
 __all__ = ["BlobRow", "IndexReads"]
 
@@ -153,6 +154,19 @@ class IndexReads(IndexEngine):
             return int(
                 conn.execute(sa.select(sa.func.coalesce(sa.func.sum(BLOBS.c.stored_size), 0))).scalar_one()
             )
+
+    def emptiness(self) -> tuple[bool, datetime | None]:
+        """Whether the index has no artifact or program row and, if so, when a deletion
+        of its own (gc's eviction, ``aot rm``) left it so (None: never emptied that way,
+        or a row was added since: new, lost, truncated or replaced)."""
+        with self._read("read the index state") as conn:
+            row = conn.execute(emptiness_query()).one()
+        is_empty = bool(row.empty)
+        return is_empty, (as_utc(row.emptied_at) if is_empty and row.emptied_at is not None else None)
+
+    def emptied_at(self) -> datetime | None:
+        """:meth:`emptiness`'s time: when the index's own deletion left it empty."""
+        return self.emptiness()[1]
 
     def is_empty(self) -> bool:
         """No artifact and no program row (a new, lost or emptied index)."""

@@ -62,6 +62,9 @@ Changelog of :data:`SCHEMA_VERSION`:
 * 4 (2026-12-03): call_stats: calls, loads, misses and recompiles per environment,
   name and signature, written in batches off the call path (``_migrate_add_call_stats``,
   :mod:`aot.cache.serving.stats`).
+* 5 (2026-12-03): index_state: when a deletion of this index's own (gc, ``aot rm``)
+  left it empty, so that gc tells an index it emptied from a lost or replaced one
+  (``_migrate_add_index_state``, :mod:`aot.cache.index.state`).
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ __all__ = [
     "SCHEMA_VERSIONS",
     "LEASES",
     "CALL_STATS",
+    "INDEX_STATE",
     "ensure_schema",
     "read_version",
 ]
@@ -266,6 +270,18 @@ class CallStatsRow(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class IndexStateRow(Base):
+    """One row: ``emptied_at`` is set when a deletion through the index left it without
+    any artifact or program row, and cleared by the next row added. An empty index
+    without it was never emptied by us: lost, truncated or replaced."""
+
+    __tablename__ = "index_state"
+    __table_args__ = (CheckConstraint("id = 1", name="ck_index_state_single_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    emptied_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
 #: The tables, for Core statements (the models' ``__table__``).
 ARTIFACTS: sa.Table = ArtifactRow.__table__  # type: ignore[assignment]
 PROGRAMS: sa.Table = ProgramRow.__table__  # type: ignore[assignment]
@@ -273,6 +289,7 @@ BLOBS: sa.Table = BlobRefRow.__table__  # type: ignore[assignment]
 SCHEMA_VERSIONS: sa.Table = SchemaVersionRow.__table__  # type: ignore[assignment]
 LEASES: sa.Table = BlobLeaseRow.__table__  # type: ignore[assignment]
 CALL_STATS: sa.Table = CallStatsRow.__table__  # type: ignore[assignment]
+INDEX_STATE: sa.Table = IndexStateRow.__table__  # type: ignore[assignment]
 
 
 # ------------------------------------------------------------------------ migrations
@@ -325,6 +342,10 @@ def _migrate_add_call_stats(conn: Connection) -> None:
     CALL_STATS.create(conn, checkfirst=True)
 
 
+def _migrate_add_index_state(conn: Connection) -> None:
+    INDEX_STATE.create(conn, checkfirst=True)
+
+
 #: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
 #: database is created from the models at the current version; migration 1 exists
 #: so that the list is complete and every version has a description.
@@ -333,6 +354,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "artifacts.exe_digest may be NULL (symbolic entries)", _migrate_exe_digest_nullable),
     Migration(3, "blob leases, and indexes on blob digests (gc safety)", _migrate_add_blob_leases),
     Migration(4, "call statistics per environment, name and signature", _migrate_add_call_stats),
+    Migration(5, "index_state: an index emptied by its own deletions", _migrate_add_index_state),
 )
 
 

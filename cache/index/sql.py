@@ -27,6 +27,7 @@ from aot.cache.index.gc_protocol import IndexGc
 from aot.cache.index.leases import Lease, LeaseLostError
 from aot.cache.index.queries import IndexReads
 from aot.cache.index.schema import ARTIFACTS, BLOBS, LEASES, PROGRAMS, ensure_schema, read_version
+from aot.cache.index.state import clear_emptied
 from aot.cache.pauses import reached
 from aot.errors import AotError, CacheError
 
@@ -155,6 +156,7 @@ class Index(IndexReads, IndexGc):
                 .returning(ARTIFACTS.c.key)
             ).scalar_one_or_none()
             if inserted is not None:
+                clear_emptied(conn)
                 reached("put.before_commit")
                 logger.debug("index: added %s (%s)", entry.key, entry.name)
                 return True
@@ -233,3 +235,4 @@ class Index(IndexReads, IndexGc):
                 conn.execute(insert_ignore(conn, PROGRAMS).on_conflict_do_nothing(), list(progs.values()))
             if entries:
                 conn.execute(sa.insert(ARTIFACTS), [e._row() for e in entries])
+                clear_emptied(conn)

@@ -31,6 +31,7 @@ from aot.errors import (
     CorruptArtifactError,
     IncompatibleEnvironmentError,
     IntegrityError,
+    UnsupportedComputationError,
 )
 from aot.fingerprint import describe_differences
 from aot.recompile import recompile
@@ -43,6 +44,12 @@ if TYPE_CHECKING:
     from aot.executable import MeshExecutable
 
 log = logging.getLogger(__name__)
+
+#: Load failures that come from this process, not from the stored bytes: a module a
+#: pytree node names is not importable here (PytreeNodeError), an import fails, memory
+#: runs out. The row is skipped for this process with a logged reason and never
+#: quarantined: quarantine is for corruption a digest or a cross-check proves.
+PROCESS_LIMITS: tuple[type[BaseException], ...] = (UnsupportedComputationError, ImportError, MemoryError)
 
 #: (shape, dtype, weak_type) of one input, as jax.jit sees it.
 LeafKey = tuple[tuple[int, ...], Any, bool]
@@ -179,6 +186,8 @@ class ProgramTable:
                 )
         except IncompatibleEnvironmentError as exc:
             reason = str(exc)
+        except PROCESS_LIMITS as exc:
+            reason = f"not usable in this process: {str(exc) or repr(exc)}"
         except AotError as exc:
             self.quarantine(entry, f"unreadable manifest: {exc}")
             self.unusable.append((entry, f"unreadable manifest: {exc}"))
@@ -341,11 +350,21 @@ class ProgramTable:
         (:meth:`_recompile`), unless strict; else an error naming what was tried."""
         problems: list[str] = []
         unusable: list[IndexEntry] = []  # rows of this environment that failed to load
+        limits: list[BaseException] = []  # failures of this process (PROCESS_LIMITS)
         rereads = 0
         while program.local:
             entry = program.local[0]
             try:
                 return self.cache.load(entry)  # not a use: the calls are (aot.cache.serving.stats)
+            except PROCESS_LIMITS as exc:
+                program.local.remove(entry)
+                problems.append(str(exc) or repr(exc))
+                log.warning(
+                    "%s (%s): not using %s in this process (not quarantined): %r",
+                    self.name, program.signature, entry.key[:12], exc,
+                )
+                unusable.append(entry)  # its portable HLO may still compile here
+                limits.append(exc)
             except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
                 program.local.remove(entry)
                 # The row may have changed since it was read (gc and a new warm-up
@@ -386,8 +405,15 @@ class ProgramTable:
                 "(aot warmup / aot compile)"
             )
         if self.strict:
+            if limits:
+                raise limits[0]
             raise self._strict_refusal(program, problems, unusable)
-        return self._recompile(program, candidates)
+        try:
+            return self._recompile(program, candidates)
+        except CorruptArtifactError:
+            if limits:  # the recompiled program meets the same limit: say which
+                raise limits[0] from None
+            raise
 
     def _strict_refusal(
         self, program: Program, problems: Sequence[str], unusable: Sequence[IndexEntry],

@@ -164,6 +164,20 @@ def test_gc_dry_run_then_execute(invoke: Invoke, warmed) -> None:
     assert json.loads(invoke("ls", "--json").stdout)["count"] == 0
 
 
+def test_gc_after_evicting_the_last_entry_beside_a_young_orphan(invoke: Invoke, warmed, cache_dir) -> None:
+    with aot.Cache(cache_dir) as cache:
+        orphan = cache.blobs.put(b"a young blob nothing references yet")
+    done = invoke("gc", "--max-size", "1", "--yes")
+    assert done.exit_code == 0 and done.stdout.startswith("removed 5 entries and 10 blobs"), done.output
+    again = invoke("gc")
+    assert again.exit_code == 0, again.output
+    assert "lost, truncated or replaced" not in again.output
+    verified = invoke("verify")
+    assert verified.exit_code == 0 and "is empty" not in verified.output, verified.output
+    with aot.Cache(cache_dir) as cache:
+        assert cache.blobs.has(orphan)  # young: gc leaves it
+
+
 def test_gc_older_than_keeps_recent_entries(invoke: Invoke, warmed) -> None:
     assert invoke("gc", "--older-than", "30d").stdout.startswith("nothing to collect")
 

@@ -425,3 +425,50 @@ def test_kill_9_at_every_step_of_writer_and_gc(
     assert "Traceback" not in (tmp_path / "zygote.log").read_text()
     print(backend.kind, "killed at", killed)
     assert set(killed) == set(WRITER_POINTS) | set(GC_POINTS)
+
+
+# ---------------------------------------------------------------- gc loops and writers
+
+
+@pytest.mark.parametrize(
+    "kind", ["sqlite-folder", pytest.param("postgresql-folder", marks=pytest.mark.postgres)]
+)
+def test_gc_loops_racing_writers_never_refuse_and_lose_nothing(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, tiny: Any,
+) -> None:
+    """Two gc loops evicting everything while two writers store the entry again, beside
+    a young orphan blob: the index is empty (gc emptied it) while blobs remain again and
+    again. gc must never take that for a lost index, and no row may lack its blobs."""
+    url = request.getfixturevalue("postgres_url") if kind.startswith("postgresql") else None
+    backend = Backend(kind, tmp_path, url)
+    backend.reset()
+    try:
+        first = backend.open()
+        first.put_artifact(tiny.by_size[1])  # a cache in use, not a fresh one
+        first.blobs.put(b"a young blob no row references")
+        rounds = 6
+
+        def write() -> None:
+            cache = backend.open()
+            for n in range(rounds):
+                cache.put_artifact(tiny.by_size[1 + n % 3])
+
+        def collect() -> None:
+            cache = backend.open()
+            for _ in range(rounds):
+                cache.gc(max_size=1)
+
+        actors = [Actor(f"writer{i}", write) for i in range(2)] + [Actor(f"gc{i}", collect) for i in range(2)]
+        for actor in actors:
+            actor.start()
+        for actor in actors:
+            actor.join(120)
+            assert not actor.is_alive(), f"{actor.name} is stuck"
+        assert [(a.name, a.error) for a in actors if a.error is not None] == []
+        last = backend.open()
+        last.gc(max_size=1)  # once more after everyone: an emptied index, not a lost one
+        assert_no_row_without_its_blobs(last)
+        entry = last.put_artifact(tiny.by_size[1])
+        last.load(entry)  # stored again after all that, and it loads
+    finally:
+        backend.close_all()

@@ -303,8 +303,13 @@ def test_a_blob_stamped_in_the_future_is_young(tmp_path) -> None:  # noqa: ANN00
 
 
 def _forget_every_row(cache) -> None:  # noqa: ANN001
-    """The index loses every row (as a lost or emptied index would); blobs stay."""
-    cache.index.delete([e.key for e in cache.entries()])
+    """The index loses every row behind jax-aot's back (a truncated table, a restored
+    empty backup); blobs stay. Not through ``Index.delete``: that is our own deletion."""
+    import sqlalchemy as sa
+
+    with cache.index.engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM artifacts"))
+        conn.execute(sa.text("DELETE FROM programs"))
     assert cache.index.is_empty()
 
 
@@ -328,6 +333,26 @@ def test_gc_refuses_to_delete_blobs_while_the_index_is_empty(
     done = cache.gc(force=True)
     assert set(done.blobs) == stored and cache.blobs.digests() == []
     assert cache.verify().ok
+
+
+def test_gc_goes_on_after_emptying_the_index_itself(cache: aot.Cache, compiled, set_blob_age) -> None:  # noqa: ANN001
+    """gc evicts the last entry while a young orphan stays: the next gc (and verify)
+    must not take the index it emptied for a lost one, now or once the orphan is old;
+    a row added since, then lost behind our back, is a lost index again."""
+    cache.put(compiled.tiny)
+    orphan = cache.blobs.put(b"a young blob nothing references")
+    assert len(cache.gc(max_size=1).entries) == 1 and cache.index.is_empty()
+    assert cache.index.emptied_at() is not None
+    again = cache.gc()
+    assert again.executed and again.blobs == () and cache.blobs.has(orphan)
+    assert cache.verify().cache_problems == ()
+    _age_blob(cache, orphan, set_blob_age)
+    assert cache.gc().blobs == (orphan,)
+    cache.put(compiled.tiny)  # a new row clears the mark
+    assert cache.index.emptied_at() is None
+    _forget_every_row(cache)
+    with pytest.raises(CacheError, match="gc refused: .*is empty"):
+        cache.gc()
 
 
 @pytest.mark.parametrize("damage", ["zero-length", "lost"])
