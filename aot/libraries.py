@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 #: JAX and widely used libraries of pytrees, never the model's own code.
 LIBRARY_PACKAGES = frozenset({
     "jax", "flax", "optax", "equinox", "chex", "numpyro", "distrax", "haiku", "jraph",
-    "diffrax", "optimistix", "lineax", "blackjax", "brax", "orbax",
+    "diffrax", "optimistix", "lineax", "blackjax", "brax", "orbax", "jaxtyping",
 })
 
 _MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

@@ -775,38 +775,13 @@ def resolve(data: Any, nodes: NodeTable) -> PyTreeDef:
     a :class:`PytreeNodeError` naming a node that still cannot be rebuilt.
 
     An output node of a known library's class (an Equinox module returned but not
-    passed in) imports that library's module on demand (:func:`import_library_module`)."""
+    passed in) imports that library's module on demand (:func:`aot.libraries.import_library`)."""
     tried: set[str] = set()
     while True:
         try:
             return from_json(data, nodes=nodes, standins=False)
         except PytreeNodeError as exc:
             module = exc.node.partition(":")[0]
-            if module in tried or not import_library_module(module):
+            if module in tried or module in sys.modules or import_library(module) is None:
                 raise
             tried.add(module)
-
-
-# Top-level packages of libraries whose pytree classes an output may hold: the loader
-# imports their modules when an output node needs one. Never the model's own code: a
-# manifest's type path is data, and importing an arbitrary module runs its code.
-LIBRARY_PACKAGES = frozenset({
-    "jax", "flax", "optax", "equinox", "haiku", "chex", "distrax", "numpyro", "jraph",
-    "diffrax", "optimistix", "lineax", "blackjax", "brax", "orbax", "jaxtyping",
-})
-
-
-def import_library_module(module: str) -> bool:
-    """Imports ``module`` when it belongs to a package of :data:`LIBRARY_PACKAGES` and
-    is not imported yet; whether it was imported now."""
-    if module in sys.modules or module.partition(".")[0] not in LIBRARY_PACKAGES:
-        return False
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001 - not installed, or failing here: the error stands
-        log.info("could not import %s for a stored output node: %s", module, exc)
-        return False
-    log.info("imported %s to rebuild a stored output node", module)
-    return True

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from aot.cache.index.engine import IndexEngine
-from aot.cache.index.entry import IndexEntry, as_utc
+from aot.cache.index.entry import IndexEntry
 from aot.cache.index.globs import glob_to_like, like_escape
 from aot.cache.index.schema import ARTIFACTS, BLOBS, PROGRAMS
 from aot.cache.index.state import emptiness_query
@@ -162,7 +162,7 @@ class IndexReads(IndexEngine):
         with self._read("read the index state") as conn:
             row = conn.execute(emptiness_query()).one()
         is_empty = bool(row.empty)
-        return is_empty, (as_utc(row.emptied_at) if is_empty and row.emptied_at is not None else None)
+        return is_empty, (row.emptied_at if is_empty else None)
 
     def emptied_at(self) -> datetime | None:
         """:meth:`emptiness`'s time: when the index's own deletion left it empty."""
