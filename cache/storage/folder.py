@@ -83,18 +83,14 @@ class FolderObjectStore:
     # -- reads --------------------------------------------------------------------
 
     def read(self, digest: str) -> bytes | None:
-        path = self.path_for(digest)
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
+        stream = self.read_stream(digest)
+        if stream is None:
             return None
-        except IsADirectoryError as e:
-            raise CorruptArtifactError(
-                f"blob {digest} at {path} is not a regular file; move it away and run `aot verify`"
-            ) from e
-        except OSError as e:
-            raise storage_error(e, f"read blob {digest}", str(path)) from e
+        with stream:
+            try:
+                return stream.read()
+            except OSError as e:
+                raise storage_error(e, f"read blob {digest}", str(self.path_for(digest))) from e
 
     def read_stream(self, digest: str) -> BinaryIO | None:
         """The stored payload as a file to stream (the caller closes it), or None."""
