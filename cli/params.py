@@ -69,11 +69,13 @@ MESH = MeshType()
 
 def complete_entry_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """The names stored in the cache the command line's options (or AOT_CACHE, or
-    [tool.aot]) name; nothing when there is no cache (completion never fails)."""
+    [tool.aot]) name; nothing when there is no cache (completion never fails).
+
+    Runs on every TAB, so it imports neither JAX nor (for a folder cache) SQLAlchemy:
+    a folder's index is read with the standard library's SQLite reader."""
     try:
-        from aot.cache.cache import require_cache
         from aot.cache.config import resolve_settings
-        from aot.cache.index.sql import Index
+        from aot.cache.index.entry import INDEX_FILE
 
         from aot.cli.common import State
 
@@ -81,12 +83,21 @@ def complete_entry_names(ctx: click.Context, param: click.Parameter, incomplete:
         flags = {"cache": getattr(state, "location", None), "blobs": None}
         location = resolve_settings(flags).cache.value
         assert location is not None
-        require_cache(location)
-        index = Index(location, read_only=True) if "://" in location else Index.for_folder(
-            os.path.expanduser(location), read_only=True
-        )
+        if "://" in location:
+            from aot.cache.index.sql import Index
+
+            index: Any = Index(location, read_only=True)
+        else:
+            from pathlib import Path
+
+            from aot.cache.index.reader import SqliteReader
+
+            index_file = Path(location).expanduser() / INDEX_FILE
+            if not index_file.is_file():  # no cache: never create one
+                return []
+            index = SqliteReader(index_file, read_only=True)
         try:
-            names = sorted({e.name for e in index.entries(incomplete + "*")})
+            names = [name for name in index.names() if name.startswith(incomplete)]
         finally:
             index.close()
     except Exception:  # noqa: BLE001 - completion must never print an error

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -312,3 +315,31 @@ def test_completion_of_entry_names_and_manifests(warmed, cache_dir, tmp_path, mo
     assert _complete(["warmup"], f"{tmp_path}/manifests/") == [f"{tmp_path}/manifests/ci.toml"]
     assert _complete(["warmup"], "fixtures/") == ["fixtures/warmup.toml"]
     assert _complete(["verify", "--manifest"], "fix") == ["fixtures/"]
+
+
+_COMPLETE_IN_PROCESS = """
+import sys
+from aot.cli.common import State
+from aot.cli.main import cli
+try:
+    cli.main(prog_name="aot", obj=State())
+except SystemExit:
+    pass
+print("JAX-IMPORTED" if "jax" in sys.modules else "JAX-NOT-IMPORTED")
+"""
+
+
+def test_completing_a_name_imports_no_jax(warmed, cache_dir, tmp_path) -> None:  # noqa: ANN001
+    # The shell runs `aot` on every TAB: importing JAX there made each TAB take seconds.
+    env = {
+        **os.environ, "_AOT_COMPLETE": "bash_complete", "COMP_WORDS": "aot show ",
+        "COMP_CWORD": "2", "AOT_CACHE": str(cache_dir),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPLETE_IN_PROCESS], env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "plain,allreduce", "plain,mlp.forward", "plain,tiny", "JAX-NOT-IMPORTED",
+    ]
