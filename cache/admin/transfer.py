@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.names import name_problem
-from aot.errors import AotError
+from aot.errors import AotError, CacheError
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -99,12 +99,28 @@ def copy_entries(
             return entry, None, str(exc)
         return entry, outcome, None
 
-    if jobs > 1 and len(todo) > 1:
+    results = []
+    if todo:
+        # The first entry alone: a destination that refuses every write (no such
+        # bucket, no credentials, unreachable) fails the transfer once, not per entry.
+        try:
+            _, outcome = destination.copy_entry_from(source, todo[0])
+        except CacheError as exc:
+            raise CacheError(
+                f"nothing copied to {destination.display_location}: {exc}"
+            ) from exc
+        except AotError as exc:  # this entry's own problem (a corrupt source blob)
+            log.warning("not copied: %s (%s): %s", todo[0].name, todo[0].key[:12], exc)
+            results.append((todo[0], None, str(exc)))
+        else:
+            results.append((todo[0], outcome, None))
+    rest = todo[1:]
+    if jobs > 1 and len(rest) > 1:
         destination.index  # noqa: B018 - opened once, before the threads share it
-        with ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
-            results = list(pool.map(one, todo))
+        with ThreadPoolExecutor(max_workers=min(jobs, len(rest))) as pool:
+            results += list(pool.map(one, rest))
     else:
-        results = [one(entry) for entry in todo]
+        results += [one(entry) for entry in rest]
     copied_bytes = 0
     for entry, outcome, error in results:  # in the source's order, whatever finished first
         if outcome is None:

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, TypeVar
 import zstandard
 
 from aot.cache.storage.objectstore import BlobStat, ObjectStore, check_digest, read_only_error, storage_error
-from aot.errors import AotError, CorruptArtifactError
+from aot.errors import AotError, CacheError, CorruptArtifactError
 
 logger = logging.getLogger(__name__)
 
@@ -363,7 +363,12 @@ class ContentStore:
         sizes: dict[str, int] = {}
         total = 0
         for digest in dict.fromkeys(check_digest(d) for d in digests):
-            problem, _, stored = other._inflate(digest, None, keep=False)
+            try:
+                problem, _, stored = other._inflate(digest, None, keep=False)
+            except CacheError as exc:
+                # Looking for an intact copy is this write's first step, and a write is
+                # what the user asked for: say so, keeping the store's reason and advice.
+                raise type(exc)(str(exc).replace("cannot read blob", "cannot write blob", 1)) from exc
             if problem is None:
                 other._refresh(digest)
                 present.append(digest)

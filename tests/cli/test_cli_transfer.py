@@ -92,3 +92,16 @@ def test_a_push_killed_midway_completes_on_the_next_run(
     final = json.loads(invoke("push", postgres_url, "--to-blobs", s3_url, "--json").stdout)
     assert (final["copied"], final["skipped"]) == (0, 5)
     assert invoke("verify", cache=postgres_url, env={"AOT_BLOBS": s3_url}).exit_code == 0
+
+
+
+@pytest.mark.postgres
+def test_push_to_a_missing_bucket_fails_once_naming_it(invoke: Invoke, warmed, postgres_url: str, s3_env: str) -> None:  # noqa: ANN001
+    blobs = "s3://aot-test-no-such-bucket/blobs"
+    pushed = invoke("push", postgres_url, "--to-blobs", blobs)
+    assert pushed.exit_code == 1
+    lines = pushed.output.splitlines()
+    assert len(lines) == 1, pushed.output  # one error, not one per entry plus warnings
+    assert lines[0].startswith("Error: nothing copied to ")
+    assert f"cannot write blob " in lines[0] and f"at {blobs}: no such bucket" in lines[0]
+    assert "cannot read" not in lines[0]
