@@ -3,7 +3,8 @@
 The ETA is the mean time per *finished* entry times the entries left, from the start
 of the run. (A rate from the last few updates swings wildly: hits finish in
 milliseconds and compiles in seconds, so click's own bar said 4 minutes for a 12 s
-run.) Until an entry has finished there is no ETA.
+run.) Until an entry has been *compiled* there is no ETA: hits and failures finish in
+milliseconds, so a mean of those alone promised a second before a long compile.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Progress:
         self.label = label
         self.done = 0
         self.failed = 0
+        self.compiled = 0  # entries compiled by this run: the ones that measure the work
         self._clock = clock
         self._start = clock()
         self._width = 0
@@ -45,7 +47,9 @@ class Progress:
     def line(self, last: str = "") -> str:
         filled = self.BAR_WIDTH * self.done // self.total if self.total else self.BAR_WIDTH
         bar = "#" * filled + "-" * (self.BAR_WIDTH - filled)
-        eta = eta_seconds(self._clock() - self._start, self.done, self.total)
+        eta = None
+        if self.compiled:
+            eta = eta_seconds(self._clock() - self._start, self.done, self.total)
         text = f"{self.label} [{bar}] {self.done}/{self.total}"
         if self.failed:
             text += f", {self.failed} failed"
@@ -58,9 +62,10 @@ class Progress:
     def start(self) -> None:
         self._draw(self.line())
 
-    def update(self, label: str, failed: bool = False) -> None:
+    def update(self, label: str, failed: bool = False, compiled: bool = False) -> None:
         self.done += 1
         self.failed += int(failed)
+        self.compiled += int(compiled)
         self._draw(self.line(label))
 
     def finish(self) -> None:

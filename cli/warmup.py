@@ -118,7 +118,7 @@ def warmup_command(
 
     def on_result(result: ItemResult) -> None:
         if progress is not None:
-            progress.update(result.label, failed=not result.ok)
+            progress.update(result.label, failed=not result.ok, compiled=result.status == "compiled")
         if lines:
             click.echo(result.line())
 

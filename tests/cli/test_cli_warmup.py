@@ -243,8 +243,24 @@ def test_the_eta_comes_from_the_finished_entries() -> None:
     progress = Progress(4, "warmup (1 job)", clock=lambda: now[0])
     assert progress.line() == "warmup (1 job) [------------------------] 0/4"
     now[0] = 103.0
-    progress.done = 1  # one entry took 3 s: 9 s for the other three
+    progress.done = progress.compiled = 1  # one entry took 3 s: 9 s for the other three
     assert progress.line("tiny") == "warmup (1 job) [######------------------] 1/4, ETA 0:09  tiny"
     now[0] = 160.0
     progress.done, progress.failed = 2, 1
     assert progress.line() == "warmup (1 job) [############------------] 2/4, 1 failed, ETA 1:00"
+
+
+def test_no_eta_until_an_entry_was_compiled() -> None:
+    """Hits finish in milliseconds: their mean alone promised `ETA 0:01` before a
+    compile of seconds, and the bar sat on it."""
+    from aot.cli.progress import Progress
+
+    now = [100.0]
+    progress = Progress(5, "warmup (1 job)", clock=lambda: now[0])
+    now[0] = 100.1
+    progress.update("tiny", compiled=False)  # a hit
+    progress.update("allreduce", failed=True)
+    assert progress.line() == "warmup (1 job) [#########---------------] 2/5, 1 failed"
+    now[0] = 110.1  # then a compile of 10 s: the ETA comes from the run's measured time
+    progress.update("mlp.forward", compiled=True)
+    assert progress.line() == "warmup (1 job) [##############----------] 3/5, 1 failed, ETA 0:07"
