@@ -10,7 +10,7 @@ filesystem is created; the defaults suit a serving fleet.
 Variable                   Default  Bounds
 =========================  =======  ===================================================
 AOT_DB_CONNECT_TIMEOUT     5        opening a PostgreSQL connection (whole seconds)
-AOT_DB_STATEMENT_TIMEOUT   30       one SQL statement on PostgreSQL (0: no bound)
+AOT_DB_STATEMENT_TIMEOUT   30       one SQL statement on PostgreSQL (0: the server's)
 AOT_BLOB_CONNECT_TIMEOUT   5        opening a connection to the object store (S3)
 AOT_BLOB_READ_TIMEOUT      30       waiting for bytes from the object store (S3)
 AOT_BLOB_RETRIES           3        attempts of one object-store request (S3)
@@ -46,7 +46,7 @@ class Timeouts:
     """The network bounds in seconds (``blob_retries``: attempts per request)."""
 
     db_connect_s: float = 5.0
-    db_statement_s: float = 30.0  # 0 lifts the bound (PostgreSQL's own meaning of 0)
+    db_statement_s: float = 30.0  # 0: not set, the server's (or role's) setting applies
     blob_connect_s: float = 5.0
     blob_read_s: float = 30.0
     blob_retries: int = 3
@@ -70,7 +70,7 @@ def _seconds(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
-        allowed = "0 or more (0: no bound)" if zero_ok else "more than 0"
+        allowed = "0 or more (0: the server's setting)" if zero_ok else "more than 0"
         raise CacheError(
             f"{name}={raw!r} is not a timeout: expected seconds, {allowed}, e.g. {name}={default:g}"
         )

@@ -207,7 +207,9 @@ def _postgres_connect_args(url: URL, read_only: bool) -> dict[str, Any]:
     if "connect_timeout" not in query:
         args["connect_timeout"] = bounds.db_connect_timeout
     options = [query["options"]] if query.get("options") else []
-    if "statement_timeout" not in query.get("options", ""):
+    # 0 sends nothing: the server's (or role's) setting applies, and a pooler that
+    # refuses startup options (PgBouncer) is not sent any by a writable engine.
+    if bounds.db_statement_timeout_ms and "statement_timeout" not in query.get("options", ""):
         options.append(f"-c statement_timeout={bounds.db_statement_timeout_ms}")
     if read_only:  # the server refuses writes too, whatever a code path tries
         options.append("-c default_transaction_read_only=on")
