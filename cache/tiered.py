@@ -29,8 +29,8 @@ read_only=True, local="/var/cache/aot")`` is a :class:`TieredCache`
   holds (nothing remote at all after the first start), for replicas that are
   redeployed rather than refreshed.
 * **Remote unreachable: the local tier serves.** If the remote index or blob store
-  does not answer (a refused connection, a timeout: PostgreSQL's ``connect_timeout``,
-  10 s unless the URL sets one, e.g. ``?connect_timeout=3``), the rows the local tier
+  does not answer (a refused connection, a timeout: the bounds of
+  :mod:`aot.cache.timeouts`, e.g. ``AOT_DB_CONNECT_TIMEOUT``), the rows the local tier
   holds are served, with a warning. A replica that starts while the remote is down
   serves its local tier (and cannot reach the remote until it is opened again); one
   with an empty local tier fails as it would without a tier.

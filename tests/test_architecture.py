@@ -62,7 +62,7 @@ ENTRY = "entry"
 # - warmup: compiling a manifest's entries into a cache.
 # - admin/reports: verify, gc, rm, bundles, push/pull, and what the CLI displays.
 CACHE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("aot.cache", "aot.cache.names", "aot.cache.units", "aot.cache.pauses")),
+    ("base", ("aot.cache", "aot.cache.names", "aot.cache.units", "aot.cache.pauses", "aot.cache.timeouts")),
     ("index/storage", ("aot.cache.index.*", "aot.cache.storage.*")),
     ("facade", ("aot.cache.cache", "aot.cache.tiered", "aot.cache.artifacts", "aot.cache.compiling",
                 "aot.cache.config")),

@@ -38,6 +38,18 @@ def advice_for(reason: str, read_only: bool = False) -> str:
         )
     if "disk is full" in text or "no space left" in text or "quota" in text:
         return "; free disk space (e.g. `aot gc --max-size ...`) or move the cache (AOT_CACHE)"
+    if "statement timeout" in text:
+        return (
+            "; the database did not finish the statement within AOT_DB_STATEMENT_TIMEOUT "
+            "(seconds, default 30): check the database server's load and locks, or raise "
+            "the bound (or set statement_timeout in the URL's options)"
+        )
+    if "timeout expired" in text:
+        return (
+            "; the database did not answer within AOT_DB_CONNECT_TIMEOUT (seconds, default 5): "
+            "check that the server is up and reachable, or raise the bound (or set "
+            "connect_timeout in the URL)"
+        )
     readonly = "readonly database" in text or "read-only" in text
     if read_only and (readonly or "unable to open database file" in text):
         # Opened read-only already: never advise the option that is set.

@@ -4,7 +4,7 @@ database server's clock.
 SQLite: pragmas on every connection (busy timeout, foreign keys, WAL and
 ``synchronous = NORMAL`` when writable); a read-only index is opened so that it is
 never written (no -wal/-shm created, no write lock taken). PostgreSQL: psycopg, a
-connect timeout, sessions that refuse writes when read-only, and a ping only for a
+connect and a statement timeout (:mod:`aot.cache.timeouts`), sessions that refuse writes when read-only, and a ping only for a
 pooled connection that sat idle.
 
 Transactions are short, one per method call. On SQLite the pysqlite driver's own
@@ -38,6 +38,7 @@ from sqlalchemy.pool import StaticPool
 from aot.cache.index.advice import advice_for, mask_url, reason_of
 from aot.cache.index.entry import as_utc
 from aot.cache.index.schema import UTCDateTime
+from aot.cache.timeouts import timeouts
 from aot.errors import CacheError, ReadOnlyCacheError
 
 logger = logging.getLogger(__name__)
@@ -164,8 +165,9 @@ def _read_only_sqlite_engine(url: URL, path: Path) -> Engine:
 
 def make_engine(url: str | URL, read_only: bool) -> Engine:
     """An engine for the index database at ``url``: SQLite (pragmas, WAL, busy timeout,
-    explicit BEGINs; a read-only file never written) or PostgreSQL (psycopg, connect
-    timeout, read-only sessions when ``read_only``); any other database is refused."""
+    explicit BEGINs; a read-only file never written) or PostgreSQL (psycopg, connect and
+    statement timeouts, read-only sessions when ``read_only``); any other database is
+    refused."""
     try:
         parsed = make_url(url)
     except sa_exc.ArgumentError as e:
@@ -179,9 +181,7 @@ def make_engine(url: str | URL, read_only: bool) -> Engine:
     if backend == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
-        connect_args: dict[str, Any] = {"connect_timeout": 10}
-        if read_only:  # the server refuses writes too, whatever a code path tries
-            connect_args["options"] = "-c default_transaction_read_only=on"
+        connect_args = _postgres_connect_args(parsed, read_only)
         try:
             engine = sa.create_engine(parsed, connect_args=connect_args)
         except ModuleNotFoundError as e:
@@ -195,6 +195,27 @@ def make_engine(url: str | URL, read_only: bool) -> Engine:
         f"unsupported cache index database {backend!r} in {mask_url(url)}: jax-aot "
         f"supports SQLite (sqlite:///...) and PostgreSQL (postgresql+psycopg://...)"
     )
+
+
+def _postgres_connect_args(url: URL, read_only: bool) -> dict[str, Any]:
+    """psycopg's connect arguments: the connect and statement timeouts of
+    :mod:`aot.cache.timeouts` unless the URL sets its own, and read-only sessions.
+    ``options`` in connect_args replaces the URL's, so the URL's are kept in front."""
+    bounds = timeouts()
+    query = {k: (v[-1] if isinstance(v, tuple) else v) for k, v in url.query.items()}
+    args: dict[str, Any] = {}
+    if "connect_timeout" not in query:
+        args["connect_timeout"] = bounds.db_connect_timeout
+    options = [query["options"]] if query.get("options") else []
+    # 0 sends nothing: the server's (or role's) setting applies, and a pooler that
+    # refuses startup options (PgBouncer) is not sent any by a writable engine.
+    if bounds.db_statement_timeout_ms and "statement_timeout" not in query.get("options", ""):
+        options.append(f"-c statement_timeout={bounds.db_statement_timeout_ms}")
+    if read_only:  # the server refuses writes too, whatever a code path tries
+        options.append("-c default_transaction_read_only=on")
+    if options:
+        args["options"] = " ".join(options)
+    return args
 
 
 #: A pooled PostgreSQL connection idle longer than this is pinged at checkout (one

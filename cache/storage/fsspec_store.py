@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 from aot.errors import CacheError, ReadOnlyCacheError
 from aot.cache.storage.objectstore import BlobStat, blob_path, check_digest, digest_from_path
+from aot.cache.timeouts import timeouts
 
 __all__ = [
     "SCHEMES", "FsspecObjectStore", "UrlTarget", "is_url", "open_fsspec_store", "open_url",
@@ -210,9 +211,15 @@ def _default_options(protocol: str) -> dict[str, Any]:
         return {"auto_mkdir": True}
     options: dict[str, Any] = {"use_listings_cache": False}
     if protocol == "s3":
-        # botocore's standard retry mode (3 attempts, backoff), so an unreachable
-        # endpoint fails in seconds, not after the legacy mode's long backoff.
-        options["config_kwargs"] = {"retries": {"max_attempts": 3, "mode": "standard"}}
+        # Bounded waits (botocore's own are 60 s each) and botocore's standard retry
+        # mode, so a frozen or unreachable endpoint fails in seconds, not after the
+        # legacy mode's long backoff.
+        bounds = timeouts()
+        options["config_kwargs"] = {
+            "connect_timeout": bounds.blob_connect_s,
+            "read_timeout": bounds.blob_read_s,
+            "retries": {"max_attempts": bounds.blob_retries, "mode": "standard"},
+        }
     return options
 
 

@@ -259,3 +259,40 @@ def test_server_killed_mid_write_leaves_no_object(private_moto) -> None:  # type
     server.start()  # same process, same port: the buckets survived
     assert s.exists([D1, D2]) == {D2}
     assert s.read(D1) is None and s.read(D2) == b"intact"
+
+
+def test_s3_waits_are_bounded_by_default_and_by_the_environment(
+    s3_env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AOT_BLOB_CONNECT_TIMEOUT", "AOT_BLOB_READ_TIMEOUT", "AOT_BLOB_RETRIES"):
+        monkeypatch.delenv(name, raising=False)
+    config = FsspecObjectStore("s3://bucket/p")._fs.config_kwargs
+    assert (config["connect_timeout"], config["read_timeout"]) == (5.0, 30.0)
+    assert config["retries"]["max_attempts"] == 3
+    monkeypatch.setenv("AOT_BLOB_CONNECT_TIMEOUT", "1.5")
+    monkeypatch.setenv("AOT_BLOB_READ_TIMEOUT", "2")
+    monkeypatch.setenv("AOT_BLOB_RETRIES", "1")
+    config = FsspecObjectStore("s3://bucket/p")._fs.config_kwargs
+    assert (config["connect_timeout"], config["read_timeout"]) == (1.5, 2.0)
+    assert config["retries"]["max_attempts"] == 1
+    monkeypatch.setenv("AOT_BLOB_READ_TIMEOUT", "soon")
+    with pytest.raises(CacheError, match="AOT_BLOB_READ_TIMEOUT='soon' is not a timeout"):
+        FsspecObjectStore("s3://bucket/p")
+
+
+def test_a_frozen_s3_endpoint_fails_within_the_read_timeout(
+    s3_env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A listener that accepts connections and never answers: a frozen server.
+    with socket.socket() as frozen:
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen(16)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{frozen.getsockname()[1]}")
+        monkeypatch.setenv("AOT_BLOB_READ_TIMEOUT", "0.5")
+        monkeypatch.setenv("AOT_BLOB_RETRIES", "1")
+        s = FsspecObjectStore("s3://bucket/p")
+        start = time.monotonic()
+        with pytest.raises(CacheError, match="did not answer"):
+            s.exists([D1])
+        # botocore's own read timeout is 60 s; s3fs's retry loop repeats a few bounded waits
+        assert time.monotonic() - start < 15

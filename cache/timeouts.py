@@ -1,0 +1,97 @@
+"""How long the cache waits on the network: every wait has a bound.
+
+A frozen database or object store (a stopped process, a dropped route, a proxy that
+accepts and never answers) must fail a call in seconds, so that a replica falls back
+to its local tier or reports the outage, instead of hanging a request for minutes.
+Each bound is read from the environment when an index engine or an object-store
+filesystem is created; the defaults suit a serving fleet.
+
+=========================  =======  ===================================================
+Variable                   Default  Bounds
+=========================  =======  ===================================================
+AOT_DB_CONNECT_TIMEOUT     5        opening a PostgreSQL connection (whole seconds)
+AOT_DB_STATEMENT_TIMEOUT   30       one SQL statement on PostgreSQL (0: the server's)
+AOT_BLOB_CONNECT_TIMEOUT   5        opening a connection to the object store (S3)
+AOT_BLOB_READ_TIMEOUT      30       waiting for bytes from the object store (S3)
+AOT_BLOB_RETRIES           3        attempts of one object-store request (S3)
+=========================  =======  ===================================================
+
+A database URL that sets ``connect_timeout`` or ``statement_timeout`` itself keeps its
+own value. Storage options passed to an object store replace these defaults.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aot.errors import CacheError
+
+__all__ = ["ENVIRONMENT", "Timeouts", "timeouts"]
+
+#: The environment variable of each bound.
+ENVIRONMENT = {
+    "db_connect_s": "AOT_DB_CONNECT_TIMEOUT",
+    "db_statement_s": "AOT_DB_STATEMENT_TIMEOUT",
+    "blob_connect_s": "AOT_BLOB_CONNECT_TIMEOUT",
+    "blob_read_s": "AOT_BLOB_READ_TIMEOUT",
+    "blob_retries": "AOT_BLOB_RETRIES",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """The network bounds in seconds (``blob_retries``: attempts per request)."""
+
+    db_connect_s: float = 5.0
+    db_statement_s: float = 30.0  # 0: not set, the server's (or role's) setting applies
+    blob_connect_s: float = 5.0
+    blob_read_s: float = 30.0
+    blob_retries: int = 3
+
+    @property
+    def db_connect_timeout(self) -> int:
+        """libpq takes whole seconds: round up, so a bound is never shorter than asked."""
+        return max(1, math.ceil(self.db_connect_s))
+
+    @property
+    def db_statement_timeout_ms(self) -> int:
+        return max(0, math.ceil(self.db_statement_s * 1000))
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        allowed = "0 or more (0: the server's setting)" if zero_ok else "more than 0"
+        raise CacheError(
+            f"{name}={raw!r} is not a timeout: expected seconds, {allowed}, e.g. {name}={default:g}"
+        )
+    return value
+
+
+def timeouts(env: Mapping[str, str] | None = None) -> Timeouts:
+    """The bounds the environment sets (``os.environ`` unless ``env`` is given), each
+    defaulting to :class:`Timeouts`'; a malformed value is a :class:`CacheError`."""
+    env = os.environ if env is None else env
+    d = Timeouts()
+    retries = _seconds(env, ENVIRONMENT["blob_retries"], d.blob_retries, zero_ok=False)
+    if retries != int(retries):
+        raise CacheError(
+            f"{ENVIRONMENT['blob_retries']}={env[ENVIRONMENT['blob_retries']]!r} is not a "
+            f"count: expected a whole number of attempts, 1 or more, e.g. 3"
+        )
+    return Timeouts(
+        db_connect_s=_seconds(env, ENVIRONMENT["db_connect_s"], d.db_connect_s, zero_ok=False),
+        db_statement_s=_seconds(env, ENVIRONMENT["db_statement_s"], d.db_statement_s, zero_ok=True),
+        blob_connect_s=_seconds(env, ENVIRONMENT["blob_connect_s"], d.blob_connect_s, zero_ok=False),
+        blob_read_s=_seconds(env, ENVIRONMENT["blob_read_s"], d.blob_read_s, zero_ok=False),
+        blob_retries=int(retries),
+    )
