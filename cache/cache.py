@@ -26,6 +26,7 @@ from aot.fingerprint import environment_fingerprint
 from aot.signing import key_from
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import INDEX_FILE, IndexEntry
+from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
 from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
 
 if TYPE_CHECKING:
@@ -238,6 +239,22 @@ class Cache:
     def entries_named(self, name: str, *, state: str | None = "ok") -> list[IndexEntry]:
         """Every entry stored under ``name`` (all environments)."""
         return self.reader.by_name(name, state=state)
+
+    def refs_named(self, name: str) -> list[Ref]:
+        """The current refs of ``name``: the key each (signature, environment) serves."""
+        return self.reader.refs_named(name)
+
+    def release_members(self, label: str, name: str) -> tuple[ReleaseMember, ...] | None:
+        """The refs of ``name`` in release ``label`` (None: no such label)."""
+        return self.reader.release_members(label, name)
+
+    def set_refs(
+        self, entries: Iterable[IndexEntry], origin: RefOrigin, *, release_id: int | None = None,
+    ) -> list[Ref]:
+        """Declares each entry the one served for its (name, signature, environment)."""
+        self._check_writable("set refs")
+        targets = [(e.name, e.signature, e.env_fp, e.key) for e in entries]
+        return self.index.set_refs(targets, origin, release_id=release_id) if targets else []
 
     def lookup(self, key: str) -> IndexEntry | None:
         """The row of ``key`` (None: not stored)."""

@@ -129,6 +129,12 @@ class _UnreachableIndex:
     def names(self) -> list[str]:
         raise CacheError(self._message)
 
+    def refs_named(self, name: str, env_fp: str | None = None) -> list[Any]:
+        raise CacheError(self._message)
+
+    def release_members(self, label: str, name: str) -> Any:
+        raise CacheError(self._message)
+
     def touch(self, key: str) -> None:
         pass
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from aot.cache.index.entry import IndexEntry
+from aot.cache.index.refs import Ref, ReleaseMember
 
 __all__ = ["IndexReader"]
 
@@ -30,6 +31,15 @@ class IndexReader(Protocol):
     def by_name(self, name: str, env_fp: str | None = None, state: str | None = "ok") -> list[IndexEntry]:
         """Rows stored under ``name`` (for one environment; ``state=None``: any state),
         oldest first (``created_at``, then key)."""
+        ...
+
+    def refs_named(self, name: str, env_fp: str | None = None) -> list[Ref]:
+        """The current refs of ``name`` (of one environment): which key each
+        (signature, environment) serves."""
+        ...
+
+    def release_members(self, label: str, name: str) -> tuple[ReleaseMember, ...] | None:
+        """The refs of ``name`` in release ``label``'s current set (None: no such label)."""
         ...
 
     def names(self) -> list[str]:

@@ -23,12 +23,15 @@ from typing import Any
 from urllib.parse import quote
 
 from aot.cache.index.entry import SCHEMA_VERSION, IndexEntry, utcnow
+from aot.cache.index.refs import Ref, ReleaseMember
 from aot.errors import CacheError
 
 log = logging.getLogger(__name__)
 
 _COLUMNS = tuple(f.name for f in fields(IndexEntry))
 _TIMES = {"created_at", "last_used_at"}
+_REF_COLUMNS = tuple(f.name for f in fields(Ref))
+_REF_SELECT = ", ".join(f'"{c}"' for c in _REF_COLUMNS)  # quoted: "commit" is a keyword
 _BUSY_TIMEOUT_S = 30.0
 
 
@@ -210,6 +213,27 @@ class SqliteReader:
     def names(self) -> list[str]:
         """Every name with at least one row (for "did you mean" suggestions)."""
         return sorted(str(r[0]) for r in self._execute("SELECT DISTINCT name FROM artifacts"))
+
+    def refs_named(self, name: str, env_fp: str | None = None) -> list[Ref]:
+        """The current refs of ``name`` (of one environment)."""
+        query = f"SELECT {_REF_SELECT} FROM refs WHERE name = ?"
+        params: list[object] = [name]
+        if env_fp is not None:
+            query += " AND env_fp = ?"
+            params.append(env_fp)
+        rows = self._execute(query + " ORDER BY signature, env_fp", params)
+        return [Ref(*(_time(v) if c == "set_at" else v for c, v in zip(_REF_COLUMNS, row))) for row in rows]
+
+    def release_members(self, label: str, name: str) -> tuple[ReleaseMember, ...] | None:
+        """The members of ``name`` in ``label``'s current set (None: no such label)."""
+        found = self._execute("SELECT max(id) FROM releases WHERE label = ?", [label])
+        if not found or found[0][0] is None:
+            return None
+        rows = self._execute(
+            "SELECT name, signature, env_fp, key FROM release_members WHERE release_id = ? AND name = ?"
+            " ORDER BY signature", [found[0][0], name],
+        )
+        return tuple(ReleaseMember(*row) for row in rows)
 
     def _rows(self, query: str, params: list[object]) -> list[IndexEntry]:
         rows = self._execute(query, params)

@@ -26,6 +26,16 @@ database blob store, those too, in ``blobs_data``):
     serving statistics per (environment, name, signature): calls, loads and load
     time, compile time saved, misses and recompiles with their last reason
     (:mod:`aot.cache.serving.stats` writes them in batches, never one write per call).
+``ref_history`` and ``refs``
+    which key is served for each (environment, name, signature): every change
+    appended to ``ref_history`` (its autoincremented ``seq`` orders them: the index's
+    commit order, never a client's clock), the current one kept in ``refs``
+    (:mod:`aot.cache.index.refs`, :mod:`aot.cache.index.refs_sql`).
+``releases`` and ``release_members``
+    a label over a set of refs: each promotion, labelled warm-up or rollback appends a
+    set; the label's current set is its highest id; ``previous`` chains rollbacks.
+``cache_meta``
+    one row: how the cache describes itself (blob location, compression, format).
 ``schema_version``
     a single row holding the schema version of the database.
 
@@ -65,6 +75,10 @@ Changelog of :data:`SCHEMA_VERSION`:
 * 5 (2026-12-03): index_state: when a deletion of this index's own (gc, ``aot rm``)
   left it empty, so that gc tells an index it emptied from a lost or replaced one
   (``_migrate_add_index_state``, :mod:`aot.cache.index.state`).
+* 6 (2026-12-04): refs and their history, releases and their members, cache_meta:
+  what is served is declared, never inferred from a clock; a shared cache records
+  where its blobs are (``_migrate_add_refs``). A cache without refs serves by the
+  rule of schema 5 (the newest row) until a warm-up sets them.
 """
 
 from __future__ import annotations
@@ -117,6 +131,11 @@ __all__ = [
     "LEASES",
     "CALL_STATS",
     "INDEX_STATE",
+    "REFS",
+    "REF_HISTORY",
+    "RELEASES",
+    "RELEASE_MEMBERS",
+    "CACHE_META",
     "ensure_schema",
     "read_version",
 ]
@@ -282,6 +301,88 @@ class IndexStateRow(Base):
     emptied_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
+class RefHistoryRow(Base):
+    """Every change of a ref, in the index's order (``seq``)."""
+
+    __tablename__ = "ref_history"
+    __table_args__ = (SqlIndex("ix_ref_history_slot", "name", "env_fp", "signature_digest", "seq"),)
+
+    seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    env_fp: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(512))
+    signature_digest: Mapped[str] = mapped_column(String(64))
+    signature: Mapped[str] = mapped_column(Text)
+    key: Mapped[str] = mapped_column(String(256), index=True)
+    set_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    host: Mapped[str] = mapped_column(String(256))
+    user: Mapped[str] = mapped_column(String(256))
+    source: Mapped[str] = mapped_column(Text)
+    release: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    commit: Mapped[str | None] = mapped_column(String(256), nullable=True)
+
+
+class RefRow(Base):
+    """The current ref of each (environment, name, signature): its latest history record."""
+
+    __tablename__ = "refs"
+    __table_args__ = (SqlIndex("ix_refs_name", "name"),)
+
+    env_fp: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(512), primary_key=True)
+    signature_digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    signature: Mapped[str] = mapped_column(Text)
+    key: Mapped[str] = mapped_column(String(256), index=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    set_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    host: Mapped[str] = mapped_column(String(256))
+    user: Mapped[str] = mapped_column(String(256))
+    source: Mapped[str] = mapped_column(Text)
+    release: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    commit: Mapped[str | None] = mapped_column(String(256), nullable=True)
+
+
+class ReleaseRow(Base):
+    """One set a label pointed to; the label's current set is its highest id."""
+
+    __tablename__ = "releases"
+    __table_args__ = (SqlIndex("ix_releases_label", "label", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    label: Mapped[str] = mapped_column(String(256))
+    previous: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    host: Mapped[str] = mapped_column(String(256))
+    user: Mapped[str] = mapped_column(String(256))
+    source: Mapped[str] = mapped_column(Text)
+    commit: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    run: Mapped[str | None] = mapped_column(String(256), nullable=True)  # shards of one run share a set
+
+
+class ReleaseMemberRow(Base):
+    __tablename__ = "release_members"
+    __table_args__ = (SqlIndex("ix_release_members_key", "key"),)
+
+    release_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("releases.id"), primary_key=True)
+    env_fp: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(512), primary_key=True)
+    signature_digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    signature: Mapped[str] = mapped_column(Text)
+    key: Mapped[str] = mapped_column(String(256))
+
+
+class CacheMetaRow(Base):
+    """How the cache describes itself (:class:`aot.cache.index.refs.CacheDescription`)."""
+
+    __tablename__ = "cache_meta"
+    __table_args__ = (CheckConstraint("id = 1", name="ck_cache_meta_single_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    blob_location: Mapped[str | None] = mapped_column(Text, nullable=True)
+    compression: Mapped[str] = mapped_column(String(64))
+    format_version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 #: The tables, for Core statements (the models' ``__table__``).
 ARTIFACTS: sa.Table = ArtifactRow.__table__  # type: ignore[assignment]
 PROGRAMS: sa.Table = ProgramRow.__table__  # type: ignore[assignment]
@@ -290,6 +391,11 @@ SCHEMA_VERSIONS: sa.Table = SchemaVersionRow.__table__  # type: ignore[assignmen
 LEASES: sa.Table = BlobLeaseRow.__table__  # type: ignore[assignment]
 CALL_STATS: sa.Table = CallStatsRow.__table__  # type: ignore[assignment]
 INDEX_STATE: sa.Table = IndexStateRow.__table__  # type: ignore[assignment]
+REFS: sa.Table = RefRow.__table__  # type: ignore[assignment]
+REF_HISTORY: sa.Table = RefHistoryRow.__table__  # type: ignore[assignment]
+RELEASES: sa.Table = ReleaseRow.__table__  # type: ignore[assignment]
+RELEASE_MEMBERS: sa.Table = ReleaseMemberRow.__table__  # type: ignore[assignment]
+CACHE_META: sa.Table = CacheMetaRow.__table__  # type: ignore[assignment]
 
 
 # ------------------------------------------------------------------------ migrations
@@ -346,6 +452,11 @@ def _migrate_add_index_state(conn: Connection) -> None:
     INDEX_STATE.create(conn, checkfirst=True)
 
 
+def _migrate_add_refs(conn: Connection) -> None:
+    for table in (REF_HISTORY, REFS, RELEASES, RELEASE_MEMBERS, CACHE_META):
+        table.create(conn, checkfirst=True)
+
+
 #: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
 #: database is created from the models at the current version; migration 1 exists
 #: so that the list is complete and every version has a description.
@@ -355,6 +466,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "blob leases, and indexes on blob digests (gc safety)", _migrate_add_blob_leases),
     Migration(4, "call statistics per environment, name and signature", _migrate_add_call_stats),
     Migration(5, "index_state: an index emptied by its own deletions", _migrate_add_index_state),
+    Migration(6, "refs, ref history, releases and cache_meta: what is served is declared", _migrate_add_refs),
 )
 
 

@@ -26,6 +26,7 @@ from aot.cache.index.entry import INDEX_FILE, IndexEntry, as_utc
 from aot.cache.index.gc_protocol import IndexGc
 from aot.cache.index.leases import Lease, LeaseLostError
 from aot.cache.index.queries import IndexReads
+from aot.cache.index.refs_sql import IndexRefs
 from aot.cache.index.schema import ARTIFACTS, BLOBS, LEASES, PROGRAMS, ensure_schema, read_version
 from aot.cache.index.state import clear_emptied
 from aot.cache.pauses import reached
@@ -36,12 +37,13 @@ logger = logging.getLogger(__name__)
 __all__ = ["Index"]
 
 
-class Index(IndexReads, IndexGc):
+class Index(IndexReads, IndexGc, IndexRefs):
     """The SQL index of a cache: SQLite (default) or PostgreSQL (shared).
 
     Its reads (:class:`~aot.cache.index.queries.IndexReads`) and its side of the gc
-    protocol (:class:`~aot.cache.index.gc_protocol.IndexGc`) are defined beside it; the
-    writes of rows are here.
+    protocol (:class:`~aot.cache.index.gc_protocol.IndexGc`) and its refs and releases
+    (:class:`~aot.cache.index.refs_sql.IndexRefs`) are defined beside it; the writes of
+    rows are here.
     """
 
     def __init__(self, url: str | URL, *, read_only: bool = False) -> None:

@@ -138,6 +138,24 @@ def test_names_lists_every_name_once_sorted(reader: IndexReader) -> None:
     assert reader.names() == sorted(NAMES)
 
 
+def test_refs_and_release_members_read_the_same_everywhere(backend: Backend, reader: IndexReader) -> None:
+    from aot.cache.index.refs import RefOrigin
+
+    rows = [e for e in _rows() if e.name == "mlp.forward" and e.ok]
+    origin = RefOrigin("test", host="h", user="u", commit=None)
+    set_id = backend.writer.open_release("prod", origin)
+    backend.writer.set_refs([(e.name, e.signature, e.env_fp, e.key) for e in rows], origin, release_id=set_id)
+    expected = backend.writer.refs_named("mlp.forward")
+    assert len(expected) == len(rows)
+    assert reader.refs_named("mlp.forward") == expected
+    assert reader.refs_named("mlp.forward", ENVS[1]) == [r for r in expected if r.env_fp == ENVS[1]]
+    assert reader.refs_named("tiny") == []
+    members = reader.release_members("prod", "mlp.forward")
+    assert members is not None and {m.key for m in members} == {e.key for e in rows}
+    assert reader.release_members("prod", "tiny") == ()
+    assert reader.release_members("no-such-label", "mlp.forward") is None
+
+
 def test_touch_records_a_use(backend: Backend, reader: IndexReader) -> None:
     row = next(e for e in _rows() if e.name == "ünï.cödé/名")
     before = datetime.now(timezone.utc) - timedelta(minutes=1)

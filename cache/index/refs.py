@@ -1,0 +1,152 @@
+"""What a cache serves, as value objects: refs, their history, releases, and the cache's
+description of itself. No SQLAlchemy here (the stdlib reader builds these too).
+
+A **ref** names the key served for one (name, signature, environment). Every change of
+a ref is appended to its history; the current ref is the one with the highest history
+``seq``, a number the index hands out in commit order: no client clock and no copy's
+finishing order ever decides what is served. A **release** is a label over a set of
+refs: each promotion, warm-up or rollback of a label appends a new set, whose
+``previous`` is the set it replaced, so a rollback is one step back that chain.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import os
+import socket
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+__all__ = [
+    "COMMIT_VARIABLES",
+    "CacheDescription",
+    "Ref",
+    "RefOrigin",
+    "Release",
+    "ReleaseMember",
+    "default_commit",
+    "signature_digest",
+]
+
+#: Environment variables a CI system sets to the commit being built, in the order read.
+COMMIT_VARIABLES = ("GIT_COMMIT", "GITHUB_SHA", "CI_COMMIT_SHA", "BUILDKITE_COMMIT", "CIRCLE_SHA1")
+
+
+def signature_digest(signature: str) -> str:
+    """sha256 of a signature's text: the key column (a signature can be longer than an
+    index entry may be)."""
+    return hashlib.sha256(signature.encode()).hexdigest()
+
+
+def default_commit() -> str | None:
+    """The commit a CI system says it builds (:data:`COMMIT_VARIABLES`), or None."""
+    for variable in COMMIT_VARIABLES:
+        value = os.environ.get(variable, "").strip()
+        if value:
+            return value
+    return None
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name in some containers
+        return str(os.getuid()) if hasattr(os, "getuid") else "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class RefOrigin:
+    """Who set a ref and why: recorded with every change of a ref and of a release."""
+
+    source: str  # "warmup fixtures/warmup.toml", "compile", "promote candidate", ...
+    host: str = field(default_factory=socket.gethostname)
+    user: str = field(default_factory=_user)
+    commit: str | None = field(default_factory=default_commit)
+    release: str | None = None  # the label the change was recorded under, if any
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """The key served for (name, signature, environment), as one history record."""
+
+    name: str
+    signature: str
+    env_fp: str
+    key: str
+    seq: int  # the index's order of ref changes: the highest is the current one
+    set_at: datetime  # the index's clock when set (display only: seq orders)
+    host: str
+    user: str
+    source: str
+    release: str | None = None
+    commit: str | None = None
+
+    @property
+    def slot(self) -> tuple[str, str, str]:
+        """(name, signature, environment): what one ref decides."""
+        return (self.name, self.signature, self.env_fp)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["set_at"] = self.set_at.isoformat()
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseMember:
+    """One ref of a release set."""
+
+    name: str
+    signature: str
+    env_fp: str
+    key: str
+
+    @property
+    def slot(self) -> tuple[str, str, str]:
+        return (self.name, self.signature, self.env_fp)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """One set a label pointed to: the current one is the label's highest ``id``."""
+
+    id: int
+    label: str
+    previous: int | None  # the set this one replaced (a rollback goes back to it)
+    created_at: datetime  # the index's clock
+    host: str
+    user: str
+    source: str
+    commit: str | None
+    members: tuple[ReleaseMember, ...] = ()
+
+    def keys(self) -> frozenset[str]:
+        return frozenset(m.key for m in self.members)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f: getattr(self, f) for f in ("id", "label", "previous", "host", "user", "source", "commit")}
+        data["created_at"] = self.created_at.isoformat()
+        data["members"] = [m.to_dict() for m in self.members]
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDescription:
+    """What a shared cache records about itself when created: where its blobs live,
+    how they are compressed and which artifact format it holds, so that a client that
+    forgets ``--blobs`` cannot misread it."""
+
+    blob_location: str | None  # None: blobs in the index's own database
+    compression: str
+    format_version: int
+    created_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["created_at"] = self.created_at.isoformat()
+        return data

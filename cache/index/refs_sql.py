@@ -1,0 +1,319 @@
+"""Refs, releases and the cache's description in the SQL index (:class:`IndexRefs`).
+
+The order of ref changes and of release sets is the index's own: autoincremented ids
+handed out in commit order. Two writers setting one ref at once both append to the
+history; the ref keeps the higher ``seq`` whichever commits last, so the history and
+the ref never disagree. Times are the index's clock and only displayed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
+from aot.cache.index.globs import glob_to_like
+from aot.cache.index.refs import (
+    CacheDescription,
+    Ref,
+    RefOrigin,
+    Release,
+    ReleaseMember,
+    signature_digest,
+)
+from aot.cache.index.schema import CACHE_META, REF_HISTORY, REFS, RELEASE_MEMBERS, RELEASES
+from aot.errors import CacheError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["IndexRefs", "RefTarget"]
+
+#: (name, signature, env_fp, key): what a ref update names.
+RefTarget = tuple[str, str, str, str]
+
+_REF_COLUMNS = ("name", "signature", "env_fp", "key", "seq", "set_at", "host", "user", "source", "release", "commit")
+
+
+def _ref(row: Any) -> Ref:
+    m = row._mapping
+    return Ref(**{c: m[c] for c in _REF_COLUMNS})
+
+
+class IndexRefs(IndexEngine):
+    """Which key is served, per (name, signature, environment), and release labels."""
+
+    # ------------------------------------------------------------------ refs
+
+    def set_refs(
+        self, targets: Iterable[RefTarget], origin: RefOrigin, *, release_id: int | None = None,
+    ) -> list[Ref]:
+        """Points each (name, signature, environment) at its key, in one transaction, and
+        adds them to the release set ``release_id`` when given. A ref that already names
+        its key is left as it is (no history record). Returns the refs changed."""
+        targets = list(dict.fromkeys(targets))
+        changed: list[Ref] = []
+        with self._write("set refs") as conn:
+            now = server_now(conn)
+            for name, signature, env_fp, key in targets:
+                digest = signature_digest(signature)
+                current = conn.execute(
+                    sa.select(REFS.c.key).where(
+                        REFS.c.env_fp == env_fp, REFS.c.name == name, REFS.c.signature_digest == digest
+                    )
+                ).scalar_one_or_none()
+                if current != key:
+                    changed.append(self._append_ref(conn, name, signature, env_fp, key, origin, now))
+                if release_id is not None:
+                    self._add_member(conn, release_id, ReleaseMember(name, signature, env_fp, key))
+        for ref in changed:
+            logger.info("ref %s (%s) -> %s (%s)", ref.name, ref.signature, ref.key[:12], origin.source)
+        return changed
+
+    def _append_ref(
+        self, conn: Connection, name: str, signature: str, env_fp: str, key: str, origin: RefOrigin, now: Any,
+    ) -> Ref:
+        values = {
+            "env_fp": env_fp, "name": name, "signature_digest": signature_digest(signature),
+            "signature": signature, "key": key, "set_at": now, "host": origin.host, "user": origin.user,
+            "source": origin.source, "release": origin.release, "commit": origin.commit,
+        }
+        seq = int(conn.execute(sa.insert(REF_HISTORY).values(**values).returning(REF_HISTORY.c.seq)).scalar_one())
+        upsert = insert_ignore(conn, REFS).values(**values, seq=seq)
+        update = {c: upsert.excluded[c] for c in ("signature", "key", "seq", "set_at", "host", "user",
+                                                  "source", "release", "commit")}
+        conn.execute(upsert.on_conflict_do_update(
+            index_elements=[REFS.c.env_fp, REFS.c.name, REFS.c.signature_digest],
+            set_=update, where=REFS.c.seq < upsert.excluded.seq,
+        ))
+        return Ref(name=name, signature=signature, env_fp=env_fp, key=key, seq=seq, set_at=now,
+                   host=origin.host, user=origin.user, source=origin.source, release=origin.release,
+                   commit=origin.commit)
+
+    def refs_named(self, name: str, env_fp: str | None = None) -> list[Ref]:
+        """The current refs of ``name`` (of one environment), by signature."""
+        q = sa.select(*(REFS.c[c] for c in _REF_COLUMNS)).where(REFS.c.name == name)
+        if env_fp is not None:
+            q = q.where(REFS.c.env_fp == env_fp)
+        with self._read(f"read the refs of {name}") as conn:
+            return [_ref(r) for r in conn.execute(q.order_by(REFS.c.signature, REFS.c.env_fp)).all()]
+
+    def refs(self, name_glob: str | None = None) -> list[Ref]:
+        """Every current ref, or those whose name matches an fnmatch glob."""
+        q = sa.select(*(REFS.c[c] for c in _REF_COLUMNS))
+        if name_glob not in (None, "*"):
+            q = q.where(REFS.c.name.like(glob_to_like(name_glob), escape="\\"))
+        with self._read("read refs") as conn:
+            out = [_ref(r) for r in conn.execute(q.order_by(REFS.c.name, REFS.c.signature)).all()]
+        if name_glob not in (None, "*"):
+            out = [r for r in out if fnmatch.fnmatchcase(r.name, name_glob)]
+        return out
+
+    def ref_history(self, name: str, *, signature: str | None = None, env_fp: str | None = None,
+                    limit: int | None = None) -> list[Ref]:
+        """Every change of the refs of ``name``, newest first."""
+        q = sa.select(*(REF_HISTORY.c[c] for c in _REF_COLUMNS)).where(REF_HISTORY.c.name == name)
+        if signature is not None:
+            q = q.where(REF_HISTORY.c.signature_digest == signature_digest(signature))
+        if env_fp is not None:
+            q = q.where(REF_HISTORY.c.env_fp == env_fp)
+        q = q.order_by(REF_HISTORY.c.seq.desc())
+        if limit is not None:
+            q = q.limit(limit)
+        with self._read(f"read the history of {name}") as conn:
+            return [_ref(r) for r in conn.execute(q).all()]
+
+    def drop_refs(self, slots: Iterable[tuple[str, str, str]]) -> int:
+        """Removes the current refs of (name, signature, env_fp) slots (their history
+        stays); returns how many existed. What they named becomes collectable."""
+        n = 0
+        with self._write("drop refs") as conn:
+            for name, signature, env_fp in set(slots):
+                n += conn.execute(sa.delete(REFS).where(
+                    REFS.c.env_fp == env_fp, REFS.c.name == name,
+                    REFS.c.signature_digest == signature_digest(signature),
+                )).rowcount
+        return n
+
+    # -------------------------------------------------------------- releases
+
+    def open_release(self, label: str, origin: RefOrigin, *, run: str | None = None) -> int:
+        """The id of the set a labelled warm-up adds its refs to: a new set for
+        ``label`` (its ``previous`` the current one), or, when ``run`` is given and the
+        label's current set was opened by the same run (shards of one CI job), that set."""
+        check_label(label)
+        with self._write(f"open release {label}") as conn:
+            current = self._current_set(conn, label)
+            if run is not None and current is not None and current["run"] == run:
+                return int(current["id"])
+            return self._new_set(conn, label, origin, previous=None if current is None else current["id"],
+                                 run=run)
+
+    def promote(self, source: str, target: str, origin: RefOrigin) -> Release:
+        """Points label ``target`` at the set ``source`` points to now (a new set of
+        ``target`` with the same members)."""
+        check_label(target)
+        with self._write(f"promote {source} to {target}") as conn:
+            current = self._current_set(conn, source)
+            if current is None:
+                raise CacheError(f"no release labelled {source!r}; `aot release ls` lists the labels")
+            before = self._current_set(conn, target)
+            new = self._new_set(conn, target, origin, previous=None if before is None else before["id"])
+            self._copy_members(conn, int(current["id"]), new)
+        release = self.release_set(target)
+        assert release is not None
+        return release
+
+    def rollback(self, label: str, origin: RefOrigin) -> Release:
+        """Points ``label`` back at the set it pointed to before its current one. Done
+        again, it goes one further step back."""
+        with self._write(f"roll back {label}") as conn:
+            current = self._current_set(conn, label)
+            if current is None:
+                raise CacheError(f"no release labelled {label!r}; `aot release ls` lists the labels")
+            if current["previous"] is None:
+                raise CacheError(
+                    f"release {label!r} has nothing to roll back to: set {current['id']} is its first"
+                )
+            target = conn.execute(sa.select(RELEASES).where(RELEASES.c.id == current["previous"])).first()
+            if target is None:
+                raise CacheError(f"release {label!r}: its previous set {current['previous']} is gone")
+            new = self._new_set(conn, label, origin, previous=target._mapping["previous"])
+            self._copy_members(conn, int(target._mapping["id"]), new)
+        release = self.release_set(label)
+        assert release is not None
+        return release
+
+    def release_set(self, label: str, *, set_id: int | None = None, name: str | None = None) -> Release | None:
+        """The current set of ``label`` (or set ``set_id``) with its members (of
+        ``name`` only, when given); None when there is no such label."""
+        with self._read(f"read release {label}") as conn:
+            if set_id is None:
+                row = self._current_set(conn, label)
+            else:
+                found = conn.execute(sa.select(RELEASES).where(RELEASES.c.id == set_id)).first()
+                row = None if found is None else dict(found._mapping)
+            if row is None:
+                return None
+            q = sa.select(RELEASE_MEMBERS).where(RELEASE_MEMBERS.c.release_id == row["id"])
+            if name is not None:
+                q = q.where(RELEASE_MEMBERS.c.name == name)
+            members = tuple(
+                ReleaseMember(m.name, m.signature, m.env_fp, m.key)
+                for m in conn.execute(q.order_by(RELEASE_MEMBERS.c.name, RELEASE_MEMBERS.c.signature)).all()
+            )
+        return _release(row, members)
+
+    def release_members(self, label: str, name: str) -> tuple[ReleaseMember, ...] | None:
+        """The members of ``name`` in ``label``'s current set (None: no such label)."""
+        release = self.release_set(label, name=name)
+        return None if release is None else release.members
+
+    def releases(self) -> list[Release]:
+        """The current set of every label (members not read), by label."""
+        latest = sa.select(sa.func.max(RELEASES.c.id)).group_by(RELEASES.c.label)
+        with self._read("list releases") as conn:
+            rows = conn.execute(sa.select(RELEASES).where(RELEASES.c.id.in_(latest)).order_by(RELEASES.c.label))
+            return [_release(dict(r._mapping), ()) for r in rows.all()]
+
+    def release_history(self, label: str) -> list[Release]:
+        """Every set ``label`` pointed to, newest first (members not read)."""
+        with self._read(f"read the history of release {label}") as conn:
+            rows = conn.execute(sa.select(RELEASES).where(RELEASES.c.label == label).order_by(RELEASES.c.id.desc()))
+            return [_release(dict(r._mapping), ()) for r in rows.all()]
+
+    def pinned_keys(self) -> dict[str, str]:
+        """``{key: why}`` for every key gc must keep: named by a current ref, or by a
+        member of a label's current set or of the set a rollback would go back to."""
+        pins: dict[str, str] = {}
+        with self._read("read what refs and releases pin") as conn:
+            for key, name in conn.execute(sa.select(REFS.c.key, REFS.c.name)).all():
+                pins.setdefault(key, f"served ref of {name}")
+            current = {r.label: (r.id, r.previous) for r in conn.execute(
+                sa.select(RELEASES.c.label, RELEASES.c.id, RELEASES.c.previous)
+                .where(RELEASES.c.id.in_(sa.select(sa.func.max(RELEASES.c.id)).group_by(RELEASES.c.label)))
+            ).all()}
+            live = {i: label for label, (i, _) in current.items()}
+            live.update({p: f"{label} (rollback target)" for label, (_, p) in current.items() if p is not None})
+            if live:
+                rows = conn.execute(sa.select(RELEASE_MEMBERS.c.key, RELEASE_MEMBERS.c.release_id)
+                                    .where(RELEASE_MEMBERS.c.release_id.in_(list(live))))
+                for key, set_id in rows.all():
+                    pins.setdefault(key, f"release {live[set_id]}")
+        return pins
+
+    def _current_set(self, conn: Connection, label: str) -> dict[str, Any] | None:
+        row = conn.execute(
+            sa.select(RELEASES).where(RELEASES.c.label == label).order_by(RELEASES.c.id.desc()).limit(1)
+        ).first()
+        return None if row is None else dict(row._mapping)
+
+    def _new_set(self, conn: Connection, label: str, origin: RefOrigin, *, previous: int | None,
+                 run: str | None = None) -> int:
+        return int(conn.execute(sa.insert(RELEASES).values(
+            label=label, previous=previous, created_at=server_now(conn), host=origin.host, user=origin.user,
+            source=origin.source, commit=origin.commit, run=run,
+        ).returning(RELEASES.c.id)).scalar_one())
+
+    def _add_member(self, conn: Connection, set_id: int, member: ReleaseMember) -> None:
+        upsert = insert_ignore(conn, RELEASE_MEMBERS).values(
+            release_id=set_id, env_fp=member.env_fp, name=member.name,
+            signature_digest=signature_digest(member.signature), signature=member.signature, key=member.key,
+        )
+        conn.execute(upsert.on_conflict_do_update(
+            index_elements=[RELEASE_MEMBERS.c.release_id, RELEASE_MEMBERS.c.env_fp, RELEASE_MEMBERS.c.name,
+                            RELEASE_MEMBERS.c.signature_digest],
+            set_={"key": upsert.excluded.key},
+        ))
+
+    def _copy_members(self, conn: Connection, source_id: int, target_id: int) -> None:
+        cols = [c for c in RELEASE_MEMBERS.c if c.name != "release_id"]
+        conn.execute(RELEASE_MEMBERS.insert().from_select(
+            ["release_id", *(c.name for c in cols)],
+            sa.select(sa.literal(target_id), *cols).where(RELEASE_MEMBERS.c.release_id == source_id),
+        ))
+
+    def add_release_members(self, set_id: int, members: Sequence[ReleaseMember]) -> None:
+        """Adds members to a release set (a copy's ``--release``)."""
+        with self._write("record release members") as conn:
+            for member in members:
+                self._add_member(conn, set_id, member)
+
+    # ---------------------------------------------------------- description
+
+    def description(self) -> CacheDescription | None:
+        """What the cache recorded about itself when created (None: nothing yet)."""
+        with self._read("read the cache's description") as conn:
+            row = conn.execute(sa.select(CACHE_META).where(CACHE_META.c.id == 1)).first()
+        if row is None:
+            return None
+        m = row._mapping
+        return CacheDescription(m["blob_location"], m["compression"], int(m["format_version"]), m["created_at"])
+
+    def describe(self, blob_location: str | None, compression: str, format_version: int) -> CacheDescription:
+        """Records the description unless one exists; returns the one recorded."""
+        with self._write("record the cache's description") as conn:
+            conn.execute(insert_ignore(conn, CACHE_META).values(
+                id=1, blob_location=blob_location, compression=compression, format_version=format_version,
+                created_at=server_now(conn),
+            ).on_conflict_do_nothing())
+        found = self.description()
+        assert found is not None
+        return found
+
+
+def check_label(label: str) -> None:
+    """A release label is a short printable word (it appears in commands and logs)."""
+    if not label or len(label) > 128 or any(c.isspace() for c in label) or not label.isprintable():
+        raise CacheError(f"invalid release label {label!r}: use a short word without spaces (e.g. prod, canary)")
+
+
+def _release(row: dict[str, Any], members: tuple[ReleaseMember, ...]) -> Release:
+    return Release(
+        id=int(row["id"]), label=row["label"], previous=row["previous"], created_at=row["created_at"],
+        host=row["host"], user=row["user"], source=row["source"], commit=row["commit"], members=members,
+    )
