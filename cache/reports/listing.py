@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.entry import IndexEntry
+from aot.cache.index.served import superseded_keys
 from aot.cache.serving.signatures import Signature
 
 if TYPE_CHECKING:
@@ -110,36 +111,6 @@ def environment_statuses(
                     status = EnvironmentStatus(False, error=f"unreadable manifest: {exc!r}"[:120])
             by_env[entry.env_fp] = status
         out[entry.key] = status
-    return out
-
-
-def _structure(entry: IndexEntry) -> str:
-    try:
-        return json.dumps(json.loads(entry.manifest).get("in_tree"), sort_keys=True)
-    except Exception:  # noqa: BLE001
-        return ""
-
-
-def superseded_keys(entries: Iterable[IndexEntry]) -> dict[str, str]:
-    """``{superseded key: key of the newest entry that supersedes it}`` among the
-    intact entries (same name, signature, pytree structure and environment)."""
-    candidates: dict[tuple[str, str, str], list[IndexEntry]] = {}
-    for entry in entries:
-        if entry.ok:
-            candidates.setdefault((entry.name, entry.env_fp, entry.signature), []).append(entry)
-    groups: dict[tuple[str, str, str, str], list[IndexEntry]] = {}
-    for key, members in candidates.items():
-        if len(members) > 1:  # only then is the pytree structure worth parsing
-            for entry in members:
-                groups.setdefault((*key, _structure(entry)), []).append(entry)
-    out: dict[str, str] = {}
-    for group in groups.values():
-        if len(group) < 2:
-            continue
-        group.sort(key=lambda e: (e.created_at, e.key))
-        newest = group[-1]
-        for older in group[:-1]:
-            out[older.key] = newest.key
     return out
 
 
