@@ -71,7 +71,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FLUSH_SECONDS", "COUNTERS", "REASONS", "StatsRecorder", "recorder_for"]
+__all__ = [
+    "FLUSH_SECONDS", "COUNTERS", "EXIT_TIMEOUT_VARIABLE", "REASONS", "StatsRecorder",
+    "exit_timeout", "recorder_for",
+]
 
 #: How often the flusher thread writes pending counts (seconds); None: only at
 #: :meth:`StatsRecorder.flush`, :meth:`Cache.close` and exit.
@@ -88,6 +91,31 @@ COUNTERS = (
     "calls", "loads", "load_seconds", "saved_seconds", "misses", "recompiles", "recompile_seconds",
 )
 REASONS = ("miss_reason", "recompile_reason")
+
+#: The bound on the last flush (at :meth:`StatsRecorder.close`, :meth:`Cache.close` and
+#: exit), in seconds: past it, unflushed counts are dropped with a warning.
+EXIT_TIMEOUT_VARIABLE = "AOT_STATS_EXIT_TIMEOUT"
+EXIT_TIMEOUT_DEFAULT = 5.0
+
+
+def exit_timeout(env: Mapping[str, str] | None = None) -> float:
+    """``AOT_STATS_EXIT_TIMEOUT`` seconds (default 5); a malformed value is a
+    :class:`CacheError`."""
+    env = os.environ if env is None else env
+    raw = env.get(EXIT_TIMEOUT_VARIABLE, "").strip()
+    if not raw:
+        return EXIT_TIMEOUT_DEFAULT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and value < float("inf")):
+        raise CacheError(
+            f"{EXIT_TIMEOUT_VARIABLE}={raw!r} is not a timeout: expected seconds, 0 or more, "
+            f"e.g. {EXIT_TIMEOUT_VARIABLE}={EXIT_TIMEOUT_DEFAULT:g}"
+        )
+    return value
+
 
 def _digest(signature: str) -> str:
     return hashlib.sha256(signature.encode()).hexdigest()
@@ -286,6 +314,9 @@ class StatsRecorder:
         # the lock is held, when a garbage collection happens inside flush (a
         # dispatcher in a reference cycle, freed by the collector, not by refcount).
         self._lock = threading.RLock()
+        # One write at a time; held while the index is written, never by a recording call.
+        self._write_lock = threading.Lock()
+        self._inflight: dict[_Key, _Tally] | None = None
         self._pending: dict[_Key, _Tally] = {}
         self._touches: dict[str, int] = {}
         self._memory: dict[_Key, _Tally] = {}
@@ -376,45 +407,97 @@ class StatsRecorder:
             if key:
                 self._touches[key] = self._touches.get(key, 0) + delta
 
-    def flush(self) -> bool:
-        """Writes what was counted since the last flush; False if the write failed
-        (the counts are kept for the next one). Never raises."""
-        if os.getpid() != self._pid:
-            return False  # a forked child: these counts are the parent's
+    def _snapshot(self) -> tuple[dict[_Key, _Tally], dict[str, int]] | None:
+        """Takes what is pending (lock held briefly); None when there is nothing to write."""
         with self._lock:
             for watch in list(self._watches.values()):
                 self._collect(watch)
             if not self._pending and not self._touches:
-                return True
+                return None
             pending, touches = self._pending, self._touches
             self._pending, self._touches = {}, {}
             if self._sink_factory is None or self._closed:
                 _merge_into(self._memory, pending)
+                return None
+            self._inflight = pending
+            return pending, touches
+
+    def flush(self) -> bool:
+        """Writes what was counted since the last flush; False if the write failed
+        (the counts are kept for the next one). Never raises.
+
+        The counts are taken under the recording lock and written outside it: a call
+        that records a load or a miss never waits on the index (a frozen database
+        holds only the writer). One write at a time per recorder (``_write_lock``)."""
+        if os.getpid() != self._pid:
+            return False  # a forked child: these counts are the parent's
+        with self._write_lock:
+            taken = self._snapshot()
+            if taken is None:
                 return True
+            pending, touches = taken
             try:
                 if self._sink is None:
                     self._sink = self._sink_factory()
                 rows = [tally.row(*key) for key, tally in sorted(pending.items())]
                 self._sink.write(rows, touches)
             except Exception as exc:  # noqa: BLE001 - statistics never fail the caller
-                _merge_into(self._pending, pending, first=True)
-                for key, n in touches.items():
-                    self._touches[key] = self._touches.get(key, 0) + n
+                with self._lock:
+                    self._inflight = None
+                    _merge_into(self._pending, pending, first=True)
+                    for key, n in touches.items():
+                        self._touches[key] = self._touches.get(key, 0) + n
                 level = logging.DEBUG if self._warned else logging.WARNING
                 self._warned = True
                 log.log(level, "could not record call statistics at %s (kept for the next "
                         "try): %s", self.location, exc)
                 return False
-            _merge_into(self._memory, pending)
+            with self._lock:
+                self._inflight = None
+                _merge_into(self._memory, pending)
             return True
 
-    def close(self) -> None:
-        """Flushes; afterwards counts stay in memory (the index is being closed)."""
+    def unflushed(self) -> int:
+        """How many counts (calls, loads, misses, recompiles) are not written yet,
+        including those of a write under way."""
+        with self._lock:
+            for watch in list(self._watches.values()):
+                self._collect(watch)
+            tallies = list(self._pending.values()) + list((self._inflight or {}).values())
+        return sum(t.calls + t.loads + t.misses + t.recompiles for t in tallies)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flushes within ``timeout`` seconds (default: ``AOT_STATS_EXIT_TIMEOUT``);
+        afterwards counts stay in memory (the index is being closed). Returns False
+        when the deadline passed: the unflushed counts are dropped with one warning
+        naming how many, and the write left running is abandoned (a daemon thread),
+        so that a process exits within the bound whatever its index does."""
         if self._closed:
-            return
-        self.flush()
+            return True
+        if timeout is None:
+            try:
+                timeout = exit_timeout()
+            except CacheError as exc:
+                log.warning("%s; using %gs", exc, EXIT_TIMEOUT_DEFAULT)
+                timeout = EXIT_TIMEOUT_DEFAULT
+        done = True
+        if not self.stored:
+            self.flush()  # into memory: nothing to wait on
+        elif os.getpid() == self._pid:
+            writer = threading.Thread(target=self.flush, name="aot-stats-exit-flush", daemon=True)
+            writer.start()
+            writer.join(timeout)
+            if writer.is_alive():
+                done = False
+                lost = self.unflushed()
+                log.warning(
+                    "dropped %d unflushed call statistics count(s) for %s: the index did not "
+                    "answer within %gs (%s); the process goes on closing",
+                    lost, self.location, timeout, EXIT_TIMEOUT_VARIABLE,
+                )
         self._closed = True
         _REGISTRY.discard(self)
+        return done
 
     # -- reading -------------------------------------------------------------------
 
@@ -428,6 +511,7 @@ class StatsRecorder:
                 self._collect(watch)
             totals: dict[_Key, _Tally] = {}
             _merge_into(totals, self._memory)
+            _merge_into(totals, self._inflight or {})
             _merge_into(totals, self._pending)
         rows = [
             SignatureStats(env_fp=env, name=name, signature=signature, **_counts(tally))
