@@ -12,7 +12,7 @@ Variable                   Default  Bounds
 AOT_DB_CONNECT_TIMEOUT     5        opening a PostgreSQL connection (whole seconds)
 AOT_DB_STATEMENT_TIMEOUT   30       one SQL statement on PostgreSQL (0: the server's)
 AOT_BLOB_CONNECT_TIMEOUT   5        opening a connection to the object store (S3)
-AOT_BLOB_READ_TIMEOUT      30       waiting for bytes from the object store (S3)
+AOT_BLOB_READ_TIMEOUT      10       waiting for bytes from the object store (S3)
 AOT_BLOB_RETRIES           3        attempts of one object-store request (S3)
 =========================  =======  ===================================================
 
@@ -48,7 +48,7 @@ class Timeouts:
     db_connect_s: float = 5.0
     db_statement_s: float = 30.0  # 0: not set, the server's (or role's) setting applies
     blob_connect_s: float = 5.0
-    blob_read_s: float = 30.0
+    blob_read_s: float = 10.0  # between bytes, not for a whole blob: x retries per request
     blob_retries: int = 3
 
     @property

@@ -218,7 +218,8 @@ def _default_options(protocol: str) -> dict[str, Any]:
         options["config_kwargs"] = {
             "connect_timeout": bounds.blob_connect_s,
             "read_timeout": bounds.blob_read_s,
-            "retries": {"max_attempts": bounds.blob_retries, "mode": "standard"},
+            # total_max_attempts counts the first try (botocore's max_attempts does not).
+            "retries": {"total_max_attempts": bounds.blob_retries, "mode": "standard"},
         }
     return options
 
@@ -253,7 +254,10 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> UrlT
     except Exception as exc:  # noqa: BLE001 - any library error becomes a CacheError
         raise translate_error(exc, "open the object store", location, protocol) from exc
     if protocol == "s3":
-        fs.retries = 2  # s3fs's own retry loop, on top of botocore's
+        # botocore retries (AOT_BLOB_RETRIES attempts); s3fs's own loop on top of it
+        # would multiply the wait on a frozen endpoint: one request waits at most
+        # AOT_BLOB_READ_TIMEOUT x AOT_BLOB_RETRIES plus botocore's backoff.
+        fs.retries = 1
     path = cls._strip_protocol(url).rstrip("/")
     if protocol == "file":
         path = os.path.abspath(os.path.expanduser(path))

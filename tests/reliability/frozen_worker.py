@@ -66,8 +66,26 @@ def serve(url: str, blob_location: str) -> int:
     return 0
 
 
+def read(index: str, blob_location: str) -> int:
+    """Loads ``rel.frozen`` eagerly (its blobs on a frozen store); says the outcome as JSON."""
+    import aot
+
+    start = time.monotonic()
+    try:
+        cache = aot.Cache(index, blob_location=blob_location, read_only=True)
+        aot.load(NAME, cache=cache)
+        outcome = {"ok": True}
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    outcome["seconds"] = time.monotonic() - start
+    print(json.dumps(outcome), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "populate":
         populate(*sys.argv[2:4])
         sys.exit(0)
+    if sys.argv[1] == "read":
+        sys.exit(read(*sys.argv[2:4]))
     sys.exit(serve(*sys.argv[2:4]))

@@ -267,14 +267,14 @@ def test_s3_waits_are_bounded_by_default_and_by_the_environment(
     for name in ("AOT_BLOB_CONNECT_TIMEOUT", "AOT_BLOB_READ_TIMEOUT", "AOT_BLOB_RETRIES"):
         monkeypatch.delenv(name, raising=False)
     config = FsspecObjectStore("s3://bucket/p")._fs.config_kwargs
-    assert (config["connect_timeout"], config["read_timeout"]) == (5.0, 30.0)
-    assert config["retries"]["max_attempts"] == 3
+    assert (config["connect_timeout"], config["read_timeout"]) == (5.0, 10.0)
+    assert config["retries"]["total_max_attempts"] == 3
     monkeypatch.setenv("AOT_BLOB_CONNECT_TIMEOUT", "1.5")
     monkeypatch.setenv("AOT_BLOB_READ_TIMEOUT", "2")
     monkeypatch.setenv("AOT_BLOB_RETRIES", "1")
     config = FsspecObjectStore("s3://bucket/p")._fs.config_kwargs
     assert (config["connect_timeout"], config["read_timeout"]) == (1.5, 2.0)
-    assert config["retries"]["max_attempts"] == 1
+    assert config["retries"]["total_max_attempts"] == 1
     monkeypatch.setenv("AOT_BLOB_READ_TIMEOUT", "soon")
     with pytest.raises(CacheError, match="AOT_BLOB_READ_TIMEOUT='soon' is not a timeout"):
         FsspecObjectStore("s3://bucket/p")
