@@ -82,10 +82,30 @@ def read(index: str, blob_location: str) -> int:
     return 0
 
 
+def tiered(index: str, blob_location: str, local: str) -> int:
+    """Opens the remote through the local tier, loads ``rel.frozen`` eagerly and calls
+    both buckets; says the seconds (open + load, and the calls) as JSON."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    import aot
+
+    start = time.monotonic()
+    cache = aot.Cache(index, blob_location=blob_location, read_only=True, local=local)
+    fn = aot.load(NAME, cache=cache)
+    started = time.monotonic() - start
+    np.testing.assert_allclose(np.asarray(fn(jnp.arange(1, dtype=jnp.float32))), [1.0])
+    np.testing.assert_allclose(np.asarray(fn(jnp.arange(2, dtype=jnp.float32))), [1.0, 3.0])
+    print(json.dumps({"start_s": started, "total_s": time.monotonic() - start}), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "populate":
         populate(*sys.argv[2:4])
         sys.exit(0)
+    if sys.argv[1] == "tiered":
+        sys.exit(tiered(*sys.argv[2:5]))
     if sys.argv[1] == "read":
         sys.exit(read(*sys.argv[2:4]))
     sys.exit(serve(*sys.argv[2:4]))

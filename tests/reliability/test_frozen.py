@@ -131,3 +131,85 @@ def test_a_blob_read_from_a_frozen_s3_fails_within_read_timeout_times_attempts(t
     assert outcome["seconds"] < bound, (outcome, bound)
     print(f"frozen S3: a blob read failed in {outcome['seconds']:.2f}s (bound {bound:.1f}s), "
           f"process {wall:.1f}s wall")
+
+
+def test_a_replica_starts_from_its_populated_tier_when_the_remote_is_frozen(tmp_path: Path) -> None:
+    reason = postgres_missing() or moto_missing()
+    if reason:
+        pytest.skip(reason)
+    local = str(tmp_path / "local")
+    # Any S3 wait would cost 5 s and more; the index's connect bound is 2 s.
+    with private_moto() as s3, private_postgres() as pg:
+        env = _s3_env(s3.url)
+        env.update(AOT_BLOB_READ_TIMEOUT="5", AOT_BLOB_CONNECT_TIMEOUT="5",
+                   AOT_DB_CONNECT_TIMEOUT="2", AOT_STATS_EXIT_TIMEOUT=str(EXIT_TIMEOUT))
+        _bucket(s3.url, "frozen")
+        blobs = "s3://frozen/blobs"
+        subprocess.run([sys.executable, str(WORKER), "populate", pg.url, blobs], env=env,
+                       check=True, timeout=120, capture_output=True)
+
+        def start() -> tuple[dict, float, str]:
+            began = time.monotonic()
+            done = subprocess.run([sys.executable, str(WORKER), "tiered", pg.url, blobs, local],
+                                  env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout.strip().splitlines()[-1]), time.monotonic() - began, done.stderr
+
+        warm, _, _ = start()  # fills the tier
+        s3.freeze()
+        try:
+            s3_frozen, s3_wall, _ = start()
+        finally:
+            s3.thaw()
+        frozen = freeze_tree(pg.pid)
+        s3.freeze()
+        try:
+            all_frozen, all_wall, stderr = start()
+        finally:
+            s3.thaw()
+            thaw(frozen)
+    # Frozen S3: the tier holds every blob, nothing waits on S3.
+    assert s3_frozen["start_s"] < 4.0, s3_frozen
+    # Frozen index too: one bounded connect (2 s), then the tier serves, with a warning.
+    assert all_frozen["start_s"] < 2.0 + 3.0, all_frozen
+    assert "unreachable" in stderr and "serving the local tier" in stderr, stderr
+    print(f"tier start: warm {warm['start_s']:.2f}s, S3 frozen {s3_frozen['start_s']:.2f}s "
+          f"(process {s3_wall:.1f}s), index and S3 frozen {all_frozen['start_s']:.2f}s "
+          f"(process {all_wall:.1f}s)")
+
+
+def _aot(*args: str, env: dict[str, str], timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float]:
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "aot", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    return done, time.monotonic() - began
+
+
+def test_push_to_a_frozen_s3_fails_within_the_bound_and_a_rerun_resumes(tmp_path: Path) -> None:
+    reason = moto_missing()
+    if reason:
+        pytest.skip(reason)
+    source, dest = str(tmp_path / "src"), str(tmp_path / "dest")
+    with private_moto() as s3:
+        env = _s3_env(s3.url)
+        env["AOT_STATS_EXIT_TIMEOUT"] = str(EXIT_TIMEOUT)
+        _bucket(s3.url, "frozen")
+        subprocess.run([sys.executable, str(WORKER), "populate", source, str(tmp_path / "src-blobs")],
+                       env=env, check=True, timeout=120, capture_output=True)
+        push = ("--cache", source, "--blobs", str(tmp_path / "src-blobs"), "push", dest,
+                "--to-blobs", "s3://frozen/blobs")
+        s3.freeze()
+        try:
+            failed, failed_s = _aot(*push, env=env)
+        finally:
+            s3.thaw()
+        resumed, _ = _aot(*push, env=env)
+        again, _ = _aot(*push, env=env)
+    assert failed.returncode != 0, failed.stdout
+    assert "Traceback" not in failed.stderr and "did not answer" in failed.stderr, failed.stderr
+    assert failed_s < 15.0, (failed_s, failed.stderr)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "pushed 2 entries" in resumed.stdout, resumed.stdout
+    assert again.returncode == 0 and "2 already there" in again.stdout, again.stdout
+    print(f"frozen S3: push failed in {failed_s:.1f}s; rerun: {resumed.stdout.strip()}; "
+          f"again: {again.stdout.strip()}")
