@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,6 +43,14 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _readline(stream: Any, timeout: float) -> str:
+    """A line from a child's pipe, or a failure after ``timeout`` s (a hung child must
+    fail the test, not hang it)."""
+    ready, _, _ = select.select([stream], [], [], timeout)
+    assert ready, f"the child said nothing within {timeout} s"
+    return stream.readline()
+
+
 def test_frozen_index_serving_goes_on_and_the_process_exits_within_the_bound(tmp_path: Path) -> None:
     reason = postgres_missing()
     if reason:
@@ -57,11 +67,11 @@ def test_frozen_index_serving_goes_on_and_the_process_exits_within_the_bound(tmp
         frozen: list[int] = []
         try:
             assert child.stdout is not None and child.stdin is not None
-            assert child.stdout.readline().strip() == "ready"
+            assert _readline(child.stdout, 60).strip() == "ready"
             frozen = freeze_tree(pg.pid)  # the postmaster and every backend
             child.stdin.write("go\n")
             child.stdin.flush()
-            line = child.stdout.readline()
+            line = _readline(child.stdout, 30)
             said = time.monotonic()
             child.wait(timeout=60)
             exit_s = time.monotonic() - said
