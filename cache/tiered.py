@@ -160,6 +160,7 @@ class TieredCache(Cache):
         require_signatures: bool = False,
         local: str | os.PathLike[str] | None = None,
         refresh: bool = True,
+        blob_mirror: bool = False,
     ) -> None:
         if local is None:
             raise TypeError("TieredCache needs local=FOLDER")
@@ -179,6 +180,7 @@ class TieredCache(Cache):
             super().__init__(
                 location, signing_key=signing_key, read_only=read_only,
                 blob_location=blob_location, require_signatures=require_signatures,
+                blob_mirror=blob_mirror,
             )
         except CacheError as exc:
             if self.local.index.is_empty():
