@@ -105,3 +105,21 @@ def test_a_cache_written_before_cache_meta_still_opens(written: str, s3_url: str
     x = jnp.ones(16, jnp.float32)
     with aot.Cache(written, read_only=True) as client:
         np.testing.assert_array_equal(np.asarray(aot.load("relu", cache=client)(x)), np.asarray(jax.jit(_relu)(x)))
+
+
+def test_pull_without_from_blobs_reads_the_recorded_location(written: str, invoke: Invoke, tmp_path) -> None:  # noqa: ANN001
+    pulled = invoke("pull", written, "--json", cache=tmp_path / "replica")
+    assert pulled.exit_code == 0, pulled.output
+    assert json.loads(pulled.stdout)["copied"] == 2
+
+
+def test_pull_error_names_the_missing_flag(tmp_path) -> None:  # noqa: ANN001
+    from aot.cache.admin.transfer import copy_entries
+
+    source = aot.Cache(tmp_path / "source")
+    source.compile(_gelu, aot.spec("f32[16]"), name="gelu")
+    for path in (tmp_path / "source" / "blobs").rglob("*.zst"):
+        path.unlink()
+    report = copy_entries(source, aot.Cache(tmp_path / "replica"))
+    assert len(report.failed) == 1 and "--from-blobs" in report.failed[0][1]
+    source.close()
