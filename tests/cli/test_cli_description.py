@@ -123,3 +123,9 @@ def test_pull_error_names_the_missing_flag(tmp_path) -> None:  # noqa: ANN001
     report = copy_entries(source, aot.Cache(tmp_path / "replica"))
     assert len(report.failed) == 1 and "--from-blobs" in report.failed[0][1]
     source.close()
+
+
+def test_a_tier_never_hides_a_wrong_location(written: str, s3_bucket: str, invoke: Invoke, tmp_path) -> None:  # noqa: ANN001
+    assert invoke("pull", written, cache=tmp_path / "tier").exit_code == 0  # a filled tier
+    with pytest.raises(BlobLocationError):
+        aot.Cache(written, blob_location=f"s3://{s3_bucket}/elsewhere", local=tmp_path / "tier")
