@@ -241,6 +241,11 @@ def test_superseded_entries_are_marked_and_gc_removes_them(invoke: Invoke, cache
     assert (data[old]["served_by"], data[old]["superseded_by"]) == ("ref", None)
     assert (data[new]["served"], data[new]["superseded_by"]) == (False, old)
     assert "  state        ok; served (its ref names it)\n" in invoke("show", old).stdout
+    why = invoke("why", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
+    assert why.exit_code == 0, why.output
+    assert why.stdout.strip().endswith(f"hit, key {old[:12]} (served: its ref names it)")
+    data = json.loads(invoke("why", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]", "--json").stdout)
+    assert (data["served_key"], data["served_by"]) == (old, "ref")
     with aot.Cache(cache_dir) as cache:
         cache.set_refs([cache.lookup(new)], RefOrigin("test"))
     # Plain gc keeps it; --superseded removes only it.
