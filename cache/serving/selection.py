@@ -17,8 +17,8 @@ served"):
 
 Every other row is dropped, with a logged reason: an older program is never served,
 not even as a fallback for a damaged served one (that would silently serve old code).
-Rows are checked first (:func:`aot.signing.identity_problems`, and the signature when
-the cache has a key): a renamed, re-signatured, unsigned or altered row is skipped
+With a signing key, rows are checked first (:func:`aot.signing.identity_problems`, and
+their signature): a renamed, re-signatured, unsigned or altered row is skipped
 before the choice, so it can neither be chosen nor hide a signed one.
 """
 
@@ -73,11 +73,15 @@ class Selection:
 def checked_rows(
     entries: Iterable[IndexEntry], signing_key: bytes | None, require: bool = False,
 ) -> tuple[list[IndexEntry], list[tuple[IndexEntry, str]]]:
-    """The rows whose identity columns match their manifest and, with a signing key,
-    whose manifest is signed with it; and (row, why) for the others. An unreadable
-    manifest is left to the loader (which quarantines it)."""
+    """With a signing key (or ``require``): the rows whose identity columns match their
+    manifest and whose manifest is signed with the key; and (row, why) for the others.
+    Without one, every row. An unreadable manifest is left to the loader."""
     kept: list[IndexEntry] = []
     refused: list[tuple[IndexEntry, str]] = []
+    if signing_key is None and not require:
+        # Without a key nothing is signed: the manifest proves nothing the row does not
+        # (the loader's own cross-checks of the manifest still apply).
+        return list(entries), refused
     for entry in entries:
         try:
             manifest = Manifest.from_json(entry.manifest)
@@ -88,7 +92,7 @@ def checked_rows(
             manifest, key=entry.key, name=entry.name, signature=entry.signature,
             program_fp=entry.program_fp, env_fp=entry.env_fp,
         )
-        if not problems and (signing_key is not None or require):
+        if not problems:
             try:
                 verify(manifest, signing_key, require=require)
             except AotError as exc:
