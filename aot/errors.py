@@ -38,6 +38,11 @@ class SignatureNotFoundError(AotError, LookupError, TypeError):
         self.available = available
 
 
+class ReleaseNotFoundError(SignatureNotFoundError):
+    """``aot.load(name, release=LABEL)`` cannot serve the release: no such label, no
+    member of ``name`` in it, or a member signature that cannot be served here."""
+
+
 class IncompatibleEnvironmentError(AotError):
     """An artifact was built for another environment (jaxlib, devices, CPU, format)."""
 

@@ -49,3 +49,40 @@ def verify(manifest: Manifest, key: bytes | None, *, require: bool = False) -> N
             "altered or signed with another key. It will not be loaded; recompile it "
             "with the right key"
         )
+
+
+def identity_problems(
+    manifest: Manifest, *, key: str, name: str, signature: str, program_fp: str, env_fp: str,
+) -> list[str]:
+    """Where an index row's identity columns (what selects an entry: its key, name,
+    input signature, program and environment fingerprints) disagree with its manifest.
+
+    The manifest is what a signature covers; the columns are what a query, a ref and
+    ``aot ls`` select by. A row renamed or re-signatured in the database (``UPDATE
+    artifacts SET name=...``) keeps its signed manifest, so it is caught here."""
+    found: list[str] = []
+    for what, column, stored in (
+        ("key", key, manifest.key),
+        ("name", name, manifest.name),
+        ("signature", signature, manifest.signature),
+        ("program fingerprint", program_fp, manifest.program.digest),
+        ("environment fingerprint", env_fp, manifest.environment.digest),
+    ):
+        if column != stored:
+            found.append(f"the index row's {what} is {column!r} but its manifest says {stored!r}")
+    return found
+
+
+def check_identity(
+    manifest: Manifest, *, key: str, name: str, signature: str, program_fp: str, env_fp: str,
+) -> None:
+    """Raises :class:`IntegrityError` when :func:`identity_problems` finds any."""
+    found = identity_problems(
+        manifest, key=key, name=name, signature=signature, program_fp=program_fp, env_fp=env_fp,
+    )
+    if found:
+        raise IntegrityError(
+            f"artifact {manifest.name!r} ({manifest.key[:12]}): {'; '.join(found)}. The row was "
+            "altered after it was stored (renamed or re-signatured); it is not served. Run `aot "
+            "verify` with the signing key, then delete it (aot rm) and recompile (aot warmup)"
+        )

@@ -52,6 +52,7 @@ from aot.artifact import EXECUTABLE, Artifact
 from aot.cache.cache import Cache, default_location
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import IndexEntry
+from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
 from aot.cache.storage.locations import FOLDER, classify_location
 from aot.errors import BlobLocationError, AotError, CacheError, CorruptArtifactError
 from aot.signing import key_from
@@ -379,6 +380,64 @@ class TieredCache(Cache):
             except CacheError as exc:
                 self._warn_offline(exc)
         return self.local.reread(entry)
+
+    def refs_named(self, name: str) -> list[Ref]:
+        """The remote's refs of ``name``, recorded in the local tier as they are (so a
+        replica serving its tier while the remote is down serves the same keys); the
+        tier's own when the remote does not answer."""
+        if self.remote_error is None:
+            try:
+                refs = super().refs_named(name)
+            except CacheError as exc:
+                self._warn_offline(exc)
+            else:
+                self._mirror_refs(name, refs)
+                return refs
+        return self.local.refs_named(name)
+
+    def _mirror_refs(self, name: str, refs: list[Ref]) -> None:
+        try:
+            held = {r.slot: r.key for r in self.local.refs_named(name)}
+            wanted = {r.slot: r.key for r in refs}
+            if held == wanted:
+                return
+            index = self.local.index
+            stale = set(held) - set(wanted)
+            if stale:
+                index.drop_refs(stale)
+            changed = [(*slot, key) for slot, key in wanted.items() if held.get(slot) != key]
+            if changed:
+                index.set_refs(changed, RefOrigin(f"tier copy of {self.display_location}"))
+        except AotError as exc:  # the tier serves without them: never fail a load here
+            log.warning("local tier: could not record the refs of %s: %s", name, exc)
+
+    def release_members(self, label: str, name: str) -> tuple[ReleaseMember, ...] | None:
+        """The remote's members of ``name`` in ``label`` (recorded in the local tier
+        under the same label when they differ); the tier's when the remote does not
+        answer."""
+        if self.remote_error is None:
+            try:
+                members = super().release_members(label, name)
+            except CacheError as exc:
+                self._warn_offline(exc)
+            else:
+                if members is not None:
+                    self._mirror_release(label, name, members)
+                return members
+        return self.local.release_members(label, name)
+
+    def _mirror_release(self, label: str, name: str, members: tuple[ReleaseMember, ...]) -> None:
+        try:
+            if self.local.release_members(label, name) == members:
+                return
+            index = self.local.index
+            origin = RefOrigin(f"tier copy of {self.display_location}", release=label)
+            current = index.release_set(label)  # every name's members
+            set_id = index.open_release(label, origin)  # a new, empty set: keep the other names'
+            keep = [m for m in (current.members if current else ()) if m.name != name]
+            index.add_release_members(set_id, [*keep, *members])
+        except AotError as exc:
+            log.warning("local tier: could not record release %s of %s: %s", label, name, exc)
 
     def names(self) -> list[str]:
         if self.remote_error is None:

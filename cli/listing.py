@@ -54,8 +54,11 @@ def ls_command(state: State, glob: str | None, env: str) -> None:
     SIGNATURE names each argument (params: [{b: f32[512], w: f32[784,512]}, ...],
     x: f32[8,784]), folded to fit the terminal; ENV is 'this' or the first part of the
     environment that differs (device_count 8: the stored value); STATE is ok,
-    superseded (a newer entry has the same name, signature and environment; `aot gc
-    --superseded` removes it) or quarantined.
+    superseded (another entry is served for the same name, signature and environment;
+    `aot gc --superseded` removes it) or quarantined. SERVED is 'ref' for the entry
+    aot.load serves because its ref names it, 'newest' where no ref exists (the legacy
+    rule: the newest intact entry), '-' otherwise, followed by the release labels
+    naming the entry ([prod,canary]).
     """
     from aot.cache.reports.listing import list_entries
 
@@ -69,11 +72,12 @@ def ls_command(state: State, glob: str | None, env: str) -> None:
         where = " for this environment" if env == "this" else ""
         click.echo(f"no entries{what}{where} in the cache at {listing.location}")
         return
-    headers = ("KEY", "NAME", "SIGNATURE", "ENV", "SIZE", "COMPILED", "LAST USED", "HITS", "STATE")
+    headers = ("KEY", "NAME", "SIGNATURE", "ENV", "SIZE", "COMPILED", "LAST USED", "HITS", "STATE", "SERVED")
     rows = [
         [
             r.entry.key[:12], r.entry.name, "", r.environment.short(), human_size(r.entry.stored_size),
             when(r.entry.created_at), when(r.entry.last_used_at), r.entry.hits, r.status,
+            (r.served_by or "-") + (f" [{','.join(r.releases)}]" if r.releases else ""),
         ]
         for r in listing.rows
     ]
@@ -133,9 +137,15 @@ def _render(details: EntryDetails) -> str:
     state = e.state + (f": {e.state_reason}" if e.state_reason else "")
     if details.superseded_by:
         state = (
-            f"superseded by {details.superseded_by[:12]} (a newer entry of this name, "
+            f"superseded by {details.superseded_by[:12]} (the entry served for this name, "
             "signature and environment; aot gc --superseded removes this one)"
         )
+    elif details.served_by == "ref":
+        state += "; served (its ref names it)"
+    elif details.served_by == "newest":
+        state += "; served (no ref: the newest entry of its signature)"
+    if details.releases:
+        state += f"; in release {', '.join(details.releases)}"
     pairs = [
         ("key", e.key),
         ("state", state),

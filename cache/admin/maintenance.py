@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
 from aot.errors import AotError, CacheError, IntegrityError
-from aot.signing import verify as verify_signature
+from aot.signing import check_identity, verify as verify_signature
 from aot.cache.index.entry import IndexEntry
 from aot.cache.reports.listing import superseded_keys
 from aot.cache.storage.content import PROBLEM_MISSING
@@ -202,7 +202,10 @@ def _signature_problem(cache: Cache, entry: IndexEntry) -> str | None:
     if cache.signing_key is None and not cache.require_signatures:
         return None
     try:
-        verify_signature(Manifest.from_json(entry.manifest), cache.signing_key, require=cache.require_signatures)
+        manifest = Manifest.from_json(entry.manifest)
+        verify_signature(manifest, cache.signing_key, require=cache.require_signatures)
+        check_identity(manifest, key=entry.key, name=entry.name, signature=entry.signature,
+                       program_fp=entry.program_fp, env_fp=entry.env_fp)
     except IntegrityError as exc:
         return f"signature: {exc}"
     return None

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 from aot.artifact import PORTABLE_HLO, Manifest
 from aot.errors import AotError, ArtifactNotFoundError, CorruptArtifactError
 from aot.fingerprint import PartDifference
-from aot.cache.reports.listing import superseded_keys
+from aot.cache.index.served import ref_map
+from aot.cache.reports.listing import release_labels, served_keys, superseded_keys
 from aot.cache.serving.signatures import Signature
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ class EntryDetails:
     hlo: str | None = None
     signature: Signature | None = None
     superseded_by: str | None = None
+    served_by: str | None = None  # "ref" / "newest" (legacy rule) when served, else None
+    releases: tuple[str, ...] = ()
 
     @property
     def this_environment(self) -> bool:
@@ -102,6 +105,9 @@ class EntryDetails:
             "environment_differences": [d.to_dict() for d in self.environment_differences],
             "arguments": self.arguments.to_list(),
             "superseded_by": self.superseded_by,
+            "served": self.served_by is not None,
+            "served_by": self.served_by,
+            "releases": list(self.releases),
             "hlo": self.hlo,
         }
 
@@ -145,7 +151,11 @@ def describe_entries(
     arguments, supersession and HLO."""
     found = find_entries(cache, key_or_name)
     peers = [p for name in sorted({e.name for e in found}) for p in cache.index.by_name(name)]
-    superseded = superseded_keys(peers)
+    names = sorted({e.name for e in found})
+    refs = ref_map(r for name in names for r in cache.index.refs_named(name))
+    superseded = superseded_keys(peers, refs)
+    served = served_keys(peers, refs)
+    labels = release_labels(cache, names)
     details = []
     for entry in found:
         manifest: Manifest | None
@@ -162,5 +172,6 @@ def describe_entries(
         )
         details.append(EntryDetails(
             entry, manifest, error, diffs, text, signature, superseded.get(entry.key),
+            served.get(entry.key), tuple(labels.get(entry.key, ())),
         ))
     return details

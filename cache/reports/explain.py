@@ -19,6 +19,7 @@ from aot.errors import AotError
 from aot.fingerprint import PartDifference, xla_flags_outside_key
 from aot.lowering import lower
 from aot.specs import format_aval, spec
+from aot.cache.index.served import ref_map, served_key
 from aot.cache.serving.signatures import ArgLeaf, LeafDifference, Signature, leaf_differences
 
 if TYPE_CHECKING:
@@ -42,6 +43,18 @@ class Explanation:
     argument_differences: tuple[LeafDifference, ...] = ()
     # XLA flags set here that are not part of any key (they cannot change the code).
     xla_flags_outside_key: str = ""
+    # The entry aot.load serves for the nearest entry's signature here, and why: "ref"
+    # (its ref names it) or "newest" (no ref: the legacy rule); None: nothing served.
+    served_key: str | None = None
+    served_by: str | None = None
+
+    def _served(self) -> str:
+        if self.served_key is None:
+            return "; nothing is served for this signature here"
+        why = "its ref names it" if self.served_by == "ref" else "no ref: the newest entry"
+        if self.served_key == self.nearest_key:
+            return f" (served: {why})"
+        return f"; but aot.load serves {self.served_key[:12]} ({why})"
 
     def _shown(self, signature: Signature | None, flat: str | None) -> str:
         if signature is not None and signature.has_paths:
@@ -53,7 +66,7 @@ class Explanation:
         if self.stored == 0:
             return f"{self.name}: nothing is stored under this name; compile it first"
         if self.hit:
-            return f"{self.name} ({request}): hit, key {self.nearest_key[:12]}"  # type: ignore[index]
+            return f"{self.name} ({request}): hit, key {self.nearest_key[:12]}{self._served()}"  # type: ignore[index]
         nearest = self._shown(self.nearest_arguments, self.nearest_signature)
         lines = [
             f"{self.name} ({request}): miss; nearest of {self.stored} stored entries is "
@@ -83,6 +96,8 @@ class Explanation:
             "arguments": self.arguments.to_list() if self.arguments is not None else [],
             "argument_differences": [d.to_dict() for d in self.argument_differences],
             "xla_flags_outside_key": self.xla_flags_outside_key,
+            "served_key": self.served_key,
+            "served_by": self.served_by,
         }
 
 
@@ -113,8 +128,10 @@ def explain(
         signature = ", ".join(format_aval(leaf.shape, leaf.dtype, leaf.weak_type) for leaf in leaves)
         program_parts = {"in_avals": signature}
         request = None  # named after each candidate's own parameter names
-    best: tuple[tuple[int, int, int], Manifest, tuple[PartDifference, ...], Signature, Signature] | None = None
+    best: tuple[tuple[int, int, int, int], Manifest, tuple[PartDifference, ...], Signature, Signature] | None = None
     entries = list(cache.index.by_name(name, state=None))
+    refs = ref_map(cache.index.refs_named(name))
+    here = environment.digest
     for entry in entries:
         try:
             manifest = Manifest.from_json(entry.manifest)
@@ -133,7 +150,9 @@ def explain(
             positional, keywords, manifest.arg_names or _names_from_paths(manifest)
         )
         leaf_diffs = leaf_differences(stored_signature, mine)
-        score = (len(diffs), len(leaf_diffs), sum(d.distance() for d in leaf_diffs))
+        # Among equally near entries, the one served for its signature.
+        serves = served_key(entries, refs, (name, entry.signature, here)) == entry.key
+        score = (len(diffs), len(leaf_diffs), sum(d.distance() for d in leaf_diffs), 0 if serves else 1)
         if best is None or score < best[0]:
             best = (score, manifest, diffs, stored_signature, mine)
     outside = xla_flags_outside_key()
@@ -148,9 +167,11 @@ def explain(
         leaf_differences(stored_signature, mine)
         if any(d.part == "in_avals" for d in diffs) else ()
     )
+    slot = (name, manifest.signature, here)
     return Explanation(
         name, signature, not diffs, manifest.key, manifest.signature, diffs, len(entries),
         mine, stored_signature, leaf_diffs, xla_flags_outside_key=outside,
+        served_key=served_key(entries, refs, slot), served_by="ref" if slot in refs else "newest",
     )
 
 

@@ -1,20 +1,21 @@
 """What ``aot ls`` shows: each entry with its named signature, whether it was built for
 this environment (or which part differs), and whether a newer entry supersedes it.
 
-An entry is *superseded* when a newer intact entry has the same name, the same input
-signature (flat avals and pytree structure) and the same environment: the loader
-serves the newest one, so the older one only takes space (``aot gc --superseded``).
+An entry is *served* when ``aot.load`` serves it for its (name, signature, environment):
+the key its ref names, else (no ref: a cache written before refs) the newest intact
+entry (:mod:`aot.cache.index.served`). Every other intact entry of that slot is
+*superseded* by it and only takes space (``aot gc --superseded``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.entry import IndexEntry
-from aot.cache.index.served import superseded_keys
+from aot.cache.index.served import Slot, ref_map, served_key, superseded_keys
 from aot.cache.serving.signatures import Signature
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ __all__ = [
     "Listing",
     "environment_statuses",
     "list_entries",
+    "release_labels",
+    "served_keys",
     "superseded_keys",
 ]
 
@@ -122,6 +125,13 @@ class EntryRow:
     signature: Signature
     environment: EnvironmentStatus
     superseded_by: str | None = None
+    served_by: str | None = None  # "ref" (declared), "newest" (legacy rule, no ref) or None
+    releases: tuple[str, ...] = ()  # labels whose current set names this entry
+
+    @property
+    def served(self) -> bool:
+        """Whether ``aot.load`` serves this entry for its signature and environment."""
+        return self.served_by is not None
 
     @property
     def status(self) -> str:
@@ -136,6 +146,9 @@ class EntryRow:
         data["arguments"] = self.signature.to_list()
         data.update(self.environment.to_dict())
         data["superseded_by"] = self.superseded_by
+        data["served"] = self.served
+        data["served_by"] = self.served_by
+        data["releases"] = list(self.releases)
         return data
 
 
@@ -184,7 +197,11 @@ def entry_rows(
     check_env_choice(env)
     if peers is None:
         peers = [p for name in sorted({e.name for e in entries}) for p in cache.index.by_name(name)]
-    superseded = superseded_keys(peers)
+    names = sorted({e.name for e in entries})
+    refs = ref_map(r for name in names for r in cache.index.refs_named(name))
+    superseded = superseded_keys(peers, refs)
+    served = served_keys(peers, refs)
+    labels = release_labels(cache, names)
     statuses = environment_statuses(entries, cache.environment)
     rows = []
     for entry in entries:
@@ -193,9 +210,33 @@ def entry_rows(
             continue
         rows.append(EntryRow(
             entry, Signature.from_manifest_json(entry.manifest, entry.signature), status,
-            superseded.get(entry.key),
+            superseded.get(entry.key), served.get(entry.key), tuple(labels.get(entry.key, ())),
         ))
     return rows
+
+
+def served_keys(entries: Sequence[IndexEntry], refs: Mapping[Slot, str]) -> dict[str, str]:
+    """``{key: "ref" | "newest"}`` of the entries served, one per (name, signature,
+    environment) among ``entries``: the ref'd key, else the legacy rule's newest."""
+    out: dict[str, str] = {}
+    for slot in sorted({(e.name, e.signature, e.env_fp) for e in entries}):
+        key = served_key(entries, refs, slot)
+        if key is not None:
+            out[key] = "ref" if slot in refs else "newest"
+    return out
+
+
+def release_labels(cache: Cache, names: Iterable[str]) -> dict[str, list[str]]:
+    """``{key: [label, ...]}``: the release labels whose current set names each key
+    (of ``names``)."""
+    wanted = set(names)
+    out: dict[str, list[str]] = {}
+    for release in cache.index.releases():
+        current = cache.index.release_set(release.label)
+        for member in current.members if current is not None else ():
+            if member.name in wanted and release.label not in out.setdefault(member.key, []):
+                out[member.key].append(release.label)
+    return out
 
 
 def list_entries(cache: Cache, glob: str | None = None, *, env: str = "all") -> Listing:

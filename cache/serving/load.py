@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aot.artifact import Manifest
-from aot.errors import AotError, CacheError, SignatureNotFoundError, UsageError
+from aot.errors import AotError, CacheError, IntegrityError, ReleaseNotFoundError, SignatureNotFoundError, UsageError
 from aot.fingerprint import describe_differences
 
 from aot.cache.cache import Cache, default_location, is_url
@@ -26,7 +26,10 @@ from aot.cache.serving.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 
-__all__ = ["load", "open_existing", "Dispatcher"]
+__all__ = ["RELEASE_ENV", "load", "open_existing", "Dispatcher"]
+
+#: The release ``aot.load`` serves when given none (unset or empty: the refs).
+RELEASE_ENV = "AOT_RELEASE"
 
 
 def load(
@@ -42,6 +45,7 @@ def load(
     pad_value: Any = 0,
     allow_empty: bool = False,
     background: bool = False,
+    release: str | None = None,
 ) -> Dispatcher:
     """A callable over every signature stored for ``name`` in this environment.
 
@@ -70,7 +74,15 @@ def load(
     other environments. ``allow_empty=True`` (or a ``fallback``, which compiles
     missing signatures on demand) starts anyway. ``read_only=None`` opens a folder
     read-only when this process cannot write it.
+
+    What is served per signature is the key its ref names (docs/serving.md, "What is
+    served"); ``release=LABEL`` (default ``$AOT_RELEASE``) serves exactly the members of
+    that release instead, and raises :class:`ReleaseNotFoundError` at start-up when the
+    label does not exist, has no member of ``name``, or one of its members cannot be
+    served here.
     """
+    if release is None:
+        release = os.environ.get(RELEASE_ENV, "").strip() or None
     if lazy and background:
         raise UsageError(
             "aot.load: lazy=True loads each signature at its first call, background=True "
@@ -86,18 +98,48 @@ def load(
         cache = open_existing(cache, read_only=read_only)
     assert isinstance(cache, Cache)
     try:
-        dispatcher = Dispatcher(cache, name, strict=strict, fallback=fallback, pad=plan)
+        dispatcher = Dispatcher(cache, name, strict=strict, fallback=fallback, pad=plan, release=release)
+        if release is not None:
+            check_release(dispatcher, release)
         if not allow_empty and fallback is None and not dispatcher.servable():
             raise nothing_servable(cache, name, dispatcher)
         if background:
             dispatcher.load_in_background()
         elif not lazy:
-            dispatcher.warm()
+            try:
+                dispatcher.warm()
+            except AotError as exc:
+                if release is None:
+                    raise
+                raise ReleaseNotFoundError(
+                    f"aot.load({name!r}, release={release!r}): a member of the release cannot be "
+                    f"loaded here: {exc}", tuple(dispatcher.signatures),
+                ) from exc
     except BaseException:
         if owned:
             cache.close()
         raise
     return dispatcher
+
+
+def check_release(dispatcher: Dispatcher, release: str) -> None:
+    """Raises :class:`ReleaseNotFoundError` unless every member signature of ``release``
+    can be served here (stored, checked, and loadable or recompilable)."""
+    table = dispatcher.programs
+    servable = set(table.servable())
+    missing = {signature for signature, _, _ in table.selection.missing}
+    problems = [f"  ({signature}) {key[:12]}: {why}" for signature, key, why in table.selection.missing]
+    skipped = {signature: reason for _, signature, reason in table.skipped}
+    for signature in sorted(table.selection.declared - servable - missing):
+        why = skipped.get(signature, "cannot be served here" + (" with strict=True" if table.strict else ""))
+        problems.append(f"  ({signature}): {why[:200]}")
+    if problems:
+        raise ReleaseNotFoundError(
+            f"aot.load({dispatcher.name!r}, release={release!r}): {len(problems)} member signature(s) "
+            "of the release cannot be served here:\n" + "\n".join(problems)
+            + f"\nWarm the release up for this environment (aot warmup --release {release}) or load "
+            "another label", tuple(dispatcher.signatures),
+        )
 
 
 def open_existing(location: str | os.PathLike[str] | None, *, read_only: bool | None = None) -> Cache:
@@ -132,9 +174,10 @@ def open_existing(location: str | os.PathLike[str] | None, *, read_only: bool | 
     return Cache(location, read_only=read_only)
 
 
-def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> SignatureNotFoundError:
+def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> AotError:
     """The start-up error of a name with no servable signature: what is stored and
-    why none of it serves here, or the names that are close."""
+    why none of it serves here, or the names that are close. An :class:`IntegrityError`
+    when every row was refused by the signature checks (nothing signed is servable)."""
     where = f"the cache at {cache.display_location}"
     lines: list[str] = []
     environment = cache.environment
@@ -187,4 +230,7 @@ def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> Signatu
         f"{head}\n{advice}, or pass allow_empty=True to start without it "
         "(fallback=fn compiles missing signatures on demand)."
     )
+    refused = dispatcher.programs.refused
+    if refused and len(refused) == len(dispatcher.skipped) and not programs and not dispatcher.unusable:
+        return IntegrityError(message)
     return SignatureNotFoundError(message, tuple(dispatcher.signatures))

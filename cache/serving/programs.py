@@ -7,9 +7,11 @@ cannot use (another x64 mode, platform or device set, a dtype this jax lacks) is
 skipped with a logged reason and never quarantined; a row whose manifest contradicts
 its own fingerprints is quarantined (proven corruption).
 
-Loading a program climbs the fallback ladder: the newest executable stored for this
-environment; else recompile the stored portable HLO (of another environment, or of a
-quarantined row) and store the result; else a clear error. ``strict=True`` forbids the
+Only the rows of the program each signature serves are filed
+(:mod:`aot.cache.serving.selection`: its ref, a release's member, or the legacy newest
+row). Loading a program climbs the fallback ladder: the served executable stored for
+this environment; else recompile the portable HLO of the same program (of another
+environment, or of a quarantined row) and store the result; else a clear error. ``strict=True`` forbids the
 middle step and never writes to the cache.
 """
 
@@ -31,11 +33,13 @@ from aot.errors import (
     CorruptArtifactError,
     IncompatibleEnvironmentError,
     IntegrityError,
+    ReleaseNotFoundError,
     UnsupportedComputationError,
 )
 from aot.fingerprint import describe_differences
 from aot.recompile import recompile
 from aot.rehydrate import load_executable, manifest_args
+from aot.cache.serving.selection import Declared, checked_rows, select_rows
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -146,10 +150,11 @@ class ProgramTable:
     damaged is logged and refused, not quarantined (``aot verify`` does that).
     """
 
-    def __init__(self, cache: Cache, name: str, *, strict: bool = False) -> None:
+    def __init__(self, cache: Cache, name: str, *, strict: bool = False, release: str | None = None) -> None:
         self.cache = cache
         self.name = name
         self.strict = strict
+        self.release = release
         self.concrete: dict[tuple[str, tuple[LeafKey, ...]], Program] = {}
         self.symbolic: dict[tuple[Any, ...], SymbolicProgram] = {}
         self.symbolic_lock = threading.Lock()
@@ -163,11 +168,40 @@ class ProgramTable:
         self._failed: dict[int, Exception] = {}
         here = cache.environment.as_dict()
         # Quarantined rows too: their executable is never run, but the signature stays
-        # servable by recompiling their portable HLO (the fallback ladder).
-        for entry in cache.entries_named(name, state=None):
+        # servable by recompiling their portable HLO (the fallback ladder). Rows whose
+        # identity or signature does not check are skipped before the choice; then only
+        # the rows of the program each signature serves are filed (selection).
+        rows, refused = checked_rows(
+            cache.entries_named(name, state=None), cache.signing_key, cache.require_signatures,
+        )
+        for entry, reason in refused:
+            log.warning("aot.load(%r): skipping %s (%s): %s", name, entry.key[:12], entry.signature, reason)
+            self.skipped.append((entry.key, entry.signature, reason))
+        self.refused = [(e.key, e.signature, reason) for e, reason in refused]
+        self.selection = select_rows(rows, self._declared(), cache.environment.digest, release=release)
+        for entry in self.selection.rows:
             self._file(entry, here)
         log.info("aot.load(%r): %d signatures, %d symbolic", name, len(self.concrete), len(self.symbolic))
         self.env = cache.environment.digest
+
+    def _declared(self) -> Sequence[Declared]:
+        """The name's refs (read once), or the members of ``self.release``."""
+        if self.release is None:
+            return self.cache.refs_named(self.name)
+        members = self.cache.release_members(self.release, self.name)
+        if members is None:
+            raise ReleaseNotFoundError(
+                f"aot.load({self.name!r}, release={self.release!r}): no release labelled "
+                f"{self.release!r} in the cache at {self.cache.display_location}; `aot release ls` "
+                "lists the labels (or unset AOT_RELEASE to serve the refs)"
+            )
+        if not members:
+            raise ReleaseNotFoundError(
+                f"aot.load({self.name!r}, release={self.release!r}): release {self.release!r} has no "
+                f"member named {self.name!r}; warm it up under that label (aot warmup --release "
+                f"{self.release}) or load another label"
+            )
+        return members
 
     # ------------------------------------------------------------ filing rows
 

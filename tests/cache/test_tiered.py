@@ -226,3 +226,37 @@ def test_a_read_only_replica_keeps_its_statistics_in_its_tier(fleet: Fleet, comp
 def test_the_local_tier_must_be_a_folder(fleet: Fleet) -> None:
     with pytest.raises(CacheError, match="the local tier must be a folder"):
         aot.Cache(fleet.url, blob_location=fleet.blobs, local=fleet.blobs)
+
+
+def test_a_replica_serves_the_remote_ref_and_keeps_it_when_the_remote_is_down(fleet: Fleet) -> None:
+    """The tier records the remote's refs: offline, it serves the key the remote
+    declared, not the row it fetched last nor the newest."""
+    import jax
+
+    from aot.cache.index.refs import RefOrigin
+
+    def v1(x):  # noqa: ANN001, ANN202
+        return jax.nn.gelu(x) * 3.0
+
+    def v2(x):  # noqa: ANN001, ANN202
+        return jax.nn.relu(x) * 3.0
+
+    x = np.linspace(-3.0, 3.0, 8, dtype=np.float32)
+    remote = fleet.remote()
+    e1 = remote.compile_entry(v1, "f32[8]", name="act.tier").entry
+    e2 = remote.compile_entry(v2, "f32[8]", name="act.tier").entry
+    remote.set_refs([e2], RefOrigin("test v2"))
+    np.testing.assert_array_equal(np.asarray(aot.load("act.tier", cache=fleet.replica(), strict=True)(x)),
+                                  np.asarray(jax.jit(v2)(x)))
+    remote.set_refs([e1], RefOrigin("test back to v1"))
+    replica = fleet.replica()
+    np.testing.assert_array_equal(np.asarray(aot.load("act.tier", cache=replica, strict=True)(x)),
+                                  np.asarray(jax.jit(v1)(x)))
+    assert [r.key for r in replica.local.refs_named("act.tier")] == [e1.key]
+    held = {e.key for e in replica.local.entries("act.tier")}
+    assert held == {e1.key, e2.key}
+    offline = fleet.replica(url=fleet.url.replace(":5432/", f":{free_port()}/"),
+                            blobs=f"s3://nowhere-{free_port()}/x")
+    assert offline.remote_error is not None
+    np.testing.assert_array_equal(np.asarray(aot.load("act.tier", cache=offline, strict=True)(x)),
+                                  np.asarray(jax.jit(v1)(x)))

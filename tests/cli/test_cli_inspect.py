@@ -11,6 +11,7 @@ import pytest
 
 import aot
 from aot.cache.index.entry import SCHEMA_VERSION
+from aot.cache.index.refs import RefOrigin
 from tests.cli.helpers import MLP_TREE, Invoke, one_line_error, store_for_another_environment
 
 ENTRY_KEYS = {
@@ -18,10 +19,11 @@ ENTRY_KEYS = {
     "raw_size", "stored_size", "compile_seconds", "created_at", "last_used_at", "hits", "state",
     "state_reason",
 }
-LS_ENTRY_KEYS = ENTRY_KEYS | {"arguments", "this_environment", "environment_differences", "superseded_by"}
+LS_ENTRY_KEYS = ENTRY_KEYS | {"arguments", "this_environment", "environment_differences", "superseded_by",
+                                 "served", "served_by", "releases"}
 SHOW_KEYS = {
     "entry", "manifest", "manifest_error", "this_environment", "environment_differences", "hlo",
-    "arguments", "superseded_by",
+    "arguments", "superseded_by", "served", "served_by", "releases",
 }
 
 
@@ -51,10 +53,11 @@ def test_ls_table(invoke: Invoke, warmed) -> None:
     assert result.exit_code == 0, result.output
     header, *rows, footer = result.stdout.splitlines()
     assert header.split() == [
-        "KEY", "NAME", "SIGNATURE", "ENV", "SIZE", "COMPILED", "LAST", "USED", "HITS", "STATE",
+        "KEY", "NAME", "SIGNATURE", "ENV", "SIZE", "COMPILED", "LAST", "USED", "HITS", "STATE", "SERVED",
     ]
     assert [row.split()[1] for row in rows] == ["allreduce"] + ["mlp.forward"] * 3 + ["tiny"]
-    assert all(row.split()[-1] == "ok" for row in rows)
+    # No refs yet (the warm-up does not set them here): each is served as the newest.
+    assert all(row.split()[-2:] == ["ok", "newest"] for row in rows)
     # Each argument by name, pytrees as trees.
     assert "  x: f32[8,1024]  " in rows[0]
     assert f"  {MLP_TREE}, x: f32[1,784]   this  " in rows[1]
@@ -220,16 +223,31 @@ def _two_programs_one_signature(invoke: Invoke) -> tuple[str, str]:
     return old, new
 
 
-def test_superseded_entries_are_marked_and_gc_removes_them(invoke: Invoke) -> None:
+def test_superseded_entries_are_marked_and_gc_removes_them(invoke: Invoke, cache_dir) -> None:  # noqa: ANN001
     old, new = _two_programs_one_signature(invoke)
     rows = invoke("ls").stdout.splitlines()
     (old_row,) = [r for r in rows if r.startswith(old[:12])]
     (new_row,) = [r for r in rows if r.startswith(new[:12])]
-    assert old_row.endswith("  superseded") and new_row.endswith("  ok")
+    assert old_row.endswith("  superseded  -") and new_row.split()[-2:] == ["ok", "newest"]
     assert rows[-1].endswith("; 1 superseded (aot gc --superseded removes them)")
     data = {e["key"]: e for e in json.loads(invoke("ls", "--json").stdout)["entries"]}
     assert data[old]["superseded_by"] == new and data[new]["superseded_by"] is None
     assert f"  state        superseded by {new[:12]} " in invoke("show", old).stdout
+    assert "  state        ok; served (no ref: the newest entry of its signature)\n" in invoke("show", new).stdout
+    # A ref back to the old program: it is served, the newer one superseded by it.
+    with aot.Cache(cache_dir) as cache:
+        cache.set_refs([cache.lookup(old)], RefOrigin("test"))
+    data = {e["key"]: e for e in json.loads(invoke("ls", "--json").stdout)["entries"]}
+    assert (data[old]["served_by"], data[old]["superseded_by"]) == ("ref", None)
+    assert (data[new]["served"], data[new]["superseded_by"]) == (False, old)
+    assert "  state        ok; served (its ref names it)\n" in invoke("show", old).stdout
+    why = invoke("why", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
+    assert why.exit_code == 0, why.output
+    assert why.stdout.strip().endswith(f"hit, key {old[:12]} (served: its ref names it)")
+    data = json.loads(invoke("why", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]", "--json").stdout)
+    assert (data["served_key"], data["served_by"]) == (old, "ref")
+    with aot.Cache(cache_dir) as cache:
+        cache.set_refs([cache.lookup(new)], RefOrigin("test"))
     # Plain gc keeps it; --superseded removes only it.
     assert invoke("gc", "--dry-run", "--json").exit_code == 0
     assert json.loads(invoke("gc", "--dry-run", "--json").stdout)["entries"] == []
