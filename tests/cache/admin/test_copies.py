@@ -5,6 +5,7 @@ signature: a small one and one with a 1 MiB constant (its blobs finish copying l
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -271,3 +272,24 @@ def test_an_old_bundle_without_times_imports_with_the_import_time(open_folder_ca
     assert len(report.imported) == 2 and report.refs.set == () and dest.refs_named(NAME) == []
     assert all(e.created_at >= before for e in dest.entries(NAME))
     assert all(e.created_at > max(x.created_at for x in entries.values()) for e in dest.entries(NAME))
+
+
+def test_push_release_and_refs_from_the_command_line(two_versions, tmp_path: Path) -> None:  # noqa: ANN001
+    source, entries = two_versions("small", "large", "large")
+    origin = RefOrigin("test", release="prod")
+    source.set_refs([entries["small"]], origin, release_id=source.index.open_release("prod", origin))
+    dest = str(tmp_path / "dest")
+    runner = CliRunner()
+    pushed = runner.invoke(cli, ["--cache", str(source.location), "push", dest, "--release", "prod"])
+    assert pushed.exit_code == 0, pushed.output
+    assert pushed.output.splitlines()[1] == "refs: 1 set; release prod recorded"
+    both = runner.invoke(cli, ["--cache", str(source.location), "push", dest, "model.*", "--release", "prod"])
+    assert both.exit_code == 1 and "give either NAME_GLOBs (model.*) or --release prod" in both.output
+    source.set_refs([entries["large"]], RefOrigin("test"))
+    kept = runner.invoke(cli, ["--cache", str(source.location), "push", dest])
+    assert kept.exit_code == 0 and kept.output.splitlines()[1] == (
+        "refs: 0 set, 1 kept (the destination's own; --refs overwrites)"
+    ), kept.output
+    forced = runner.invoke(cli, ["--cache", str(source.location), "push", dest, "--refs", "--json"])
+    data = json.loads(forced.stdout)
+    assert [m["key"] for m in data["refs"]["set"]] == [entries["large"].key] and data["refs"]["kept"] == []
