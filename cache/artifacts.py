@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
@@ -64,9 +65,12 @@ def read_artifact(cache: Cache, entry: IndexEntry, roles: Iterable[str] | None =
     return Artifact(manifest, blobs, verified=dict(blobs))
 
 
-def store_artifact(cache: Cache, artifact: Artifact) -> tuple[IndexEntry, str]:
+def store_artifact(
+    cache: Cache, artifact: Artifact, *, created_at: datetime | None = None,
+) -> tuple[IndexEntry, str]:
     """Stores ``artifact`` in ``cache``: the entry, and ``"stored"``, ``"present"`` or
-    ``"repaired"`` (:meth:`Cache.store_artifact <aot.cache.cache.Cache.store_artifact>`)."""
+    ``"repaired"`` (:meth:`Cache.store_artifact <aot.cache.cache.Cache.store_artifact>`).
+    ``created_at``: the compile time the row keeps (a bundle's); else the index's now."""
     data: dict[str, bytes] = {}
 
     def write_blobs() -> dict[str, tuple[int, int]]:
@@ -79,12 +83,13 @@ def store_artifact(cache: Cache, artifact: Artifact) -> tuple[IndexEntry, str]:
         return sizes
 
     manifest = manifest_to_store(cache, artifact.manifest)
-    return commit(cache, manifest, write_blobs)
+    return commit(cache, manifest, write_blobs, created_at=created_at)
 
 
 def copy_entry(cache: Cache, source: Cache, entry: IndexEntry) -> tuple[IndexEntry, str]:
     """Stores ``source``'s entry in ``cache``: its blobs copied as stored (no
-    recompression, each verified), under the same protocol as :func:`store_artifact`."""
+    recompression, each verified), under the same protocol as :func:`store_artifact`.
+    The row keeps the source's compile time (``created_at``): a copy is not newer."""
     try:
         manifest = Manifest.from_json(entry.manifest)
     except CorruptArtifactError as exc:
@@ -97,7 +102,7 @@ def copy_entry(cache: Cache, source: Cache, entry: IndexEntry) -> tuple[IndexEnt
         report = source.blobs.copy_to(cache.blobs, raw)
         return {d: (raw[d], report.stored_sizes[d]) for d in raw}
 
-    return commit(cache, manifest, copy_blobs)
+    return commit(cache, manifest, copy_blobs, created_at=entry.created_at)
 
 
 def manifest_to_store(cache: Cache, manifest: Manifest) -> Manifest:
@@ -115,6 +120,7 @@ def manifest_to_store(cache: Cache, manifest: Manifest) -> Manifest:
 
 def commit(
     cache: Cache, manifest: Manifest, write_blobs: Callable[[], dict[str, tuple[int, int]]],
+    *, created_at: datetime | None = None,
 ) -> tuple[IndexEntry, str]:
     """The writer's side of the gc protocol: lease the digests, make the blobs durable
     (``write_blobs`` -> digest: (size, stored size)), then commit the row and release
@@ -149,7 +155,8 @@ def commit(
                 raw_size=sum(size for size, _ in sizes.values()),
                 stored_size=sum(stored for _, stored in sizes.values()),
             )
-            added = cache.index.add(final, blob_sizes=sizes, lease=lease, stamp=True, replace=broken)
+            added = cache.index.add(final, blob_sizes=sizes, lease=lease, stamp=True, replace=broken,
+                                    created_at=created_at)
         except LeaseLostError as exc:
             log.warning("%s (attempt %d of %d)", exc, attempt, LEASE_ATTEMPTS)
             continue

@@ -15,6 +15,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -341,13 +342,14 @@ class Cache:
         """
         return self.store_artifact(artifact)[0]
 
-    def store_artifact(self, artifact: Artifact) -> tuple[IndexEntry, str]:
+    def store_artifact(self, artifact: Artifact, *, created_at: datetime | None = None) -> tuple[IndexEntry, str]:
         """:meth:`put_artifact`, and what it did: ``"stored"``, ``"present"`` (stored
         and intact already: nothing written) or ``"repaired"`` (the stored row's blobs
-        were missing or corrupt; blobs written again and the row replaced)."""
+        were missing or corrupt; blobs written again and the row replaced).
+        ``created_at``: the compile time to keep (a bundle's entry), else now."""
         from aot.cache.artifacts import store_artifact  # writers only
 
-        return store_artifact(self, artifact)
+        return store_artifact(self, artifact, created_at=created_at)
 
     def copy_entry_from(self, source: Cache, entry: IndexEntry) -> tuple[IndexEntry, str]:
         """Stores ``source``'s entry here: its blobs copied as stored (no recompression,
@@ -488,18 +490,22 @@ class Cache:
             superseded=superseded, force=force,
         )
 
-    def export_bundle(self, path: str | os.PathLike[str], names: str | Iterable[str] | None = None) -> Any:
-        """Every intact entry whose name matches one of the globs ``names`` (all if None)."""
+    def export_bundle(
+        self, path: str | os.PathLike[str], names: str | Iterable[str] | None = None, *, release: str | None = None,
+    ) -> Any:
+        """Every intact entry whose name matches one of the globs ``names`` (all if None),
+        or the members of ``release``, with their compile times and refs."""
         from aot.cache.admin.bundle import export_bundle
 
         if isinstance(names, str):  # one glob, not its characters
             names = [names]
-        return export_bundle(self, Path(path), list(names) if names else None)
+        return export_bundle(self, Path(path), list(names) if names else None, release=release)
 
-    def import_bundle(self, path: str | os.PathLike[str]) -> Any:
+    def import_bundle(self, path: str | os.PathLike[str], *, refs: bool = False) -> Any:
+        """Stores a bundle's entries; its refs fill the slots without one (``refs``: all)."""
         from aot.cache.admin.bundle import import_bundle
 
-        return import_bundle(self, Path(path))
+        return import_bundle(self, Path(path), refs=refs)
 
     def explain(self, name: str, *args: Any, fn: Callable[..., Any] | None = None, **lower_kwargs: Any) -> Any:
         from aot.cache.reports.explain import explain

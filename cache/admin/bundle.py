@@ -7,6 +7,13 @@ the blobs' bytes, back to back. There are no paths in a bundle, so nothing in on
 name a place outside the cache; every size is bounded before it is read, every blob is
 re-hashed on import, and the checksum (required on import) covers the manifests too,
 which no blob digest does.
+
+The header also carries each entry's compile time (``entries``: key and
+``created_at``), kept on import, and the refs of the entries exported (``refs``: the
+exporting cache's current refs of them, or one release's members and its label),
+applied on import by the rules of :mod:`~aot.cache.admin.carried_refs`. Both are
+optional: a bundle written before them imports with the import time as compile time
+and sets no ref. Readers ignore header keys they do not know, so the format stays 1.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from urllib.parse import urlsplit
 import zstandard
 
 from aot.artifact import Artifact, Manifest
+from aot.cache.admin.carried_refs import CarriedRefs, RefsOutcome, apply_refs, carried_refs
 from aot.cache.names import name_problem
 from aot.errors import AotError, CacheError, CorruptArtifactError
 from aot.fingerprint import sha256_hex
@@ -74,9 +82,13 @@ class BundleReport:
     bytes: int = 0
     repaired: tuple[str, ...] = ()  # stored, but their blobs were missing or corrupt: restored
     refused: tuple[Refusal, ...] = ()  # names the cache does not accept
+    refs: RefsOutcome = RefsOutcome()  # import: what it did to the cache's refs
+    carried: CarriedRefs = CarriedRefs()  # export: the refs (and release) the bundle carries
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "refs": self.refs.to_dict(),
+            "carried": self.carried.to_dict(),
             "path": self.path,
             "entries": list(self.entries),
             "imported": list(self.imported),
@@ -87,13 +99,20 @@ class BundleReport:
         }
 
 
-def export_bundle(cache: Cache, path: BundlePath, names: list[str] | None) -> BundleReport:
-    """Writes every intact entry matching ``names`` (globs; all if None) to ``path``:
-    a file (mode 0644), an object-store URL, ``"-"`` (stdout) or a binary stream."""
+def export_bundle(
+    cache: Cache, path: BundlePath, names: list[str] | None, *, release: str | None = None,
+) -> BundleReport:
+    """Writes every intact entry matching ``names`` (globs; all if None), or the
+    members of ``release``, to ``path``: a file (mode 0644), an object-store URL,
+    ``"-"`` (stdout) or a binary stream; with their compile times and their refs."""
     where = _destination(path)  # an unsupported URL is refused before any work
+    if release is not None and names:
+        raise CacheError(f"give either NAME_GLOBs ({' '.join(names)}) or --release {release}: a release is exported whole")
+    members = None if release is None else {m.key for m in carried_refs(cache, (), release).refs}
     matching = [
         e for e in cache.index.entries()
         if e.ok and (not names or any(fnmatch.fnmatchcase(e.name, g) for g in names))
+        and (members is None or e.key in members)
     ]
     refused = tuple(
         Refusal(e.key, e.name, problem) for e in matching if (problem := name_problem(e.name)) is not None
@@ -106,7 +125,13 @@ def export_bundle(cache: Cache, path: BundlePath, names: list[str] | None) -> Bu
             f"nothing to export: no intact entry matches {names or ['*']} in the cache at "
             f"{cache.display_location}; `aot ls` lists what is stored"
         )
+    if members is not None and len(entries) != len(members):
+        raise CacheError(
+            f"release {release!r} names {len(members)} entries and {len(entries)} of them are stored intact "
+            f"in the cache at {cache.display_location}; run `aot verify` there"
+        )
     artifacts = [cache.artifact(e) for e in entries]  # verifies every blob
+    carried = carried_refs(cache, [e.key for e in entries], release)
     blob_order: dict[str, bytes] = {}
     for artifact in artifacts:
         for ref in artifact.manifest.blobs.values():
@@ -117,12 +142,14 @@ def export_bundle(cache: Cache, path: BundlePath, names: list[str] | None) -> Bu
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "manifests": [a.manifest.to_dict() for a in artifacts],
             "blobs": [{"digest": d, "size": len(b)} for d, b in blob_order.items()],
+            "entries": [{"key": e.key, "created_at": e.created_at.isoformat()} for e in entries],
+            "refs": carried.to_dict(),
         },
         sort_keys=True,
     ).encode()
     size = _write_bundle(where, header, list(blob_order.values()))
     log.info("exported %d entries (%d blobs) to %s", len(artifacts), len(blob_order), where.label)
-    return BundleReport(where.label, tuple(e.key for e in entries), bytes=size, refused=refused)
+    return BundleReport(where.label, tuple(e.key for e in entries), bytes=size, refused=refused, carried=carried)
 
 
 def _read_exact(stream: IO[bytes], n: int, what: str, path: str) -> bytes:
@@ -143,14 +170,22 @@ def _read_exact(stream: IO[bytes], n: int, what: str, path: str) -> bytes:
     return first if len(chunks) == 1 else b"".join(chunks)
 
 
+@dataclass(frozen=True, slots=True)
+class BundleExtras:
+    """What a bundle's header carries beside its artifacts (absent from old bundles)."""
+
+    created_at: dict[str, _dt.datetime]  # key -> the entry's compile time
+    refs: CarriedRefs
+
+
 def read_bundle(path: BundlePath) -> list[Artifact]:
     """Parses and verifies a bundle (a file, an object-store URL, ``"-"`` for stdin, or
     a binary stream); raises CorruptArtifactError on anything amiss."""
     with _open_source(path) as (raw, label, _size):
-        return _read_bundle(raw, label)
+        return _read_bundle(raw, label)[0]
 
 
-def _read_bundle(raw: IO[bytes], path: str) -> list[Artifact]:
+def _read_bundle(raw: IO[bytes], path: str) -> tuple[list[Artifact], BundleExtras]:
     """Parses and verifies the bundle in ``raw`` (seekable; ``path`` names it in messages)."""
     if raw.read(len(MAGIC)) != MAGIC:
         raise CorruptArtifactError(f"{path} is not a jax-aot bundle (bad magic)")
@@ -169,11 +204,11 @@ def _read_bundle(raw: IO[bytes], path: str) -> list[Artifact]:
     decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES)
     try:
         with decompressor.stream_reader(raw, closefd=False) as stream:
-            artifacts = _parse(stream, path)
+            artifacts, extras = _parse(stream, path)
         _check_frame_end(raw, path)
     except zstandard.ZstdError as exc:
         raise CorruptArtifactError(f"bundle {path}: malformed zstd data: {exc}") from None
-    return artifacts
+    return artifacts, extras
 
 
 def _check_frame_end(raw: IO[bytes], path: str) -> None:
@@ -198,7 +233,7 @@ def _check_frame_end(raw: IO[bytes], path: str) -> None:
         raise CorruptArtifactError(f"bundle {path}: unexpected bytes after the zstd frame")
 
 
-def _parse(stream: IO[bytes], path: str) -> list[Artifact]:
+def _parse(stream: IO[bytes], path: str) -> tuple[list[Artifact], BundleExtras]:
     (header_len,) = struct.unpack("<Q", _read_exact(stream, 8, "header length", path))
     if header_len > MAX_HEADER_BYTES:
         raise CorruptArtifactError(f"bundle {path}: header of {header_len} bytes is too large")
@@ -211,6 +246,10 @@ def _parse(stream: IO[bytes], path: str) -> list[Artifact]:
             )
         manifests = [Manifest.from_dict(m) for m in header["manifests"]]
         blob_list = [(str(b["digest"]), int(b["size"])) for b in header["blobs"]]
+        extras = BundleExtras(
+            {str(e["key"]): _utc(e["created_at"]) for e in header.get("entries") or ()},
+            CarriedRefs.from_dict(header.get("refs")),
+        )
     except CorruptArtifactError:
         raise
     except AotError:
@@ -235,7 +274,14 @@ def _parse(stream: IO[bytes], path: str) -> list[Artifact]:
     for m in manifests:
         if not isinstance(m.name, str):
             raise CorruptArtifactError(f"bundle {path}: entry name {m.name!r} is not a string")
-    return [Artifact(m, {r.digest: blobs[r.digest] for r in m.blobs.values()}) for m in manifests]
+    return [Artifact(m, {r.digest: blobs[r.digest] for r in m.blobs.values()}) for m in manifests], extras
+
+
+def _utc(text: Any) -> _dt.datetime:
+    value = _dt.datetime.fromisoformat(str(text))
+    if value.tzinfo is None:
+        raise ValueError(f"created_at {text!r} has no time zone")
+    return value.astimezone(_dt.timezone.utc)
 
 
 def _check_declared(manifests: list[Manifest], blob_list: list[tuple[str, int]], path: str) -> None:
@@ -269,15 +315,18 @@ def _check_declared(manifests: list[Manifest], blob_list: list[tuple[str, int]],
         raise CorruptArtifactError(f"bundle {path}: blobs {sorted(set(declared) - listed)[:3]} are missing")
 
 
-def import_bundle(cache: Cache, path: BundlePath) -> BundleReport:
+def import_bundle(cache: Cache, path: BundlePath, *, refs: bool = False) -> BundleReport:
     """Imports a bundle (a file, an object-store URL, ``"-"`` for stdin, or a stream).
 
     Stores every entry whose name the cache accepts (the others are reported in
-    ``refused``). An entry already stored is checked: intact, it is skipped; with
-    missing or corrupt blobs, it is restored from the bundle."""
+    ``refused``), each with the compile time the bundle records (an old bundle's:
+    the import time). An entry already stored is checked: intact, it is skipped; with
+    missing or corrupt blobs, it is restored from the bundle. Then the bundle's refs
+    are written where the cache has none (``refs``: overwriting its own), and a
+    release the bundle carries is recorded under its label."""
     cache._check_writable("import a bundle")
     with _open_source(path) as (raw, label, size):
-        artifacts = _read_bundle(raw, label)
+        artifacts, extras = _read_bundle(raw, label)
     for artifact in artifacts:  # check all signatures before writing anything
         verify(artifact.manifest, cache.signing_key, require=cache.require_signatures)
     outcomes: dict[str, list[str]] = {"stored": [], "present": [], "repaired": []}
@@ -289,8 +338,11 @@ def import_bundle(cache: Cache, path: BundlePath) -> BundleReport:
             log.warning("not importing %r (%s): %s", manifest.name[:80], manifest.key[:12], problem)
             refused.append(Refusal(manifest.key, manifest.name, problem))
             continue
-        _, outcome = cache.store_artifact(artifact)  # verifies the blobs of a stored entry
+        # verifies the blobs of a stored entry
+        _, outcome = cache.store_artifact(artifact, created_at=extras.created_at.get(manifest.key))
         outcomes[outcome].append(manifest.key)
+    present = [key for keys in outcomes.values() for key in keys]
+    ref_outcome = apply_refs(cache, extras.refs, present, overwrite=refs, source=f"import of bundle {label}")
     log.info(
         "imported %d entries from %s (%d already present, %d repaired, %d refused)",
         len(outcomes["stored"]), label, len(outcomes["present"]), len(outcomes["repaired"]), len(refused),
@@ -298,7 +350,7 @@ def import_bundle(cache: Cache, path: BundlePath) -> BundleReport:
     return BundleReport(
         label, tuple(a.manifest.key for a in artifacts), tuple(outcomes["stored"]),
         tuple(outcomes["present"]), bytes=size,
-        repaired=tuple(outcomes["repaired"]), refused=tuple(refused),
+        repaired=tuple(outcomes["repaired"]), refused=tuple(refused), refs=ref_outcome, carried=extras.refs,
     )
 
 

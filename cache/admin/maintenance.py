@@ -19,6 +19,7 @@ from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
 from aot.errors import AotError, CacheError, IntegrityError
 from aot.signing import check_identity, verify as verify_signature
 from aot.cache.index.entry import IndexEntry
+from aot.cache.index.served import ref_map
 from aot.cache.reports.listing import superseded_keys
 from aot.cache.storage.content import PROBLEM_MISSING
 from aot.cache.storage.objectstore import BlobStat
@@ -334,7 +335,7 @@ def plan_gc(
             )
             as_planned[entry.key] = (entry.state, entry.last_used_at)
 
-    newer = superseded_keys(entries) if superseded else {}
+    newer = superseded_keys(entries, ref_map(cache.index.refs())) if superseded else {}
     for entry in entries:
         if not entry.ok:
             add(entry, f"quarantined: {entry.state_reason or ''}".strip())

@@ -9,6 +9,12 @@ missing or corrupt there is repaired. A run killed midway leaves committed rows
 (skipped next time) and, at worst, blobs without their row (found intact and kept
 next time: nothing is copied twice).
 
+A copied row keeps its source's compile time (``created_at``), never the time its
+copy finished. The source's refs travel by the rules of
+:mod:`~aot.cache.admin.carried_refs` (a slot without a ref at the destination gets
+the source's; ``refs=True`` overwrites; ``release=LABEL`` copies a release and records
+its label), written once after every entry is committed.
+
 ``aot push DEST`` is :func:`push` (this cache -> DEST), ``aot pull SOURCE`` is
 :func:`pull` (SOURCE -> this cache); the other side is any cache location (a
 folder, a database URL) with its own blob location (``--to-blobs`` /
@@ -26,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from aot.cache.admin.carried_refs import CarriedRefs, RefsOutcome, apply_refs, carried_refs, release_to_copy
 from aot.cache.names import name_problem
 from aot.errors import AotError, CacheError
 
@@ -49,10 +56,11 @@ class TransferReport:
     failed: tuple[tuple[str, str], ...] = ()  # (key, why): names refused, damaged at the source
     bytes_copied: int = 0  # stored bytes of the entries copied or repaired
     seconds: float = 0.0
+    refs: RefsOutcome = RefsOutcome()  # what the copy did to the destination's refs
 
     @property
     def ok(self) -> bool:
-        return not self.failed
+        return not self.failed and self.refs.problem is None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -64,26 +72,40 @@ class TransferReport:
             "failed": [{"key": k, "reason": why} for k, why in self.failed],
             "bytes_copied": self.bytes_copied,
             "seconds": round(self.seconds, 4),
+            "refs": self.refs.to_dict(),
             "keys": {"copied": list(self.copied), "skipped": list(self.skipped), "repaired": list(self.repaired)},
         }
 
 
 def copy_entries(
     source: Cache, destination: Cache, names: Iterable[str] | None = None, *, jobs: int = 1,
+    refs: bool = False, release: str | None = None, origin: str | None = None,
 ) -> TransferReport:
     """Copies every intact entry of ``source`` whose name matches one of the globs
     ``names`` (all if None) into ``destination``, ``jobs`` entries at a time (threads:
     object stores answer slowly, not busily). An entry that cannot be copied (a
     damaged source blob, a name the rule refuses) is reported in ``failed`` and the
-    others are copied."""
+    others are copied.
+
+    Then the source's refs of the entries now stored at the destination are written
+    there once: for slots without a ref there, or all of them with ``refs``. With
+    ``release``, only that label's members are copied, their refs written and the label
+    recorded at the destination (``origin`` names the copy in the refs' history)."""
     start = time.perf_counter()
     globs = list(names) if names else None
+    if release is not None and globs:
+        raise CacheError(
+            f"give either NAME_GLOBs ({' '.join(globs)}) or --release {release}: a release is copied whole"
+        )
     destination._check_writable("copy entries into it")
+    members = None if release is None else {m.key for m in release_to_copy(source, release)}
     outcomes: dict[str, list[str]] = {"stored": [], "present": [], "repaired": []}
     failed: list[tuple[str, str]] = []
     todo = []
     for entry in source.index.entries():
         if not entry.ok or (globs and not any(fnmatch.fnmatchcase(entry.name, g) for g in globs)):
+            continue
+        if members is not None and entry.key not in members:
             continue
         problem = name_problem(entry.name)
         if problem is not None:
@@ -129,15 +151,22 @@ def copy_entries(
         outcomes[outcome].append(entry.key)
         if outcome != "present":
             copied_bytes += entry.stored_size
+    # Refs last, once every entry's row and blobs are committed at the destination.
+    present = [key for keys in outcomes.values() for key in keys]
+    carried = carried_refs(source, [e.key for e in todo], release) if todo or release else CarriedRefs()
+    ref_outcome = apply_refs(
+        destination, carried, present, overwrite=refs,
+        source=origin or f"copy from {source.display_location}",
+    )
     report = TransferReport(
         source.display_location, destination.display_location, tuple(outcomes["stored"]),
         tuple(outcomes["present"]), tuple(outcomes["repaired"]), tuple(failed),
-        copied_bytes, time.perf_counter() - start,
+        copied_bytes, time.perf_counter() - start, ref_outcome,
     )
     log.info(
-        "copied %d entries from %s to %s (%d already there, %d repaired, %d failed)",
+        "copied %d entries from %s to %s (%d already there, %d repaired, %d failed; %d refs set, %d kept)",
         len(report.copied), report.source, report.destination, len(report.skipped),
-        len(report.repaired), len(report.failed),
+        len(report.repaired), len(report.failed), len(ref_outcome.set), len(ref_outcome.kept),
     )
     return report
 
@@ -162,25 +191,29 @@ def open_other(
 
 def push(
     cache: Cache, destination: str | os.PathLike[str], names: Iterable[str] | None = None, *,
-    blob_location: str | None = None, jobs: int = 1,
+    blob_location: str | None = None, jobs: int = 1, refs: bool = False, release: str | None = None,
 ) -> TransferReport:
-    """Copies ``cache``'s entries (matching the globs ``names``) to the cache at
-    ``destination`` (blobs at ``blob_location``), creating it if needed."""
+    """Copies ``cache``'s entries (matching the globs ``names``, or the members of
+    ``release``) to the cache at ``destination`` (blobs at ``blob_location``),
+    creating it if needed; refs as :func:`copy_entries`."""
     other = open_other(destination, blob_location=blob_location, read_only=False, like=cache)
     try:
-        return copy_entries(cache, other, names, jobs=jobs)
+        return copy_entries(cache, other, names, jobs=jobs, refs=refs, release=release,
+                            origin=f"push to {other.display_location}")
     finally:
         other.close()
 
 
 def pull(
     cache: Cache, source: str | os.PathLike[str], names: Iterable[str] | None = None, *,
-    blob_location: str | None = None, jobs: int = 1,
+    blob_location: str | None = None, jobs: int = 1, refs: bool = False, release: str | None = None,
 ) -> TransferReport:
     """Copies the entries of the cache at ``source`` (blobs at ``blob_location``;
-    opened read-only) matching the globs ``names`` into ``cache``."""
+    opened read-only) matching the globs ``names`` (or the members of ``release``)
+    into ``cache``; refs as :func:`copy_entries`."""
     other = open_other(source, blob_location=blob_location, read_only=True, like=cache)
     try:
-        return copy_entries(other, cache, names, jobs=jobs)
+        return copy_entries(other, cache, names, jobs=jobs, refs=refs, release=release,
+                            origin=f"pull from {other.display_location}")
     finally:
         other.close()

@@ -15,6 +15,18 @@ readers proceed while one process writes.
 
 Every time compared across machines (leases, blob ages, last use) is the database
 server's (:func:`server_now`, :func:`server_now_expr`): client clocks drift.
+
+SQLite has no server: its clock is the clock of each host that opens the file, and a
+folder cache on a network file system is shared by hosts whose clocks disagree. So the
+SQLite clock of the index is monotonic: ``now`` is the later of this host's clock and
+the highest time the index holds (:func:`high_water`: the latest last use of an
+entry, the latest ref change), plus a microsecond. A host whose clock is behind stamps
+what it writes after what is already there (gc ``--older-than`` does not take its
+fresh entries for old ones), and a write is always later than the writes committed
+before it. What remains: a host whose clock is ahead drags the mark forward with it,
+and every age (``gc --older-than``) then counts from that mark until real time catches
+up; a host behind that writes alone into an index whose times are all older than its
+clock is not corrected (nothing in the file tells it the real time).
 """
 
 from __future__ import annotations
@@ -24,7 +36,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +49,7 @@ from sqlalchemy.pool import StaticPool
 
 from aot.cache.index.advice import advice_for, mask_url, reason_of
 from aot.cache.index.entry import as_utc
-from aot.cache.index.schema import UTCDateTime
+from aot.cache.index.schema import ARTIFACTS, REF_HISTORY, UTCDateTime
 from aot.cache.timeouts import timeouts
 from aot.errors import CacheError, ReadOnlyCacheError
 
@@ -48,6 +60,8 @@ __all__ = [
     "SQLITE_BUSY_TIMEOUT_MS",
     "IndexEngine",
     "connection_for",
+    "high_water",
+    "index_now_expr",
     "insert_ignore",
     "joined",
     "make_engine",
@@ -268,10 +282,44 @@ def server_now_expr(dialect: str) -> Any:
     return sa.type_coerce(sa.func.now(), UTCDateTime)
 
 
+#: A SQLite write's time is at least this much after the highest time in the index.
+CLOCK_STEP = timedelta(microseconds=1)
+
+
 def server_now(conn: Connection) -> datetime:
-    """The database server's clock (PostgreSQL ``now()``: this transaction's start)."""
-    value = conn.execute(sa.select(server_now_expr(conn.dialect.name))).scalar_one()
-    return as_utc(value, "the database clock")
+    """The database server's clock (PostgreSQL ``now()``: this transaction's start).
+    SQLite: this host's clock, but never before :func:`high_water` + a microsecond
+    (a monotonic clock over every host that writes the file; see the module's doc)."""
+    now = as_utc(conn.execute(sa.select(server_now_expr(conn.dialect.name))).scalar_one(), "the database clock")
+    if conn.dialect.name == "sqlite":
+        mark = high_water(conn)
+        if mark is not None and mark + CLOCK_STEP > now:
+            if mark - now > timedelta(seconds=60):
+                logger.debug("this host's clock is %s behind the index's (%s)", mark - now, mark.isoformat())
+            now = mark + CLOCK_STEP
+    return now
+
+
+def high_water(conn: Connection) -> datetime | None:
+    """The highest time a SQLite index holds that marks a write: the latest last use
+    of an artifact (every row added is stamped with it) and the time of the latest ref
+    change. Two index lookups. None: an index with neither."""
+    used = sa.select(sa.func.max(ARTIFACTS.c.last_used_at)).scalar_subquery()
+    ref = sa.select(REF_HISTORY.c.set_at).order_by(REF_HISTORY.c.seq.desc()).limit(1).scalar_subquery()
+    row = conn.execute(sa.select(sa.type_coerce(used, UTCDateTime), sa.type_coerce(ref, UTCDateTime))).one()
+    times = [as_utc(t, "a time in the index") for t in row if t is not None]
+    return max(times) if times else None
+
+
+def index_now_expr(dialect: str) -> Any:
+    """:func:`server_now_expr` for a statement on the index's own tables: on SQLite
+    never before the latest last use stored (the monotonic clock of :func:`server_now`,
+    without its step; for stamping a use)."""
+    if dialect != "sqlite":
+        return server_now_expr(dialect)
+    latest = sa.select(sa.func.max(ARTIFACTS.c.last_used_at)).scalar_subquery()
+    now = sa.func.strftime("%Y-%m-%d %H:%M:%f000", "now")
+    return sa.type_coerce(sa.func.max(now, sa.func.coalesce(sa.type_coerce(latest, sa.Text), "")), UTCDateTime)
 
 
 # A SQL blob store that lives in the index's database joins gc's deletion

@@ -51,10 +51,12 @@ class IndexRefs(IndexEngine):
 
     def set_refs(
         self, targets: Iterable[RefTarget], origin: RefOrigin, *, release_id: int | None = None,
+        keep_existing: bool = False,
     ) -> list[Ref]:
         """Points each (name, signature, environment) at its key, in one transaction, and
         adds them to the release set ``release_id`` when given. A ref that already names
-        its key is left as it is (no history record). Returns the refs changed."""
+        its key is left as it is (no history record); with ``keep_existing`` so is any
+        ref that exists (a copy fills only the slots without one). Returns the refs changed."""
         targets = list(dict.fromkeys(targets))
         changed: list[Ref] = []
         with self._write("set refs") as conn:
@@ -66,7 +68,7 @@ class IndexRefs(IndexEngine):
                         REFS.c.env_fp == env_fp, REFS.c.name == name, REFS.c.signature_digest == digest
                     )
                 ).scalar_one_or_none()
-                if current != key:
+                if current != key and not (keep_existing and current is not None):
                     changed.append(self._append_ref(conn, name, signature, env_fp, key, origin, now))
                 if release_id is not None:
                     self._add_member(conn, release_id, ReleaseMember(name, signature, env_fp, key))

@@ -21,7 +21,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.url import URL
 
 from aot.cache.index.advice import advice_for, mask_url, reason_of
-from aot.cache.index.engine import insert_ignore, make_engine, server_now, server_now_expr
+from aot.cache.index.engine import index_now_expr, insert_ignore, make_engine, server_now
 from aot.cache.index.entry import INDEX_FILE, IndexEntry, as_utc
 from aot.cache.index.gc_protocol import IndexGc
 from aot.cache.index.leases import Lease, LeaseLostError
@@ -96,6 +96,7 @@ class Index(IndexReads, IndexGc, IndexRefs):
     def add(
         self, entry: IndexEntry, *, blob_sizes: Mapping[str, tuple[int, int]],
         lease: Lease | None = None, stamp: bool = False, replace: bool = False,
+        created_at: datetime | None = None,
     ) -> bool:
         """Record an artifact: blob rows, its program row and its artifact row, atomically.
 
@@ -109,6 +110,8 @@ class Index(IndexReads, IndexGc, IndexRefs):
         ``lease``: released in the same transaction; if gc took it (it expired),
         nothing is written and :class:`LeaseLostError` is raised. ``stamp``: the
         row's times come from the database server's clock, not the entry.
+        ``created_at`` (with ``stamp``): the row keeps this compile time (a copy keeps
+        its source's), its last use is the server's now.
         """
         row = entry._row()
         with self._write(f"add artifact {entry.key}") as conn:
@@ -127,6 +130,8 @@ class Index(IndexReads, IndexGc, IndexRefs):
             if stamp:
                 now = server_now(conn)
                 row["created_at"] = row["last_used_at"] = now
+                if created_at is not None:
+                    row["created_at"] = as_utc(created_at, "created_at")
             else:
                 now = entry.created_at
             if blob_sizes:
@@ -185,7 +190,7 @@ class Index(IndexReads, IndexGc, IndexRefs):
             return
         try:
             with self._write(f"touch {key}") as conn:
-                stamp = as_utc(when, "when") if when is not None else server_now_expr(conn.dialect.name)
+                stamp = as_utc(when, "when") if when is not None else index_now_expr(conn.dialect.name)
                 conn.execute(
                     sa.update(ARTIFACTS)
                     .where(ARTIFACTS.c.key == key)

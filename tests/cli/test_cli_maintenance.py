@@ -15,7 +15,7 @@ INTEGRITY_KEYS = {
     "ok", "checked_entries", "checked_blobs", "problems", "quarantined", "orphan_blobs", "cache_problems",
 }
 GC_KEYS = {"dry_run", "executed", "entries", "blobs", "bytes_freed", "size_before", "size_after", "warnings"}
-BUNDLE_KEYS = {"path", "entries", "imported", "skipped", "repaired", "refused", "bytes"}
+BUNDLE_KEYS = {"path", "entries", "imported", "skipped", "repaired", "refused", "bytes", "refs", "carried"}
 
 
 def _corrupt_executable_of(cache_dir: Path, name: str) -> str:

@@ -15,7 +15,9 @@ import pytest
 import aot
 from tests.cli.helpers import REPO, Invoke, one_line_error
 
-TRANSFER_KEYS = {"source", "destination", "copied", "skipped", "repaired", "failed", "bytes_copied", "seconds", "keys"}
+TRANSFER_KEYS = {
+    "source", "destination", "copied", "skipped", "repaired", "failed", "bytes_copied", "seconds", "keys", "refs",
+}
 
 
 @pytest.mark.postgres
