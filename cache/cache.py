@@ -319,12 +319,16 @@ class Cache:
                 "without read_only=True (or compile in CI and ship a bundle)"
             )
 
-    def put(self, item: MeshComputation | MeshExecutable | Artifact) -> IndexEntry:
-        """Stores a computation (compiling it), an executable or an artifact."""
+    def put(self, item: MeshComputation | MeshExecutable | Artifact, *, origin: RefOrigin | None = None) -> IndexEntry:
+        """Stores a computation (compiling it), an executable or an artifact, and
+        declares it the entry served for its name, signature and environment (its
+        ref; ``origin`` says who set it, default ``Cache.put``)."""
         from aot.cache.compiling import artifact_of  # serving never stores
 
         self._check_writable("store an artifact")
-        return self.put_artifact(artifact_of(item))
+        entry = self.put_artifact(artifact_of(item))
+        self.set_refs([entry], origin if origin is not None else RefOrigin("Cache.put"))
+        return entry
 
     def put_artifact(self, artifact: Artifact) -> IndexEntry:
         """Stores an artifact: blobs first (durable), the index row last.
@@ -432,13 +436,13 @@ class Cache:
 
     def compile_entry(
         self, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
-        **lower_kwargs: Any,
+        origin: RefOrigin | None = None, **lower_kwargs: Any,
     ) -> CompileResult:
         """Lowers ``fn``; on a hit loads the stored executable, on a miss compiles and stores
-        it (:mod:`aot.cache.compiling`)."""
+        it, and sets its ref (:mod:`aot.cache.compiling`)."""
         from aot.cache.compiling import compile_entry  # serving never compiles
 
-        return compile_entry(self, fn, *args, name=name, pmap=pmap, **lower_kwargs)
+        return compile_entry(self, fn, *args, name=name, pmap=pmap, origin=origin, **lower_kwargs)
 
     def compile(
         self, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
