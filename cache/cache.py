@@ -475,15 +475,17 @@ class Cache:
 
     def gc(
         self, max_size: int | str | None = None, older_than: Any = None, *, dry_run: bool = False,
-        superseded: bool = False, force: bool = False,
+        superseded: bool = False, force: bool = False, manifest: str | os.PathLike[str] | None = None,
     ) -> Any:
         """Plan-then-execute garbage collection; ``force`` deletes blobs even when the
-        index is empty (it refuses otherwise: a lost index is not an empty cache)."""
+        index is empty (it refuses otherwise: a lost index is not an empty cache).
+        Never deletes what a ref or a live release pins; ``manifest`` drops the refs of
+        signatures of its names it no longer lists, and collects their entries."""
         from aot.cache.admin.maintenance import collect_garbage
 
         return collect_garbage(
             self, max_size=max_size, older_than=older_than, dry_run=dry_run,
-            superseded=superseded, force=force,
+            superseded=superseded, force=force, manifest=manifest,
         )
 
     def export_bundle(self, path: str | os.PathLike[str], names: str | Iterable[str] | None = None) -> Any:
