@@ -26,7 +26,8 @@ from aot.fingerprint import environment_fingerprint
 from aot.signing import key_from
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import INDEX_FILE, IndexEntry
-from aot.cache.index.refs import Ref, RefOrigin, Release, ReleaseMember
+from aot.cache.index.declared import Declared
+from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
 from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def require_cache(
     raise CacheError(_lost_index_message(folder) or f"no cache at {folder} ({why}); {advice}")
 
 
-class Cache:
+class Cache(Declared):
     """A fingerprint-keyed artifact cache.
 
     ``location``: ``None`` -> ``$AOT_CACHE`` or the user cache folder; a folder (or
@@ -255,31 +256,6 @@ class Cache:
         self._check_writable("set refs")
         targets = [(e.name, e.signature, e.env_fp, e.key) for e in entries]
         return self.index.set_refs(targets, origin, release_id=release_id) if targets else []
-
-    def releases(self) -> list[Release]:
-        """The current set of every release label (without members)."""
-        return self.index.releases()
-
-    def release(self, label: str) -> Release:
-        """The current set of ``label`` with its members; CacheError when none."""
-        found = self.index.release_set(label)
-        if found is None:
-            raise CacheError(f"no release labelled {label!r} in {self.display_location}; `aot release ls` lists them")
-        return found
-
-    def promote(self, source: str, target: str, origin: RefOrigin | None = None) -> Release:
-        """Points label ``target`` at the set ``source`` points to now."""
-        self._check_writable("promote a release")
-        return self.index.promote(source, target, origin or RefOrigin(f"promote {source}", release=target))
-
-    def rollback(self, label: str, origin: RefOrigin | None = None) -> Release:
-        """Points ``label`` back at the set it pointed to before."""
-        self._check_writable("roll back a release")
-        return self.index.rollback(label, origin or RefOrigin(f"rollback {label}", release=label))
-
-    def history(self, name: str, limit: int | None = None) -> list[Ref]:
-        """Every change of the refs of ``name``, newest first."""
-        return self.index.ref_history(name, limit=limit)
 
     def lookup(self, key: str) -> IndexEntry | None:
         """The row of ``key`` (None: not stored)."""
