@@ -36,15 +36,22 @@ VICTIM_SIGNATURE_WIDTH = 60
     help="Exit 1 when an entry of the manifest is missing (the manifest defaults to "
     "AOT_MANIFEST or [tool.aot] manifest).",
 )
+@click.option(
+    "--no-lower", is_flag=True,
+    help="Check the manifest's coverage from its specs only, without lowering (cheap; does "
+    "not notice code changes).",
+)
 @pass_state
-def verify_command(state: State, manifest: str | None, strict: bool) -> None:
+def verify_command(state: State, manifest: str | None, strict: bool, no_lower: bool) -> None:
     """Check the cache: re-hash every blob, parse every manifest.
 
     Bad entries are quarantined (unless --read-only); exit status 1 on any problem
     with an entry (blobs that no entry references are reported; `aot gc` removes them).
     With --manifest --strict this is the CI coverage check: it also fails when an
     entry of the manifest is missing for this environment, and says why (not stored,
-    quarantined, or stored for another environment: device_count 8 != 1).
+    quarantined, or stored for another environment: device_count 8 != 1), and, as it
+    lowers every entry (no compile; --no-lower skips this), when the code changed since
+    the served entry was compiled (stale).
     """
     from aot.cache.reports.coverage import verify_with_coverage
 
@@ -55,7 +62,7 @@ def verify_command(state: State, manifest: str | None, strict: bool) -> None:
                 "--strict needs --manifest (or AOT_MANIFEST, or manifest in [tool.aot])"
             )
     cache = state.cache()
-    report = verify_with_coverage(cache, manifest, strict=strict)
+    report = verify_with_coverage(cache, manifest, strict=strict, lower=not no_lower)
     if state.json:
         echo_json(report.to_dict())
     else:
@@ -74,6 +81,8 @@ def verify_command(state: State, manifest: str | None, strict: bool) -> None:
             click.echo(report.coverage.summary())
             for missing in report.coverage.missing:
                 click.echo(f"  {missing.describe()}")
+            for stale in report.coverage.stale:
+                click.echo(stale.describe())
     if not report.ok:
         click.get_current_context().exit(1)
 
