@@ -89,8 +89,9 @@ def test_verify_manifest_coverage(invoke: Invoke, warmed) -> None:
     assert data["ok"] is False and data["integrity"]["problems"] == []
     assert len(data["integrity"]["orphan_blobs"]) == 2  # the deleted entry's blobs: not a failure
     coverage = data["coverage"]
-    assert set(coverage) == {"manifest", "strict", "items", "missing"}
+    assert set(coverage) == {"manifest", "strict", "items", "missing", "stale", "lower_seconds"}
     assert coverage["items"] == 5 and coverage["strict"] is True
+    assert coverage["stale"] == [] and coverage["lower_seconds"] > 0  # the entries were lowered
     assert [m["label"] for m in coverage["missing"]] == ["mlp.forward[batch=8]"]
     assert set(coverage["missing"][0]) == {
         "name", "label", "target", "args", "args_from", "kwargs", "static", "bucket", "pmap",
