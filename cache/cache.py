@@ -27,6 +27,7 @@ from aot.fingerprint import environment_fingerprint
 from aot.signing import key_from
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import INDEX_FILE, IndexEntry
+from aot.cache.index.declared import Declared
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
 from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
 
@@ -109,7 +110,7 @@ def require_cache(
     raise CacheError(_lost_index_message(folder) or f"no cache at {folder} ({why}); {advice}")
 
 
-class Cache:
+class Cache(Declared):
     """A fingerprint-keyed artifact cache.
 
     ``location``: ``None`` -> ``$AOT_CACHE`` or the user cache folder; a folder (or
@@ -326,12 +327,16 @@ class Cache:
                 "without read_only=True (or compile in CI and ship a bundle)"
             )
 
-    def put(self, item: MeshComputation | MeshExecutable | Artifact) -> IndexEntry:
-        """Stores a computation (compiling it), an executable or an artifact."""
+    def put(self, item: MeshComputation | MeshExecutable | Artifact, *, origin: RefOrigin | None = None) -> IndexEntry:
+        """Stores a computation (compiling it), an executable or an artifact, and
+        declares it the entry served for its name, signature and environment (its
+        ref; ``origin`` says who set it, default ``Cache.put``)."""
         from aot.cache.compiling import artifact_of  # serving never stores
 
         self._check_writable("store an artifact")
-        return self.put_artifact(artifact_of(item))
+        entry = self.put_artifact(artifact_of(item))
+        self.set_refs([entry], origin if origin is not None else RefOrigin("Cache.put"))
+        return entry
 
     def put_artifact(self, artifact: Artifact) -> IndexEntry:
         """Stores an artifact: blobs first (durable), the index row last.
@@ -440,13 +445,13 @@ class Cache:
 
     def compile_entry(
         self, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
-        **lower_kwargs: Any,
+        origin: RefOrigin | None = None, **lower_kwargs: Any,
     ) -> CompileResult:
         """Lowers ``fn``; on a hit loads the stored executable, on a miss compiles and stores
-        it (:mod:`aot.cache.compiling`)."""
+        it, and sets its ref (:mod:`aot.cache.compiling`)."""
         from aot.cache.compiling import compile_entry  # serving never compiles
 
-        return compile_entry(self, fn, *args, name=name, pmap=pmap, **lower_kwargs)
+        return compile_entry(self, fn, *args, name=name, pmap=pmap, origin=origin, **lower_kwargs)
 
     def compile(
         self, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
@@ -479,15 +484,17 @@ class Cache:
 
     def gc(
         self, max_size: int | str | None = None, older_than: Any = None, *, dry_run: bool = False,
-        superseded: bool = False, force: bool = False,
+        superseded: bool = False, force: bool = False, manifest: str | os.PathLike[str] | None = None,
     ) -> Any:
         """Plan-then-execute garbage collection; ``force`` deletes blobs even when the
-        index is empty (it refuses otherwise: a lost index is not an empty cache)."""
+        index is empty (it refuses otherwise: a lost index is not an empty cache).
+        Never deletes what a ref or a live release pins; ``manifest`` drops the refs of
+        signatures of its names it no longer lists, and collects their entries."""
         from aot.cache.admin.maintenance import collect_garbage
 
         return collect_garbage(
             self, max_size=max_size, older_than=older_than, dry_run=dry_run,
-            superseded=superseded, force=force,
+            superseded=superseded, force=force, manifest=manifest,
         )
 
     def export_bundle(

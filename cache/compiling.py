@@ -17,6 +17,7 @@ from aot.artifact import Artifact
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, ReadOnlyCacheError
 from aot.build import build_artifact, build_symbolic_artifact
 from aot.cache.artifacts import unstored_entry
+from aot.cache.index.refs import RefOrigin
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -81,10 +82,23 @@ def artifact_of(item: MeshComputation | MeshExecutable | Artifact) -> Artifact:
 
 def compile_entry(
     cache: Cache, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
-    **lower_kwargs: Any,
+    origin: RefOrigin | None = None, **lower_kwargs: Any,
 ) -> CompileResult:
     """Lowers ``fn``; on a hit loads the stored executable, on a miss compiles and
-    stores it (compiles without storing into a read-only cache)."""
+    stores it (compiles without storing into a read-only cache). Either way a writable
+    cache's ref of the entry's (name, signature, environment) is set to its key
+    (``origin``: who sets it; default ``Cache.compile`` and the CI commit): compiling
+    the current code declares it the one served."""
+    result = _compile_entry(cache, fn, *args, name=name, pmap=pmap, **lower_kwargs)
+    if not cache.read_only:
+        cache.set_refs([result.entry], origin if origin is not None else RefOrigin("Cache.compile"))
+    return result
+
+
+def _compile_entry(
+    cache: Cache, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
+    **lower_kwargs: Any,
+) -> CompileResult:
     from aot.lowering import lower, lower_pmap  # serving never lowers
 
     start = time.perf_counter()

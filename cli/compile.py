@@ -52,12 +52,16 @@ SPEC_HELP = (
     help="Lower and compile with 64-bit types enabled (f64, i64 specs), as under "
     "jax.enable_x64(True); serve it from a process with x64 enabled.",
 )
+@click.option(
+    "--commit", metavar="SHA",
+    help="The commit recorded with the ref set (default: GIT_COMMIT or the CI's variable).",
+)
 @pass_state
 def compile_command(
     state: State, target: str, args: tuple[str, ...], kwargs: tuple[str, ...],
     args_from: str | None, static: tuple[str, ...], name: str | None, pmap_axis: str | None,
     mesh: tuple[tuple[str, int], ...] | None, in_shardings: tuple[str, ...],
-    out_shardings: tuple[str, ...], donate: tuple[int, ...], x64: bool,
+    out_shardings: tuple[str, ...], donate: tuple[int, ...], x64: bool, commit: str | None,
 ) -> None:
     """Compile MODULE:FUNCTION for the given argument specs into the cache.
 
@@ -71,6 +75,7 @@ def compile_command(
       aot compile fixtures.models:allreduce --pmap i --arg f32[8,1024]
     """
     from aot.cache.serving.signatures import Signature
+    from aot.cache.index.refs import RefOrigin, default_commit
     from aot.cache.warmup.targets import compile_target
     from aot.errors import ManifestError
 
@@ -78,6 +83,7 @@ def compile_command(
         args=args, kwargs=parse_kwargs(kwargs), args_from=args_from, static=parse_static(static),
         name=name, pmap=pmap_axis, mesh=mesh, in_shardings=in_shardings,
         out_shardings=out_shardings, donate=donate, x64=x64,
+        origin=RefOrigin("compile", commit=commit or default_commit()),
     )
     try:
         result = compile_target(state.cache(create=True), target, **options)  # type: ignore[arg-type]

@@ -51,7 +51,7 @@ cli.params[:0] = global_options()
 
 
 def _register() -> None:
-    from aot.cli import bundle, compile, doctor, listing, maintenance, stats, transfer, warmup
+    from aot.cli import bundle, compile, doctor, listing, maintenance, releases, stats, transfer, warmup
 
     cli.add_command(compile.compile_command)
     cli.add_command(warmup.warmup_command)
@@ -66,6 +66,8 @@ def _register() -> None:
     cli.add_command(stats.stats_command)
     cli.add_command(compile.why_command)
     cli.add_command(doctor.doctor_command)
+    cli.add_command(releases.release_group)
+    cli.add_command(releases.history_command)
 
 
 _register()

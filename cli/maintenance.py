@@ -36,15 +36,22 @@ VICTIM_SIGNATURE_WIDTH = 60
     help="Exit 1 when an entry of the manifest is missing (the manifest defaults to "
     "AOT_MANIFEST or [tool.aot] manifest).",
 )
+@click.option(
+    "--no-lower", is_flag=True,
+    help="Check the manifest's coverage from its specs only, without lowering (cheap; does "
+    "not notice code changes).",
+)
 @pass_state
-def verify_command(state: State, manifest: str | None, strict: bool) -> None:
+def verify_command(state: State, manifest: str | None, strict: bool, no_lower: bool) -> None:
     """Check the cache: re-hash every blob, parse every manifest.
 
     Bad entries are quarantined (unless --read-only); exit status 1 on any problem
     with an entry (blobs that no entry references are reported; `aot gc` removes them).
     With --manifest --strict this is the CI coverage check: it also fails when an
     entry of the manifest is missing for this environment, and says why (not stored,
-    quarantined, or stored for another environment: device_count 8 != 1).
+    quarantined, or stored for another environment: device_count 8 != 1), and, as it
+    lowers every entry (no compile; --no-lower skips this), when the code changed since
+    the served entry was compiled (stale).
     """
     from aot.cache.reports.coverage import verify_with_coverage
 
@@ -55,7 +62,7 @@ def verify_command(state: State, manifest: str | None, strict: bool) -> None:
                 "--strict needs --manifest (or AOT_MANIFEST, or manifest in [tool.aot])"
             )
     cache = state.cache()
-    report = verify_with_coverage(cache, manifest, strict=strict)
+    report = verify_with_coverage(cache, manifest, strict=strict, lower=not no_lower)
     if state.json:
         echo_json(report.to_dict())
     else:
@@ -74,6 +81,8 @@ def verify_command(state: State, manifest: str | None, strict: bool) -> None:
             click.echo(report.coverage.summary())
             for missing in report.coverage.missing:
                 click.echo(f"  {missing.describe()}")
+            for stale in report.coverage.stale:
+                click.echo(stale.describe())
     if not report.ok:
         click.get_current_context().exit(1)
 
@@ -92,6 +101,7 @@ def _render_gc(plan: GcPlan, *, err: bool = False, asking: bool = False) -> None
         click.echo(f"warning: {warning}", err=err)
     if not plan.entries and not plan.blobs:
         click.echo(f"nothing to collect (cache {human_size(plan.size_before)})", err=err)
+        _render_pins(plan, err=err)
         return
     verb = "would remove" if not plan.executed else "removed"
     click.echo(
@@ -102,6 +112,19 @@ def _render_gc(plan: GcPlan, *, err: bool = False, asking: bool = False) -> None
     )
     for victim in plan.entries:
         click.echo(_victim_line(victim), err=err)
+    _render_pins(plan, err=err)
+
+
+def _render_pins(plan: GcPlan, *, err: bool = False) -> None:
+    from aot.cache.admin.maintenance import UNPIN_ADVICE
+
+    for name, signature in plan.dropped_refs:
+        click.echo(f"{'dropped' if plan.executed else 'would drop'} the ref of {name} ({signature}): not in the manifest", err=err)
+    if plan.pinned:
+        click.echo(f"kept {len(plan.pinned)} pinned {'entry' if len(plan.pinned) == 1 else 'entries'}:", err=err)
+        for victim in plan.pinned:
+            click.echo(_victim_line(victim), err=err)
+        click.echo(f"  to unpin: {UNPIN_ADVICE}", err=err)
 
 
 @click.command("gc", short_help="Remove stale entries and unreferenced blobs.")
@@ -110,14 +133,19 @@ def _render_gc(plan: GcPlan, *, err: bool = False, asking: bool = False) -> None
     "--older-than", type=AGE, metavar="AGE",
     help="Remove entries unused for longer than this: 30d, 12h, 15min, 2w, 1mo (30 days).",
 )
-@click.option("--superseded", is_flag=True, help="Also remove entries a newer one of the same name, signature and environment supersedes.")
+@click.option("--superseded", is_flag=True, help="Also remove entries another one of the same name, signature and environment supersedes (the ref'd one, else the newest).")
+@click.option(
+    "--manifest", "gc_manifest", metavar="MANIFEST.toml", shell_complete=complete_manifests,
+    help="Drop the refs of signatures of the manifest's names that it no longer lists, and "
+    "collect their entries.",
+)
 @click.option("--force", is_flag=True, help="Collect even when the index is empty but blobs exist (a lost index?).")
 @click.option("--dry-run", is_flag=True, help="Only print the plan.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation on a terminal.")
 @pass_state
 def gc_command(
-    state: State, max_size: int | None, older_than: str | None, superseded: bool, force: bool,
-    dry_run: bool, yes: bool,
+    state: State, max_size: int | None, older_than: str | None, superseded: bool,
+    gc_manifest: str | None, force: bool, dry_run: bool, yes: bool,
 ) -> None:
     """Remove quarantined, stale, superseded and least recently used entries, and
     unreferenced blobs.
@@ -127,7 +155,8 @@ def gc_command(
     --dry-run stops after the plan.
     """
     cache = state.cache()
-    options = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force)
+    options = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force,
+                   manifest=gc_manifest)
     if not dry_run and not yes and stdin_is_tty():
         plan = cache.gc(dry_run=True, **options)
         if not plan.entries and not plan.blobs:

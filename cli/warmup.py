@@ -58,8 +58,23 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
 )
 @click.option(
     "--relower", is_flag=True,
-    help="Lower every entry, even those whose warm-up record proves them unchanged "
-    "(for functions whose trace reads files or environment variables).",
+    help="Accepted for compatibility: every warm-up lowers every entry now (a hit "
+    "skips only the compile).",
+)
+@click.option(
+    "--commit", metavar="SHA",
+    help="The commit recorded with the refs set (default: GIT_COMMIT, GITHUB_SHA, "
+    "CI_COMMIT_SHA, BUILDKITE_COMMIT or CIRCLE_SHA1).",
+)
+@click.option(
+    "--release", metavar="LABEL",
+    help="Also record the refs under release LABEL (e.g. candidate): the shards of one "
+    "run (same commit and manifest, or same --run) add to one set.",
+)
+@click.option(
+    "--run", "run_id", metavar="ID",
+    help="The run id the shards of one --release run share (default: the commit and "
+    "the manifest's digest).",
 )
 @click.option(
     "--shard", metavar="I/N", callback=_parse_shard, default=None,
@@ -69,7 +84,7 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
 @pass_state
 def warmup_command(
     state: State, manifest: str | None, jobs: int, shard: tuple[int, int] | None,
-    isolate: bool, relower: bool,
+    isolate: bool, relower: bool, commit: str | None, release: str | None, run_id: str | None,
 ) -> None:
     """Compile every (function x bucket) listed in MANIFEST.toml into the cache.
 
@@ -89,7 +104,19 @@ def warmup_command(
                 "no manifest: give MANIFEST.toml, or set AOT_MANIFEST or manifest in "
                 "[tool.aot] of pyproject.toml"
             )
+    from pathlib import Path
+
+    from aot.cache.index.refs import RefOrigin, default_commit
+    from aot.cache.warmup.run import release_run
+    from aot.errors import UsageError
+
     items = expand(load_manifest(manifest))
+    origin = RefOrigin(f"warmup {manifest}", commit=commit or default_commit())
+    if release is not None and run_id is None:
+        try:
+            run_id = release_run(origin.commit, Path(manifest).read_text(encoding="utf-8"), shard)
+        except UsageError as exc:
+            raise click.UsageError(str(exc)) from None
     # The worker processes start now: they import JAX while this process does (opening
     # the cache imports it). --isolate starts them only for entries not stored.
     workers = None
@@ -127,7 +154,7 @@ def warmup_command(
     try:
         report = run_warmup(
             cache, items, jobs=jobs, shard=shard, on_result=on_result, isolate=isolate,
-            records=not relower, workers=workers,
+            workers=workers, origin=origin, release=release, run=run_id,
         )
     finally:
         if progress is not None:

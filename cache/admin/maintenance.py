@@ -8,8 +8,10 @@ re-checking there that no row references it and no live lease claims it.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import logging
+import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,8 +21,7 @@ from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
 from aot.errors import AotError, CacheError, IntegrityError
 from aot.signing import check_identity, verify as verify_signature
 from aot.cache.index.entry import IndexEntry
-from aot.cache.index.served import ref_map
-from aot.cache.reports.listing import superseded_keys
+from aot.cache.index.served import ref_map, superseded_keys
 from aot.cache.storage.content import PROBLEM_MISSING
 from aot.cache.storage.objectstore import BlobStat
 from aot.cache.pauses import reached
@@ -269,6 +270,10 @@ class GcPlan:
     executed: bool = False
     #: Why gc will not (or did not) delete blobs without force (an empty index).
     warnings: tuple[str, ...] = ()
+    #: Entries gc would have collected but a ref or a live release pins (key -> why).
+    pinned: tuple[GcVictim, ...] = ()
+    #: Refs dropped (``gc --manifest``): (name, signature) no longer in the manifest.
+    dropped_refs: tuple[tuple[str, str], ...] = ()
     #: The victims' rows as planned (key -> state, last use): a row used, healed or
     #: replaced after the plan is not deleted.
     _rows: dict[str, tuple[str, _dt.datetime]] = field(default_factory=dict, repr=False, compare=False)
@@ -287,6 +292,8 @@ class GcPlan:
             "size_before": self.size_before,
             "size_after": self.size_after,
             "warnings": list(self.warnings),
+            "pinned": [v.to_dict() for v in self.pinned],
+            "dropped_refs": [{"name": n, "signature": sig} for n, sig in self.dropped_refs],
         }
 
 
@@ -305,9 +312,17 @@ GC_BATCH = 64
 GC_YIELD_MAX_SECONDS = 0.1
 
 
+#: How to unpin an entry gc keeps (shown with the pinned entries).
+UNPIN_ADVICE = (
+    "a newer `aot warmup` moves a ref (then the old entry is superseded); `aot gc --manifest M` "
+    "drops the refs of signatures M no longer lists; a release set stays pinned while it is "
+    "its label's current or rollback target"
+)
+
+
 def plan_gc(
     cache: Cache, *, max_size: int | str | None = None, older_than: Any = None,
-    superseded: bool = False, force: bool = False,
+    superseded: bool = False, force: bool = False, unpinned: frozenset[tuple[str, str]] = frozenset(),
 ) -> GcPlan:
     """Quarantined entries, entries unused for ``older_than``, superseded entries (with
     ``superseded``: a newer intact entry has the same name, signature and environment),
@@ -327,7 +342,22 @@ def plan_gc(
     victims: dict[str, GcVictim] = {}
     as_planned: dict[str, tuple[str, _dt.datetime]] = {}
 
+    newer = superseded_keys(entries, ref_map(cache.index.refs())) if superseded else {}
+    pins = cache.index.pinned_keys()
+    for ref in cache.index.refs():
+        if (ref.name, ref.signature) in unpinned and pins.get(ref.key, "").startswith("served ref"):
+            pins.pop(ref.key)  # its ref is dropped first (a dry run assumes so)
+    dropped_names = {name for name, _ in unpinned}
+    pinned: dict[str, GcVictim] = {}
+
     def add(entry: IndexEntry, reason: str) -> None:
+        if entry.ok and entry.key in pins:  # a quarantined entry is proven corrupt: never kept
+            if entry.key not in pinned:
+                pinned[entry.key] = GcVictim(
+                    entry.key, entry.name, entry.signature, entry.stored_size,
+                    entry.last_used_at.isoformat(timespec="seconds"), f"pinned: {pins[entry.key]} ({reason})",
+                )
+            return
         if entry.key not in victims:
             victims[entry.key] = GcVictim(
                 entry.key, entry.name, entry.signature, entry.stored_size,
@@ -335,8 +365,9 @@ def plan_gc(
             )
             as_planned[entry.key] = (entry.state, entry.last_used_at)
 
-    newer = superseded_keys(entries, ref_map(cache.index.refs())) if superseded else {}
     for entry in entries:
+        if entry.ok and entry.name in dropped_names and (entry.name, entry.signature) in unpinned:
+            add(entry, "signature no longer in the manifest")
         if not entry.ok:
             add(entry, f"quarantined: {entry.state_reason or ''}".strip())
         elif age is not None and now - entry.last_used_at > age:
@@ -361,12 +392,15 @@ def plan_gc(
         while evicted < len(lru) and live > limit:
             victim = lru[evicted]
             add(victim, f"least recently used; cache over {human_size(limit)}")
+            if victim.key in pins:
+                evicted += 1
+                continue
             for d in _digests(victim):
                 refs[d] -= 1
                 if refs[d] == 0:
                     live -= blob_sizes.get(d, 0)
             evicted += 1
-        survivors = lru[evicted:]
+        survivors = [e for e in lru if e.key not in victims]
     keep: set[str] = set()
     for entry in survivors:
         keep.update(_digests(entry))  # no executable digest for a symbolic entry
@@ -391,8 +425,23 @@ def plan_gc(
     freed = sum(stored[d].stored_size for d in dead_blobs)
     return GcPlan(
         tuple(victims.values()), dead_blobs, freed, size_before, dry_run=True, warnings=warnings,
-        _rows=as_planned,
+        pinned=tuple(pinned.values()), _rows=as_planned,
     )
+
+
+def stale_signatures(cache: Cache, manifest: str | os.PathLike[str]) -> frozenset[tuple[str, str]]:
+    """(name, signature) of the refs and entries whose name manifest ``manifest`` lists
+    but not with that signature (a changed layer size leaves the old ones behind)."""
+    from aot.cache.warmup.manifest import expand, load_manifest
+    from aot.cache.warmup.targets import item_signature
+
+    wanted: dict[str, set[str]] = {}
+    for item in expand(load_manifest(manifest)):
+        wanted.setdefault(item.name, set()).add(item_signature(item))
+    stale = {(r.name, r.signature) for r in cache.index.refs() if r.name in wanted and r.signature not in wanted[r.name]}
+    for name, signatures in wanted.items():
+        stale |= {(e.name, e.signature) for e in cache.index.by_name(name, state=None) if e.signature not in signatures}
+    return frozenset(stale)
 
 
 def _digests(entry: IndexEntry) -> set[str]:
@@ -426,6 +475,7 @@ def delete_unreferenced_blobs(cache: Cache, digests: Sequence[str]) -> tuple[lis
 def collect_garbage(
     cache: Cache, *, max_size: int | str | None = None, older_than: Any = None,
     dry_run: bool = False, superseded: bool = False, force: bool = False,
+    manifest: str | os.PathLike[str] | None = None,
 ) -> GcPlan:
     """Plans, then (unless ``dry_run``) deletes index rows first and blobs after.
 
@@ -435,12 +485,17 @@ def collect_garbage(
     which the next gc removes. With an empty index beside stored blobs, gc refuses
     (``CacheError``) unless ``force``.
     """
-    plan = plan_gc(
-        cache, max_size=max_size, older_than=older_than, superseded=superseded, force=force
-    )
+    stale = stale_signatures(cache, manifest) if manifest is not None else frozenset()
+    options = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force)
+    plan = plan_gc(cache, unpinned=stale, **options)  # type: ignore[arg-type]
     if dry_run:
-        return plan
+        return dataclasses.replace(plan, dropped_refs=tuple(sorted(stale)))
     cache._check_writable("collect garbage")
+    if stale:
+        slots = [r.slot for r in cache.index.refs() if (r.name, r.signature) in stale]
+        cache.index.drop_refs(slots)
+        log.info("gc: dropped %d refs of signatures no longer in %s", len(slots), manifest)
+        plan = plan_gc(cache, unpinned=stale, **options)  # type: ignore[arg-type]
     if plan.warnings:
         raise CacheError(f"gc refused: {plan.warnings[0]}")
     reached("gc.planned")
@@ -456,4 +511,5 @@ def collect_garbage(
         log.info("gc: dropped %d expired leases of writers that died", dropped)
     reached("gc.done")
     log.info("gc: removed %d entries and %d blobs, freed %s", len(evicted), len(removed), human_size(freed))
-    return GcPlan(evicted, tuple(removed), freed, plan.size_before, dry_run=False, executed=True)
+    return GcPlan(evicted, tuple(removed), freed, plan.size_before, dry_run=False, executed=True,
+                  pinned=plan.pinned, dropped_refs=tuple(sorted(stale)))

@@ -9,6 +9,7 @@ stored for another environment (``device_count 8 != 1``: the stored value first)
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,10 @@ if TYPE_CHECKING:
     from aot.cache.index.entry import IndexEntry
     from aot.cache.admin.maintenance import VerifyReport
 
-__all__ = ["CheckReport", "CoverageReport", "MissingItem", "check_coverage", "verify_with_coverage"]
+__all__ = [
+    "CheckReport", "CoverageReport", "MissingItem", "StaleItem", "check_coverage", "find_stale",
+    "verify_with_coverage",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +48,42 @@ class MissingItem:
 
 
 @dataclass(frozen=True, slots=True)
+class StaleItem:
+    """A manifest entry whose lowered program is not the one served for it."""
+
+    item: WarmupItem
+    shown: str  # its signature, by argument name
+    served: str  # the key served (its ref, else the legacy newest entry)
+    lowered: str  # the key the current code lowers to
+    parts: tuple[str, ...]  # the program fingerprint's parts that differ
+
+    def describe(self) -> str:
+        parts = ", ".join(self.parts) or "key"
+        verb = "differs" if len(self.parts) <= 1 else "differ"
+        return (f"stale: {self.item.label} ({self.shown}): the code changed since it was compiled "
+                f"(part{'s' if len(self.parts) > 1 else ''} {parts} {verb}); run aot warmup")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.item.to_dict(), "served": self.served, "lowered": self.lowered, "parts": list(self.parts)}
+
+
+@dataclass(frozen=True, slots=True)
 class CoverageReport:
     manifest: str
     strict: bool
     items: int
     missing: tuple[MissingItem, ...]
+    stale: tuple[StaleItem, ...] = ()
+    lower_seconds: float | None = None  # what lowering every entry cost (None: --no-lower)
 
     @property
     def failed(self) -> bool:
-        return self.strict and bool(self.missing)
+        return self.strict and bool(self.missing or self.stale)
 
     def summary(self) -> str:
+        if self.stale and not self.missing:
+            return (f"{self.manifest}: {len(self.stale)} of {counted(self.items, 'entry')} stale "
+                    f"(lowered in {self.lower_seconds or 0.0:.2f}s):")
         if not self.missing:
             stored = "the 1 entry is" if self.items == 1 else f"all {self.items} entries are"
             return f"{self.manifest}: {stored} stored for this environment"
@@ -70,7 +99,47 @@ class CoverageReport:
             "strict": self.strict,
             "items": self.items,
             "missing": [m.to_dict() for m in self.missing],
+            "stale": [m.to_dict() for m in self.stale],
+            "lower_seconds": None if self.lower_seconds is None else round(self.lower_seconds, 4),
         }
+
+
+def find_stale(cache: Cache, items: Iterable[WarmupItem]) -> tuple[tuple[StaleItem, ...], float]:
+    """Lowers each item (no compile) and compares its key with the one served for its
+    (name, signature, environment): its ref, else the legacy newest intact entry
+    (:mod:`aot.cache.index.served`). Items with nothing served are left to coverage.
+    Returns the stale items and the seconds the lowerings took."""
+    from aot.artifact import Manifest
+    from aot.cache.index.served import ref_map, served_key
+    from aot.cache.warmup.targets import prepare
+    from aot.lowering import lower, lower_pmap
+
+    stale: list[StaleItem] = []
+    seconds = 0.0
+    for item in items:
+        with x64_mode(item):
+            start = time.perf_counter()
+            prepared = prepare(item)
+            options = dict(prepared.options)
+            pmap = options.pop("pmap", False)
+            computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
+            key = computation.fingerprint
+            seconds += time.perf_counter() - start
+            env = cache.environment.digest
+        slot = (computation.name, computation.signature, env)
+        entries = cache.index.by_name(computation.name)
+        served = served_key(entries, ref_map(cache.index.refs_named(computation.name, env)), slot)
+        if served is None or served == key:
+            continue
+        entry = cache.index.get(served)
+        parts: tuple[str, ...] = ()
+        shown = computation.signature
+        if entry is not None:
+            manifest = Manifest.from_json(entry.manifest)
+            parts = tuple(d.part for d in manifest.program.diff(computation.program_fingerprint))
+            shown = Signature.from_manifest_json(entry.manifest, entry.signature).compact(None)
+        stale.append(StaleItem(item, shown, served, key, parts))
+    return tuple(stale), seconds
 
 
 def _reason(
@@ -98,7 +167,8 @@ def _reason(
 
 
 def check_coverage(
-    cache: Cache, items: Iterable[WarmupItem], *, manifest: str = "", strict: bool = False
+    cache: Cache, items: Iterable[WarmupItem], *, manifest: str = "", strict: bool = False,
+    lower: bool = False,
 ) -> CoverageReport:
     """Which ``items`` have no intact entry (same name and signature) for this
     environment, and why (signatures are computed from the specs, without lowering).
@@ -108,7 +178,11 @@ def check_coverage(
         MissingItem(u.item, _reason(cache, u.item, u.signature, u.entries, u.env))
         for u in find_uncovered(cache, items)
     )
-    return CoverageReport(manifest, strict, len(items), missing)
+    if not lower:
+        return CoverageReport(manifest, strict, len(items), missing)
+    absent = {id(m.item) for m in missing}
+    stale, seconds = find_stale(cache, [i for i in items if id(i) not in absent])
+    return CoverageReport(manifest, strict, len(items), missing, stale, seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,14 +226,14 @@ class CheckReport:
 
 def verify_with_coverage(
     cache: Cache, manifest: str | os.PathLike[str] | None = None, *, strict: bool = False,
-    quarantine: bool = True,
+    quarantine: bool = True, lower: bool = True,
 ) -> CheckReport:
     """Parses the manifest first (a bad one fails before anything is checked), then
     verifies the cache and checks the manifest's coverage."""
     items = expand(load_manifest(manifest)) if manifest is not None else None
     integrity = cache.verify(quarantine=quarantine)
     covered = (
-        check_coverage(cache, items, manifest=str(manifest), strict=strict)
+        check_coverage(cache, items, manifest=str(manifest), strict=strict, lower=lower)
         if items is not None else None
     )
     signatures = {}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.errors import TargetError
+from aot.cache.index.refs import RefOrigin
 from aot.cache.units import counted
 from aot.cache.warmup.coverage import find_uncovered
 from aot.cache.warmup.jobs import JOB_MEMORY, auto_jobs, available_cores, available_memory, resolve_jobs
@@ -92,6 +93,8 @@ __all__ = [
     "resolve_args",
     "resolve_jobs",
     "resolve_target",
+    "declare",
+    "release_run",
     "run_warmup",
     "search_path",
     "warmup_task",
@@ -190,8 +193,11 @@ def run_warmup(
     shard: tuple[int, int] | str | None = None,
     executor: Executor | None = None,
     isolate: bool = False,
-    records: bool = True,
+    records: bool = False,
     workers: WorkerPool | None = None,
+    origin: RefOrigin | None = None,
+    release: str | None = None,
+    run: str | None = None,
 ) -> WarmupReport:
     """Compiles every item into the cache at ``location`` (hits cost no compile).
 
@@ -206,10 +212,15 @@ def run_warmup(
     each :class:`ItemResult` as it completes (in completion order); the report lists
     them in item order.
 
-    ``records`` (on by default; folder caches): an item whose warm-up record proves
-    it unchanged is looked up by its recorded key without lowering
-    (:mod:`aot.cache.warmup.records` has the rule and the safety argument);
-    ``records=False`` lowers every item.
+    Every item is lowered (a trace may read files or environment variables no record
+    can prove unchanged); a hit is a stored key, and skips only the compile.
+    ``records`` is accepted and ignored (warm-up records used to skip the lowering).
+
+    Refs: every item compiled *or hit* becomes the entry served for its (name,
+    signature, environment), set in one transaction at the end (``origin``: who sets
+    them; default ``warmup`` and the CI commit). ``release=LABEL`` also records them
+    in a release set of that label: ``open_release(label, origin, run=run)``, so the
+    shards of one run (same ``run``) add to one set.
 
     ``shard=(i, n)`` (or ``"i/n"``, 1 <= i <= n) compiles only this runner's share of
     the items, chosen by :mod:`aot.cache.warmup.shard` (deterministic, balanced by
@@ -259,7 +270,8 @@ def run_warmup(
         if on_result is not None:
             on_result(result)
 
-    store = RecordStore.for_cache(cache, enabled=records)
+    store = RecordStore(None)  # records never skip a lowering any more
+    records = False
     try:
         with remembering_specs():
             if shard is not None:
@@ -274,6 +286,7 @@ def run_warmup(
                 run_parallel(cache, items, jobs, emit, store, isolate=isolate, pool=pool)
             else:
                 _run_pipelined(cache, items, emit, store)
+        declare(cache, list(results.values()), origin or RefOrigin("warmup"), release=release, run=run)
     finally:
         if workers is not None:
             workers.close()
@@ -284,6 +297,48 @@ def run_warmup(
         cache.display_location, jobs, ordered, time.perf_counter() - start,
         shard=shard if isinstance(shard, tuple) else None,
     )
+
+
+def declare(
+    cache: Cache, results: list[ItemResult], origin: RefOrigin, *, release: str | None = None,
+    run: str | None = None,
+) -> int | None:
+    """Sets the ref of every entry compiled or hit (and adds them to a set of
+    ``release``); the release set's id, if any."""
+    import dataclasses as dc
+
+    if release is not None:
+        origin = dc.replace(origin, release=release)
+    targets = [(r.name, r.signature, r.env_fp, r.key) for r in results
+               if r.ok and r.key is not None and r.signature is not None and r.env_fp is not None]
+    if release is None:  # a fully cached warm-up whose refs already name its keys writes nothing
+        current = {r.slot: r.key for name in {t[0] for t in targets} for r in cache.refs_named(name)}
+        targets = [t for t in targets if current.get((t[0], t[1], t[2])) != t[3]]
+        if not targets:
+            return None
+    set_id = cache.index.open_release(release, origin, run=run) if release is not None else None
+    if targets or set_id is not None:
+        cache.index.set_refs(targets, origin, release_id=set_id)
+    return set_id
+
+
+def release_run(commit: str | None, manifest_text: str, shard: tuple[int, int] | None) -> str | None:
+    """The run id shards of one CI run share (one release set for all of them): the
+    commit and the manifest's content; None (a new set) when no commit is known and
+    the warm-up is not sharded. A sharded warm-up without a commit needs ``--run``."""
+    import hashlib
+
+    if commit is None:
+        if shard is not None:
+            from aot.errors import UsageError
+
+            raise UsageError(
+                "a sharded warm-up with --release needs a run id shared by its shards: give "
+                "--commit SHA (or set GIT_COMMIT) or --run ID"
+            )
+        return None
+    digest = hashlib.sha256(manifest_text.encode()).hexdigest()[:16]
+    return f"{commit}:{digest}"
 
 
 # ---------------------------------------------------------------- any executor

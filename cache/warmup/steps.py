@@ -61,6 +61,7 @@ class ItemResult:
     status: str
     seconds: float
     key: str | None = None
+    env_fp: str | None = None  # the entry's environment (its ref's slot)
     signature: str | None = None
     compile_seconds: float | None = None
     raw_size: int | None = None
@@ -124,7 +125,7 @@ def _done(
     index: int, item: WarmupItem, entry: Any, status: str, seconds: float, *, lowered: bool = True,
 ) -> ItemResult:
     return ItemResult(
-        index, item.name, item.label, status, seconds, key=entry.key,
+        index, item.name, item.label, status, seconds, key=entry.key, env_fp=entry.env_fp,
         signature=entry.signature, compile_seconds=entry.compile_seconds,
         raw_size=entry.raw_size, stored_size=entry.stored_size, source=item.source,
         arguments=Signature.from_manifest_json(entry.manifest, entry.signature), lowered=lowered,
@@ -167,8 +168,9 @@ def _load_hit(
 
 
 def lower_here(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | Lowered:
-    """The hit (found by its record, or lowered and found by key), a failure, or the
-    lowered item to compile."""
+    """The hit (lowered, and its key found stored), a failure, or the lowered item to
+    compile. Every item is lowered: what a trace reads (files, environment variables)
+    cannot be proven unchanged without tracing; only the compile is skipped on a hit."""
     from aot.cache.names import check_name
     from aot.lowering import lower, lower_pmap
 
@@ -177,13 +179,6 @@ def lower_here(cache: Cache, records: RecordStore, index: int, item: WarmupItem)
         try:
             prepared = prepare(item)
             rid = record_id(item, prepared, cache.environment.digest) if records.enabled else None
-            key = records.lookup(rid)
-            if key is not None:
-                entry = cache.lookup(key)
-                if entry is not None and entry.ok and entry.env_fp == cache.environment.digest:
-                    result = _load_hit(cache, index, item, entry, start, lowered=False)
-                    if result is not None:
-                        return result
             options = dict(prepared.options)
             pmap = options.pop("pmap", False)
             computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
@@ -196,7 +191,9 @@ def lower_here(cache: Cache, records: RecordStore, index: int, item: WarmupItem)
                     records.remember(rid, key)
                     return result
             if computation.symbolic:  # nothing to compile: its portable HLO is stored
-                entry = cache.put(computation)
+                from aot.build import build_symbolic_artifact
+
+                entry = cache.put_artifact(build_symbolic_artifact(computation))  # the run sets refs
                 records.remember(rid, entry.key)
                 return _done(index, item, entry, "compiled", time.perf_counter() - start)
         except Exception as exc:  # noqa: BLE001 - every item is tried; failures are recorded

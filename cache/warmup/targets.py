@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aot.errors import AotError, ManifestError, SpecError, TargetError
+from aot.cache.index.refs import RefOrigin
 from aot.cache.warmup.manifest import AUTO_SHARDING, WarmupItem
 
 if TYPE_CHECKING:
@@ -331,13 +332,13 @@ def place_statics(
     return tuple(placed), options
 
 
-def compile_item(cache: Cache, item: WarmupItem) -> CompileResult:
+def compile_item(cache: Cache, item: WarmupItem, *, origin: RefOrigin | None = None) -> CompileResult:
     """Lowers ``item``; loads it on a hit, compiles and stores it on a miss (under
-    :func:`x64_mode`)."""
+    :func:`x64_mode`); sets its ref (``origin``: who sets it)."""
     with x64_mode(item):
         prepared = prepare(item)
         try:
-            return cache.compile_entry(prepared.fn, *prepared.args, **prepared.options)
+            return cache.compile_entry(prepared.fn, *prepared.args, origin=origin, **prepared.options)
         except SpecError as exc:  # e.g. a 64-bit dtype refused while lowering
             raise x64_hint(item, exc) from None
 
@@ -357,6 +358,7 @@ def compile_target(
     out_shardings: Sequence[str] = (),
     donate: Sequence[int] = (),
     x64: bool = False,
+    origin: RefOrigin | None = None,
 ) -> CompileResult:
     """``aot compile``: one function for one set of specs, as a warm-up entry would be.
 
@@ -380,7 +382,7 @@ def compile_target(
         donate=tuple(donate),
         x64=x64,
     )
-    return compile_item(cache, item)
+    return compile_item(cache, item, origin=origin if origin is not None else RefOrigin("compile"))
 
 
 def item_signature(item: WarmupItem) -> str:

@@ -200,7 +200,7 @@ def test_read_only_refuses_writes_and_still_loads(
     assert isinstance(ReadOnlyCacheError("x"), (CacheError, PermissionError))
 
     plan = reader.gc(max_size=0, dry_run=True)  # planning writes nothing: allowed
-    assert len(plan.entries) == 4 and not plan.executed
+    assert plan.entries == () and len(plan.pinned) == 4 and not plan.executed  # each put set its ref: pinned
 
     # ... and it still serves.
     exe = reader.get(keys["mlp2"])

@@ -14,7 +14,7 @@ VERIFY_KEYS = {"ok", "integrity", "coverage"}
 INTEGRITY_KEYS = {
     "ok", "checked_entries", "checked_blobs", "problems", "quarantined", "orphan_blobs", "cache_problems",
 }
-GC_KEYS = {"dry_run", "executed", "entries", "blobs", "bytes_freed", "size_before", "size_after", "warnings"}
+GC_KEYS = {"dry_run", "executed", "entries", "blobs", "bytes_freed", "size_before", "size_after", "warnings", "pinned", "dropped_refs"}
 BUNDLE_KEYS = {"path", "entries", "imported", "skipped", "repaired", "refused", "bytes", "refs", "carried"}
 
 
@@ -89,8 +89,9 @@ def test_verify_manifest_coverage(invoke: Invoke, warmed) -> None:
     assert data["ok"] is False and data["integrity"]["problems"] == []
     assert len(data["integrity"]["orphan_blobs"]) == 2  # the deleted entry's blobs: not a failure
     coverage = data["coverage"]
-    assert set(coverage) == {"manifest", "strict", "items", "missing"}
+    assert set(coverage) == {"manifest", "strict", "items", "missing", "stale", "lower_seconds"}
     assert coverage["items"] == 5 and coverage["strict"] is True
+    assert coverage["stale"] == [] and coverage["lower_seconds"] > 0  # the entries were lowered
     assert [m["label"] for m in coverage["missing"]] == ["mlp.forward[batch=8]"]
     assert set(coverage["missing"][0]) == {
         "name", "label", "target", "args", "args_from", "kwargs", "static", "bucket", "pmap",
@@ -146,7 +147,23 @@ def test_gc_nothing_to_do(invoke: Invoke, warmed) -> None:
     assert result.stdout.startswith("nothing to collect (cache ")
 
 
-def test_gc_dry_run_then_execute(invoke: Invoke, warmed) -> None:
+def _unpin(cache_dir: str) -> None:
+    with aot.Cache(cache_dir) as cache:
+        cache.index.drop_refs([r.slot for r in cache.index.refs()])
+
+
+def test_gc_keeps_what_refs_pin(invoke: Invoke, warmed) -> None:
+    dry = invoke("gc", "--max-size", "1", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    lines = dry.stdout.splitlines()
+    assert lines[0].startswith("nothing to collect")
+    assert lines[1] == "kept 5 pinned entries:"
+    assert all("pinned: served ref of " in line for line in lines[2:7])
+    assert lines[7].startswith("  to unpin: a newer `aot warmup` moves a ref")
+
+
+def test_gc_dry_run_then_execute(invoke: Invoke, warmed, cache_dir) -> None:
+    _unpin(cache_dir)
     dry = invoke("gc", "--max-size", "1", "--dry-run")
     assert dry.exit_code == 0, dry.output
     lines = dry.stdout.splitlines()
@@ -165,6 +182,7 @@ def test_gc_dry_run_then_execute(invoke: Invoke, warmed) -> None:
 
 
 def test_gc_after_evicting_the_last_entry_beside_a_young_orphan(invoke: Invoke, warmed, cache_dir) -> None:
+    _unpin(cache_dir)
     with aot.Cache(cache_dir) as cache:
         orphan = cache.blobs.put(b"a young blob nothing references yet")
     done = invoke("gc", "--max-size", "1", "--yes")

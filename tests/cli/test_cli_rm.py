@@ -157,6 +157,7 @@ def test_rm_yes_does_not_ask(invoke: Invoke, warmed, terminal) -> None:
 
 
 def test_gc_asks_on_a_terminal(invoke: Invoke, warmed, terminal) -> None:
+    _unpin(warmed)  # a warm-up pins what it warmed (its refs); these test eviction
     declined = invoke("gc", "--max-size", "1", input="\n")  # the default is no
     assert declined.exit_code == 1
     plan = declined.stdout.splitlines()
@@ -183,10 +184,16 @@ def test_gc_does_not_ask_with_yes_dry_run_or_nothing_to_do(invoke: Invoke, warme
 
 
 def test_gc_json_on_a_terminal_asks_on_stderr(invoke: Invoke, warmed, terminal) -> None:
+    _unpin(warmed)  # a warm-up pins what it warmed (its refs); these test eviction
     result = invoke("gc", "--max-size", "1", "--json", input="y\n")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["executed"] is True  # stdout holds only the JSON
     assert "Remove 5 entries and 10 blobs" in result.stderr
+
+
+def _unpin(cache_dir: Path) -> None:
+    with aot.Cache(cache_dir) as cache:
+        cache.index.drop_refs([r.slot for r in cache.index.refs()])
 
 
 def _last_used(cache_dir: Path, when: dt.datetime) -> None:
@@ -197,6 +204,7 @@ def _last_used(cache_dir: Path, when: dt.datetime) -> None:
 
 
 def test_gc_older_than_accepts_unambiguous_units(invoke: Invoke, warmed: Path) -> None:
+    _unpin(warmed)  # a warm-up pins what it warmed (its refs); these test eviction
     # The entries' ages are set here: the session's warmed template may be of any age.
     for age in ("30d", "12h", "15min", "2w", "1mo", "1month", "90s", "2 weeks"):
         _last_used(warmed, dt.datetime.now(dt.timezone.utc))  # used just now

@@ -107,7 +107,7 @@ def aged(cache: aot.Cache, compiled):  # noqa: ANN001, ANN201
     now = utcnow()
     entries = {}
     for batch, hours in ((1, 3), (2, 2), (4, 1)):
-        key = cache.put(compiled.mlp[batch]).key
+        key = cache.put_artifact(compiled.mlp[batch]).key
         cache.index.touch(key, when=now - dt.timedelta(hours=hours))
         entries[batch] = cache.index.get(key)
     digests = {d for e in entries.values() for d in (e.exe_digest, e.hlo_digest)}
@@ -179,8 +179,8 @@ def test_gc_by_age(aged) -> None:  # noqa: ANN001
 
 
 def test_gc_keeps_blobs_another_entry_still_uses(cache: aot.Cache, compiled, foreign) -> None:  # noqa: ANN001
-    here = cache.put(compiled.tiny)
-    there = cache.put(foreign(compiled.tiny, jaxlib="0.0.1"))  # shares both blobs
+    here = cache.put_artifact(compiled.tiny)
+    there = cache.put_artifact(foreign(compiled.tiny, jaxlib="0.0.1"))  # shares both blobs
     cache.index.touch(here.key, when=utcnow() - dt.timedelta(days=2))
     plan = cache.gc(older_than="1d")
     assert [v.key for v in plan.entries] == [here.key]
@@ -339,7 +339,7 @@ def test_gc_goes_on_after_emptying_the_index_itself(cache: aot.Cache, compiled, 
     """gc evicts the last entry while a young orphan stays: the next gc (and verify)
     must not take the index it emptied for a lost one, now or once the orphan is old;
     a row added since, then lost behind our back, is a lost index again."""
-    cache.put(compiled.tiny)
+    cache.put_artifact(compiled.tiny)
     orphan = cache.blobs.put(b"a young blob nothing references")
     assert len(cache.gc(max_size=1).entries) == 1 and cache.index.is_empty()
     assert cache.index.emptied_at() is not None

@@ -152,7 +152,7 @@ def test_a_failed_write_never_reaches_the_caller_and_is_retried(open_folder_cach
 def test_gc_older_than_finds_the_buckets_nobody_calls(open_cache, compiled) -> None:  # noqa: ANN001
     """A replica loads every bucket at start-up; only the called one stays young."""
     cache = open_cache()
-    keys = {batch: cache.put(a).key for batch, a in compiled.mlp.items()}
+    keys = {batch: cache.put_artifact(a).key for batch, a in compiled.mlp.items()}  # no refs (as copies): unpinned
     for key in keys.values():
         cache.index.touch(key, when=utcnow() - dt.timedelta(days=40))
     fn = aot.load(compiled.MLP_NAME, cache=cache)  # loads all three: not a use

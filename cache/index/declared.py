@@ -1,0 +1,51 @@
+"""What a cache serves, as :class:`aot.Cache` methods: release labels (list, show,
+promote, roll back) and the history of refs. A mixin of :class:`aot.Cache`, thin over
+:class:`aot.cache.index.refs_sql.IndexRefs`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aot.cache.index.refs import Ref, RefOrigin, Release
+from aot.errors import CacheError
+
+if TYPE_CHECKING:
+    from aot.cache.index.sql import Index
+
+__all__ = ["Declared"]
+
+
+class Declared:
+    """Release and ref-history methods of :class:`aot.Cache`."""
+
+    index: Index
+    display_location: Any
+
+    def _check_writable(self, what: str) -> None:  # implemented by Cache
+        raise NotImplementedError
+
+    def releases(self) -> list[Release]:
+        """The current set of every release label (without members)."""
+        return self.index.releases()
+
+    def release(self, label: str) -> Release:
+        """The current set of ``label`` with its members; CacheError when none."""
+        found = self.index.release_set(label)
+        if found is None:
+            raise CacheError(f"no release labelled {label!r} in {self.display_location}; `aot release ls` lists them")
+        return found
+
+    def promote(self, source: str, target: str, origin: RefOrigin | None = None) -> Release:
+        """Points label ``target`` at the set ``source`` points to now."""
+        self._check_writable("promote a release")
+        return self.index.promote(source, target, origin or RefOrigin(f"promote {source}", release=target))
+
+    def rollback(self, label: str, origin: RefOrigin | None = None) -> Release:
+        """Points ``label`` back at the set it pointed to before."""
+        self._check_writable("roll back a release")
+        return self.index.rollback(label, origin or RefOrigin(f"rollback {label}", release=label))
+
+    def history(self, name: str, limit: int | None = None) -> list[Ref]:
+        """Every change of the refs of ``name``, newest first."""
+        return self.index.ref_history(name, limit=limit)
+

@@ -1,0 +1,104 @@
+"""``aot release ls|show|promote|rollback`` and ``aot history``: what is served, thin
+over :class:`aot.Cache`'s release and ref methods."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from aot.cli.common import State, echo_json, pass_state
+from aot.cli.params import complete_entry_names
+
+if TYPE_CHECKING:
+    from aot.cache.index.refs import Release
+
+
+def _short(key: str) -> str:
+    return key[:12]
+
+
+def _release_line(release: Release) -> str:
+    previous = f"previous set {release.previous}" if release.previous is not None else "no previous set"
+    commit = f" commit {release.commit}" if release.commit else ""
+    return (f"{release.label}  set {release.id}  {release.created_at:%Y-%m-%d %H:%M:%S}  "
+            f"{release.user}@{release.host}  {release.source}{commit}  ({previous})")
+
+
+def _render(state: State, release: Release, verb: str) -> None:
+    if state.json:
+        echo_json(release.to_dict())
+        return
+    click.echo(f"{verb} {release.label}: set {release.id}, {len(release.members)} members")
+
+
+@click.group("release", short_help="List, show, promote and roll back release labels.")
+def release_group() -> None:
+    """Release labels: each names a set of refs (what `aot warmup --release LABEL` compiled
+    or hit); a replica loading a label serves exactly that set."""
+
+
+@release_group.command("ls", short_help="List release labels and their current set.")
+@pass_state
+def release_ls(state: State) -> None:
+    """List every release label with its current set (who made it, when, from what)."""
+    releases = state.cache().releases()
+    if state.json:
+        echo_json({"releases": [r.to_dict() for r in releases]})
+        return
+    if not releases:
+        click.echo("no releases (`aot warmup --release LABEL` records one)")
+    for release in releases:
+        click.echo(_release_line(release))
+
+
+@release_group.command("show", short_help="The members of a label's current set.")
+@click.argument("label")
+@pass_state
+def release_show(state: State, label: str) -> None:
+    """The members of LABEL's current set: name, signature and key."""
+    release = state.cache().release(label)
+    if state.json:
+        echo_json(release.to_dict())
+        return
+    click.echo(_release_line(release))
+    for member in release.members:
+        click.echo(f"  {_short(member.key)}  {member.name} ({member.signature})")
+
+
+@release_group.command("promote", short_help="Point TARGET at SOURCE's current set.")
+@click.argument("source")
+@click.argument("target")
+@pass_state
+def release_promote(state: State, source: str, target: str) -> None:
+    """Point label TARGET at the set SOURCE points to now (aot release promote candidate
+    prod). `aot release rollback TARGET` undoes it."""
+    _render(state, state.cache().promote(source, target), "promoted")
+
+
+@release_group.command("rollback", short_help="Point LABEL back at its previous set.")
+@click.argument("label")
+@pass_state
+def release_rollback(state: State, label: str) -> None:
+    """Point LABEL back at the set it pointed to before its current one (again: one more
+    step back)."""
+    _render(state, state.cache().rollback(label), "rolled back")
+
+
+@click.command("history", short_help="The history of the refs of a name.")
+@click.argument("name", shell_complete=complete_entry_names)
+@click.option("--limit", type=click.IntRange(min=1), help="Only the newest N changes.")
+@pass_state
+def history_command(state: State, name: str, limit: int | None) -> None:
+    """Every change of the refs of NAME, newest first: when (the index's clock), the key
+    served from then on, host, user, source (manifest or call), release and commit."""
+    refs = state.cache().history(name, limit=limit)
+    if state.json:
+        echo_json({"name": name, "history": [r.to_dict() for r in refs]})
+        return
+    if not refs:
+        click.echo(f"no ref of {name!r} was ever set (a warm-up or compile sets them)")
+    for ref in refs:
+        extra = "".join(f"  {k} {v}" for k, v in (("release", ref.release), ("commit", ref.commit)) if v)
+        click.echo(f"{ref.set_at:%Y-%m-%d %H:%M:%S}  {_short(ref.key)}  ({ref.signature})  "
+                   f"{ref.user}@{ref.host}  {ref.source}{extra}")
