@@ -81,12 +81,13 @@ def test_ci_to_serving(tmp_path: Path) -> None:
     assert f"  allreduce ({MANIFEST}:28): f32[8,1024]" in failed.stdout
 
     plan = run("--cache", ci_cache, "gc", "--max-size", "1", "--dry-run")
-    assert plan.stdout.startswith("would remove 4 entries and ")
+    # What the warm-up declared served is pinned: a size bound never evicts it.
+    assert "kept 4 pinned entries:" in plan.stdout and "  to unpin: " in plan.stdout
 
     exported = run("--cache", ci_cache, "bundle", "export", bundle)
     assert exported.stdout.startswith(f"exported 4 entries to {bundle} (")
     imported = run("--cache", served, "bundle", "import", bundle, module=True)  # python -m aot
-    assert imported.stdout == f"imported 4 entries from {bundle} (0 already present)\n"
+    assert imported.stdout == f"imported 4 entries from {bundle} (0 already present)\nrefs: 4 set\n"
 
     serving = subprocess.run(
         [sys.executable, "-c", SERVE, str(served)], cwd=REPO, env=os.environ.copy(),
