@@ -133,3 +133,15 @@ def statics_from_json(data: Any) -> tuple[StaticArg, ...]:
             raise CorruptArtifactError(f"manifest has a malformed static: {str(item)[:80]!r}")
         out.append(StaticArg(index, name, text))
     return tuple(out)
+
+
+def statics_of_manifest_json(text: str | bytes) -> tuple[StaticArg, ...]:
+    """The statics of an index row's manifest JSON, read without checking the rest
+    (the loader checks it when it files the row); unreadable: none."""
+    import json
+
+    try:
+        data = json.loads(text)
+        return statics_from_json(data.get("statics") if isinstance(data, dict) else None)
+    except (ValueError, UnicodeDecodeError, RecursionError, CorruptArtifactError):
+        return ()

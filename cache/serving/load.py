@@ -23,6 +23,7 @@ from aot.fingerprint import describe_differences
 from aot.cache.cache import Cache, default_location, is_url
 from aot.cache.index.entry import INDEX_FILE
 from aot.cache.serving.dispatcher import Dispatcher
+from aot.cache.serving.statics import dispatcher_for
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def load(
         cache = open_existing(cache, read_only=read_only)
     assert isinstance(cache, Cache)
     try:
-        dispatcher = Dispatcher(cache, name, strict=strict, fallback=fallback, pad=plan)
+        dispatcher = dispatcher_for(cache, name, strict=strict, fallback=fallback, pad=plan)
         if not allow_empty and fallback is None and not dispatcher.servable():
             raise nothing_servable(cache, name, dispatcher)
         if background:

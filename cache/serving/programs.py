@@ -36,6 +36,7 @@ from aot.errors import (
 from aot.fingerprint import describe_differences
 from aot.recompile import recompile
 from aot.rehydrate import load_executable, manifest_args
+from aot.statics import describe_statics, statics_of_manifest_json
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -146,7 +147,7 @@ class ProgramTable:
     damaged is logged and refused, not quarantined (``aot verify`` does that).
     """
 
-    def __init__(self, cache: Cache, name: str, *, strict: bool = False) -> None:
+    def __init__(self, cache: Cache, name: str, *, strict: bool = False, statics: str | None = None) -> None:
         self.cache = cache
         self.name = name
         self.strict = strict
@@ -165,7 +166,9 @@ class ProgramTable:
         # Quarantined rows too: their executable is never run, but the signature stays
         # servable by recompiling their portable HLO (the fallback ladder).
         for entry in cache.entries_named(name, state=None):
-            self._file(entry, here)
+            # statics: only the rows of these static values (aot.cache.serving.statics).
+            if statics is None or describe_statics(statics_of_manifest_json(entry.manifest)) == statics:
+                self._file(entry, here)
         log.info("aot.load(%r): %d signatures, %d symbolic", name, len(self.concrete), len(self.symbolic))
         self.env = cache.environment.digest
 
