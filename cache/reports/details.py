@@ -101,6 +101,7 @@ class EntryDetails:
             "this_environment": self.this_environment,
             "environment_differences": [d.to_dict() for d in self.environment_differences],
             "arguments": self.arguments.to_list(),
+            "statics": list(self.arguments.statics),
             "superseded_by": self.superseded_by,
             "hlo": self.hlo,
         }
@@ -157,7 +158,7 @@ def describe_entries(
             manifest, error, diffs = None, str(exc), ()
         text = portable_hlo_text(cache, entry, debug_info=debug_info) if hlo else None
         signature = (
-            Signature.from_manifest_args(manifest.args) if manifest is not None
+            Signature.from_manifest_args(manifest.args, manifest.statics) if manifest is not None
             else Signature.flat(entry.signature)
         )
         details.append(EntryDetails(
