@@ -45,7 +45,7 @@ def canonical_text(value: Any) -> str | None:
             return None
         text = "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"  # type: ignore[arg-type]
     elif isinstance(value, enum.Enum):
-        text = f"{kind.__qualname__}.{value.name}"
+        text = f"{kind.__name__}.{value.name}"
     else:
         try:
             hash(value)
