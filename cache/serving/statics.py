@@ -14,6 +14,11 @@ The rules, per static parameter (the union over the stored entries):
 - omitted: served when exactly one value is stored for it (the entry was compiled
   with it, so a call that leaves it out meant it), else an error naming the values
   to choose from. Entries stored without that static serve calls that omit it.
+
+A call may also leave its statics out and pass only the arrays (``f(x, y)`` for
+``f(x, n, y)`` compiled with ``n`` static), as entries were called before statics were
+part of a signature: an array found at a static position is taken as a dynamic
+argument, and the static as omitted.
 """
 
 from __future__ import annotations
@@ -138,8 +143,10 @@ class StaticsDispatcher:
         for index, pname in self.params:  # highest position first
             if pname is not None and pname in kwargs:
                 given[(index, pname)] = canonical_text(kwargs.pop(pname))
-            elif index is not None and index < len(rest):
+            elif index is not None and index < len(rest) and not _is_array(rest[index]):
                 # Positions are read from the highest down: each is still where it was.
+                # An array there is a dynamic argument of a call that leaves the statics
+                # out (the calling convention of entries served before statics were).
                 given[(index, pname)] = canonical_text(rest.pop(index))
         return self._select(given)(*rest, **kwargs)
 
@@ -195,3 +202,6 @@ def _label(param: tuple[int | None, str | None]) -> str:
     index, name = param
     return name if name is not None else f"args[{index}]"
 
+
+def _is_array(value: Any) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype")
