@@ -34,6 +34,7 @@ from aot.fingerprint import (
     sha256_hex,
 )
 from aot.specs import format_aval, parse_dtype
+from aot.statics import StaticArg, statics_from_json, with_statics
 from aot.treedef import structure_key_of_json
 
 if TYPE_CHECKING:
@@ -54,8 +55,13 @@ log = logging.getLogger(__name__)
 #        {"$": "tuple", ...}); dtypes int2/int4/uint2/uint4, float8_*,
 #        float4_e2m1fn, key<impl>; args record "weak_type".
 #      Version-1 manifests (none of these) are still read and keep their version.
-FORMAT_VERSION = 2
-READABLE_FORMAT_VERSIONS = (1, 2)
+#   3 (2026-12-04): static arguments are part of an entry's identity: a "statics" list
+#      ({"index", "name", "repr"} per static, aot.statics), written only when the
+#      entry has statics; the signature ends with them ("f32[8], act='relu'") and the
+#      program fingerprint has a "statics" part. A reader of version 2 would refuse
+#      such a signature as altered. Version-1/2 manifests read as "no statics".
+FORMAT_VERSION = 3
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 
 EXECUTABLE = "executable"
 PORTABLE_HLO = "portable_hlo"
@@ -111,6 +117,9 @@ class Manifest:
     arg_names: tuple[str, ...] = ()
     # Present only for a symbolic entry (format 2): {"constraints": ["b <= 64", ...]}.
     symbolic: Mapping[str, Any] | None = None
+    # The static arguments' values (format 3; absent: none), covered by the key's
+    # "statics" part and shown at the end of the signature.
+    statics: tuple[StaticArg, ...] = ()
     hmac: str | None = field(default=None, compare=False)
 
     # -- (de)serialization
@@ -145,6 +154,8 @@ class Manifest:
             data["arg_names"] = list(self.arg_names)
         if self.symbolic is not None:
             data["symbolic"] = dict(self.symbolic)
+        if self.statics:
+            data["statics"] = [s.to_dict() for s in self.statics]
         if include_hmac and self.hmac is not None:
             data["hmac"] = self.hmac
         return data
@@ -207,6 +218,7 @@ class Manifest:
                 memory_analysis=_object_or_none(data.get("memory_analysis")),
                 arg_names=tuple(str(n) for n in data.get("arg_names", ())),
                 symbolic=_symbolic_or_none(data.get("symbolic")),
+                statics=statics_from_json(data.get("statics")),
                 # As written: a version-1 manifest stays version 1 (its HMAC covers it).
                 format_version=int(version),
                 hmac=_string_or_none(data.get("hmac")),
@@ -232,10 +244,18 @@ class Manifest:
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptArtifactError(f"manifest has a malformed argument: {exc!r}") from None
         recorded = manifest.program.as_dict().get("in_avals")
-        if signature != recorded or signature != manifest.signature:
+        if signature != recorded or with_statics(signature, manifest.statics) != manifest.signature:
             raise CorruptArtifactError(
                 f"manifest of {manifest.name!r}: argument avals ({signature}) do not match "
                 f"its program fingerprint ({recorded}); the manifest was altered"
+            )
+        # The statics select the entry a call is served: they must be the ones the key covers.
+        statics_part = manifest.program.as_dict().get("statics")
+        expected = canonical_json([s.to_dict() for s in manifest.statics]) if manifest.statics else None
+        if statics_part != expected:
+            raise CorruptArtifactError(
+                f"manifest of {manifest.name!r}: statics ({with_statics('', manifest.statics) or 'none'}) "
+                "do not match its program fingerprint; the manifest was altered"
             )
         return manifest
 

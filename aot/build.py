@@ -112,6 +112,7 @@ def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
         cost_analysis=_json_cost_analysis(_safe(exe.cost_analysis)),
         memory_analysis=_json_memory_analysis(_safe(exe.memory_analysis)),
         arg_names=tuple(info.arg_names),
+        statics=tuple(info.statics),
     )
     return Artifact(manifest, blobs)
 
@@ -210,6 +211,7 @@ def build_symbolic_artifact(computation: Any) -> Artifact:
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         arg_names=tuple(computation.arg_names),
         symbolic={"constraints": list(computation.symbolic_constraints)},
+        statics=tuple(computation.statics),
     )
     return Artifact(manifest, {digest: hlo})
 

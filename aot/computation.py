@@ -31,6 +31,7 @@ from aot.jaxcompat.build import (
 )
 from aot.shardings import sharding_to_json
 from aot.specs import format_aval
+from aot.statics import StaticArg, with_statics
 from aot.symbolic import constraints_of, is_symbolic_dim, is_symbolic_shape
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,11 @@ class MeshComputation:
         arg_names: Sequence[str],
         export: Callable[[Sequence[Any], Sequence[Any]], bytes],
         options: dict[str, Any],
+        statics: Sequence[StaticArg] = (),
     ) -> None:
         self.name = name
+        # The static arguments' values (aot.statics): part of the signature and the key.
+        self.statics = tuple(statics)
         self.lowered = lowered
         self.arg_names = tuple(arg_names)
         self._export = export
@@ -114,8 +118,14 @@ class MeshComputation:
         return lowered_devices(self.lowered)
 
     @property
-    def signature(self) -> str:
+    def avals_signature(self) -> str:
+        """The input avals alone (the program fingerprint's ``in_avals`` part)."""
         return ", ".join(format_aval(a.shape, a.dtype, a.weak_type) for a in self.in_avals)
+
+    @property
+    def signature(self) -> str:
+        """The input avals, then the statics: ``f32[8,784], act='relu'``."""
+        return with_statics(self.avals_signature, self.statics)
 
     def as_text(self, *, debug_info: bool = False) -> str:
         """The StableHLO module as text."""
@@ -138,7 +148,7 @@ class MeshComputation:
             "stablehlo": "sha256:" + sha256_hex(self.as_text(debug_info=False)),
             "in_tree": treedefs.structure_key(self.in_tree),
             "out_tree": treedefs.structure_key(self.out_tree),
-            "in_avals": self.signature,
+            "in_avals": self.avals_signature,
             "in_shardings": shardings(self.in_shardings, kept_avals),
             "out_shardings": shardings(self.out_shardings, self._compile_args["global_out_avals"]),
             "donated": canonical_json([i for i, d in enumerate(self.donated) if d]),
@@ -151,6 +161,10 @@ class MeshComputation:
             # Constraints change what the program may assume (and which shapes it
             # serves); concrete programs keep exactly the parts they always had.
             parts["symbolic_constraints"] = canonical_json(list(self.symbolic_constraints))
+        if self.statics:
+            # Two statics are two entries even when they lower to one program; entries
+            # without statics keep exactly the parts (and keys) they always had.
+            parts["statics"] = canonical_json([s.to_dict() for s in self.statics])
         return program_fingerprint(parts)
 
     @property
@@ -333,4 +347,5 @@ def executable_info(
         compile_seconds=seconds,
         arg_names=tuple(computation.arg_names),
         in_structure=computation.program_fingerprint.as_dict()["in_tree"],
+        statics=computation.statics,
     )

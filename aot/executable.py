@@ -99,6 +99,8 @@ class ExecutableInfo:
     # The stored output structure when out_tree holds stand-ins: each caller's outputs
     # are rebuilt from it with the caller's own input nodes (treedef.resolve).
     out_json: Any = None
+    # The static arguments' values (aot.statics), shown in the signature.
+    statics: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.in_structure:
@@ -110,7 +112,9 @@ class ExecutableInfo:
 
     @property
     def signature(self) -> str:
-        return ", ".join(a.describe() for a in self.args)
+        from aot.statics import with_statics
+
+        return with_statics(", ".join(a.describe() for a in self.args), self.statics)
 
 
 def arg_paths(in_tree: PyTreeDef, arg_names: Sequence[str] = ()) -> list[str]:

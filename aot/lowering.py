@@ -15,6 +15,7 @@ from aot.computation import MeshComputation, PmapComputation
 from aot.errors import SpecError, SymbolicShapeError, UnsupportedComputationError
 from aot.jaxcompat.lowering import jit_settings, no_traceback_locations
 from aot.specs import format_aval, parse_partition_spec, spec
+from aot.statics import StaticArg, sort_statics
 from aot.symbolic import is_symbolic_shape, unify_scopes
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,30 @@ def _infer_static(
         if i < len(positional) and params[positional[i]].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
     }
     return nums, names
+
+
+def _record_statics(
+    name: str, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any],
+    static_nums: set[int], static_names: set[str],
+) -> tuple[StaticArg, ...]:
+    """The static arguments' values, by position and name as jax.jit binds them."""
+    try:
+        params = inspect.signature(fn).parameters
+        positional = [
+            n for n, p in params.items()
+            if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        positional = []
+    out = [
+        StaticArg.of(i, positional[i] if i < len(positional) else None, args[i], where=name)
+        for i in sorted(static_nums) if i < len(args)
+    ]
+    out += [
+        StaticArg.of(positional.index(k) if k in positional else None, k, kwargs[k], where=name)
+        for k in sorted(static_names) if k in kwargs
+    ]
+    return sort_statics(out)
 
 
 def _resolve_sharding(item: Any, mesh: Mesh | None) -> Any:
@@ -263,9 +288,10 @@ def lower(
         out_shardings=_resolve_shardings(out_shardings, mesh),
     )
     arg_names = [n for i, n in enumerate(_positional_names(fn, len(args))) if i not in static_nums]
+    statics = _record_statics(name, fn, args, kwargs, static_nums, static_names)
     return _trace_and_lower(
         MeshComputation, name, jitted, arg_specs, kwarg_specs, static_nums, static_names,
-        mesh, arg_names, {"compiler_options": compiler_options},
+        mesh, arg_names, {"compiler_options": compiler_options}, statics,
     )
 
 
@@ -355,9 +381,10 @@ def lower_pmap(
     _refuse_symbolic_pmap(name, arg_specs, static)
     _check_pmap_devices(name, arg_specs, static, in_axes, devices)
     arg_names = [n for i, n in enumerate(_positional_names(fn, len(args))) if i not in static]
+    statics = _record_statics(name, fn, args, {}, static, set())
     return _trace_and_lower(
         PmapComputation, name, jitted, arg_specs, {}, static, set(), None, arg_names,
-        {"compiler_options": compiler_options},
+        {"compiler_options": compiler_options}, statics,
     )
 
 
@@ -372,6 +399,7 @@ def _trace_and_lower(
     mesh: Mesh | None,
     arg_names: list[str],
     options: dict[str, Any],
+    statics: tuple[StaticArg, ...] = (),
 ) -> MeshComputation:
     context = jax.set_mesh(mesh) if mesh is not None else _nullcontext()
     with context:
@@ -400,7 +428,7 @@ def _trace_and_lower(
         )
 
     log.debug("lowered %s", name)
-    return cls(name, lowered, arg_names=arg_names, export=export, options=options)
+    return cls(name, lowered, arg_names=arg_names, export=export, options=options, statics=statics)
 
 
 # ---------------------------------------------------------------- symbolic shapes

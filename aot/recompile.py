@@ -88,6 +88,7 @@ def recompile(artifact: Artifact) -> Artifact:
         environment_fingerprint=environment_fingerprint(),
         compile_seconds=seconds,
         arg_names=manifest.arg_names,
+        statics=manifest.statics,
     )
     exe = executable_class(trusted.kind)(compiled, info)
     log.info("recompiled %s (%s) from portable HLO in %.2fs", trusted.name, manifest.signature, seconds)
@@ -180,6 +181,7 @@ def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Art
         environment_fingerprint=environment_fingerprint(),
         compile_seconds=seconds,
         arg_names=manifest.arg_names,
+        statics=manifest.statics,
     )
     executable = executable_class(manifest.kind)(compiled, info)
     built = build_artifact(executable, hlo)

@@ -103,6 +103,7 @@ def _executable_info(manifest: Manifest, flat_outputs: bool) -> ExecutableInfo:
         arg_names=manifest.arg_names,
         in_structure=in_structure,
         out_json=out_json,
+        statics=manifest.statics,
     )
     counts = {
         "in_tree leaves vs args": (info.in_tree.num_leaves, len(args)),

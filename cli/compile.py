@@ -125,7 +125,7 @@ def compile_command(
 )
 @click.option(
     "--static", multiple=True, metavar="NAME=JSON",
-    help="A static argument (with --target), placed as aot compile places it.",
+    help="A static argument, e.g. act='\"relu\"': compared with the stored statics (with --target, placed as aot compile places it).",
 )
 @pass_state
 def why_command(
@@ -140,8 +140,6 @@ def why_command(
     from aot.cache.warmup.targets import place_statics
     from aot.cache.warmup.run import resolve_args, resolve_target
 
-    if static and target is None:
-        raise click.UsageError("--static needs --target (static values only matter when lowering)")
     positional, keywords = resolve_args(args, parse_kwargs(kwargs), args_from)
     cache = state.cache()
     if target is not None:
@@ -151,9 +149,10 @@ def why_command(
         positional, options = place_statics(fn, positional, dict(parse_static(static)))
         explanation = cache.explain(name, *positional, fn=fn, **{**keywords, **options})
     else:
-        # Without the function only the input signature is compared (keyword
-        # arguments' leaves follow the positional ones in sorted-name order).
-        explanation = cache.explain(name, *positional, **keywords)
+        # Without the function the input signature is compared (keyword arguments'
+        # leaves follow the positional ones in sorted-name order), and the statics given.
+        statics = dict(parse_static(static)) if static else None
+        explanation = cache.explain(name, *positional, statics=statics, **keywords)
     if state.json:
         echo_json(explanation.to_dict())
     else:

@@ -171,7 +171,10 @@ def _render(details: EntryDetails) -> str:
     out.append(key_value(pairs))
     if arguments.has_paths:
         out.append("arguments")
-        out.append(key_value([(leaf.path, leaf.aval) for leaf in arguments.leaves]))
+        out.append(key_value(
+            [(leaf.path, leaf.aval) for leaf in arguments.leaves]
+            + [(f"{label} (static)", value) for label, _, value in (s.partition("=") for s in arguments.statics)]
+        ))
     if m is None:
         out.append(f"manifest: unreadable: {details.manifest_error}")
         return "\n".join(out)

@@ -104,6 +104,7 @@ class EntryDetails:
             "this_environment": self.this_environment,
             "environment_differences": [d.to_dict() for d in self.environment_differences],
             "arguments": self.arguments.to_list(),
+            "statics": list(self.arguments.statics),
             "superseded_by": self.superseded_by,
             "served": self.served_by is not None,
             "served_by": self.served_by,
@@ -167,7 +168,7 @@ def describe_entries(
             manifest, error, diffs = None, str(exc), ()
         text = portable_hlo_text(cache, entry, debug_info=debug_info) if hlo else None
         signature = (
-            Signature.from_manifest_args(manifest.args) if manifest is not None
+            Signature.from_manifest_args(manifest.args, manifest.statics) if manifest is not None
             else Signature.flat(entry.signature)
         )
         details.append(EntryDetails(

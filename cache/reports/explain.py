@@ -8,7 +8,7 @@ as the loader's own error does, instead of printing two whole signatures.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -102,12 +102,15 @@ class Explanation:
 
 
 def explain(
-    cache: Cache, name: str, *args: Any, fn: Callable[..., Any] | None = None, **lower_kwargs: Any
+    cache: Cache, name: str, *args: Any, fn: Callable[..., Any] | None = None,
+    statics: Mapping[str, Any] | None = None, **lower_kwargs: Any,
 ) -> Explanation:
     """Compares the request with every entry of ``name``: all program parts when ``fn``
     is given (it is lowered with ``lower_kwargs``), else the input signature of
-    ``args`` and the keyword arguments' specs ``lower_kwargs``; always the environment."""
+    ``args`` and the keyword arguments' specs ``lower_kwargs``, and the static values
+    ``statics`` (by parameter name) when given; always the environment."""
     from aot.executable import arg_paths
+    from aot.statics import StaticArg
 
     environment = cache.environment
     request: Signature | None
@@ -119,8 +122,9 @@ def explain(
         request = Signature(tuple(
             ArgLeaf(path, format_aval(a.shape, a.dtype, a.weak_type))
             for path, a in zip(paths, computation.in_avals)
-        ))
+        ), tuple(s.describe() for s in computation.statics))
         positional, keywords = (), {}
+        wanted = None
     else:
         positional = tuple(spec(a) for a in args)
         keywords = {k: spec(v) for k, v in lower_kwargs.items()}
@@ -128,6 +132,12 @@ def explain(
         signature = ", ".join(format_aval(leaf.shape, leaf.dtype, leaf.weak_type) for leaf in leaves)
         program_parts = {"in_avals": signature}
         request = None  # named after each candidate's own parameter names
+        # Static values by name (aot why --static), compared with each entry's statics.
+        wanted = None if statics is None else tuple(
+            StaticArg.of(None, k, v, where=name).describe() for k, v in sorted(statics.items())
+        )
+        if wanted:
+            signature = ", ".join([signature, *wanted]) if signature else ", ".join(wanted)
     best: tuple[tuple[int, int, int, int], Manifest, tuple[PartDifference, ...], Signature, Signature] | None = None
     entries = list(cache.index.by_name(name, state=None))
     refs = ref_map(cache.index.refs_named(name))
@@ -143,12 +153,19 @@ def explain(
             for part, value in sorted(program_parts.items())
             if stored_parts.get(part) != value
         ) + manifest.environment.diff(environment)
+        stored_statics = tuple(s.describe() for s in manifest.statics)
+        if wanted is not None and tuple(sorted(stored_statics)) != wanted:
+            diffs += (PartDifference(
+                "statics", ", ".join(stored_statics) or "none", ", ".join(wanted) or "none"
+            ),)
         if not entry.ok:
             diffs += (PartDifference("state", "ok", entry.state),)
-        stored_signature = Signature.from_manifest_args(manifest.args)
+        stored_signature = Signature.from_manifest_args(manifest.args, manifest.statics)
         mine = request if request is not None else Signature.from_specs(
             positional, keywords, manifest.arg_names or _names_from_paths(manifest)
         )
+        if request is None and wanted:
+            mine = Signature(mine.leaves, wanted)
         leaf_diffs = leaf_differences(stored_signature, mine)
         # Among equally near entries, the one served for its signature.
         serves = served_key(entries, refs, (name, entry.signature, here)) == entry.key

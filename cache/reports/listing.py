@@ -144,6 +144,7 @@ class EntryRow:
         data = self.entry.to_dict()
         data.pop("manifest", None)
         data["arguments"] = self.signature.to_list()
+        data["statics"] = list(self.signature.statics)
         data.update(self.environment.to_dict())
         data["superseded_by"] = self.superseded_by
         data["served"] = self.served

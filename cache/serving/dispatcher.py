@@ -103,6 +103,7 @@ class Dispatcher:
         fallback: Callable[..., Any] | None = None,
         pad: PadPlan | None = None,
         release: str | None = None,
+        statics: str | None = None,
     ) -> None:
         self.cache = cache
         self.name = name
@@ -120,7 +121,9 @@ class Dispatcher:
         self._cpp_sink: Program | _Uncounted | None = _Uncounted()
         self._structures: dict[PyTreeDef, str] = {}
         self._pad_axes: dict[str, dict[int, int]] = {}
-        self.programs = ProgramTable(cache, name, strict=strict, release=release)
+        # statics: serve only the rows of these static values (one group of a
+        # StaticsDispatcher, aot.cache.serving.statics); None: every row of the name.
+        self.programs = ProgramTable(cache, name, strict=strict, release=release, statics=statics)
         cache.stats.watch(self, self.programs.concrete, self.programs.env, name)
         if pad is not None and (self.programs.concrete or self.programs.symbolic):
             pad.axes_for(self.programs.paths())  # every padded path names a stored input

@@ -23,6 +23,7 @@ from aot.fingerprint import describe_differences
 from aot.cache.cache import Cache, default_location, is_url
 from aot.cache.index.entry import INDEX_FILE
 from aot.cache.serving.dispatcher import Dispatcher
+from aot.cache.serving.statics import dispatcher_for
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def load(
         cache = open_existing(cache, read_only=read_only)
     assert isinstance(cache, Cache)
     try:
-        dispatcher = Dispatcher(cache, name, strict=strict, fallback=fallback, pad=plan, release=release)
+        dispatcher = dispatcher_for(cache, name, strict=strict, fallback=fallback, pad=plan, release=release)
         if release is not None:
             check_release(dispatcher, release)
         if not allow_empty and fallback is None and not dispatcher.servable():
@@ -125,11 +126,13 @@ def load(
 def check_release(dispatcher: Dispatcher, release: str) -> None:
     """Raises :class:`ReleaseNotFoundError` unless every member signature of ``release``
     can be served here (stored, checked, and loadable or recompilable)."""
-    table = dispatcher.programs
-    servable = set(table.servable())
+    # A name with statics has one table per static value; each selected every member.
+    tables = [c.programs for c in getattr(dispatcher, "children", {}).values()] or [dispatcher.programs]
+    table = tables[0]
+    servable = {signature for t in tables for signature in t.servable()}
     missing = {signature for signature, _, _ in table.selection.missing}
     problems = [f"  ({signature}) {key[:12]}: {why}" for signature, key, why in table.selection.missing]
-    skipped = {signature: reason for _, signature, reason in table.skipped}
+    skipped = {signature: reason for t in tables for _, signature, reason in t.skipped}
     for signature in sorted(table.selection.declared - servable - missing):
         why = skipped.get(signature, "cannot be served here" + (" with strict=True" if table.strict else ""))
         problems.append(f"  ({signature}): {why[:200]}")

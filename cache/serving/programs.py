@@ -40,6 +40,7 @@ from aot.fingerprint import describe_differences
 from aot.recompile import recompile
 from aot.rehydrate import load_executable, manifest_args
 from aot.cache.serving.selection import Declared, checked_rows, select_rows
+from aot.statics import describe_statics, statics_of_manifest_json
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -150,7 +151,10 @@ class ProgramTable:
     damaged is logged and refused, not quarantined (``aot verify`` does that).
     """
 
-    def __init__(self, cache: Cache, name: str, *, strict: bool = False, release: str | None = None) -> None:
+    def __init__(
+        self, cache: Cache, name: str, *, strict: bool = False, release: str | None = None,
+        statics: str | None = None,
+    ) -> None:
         self.cache = cache
         self.name = name
         self.strict = strict
@@ -180,7 +184,9 @@ class ProgramTable:
         self.refused = [(e.key, e.signature, reason) for e, reason in refused]
         self.selection = select_rows(rows, self._declared(), cache.environment.digest, release=release)
         for entry in self.selection.rows:
-            self._file(entry, here)
+            # statics: only the rows of these static values (aot.cache.serving.statics).
+            if statics is None or describe_statics(statics_of_manifest_json(entry.manifest)) == statics:
+                self._file(entry, here)
         log.info("aot.load(%r): %d signatures, %d symbolic", name, len(self.concrete), len(self.symbolic))
         self.env = cache.environment.digest
 

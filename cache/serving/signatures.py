@@ -130,14 +130,18 @@ class _Node:
 
 @dataclass(frozen=True, slots=True)
 class Signature:
-    """The flat inputs of a program, each with its path (``()`` for no arguments)."""
+    """The flat inputs of a program, each with its path (``()`` for no arguments), and
+    its static arguments' values (``("act='relu'",)``), shown after the inputs."""
 
     leaves: tuple[ArgLeaf, ...]
+    statics: tuple[str, ...] = ()
 
     # ---------------------------------------------------------------- building
 
     @classmethod
-    def from_manifest_args(cls, args: Iterable[Mapping[str, Any]]) -> Signature:
+    def from_manifest_args(
+        cls, args: Iterable[Mapping[str, Any]], statics: Iterable[Any] = (),
+    ) -> Signature:
         """From a manifest's ``args`` (``path``, ``shape``, ``dtype``, optional
         ``weak_type`` per leaf): ``~f32[]``, ``key<fry>[2]``, ``i4[8]``, ``f32[b,784]``."""
         leaves = []
@@ -148,14 +152,17 @@ class Signature:
             leaves.append(ArgLeaf(
                 str(arg.get("path", "")), f"{weak}{_short_dtype(str(arg['dtype']))}[{dims}]"
             ))
-        return cls(tuple(leaves))
+        return cls(tuple(leaves), tuple(s.describe() for s in statics))
 
     @classmethod
     def from_manifest_json(cls, text: str, fallback: str = "") -> Signature:
         """From an index row's manifest JSON; a row whose manifest cannot be read falls
         back to its flat signature, without paths."""
         try:
-            return cls.from_manifest_args(json.loads(text)["args"])
+            from aot.statics import statics_from_json
+
+            data = json.loads(text)
+            return cls.from_manifest_args(data["args"], statics_from_json(data.get("statics")))
         except Exception:  # noqa: BLE001 - verify reports unreadable manifests
             return cls.flat(fallback)
 
@@ -195,16 +202,16 @@ class Signature:
 
     @property
     def flat_text(self) -> str:
-        """``"f32[512], f32[784,512], ..."``: the index's signature column."""
-        return ", ".join(leaf.aval for leaf in self.leaves)
+        """``"f32[512], f32[784,512], ..., act='relu'"``: the index's signature column."""
+        return ", ".join([*(leaf.aval for leaf in self.leaves), *self.statics])
 
     @property
     def has_paths(self) -> bool:
         return any(leaf.path for leaf in self.leaves)
 
     def lines(self) -> list[str]:
-        """One ``path: aval`` per leaf."""
-        return [leaf.describe() for leaf in self.leaves]
+        """One ``path: aval`` per leaf, then one ``name=value`` per static."""
+        return [leaf.describe() for leaf in self.leaves] + list(self.statics)
 
     def _tree(self) -> list[tuple[str, _Node]]:
         roots: dict[str, _Node] = {}
@@ -227,7 +234,7 @@ class Signature:
         deepest = max((node.depth() for _, node in roots), default=0)
         parts: list[str] = []
         for limit in range(deepest, -1, -1):
-            parts = [f"{head}: {node.render(0, limit)}" for head, node in roots]
+            parts = [f"{head}: {node.render(0, limit)}" for head, node in roots] + list(self.statics)
             text = ", ".join(parts)
             if width is None or len(text) <= width:
                 return text

@@ -386,7 +386,10 @@ def compile_target(
 
 
 def item_signature(item: WarmupItem) -> str:
-    """The input signature ``item`` compiles to (``"f32[8,784], ..."``), without lowering."""
+    """The input signature ``item`` compiles to (``"f32[8,784], ..., act='relu'"``),
+    without lowering (statics: the target is imported for their positions)."""
+    from aot.statics import with_statics
+
     import jax
 
     from aot.specs import format_aval
@@ -400,4 +403,25 @@ def item_signature(item: WarmupItem) -> str:
         except SpecError as exc:
             raise x64_hint(item, exc) from None
         leaves = jax.tree_util.tree_leaves((args, [kwargs[k] for k in sorted(kwargs)]))
-        return ", ".join(format_aval(leaf.shape, leaf.dtype, leaf.weak_type) for leaf in leaves)
+        avals = ", ".join(format_aval(leaf.shape, leaf.dtype, leaf.weak_type) for leaf in leaves)
+    return with_statics(avals, _item_statics(item)) if item.static else avals
+
+
+def _item_statics(item: WarmupItem) -> tuple[Any, ...]:
+    """The statics an item's entry records (aot.statics): positions from the target."""
+    import inspect
+
+    from aot.statics import StaticArg, canonical_text, sort_statics
+
+    try:
+        params = inspect.signature(resolve_target(item.target, base_dir=item.base_dir)).parameters
+        positional = [
+            n for n, p in params.items()
+            if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        positional = []
+    return sort_statics(
+        StaticArg(positional.index(k) if k in positional else None, k, canonical_text(v) or repr(v))
+        for k, v in item.static
+    )

@@ -653,4 +653,7 @@ def test_statics_of_every_parameter_kind_store_and_load(tmp_path, fn, args, kwar
     expected = fn(x, *args[1:], **static)
     assert_bitwise_equal(exe(x), expected)
     assert_bitwise_equal(loaded(x), expected)
-    assert comp.signature == "f32[3]"
+    # Statics are part of the signature (shown after the inputs).
+    assert comp.signature == {
+        "with_flag": "f32[3], training=True", "positional": "f32[3], n=3", "keyword_only": "f32[3], n=4",
+    }[fn.__name__]

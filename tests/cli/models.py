@@ -98,3 +98,7 @@ NOT_A_FUNCTION = 42
 
 def scale_between(x, factor, y):  # a static parameter between two dynamic ones
     return x * factor + y
+
+
+def affine_v2(x, *, bias):  # affine changed: same signature, another program
+    return (x + bias) * 2

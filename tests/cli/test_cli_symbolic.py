@@ -36,7 +36,7 @@ def test_compile_stores_a_symbolic_entry_that_every_command_handles(invoke: Invo
     assert [(e["signature"], e["exe_digest"]) for e in listing] == [(f"{MLP_PARAMS}, f32[b,784]", None)]
     shown = invoke("show", "mlp.any").stdout
     assert "  shapes       symbolic in b (no constraints); no executable: aot.load compiles one per concrete shape" in shown
-    assert "format v2" in shown
+    assert "format v3" in shown
     assert invoke("verify").exit_code == 0
     assert "nothing to collect" in invoke("gc", "--dry-run").stdout
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import aot
-from aot.cache.warmup.targets import compile_item, place_statics
+from aot.cache.warmup.targets import compile_item, item_signature, place_statics
 from aot.cache.warmup.manifest import WarmupItem
 from aot.errors import TargetError
 
@@ -81,7 +81,10 @@ def test_a_static_of_every_kind_is_compiled_stored_and_served(
     cache = open_folder_cache()
     item = WarmupItem(name=f"static.{target}", target=f"{MODULE}:{target}", args=args, static=static, base_dir=targets)
     result = compile_item(cache, item)
-    assert not result.hit and result.entry.signature == ", ".join(["f32[3]"] * len(args))
+    # Statics are part of the signature; coverage computes the same one without lowering.
+    (key, value), = static
+    assert not result.hit and result.entry.signature == ", ".join(["f32[3]"] * len(args) + [f"{key}={value!r}"])
+    assert item_signature(item) == result.entry.signature
     assert compile_item(cache, item).hit  # the same key from the same item
     fn = aot.load(item.name, cache=cache)
     x = np.arange(3, dtype=np.float32)
