@@ -92,3 +92,8 @@ class PytreeNodeError(UnsupportedComputationError):
     def __init__(self, message: str, node: str = "") -> None:
         super().__init__(message)
         self.node = node
+
+
+class BlobLocationError(CacheError):
+    """A client's blob location (or compression, format) contradicts what the shared
+    cache recorded about itself when it was created."""

@@ -135,8 +135,10 @@ class Cache:
         read_only: bool = False,
         blob_location: str | os.PathLike[str] | None = None,
         require_signatures: bool = False,
+        blob_mirror: bool = False,
     ) -> None:
         location = str(location) if location is not None else default_location()
+        self.blob_mirror = blob_mirror
         self.location = location
         self.read_only = read_only
         self.signing_key = key_from(signing_key)
@@ -145,6 +147,7 @@ class Cache:
         self._index: Index | None = None
         self._index_file: Path | None = None
         where = classify_location(location)
+        described = None
         if where.kind == OBJECT:
             raise CacheError(
                 f"{where.scheme}:// cannot hold a cache index: give a folder or a database URL "
@@ -156,6 +159,7 @@ class Cache:
             from aot.cache.index.sql import Index
 
             self._index = Index(location, read_only=read_only)
+            described = _described_blobs(self)
             if self.blob_location is None or _same_database(self.blob_location, location):
                 from aot.cache.storage.database import SqlObjectStore
 
@@ -180,6 +184,8 @@ class Cache:
                 self.index  # noqa: B018 - creates the schema of a new cache now
             store = self._open_blobs(self.blob_location or str(folder / "blobs"))
         self.blobs = ContentStore(store)
+        if where.kind == DATABASE and described is None and not read_only and not blob_mirror:
+            _record_description(self)
         try:
             self.reader: IndexReader = self._open_reader()
         except BaseException:
@@ -508,3 +514,35 @@ def _same_database(a: str, b: str) -> bool:
     from sqlalchemy.engine import make_url
 
     return make_url(a) == make_url(b)
+
+
+def _described_blobs(cache: Cache) -> Any:
+    """A database cache's recorded description (None: none yet); sets
+    ``blob_location`` to the recorded one when none was given, refuses another one
+    unless ``blob_mirror`` (:mod:`aot.cache.index.description`)."""
+    from aot.cache.index.description import choose_blob_location
+
+    assert cache._index is not None
+    try:
+        found = cache._index.description()
+        cache.blob_location = choose_blob_location(
+            found, cache.blob_location, cache.location, mirror=cache.blob_mirror,
+            shown_cache=cache.display_location,
+        )
+    except BaseException:
+        cache._index.close()
+        raise
+    return found
+
+
+def _record_description(cache: Cache) -> None:
+    """Records a database cache's blob location (a new cache, or an old one whose blobs
+    are found there: :func:`aot.cache.index.description.record_description`)."""
+    from aot.cache.index.description import record_description
+
+    try:
+        record_description(cache.index, cache.blobs, cache.blob_location, cache.location, cache.display_location)
+    except BaseException:
+        cache.blobs.close()
+        cache.index.close()
+        raise

@@ -53,7 +53,7 @@ from aot.cache.cache import Cache, default_location
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import IndexEntry
 from aot.cache.storage.locations import FOLDER, classify_location
-from aot.errors import AotError, CacheError, CorruptArtifactError
+from aot.errors import BlobLocationError, AotError, CacheError, CorruptArtifactError
 from aot.signing import key_from
 
 if TYPE_CHECKING:
@@ -160,6 +160,7 @@ class TieredCache(Cache):
         require_signatures: bool = False,
         local: str | os.PathLike[str] | None = None,
         refresh: bool = True,
+        blob_mirror: bool = False,
     ) -> None:
         if local is None:
             raise TypeError("TieredCache needs local=FOLDER")
@@ -179,7 +180,11 @@ class TieredCache(Cache):
             super().__init__(
                 location, signing_key=signing_key, read_only=read_only,
                 blob_location=blob_location, require_signatures=require_signatures,
+                blob_mirror=blob_mirror,
             )
+        except BlobLocationError:  # a misconfiguration, not an outage: never hidden by the tier
+            self.local.close()
+            raise
         except CacheError as exc:
             if self.local.index.is_empty():
                 self.local.close()

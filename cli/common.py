@@ -33,6 +33,7 @@ class State:
     location: str | None = None  # --cache
     blobs: str | None = None  # --blobs
     local: str | None = None  # --local
+    blobs_mirror: bool = False  # --blobs-mirror (or AOT_BLOBS_MIRROR=1)
     read_only: bool = False
     json: bool = False
     debug: bool = False
@@ -80,7 +81,13 @@ class State:
         return Cache(
             location, read_only=self.read_only, blob_location=settings.blobs.value,
             signing_key=settings.signing_key(), local=settings.local.value,
+            blob_mirror=self.mirror,
         )
+
+    @property
+    def mirror(self) -> bool:
+        """``--blobs-mirror``, else ``AOT_BLOBS_MIRROR`` (1, true, yes)."""
+        return self.blobs_mirror or os.environ.get("AOT_BLOBS_MIRROR", "").strip().lower() in ("1", "true", "yes")
 
     def _close(self) -> None:
         if self._cache is not None:
@@ -123,6 +130,10 @@ def global_options() -> list[click.Option]:
         click.Option(
             ["--blobs"], metavar="LOCATION", expose_value=False, callback=_setter("blobs", False),
             help="Blob location, if not inside the cache (env AOT_BLOBS, [tool.aot] blobs).",
+        ),
+        click.Option(
+            ["--blobs-mirror"], is_flag=True, expose_value=False, callback=_setter("blobs_mirror", True),
+            help="--blobs is a mirror of the blob location the cache records (env AOT_BLOBS_MIRROR=1).",
         ),
         click.Option(
             ["--local"], metavar="FOLDER", expose_value=False, callback=_setter("local", False),

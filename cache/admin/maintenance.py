@@ -20,6 +20,7 @@ from aot.errors import AotError, CacheError, IntegrityError
 from aot.signing import verify as verify_signature
 from aot.cache.index.entry import IndexEntry
 from aot.cache.reports.listing import superseded_keys
+from aot.cache.storage.content import PROBLEM_MISSING
 from aot.cache.storage.objectstore import BlobStat
 from aot.cache.pauses import reached
 from aot.cache.units import human_size, parse_age, parse_size  # noqa: F401 - re-exported
@@ -107,6 +108,10 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
         return blob_state[(digest, size)]
 
     entries = cache.index.entries()
+    misconfigured = missing_blobs_problem(cache, entries, check)
+    if misconfigured is not None:  # change nothing: the client, not the cache, is wrong
+        log.warning("verify: %s", misconfigured)
+        return VerifyReport(len(entries), len({d for d, _ in blob_state}), (), (), (), (misconfigured,))
     for entry in entries:
         found = _entry_problems(entry, check)
         if not found:
@@ -135,6 +140,38 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
         report.checked_entries, report.checked_blobs, len(problems), len(orphans),
     )
     return report
+
+
+#: verify calls it a misconfiguration, not corruption, when more than this share of
+#: the checked entries (and at least MISSING_AT_LEAST of them) have missing blobs.
+MISSING_SHARE = 0.5
+MISSING_AT_LEAST = 2
+
+
+def missing_blobs_problem(cache: Cache, entries: Sequence[IndexEntry], check: Any) -> str | None:
+    """A message when most intact rows' blobs are *missing* (not corrupt) at once: the
+    blob location is likely wrong (a forgotten ``--blobs``), and quarantining would
+    condemn every entry for every client. None otherwise."""
+    rows = [e for e in entries if e.ok]
+    missing = 0
+    for entry in rows:
+        try:
+            refs = Manifest.from_json(entry.manifest).blobs.values()
+        except AotError:
+            continue
+        if any(check(ref.digest, ref.size) == PROBLEM_MISSING for ref in refs):
+            missing += 1
+    if missing < MISSING_AT_LEAST or missing <= MISSING_SHARE * len(rows):
+        return None
+    described = cache.index.description()
+    recorded = "records no blob location" if described is None else (
+        f"records {described.blob_location}" if described.blob_location is not None
+        else "records its blobs in its own database")
+    return (
+        f"{missing} of {len(rows)} entries have no blobs at {cache.blobs.location}: is --blobs "
+        f"right? the index {recorded}. Nothing was quarantined; run verify again with the "
+        "blob location the cache was written with"
+    )
 
 
 def consistency_problems(cache: Cache, entry: IndexEntry) -> list[str]:

@@ -377,7 +377,9 @@ class ContentStore:
             payload = self._read(digest)
             if payload is None:
                 raise CorruptArtifactError(
-                    f"blob {digest} is missing at {self.location}; run `aot verify` there"
+                    f"blob {digest} is missing at {self.location}: if the source's blobs live "
+                    "elsewhere, give their location (aot pull --from-blobs LOCATION; a shared "
+                    "index records it: omit --from-blobs to use it); else run `aot verify` there"
                 )
             problem = _problem(digest, payload)
             if problem is not None:
