@@ -20,6 +20,7 @@ HIERARCHY = {
     aot.IntegrityError: (),
     aot.CacheError: (),
     aot.ReadOnlyCacheError: (aot.CacheError, PermissionError),
+    aot.BlobLocationError: (aot.CacheError,),
     aot.ArtifactNotFoundError: (KeyError,),
     aot.ManifestError: (ValueError,),
     aot.TargetError: (LookupError,),
