@@ -104,6 +104,7 @@ class Dispatcher:
         pad: PadPlan | None = None,
         release: str | None = None,
         statics: str | None = None,
+        entries: Sequence[IndexEntry] | None = None,
     ) -> None:
         self.cache = cache
         self.name = name
@@ -123,7 +124,9 @@ class Dispatcher:
         self._pad_axes: dict[str, dict[int, int]] = {}
         # statics: serve only the rows of these static values (one group of a
         # StaticsDispatcher, aot.cache.serving.statics); None: every row of the name.
-        self.programs = ProgramTable(cache, name, strict=strict, release=release, statics=statics)
+        self.programs = ProgramTable(
+            cache, name, strict=strict, release=release, statics=statics, entries=entries,
+        )
         cache.stats.watch(self, self.programs.concrete, self.programs.env, name)
         if pad is not None and (self.programs.concrete or self.programs.symbolic):
             pad.axes_for(self.programs.paths())  # every padded path names a stored input

@@ -39,7 +39,7 @@ from aot.errors import (
 from aot.fingerprint import describe_differences
 from aot.recompile import recompile
 from aot.rehydrate import load_executable, manifest_args
-from aot.cache.serving.selection import Declared, checked_rows, select_rows
+from aot.cache.serving.selection import Declared, checked_rows, select_rows, trusted_refs
 from aot.statics import describe_statics, statics_of_manifest_json
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ class ProgramTable:
 
     def __init__(
         self, cache: Cache, name: str, *, strict: bool = False, release: str | None = None,
-        statics: str | None = None,
+        statics: str | None = None, entries: Sequence[IndexEntry] | None = None,
     ) -> None:
         self.cache = cache
         self.name = name
@@ -175,14 +175,18 @@ class ProgramTable:
         # servable by recompiling their portable HLO (the fallback ladder). Rows whose
         # identity or signature does not check are skipped before the choice; then only
         # the rows of the program each signature serves are filed (selection).
-        rows, refused = checked_rows(
-            cache.entries_named(name, state=None), cache.signing_key, cache.require_signatures,
-        )
+        # entries: the name's rows when the caller already read them (one read per load).
+        if entries is None:
+            entries = cache.entries_named(name, state=None)
+        rows, refused = checked_rows(entries, cache.signing_key, cache.require_signatures)
         for entry, reason in refused:
             log.warning("aot.load(%r): skipping %s (%s): %s", name, entry.key[:12], entry.signature, reason)
             self.skipped.append((entry.key, entry.signature, reason))
         self.refused = [(e.key, e.signature, reason) for e, reason in refused]
-        self.selection = select_rows(rows, self._declared(), cache.environment.digest, release=release)
+        declared = self._declared()
+        if release is None and refused:
+            declared = trusted_refs(declared, {e.key for e, _ in refused})
+        self.selection = select_rows(rows, declared, cache.environment.digest, release=release)
         for entry in self.selection.rows:
             # statics: only the rows of these static values (aot.cache.serving.statics).
             if statics is None or describe_statics(statics_of_manifest_json(entry.manifest)) == statics:

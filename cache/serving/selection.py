@@ -19,7 +19,8 @@ Every other row is dropped, with a logged reason: an older program is never serv
 not even as a fallback for a damaged served one (that would silently serve old code).
 With a signing key, rows are checked first (:func:`aot.signing.identity_problems`, and
 their signature): a renamed, re-signatured, unsigned or altered row is skipped
-before the choice, so it can neither be chosen nor hide a signed one.
+before the choice, so it can neither be chosen nor hide a signed one; a ref naming
+such a row is ignored (:func:`trusted_refs`) and its slot decided among the rest.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from aot.signing import identity_problems, verify
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Declared", "Selection", "checked_rows", "select_rows"]
+__all__ = ["Declared", "Selection", "checked_rows", "select_rows", "trusted_refs"]
 
 
 class Declared(Protocol):
@@ -102,6 +103,22 @@ def checked_rows(
         else:
             kept.append(entry)
     return kept, refused
+
+
+def trusted_refs(refs: Iterable[Declared], refused: set[str]) -> list[Declared]:
+    """The refs that name no refused row. A ref to an unsigned or altered row proves
+    nothing in a signed cache (anyone who can write a row can write a ref): its slot is
+    decided as if it had no ref, among the rows that passed the checks."""
+    kept: list[Declared] = []
+    for ref in refs:
+        if ref.key in refused:
+            log.warning(
+                "aot.load(%r): ignoring the ref of %s to %s: that row failed the signing checks",
+                ref.name, ref.signature, ref.key[:12],
+            )
+        else:
+            kept.append(ref)
+    return kept
 
 
 def select_rows(

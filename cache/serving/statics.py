@@ -24,7 +24,7 @@ argument, and the static as omitted.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aot.errors import SignatureNotFoundError
@@ -49,17 +49,18 @@ def dispatcher_for(
     """A :class:`Dispatcher`, or a :class:`StaticsDispatcher` when an entry of ``name``
     has static arguments."""
     groups: dict[str, tuple[StaticArg, ...]] = {}
-    for entry in cache.entries_named(name, state=None):
+    entries = cache.entries_named(name, state=None)
+    for entry in entries:
         statics = statics_of_manifest_json(entry.manifest)
         groups.setdefault(describe_statics(statics), statics)
     if not any(groups):
-        return Dispatcher(cache, name, strict=strict, fallback=fallback, pad=pad, release=release)
+        return Dispatcher(cache, name, strict=strict, fallback=fallback, pad=pad, release=release, entries=entries)
     if fallback is not None:
         log.warning(
             "aot.load(%r): its entries have static arguments; the fallback is not used "
             "(a call is served by the stored entries of its static values only)", name,
         )
-    return StaticsDispatcher(cache, name, groups, strict=strict, pad=pad, release=release)
+    return StaticsDispatcher(cache, name, groups, strict=strict, pad=pad, release=release, entries=entries)
 
 
 class _Merged:
@@ -79,6 +80,7 @@ class StaticsDispatcher:
     def __init__(
         self, cache: Cache, name: str, groups: dict[str, tuple[StaticArg, ...]], *,
         strict: bool = False, pad: PadPlan | None = None, release: str | None = None,
+        entries: Sequence[IndexEntry] | None = None,
     ) -> None:
         self.cache = cache
         self.name = name
@@ -86,7 +88,8 @@ class StaticsDispatcher:
         self.fallback = None
         self.groups = groups
         self.children = {
-            text: Dispatcher(cache, name, strict=strict, pad=pad, release=release, statics=text) for text in groups
+            text: Dispatcher(cache, name, strict=strict, pad=pad, release=release, statics=text, entries=entries)
+            for text in groups
         }
         # Every static parameter stored: (index, name); positions removed from the
         # end of a call first, so the dynamic arguments keep their order.

@@ -12,6 +12,8 @@ HIERARCHY = {
     aot.AvalMismatchError: (TypeError,),
     # A TypeError too: jax.jit's compiled functions raise one for other shapes/dtypes.
     aot.SignatureNotFoundError: (LookupError, TypeError),
+    # A release that cannot serve a name is a signature the caller asked for and lacks.
+    aot.ReleaseNotFoundError: (aot.SignatureNotFoundError,),
     aot.IncompatibleEnvironmentError: (),
     aot.CorruptArtifactError: (),
     aot.UnsupportedComputationError: (),

@@ -22,7 +22,7 @@ def test_bundle_through_s3(invoke: Invoke, warmed, s3_bucket: str, tmp_path: Pat
     assert not (REPO / "s3:").exists() and not Path("s3:").exists()  # no local folder "s3:"
     imported = invoke("bundle", "import", url, cache=tmp_path / "served")
     assert imported.exit_code == 0, imported.output
-    assert imported.stdout == f"imported 5 entries from {url} (0 already present)\n"
+    assert imported.stdout == f"imported 5 entries from {url} (0 already present)\nrefs: 5 set\n"
     assert len(aot.Cache(tmp_path / "served").entries()) == 5
     report = json.loads(invoke("bundle", "import", url, "--json", cache=tmp_path / "served").stdout)
     assert report["path"] == url and len(report["skipped"]) == 5 and report["bytes"] > 0
@@ -47,7 +47,7 @@ def test_bundle_through_stdout_and_stdin(invoke: Invoke, warmed, tmp_path: Path)
     assert json.loads(as_json.stderr)["path"] == "<stdout>"
     imported = invoke("bundle", "import", "-", cache=tmp_path / "served", input=data)
     assert imported.exit_code == 0, imported.output
-    assert imported.stdout == "imported 3 entries from <stdin> (0 already present)\n"
+    assert imported.stdout == "imported 3 entries from <stdin> (0 already present)\nrefs: 3 set\n"
     line = one_line_error(invoke("bundle", "import", "-", cache=tmp_path / "x", input=b"junk"))
     assert line == "Error: <stdin> is not a jax-aot bundle (bad magic)"
 

@@ -56,8 +56,8 @@ def test_ls_table(invoke: Invoke, warmed) -> None:
         "KEY", "NAME", "SIGNATURE", "ENV", "SIZE", "COMPILED", "LAST", "USED", "HITS", "STATE", "SERVED",
     ]
     assert [row.split()[1] for row in rows] == ["allreduce"] + ["mlp.forward"] * 3 + ["tiny"]
-    # No refs yet (the warm-up does not set them here): each is served as the newest.
-    assert all(row.split()[-2:] == ["ok", "newest"] for row in rows)
+    # The warm-up declared each entry it compiled: each is served by its ref.
+    assert all(row.split()[-2:] == ["ok", "ref"] for row in rows)
     # Each argument by name, pytrees as trees.
     assert "  x: f32[8,1024]  " in rows[0]
     assert f"  {MLP_TREE}, x: f32[1,784]   this  " in rows[1]
@@ -229,11 +229,19 @@ def test_superseded_entries_are_marked_and_gc_removes_them(invoke: Invoke, cache
     rows = invoke("ls").stdout.splitlines()
     (old_row,) = [r for r in rows if r.startswith(old[:12])]
     (new_row,) = [r for r in rows if r.startswith(new[:12])]
-    assert old_row.endswith("  superseded  -") and new_row.split()[-2:] == ["ok", "newest"]
+    # The second compile declared its program: the ref names it.
+    assert old_row.endswith("  superseded  -") and new_row.split()[-2:] == ["ok", "ref"]
     assert rows[-1].endswith("; 1 superseded (aot gc --superseded removes them)")
     data = {e["key"]: e for e in json.loads(invoke("ls", "--json").stdout)["entries"]}
     assert data[old]["superseded_by"] == new and data[new]["superseded_by"] is None
     assert f"  state        superseded by {new[:12]} " in invoke("show", old).stdout
+    assert "  state        ok; served (its ref names it)\n" in invoke("show", new).stdout
+    # Without refs (a cache written before them), the newest entry of a signature serves.
+    with aot.Cache(cache_dir) as cache:
+        entry = cache.lookup(new)
+        assert cache.index.drop_refs([(entry.name, entry.signature, entry.env_fp)]) == 1
+    (new_row,) = [r for r in invoke("ls").stdout.splitlines() if r.startswith(new[:12])]
+    assert new_row.split()[-2:] == ["ok", "newest"]
     assert "  state        ok; served (no ref: the newest entry of its signature)\n" in invoke("show", new).stdout
     # A ref back to the old program: it is served, the newer one superseded by it.
     with aot.Cache(cache_dir) as cache:

@@ -61,7 +61,7 @@ def test_verify_read_only_does_not_quarantine(invoke: Invoke, warmed) -> None:
     result = invoke("--read-only", "verify")
     assert result.exit_code == 1
     assert "quarantined" not in result.stdout
-    assert invoke("ls", "tiny").stdout.splitlines()[1].split()[-2:] == ["ok", "newest"]
+    assert invoke("ls", "tiny").stdout.splitlines()[1].split()[-2:] == ["ok", "ref"]
 
 
 def test_verify_manifest_coverage(invoke: Invoke, warmed) -> None:
@@ -231,7 +231,7 @@ def test_bundle_export_and_import(invoke: Invoke, warmed, tmp_path: Path) -> Non
     other = tmp_path / "other"
     imported = invoke("bundle", "import", bundle, cache=other)
     assert imported.exit_code == 0, imported.output
-    assert imported.stdout == f"imported 4 entries from {bundle} (0 already present)\n"
+    assert imported.stdout == f"imported 4 entries from {bundle} (0 already present)\nrefs: 4 set\n"
     again = json.loads(invoke("bundle", "import", bundle, "--json", cache=other).stdout)
     assert set(again) == BUNDLE_KEYS
     assert len(again["entries"]) == 4 and again["imported"] == [] and len(again["skipped"]) == 4

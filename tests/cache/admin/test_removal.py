@@ -74,9 +74,12 @@ def test_superseded_keys(open_folder_cache, compiled, foreign) -> None:  # noqa:
     manifest = replace(compiled.tiny.manifest, program=changed, key=combined_key(changed, compiled.tiny.manifest.environment))
     new = cache.put_artifact(Artifact(manifest, dict(compiled.tiny.blobs)))
     other_env = cache.put(foreign(compiled.tiny, device_count="4"))
+    # The legacy rule, for slots without a ref: the newest intact entry serves.
     assert superseded_keys(cache.entries()) == {old.key: new.key}
+    # put declared `old` (its ref); a row stored beside it without a put, as a copy
+    # stores one, serves nothing until a warm-up or put declares it.
     rows = {r.entry.key: r for r in list_entries(cache).rows}
-    assert rows[old.key].status == "superseded" and rows[new.key].status == "ok"
+    assert rows[old.key].status == "ok" and rows[new.key].status == "superseded"
     assert rows[other_env.key].environment.short() == "device_count 4"
     cache.quarantine(new, "test")  # a quarantined newer row supersedes nothing
     assert superseded_keys(cache.entries()) == {}

@@ -19,6 +19,7 @@ import pytest
 
 import aot
 import aot.lowering
+from aot.cache.index.refs import RefOrigin
 from aot.computation import MeshComputation
 from aot.errors import (
     CorruptArtifactError,
@@ -190,10 +191,14 @@ def test_fallback_on_a_read_only_cache_stores_nothing(served, compiled) -> None:
 
 @pytest.fixture
 def moved(served, compiled, foreign):  # noqa: ANN001, ANN201
-    """The batch-2 bucket only exists as an artifact of another jaxlib."""
+    """The batch-2 bucket only exists as an artifact of another jaxlib, declared there
+    (as a warm-up on that host declares it); this environment has no ref for it."""
     original = compiled.mlp[2].manifest.key
     other = served.put_artifact(foreign(compiled.mlp[2], jaxlib="0.0.1"))
+    gone = served.lookup(original)
     assert served.index.delete([original]) == 1
+    assert served.index.drop_refs([(gone.name, gone.signature, gone.env_fp)]) == 1
+    served.set_refs([other], RefOrigin("warm-up on a host with jaxlib 0.0.1"))
     assert other.env_fp != served.environment.digest
     return served, original, other.key
 
