@@ -169,22 +169,7 @@ class Cache(Declared):
             else:
                 store = self._open_blobs(self.blob_location)
         else:
-            folder = Path(where.target)
-            self._index_file = folder / INDEX_FILE
-            if not read_only:
-                try:
-                    folder.mkdir(parents=True, exist_ok=True)
-                except OSError as exc:
-                    raise CacheError(f"cannot create the cache folder {folder}: {exc}") from exc
-            elif not self._index_file.is_file() or self._index_file.stat().st_size == 0:
-                raise CacheError(
-                    _lost_index_message(folder)
-                    or f"no cache at {folder} (opened read-only, so nothing was created); "
-                    "check the path or AOT_CACHE"
-                )
-            if not self._index_file.exists():
-                self.index  # noqa: B018 - creates the schema of a new cache now
-            store = self._open_blobs(self.blob_location or str(folder / "blobs"))
+            store = _open_folder(self, Path(where.target))
         self.blobs = ContentStore(store)
         if where.kind == DATABASE and described is None and not read_only and not blob_mirror:
             _record_description(self)
@@ -518,6 +503,25 @@ class Cache(Declared):
         from aot.cache.reports.explain import explain
 
         return explain(self, name, *args, fn=fn, **lower_kwargs)
+
+
+def _open_folder(cache: Cache, folder: Path) -> Any:
+    """The blob store of a folder cache; creates the folder, and the index of a new one."""
+    cache._index_file = index_file = folder / INDEX_FILE
+    if not cache.read_only:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(f"cannot create the cache folder {folder}: {exc}") from exc
+    elif not index_file.is_file() or index_file.stat().st_size == 0:
+        raise CacheError(
+            _lost_index_message(folder)
+            or f"no cache at {folder} (opened read-only, so nothing was created); "
+            "check the path or AOT_CACHE"
+        )
+    if not index_file.exists():
+        cache.index  # noqa: B018 - creates the schema of a new cache now
+    return cache._open_blobs(cache.blob_location or str(folder / "blobs"))
 
 
 def _same_database(a: str, b: str) -> bool:
