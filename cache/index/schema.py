@@ -112,6 +112,7 @@ from aot.errors import CacheError
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "OutdatedSchemaError",
     "SCHEMA_VERSION",
     "MIGRATIONS",
     "Migration",
@@ -496,6 +497,10 @@ def _too_new(url: str, found: int, supported: int) -> CacheError:
     )
 
 
+class OutdatedSchemaError(CacheError):
+    """A read-only open found an index of an older schema, which only a writer migrates."""
+
+
 def ensure_schema(engine: Engine, *, read_only: bool = False) -> int:
     """Create or migrate the schema of ``engine``'s database; return its version.
 
@@ -519,7 +524,7 @@ def ensure_schema(engine: Engine, *, read_only: bool = False) -> int:
                     f"no jax-aot cache index at {url} (opened read-only, so it was not "
                     f"created); open it once without read_only or check the location"
                 )
-            raise CacheError(
+            raise OutdatedSchemaError(
                 f"the cache index at {url} has schema version {found} and this jax-aot "
                 f"needs {target}; it was opened read-only so it was not migrated: open "
                 f"it once read-write (any jax-aot command that writes) to upgrade it"

@@ -158,10 +158,13 @@ def open_existing(location: str | os.PathLike[str] | None, *, read_only: bool | 
     )
     if is_url(location):
         if not read_only:
+            from aot.cache.index.schema import OutdatedSchemaError
             from aot.cache.index.sql import Index  # a folder cache is read without SQLAlchemy
 
             try:  # a read-only open creates nothing; a writable one would create the schema
                 Index(location, read_only=True).close()
+            except OutdatedSchemaError:
+                pass  # an index of an older schema: the writable open below migrates it
             except CacheError as exc:
                 raise CacheError(f"{exc}. {advice}") from None
         return Cache(location, read_only=bool(read_only))

@@ -96,8 +96,8 @@ def test_a_changed_config_file_or_environment_variable_is_compiled_and_served(
     with aot.Cache(location) as cache:
         history = cache.index.ref_history("cfg.forward")
         (ref,) = cache.refs_named("cfg.forward")
-    # The loader serving refs is the `served` branch's (aot.load then gives v1 again).
     assert ref.key == history[-1].key  # the ref points at the first program again
+    assert _served(location) == _expected(1.0, 0.0)
     assert [h.source for h in history] == ["warmup test"] * 4
     assert {h.commit for h in history} == {"c1"}
 
