@@ -14,6 +14,7 @@ AOT_DB_STATEMENT_TIMEOUT   30       one SQL statement on PostgreSQL (0: the serv
 AOT_BLOB_CONNECT_TIMEOUT   5        opening a connection to the object store (S3)
 AOT_BLOB_READ_TIMEOUT      10       waiting for bytes from the object store (S3)
 AOT_BLOB_RETRIES           3        attempts of one object-store request (S3)
+AOT_STATS_EXIT_TIMEOUT     5        the last statistics flush, at close and exit
 =========================  =======  ===================================================
 
 A database URL that sets ``connect_timeout`` or ``statement_timeout`` itself keeps its
@@ -38,6 +39,7 @@ ENVIRONMENT = {
     "blob_connect_s": "AOT_BLOB_CONNECT_TIMEOUT",
     "blob_read_s": "AOT_BLOB_READ_TIMEOUT",
     "blob_retries": "AOT_BLOB_RETRIES",
+    "stats_exit_s": "AOT_STATS_EXIT_TIMEOUT",
 }
 
 
@@ -50,6 +52,7 @@ class Timeouts:
     blob_connect_s: float = 5.0
     blob_read_s: float = 10.0  # between bytes, not for a whole blob: x retries per request
     blob_retries: int = 3
+    stats_exit_s: float = 5.0  # past it, unflushed statistics are dropped with a warning
 
     @property
     def db_connect_timeout(self) -> int:
@@ -61,7 +64,7 @@ class Timeouts:
         return max(0, math.ceil(self.db_statement_s * 1000))
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool) -> float:
+def _seconds(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool, zero: str = "the server's setting") -> float:
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -70,7 +73,7 @@ def _seconds(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
-        allowed = "0 or more (0: the server's setting)" if zero_ok else "more than 0"
+        allowed = f"0 or more (0: {zero})" if zero_ok else "more than 0"
         raise CacheError(
             f"{name}={raw!r} is not a timeout: expected seconds, {allowed}, e.g. {name}={default:g}"
         )
@@ -94,4 +97,5 @@ def timeouts(env: Mapping[str, str] | None = None) -> Timeouts:
         blob_connect_s=_seconds(env, ENVIRONMENT["blob_connect_s"], d.blob_connect_s, zero_ok=False),
         blob_read_s=_seconds(env, ENVIRONMENT["blob_read_s"], d.blob_read_s, zero_ok=False),
         blob_retries=int(retries),
+        stats_exit_s=_seconds(env, ENVIRONMENT["stats_exit_s"], d.stats_exit_s, zero_ok=True, zero="drop at once"),
     )

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aot.cache.timeouts import ENVIRONMENT, Timeouts, timeouts
 from aot.errors import CacheError
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "FLUSH_SECONDS", "COUNTERS", "EXIT_TIMEOUT_VARIABLE", "REASONS", "StatsRecorder",
+    "FLUSH_SECONDS", "COUNTERS", "REASONS", "StatsRecorder",
     "exit_timeout", "recorder_for",
 ]
 
@@ -92,29 +93,10 @@ COUNTERS = (
 )
 REASONS = ("miss_reason", "recompile_reason")
 
-#: The bound on the last flush (at :meth:`StatsRecorder.close`, :meth:`Cache.close` and
-#: exit), in seconds: past it, unflushed counts are dropped with a warning.
-EXIT_TIMEOUT_VARIABLE = "AOT_STATS_EXIT_TIMEOUT"
-EXIT_TIMEOUT_DEFAULT = 5.0
-
-
 def exit_timeout(env: Mapping[str, str] | None = None) -> float:
-    """``AOT_STATS_EXIT_TIMEOUT`` seconds (default 5); a malformed value is a
-    :class:`CacheError`."""
-    env = os.environ if env is None else env
-    raw = env.get(EXIT_TIMEOUT_VARIABLE, "").strip()
-    if not raw:
-        return EXIT_TIMEOUT_DEFAULT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (value >= 0 and value < float("inf")):
-        raise CacheError(
-            f"{EXIT_TIMEOUT_VARIABLE}={raw!r} is not a timeout: expected seconds, 0 or more, "
-            f"e.g. {EXIT_TIMEOUT_VARIABLE}={EXIT_TIMEOUT_DEFAULT:g}"
-        )
-    return value
+    """The bound on the last flush (at :meth:`StatsRecorder.close`, :meth:`Cache.close`
+    and exit), in seconds: ``AOT_STATS_EXIT_TIMEOUT`` (:mod:`aot.cache.timeouts`)."""
+    return timeouts(env).stats_exit_s
 
 
 def _digest(signature: str) -> str:
@@ -478,8 +460,8 @@ class StatsRecorder:
             try:
                 timeout = exit_timeout()
             except CacheError as exc:
-                log.warning("%s; using %gs", exc, EXIT_TIMEOUT_DEFAULT)
-                timeout = EXIT_TIMEOUT_DEFAULT
+                log.warning("%s; using %gs", exc, Timeouts().stats_exit_s)
+                timeout = Timeouts().stats_exit_s
         done = True
         if not self.stored:
             self.flush()  # into memory: nothing to wait on
@@ -493,7 +475,7 @@ class StatsRecorder:
                 log.warning(
                     "dropped %d unflushed call statistics count(s) for %s: the index did not "
                     "answer within %gs (%s); the process goes on closing",
-                    lost, self.location, timeout, EXIT_TIMEOUT_VARIABLE,
+                    lost, self.location, timeout, ENVIRONMENT["stats_exit_s"],
                 )
         self._closed = True
         _REGISTRY.discard(self)
