@@ -53,7 +53,7 @@ def refusal(name: str, primitive: str, function: Any, why: str) -> UnsupportedCo
         " Remove it (or guard it behind a flag) before compiling ahead of time."
     )
     return UnsupportedComputationError(
-        f"{name}: uses primitive {primitive!r} calling {callback_name(function)}, which "
+        f"{name}: uses primitive {primitive!r} (jax.{primitive}) calling {callback_name(function)}, which "
         f"calls back into the Python host; {why}.{hint}"
     )
 
