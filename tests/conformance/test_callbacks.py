@@ -133,3 +133,35 @@ def test_eqx_on_error_nan_has_no_callback_and_is_served_bit_identically(tmp_path
     values = [r["value"] for r in served["check"]]
     np.testing.assert_array_equal(np.array(values[0], np.float32), np.array(compiled["ref"][0], np.float32))
     assert np.isnan(values[1]).all() and np.isnan(compiled["ref"][1]).all()
+
+
+BLOCK_EQUINOX = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "equinox" or name.startswith("equinox."):
+            raise ImportError("equinox is not installed here")
+sys.meta_path.insert(0, Block())
+import aot, numpy as np
+try:
+    aot.load("check", cache=sys.argv[1])(np.zeros(8, np.float32))
+    print("served")
+except Exception as exc:
+    print(type(exc).__name__ + ": " + str(exc))
+"""
+
+
+def test_without_the_library_the_entry_is_skipped_here_not_quarantined(tmp_path: Path) -> None:
+    cache = aot.Cache(tmp_path / "cache")
+    cache.compile(programs.equinox_error_if, np.zeros(8, np.float32), name="check")
+    report = cache.verify()
+    assert report.ok and report.checked_entries == 1, report  # its executable loads to be checked
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCK_EQUINOX, str(tmp_path / "cache")],
+        env=_environment(), capture_output=True, text=True, cwd=HERE, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout.strip().splitlines()[-1]
+    assert "equinox._errors:_error.<locals>.raises needs equinox._errors" in out, out
+    assert "install equinox" in out, out
+    assert [e.state for e in aot.Cache(tmp_path / "cache").entries(name="check")] == ["ok"]
