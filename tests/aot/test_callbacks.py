@@ -100,3 +100,10 @@ def test_a_model_callback_is_refused_at_lowering_naming_it():
     with pytest.raises(aot.UnsupportedComputationError) as info:
         aot.lower(f, jax.ShapeDtypeStruct((4,), jnp.float32))
     assert "'pure_callback' (jax.pure_callback) calling tests.aot.test_callbacks:_model_function" in str(info.value)
+
+
+def test_a_library_check_under_pmap_is_refused_at_lowering():
+    with pytest.raises(aot.UnsupportedComputationError, match="not bound under aot.lower_pmap") as info:
+        aot.lower_pmap(checked, jax.ShapeDtypeStruct((2, 4), jnp.float32), devices=jax.devices()[:2])
+    assert "equinox._errors:_error.<locals>.raises" in str(info.value)
+    assert "EQX_ON_ERROR=nan" in str(info.value)
