@@ -60,8 +60,14 @@ log = logging.getLogger(__name__)
 #      entry has statics; the signature ends with them ("f32[8], act='relu'") and the
 #      program fingerprint has a "statics" part. A reader of version 2 would refuse
 #      such a signature as altered. Version-1/2 manifests read as "no statics".
-FORMAT_VERSION = 3
-READABLE_FORMAT_VERSIONS = (1, 2, 3)
+#   4 (2026-12-04): host callbacks of allow-listed libraries (aot.callbacks): a
+#      "host_callbacks" list ({"primitive", "function": "module:qualname", "closure",
+#      "in_tree", "results"} per callback index), written only when the program calls
+#      back, covered by the program fingerprint's "host_callbacks" part. A reader of
+#      version 3 would load such an executable without its callbacks.
+#      Version-1/2/3 manifests read as "no host callbacks".
+FORMAT_VERSION = 4
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
 
 EXECUTABLE = "executable"
 PORTABLE_HLO = "portable_hlo"
@@ -120,6 +126,9 @@ class Manifest:
     # The static arguments' values (format 3; absent: none), covered by the key's
     # "statics" part and shown at the end of the signature.
     statics: tuple[StaticArg, ...] = ()
+    # The host callbacks of the program, bound by name (format 4; absent: none),
+    # covered by the key's "host_callbacks" part.
+    host_callbacks: tuple[dict[str, Any], ...] = ()
     hmac: str | None = field(default=None, compare=False)
 
     # -- (de)serialization
@@ -156,6 +165,8 @@ class Manifest:
             data["symbolic"] = dict(self.symbolic)
         if self.statics:
             data["statics"] = [s.to_dict() for s in self.statics]
+        if self.host_callbacks:
+            data["host_callbacks"] = [dict(b) for b in self.host_callbacks]
         if include_hmac and self.hmac is not None:
             data["hmac"] = self.hmac
         return data
@@ -219,6 +230,7 @@ class Manifest:
                 arg_names=tuple(str(n) for n in data.get("arg_names", ())),
                 symbolic=_symbolic_or_none(data.get("symbolic")),
                 statics=statics_from_json(data.get("statics")),
+                host_callbacks=tuple(dict(b) for b in data.get("host_callbacks", ())),
                 # As written: a version-1 manifest stays version 1 (its HMAC covers it).
                 format_version=int(version),
                 hmac=_string_or_none(data.get("hmac")),
@@ -256,6 +268,13 @@ class Manifest:
             raise CorruptArtifactError(
                 f"manifest of {manifest.name!r}: statics ({with_statics('', manifest.statics) or 'none'}) "
                 "do not match its program fingerprint; the manifest was altered"
+            )
+        callbacks_part = manifest.program.as_dict().get("host_callbacks")
+        expected = canonical_json(list(manifest.host_callbacks)) if manifest.host_callbacks else None
+        if callbacks_part != expected:
+            raise CorruptArtifactError(
+                f"manifest of {manifest.name!r}: host callbacks do not match its program "
+                "fingerprint; the manifest was altered"
             )
         return manifest
 

@@ -113,6 +113,7 @@ def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
         memory_analysis=_json_memory_analysis(_safe(exe.memory_analysis)),
         arg_names=tuple(info.arg_names),
         statics=tuple(info.statics),
+        host_callbacks=tuple(info.host_callbacks),
     )
     return Artifact(manifest, blobs)
 

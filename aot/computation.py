@@ -12,6 +12,7 @@ import jax
 from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
+from aot.callbacks import bind as bind_callbacks
 from aot.errors import SymbolicShapeError, UnsupportedComputationError
 from aot.executable import ArgAval, ExecutableInfo, MeshExecutable, arg_paths, executable_class
 from aot.fingerprint import (
@@ -22,6 +23,7 @@ from aot.fingerprint import (
     program_fingerprint,
     sha256_hex,
 )
+from aot.jaxcompat.callbacks import lowered_callbacks
 from aot.jaxcompat.build import (
     compile_args,
     compile_uncached,
@@ -161,6 +163,10 @@ class MeshComputation:
             # Constraints change what the program may assume (and which shapes it
             # serves); concrete programs keep exactly the parts they always had.
             parts["symbolic_constraints"] = canonical_json(list(self.symbolic_constraints))
+        if self.host_callbacks:
+            # The executable names its callbacks by index only: what they are bound to
+            # is part of the program (aot.callbacks); programs without keep their parts.
+            parts["host_callbacks"] = canonical_json(list(self.host_callbacks))
         if self.statics:
             # Two statics are two entries even when they lower to one program; entries
             # without statics keep exactly the parts (and keys) they always had.
@@ -189,6 +195,13 @@ class MeshComputation:
         """
         if self.symbolic:
             return self._symbolic_portable_hlo()
+        if self.host_callbacks:
+            log.info(
+                "%s: calls back into %s on the host, which jax.export does not serialize; "
+                "storing the executable without a portable HLO",
+                self.name, ", ".join(sorted({b["function"] for b in self.host_callbacks})),
+            )
+            return None
         executable = executable or self.compile()
         kept = iter(executable.info.in_shardings)
         in_shardings = [next(kept) if a.kept else None for a in executable.info.args]
@@ -223,7 +236,9 @@ class MeshComputation:
 
     def _executable(self, compiled: jax.stages.Compiled, seconds: float) -> MeshExecutable:
         unloaded = unloaded_executable(compiled)
-        if unloaded is None or unloaded.host_callbacks:
+        if unloaded is not None and unloaded.host_callbacks and self.kind == "jit":
+            self.host_callbacks  # noqa: B018 - raises for a callback that cannot be bound
+        elif unloaded is None or unloaded.host_callbacks:
             raise UnsupportedComputationError(
                 f"{self.name}: the compiled program calls back into Python on the host, "
                 "which cannot be served from an artifact; remove jax.debug.print / "
@@ -244,6 +259,12 @@ class MeshComputation:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, ({self.signature}))"
+
+    @cached_property
+    def host_callbacks(self) -> tuple[dict[str, Any], ...]:
+        """The host callbacks the program calls, bound by name (aot.callbacks), in the
+        order of their index; raises UnsupportedComputationError for one that cannot be."""
+        return bind_callbacks(self.name, lowered_callbacks(self.lowered))
 
     # -- symbolic (shape-polymorphic) programs
     @cached_property
@@ -348,4 +369,5 @@ def executable_info(
         arg_names=tuple(computation.arg_names),
         in_structure=computation.program_fingerprint.as_dict()["in_tree"],
         statics=computation.statics,
+        host_callbacks=computation.host_callbacks,
     )

@@ -101,6 +101,8 @@ class ExecutableInfo:
     out_json: Any = None
     # The static arguments' values (aot.statics), shown in the signature.
     statics: tuple[Any, ...] = ()
+    # The host callbacks the program calls, bound by name (aot.callbacks); format 4.
+    host_callbacks: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.in_structure:

@@ -11,8 +11,11 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
+from aot.callbacks import bindable
+from aot.callbacks import refusal as callback_refusal
 from aot.computation import MeshComputation, PmapComputation
 from aot.errors import SpecError, SymbolicShapeError, UnsupportedComputationError
+from aot.jaxcompat.callbacks import pure_callback_function
 from aot.jaxcompat.lowering import jit_settings, no_traceback_locations
 from aot.specs import format_aval, parse_partition_spec, spec
 from aot.statics import StaticArg, sort_statics
@@ -157,10 +160,19 @@ def _resolve_shardings(tree: Any, mesh: Mesh | None) -> Any:
     )
 
 
-def _check_servable(name: str, jaxpr: Any) -> None:
-    """Refuses host callbacks, ordered effects and closed-over refs at lowering time."""
+def _check_servable(name: str, jaxpr: Any, *, pmap: bool = False) -> None:
+    """Refuses host callbacks (but those aot.callbacks binds, except under pmap),
+    ordered effects and closed-over refs at lowering time."""
     for eqn in _all_eqns(jaxpr.jaxpr):
         what = _HOST_CALLBACK_PRIMITIVES.get(eqn.primitive.name)
+        if eqn.primitive.name == "pure_callback":
+            function = pure_callback_function(eqn.params)
+            why = bindable(function)
+            if pmap:
+                why = "callbacks are not bound under aot.lower_pmap (use aot.lower with a mesh)"
+            if why is None:
+                continue  # a library's callback, bound by name (aot.callbacks)
+            raise callback_refusal(name, "pure_callback", function, why)
         if what is not None:
             raise UnsupportedComputationError(
                 f"{name}: uses primitive {eqn.primitive.name!r} ({what}), which calls back "
@@ -405,7 +417,7 @@ def _trace_and_lower(
     with context:
         try:
             traced = jitted.trace(*arg_specs, **kwarg_specs)
-            _check_servable(name, traced.jaxpr)
+            _check_servable(name, traced.jaxpr, pmap=cls.kind == "pmap")
             lowered = traced.lower()
         except UnsupportedComputationError:
             raise

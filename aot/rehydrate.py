@@ -32,9 +32,11 @@ from aot.errors import (
     PytreeNodeError,
     SymbolicShapeError,
 )
+from aot.callbacks import resolve
 from aot.executable import ArgAval, ExecutableInfo, MeshExecutable, executable_class
 from aot.executable_checks import check_executable, executable_problems, portable_hlo_problems
 from aot.fingerprint import Fingerprint
+from aot.jaxcompat.callbacks import deserialize_with_callbacks
 from aot.jaxcompat.deserialize import deserialize_xla_executable, ensure_custom_call_targets, load_compiled
 from aot.shardings import aval_from_json, device_list, live_devices, sharding_from_json
 
@@ -135,8 +137,14 @@ def manifest_args(manifest: Manifest) -> tuple[ArgAval, ...]:
     )
 
 
-def _deserialize(manifest: Manifest, backend: Any, exe_bytes: bytes, dlist: Any) -> Any:
+def _deserialize(
+    manifest: Manifest, backend: Any, exe_bytes: bytes, dlist: Any, callbacks: list[Any] | None = None
+) -> Any:
     try:
+        if manifest.host_callbacks:
+            if callbacks is None:  # verify: a cross-check, never run
+                callbacks = [_never_called] * len(manifest.host_callbacks)
+            return deserialize_with_callbacks(backend, exe_bytes, dlist, callbacks)
         return deserialize_xla_executable(backend, exe_bytes, dlist)
     except Exception as exc:  # noqa: BLE001 - XLA reports as RuntimeError/XlaRuntimeError
         raise IncompatibleEnvironmentError(
@@ -144,6 +152,22 @@ def _deserialize(manifest: Manifest, backend: Any, exe_bytes: bytes, dlist: Any)
             f"{exc}. Recompile it from its portable HLO.",
             (f"deserialize: {exc}",),
         ) from exc
+
+
+def _never_called(*args: Any) -> Any:
+    raise RuntimeError("an executable loaded to be checked is not run")
+
+
+def _bound_callbacks(manifest: Manifest) -> list[Any]:
+    try:
+        return [resolve(manifest.name, dict(b)) for b in manifest.host_callbacks]
+    except AotError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CorruptArtifactError(
+            f"manifest of {manifest.name!r} ({manifest.key[:12]}) has a malformed host "
+            f"callback: {exc!r}; run `aot verify` and recompile the entry"
+        ) from None
 
 
 def stored_artifact_problems(artifact: Artifact, current: Fingerprint | None = None) -> list[str]:
@@ -209,7 +233,8 @@ def load_executable(
     backend = devices[manifest.device_ids[0]].client
     ensure_custom_call_targets(devices[manifest.device_ids[0]].platform, exe_bytes)
     start = time.perf_counter()
-    xla_executable = _deserialize(manifest, backend, exe_bytes, dlist)
+    callbacks = _bound_callbacks(manifest)
+    xla_executable = _deserialize(manifest, backend, exe_bytes, dlist, callbacks)
     check_executable(manifest, info, xla_executable)
     kept_shardings = info.in_shardings
     try:
@@ -236,6 +261,7 @@ def load_executable(
         args=info.args,
         in_tree=info.in_tree,
         out_tree=info.out_tree,
+        host_callbacks=callbacks,
     )
     log.debug(
         "loaded %s (%s) in %.1f ms", manifest.name, manifest.signature,

@@ -27,6 +27,7 @@ Modules:
   lowering     tracing configuration used while lowering; a jitted function's settings
   mlir         StableHLO modules in an MLIR context
   runtime      the state of JAX's distributed runtime
+  callbacks    the Python functions a lowered program calls back; loading with them
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src.lib:lapack.registrations",
     "jax._src.lax:linalg.initialize_lapack",
     "jax._src.lib:gpu_solver.initialize_hybrid_kernels",
+    # callbacks (closures and fields read from the lowering's host callbacks)
+    "jax._src.callback:emit_python_callback",
+    "jax._src.callback:pure_callback_lowering",
+    "jax._src.callback:_FlatCallback",
     # dispatch
     "jax._src.lib:_jax.pjit",
     "jax._src.interpreters.pxla:JitGlobalCppCacheKeys",

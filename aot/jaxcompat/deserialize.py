@@ -52,10 +52,12 @@ def load_compiled(
     args: Sequence[Any],
     in_tree: Any,
     out_tree: Any,
+    host_callbacks: Sequence[Any] = (),
 ) -> Any:
     """A ``jax.stages.Compiled`` around a deserialized XLA executable, as JAX's own
-    ``Lowered.compile()`` would have built it for a program without effects, host
-    callbacks or custom layouts (which artifacts refuse at lowering time)."""
+    ``Lowered.compile()`` would have built it for a program without effects or custom
+    layouts (which artifacts refuse at lowering time); ``host_callbacks`` are those the
+    executable was deserialized with (aot.callbacks)."""
     unloaded = pxla.UnloadedMeshExecutable(
         xla_executable=xla_executable,
         device_list=devices,
@@ -69,7 +71,7 @@ def load_compiled(
         unordered_effects=[],
         ordered_effects=[],
         keepalive=[],
-        host_callbacks=[],
+        host_callbacks=list(host_callbacks),
         kept_var_idx=kept_var_idx,
         mut=None,
         xla_in_layouts=[None] * len(in_avals),

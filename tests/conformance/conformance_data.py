@@ -390,6 +390,21 @@ def eqx_linear(seed: int = 140) -> Any:
 
 
 @builder()
+def ode_y0() -> Call:
+    return args(normal(150, 3), np.float32(0.5))
+
+
+@builder()
+def lu_system() -> Call:
+    return args(normal(151, 4, 4) + 4.0 * np.eye(4, dtype=np.float32), normal(152, 4))
+
+
+@builder()
+def root_y0() -> Call:
+    return args(np.full(3, 1.5, np.float32), np.abs(normal(153, 3)) + 1.0)
+
+
+@builder()
 def eqx_module_in() -> Call:
     return args(eqx_linear(), normal(141, 6))
 

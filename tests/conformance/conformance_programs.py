@@ -623,6 +623,42 @@ def flax_train_state_step(state, x, y):
     return state.apply_gradients(grads=jax.grad(loss)(state.params))
 
 
+# ---------------------------------------------------------------- library host callbacks
+# Equinox's runtime checks (eqx.error_if) are pure callbacks into equinox._errors; with
+# their default throw=True, diffrax, lineax and optimistix call them (aot.callbacks).
+
+
+@program(inputs="x8")
+def equinox_error_if(x):
+    import equinox as eqx
+
+    return eqx.error_if(x * 2.0, jnp.any(x > 100.0), "x must stay below 100") + 1.0
+
+
+@program(inputs="ode_y0")
+def diffrax_ode_default(y0, k):
+    import diffrax
+
+    term = diffrax.ODETerm(lambda t, y, args: -args * y)
+    sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), t0=0.0, t1=1.0, dt0=0.1, y0=y0, args=k)
+    return sol.ys
+
+
+@program(inputs="lu_system", group="lapack")
+def lineax_lu_default(a, b):
+    import lineax as lx
+
+    return lx.linear_solve(lx.MatrixLinearOperator(a), b, lx.LU()).value
+
+
+@program(inputs="root_y0", group="lapack")
+def optimistix_newton_default(y0, c):
+    import optimistix as optx
+
+    solver = optx.Newton(rtol=1e-5, atol=1e-5)
+    return optx.root_find(lambda y, c: y**3 - c, solver, y0, args=c).value
+
+
 # ---------------------------------------------------------------- refused at lowering
 
 
