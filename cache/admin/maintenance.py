@@ -25,6 +25,7 @@ from aot.cache.index.served import ref_map, superseded_keys
 from aot.cache.storage.content import PROBLEM_MISSING
 from aot.cache.storage.objectstore import BlobStat
 from aot.cache.pauses import reached
+from aot.cache.serving.signatures import Signature
 from aot.cache.units import human_size, parse_age, parse_size  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
@@ -249,10 +250,17 @@ class GcVictim:
     stored_size: int
     last_used_at: str
     reason: str
+    arguments: Signature = Signature(())  # by argument name (from the manifest)
+
+    def describe(self, width: int | None = None) -> str:
+        """``name (params: [...], x: f32[8,784])``, as ``ls`` and ``rm`` show it."""
+        arguments = self.arguments if self.arguments.leaves else Signature.flat(self.signature)
+        return f"{self.name} ({arguments.compact(width)})"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "key": self.key, "name": self.name, "signature": self.signature,
+            "arguments": self.arguments.to_list(),
             "stored_size": self.stored_size, "last_used_at": self.last_used_at,
             "reason": self.reason,
         }
@@ -356,12 +364,14 @@ def plan_gc(
                 pinned[entry.key] = GcVictim(
                     entry.key, entry.name, entry.signature, entry.stored_size,
                     entry.last_used_at.isoformat(timespec="seconds"), f"pinned: {pins[entry.key]} ({reason})",
+                    Signature.from_manifest_json(entry.manifest, entry.signature),
                 )
             return
         if entry.key not in victims:
             victims[entry.key] = GcVictim(
                 entry.key, entry.name, entry.signature, entry.stored_size,
                 entry.last_used_at.isoformat(timespec="seconds"), reason,
+                Signature.from_manifest_json(entry.manifest, entry.signature),
             )
             as_planned[entry.key] = (entry.state, entry.last_used_at)
 
