@@ -26,7 +26,7 @@ from aot.cache.storage.content import PROBLEM_MISSING
 from aot.cache.storage.objectstore import BlobStat
 from aot.cache.pauses import reached
 from aot.cache.serving.signatures import Signature
-from aot.cache.units import human_size, parse_age, parse_size  # noqa: F401 - re-exported
+from aot.cache.units import counted, human_size, parse_age, parse_size  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -91,7 +91,7 @@ def empty_index_problem(cache: Cache, digests: Iterable[str] | None = None) -> s
         return None
     return (
         f"the index at {cache.index.url} is empty, but the blob store at "
-        f"{cache.blobs.location} holds {stored} blobs: the index was lost, truncated or "
+        f"{cache.blobs.location} holds {counted(stored, 'blob')}: the index was lost, truncated or "
         "replaced. Restore it from a backup, or rebuild it (`aot bundle import`, or "
         "`aot warmup` again: stored blobs are reused). `aot gc` refuses to delete blobs "
         "in this state unless given --force"
@@ -171,7 +171,7 @@ def missing_blobs_problem(cache: Cache, entries: Sequence[IndexEntry], check: An
         f"records {described.blob_location}" if described.blob_location is not None
         else "records its blobs in its own database")
     return (
-        f"{missing} of {len(rows)} entries have no blobs at {cache.blobs.location}: is --blobs "
+        f"{missing} of {counted(len(rows), 'entry')} have no blobs at {cache.blobs.location}: is --blobs "
         f"right? the index {recorded}. Nothing was quarantined; run verify again with the "
         "blob location the cache was written with"
     )
