@@ -76,6 +76,9 @@ def test_rm_signature_aliases_and_no_match(invoke: Invoke, warmed) -> None:
     [
         ("x: f32[8], f32[8]", "'f32[8]' has no path; name every leaf"),
         ("x: fp32[8]", "unknown dtype 'fp32' (did you mean f32?)"),
+        # the whole signature is quoted, then the part that does not parse
+        ("float32[1, 8], f32[8", "Invalid value for '--signature': malformed signature 'float32[1, 8], f32[8': "
+                                 "malformed spec 'f32[8': this '[' is never closed (column 4: 'f32' >>> '[8')"),
     ],
 )
 def test_rm_bad_signature_is_a_usage_error(invoke: Invoke, warmed, signature: str, message: str) -> None:
