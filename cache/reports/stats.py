@@ -141,6 +141,11 @@ class StatsReport:
         )
         return "\n".join(lines)
 
+    def __repr__(self) -> str:
+        """The table too: ``cache.stats.report()`` at an interactive prompt shows what
+        ``print`` shows, not a dump of the fields."""
+        return str(self)
+
     def to_dict(self) -> dict[str, Any]:
         totals = self.totals
         return {

@@ -78,6 +78,7 @@ def test_the_stats_report_prints_as_a_table(buckets) -> None:  # noqa: ANN001
     assert lines[1] == "step  x: f32[2,4], w: f32[4,3]      3      1       0           0"
     assert lines[2] == "step  x: f32[8,4], w: f32[4,3]      0      1       0           0"
     assert lines[-1] == f"3 calls on 2 signatures; 2 loads; 0 misses; 0 recompiles ({report.location})"
+    assert repr(report) == str(report)  # what an interactive prompt shows, too
 
 
 def test_a_name_not_stored_counts_the_other_names_right(buckets) -> None:  # noqa: ANN001
