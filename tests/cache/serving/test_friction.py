@@ -86,3 +86,9 @@ def test_a_name_not_stored_counts_the_other_names_right(buckets) -> None:  # noq
         aot.load("zzz", cache=buckets)
     assert "nothing is stored under 'zzz' in the cache at " in str(caught.value)
     assert " (1 other name: `aot ls` lists them)\n" in str(caught.value)
+
+
+def test_a_loaded_name_with_one_signature_says_so(open_folder_cache) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    cache.compile(step, "f32[2,4]", "f32[4,3]", name="one")
+    assert repr(aot.load("one", cache=cache)) == "Dispatcher('one', 1 signature)"
