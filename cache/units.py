@@ -75,9 +75,25 @@ def human_size(n: int) -> str:
     return f"{n} B"
 
 
-_PLURALS = {"entry": "entries", "miss": "misses"}
+_PLURALS = {"leaf": "leaves"}
+
+
+def plural(word: str) -> str:
+    """The plural of ``word``, or of a phrase's last word: ``entry`` -> ``entries``,
+    ``miss`` -> ``misses``, ``leaf`` -> ``leaves``, ``stored entry`` -> ``stored entries``."""
+    head, _, last = word.rpartition(" ")
+    if last in _PLURALS:
+        last = _PLURALS[last]
+    elif last.endswith("y") and last[-2:-1] not in ("a", "e", "o", "u", ""):
+        last = last[:-1] + "ies"
+    elif last.endswith(("s", "x", "ch", "sh")):
+        last += "es"
+    else:
+        last += "s"
+    return f"{head} {last}" if head else last
 
 
 def counted(n: int, word: str) -> str:
-    """``counted(1, "entry")`` -> ``"1 entry"``; ``counted(2, "entry")`` -> ``"2 entries"``."""
-    return f"{n} {word if n == 1 else _PLURALS.get(word, word + 's')}"
+    """``counted(1, "entry")`` -> ``"1 entry"``; ``counted(2, "entry")`` -> ``"2 entries"``:
+    the one helper for a count and its noun."""
+    return f"{n} {word if n == 1 else plural(word)}"

@@ -73,7 +73,7 @@ def doctor_command(state: State, no_verify: bool) -> None:
         elif d.health is not None:
             h = d.health
             status = "ok" if h.ok else (
-                f"{len(h.problems)} problems, {len(h.orphan_blobs)} unreferenced blobs "
+                f"{counted(len(h.problems), 'problem')}, {counted(len(h.orphan_blobs), 'unreferenced blob')} "
                 "(run `aot verify`)"
             )
             pairs.append(("health", f"{status}: {counted(h.checked_entries, 'entry')}, {counted(h.checked_blobs, 'blob')} checked"))

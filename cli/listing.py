@@ -152,7 +152,7 @@ def _render(details: EntryDetails) -> str:
         ("platform", e.platform),
         ("size", f"{human_size(e.raw_size)} ({human_size(e.stored_size)} stored)"),
         ("compiled", f"{when(e.created_at)} UTC in {e.compile_seconds:.3f}s"),
-        ("last used", f"{when(e.last_used_at)} UTC ({e.hits} hits)"),
+        ("last used", f"{when(e.last_used_at)} UTC ({counted(e.hits, 'hit')})"),
     ]
     if m is not None:
         pairs += [

@@ -88,10 +88,8 @@ def verify_command(state: State, manifest: str | None, strict: bool, no_lower: b
 
 
 def _victim_line(victim: GcVictim) -> str:
-    from aot.cache.serving.signatures import shorten_middle
-
     return (
-        f"  {victim.key[:12]}  {victim.name} ({shorten_middle(victim.signature, VICTIM_SIGNATURE_WIDTH)})  "
+        f"  {victim.key[:12]}  {victim.describe(VICTIM_SIGNATURE_WIDTH)}  "
         f"{human_size(victim.stored_size)}  {victim.reason}"
     )
 

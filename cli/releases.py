@@ -9,6 +9,7 @@ import click
 
 from aot.cli.common import State, echo_json, pass_state
 from aot.cli.params import complete_entry_names
+from aot.cache.units import counted
 
 if TYPE_CHECKING:
     from aot.cache.index.refs import Release
@@ -29,7 +30,7 @@ def _render(state: State, release: Release, verb: str) -> None:
     if state.json:
         echo_json(release.to_dict())
         return
-    click.echo(f"{verb} {release.label}: set {release.id}, {len(release.members)} members")
+    click.echo(f"{verb} {release.label}: set {release.id}, {counted(len(release.members), 'member')}")
 
 
 @click.group("release", short_help="List, show, promote and roll back release labels.")

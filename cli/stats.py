@@ -64,8 +64,6 @@ def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
 
 
 def _render(report: StatsReport, glob: str | None, read_only: bool) -> None:
-    from aot.cache.serving.signatures import shorten_middle
-
     served = [r for r in report.rows if r.calls or r.loads or r.recompiles]
     if not report.rows:
         what = f" for {glob!r}" if glob else ""
@@ -79,7 +77,7 @@ def _render(report: StatsReport, glob: str | None, read_only: bool) -> None:
     if served:
         headers = ("NAME", "SIGNATURE", "ENV", "CALLS", "LOADS", "LOAD TIME", "SAVED", "RECOMPILES")
         rows = [
-            [r.name, shorten_middle(r.signature, SIGNATURE_WIDTH), _env(r), r.calls, r.loads,
+            [r.name, report.describe(r, SIGNATURE_WIDTH), _env(r), r.calls, r.loads,
              _seconds(r.load_seconds), _seconds(r.saved_seconds), r.recompiles]
             for r in served
         ]
@@ -88,14 +86,14 @@ def _render(report: StatsReport, glob: str | None, read_only: bool) -> None:
         click.echo("misses (calls with no stored executable for their signature):")
         for r in report.misses:
             click.echo(
-                f"  {r.name} ({shorten_middle(r.signature, SIGNATURE_WIDTH)})  {r.misses}  "
+                f"  {r.name} ({report.describe(r, SIGNATURE_WIDTH)})  {r.misses}  "
                 f"last: {r.miss_reason or '-'}" + ("" if r.this_environment else f"  env {_env(r)}")
             )
     if report.recompiled:
         click.echo("recompiles from portable HLO:")
         for r in report.recompiled:
             click.echo(
-                f"  {r.name} ({shorten_middle(r.signature, SIGNATURE_WIDTH)})  {r.recompiles} in "
+                f"  {r.name} ({report.describe(r, SIGNATURE_WIDTH)})  {r.recompiles} in "
                 f"{_seconds(r.recompile_seconds)}  last: {r.recompile_reason or '-'}"
             )
     t = report.totals

@@ -43,6 +43,7 @@ from aot.cache.names import name_problem
 from aot.errors import AotError, CacheError, CorruptArtifactError
 from aot.fingerprint import sha256_hex
 from aot.signing import verify
+from aot.cache.units import counted
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -127,7 +128,7 @@ def export_bundle(
         )
     if members is not None and len(entries) != len(members):
         raise CacheError(
-            f"release {release!r} names {len(members)} entries and {len(entries)} of them are stored intact "
+            f"release {release!r} names {counted(len(members), 'entry')} and {len(entries)} of them are stored intact "
             f"in the cache at {cache.display_location}; run `aot verify` there"
         )
     artifacts = [cache.artifact(e) for e in entries]  # verifies every blob

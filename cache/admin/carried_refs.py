@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.refs import RefOrigin, ReleaseMember
 from aot.errors import CacheError
+from aot.cache.units import counted
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -116,8 +117,8 @@ def apply_refs(
     if carried.release is not None:
         if missing:
             problem = (
-                f"release {carried.release!r} not recorded: {len(missing)} of its {len(carried.refs)} "
-                f"entries are not stored here (first: {missing[0].name} {missing[0].signature}, "
+                f"release {carried.release!r} not recorded: {len(missing)} of its "
+                f"{counted(len(carried.refs), 'entry')} are not stored here (first: {missing[0].name} {missing[0].signature}, "
                 f"{missing[0].key[:12]}); copy again once they are"
             )
             log.warning("%s", problem)

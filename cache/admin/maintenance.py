@@ -25,7 +25,8 @@ from aot.cache.index.served import ref_map, superseded_keys
 from aot.cache.storage.content import PROBLEM_MISSING
 from aot.cache.storage.objectstore import BlobStat
 from aot.cache.pauses import reached
-from aot.cache.units import human_size, parse_age, parse_size  # noqa: F401 - re-exported
+from aot.cache.serving.signatures import Signature
+from aot.cache.units import counted, human_size, parse_age, parse_size  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -90,7 +91,7 @@ def empty_index_problem(cache: Cache, digests: Iterable[str] | None = None) -> s
         return None
     return (
         f"the index at {cache.index.url} is empty, but the blob store at "
-        f"{cache.blobs.location} holds {stored} blobs: the index was lost, truncated or "
+        f"{cache.blobs.location} holds {counted(stored, 'blob')}: the index was lost, truncated or "
         "replaced. Restore it from a backup, or rebuild it (`aot bundle import`, or "
         "`aot warmup` again: stored blobs are reused). `aot gc` refuses to delete blobs "
         "in this state unless given --force"
@@ -170,7 +171,7 @@ def missing_blobs_problem(cache: Cache, entries: Sequence[IndexEntry], check: An
         f"records {described.blob_location}" if described.blob_location is not None
         else "records its blobs in its own database")
     return (
-        f"{missing} of {len(rows)} entries have no blobs at {cache.blobs.location}: is --blobs "
+        f"{missing} of {counted(len(rows), 'entry')} have no blobs at {cache.blobs.location}: is --blobs "
         f"right? the index {recorded}. Nothing was quarantined; run verify again with the "
         "blob location the cache was written with"
     )
@@ -249,10 +250,17 @@ class GcVictim:
     stored_size: int
     last_used_at: str
     reason: str
+    arguments: Signature = Signature(())  # by argument name (from the manifest)
+
+    def describe(self, width: int | None = None) -> str:
+        """``name (params: [...], x: f32[8,784])``, as ``ls`` and ``rm`` show it."""
+        arguments = self.arguments if self.arguments.leaves else Signature.flat(self.signature)
+        return f"{self.name} ({arguments.compact(width)})"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "key": self.key, "name": self.name, "signature": self.signature,
+            "arguments": self.arguments.to_list(),
             "stored_size": self.stored_size, "last_used_at": self.last_used_at,
             "reason": self.reason,
         }
@@ -356,12 +364,14 @@ def plan_gc(
                 pinned[entry.key] = GcVictim(
                     entry.key, entry.name, entry.signature, entry.stored_size,
                     entry.last_used_at.isoformat(timespec="seconds"), f"pinned: {pins[entry.key]} ({reason})",
+                    Signature.from_manifest_json(entry.manifest, entry.signature),
                 )
             return
         if entry.key not in victims:
             victims[entry.key] = GcVictim(
                 entry.key, entry.name, entry.signature, entry.stored_size,
                 entry.last_used_at.isoformat(timespec="seconds"), reason,
+                Signature.from_manifest_json(entry.manifest, entry.signature),
             )
             as_planned[entry.key] = (entry.state, entry.last_used_at)
 

@@ -44,13 +44,15 @@ _TOP_LEVEL_COMMA = re.compile(r",\s*(?![^\[]*\])")
 # ---------------------------------------------------------------- signature filters
 
 
-def _normalize_aval(text: str) -> str:
+def _normalize_aval(text: str, whole: str) -> str:
+    """One aval of the signature ``whole``; an error quotes the whole signature, then
+    the part that does not parse."""
     from aot.specs import format_aval, spec
 
     try:
         struct = spec(text.strip())
     except SpecError as exc:
-        raise SpecError(f"--signature: {exc}") from None
+        raise SpecError(f"malformed signature {whole!r}: {exc}") from None
     return format_aval(struct.shape, struct.dtype, struct.weak_type)
 
 
@@ -75,7 +77,7 @@ class SignatureFilter:
             raise SpecError("--signature is empty; give e.g. 'f32[8], f32[8]' or 'x: f32[8,784]'")
         named = [item.rpartition(":") for item in items]
         if not any(sep for _, sep, _ in named):
-            return cls(text, ", ".join(_normalize_aval(item) for item in items), ())
+            return cls(text, ", ".join(_normalize_aval(item, text) for item in items), ())
         leaves = []
         for item, (path, sep, aval) in zip(items, named):
             if not sep or not path.strip():
@@ -83,7 +85,7 @@ class SignatureFilter:
                     f"--signature {text!r}: {item!r} has no path; name every leaf "
                     "('x: f32[8], y: f32[8]') or none ('f32[8], f32[8]')"
                 )
-            leaves.append((path.strip(), _normalize_aval(aval)))
+            leaves.append((path.strip(), _normalize_aval(aval, text)))
         return cls(text, None, tuple(leaves))
 
     def matches(self, entry: IndexEntry, signature: Signature) -> bool:

@@ -21,6 +21,7 @@ from aot.lowering import lower
 from aot.specs import format_aval, spec
 from aot.cache.index.served import ref_map, served_key
 from aot.cache.serving.signatures import ArgLeaf, LeafDifference, Signature, leaf_differences
+from aot.cache.units import counted
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -69,7 +70,7 @@ class Explanation:
             return f"{self.name} ({request}): hit, key {self.nearest_key[:12]}{self._served()}"  # type: ignore[index]
         nearest = self._shown(self.nearest_arguments, self.nearest_signature)
         lines = [
-            f"{self.name} ({request}): miss; nearest of {self.stored} stored entries is "
+            f"{self.name} ({request}): miss; nearest of {counted(self.stored, 'stored entry')} is "
             f"{self.nearest_key[:12]} ({nearest})"  # type: ignore[index]
         ]
         for d in self.differences:

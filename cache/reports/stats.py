@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.entry import fields_to_json, parse_utc
+from aot.cache.serving.signatures import ArgLeaf, Signature
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
     from aot.cache.index.sql import Index
 
 __all__ = ["SignatureStats", "StatsReport", "read_stats", "zero_stats"]
+
+#: The width the signature column is folded to (``aot stats``, ``print(report)``).
+SIGNATURE_WIDTH = 60
 
 
 # ---------------------------------------------------------------- value objects
@@ -72,6 +76,28 @@ class StatsReport:
     rows: tuple[SignatureStats, ...]
     env: str = "all"
     stored: bool = True  # False: a read-only cache's statistics, kept in memory
+    # (name, flat signature) -> the signature by argument name, where known
+    named: Mapping[tuple[str, str], Signature] = field(default_factory=dict, compare=False)
+
+    def arguments(self, row: SignatureStats) -> Signature:
+        """``row``'s signature by argument name (``x: f32[8]``), as ``ls`` shows it: from
+        its entry, or for a missed signature from an entry of the name with as many
+        inputs; else the flat signature."""
+        known = self.named.get((row.name, row.signature))
+        if known is not None:
+            return known
+        flat = Signature.flat(row.signature)
+        for (name, _), signature in self.named.items():
+            if name == row.name and not signature.statics and len(signature.leaves) == len(flat.leaves):
+                return Signature(tuple(
+                    ArgLeaf(leaf.path, got.aval) for leaf, got in zip(signature.leaves, flat.leaves)
+                ))
+        return flat
+
+    def describe(self, row: SignatureStats, width: int | None = SIGNATURE_WIDTH) -> str:
+        """The signature column: by argument name, folded to ``width`` (never cut
+        inside an aval)."""
+        return self.arguments(row).compact(width)
 
     @property
     def totals(self) -> dict[str, Any]:
@@ -99,8 +125,7 @@ class StatsReport:
             return f"no statistics in {self.location}"
         headers = ("NAME", "SIGNATURE", "CALLS", "LOADS", "MISSES", "RECOMPILES")
         cells = [
-            (r.name, r.signature if len(r.signature) <= 48 else r.signature[:22] + "..." + r.signature[-23:],
-             str(r.calls), str(r.loads), str(r.misses), str(r.recompiles))
+            (r.name, self.describe(r), str(r.calls), str(r.loads), str(r.misses), str(r.recompiles))
             for r in self.rows
         ]
         widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
@@ -115,6 +140,11 @@ class StatsReport:
             f"{counted(t['recompiles'], 'recompile')} ({self.location})"
         )
         return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        """The table too: ``cache.stats.report()`` at an interactive prompt shows what
+        ``print`` shows, not a dump of the fields."""
+        return str(self)
 
     def to_dict(self) -> dict[str, Any]:
         totals = self.totals
@@ -167,7 +197,27 @@ def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
             continue
         data.pop("signature_digest", None)
         rows.append(SignatureStats(this_environment=data["env_fp"] == this, **data))
-    return StatsReport(index.url, ordered(rows), env, stored=True)
+    return StatsReport(index.url, ordered(rows), env, stored=True, named=named_signatures(cache, name_glob, rows))
+
+
+def named_signatures(
+    cache: Cache, name_glob: str | None, rows: Iterable[SignatureStats],
+) -> dict[tuple[str, str], Signature]:
+    """(name, flat signature) -> the signature by argument name, from the manifests of
+    the stored entries of the rows' names (nothing when the index cannot be read)."""
+    from aot.errors import AotError
+
+    names = {r.name for r in rows}
+    if not names:
+        return {}
+    try:
+        entries = cache.entries(name_glob if name_glob not in (None, "*") else None)
+    except AotError:
+        return {}
+    return {
+        (e.name, e.signature): Signature.from_manifest_json(e.manifest, e.signature)
+        for e in entries if e.name in names
+    }
 
 
 def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") -> int:

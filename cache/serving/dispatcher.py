@@ -36,6 +36,7 @@ from aot.jaxcompat.dispatch import dispatch_function, first_call
 from aot.specs import leaf_aval
 
 from aot.cache.serving.programs import LeafKey, Program, ProgramTable
+from aot.cache.units import counted
 
 # Imported where used: serving an exact signature needs none of them (padding,
 # symbolic shapes, background loading, and the wording of a miss), and a serving
@@ -153,7 +154,7 @@ class Dispatcher:
         return self.programs.skipped
 
     def __repr__(self) -> str:
-        return f"Dispatcher({self.name!r}, {len(self.signatures)} signatures)"
+        return f"Dispatcher({self.name!r}, {counted(len(self.signatures), 'signature')})"
 
     # ------------------------------------------------------------ loading
 

@@ -24,6 +24,8 @@ from aot.cache.cache import Cache, default_location, is_url
 from aot.cache.index.entry import INDEX_FILE
 from aot.cache.serving.dispatcher import Dispatcher
 from aot.cache.serving.statics import dispatcher_for
+from aot.cache.tiered import TieredCache
+from aot.cache.units import counted
 
 log = logging.getLogger(__name__)
 
@@ -228,10 +230,12 @@ def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> AotErro
         if close:
             head += f". Did you mean {', '.join(repr(n) for n in close)}?"
         elif names:
-            head += f" ({len(names)} other names are: `aot ls` lists them)"
+            head += f" ({counted(len(names), 'other name')}: `aot ls` lists them)"
         else:
             head += " (the cache is empty)"
         advice = "Compile it in CI (aot warmup / aot compile)"
+        if isinstance(cache, TieredCache) and cache.remote_error is not None:
+            head, advice = offline_miss(cache, name, close)
     message = (
         f"{head}\n{advice}, or pass allow_empty=True to start without it "
         "(fallback=fn compiles missing signatures on demand)."
@@ -240,3 +244,21 @@ def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> AotErro
     if refused and len(refused) == len(dispatcher.skipped) and not programs and not dispatcher.unusable:
         return IntegrityError(message)
     return SignatureNotFoundError(message, tuple(dispatcher.signatures))
+
+
+def offline_miss(cache: TieredCache, name: str, close: list[str]) -> tuple[str, str]:
+    """A replica that opened while its remote was down holds only its local tier: a
+    name missing there may well be stored at the remote, so say that, not "nothing is
+    stored"."""
+    head = (
+        f"aot.load({name!r}): {name!r} is not in the local tier at {cache.local.location}, "
+        f"and the remote cache {cache.display_location} was unreachable when this cache "
+        f"was opened, so it may be stored there ({cache.remote_error})"
+    )
+    if close:
+        head += f". The local tier holds {', '.join(repr(n) for n in close)}"
+    advice = (
+        "Check that the remote index is reachable (the URL, the network, the server), then "
+        "open the cache again (restart the replica): an open cache does not reconnect"
+    )
+    return head, advice

@@ -23,6 +23,7 @@ from aot.specs import format_aval, leaf_aval
 
 from aot.cache.serving.programs import LeafKey, Program, ProgramTable, SymbolicProgram
 from aot.cache.serving.signatures import describe_call, path_head
+from aot.cache.units import counted
 
 WEAK_HINT = (
     " (a Python scalar is weakly typed under jax.jit, an array is not: pass the kind "
@@ -204,7 +205,7 @@ def structure_differences(program: Program, args: Any, kwargs: Any) -> list[str]
     stored_keys = list((stored_kwargs.node_data() or (None, []))[1] or [])
     if sorted(map(str, stored_keys)) != sorted(map(str, kwargs)):
         diffs.append(f"pytree structure of keyword arguments: stored {sorted(map(str, stored_keys))}, got {sorted(map(str, kwargs))}")
-    return diffs or [f"pytree structure ({len(program.leaves)} leaves stored)"]
+    return diffs or [f"pytree structure ({counted(len(program.leaves), 'leaf')} stored)"]
 
 
 def first_difference(stored: PyTreeDef, got: PyTreeDef, path: str) -> str | None:

@@ -41,6 +41,7 @@ from aot.recompile import recompile
 from aot.rehydrate import load_executable, manifest_args
 from aot.cache.serving.selection import Declared, checked_rows, select_rows, trusted_refs
 from aot.statics import describe_statics, statics_of_manifest_json
+from aot.cache.units import counted
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -133,7 +134,7 @@ class SymbolicProgram:
         self.entries: list[IndexEntry] = []
 
     def __repr__(self) -> str:
-        return f"SymbolicProgram({self.signature!r}, {len(self.entries)} entries)"
+        return f"SymbolicProgram({self.signature!r}, {counted(len(self.entries), 'entry')})"
 
 
 def same_row(a: IndexEntry, b: IndexEntry) -> bool:

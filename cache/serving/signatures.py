@@ -32,6 +32,7 @@ __all__ = [
     "leaf_differences",
     "path_head",
     "shorten_middle",
+    "shorten_tokens",
 ]
 
 # One step of a path as jax.tree_util.keystr renders it: ['key'], ["key"], [0], .attr
@@ -49,6 +50,20 @@ def shorten_middle(text: str, width: int) -> str:
         return text[: max(width - 3, 0)] + "..."[: max(width, 0)]
     head = (width - 5) // 2
     return f"{text[:head]} ... {text[-(width - 5 - head):]}"
+
+
+def shorten_tokens(parts: Sequence[str], width: int) -> str:
+    """``parts`` joined by ``", "``, middle parts replaced by ``...`` until it fits
+    ``width``: never cut inside a part (the first and the last are always kept)."""
+    text = ", ".join(parts)
+    if len(text) <= width or len(parts) < 3:
+        return text
+    for keep in range(len(parts) - 1, 1, -1):
+        head = keep // 2  # the tail keeps the extra part (the batch is usually last)
+        text = ", ".join([*parts[:head], "...", *parts[len(parts) - (keep - head):]])
+        if len(text) <= width:
+            return text
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +188,15 @@ class Signature:
         return cls(tuple(ArgLeaf("", p) for p in parts))
 
     @classmethod
+    def with_paths(cls, signature: str, paths: Sequence[str]) -> Signature:
+        """A flat signature given its leaves' paths (a loaded program's): by argument
+        name when the counts agree, else flat."""
+        flat = cls.flat(signature)
+        if len(paths) != len(flat.leaves) or not any(paths):
+            return flat
+        return cls(tuple(ArgLeaf(path, leaf.aval) for path, leaf in zip(paths, flat.leaves)))
+
+    @classmethod
     def from_specs(
         cls, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
         arg_names: Sequence[str] = (),
@@ -228,8 +252,8 @@ class Signature:
         """A tree per argument; inner levels fold into ``[N arrays]`` until it fits
         ``width`` (then both ends are kept). Without paths: the flat signature."""
         if not self.has_paths:
-            text = self.flat_text
-            return text if width is None else shorten_middle(text, width)
+            parts = [*(leaf.aval for leaf in self.leaves), *self.statics]
+            return ", ".join(parts) if width is None else shorten_tokens(parts, width)
         roots = self._tree()
         deepest = max((node.depth() for _, node in roots), default=0)
         parts: list[str] = []

@@ -31,6 +31,7 @@ from aot.errors import SignatureNotFoundError
 from aot.statics import StaticArg, canonical_text, describe_statics, statics_of_manifest_json
 
 from aot.cache.serving.dispatcher import Dispatcher
+from aot.cache.units import counted
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -119,7 +120,7 @@ class StaticsDispatcher:
         return [s for child in self.children.values() for s in child.skipped]
 
     def __repr__(self) -> str:
-        return f"StaticsDispatcher({self.name!r}, {len(self.signatures)} signatures)"
+        return f"StaticsDispatcher({self.name!r}, {counted(len(self.signatures), 'signature')})"
 
     def warm(self, *, workers: int | None = None) -> StaticsDispatcher:
         for child in self.children.values():

@@ -487,6 +487,7 @@ class StatsRecorder:
         """This process's statistics (written or not), without reading the index: what
         a read-only cache without a local tier counted lives only here."""
         from aot.cache.reports.stats import SignatureStats, StatsReport, ordered
+        from aot.cache.serving.signatures import Signature
 
         with self._lock:
             for watch in list(self._watches.values()):
@@ -495,12 +496,16 @@ class StatsRecorder:
             _merge_into(totals, self._memory)
             _merge_into(totals, self._inflight or {})
             _merge_into(totals, self._pending)
+            named = {
+                (watch.name, program.signature): Signature.with_paths(program.signature, program.paths)
+                for watch in self._watches.values() for program in list(watch.programs.values())
+            }
         rows = [
             SignatureStats(env_fp=env, name=name, signature=signature, **_counts(tally))
             for (env, name, signature), tally in totals.items()
             if name_glob is None or fnmatch.fnmatchcase(name, name_glob)
         ]
-        return StatsReport("this process", ordered(rows), stored=False)
+        return StatsReport("this process", ordered(rows), stored=False, named=named)
 
     def zero(self, name_glob: str | None = None) -> None:
         """Forgets this process's counts (matching ``name_glob``)."""

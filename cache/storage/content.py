@@ -119,6 +119,13 @@ def _frame_size(head: bytes) -> int | None:
     return None if size == zstandard.CONTENTSIZE_UNKNOWN else int(size)
 
 
+def as_write(exc: CacheError) -> CacheError:
+    """A store error met while looking for an intact copy, which is a write's first
+    step: a write is what the user asked for, so it is called one (``cannot write
+    blob``), with the store's reason and advice kept."""
+    return type(exc)(str(exc).replace("cannot read blob", "cannot write blob", 1))
+
+
 def _inflate(
     digest: str, source: bytes | BinaryIO, size: int | None, *, keep: bool,
 ) -> tuple[str | None, bytes | None]:
@@ -305,7 +312,10 @@ class ContentStore:
         digest = digest_of(data)
         if self.read_only:
             raise read_only_error(f"store blob {digest}", self.location)
-        problem, _, stored = self._inflate(digest, len(data), keep=False)
+        try:
+            problem, _, stored = self._inflate(digest, len(data), keep=False)
+        except CacheError as exc:
+            raise as_write(exc) from exc
         if problem != PROBLEM_MISSING:
             if problem is None:
                 self._refresh(digest)
@@ -366,9 +376,7 @@ class ContentStore:
             try:
                 problem, _, stored = other._inflate(digest, None, keep=False)
             except CacheError as exc:
-                # Looking for an intact copy is this write's first step, and a write is
-                # what the user asked for: say so, keeping the store's reason and advice.
-                raise type(exc)(str(exc).replace("cannot read blob", "cannot write blob", 1)) from exc
+                raise as_write(exc) from exc
             if problem is None:
                 other._refresh(digest)
                 present.append(digest)

@@ -153,6 +153,27 @@ def test_a_replica_started_while_everything_remote_is_down(fleet: Fleet, compile
         fleet.replica("empty-tier", url=dead_db)
 
 
+def test_a_name_missing_from_the_tier_of_an_offline_replica_is_not_called_absent(fleet: Fleet, compiled) -> None:  # noqa: ANN001
+    """Started while the index was down, a replica holds only its tier: a name stored at
+    the remote but not in the tier may be there, and the error says so and what to do."""
+    remote = fleet.remote()
+    _store_mlp(remote, compiled, (1,))
+    remote.compile(lambda x: x + 1, "f32[4]", name="h")  # stored at the remote only
+    _check(aot.load(compiled.MLP_NAME, cache=fleet.replica(), strict=True), compiled, (1,))
+    offline = fleet.replica(url=fleet.url.replace(":5432/", f":{free_port()}/"))
+    assert offline.remote_error is not None
+    with pytest.raises(SignatureNotFoundError) as caught:
+        aot.load("h", cache=offline)
+    message = str(caught.value)
+    assert "nothing is stored" not in message
+    assert message.startswith(
+        f"aot.load('h'): 'h' is not in the local tier at {fleet.root / 'tier'}, and the remote cache "
+    )
+    assert "was unreachable when this cache was opened, so it may be stored there (" in message
+    assert "Connection refused" in message
+    assert "Check that the remote index is reachable (the URL, the network, the server), then open the cache again" in message
+
+
 def test_a_replica_started_later_sees_new_entries(fleet: Fleet, compiled) -> None:  # noqa: ANN001
     remote = fleet.remote()
     _store_mlp(remote, compiled, (1,))

@@ -48,3 +48,18 @@ def test_timedeltas_and_none_pass_through() -> None:
 @pytest.mark.parametrize(("text", "expected"), [("10G", 10 * 1024**3), ("1.5GiB", 3 * 1024**3 // 2), ("512", 512)])
 def test_sizes(text: str, expected: int) -> None:
     assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("n", "word", "text"),
+    [
+        (1, "entry", "1 entry"), (2, "entry", "2 entries"), (0, "call", "0 calls"), (1, "call", "1 call"),
+        (3, "miss", "3 misses"), (1, "miss", "1 miss"), (5, "leaf", "5 leaves"), (2, "key", "2 keys"),
+        (2, "stored entry", "2 stored entries"), (1, "other name", "1 other name"),
+        (4, "unreferenced blob", "4 unreferenced blobs"),
+    ],
+)
+def test_counted_agrees_the_noun_with_the_count(n: int, word: str, text: str) -> None:
+    from aot.cache.units import counted
+
+    assert counted(n, word) == text

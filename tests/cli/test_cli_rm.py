@@ -76,6 +76,9 @@ def test_rm_signature_aliases_and_no_match(invoke: Invoke, warmed) -> None:
     [
         ("x: f32[8], f32[8]", "'f32[8]' has no path; name every leaf"),
         ("x: fp32[8]", "unknown dtype 'fp32' (did you mean f32?)"),
+        # the whole signature is quoted, then the part that does not parse
+        ("float32[1, 8], f32[8", "Invalid value for '--signature': malformed signature 'float32[1, 8], f32[8': "
+                                 "malformed spec 'f32[8': this '[' is never closed (column 4: 'f32' >>> '[8')"),
     ],
 )
 def test_rm_bad_signature_is_a_usage_error(invoke: Invoke, warmed, signature: str, message: str) -> None:
@@ -219,3 +222,24 @@ def test_gc_older_than_accepts_unambiguous_units(invoke: Invoke, warmed: Path) -
     plan = json.loads(invoke("gc", "--older-than", "0s", "--dry-run", "--json").stdout)
     assert len(plan["entries"]) == 5
     assert plan["entries"][0]["reason"] == "unused for more than 0s"
+
+
+def test_gc_lists_signatures_by_argument_name_never_cut_inside_an_aval(invoke: Invoke, warmed, cache_dir) -> None:  # noqa: ANN001
+    """gc prints its victims and pinned entries like ls and rm: by argument name, inner
+    levels folded, not the flat signature cut in the middle of an aval."""
+    pinned = invoke("gc", "--max-size", "1", "--dry-run").stdout.splitlines()
+    assert any(
+        line.startswith("  ") and " mlp.forward (params: [{2 arrays}, {2 arrays}, {2 arrays}], x: f32[32,784])  " in line
+        for line in pinned
+    ), pinned
+    _unpin(cache_dir)
+    plan = invoke("gc", "--max-size", "1", "--dry-run").stdout.splitlines()
+    assert sorted(line.split("  ")[2] for line in plan[1:]) == [
+        "allreduce (x: f32[8,1024])",
+        "mlp.forward (params: [{2 arrays}, {2 arrays}, {2 arrays}], x: f32[1,784])",
+        "mlp.forward (params: [{2 arrays}, {2 arrays}, {2 arrays}], x: f32[32,784])",
+        "mlp.forward (params: [{2 arrays}, {2 arrays}, {2 arrays}], x: f32[8,784])",
+        "tiny (x: f32[8], y: f32[8])",
+    ]
+    entry = json.loads(invoke("gc", "--max-size", "1", "--dry-run", "--json").stdout)["entries"][0]
+    assert entry["arguments"] and all(set(a) == {"path", "aval"} for a in entry["arguments"])

@@ -52,7 +52,7 @@ def test_why_compares_statics_without_the_function(invoke: Invoke) -> None:
     miss = invoke("why", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]", "--static", "double=false")
     assert miss.exit_code == 1
     assert miss.stdout.splitlines() == [
-        f"affine (x: f32[8], bias: f32[8], double=False): miss; nearest of 1 stored entries is "
+        f"affine (x: f32[8], bias: f32[8], double=False): miss; nearest of 1 stored entry is "
         f"{doubled['key'][:12]} (x: f32[8], bias: f32[8], double=True)",
         "  statics double=True != double=False",
     ]

@@ -37,10 +37,10 @@ def test_stats(invoke: Invoke, warmed, cache_dir: Path) -> None:  # noqa: ANN001
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["NAME", "SIGNATURE", "ENV", "CALLS", "LOADS", "LOAD", "TIME", "SAVED", "RECOMPILES"]
-    assert re.fullmatch(r"tiny\s+f32\[8\], f32\[8\]\s+this\s+3\s+1\s+\S+s\s+\S+s\s+0", lines[1]), lines[1]
+    assert re.fullmatch(r"tiny\s+x: f32\[8\], y: f32\[8\]\s+this\s+3\s+1\s+\S+s\s+\S+s\s+0", lines[1]), lines[1]
     assert lines[2:4] == [
         "misses (calls with no stored executable for their signature):",
-        "  tiny (f32[4], f32[8])  1  last: no stored signature",
+        "  tiny (x: f32[4], y: f32[8])  1  last: no stored signature",  # named like the entry
     ]
     assert re.fullmatch(
         rf"3 calls on 1 signature; 1 load in \S+s, saving \S+s of compiling; 1 miss; 0 recompiles "
@@ -74,3 +74,25 @@ def test_stats_of_a_read_only_cache(invoke: Invoke, warmed, cache_dir: Path) -> 
     _serve(cache_dir, 2)  # a writable server stored some: a read-only reader shows them
     assert json.loads(invoke("--read-only", "stats", "--json").stdout)["totals"]["calls"] == 2
     assert "read-only" in invoke("--read-only", "stats", "--zero").output
+
+
+def test_stats_name_arguments_like_ls_never_cut_inside_an_aval(invoke: Invoke, warmed, cache_dir: Path) -> None:  # noqa: ANN001
+    """A pytree signature (the MLP's params) is shown by argument name with inner levels
+    folded, served rows and missed ones alike, not the flat signature cut mid-aval."""
+    from fixtures.models import mlp_input, mlp_param_specs
+
+    import jax
+
+    params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), mlp_param_specs())
+    cache = aot.Cache(cache_dir)
+    fn = aot.load("mlp.forward", cache=cache)
+    fn(params, np.asarray(mlp_input(8))).block_until_ready()
+    with pytest.raises(aot.SignatureNotFoundError):
+        fn(params, np.zeros((9, 784), np.float32))
+    cache.close()
+    lines = invoke("stats", "mlp.*").stdout.splitlines()
+    assert re.fullmatch(
+        r"mlp\.forward  params: \[\{2 arrays\}, \{2 arrays\}, \{2 arrays\}\], x: f32\[8,784\]\s+this\s+1\s+1\s.*",
+        lines[1],
+    ), lines
+    assert "  mlp.forward (params: [{2 arrays}, {2 arrays}, {2 arrays}], x: f32[9,784])  1  last: no stored signature" in lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,7 @@ def _terminal(monkeypatch: pytest.MonkeyPatch, stdout: bool, stderr: bool) -> No
 
 def test_warmup_progress_on_a_terminal(invoke: Invoke, monkeypatch: pytest.MonkeyPatch) -> None:
     _terminal(monkeypatch, stdout=True, stderr=True)
+    monkeypatch.setattr("aot.cli.progress.Progress.TICK_SECONDS", 3600.0)  # one frame per entry here
     result = invoke("warmup", MANIFEST)
     assert result.exit_code == 0, result.output
     assert "compiled  " not in result.stdout  # no per-entry lines under a progress bar
@@ -123,9 +125,9 @@ def test_warmup_progress_on_a_terminal(invoke: Invoke, monkeypatch: pytest.Monke
     assert result.stdout.startswith("5 entries: 5 compiled, 0 hit, 0 failed in ")
     frames = result.stderr.split("\r")
     assert frames[1].startswith("warmup (1 job) [------------------------] 0/5")
-    assert frames[2].startswith("warmup (1 job) [####--------------------] 1/5, ETA ")
+    assert re.match(r"warmup \(1 job\) \[####--------------------\] 1/5, 0:\d\d elapsed, ETA ", frames[2]), frames[2]
     assert frames[2].rstrip().endswith("  mlp.forward[batch=1]")
-    assert frames[-1].startswith("warmup (1 job) [########################] 5/5  allreduce")
+    assert re.match(r"warmup \(1 job\) \[########################\] 5/5, 0:\d\d elapsed  allreduce", frames[-1])
     assert result.stderr.endswith("\n")
 
 
@@ -241,13 +243,13 @@ def test_the_eta_comes_from_the_finished_entries() -> None:
     assert eta_seconds(12.0, 5, 5) == 0.0
     now = [100.0]
     progress = Progress(4, "warmup (1 job)", clock=lambda: now[0])
-    assert progress.line() == "warmup (1 job) [------------------------] 0/4"
+    assert progress.line() == "warmup (1 job) [------------------------] 0/4, 0:00 elapsed"
     now[0] = 103.0
     progress.done = progress.compiled = 1  # one entry took 3 s: 9 s for the other three
-    assert progress.line("tiny") == "warmup (1 job) [######------------------] 1/4, ETA 0:09  tiny"
+    assert progress.line("tiny") == "warmup (1 job) [######------------------] 1/4, 0:03 elapsed, ETA 0:09  tiny"
     now[0] = 160.0
     progress.done, progress.failed = 2, 1
-    assert progress.line() == "warmup (1 job) [############------------] 2/4, 1 failed, ETA 1:00"
+    assert progress.line() == "warmup (1 job) [############------------] 2/4, 1 failed, 1:00 elapsed, ETA 1:00"
 
 
 def test_no_eta_until_an_entry_was_compiled() -> None:
@@ -260,7 +262,39 @@ def test_no_eta_until_an_entry_was_compiled() -> None:
     now[0] = 100.1
     progress.update("tiny", compiled=False)  # a hit
     progress.update("allreduce", failed=True)
-    assert progress.line() == "warmup (1 job) [#########---------------] 2/5, 1 failed"
+    assert progress.line() == "warmup (1 job) [#########---------------] 2/5, 1 failed, 0:00 elapsed"
     now[0] = 110.1  # then a compile of 10 s: the ETA comes from the run's measured time
     progress.update("mlp.forward", compiled=True)
-    assert progress.line() == "warmup (1 job) [##############----------] 3/5, 1 failed, ETA 0:07"
+    assert progress.line() == "warmup (1 job) [##############----------] 3/5, 1 failed, 0:10 elapsed, ETA 0:07"
+
+
+def test_the_line_moves_during_a_long_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between finished entries the line is redrawn with the time elapsed: a 10 s
+    compile shows 0:10 going by, not a frozen frame (and no ETA before a compile)."""
+    import threading
+
+    from aot.cli.progress import Progress
+
+    now = [100.0]
+    frames: list[str] = []
+    ten_seconds = threading.Event()
+
+    def draw(self: Progress, text: str) -> None:
+        frames.append(text)
+        if "0:10 elapsed" in text:
+            ten_seconds.set()
+
+    monkeypatch.setattr(Progress, "_draw", draw)
+    monkeypatch.setattr(Progress, "TICK_SECONDS", 0.01)
+    progress = Progress(3, "warmup (1 job)", clock=lambda: now[0])
+    progress.start()
+    progress.update("tiny")  # a hit
+    now[0] = 110.0  # a compile is running: nothing finishes for 10 s
+    try:
+        assert ten_seconds.wait(timeout=30), frames
+    finally:
+        progress.finish()
+    assert frames[0] == "warmup (1 job) [------------------------] 0/3, 0:00 elapsed"
+    assert "warmup (1 job) [########----------------] 1/3, 0:10 elapsed  tiny" in frames
+    assert not any("ETA" in f for f in frames)
+    assert not any(t.name == "aot-progress" for t in threading.enumerate())  # stopped by finish

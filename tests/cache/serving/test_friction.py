@@ -74,7 +74,21 @@ def test_the_stats_report_prints_as_a_table(buckets) -> None:  # noqa: ANN001
     buckets.stats.flush()
     report = buckets.stats.report()
     lines = str(report).splitlines()
-    assert lines[0] == "NAME  SIGNATURE           CALLS  LOADS  MISSES  RECOMPILES"
-    assert lines[1] == "step  f32[2,4], f32[4,3]      3      1       0           0"
-    assert lines[2] == "step  f32[8,4], f32[4,3]      0      1       0           0"
+    assert lines[0] == "NAME  SIGNATURE                 CALLS  LOADS  MISSES  RECOMPILES"
+    assert lines[1] == "step  x: f32[2,4], w: f32[4,3]      3      1       0           0"
+    assert lines[2] == "step  x: f32[8,4], w: f32[4,3]      0      1       0           0"
     assert lines[-1] == f"3 calls on 2 signatures; 2 loads; 0 misses; 0 recompiles ({report.location})"
+    assert repr(report) == str(report)  # what an interactive prompt shows, too
+
+
+def test_a_name_not_stored_counts_the_other_names_right(buckets) -> None:  # noqa: ANN001
+    with pytest.raises(SignatureNotFoundError) as caught:
+        aot.load("zzz", cache=buckets)
+    assert "nothing is stored under 'zzz' in the cache at " in str(caught.value)
+    assert " (1 other name: `aot ls` lists them)\n" in str(caught.value)
+
+
+def test_a_loaded_name_with_one_signature_says_so(open_folder_cache) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    cache.compile(step, "f32[2,4]", "f32[4,3]", name="one")
+    assert repr(aot.load("one", cache=cache)) == "Dispatcher('one', 1 signature)"

@@ -48,6 +48,13 @@ def test_compact_folds_inner_levels_first(width: int | None, text: str) -> None:
         assert len(text) <= width
 
 
+def test_a_flat_signature_is_shortened_between_avals() -> None:
+    flat = Signature.flat(MLP.flat_text)
+    assert flat.compact(40) == "f32[512], ..., f32[512,10], f32[8,784]"
+    assert flat.compact(60) == "f32[512], f32[784,512], ..., f32[512,10], f32[8,784]"
+    assert flat.compact(5) == "f32[512], ..., f32[8,784]"  # never inside an aval, even when too wide
+
+
 def test_compact_of_namedtuples_dicts_and_keyword_arguments() -> None:
     Batch = collections.namedtuple("Batch", "x y")
     signature = Signature.from_specs(

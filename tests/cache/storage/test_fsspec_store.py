@@ -296,3 +296,16 @@ def test_a_frozen_s3_endpoint_fails_within_the_read_timeout(
             s.exists([D1])
         # botocore's own read timeout is 60 s; s3fs's retry loop repeats a few bounded waits
         assert time.monotonic() - start < 15
+
+
+def test_storing_into_a_missing_bucket_is_called_a_write(s3_env: str) -> None:
+    """Storing looks for an intact copy first: the error still names the write the
+    user asked for (and the missing bucket, and what to do)."""
+    from aot.cache.storage.content import ContentStore
+
+    store = ContentStore(FsspecObjectStore(f"s3://aot-no-such-bucket-{secrets.token_hex(4)}/p"))
+    with pytest.raises(CacheError) as caught:
+        store.put(b"payload")
+    message = str(caught.value)
+    assert "cannot write blob " in message and "cannot read" not in message
+    assert ": no such bucket (NoSuchBucket); create it first, or fix the bucket name in the URL" in message
