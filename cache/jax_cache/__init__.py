@@ -44,6 +44,7 @@ from typing import Any
 
 from aot.cache.cache import Cache
 from aot.cache.index.jit import JitEntry, function_name
+from aot.cache.pauses import reached
 from aot.cache.storage.content import ContentStore, digest_of, inflate_frame
 from aot.cache.storage.locations import open_object_store
 from aot.jaxcompat import persistent_cache as jaxpc
@@ -54,6 +55,9 @@ __all__ = [
     "ENV",
     "ENV_BLOBS",
     "ENV_LOCAL",
+    "ENV_COMPILE_ONCE",
+    "ENV_CLAIM_SECONDS",
+    "ENV_WAIT_SECONDS",
     "JaxCacheBackend",
     "JaxCacheCounts",
     "install",
@@ -68,6 +72,11 @@ ENV = "AOT_JAX_CACHE"
 ENV_BLOBS = "AOT_JAX_CACHE_BLOBS"
 #: A folder for the local tier of blobs.
 ENV_LOCAL = "AOT_JAX_CACHE_LOCAL"
+#: Compile once per fleet: ``1``/``0`` (default: on for a PostgreSQL index), and its
+#: bounds in seconds (:data:`CLAIM_SECONDS`, :data:`WAIT_SECONDS`).
+ENV_COMPILE_ONCE = "AOT_JAX_CACHE_COMPILE_ONCE"
+ENV_CLAIM_SECONDS = "AOT_JAX_CACHE_CLAIM_SECONDS"
+ENV_WAIT_SECONDS = "AOT_JAX_CACHE_WAIT_SECONDS"
 
 #: How long a compile claim lasts without its holder's entry (a killed holder's
 #: waiters compile themselves after this), and the longest a waiter waits.
@@ -232,6 +241,7 @@ class JaxCacheBackend:
             if other is None:
                 with self._lock:
                     self._claimed[key] = threading.get_ident()
+                reached("jit.claimed")
                 return self._read(key) if waited else None  # stored while we looked?
             if not waited:
                 waited = True
@@ -365,7 +375,8 @@ def installed() -> JaxCacheBackend | None:
 
 def install_from_env(environ: dict[str, str] | None = None) -> JaxCacheBackend | None:
     """:func:`install` from ``AOT_JAX_CACHE`` (and ``AOT_JAX_CACHE_BLOBS``,
-    ``AOT_JAX_CACHE_LOCAL``, ``AOT_SIGNING_KEY``); None when ``AOT_JAX_CACHE`` is unset."""
+    ``AOT_JAX_CACHE_LOCAL``, ``AOT_JAX_CACHE_COMPILE_ONCE``, ``AOT_JAX_CACHE_CLAIM_SECONDS``,
+    ``AOT_JAX_CACHE_WAIT_SECONDS``, ``AOT_SIGNING_KEY``); None when ``AOT_JAX_CACHE`` is unset."""
     env = os.environ if environ is None else environ
     location = env.get(ENV)
     if not location:
@@ -373,6 +384,9 @@ def install_from_env(environ: dict[str, str] | None = None) -> JaxCacheBackend |
     return install(
         location, blob_location=env.get(ENV_BLOBS) or None, local=env.get(ENV_LOCAL) or None,
         signing_key=env.get("AOT_SIGNING_KEY") or None,
+        compile_once={"1": True, "0": False}.get(env.get(ENV_COMPILE_ONCE, "").strip()),
+        claim_seconds=float(env.get(ENV_CLAIM_SECONDS) or CLAIM_SECONDS),
+        wait_seconds=float(env.get(ENV_WAIT_SECONDS) or WAIT_SECONDS),
     )
 
 
