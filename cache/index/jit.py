@@ -71,7 +71,9 @@ class JitEntry:
         return JIT
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": JIT, **fields_to_json(self)}
+        data = fields_to_json(self)
+        data["hmac"] = data.pop("signature")  # "signature" is an aot entry's arguments
+        return {"kind": JIT, **data}
 
 
 @dataclass(frozen=True, slots=True)

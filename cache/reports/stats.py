@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from aot.cache.index.jit import JitStats
 from aot.cache.index.entry import fields_to_json, parse_utc
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ class StatsReport:
     rows: tuple[SignatureStats, ...]
     env: str = "all"
     stored: bool = True  # False: a read-only cache's statistics, kept in memory
+    jit: tuple[JitStats, ...] = ()  # JAX's persistent cache through aot.jax_cache, per function
 
     @property
     def totals(self) -> dict[str, Any]:
@@ -124,6 +126,7 @@ class StatsReport:
             "stored": self.stored,
             "rows": [r.to_dict() for r in self.rows],
             "totals": {k: round(v, 6) if isinstance(v, float) else v for k, v in totals.items()},
+            "jit": [j.to_dict() for j in self.jit],
         }
 
 
@@ -167,7 +170,7 @@ def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
             continue
         data.pop("signature_digest", None)
         rows.append(SignatureStats(this_environment=data["env_fp"] == this, **data))
-    return StatsReport(index.url, ordered(rows), env, stored=True)
+    return StatsReport(index.url, ordered(rows), env, stored=True, jit=tuple(cache.index.jit_stats(name_glob)))
 
 
 def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") -> int:
