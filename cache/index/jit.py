@@ -12,6 +12,8 @@ arguments and no ref, so the served-identity machinery (refs, releases, statics,
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import hmac
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ from aot.errors import CacheError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["JIT", "AOT", "IndexJit", "JitEntry", "JitStats", "function_name"]
+__all__ = ["JIT", "AOT", "IndexJit", "JitEntry", "JitStats", "function_name", "sign_entry", "signature_problem"]
 
 #: The KIND of an entry of JAX's persistent cache, and of an artifact compiled through jax-aot.
 JIT = "jit"
@@ -74,6 +76,25 @@ class JitEntry:
         data = fields_to_json(self)
         data["hmac"] = data.pop("signature")  # "signature" is an aot entry's arguments
         return {"kind": JIT, **data}
+
+
+def sign_entry(secret: bytes, key: str, name: str, digest: str, size: int) -> str:
+    """The HMAC of a jit entry: what selects it (JAX's key, the name) and its blob."""
+    message = f"jax-aot jit entry\n{key}\n{name}\n{digest}\n{size}".encode()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def signature_problem(secret: bytes | None, entry: JitEntry) -> str | None:
+    """Why ``entry`` must not be executed under the signing key ``secret`` (None: it
+    may; always None without a key)."""
+    if secret is None:
+        return None
+    if entry.signature is None:
+        return "unsigned (the cache has a signing key)"
+    expected = sign_entry(secret, entry.key, entry.name, entry.digest, entry.size)
+    if not hmac.compare_digest(expected, entry.signature):
+        return "signed with another key, or altered"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

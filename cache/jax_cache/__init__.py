@@ -31,8 +31,6 @@ at the top of the script). See docs/jax-cache.md.
 from __future__ import annotations
 
 import atexit
-import hashlib
-import hmac
 import logging
 import os
 import socket
@@ -43,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aot.cache.cache import Cache
-from aot.cache.index.jit import JitEntry, function_name
+from aot.cache.index.jit import JitEntry, function_name, sign_entry, signature_problem
 from aot.cache.pauses import reached
 from aot.cache.storage.content import ContentStore, digest_of, inflate_frame
 from aot.cache.storage.locations import open_object_store
@@ -96,11 +94,6 @@ class JaxCacheCounts:
 
     def to_dict(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "puts": self.puts, "errors": self.errors, "waits": self.waits}
-
-
-def _sign(secret: bytes, entry_key: str, name: str, digest: str, size: int) -> str:
-    message = f"jax-aot jit entry\n{entry_key}\n{name}\n{digest}\n{size}".encode()
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
 class JaxCacheBackend:
@@ -193,13 +186,10 @@ class JaxCacheBackend:
         entry = self.cache.index.jit_get(key)
         if entry is None:
             return None
-        secret = self.cache.signing_key
-        if secret is not None:
-            expected = _sign(secret, entry.key, entry.name, entry.digest, entry.size)
-            if entry.signature is None or not hmac.compare_digest(expected, entry.signature):
-                what = "unsigned" if entry.signature is None else "signed with another key or altered"
-                self._warn(key, "jax-aot cache: entry %s is %s; not executing it, compiling instead", key, what)
-                return None
+        refused = signature_problem(self.cache.signing_key, entry)
+        if refused is not None:
+            self._warn(key, "jax-aot cache: entry %s is %s; not executing it, compiling instead", key, refused)
+            return None
         payload = self._payload(entry)
         return None if payload is None else (payload, entry)
 
@@ -289,7 +279,7 @@ class JaxCacheBackend:
         entry = JitEntry(
             key=key, name=name, digest=digest, size=len(data), stored_size=stored.stored_size,
             compile_seconds=seconds, platform=_platform(),
-            signature=_sign(secret, key, name, digest, len(data)) if secret is not None else None,
+            signature=sign_entry(secret, key, name, digest, len(data)) if secret is not None else None,
         )
         index.jit_add(entry, lease=lease)
         if self.local is not None:
