@@ -53,7 +53,15 @@ _LAZY = {
 }
 
 
+#: Sub-packages of the cache reachable as attributes of ``aot`` (``aot.jax_cache.install``).
+_MODULES = {"jax_cache": "aot.cache.jax_cache"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        found = importlib.import_module(_MODULES[name])
+        globals()[name] = found
+        return found
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'aot' has no attribute {name!r}")
@@ -63,7 +71,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_MODULES))
 
 
 __all__ = [

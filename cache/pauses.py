@@ -36,6 +36,7 @@ POINTS = (
     "gc.locked",  # inside the deletion lock: deletable blobs selected, none deleted
     "gc.deleted",  # inside the lock: the batch's blobs deleted, not committed
     "gc.done",  # every batch committed
+    "jit.claimed",  # aot.jax_cache: this process claimed a jit key's compile; not compiled yet
 )
 
 Hook = Callable[[str], None]

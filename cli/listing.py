@@ -58,7 +58,9 @@ def ls_command(state: State, glob: str | None, env: str) -> None:
     `aot gc --superseded` removes it) or quarantined. SERVED is 'ref' for the entry
     aot.load serves because its ref names it, 'newest' where no ref exists (the legacy
     rule: the newest intact entry), '-' otherwise, followed by the release labels
-    naming the entry ([prod,canary]).
+    naming the entry ([prod,canary]). When the cache holds entries of JAX's persistent
+    compilation cache (aot.jax_cache), a KIND column says 'aot' or 'jit'; a jit row's
+    NAME is the jitted function's, its KEY the start of JAX's hash, its ENV the platform.
     """
     from aot.cache.reports.listing import list_entries
 
@@ -67,7 +69,7 @@ def ls_command(state: State, glob: str | None, env: str) -> None:
     if state.json:
         echo_json(listing.to_dict())
         return
-    if not listing.rows:
+    if not listing.rows and not listing.jit:
         what = f" matching {glob!r}" if glob else ""
         where = " for this environment" if env == "this" else ""
         click.echo(f"no entries{what}{where} in the cache at {listing.location}")
@@ -91,8 +93,19 @@ def ls_command(state: State, glob: str | None, env: str) -> None:
         signature_width = max(MIN_SIGNATURE_WIDTH, width - others - 2)
     for row, r in zip(rows, listing.rows):
         row[2] = r.signature.compact(signature_width)
-    click.echo(table(headers, rows, right=(4, 7)))
-    footer = f"{counted(len(listing.rows), 'entry')}, {human_size(listing.stored_size)} stored"
+    right = (4, 7)
+    if listing.jit:  # KIND: jit beside aot
+        rows = [["aot", *row] for row in rows] + [
+            [
+                "jit", e.key.rpartition("-")[2][:12], e.name, "-", e.platform, human_size(e.stored_size),
+                when(e.created_at), when(e.last_used_at), e.hits, "ok", "-",
+            ]
+            for e in listing.jit
+        ]
+        headers = ("KIND", *headers)
+        right = (5, 8)
+    click.echo(table(headers, rows, right=right))
+    footer = f"{counted(len(listing.rows) + len(listing.jit), 'entry')}, {human_size(listing.stored_size)} stored"
     if listing.other_environments:
         footer += f"; {listing.other_environments} for other environments (--env this hides them)"
     if listing.superseded:

@@ -42,6 +42,10 @@ def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
     whose signature has no stored executable, with that signature) and recompiles
     from portable HLO with their reason.
 
+    Entries of JAX's persistent compilation cache (aot.jax_cache) are counted per
+    jitted function: hits, misses, and the compile time the hits saved (each entry's
+    compile time as measured when it was stored).
+
     Kept in the cache's index per environment (ENV: 'this', or the environment's
     digest), written in batches by the serving processes; a read-only cache keeps them
     in the serving process's memory unless it has a local tier (--local).
@@ -65,6 +69,14 @@ def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
 
 def _render(report: StatsReport, glob: str | None, read_only: bool) -> None:
     served = [r for r in report.rows if r.calls or r.loads or r.recompiles]
+    if report.jit:
+        click.echo("JAX persistent cache (aot.jax_cache), per jitted function:")
+        click.echo(table(
+            ("FUNCTION", "HITS", "MISSES", "SAVED"),
+            [[j.name, j.hits, j.misses, _seconds(j.saved_seconds)] for j in report.jit], right=(1, 2, 3),
+        ))
+        if not report.rows:
+            return
     if not report.rows:
         what = f" for {glob!r}" if glob else ""
         click.echo(f"no statistics{what} in {report.location}")

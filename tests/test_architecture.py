@@ -71,6 +71,8 @@ CACHE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("admin/reports", ("aot.cache.admin.*", "aot.cache.reports.*")),
     # ``aot.Cache``: opens a Cache or a TieredCache, so it sits above both.
     ("opening", ("aot.cache.opening",)),
+    # ``aot.jax_cache``: JAX's persistent cache over a Cache (an entry point for users).
+    ("jax_cache", ("aot.cache.jax_cache", "aot.cache.jax_cache.*")),
 )
 
 # The public facade's methods that only delegate to a higher layer, importing it when

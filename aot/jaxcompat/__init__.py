@@ -28,6 +28,7 @@ Modules:
   mlir         StableHLO modules in an MLIR context
   runtime      the state of JAX's distributed runtime
   callbacks    the Python functions a lowered program calls back; loading with them
+  persistent_cache  plugging a backend into JAX's persistent compilation cache
 """
 
 from __future__ import annotations
@@ -90,6 +91,14 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src.lib.mlir:ir.Module.parse",
     # runtime
     "jax._src.distributed:global_state",
+    # persistent_cache
+    "jax._src.compilation_cache_interface:CacheInterface",
+    "jax._src:compilation_cache._cache",
+    "jax._src:compilation_cache._cache_initialized",
+    "jax._src:compilation_cache._cache_checked",
+    "jax._src:compilation_cache._cache_used",
+    "jax._src:compilation_cache._cache_initialized_mutex",
+    "jax._src:compilation_cache.extract_executable_and_time",
 )
 
 #: Private attributes of JAX objects the modules of this package read (on a

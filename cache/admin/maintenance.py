@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
 from aot.errors import AotError, CacheError, IntegrityError
 from aot.signing import check_identity, verify as verify_signature
+from aot.cache.admin.jit_entries import verify_jit_entries
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.served import ref_map, superseded_keys
 from aot.cache.storage.content import PROBLEM_MISSING
@@ -130,12 +131,16 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
         unsigned = None if found else _signature_problem(cache, entry)
         if unsigned is not None:
             problems.append(Problem(entry.key, entry.name, unsigned))
+    # KIND jit (aot.jax_cache): the blob and the HMAC; a damaged one's row is removed.
+    jit_count, jit_problems, jit_removed = verify_jit_entries(cache, check, remove=quarantine)
+    problems += [Problem(p.key, p.name, p.what) for p in jit_problems]
+    quarantined += jit_removed
     referenced = cache.index.referenced_digests() | cache.index.leased_digests()
     stored = cache.blobs.digests()
     orphans = tuple(d for d in stored if d not in referenced)
-    empty = empty_index_problem(cache, stored) if not entries else None
+    empty = empty_index_problem(cache, stored) if not entries and not jit_count else None
     report = VerifyReport(
-        len(entries), len({d for d, _ in blob_state}), tuple(problems), tuple(quarantined), orphans,
+        len(entries) + jit_count, len({d for d, _ in blob_state}), tuple(problems), tuple(quarantined), orphans,
         (empty,) if empty else (),
     )
     log.info(

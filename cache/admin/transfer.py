@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from aot.cache.admin.jit_entries import copy_jit_entries
 from aot.cache.admin.carried_refs import CarriedRefs, RefsOutcome, apply_refs, carried_refs, release_to_copy
 from aot.cache.names import name_problem
 from aot.errors import AotError, CacheError
@@ -158,6 +159,11 @@ def copy_entries(
         destination, carried, present, overwrite=refs,
         source=origin or f"copy from {source.display_location}",
     )
+    if release is None:  # KIND jit entries (aot.jax_cache) travel too; releases name none
+        jit = copy_jit_entries(source, destination, globs)
+        outcomes["stored"] += jit.copied
+        outcomes["present"] += jit.present
+        failed += jit.failed
     report = TransferReport(
         source.display_location, destination.display_location, tuple(outcomes["stored"]),
         tuple(outcomes["present"]), tuple(outcomes["repaired"]), tuple(failed),

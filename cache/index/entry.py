@@ -19,7 +19,7 @@ INDEX_FILE = "index.sqlite"
 
 #: Version of the database schema this code writes; the changelog and the migrations
 #: are in :mod:`aot.cache.index.schema` (here because the stdlib reader checks it).
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 #: Valid values of ``artifacts.state``.
 ARTIFACT_STATES = ("ok", "quarantined")

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 
 from aot.cache.index.engine import IndexEngine, joined, server_now
 from aot.cache.index.leases import Lease
-from aot.cache.index.schema import ARTIFACTS, BLOBS, LEASES, PROGRAMS
+from aot.cache.index.schema import ARTIFACTS, BLOBS, JIT_ENTRIES, LEASES, PROGRAMS
 from aot.cache.index.state import has_no_rows, mark_emptied
 from aot.errors import AotError
 
@@ -64,6 +64,7 @@ class DeletionBatch:
                         sa.select(ARTIFACTS.c.exe_digest).where(ARTIFACTS.c.exe_digest.in_(chunk)),
                         sa.select(ARTIFACTS.c.hlo_digest).where(ARTIFACTS.c.hlo_digest.in_(chunk)),
                         sa.select(PROGRAMS.c.hlo_digest).where(PROGRAMS.c.hlo_digest.in_(chunk)),
+                        sa.select(JIT_ENTRIES.c.digest).where(JIT_ENTRIES.c.digest.in_(chunk)),
                     )
                 ).scalars()
             )

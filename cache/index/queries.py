@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from aot.cache.index.engine import IndexEngine
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.globs import glob_to_like, like_escape
-from aot.cache.index.schema import ARTIFACTS, BLOBS, PROGRAMS
+from aot.cache.index.schema import ARTIFACTS, BLOBS, JIT_ENTRIES, PROGRAMS
 from aot.cache.index.state import emptiness_query
 
 __all__ = ["BlobRow", "IndexReads"]
@@ -138,6 +138,7 @@ class IndexReads(IndexEngine):
             sa.select(ARTIFACTS.c.exe_digest.label("d")).where(ARTIFACTS.c.exe_digest.is_not(None)),
             sa.select(ARTIFACTS.c.hlo_digest.label("d")).where(ARTIFACTS.c.hlo_digest.is_not(None)),
             sa.select(PROGRAMS.c.hlo_digest.label("d")).where(PROGRAMS.c.hlo_digest.is_not(None)),
+            sa.select(JIT_ENTRIES.c.digest.label("d")),
         )
         with self._read("list referenced blobs") as conn:
             return {d for d in conn.execute(q).scalars() if d is not None}

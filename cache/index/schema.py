@@ -79,6 +79,10 @@ Changelog of :data:`SCHEMA_VERSION`:
   what is served is declared, never inferred from a clock; a shared cache records
   where its blobs are (``_migrate_add_refs``). A cache without refs serves by the
   rule of schema 5 (the newest row) until a warm-up sets them.
+* 7 (2026-12-04): jit_entries, jit_stats and jit_claims: entries of JAX's persistent compilation
+  cache stored through jax-aot (KIND ``jit``, under JAX's own key, beside the ``aot``
+  artifacts; :mod:`aot.cache.jax_cache`), their hits and misses per function name, and
+  the claims of processes compiling a key others wait for (``_migrate_add_jit``). Additive: older rows are untouched.
 """
 
 from __future__ import annotations
@@ -137,6 +141,9 @@ __all__ = [
     "RELEASES",
     "RELEASE_MEMBERS",
     "CACHE_META",
+    "JIT_ENTRIES",
+    "JIT_STATS",
+    "JIT_CLAIMS",
     "ensure_schema",
     "read_version",
 ]
@@ -384,6 +391,48 @@ class CacheMetaRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class JitEntryRow(Base):
+    """An entry of JAX's persistent compilation cache (KIND ``jit``): JAX's key, the
+    jitted function's name, the blob of JAX's zstd payload (:mod:`aot.cache.index.jit`)."""
+
+    __tablename__ = "jit_entries"
+
+    key: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    name: Mapped[str] = mapped_column(String(512), index=True)
+    digest: Mapped[str] = mapped_column(String(64), index=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    stored_size: Mapped[int] = mapped_column(BigInteger)
+    compile_seconds: Mapped[float] = mapped_column(Float)
+    platform: Mapped[str] = mapped_column(String(64))
+    signature: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_used_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    hits: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class JitClaimRow(Base):
+    """A process compiling a jit key that others missed too (compile once per fleet):
+    who holds it, until when (the database server's clock)."""
+
+    __tablename__ = "jit_claims"
+
+    key: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(256))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class JitStatsRow(Base):
+    """Hits and misses of JAX's persistent cache through jax-aot, per function name."""
+
+    __tablename__ = "jit_stats"
+
+    name: Mapped[str] = mapped_column(String(512), primary_key=True)
+    hits: Mapped[int] = mapped_column(BigInteger, default=0)
+    misses: Mapped[int] = mapped_column(BigInteger, default=0)
+    saved_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 #: The tables, for Core statements (the models' ``__table__``).
 ARTIFACTS: sa.Table = ArtifactRow.__table__  # type: ignore[assignment]
 PROGRAMS: sa.Table = ProgramRow.__table__  # type: ignore[assignment]
@@ -397,6 +446,9 @@ REF_HISTORY: sa.Table = RefHistoryRow.__table__  # type: ignore[assignment]
 RELEASES: sa.Table = ReleaseRow.__table__  # type: ignore[assignment]
 RELEASE_MEMBERS: sa.Table = ReleaseMemberRow.__table__  # type: ignore[assignment]
 CACHE_META: sa.Table = CacheMetaRow.__table__  # type: ignore[assignment]
+JIT_ENTRIES: sa.Table = JitEntryRow.__table__  # type: ignore[assignment]
+JIT_STATS: sa.Table = JitStatsRow.__table__  # type: ignore[assignment]
+JIT_CLAIMS: sa.Table = JitClaimRow.__table__  # type: ignore[assignment]
 
 
 # ------------------------------------------------------------------------ migrations
@@ -458,6 +510,11 @@ def _migrate_add_refs(conn: Connection) -> None:
         table.create(conn, checkfirst=True)
 
 
+def _migrate_add_jit(conn: Connection) -> None:
+    for table in (JIT_ENTRIES, JIT_STATS, JIT_CLAIMS):
+        table.create(conn, checkfirst=True)
+
+
 #: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
 #: database is created from the models at the current version; migration 1 exists
 #: so that the list is complete and every version has a description.
@@ -468,6 +525,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "call statistics per environment, name and signature", _migrate_add_call_stats),
     Migration(5, "index_state: an index emptied by its own deletions", _migrate_add_index_state),
     Migration(6, "refs, ref history, releases and cache_meta: what is served is declared", _migrate_add_refs),
+    Migration(7, "jit_entries and jit_stats: JAX's persistent cache through jax-aot", _migrate_add_jit),
 )
 
 

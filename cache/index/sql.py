@@ -24,6 +24,7 @@ from aot.cache.index.advice import advice_for, mask_url, reason_of
 from aot.cache.index.engine import index_now_expr, insert_ignore, make_engine, server_now
 from aot.cache.index.entry import INDEX_FILE, IndexEntry, as_utc
 from aot.cache.index.gc_protocol import IndexGc
+from aot.cache.index.jit import IndexJit
 from aot.cache.index.leases import Lease, LeaseLostError
 from aot.cache.index.queries import IndexReads
 from aot.cache.index.refs_sql import IndexRefs
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Index"]
 
 
-class Index(IndexReads, IndexGc, IndexRefs):
+class Index(IndexReads, IndexGc, IndexRefs, IndexJit):
     """The SQL index of a cache: SQLite (default) or PostgreSQL (shared).
 
     Its reads (:class:`~aot.cache.index.queries.IndexReads`) and its side of the gc

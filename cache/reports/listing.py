@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.entry import IndexEntry
+from aot.cache.index.jit import AOT, JitEntry
 from aot.cache.index.served import Slot, ref_map, served_key, superseded_keys
 from aot.cache.serving.signatures import Signature
 
@@ -161,10 +162,11 @@ class Listing:
     glob: str | None
     env: str
     rows: tuple[EntryRow, ...]
+    jit: tuple[JitEntry, ...] = ()  # KIND jit: entries of JAX's persistent cache (aot.jax_cache)
 
     @property
     def stored_size(self) -> int:
-        return sum(row.entry.stored_size for row in self.rows)
+        return sum(row.entry.stored_size for row in self.rows) + sum(e.stored_size for e in self.jit)
 
     @property
     def superseded(self) -> int:
@@ -178,8 +180,8 @@ class Listing:
         return {
             "cache": self.location,
             "env": self.env,
-            "count": len(self.rows),
-            "entries": [row.to_dict() for row in self.rows],
+            "count": len(self.rows) + len(self.jit),
+            "entries": [{"kind": AOT, **row.to_dict()} for row in self.rows] + [e.to_dict() for e in self.jit],
         }
 
 
@@ -246,4 +248,4 @@ def list_entries(cache: Cache, glob: str | None = None, *, env: str = "all") -> 
     entries = cache.index.entries(glob)
     # A name glob selects every entry of a name or none: they are their own peers.
     rows = entry_rows(cache, entries, env=env, peers=entries)
-    return Listing(cache.display_location, glob, env, tuple(rows))
+    return Listing(cache.display_location, glob, env, tuple(rows), tuple(cache.index.jit_entries(glob)))

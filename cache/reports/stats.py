@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from aot.cache.index.jit import JitStats
 from aot.cache.index.entry import fields_to_json, parse_utc
 from aot.cache.serving.signatures import ArgLeaf, Signature
 
@@ -98,6 +99,7 @@ class StatsReport:
         """The signature column: by argument name, folded to ``width`` (never cut
         inside an aval)."""
         return self.arguments(row).compact(width)
+    jit: tuple[JitStats, ...] = ()  # JAX's persistent cache through aot.jax_cache, per function
 
     @property
     def totals(self) -> dict[str, Any]:
@@ -154,6 +156,7 @@ class StatsReport:
             "stored": self.stored,
             "rows": [r.to_dict() for r in self.rows],
             "totals": {k: round(v, 6) if isinstance(v, float) else v for k, v in totals.items()},
+            "jit": [j.to_dict() for j in self.jit],
         }
 
 
@@ -197,7 +200,10 @@ def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
             continue
         data.pop("signature_digest", None)
         rows.append(SignatureStats(this_environment=data["env_fp"] == this, **data))
-    return StatsReport(index.url, ordered(rows), env, stored=True, named=named_signatures(cache, name_glob, rows))
+    return StatsReport(
+        index.url, ordered(rows), env, stored=True, named=named_signatures(cache, name_glob, rows),
+        jit=tuple(cache.index.jit_stats(name_glob)),
+    )
 
 
 def named_signatures(

@@ -44,6 +44,7 @@ __all__ = [
     "StoredBlob",
     "compress",
     "digest_of",
+    "inflate_frame",
 ]
 
 #: zstd level of every store (see the module docstring).
@@ -110,6 +111,14 @@ def digest_of(data: bytes) -> str:
 def compress(data: bytes, level: int = DEFAULT_LEVEL) -> bytes:
     """One zstd frame with the content size in its header."""
     return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
+
+
+def inflate_frame(payload: bytes) -> bytes:
+    """The bytes one zstd frame inflates to; :class:`CorruptArtifactError` if it is none."""
+    try:
+        return zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES).decompressobj().decompress(payload)
+    except zstandard.ZstdError as e:
+        raise CorruptArtifactError(f"not one zstd frame ({e}); nothing was stored") from e
 
 
 def _frame_size(head: bytes) -> int | None:
@@ -329,6 +338,37 @@ class ContentStore:
     def put(self, data: bytes) -> str:
         """Stores ``data`` (see :meth:`store_bytes`); its digest."""
         return self.store_bytes(data).digest
+
+    def store_frame(self, payload: bytes, data: bytes | None = None) -> StoredBlob:
+        """Stores ``payload``, one zstd frame compressed by someone else (JAX's
+        persistent cache hands those over), as it is: no second compression. Its digest
+        is that of the bytes it inflates to (``data``, when the caller inflated it
+        already: :func:`inflate_frame`), so it is an ordinary blob (verify, copies).
+        A frame that does not inflate raises :class:`CorruptArtifactError`."""
+        data = inflate_frame(payload) if data is None else data
+        digest = digest_of(data)
+        if self.read_only:
+            raise read_only_error(f"store blob {digest}", self.location)
+        problem, _, stored = self._inflate(digest, len(data), keep=False)
+        if problem is None:
+            self._refresh(digest)
+            return StoredBlob(digest, len(data), stored, written=False)
+        if problem != PROBLEM_MISSING:
+            logger.warning("blob %s at %s is corrupt (%s); rewriting it", digest, self.location, problem)
+        self._call(f"write blob {digest}", lambda: self.store.write(digest, payload))
+        return StoredBlob(digest, len(data), len(payload), written=True)
+
+    def get_frame(self, digest: str, size: int | None = None) -> bytes | None:
+        """The stored zstd frame of ``digest`` as stored (not inflated for the caller),
+        after checking that it inflates to ``size`` bytes of that digest; None if
+        absent; :class:`CorruptArtifactError` if not."""
+        payload = self._read(digest)
+        if payload is None:
+            return None
+        problem = self._call(f"read blob {digest}", lambda: _problem(digest, payload, size))
+        if problem is not None:
+            raise _corrupt(digest, self.location, problem)
+        return payload
 
     def _refresh(self, digest: str) -> None:
         """An existing blob is about to be referenced again: make it young, so that gc's

@@ -20,7 +20,7 @@ ENTRY_KEYS = {
     "state_reason",
 }
 LS_ENTRY_KEYS = ENTRY_KEYS | {"arguments", "statics", "this_environment", "environment_differences", "superseded_by",
-                                 "served", "served_by", "releases"}
+                                 "served", "served_by", "releases", "kind"}
 SHOW_KEYS = {
     "entry", "manifest", "manifest_error", "this_environment", "environment_differences", "hlo",
     "arguments", "superseded_by", "statics", "served", "served_by", "releases",

@@ -12,7 +12,7 @@ import pytest
 import aot
 from tests.cli.helpers import Invoke
 
-STATS_KEYS = {"location", "env", "stored", "rows", "totals"}
+STATS_KEYS = {"location", "env", "stored", "rows", "totals", "jit"}
 ROW_KEYS = {
     "env_fp", "name", "signature", "calls", "loads", "load_seconds", "saved_seconds", "misses",
     "miss_reason", "recompiles", "recompile_seconds", "recompile_reason", "created_at",

@@ -1,0 +1,94 @@
+"""JAX's persistent compilation cache: plugging another backend in, and taking it out.
+
+JAX calls one :class:`~jax._src.compilation_cache_interface.CacheInterface` object
+(``get(key) -> bytes | None``, ``put(key, bytes)``; the bytes are JAX's zstd frame of
+the serialized executable and its compile time) held in
+``jax._src.compilation_cache._cache``, created lazily from
+``jax_compilation_cache_dir`` under ``_cache_initialized_mutex`` unless
+``_cache_initialized`` is set. Setting both under the mutex routes every compile of the
+process through our object; :func:`restore` puts back what was there. JAX itself applies
+``jax_enable_compilation_cache`` (``is_cache_used``, checked once per process: we
+reset the check), ``jax_persistent_cache_min_compile_time_secs`` and
+``jax_persistent_cache_min_entry_size_bytes`` (before calling ``put``), and it catches
+and warns about what ``get``/``put`` raise unless
+``jax_raise_persistent_cache_errors`` is set.
+
+Private: ``jax._src.compilation_cache`` (``_cache``, ``_cache_initialized``,
+``_cache_checked``, ``_cache_used``, ``_cache_initialized_mutex``,
+``decompress_executable``) and ``jax._src.compilation_cache_interface.CacheInterface``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Installed", "install_backend", "make_backend", "restore", "current_backend", "compile_time_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class Installed:
+    """JAX's cache state before :func:`install_backend` (what :func:`restore` puts back)."""
+
+    cache: Any
+    initialized: bool
+    checked: bool
+    used: bool
+
+
+def make_backend(get: Callable[[str], bytes | None], put: Callable[[str, bytes], None], path: str) -> Any:
+    """An object JAX's persistent cache accepts, calling ``get`` and ``put``."""
+    from jax._src.compilation_cache_interface import CacheInterface
+
+    class AotBackend(CacheInterface):
+        def __init__(self) -> None:
+            self._path = path  # JAX logs it
+
+        def get(self, key: str) -> bytes | None:
+            return get(key)
+
+        def put(self, key: str, value: bytes) -> None:
+            put(key, value)
+
+    return AotBackend()
+
+
+def install_backend(backend: Any) -> Installed:
+    """Makes ``backend`` JAX's persistent cache for this process; returns the state to restore."""
+    from jax._src import compilation_cache as cc
+
+    with cc._cache_initialized_mutex:
+        before = Installed(cc._cache, cc._cache_initialized, cc._cache_checked, cc._cache_used)
+        cc._cache = backend
+        cc._cache_initialized = True
+        cc._cache_checked = False  # re-read jax_enable_compilation_cache on the next compile
+        cc._cache_used = False
+    return before
+
+
+def restore(before: Installed) -> None:
+    """Puts JAX's own cache object and state back."""
+    from jax._src import compilation_cache as cc
+
+    with cc._cache_initialized_mutex:
+        cc._cache = before.cache
+        cc._cache_initialized = before.initialized
+        cc._cache_checked = False
+        cc._cache_used = False
+
+
+def current_backend() -> Any:
+    """The object JAX's persistent cache calls now (None: none yet)."""
+    from jax._src import compilation_cache as cc
+
+    return cc._cache
+
+
+def compile_time_of(data: bytes) -> int:
+    """The compile time (whole seconds) JAX appends to the serialized executable
+    (``combine_executable_and_time``: 4 bytes, big-endian, after the executable)."""
+    from jax._src import compilation_cache as cc
+
+    _, seconds = cc.extract_executable_and_time(data)
+    return int(seconds)

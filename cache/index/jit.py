@@ -1,0 +1,236 @@
+"""The index's rows of KIND ``jit``: entries of JAX's persistent compilation cache
+stored through jax-aot (:mod:`aot.cache.jax_cache`), as a part of
+:class:`~aot.cache.index.sql.Index`.
+
+They live in their own table (``jit_entries``, schema 7) beside the ``aot``
+artifacts: a jit entry has JAX's key, no manifest, no portable HLO, no signature of
+arguments and no ref, so the served-identity machinery (refs, releases, statics,
+``aot.load``) never sees one, while gc (its blob is referenced), verify (its digest),
+``aot ls`` (KIND ``jit``), ``aot rm`` and push/pull do.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
+from aot.cache.index.entry import as_utc, fields_to_json, utcnow
+from aot.cache.index.leases import Lease, LeaseLostError
+from aot.cache.index.schema import BLOBS, JIT_CLAIMS, JIT_ENTRIES, JIT_STATS, LEASES
+from aot.errors import CacheError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["JIT", "AOT", "IndexJit", "JitEntry", "JitStats", "function_name", "sign_entry", "signature_problem"]
+
+#: The KIND of an entry of JAX's persistent cache, and of an artifact compiled through jax-aot.
+JIT = "jit"
+AOT = "aot"
+
+
+def function_name(jax_key: str) -> str:
+    """The jitted function's name from JAX's cache key (``jit_train_step-<hash>`` ->
+    ``train_step``; JAX prefixes the module name, ``jit_``/``pmap_`` included)."""
+    module, sep, _ = jax_key.rpartition("-")
+    module = module if sep else jax_key
+    for prefix in ("jit_", "pmap_", "xla_computation_"):
+        if module.startswith(prefix) and len(module) > len(prefix):
+            return module[len(prefix):]
+    return module
+
+
+@dataclass(frozen=True, slots=True)
+class JitEntry:
+    """One entry of JAX's persistent cache kept by jax-aot (KIND ``jit``)."""
+
+    key: str
+    name: str
+    digest: str
+    size: int
+    stored_size: int
+    compile_seconds: float
+    platform: str
+    signature: str | None = None
+    created_at: datetime = field(default_factory=utcnow)
+    last_used_at: datetime = field(default_factory=utcnow)
+    hits: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "created_at", as_utc(self.created_at, "created_at"))
+        object.__setattr__(self, "last_used_at", as_utc(self.last_used_at, "last_used_at"))
+
+    @property
+    def kind(self) -> str:
+        return JIT
+
+    def to_dict(self) -> dict[str, Any]:
+        data = fields_to_json(self)
+        data["hmac"] = data.pop("signature")  # "signature" is an aot entry's arguments
+        return {"kind": JIT, **data}
+
+
+def sign_entry(secret: bytes, key: str, name: str, digest: str, size: int) -> str:
+    """The HMAC of a jit entry: what selects it (JAX's key, the name) and its blob."""
+    message = f"jax-aot jit entry\n{key}\n{name}\n{digest}\n{size}".encode()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def signature_problem(secret: bytes | None, entry: JitEntry) -> str | None:
+    """Why ``entry`` must not be executed under the signing key ``secret`` (None: it
+    may; always None without a key)."""
+    if secret is None:
+        return None
+    if entry.signature is None:
+        return "unsigned (the cache has a signing key)"
+    expected = sign_entry(secret, entry.key, entry.name, entry.digest, entry.size)
+    if not hmac.compare_digest(expected, entry.signature):
+        return "signed with another key, or altered"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class JitStats:
+    """Hits and misses of JAX's persistent cache through jax-aot for one function name."""
+
+    name: str
+    hits: int
+    misses: int
+    saved_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "hits": self.hits, "misses": self.misses, "saved_seconds": self.saved_seconds}
+
+
+def _entry(row: sa.Row[Any]) -> JitEntry:
+    return JitEntry(**row._mapping)
+
+
+class IndexJit(IndexEngine):
+    """Reads and writes of ``jit_entries`` and ``jit_stats``."""
+
+    def jit_get(self, key: str) -> JitEntry | None:
+        with self._read(f"look up jit entry {key[:40]}") as conn:
+            row = conn.execute(sa.select(JIT_ENTRIES).where(JIT_ENTRIES.c.key == key)).first()
+        return _entry(row) if row is not None else None
+
+    def jit_entries(self, name_glob: str | None = None) -> list[JitEntry]:
+        """Every jit entry, or those whose function name matches ``name_glob``."""
+        with self._read("list jit entries") as conn:
+            rows = conn.execute(sa.select(JIT_ENTRIES).order_by(JIT_ENTRIES.c.name, JIT_ENTRIES.c.key)).all()
+        entries = [_entry(r) for r in rows]
+        if name_glob is None:
+            return entries
+        return [e for e in entries if fnmatch.fnmatchcase(e.name, name_glob) or e.key.startswith(name_glob)]
+
+    def jit_add(self, entry: JitEntry, *, lease: Lease | None = None) -> None:
+        """Records ``entry`` (its blob durable already), replacing a row of its key (a
+        repair); releases ``lease`` in the same transaction (gc protocol)."""
+        row = {f: getattr(entry, f) for f in JitEntry.__slots__}
+        with self._write(f"add jit entry {entry.key[:40]}") as conn:
+            if lease is not None and lease.digests:
+                kept = set(
+                    conn.execute(sa.delete(LEASES).where(LEASES.c.token == lease.token).returning(LEASES.c.digest)).scalars()
+                )
+                if kept != lease.digests:
+                    raise LeaseLostError(f"the lease on the blob of jit entry {entry.key[:40]} expired; store it again")
+            now = server_now(conn)
+            row["created_at"] = row["last_used_at"] = now
+            conn.execute(
+                insert_ignore(conn, BLOBS).on_conflict_do_nothing(),
+                [{"digest": entry.digest, "size": entry.size, "stored_size": entry.stored_size, "created_at": now}],
+            )
+            conn.execute(sa.delete(JIT_ENTRIES).where(JIT_ENTRIES.c.key == entry.key))
+            conn.execute(sa.insert(JIT_ENTRIES).values(**row))
+
+    def jit_delete(self, keys: Iterable[str]) -> int:
+        """Deletes the rows of ``keys`` (their blobs are gc's); the number deleted."""
+        wanted = sorted(set(keys))
+        if not wanted:
+            return 0
+        with self._write("delete jit entries") as conn:
+            return len(conn.execute(sa.delete(JIT_ENTRIES).where(JIT_ENTRIES.c.key.in_(wanted)).returning(JIT_ENTRIES.c.key)).all())
+
+    def jit_record(self, name: str, *, key: str | None = None, hit: bool, saved_seconds: float = 0.0) -> None:
+        """Counts a hit (``key``'s row is touched too) or a miss of ``name``. Never
+        raises: statistics must not fail a compile."""
+        if self.read_only:
+            return
+        try:
+            with self._write("record a jit cache use") as conn:
+                now = server_now(conn)
+                if hit and key is not None:
+                    conn.execute(
+                        sa.update(JIT_ENTRIES).where(JIT_ENTRIES.c.key == key)
+                        .values(last_used_at=now, hits=JIT_ENTRIES.c.hits + 1)
+                    )
+                added = {"hits": int(hit), "misses": int(not hit), "saved_seconds": float(saved_seconds)}
+                stmt = insert_ignore(conn, JIT_STATS).values(name=name, updated_at=now, **added)
+                conn.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[JIT_STATS.c.name],
+                        set_={
+                            "hits": JIT_STATS.c.hits + added["hits"],
+                            "misses": JIT_STATS.c.misses + added["misses"],
+                            "saved_seconds": JIT_STATS.c.saved_seconds + added["saved_seconds"],
+                            "updated_at": now,
+                        },
+                    )
+                )
+        except CacheError as e:
+            logger.warning("index: could not record a use of jit entry %s: %s", name, e)
+
+    def jit_stats(self, name_glob: str | None = None) -> list[JitStats]:
+        with self._read("read jit statistics") as conn:
+            rows = conn.execute(sa.select(JIT_STATS).order_by(JIT_STATS.c.name)).all()
+        stats = [JitStats(r.name, int(r.hits), int(r.misses), float(r.saved_seconds)) for r in rows]
+        return [s for s in stats if name_glob is None or fnmatch.fnmatchcase(s.name, name_glob)]
+
+    # -- compile once per fleet -------------------------------------------------------
+
+    def jit_claim(self, key: str, holder: str, seconds: float) -> str | None:
+        """Claims the compile of ``key`` for ``holder`` for ``seconds`` (the database
+        server's clock). None: claimed (no claim, or an expired one, was there); else
+        the live holder's name (wait for its entry). One statement per attempt."""
+        with self._write(f"claim the compile of {key[:40]}") as conn:
+            now = server_now(conn)
+            expires = now + timedelta(seconds=seconds)
+            conn.execute(sa.delete(JIT_CLAIMS).where(JIT_CLAIMS.c.key == key, JIT_CLAIMS.c.expires_at <= now))
+            inserted = conn.execute(
+                insert_ignore(conn, JIT_CLAIMS)
+                .values(key=key, holder=holder, expires_at=expires)
+                .on_conflict_do_nothing()
+                .returning(JIT_CLAIMS.c.key)
+            ).scalar_one_or_none()
+            if inserted is not None:
+                return None
+            other = conn.execute(sa.select(JIT_CLAIMS.c.holder).where(JIT_CLAIMS.c.key == key)).scalar_one_or_none()
+            return other if other is not None else holder
+
+    def jit_claim_holder(self, key: str) -> str | None:
+        """The live holder of ``key``'s claim (None: none, or expired)."""
+        with self._read(f"read the claim of {key[:40]}") as conn:
+            now = server_now(conn)
+            return conn.execute(
+                sa.select(JIT_CLAIMS.c.holder).where(JIT_CLAIMS.c.key == key, JIT_CLAIMS.c.expires_at > now)
+            ).scalar_one_or_none()
+
+    def jit_unclaim(self, keys: Iterable[str], holder: str) -> None:
+        """Gives up ``holder``'s claims on ``keys``. Never raises (a claim left behind
+        expires)."""
+        wanted = sorted(set(keys))
+        if not wanted or self.read_only:
+            return
+        try:
+            with self._write("release compile claims") as conn:
+                conn.execute(sa.delete(JIT_CLAIMS).where(JIT_CLAIMS.c.key.in_(wanted), JIT_CLAIMS.c.holder == holder))
+        except CacheError as e:
+            logger.warning("index: could not release compile claims: %s", e)

@@ -1,0 +1,387 @@
+"""jax-aot as the backend of JAX's persistent compilation cache (``aot.jax_cache``).
+
+One line plugs a jax-aot cache into JAX's persistent cache; from then on every
+``jax.jit``/``pmap`` compile of the process goes through it, under JAX's own key::
+
+    import aot
+    aot.jax_cache.install("postgresql+psycopg://ci@db/aot", blob_location="s3://bucket/aot",
+                          local="/var/cache/aot-jit")
+
+or, for an unchanged script, ``AOT_JAX_CACHE=<location>`` with
+``python -m aot.cache.jax_cache script.py ARGS`` (or ``aot.jax_cache.install_from_env()``
+at the top of the script). See docs/jax-cache.md.
+
+* Entries are KIND ``jit`` rows of the index (:mod:`aot.cache.index.jit`): JAX's key,
+  the jitted function's name, the digest of JAX's zstd payload, stored as it came (no
+  second compression) and verified on every read; signed (HMAC) when the cache has a
+  signing key. ``local=`` keeps a verified copy of each blob in a folder in front of
+  the remote store.
+* JAX applies its own settings: ``jax_enable_compilation_cache``,
+  ``jax_persistent_cache_min_compile_time_secs`` and
+  ``jax_persistent_cache_min_entry_size_bytes`` decide whether ``put`` is called.
+* Never raises into a ``jit`` call: a corrupt, unreadable, unsigned or unreachable
+  entry is a miss with one warning per key, and the fresh compile's ``put`` repairs it.
+* Compile once per fleet (``compile_once``, on by default for a PostgreSQL index):
+  a miss claims the key in the index; another process that misses it meanwhile waits
+  (polling with backoff, at most ``wait_seconds``) for the holder's entry and loads
+  it, and compiles itself when the holder's claim expires (``claim_seconds``: a holder
+  killed mid-compile) or the bound is reached.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aot.cache.cache import Cache
+from aot.cache.index.jit import JitEntry, function_name, sign_entry, signature_problem
+from aot.cache.pauses import reached
+from aot.cache.storage.content import ContentStore, digest_of, inflate_frame
+from aot.cache.storage.locations import open_object_store
+from aot.jaxcompat import persistent_cache as jaxpc
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ENV",
+    "ENV_BLOBS",
+    "ENV_LOCAL",
+    "ENV_COMPILE_ONCE",
+    "ENV_CLAIM_SECONDS",
+    "ENV_WAIT_SECONDS",
+    "JaxCacheBackend",
+    "JaxCacheCounts",
+    "install",
+    "install_from_env",
+    "installed",
+    "uninstall",
+]
+
+#: The cache location (folder or database URL) :func:`install_from_env` installs.
+ENV = "AOT_JAX_CACHE"
+#: Its blob location (``s3://...``), when the index is a database.
+ENV_BLOBS = "AOT_JAX_CACHE_BLOBS"
+#: A folder for the local tier of blobs.
+ENV_LOCAL = "AOT_JAX_CACHE_LOCAL"
+#: Compile once per fleet: ``1``/``0`` (default: on for a PostgreSQL index), and its
+#: bounds in seconds (:data:`CLAIM_SECONDS`, :data:`WAIT_SECONDS`).
+ENV_COMPILE_ONCE = "AOT_JAX_CACHE_COMPILE_ONCE"
+ENV_CLAIM_SECONDS = "AOT_JAX_CACHE_CLAIM_SECONDS"
+ENV_WAIT_SECONDS = "AOT_JAX_CACHE_WAIT_SECONDS"
+
+#: How long a compile claim lasts without its holder's entry (a killed holder's
+#: waiters compile themselves after this), and the longest a waiter waits.
+CLAIM_SECONDS = 300.0
+WAIT_SECONDS = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class JaxCacheCounts:
+    """What this process's backend did (the index keeps the fleet's counts: ``aot stats``)."""
+
+    hits: int
+    misses: int
+    puts: int
+    errors: int
+    waits: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "puts": self.puts, "errors": self.errors, "waits": self.waits}
+
+
+class JaxCacheBackend:
+    """JAX's ``get``/``put`` over a jax-aot cache (see the module docstring)."""
+
+    def __init__(
+        self, cache: Cache, *, local: str | os.PathLike[str] | None = None, owns: bool = False,
+        compile_once: bool | None = None, claim_seconds: float = CLAIM_SECONDS, wait_seconds: float = WAIT_SECONDS,
+    ) -> None:
+        self.cache = cache
+        self.owns = owns
+        self.local = ContentStore(open_object_store(str(local))) if local is not None else None
+        shared = cache.index.dialect == "postgresql"
+        self.compile_once = shared if compile_once is None else compile_once
+        self.claim_seconds = claim_seconds
+        self.wait_seconds = wait_seconds
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._claimed: dict[str, int] = {}  # key -> the thread compiling it
+        self._warned: set[str] = set()
+        self._missed_at: dict[str, float] = {}  # key -> when get missed it (compile time)
+        self._lock = threading.Lock()
+        self._counts = {"hits": 0, "misses": 0, "puts": 0, "errors": 0, "waits": 0}
+
+    def __repr__(self) -> str:
+        return f"JaxCacheBackend({self.cache.display_location!r}, local={self.local is not None})"
+
+    @property
+    def counts(self) -> JaxCacheCounts:
+        with self._lock:
+            return JaxCacheCounts(**self._counts)
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self._counts[what] += 1
+
+    def _warn(self, key: str, message: str, *args: Any) -> None:
+        """One warning per key and process; later ones are debug."""
+        with self._lock:
+            first = key not in self._warned
+            self._warned.add(key)
+        log.log(logging.WARNING if first else logging.DEBUG, message, *args)
+
+    # -- JAX's interface --------------------------------------------------------------
+
+    def get(self, key: str) -> bytes | None:
+        """JAX's payload for ``key``, verified; None: a miss (then JAX compiles)."""
+        try:
+            # This thread's previous compile is over: a claim it did not store (too
+            # fast or too small for JAX to write) is given up, so no one waits on it.
+            self._release_claims(thread=threading.get_ident())
+            found = self._read(key)
+            if found is not None or not self.compile_once or self.cache.read_only:
+                return self._counted(key, found)
+            return self._counted(key, self._claim_or_wait(key))
+        except Exception as e:  # noqa: BLE001 - never raise into a jit call
+            self._count("errors")
+            self._warn(key, "jax-aot cache: could not read %s (%s: %s); compiling it", key, type(e).__name__, e)
+            return None
+
+    def put(self, key: str, value: bytes) -> None:
+        """Stores JAX's payload under ``key``; a failure is a warning, never an error."""
+        try:
+            if self.cache.read_only:
+                return
+            self._store(key, value)
+            self._count("puts")
+        except Exception as e:  # noqa: BLE001 - never raise into a jit call
+            self._count("errors")
+            self._warn(key, "jax-aot cache: could not store %s (%s: %s)", key, type(e).__name__, e)
+        finally:
+            self._release_claims({key})
+
+    # -- reading ----------------------------------------------------------------------
+
+    def _counted(self, key: str, found: tuple[bytes, JitEntry] | None) -> bytes | None:
+        index = self.cache.index
+        if found is None:
+            self._count("misses")
+            with self._lock:
+                self._missed_at[key] = time.perf_counter()
+            index.jit_record(function_name(key), hit=False)
+            return None
+        payload, entry = found
+        self._count("hits")
+        index.jit_record(entry.name, key=key, hit=True, saved_seconds=entry.compile_seconds)
+        return payload
+
+    def _read(self, key: str) -> tuple[bytes, JitEntry] | None:
+        """The verified payload of ``key``'s row (None: no usable row; warned)."""
+        entry = self.cache.index.jit_get(key)
+        if entry is None:
+            return None
+        refused = signature_problem(self.cache.signing_key, entry)
+        if refused is not None:
+            self._warn(key, "jax-aot cache: entry %s is %s; not executing it, compiling instead", key, refused)
+            return None
+        payload = self._payload(entry)
+        return None if payload is None else (payload, entry)
+
+    def _payload(self, entry: JitEntry) -> bytes | None:
+        if self.local is not None:
+            try:
+                payload = self.local.get_frame(entry.digest, entry.size)
+                if payload is not None:
+                    return payload
+            except Exception as e:  # noqa: BLE001 - a bad local copy is fetched again
+                log.warning("jax-aot cache: local copy of %s is unusable (%s); fetching it again", entry.key, e)
+        try:
+            payload = self.cache.blobs.get_frame(entry.digest, entry.size)
+        except Exception as e:  # noqa: BLE001 - corrupt or unreachable: a miss
+            self._warn(entry.key, "jax-aot cache: entry %s (%s) is unusable: %s; compiling it again",
+                       entry.key, entry.name, e)
+            return None
+        if payload is None:
+            self._warn(entry.key, "jax-aot cache: the blob of %s (%s) is missing; compiling it again",
+                       entry.key, entry.name)
+            return None
+        if self.local is not None:
+            try:
+                self.local.store_frame(payload)
+            except Exception as e:  # noqa: BLE001 - the tier is a convenience
+                log.warning("jax-aot cache: could not keep a local copy of %s: %s", entry.key, e)
+        return payload
+
+    # -- compile once per fleet ---------------------------------------------------------
+
+    def _claim_or_wait(self, key: str) -> tuple[bytes, JitEntry] | None:
+        """A miss: claim the compile (None: compile it), or wait for the holder's entry."""
+        index = self.cache.index
+        deadline = time.monotonic() + self.wait_seconds
+        delay = 0.05
+        waited = False
+        while True:
+            other = index.jit_claim(key, self.holder, self.claim_seconds)
+            if other is None:
+                with self._lock:
+                    self._claimed[key] = threading.get_ident()
+                reached("jit.claimed")
+                return self._read(key) if waited else None  # stored while we looked?
+            if not waited:
+                waited = True
+                self._count("waits")
+                log.info("jax-aot cache: %s is being compiled by %s; waiting for it", key, other)
+            if time.monotonic() >= deadline:
+                log.warning("jax-aot cache: waited %.0f s for %s to compile %s; compiling it here",
+                            self.wait_seconds, other, key)
+                return None
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 1.5, 1.0)
+            found = self._read(key)
+            if found is not None:
+                return found
+
+    def _release_claims(self, keys: set[str] | None = None, *, thread: int | None = None) -> None:
+        with self._lock:
+            done = {
+                k for k, t in self._claimed.items()
+                if (keys is None or k in keys) and (thread is None or t == thread)
+            }
+            for k in done:
+                del self._claimed[k]
+        if done:
+            self.cache.index.jit_unclaim(done, self.holder)
+
+    # -- writing ----------------------------------------------------------------------
+
+    def _store(self, key: str, value: bytes) -> JitEntry:
+        data = inflate_frame(value)
+        digest = digest_of(data)
+        name = function_name(key)
+        index = self.cache.index
+        lease = index.lease([digest])
+        try:
+            stored = self.cache.blobs.store_frame(value, data)
+        except BaseException:
+            index.release(lease)
+            raise
+        with self._lock:
+            missed_at = self._missed_at.pop(key, None)
+        # JAX records whole seconds; the time from our miss to this put is the compile's.
+        seconds = time.perf_counter() - missed_at if missed_at is not None else float(jaxpc.compile_time_of(data))
+        secret = self.cache.signing_key
+        entry = JitEntry(
+            key=key, name=name, digest=digest, size=len(data), stored_size=stored.stored_size,
+            compile_seconds=seconds, platform=_platform(),
+            signature=sign_entry(secret, key, name, digest, len(data)) if secret is not None else None,
+        )
+        index.jit_add(entry, lease=lease)
+        if self.local is not None:
+            try:
+                self.local.store_frame(value, data)
+            except Exception as e:  # noqa: BLE001 - the tier is a convenience
+                log.warning("jax-aot cache: could not keep a local copy of %s: %s", key, e)
+        log.debug("jax-aot cache: stored %s (%d bytes, %s)", key, stored.stored_size,
+                  "written" if stored.written else "blob present")
+        return entry
+
+    def close(self) -> None:
+        self._release_claims()
+        if self.local is not None:
+            self.local.close()
+        if self.owns:
+            self.cache.close()
+
+
+def _platform() -> str:
+    import jax
+
+    return str(jax.default_backend())
+
+
+_installed: tuple[JaxCacheBackend, jaxpc.Installed] | None = None
+_install_lock = threading.Lock()
+
+
+def install(
+    target: Cache | str | os.PathLike[str],
+    *,
+    blob_location: str | os.PathLike[str] | None = None,
+    local: str | os.PathLike[str] | None = None,
+    signing_key: str | bytes | None = None,
+    read_only: bool = False,
+    compile_once: bool | None = None,
+    claim_seconds: float = CLAIM_SECONDS,
+    wait_seconds: float = WAIT_SECONDS,
+) -> JaxCacheBackend:
+    """Makes the jax-aot cache ``target`` (a :class:`~aot.cache.cache.Cache`, a folder
+    or a database URL) JAX's persistent compilation cache in this process; replaces a
+    previous :func:`install`. Returns the backend (``.counts``: this process's hits)."""
+    if isinstance(target, Cache):
+        cache, owns = target, False
+    else:
+        cache = Cache(target, blob_location=blob_location, signing_key=signing_key, read_only=read_only)
+        owns = True
+    backend = JaxCacheBackend(
+        cache, local=local, owns=owns, compile_once=compile_once,
+        claim_seconds=claim_seconds, wait_seconds=wait_seconds,
+    )
+    global _installed
+    with _install_lock:
+        previous = _installed
+        state = previous[1] if previous is not None else None
+        new_state = jaxpc.install_backend(jaxpc.make_backend(backend.get, backend.put, cache.display_location))
+        _installed = (backend, state if state is not None else new_state)
+    if previous is not None:
+        previous[0].close()
+    log.info("JAX's persistent compilation cache is the jax-aot cache at %s", cache.display_location)
+    return backend
+
+
+def uninstall() -> bool:
+    """Restores JAX's own persistent cache object and state; False if nothing was installed."""
+    global _installed
+    with _install_lock:
+        found = _installed
+        _installed = None
+        if found is not None:
+            jaxpc.restore(found[1])
+    if found is None:
+        return False
+    found[0].close()
+    return True
+
+
+def installed() -> JaxCacheBackend | None:
+    """The backend :func:`install` set (None: JAX uses its own cache)."""
+    return _installed[0] if _installed is not None else None
+
+
+def install_from_env(environ: dict[str, str] | None = None) -> JaxCacheBackend | None:
+    """:func:`install` from ``AOT_JAX_CACHE`` (and ``AOT_JAX_CACHE_BLOBS``,
+    ``AOT_JAX_CACHE_LOCAL``, ``AOT_JAX_CACHE_COMPILE_ONCE``, ``AOT_JAX_CACHE_CLAIM_SECONDS``,
+    ``AOT_JAX_CACHE_WAIT_SECONDS``, ``AOT_SIGNING_KEY``); None when ``AOT_JAX_CACHE`` is unset."""
+    env = os.environ if environ is None else environ
+    location = env.get(ENV)
+    if not location:
+        return None
+    return install(
+        location, blob_location=env.get(ENV_BLOBS) or None, local=env.get(ENV_LOCAL) or None,
+        signing_key=env.get("AOT_SIGNING_KEY") or None,
+        compile_once={"1": True, "0": False}.get(env.get(ENV_COMPILE_ONCE, "").strip()),
+        claim_seconds=float(env.get(ENV_CLAIM_SECONDS) or CLAIM_SECONDS),
+        wait_seconds=float(env.get(ENV_WAIT_SECONDS) or WAIT_SECONDS),
+    )
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    found = _installed
+    if found is not None:
+        found[0]._release_claims()

@@ -1,0 +1,66 @@
+"""KIND jit entries in the command line: ls, stats, verify, push (folder caches, no compile)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+import aot
+from aot.cache.cache import Cache
+from aot.cli.main import cli
+
+
+def _payload(body: bytes, seconds: int = 2) -> bytes:
+    from jax._src import compilation_cache as cc  # only to build a payload as JAX does
+
+    return cc.compress_executable(cc.combine_executable_and_time(body, seconds))
+
+
+def _filled(folder: Path) -> None:
+    backend = aot.jax_cache.JaxCacheBackend(Cache(str(folder)), owns=True)
+    try:
+        assert backend.get("jit_train_step-" + "a" * 64) is None  # a miss, then JAX's put
+        backend.put("jit_train_step-" + "a" * 64, _payload(b"step" * 100))
+        backend.put("jit_eval-" + "b" * 64, _payload(b"eval" * 100))
+        assert backend.get("jit_train_step-" + "a" * 64) is not None  # a hit
+    finally:
+        backend.close()
+
+
+def test_ls_shows_kind_and_stats_per_function(tmp_path: Path) -> None:
+    _filled(tmp_path / "c")
+    runner = CliRunner()
+    table = runner.invoke(cli, ["--cache", str(tmp_path / "c"), "ls"])
+    assert table.exit_code == 0, table.output
+    lines = table.output.splitlines()
+    assert lines[0].split()[:3] == ["KIND", "KEY", "NAME"]
+    assert [line.split()[:3] for line in lines[1:3]] == [["jit", "b" * 12, "eval"], ["jit", "a" * 12, "train_step"]]
+    assert lines[-1].startswith("2 entries")
+    listed = json.loads(runner.invoke(cli, ["--cache", str(tmp_path / "c"), "ls", "--json"]).output)
+    assert {(e["kind"], e["name"]) for e in listed["entries"]} == {("jit", "eval"), ("jit", "train_step")}
+    stats = json.loads(runner.invoke(cli, ["--cache", str(tmp_path / "c"), "stats", "--json"]).output)
+    by_name = {s["name"]: s for s in stats["jit"]}
+    assert (by_name["train_step"]["hits"], by_name["train_step"]["misses"]) == (1, 1)
+    assert by_name["train_step"]["saved_seconds"] > 0  # the compile time measured from the miss
+    shown = runner.invoke(cli, ["--cache", str(tmp_path / "c"), "stats"])
+    assert "train_step" in shown.output and "FUNCTION" in shown.output
+
+
+def test_verify_removes_a_damaged_jit_entry_and_push_carries_the_rest(tmp_path: Path) -> None:
+    _filled(tmp_path / "c")
+    runner = CliRunner()
+    with Cache(str(tmp_path / "c")) as cache:
+        victim = next(e for e in cache.index.jit_entries() if e.name == "eval")
+        cache.blobs.store.write(victim.digest, b"garbage")
+    checked = runner.invoke(cli, ["--cache", str(tmp_path / "c"), "verify"])
+    assert checked.exit_code == 1
+    assert "jit entry: blob" in checked.output
+    pushed = runner.invoke(cli, ["--cache", str(tmp_path / "c"), "push", str(tmp_path / "d")])
+    assert pushed.exit_code == 0, pushed.output
+    with Cache(str(tmp_path / "d")) as copy:
+        entries = copy.index.jit_entries()
+        assert [e.name for e in entries] == ["train_step"]
+        assert copy.blobs.check(entries[0].digest, entries[0].size) is None
+    assert runner.invoke(cli, ["--cache", str(tmp_path / "d"), "verify"]).exit_code == 0
