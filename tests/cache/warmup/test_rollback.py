@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import aot
+from aot.cache.index.entry import SCHEMA_VERSION
 from aot.cache.index.refs import RefOrigin
 from aot.cache.warmup.run import expand, load_manifest, run_warmup
 
@@ -89,7 +90,8 @@ def _as_written_before_refs(location: str) -> None:
     engine = sa.create_engine(location if "://" in location else f"sqlite:///{location}/index.sqlite")
     try:
         with engine.begin() as conn:
-            for table in ("release_members", "releases", "refs", "ref_history", "cache_meta"):
+            for table in ("release_members", "releases", "refs", "ref_history", "cache_meta",
+                          "jit_entries", "jit_stats", "jit_claims"):
                 conn.exec_driver_sql(f"DROP TABLE {table}")
             conn.exec_driver_sql("UPDATE schema_version SET version = 5")
     finally:
@@ -112,7 +114,7 @@ def test_a_cache_written_before_refs_serves_the_newest_then_what_the_next_warm_u
     # The legacy rule (docs/serving.md, "What is served"): the newest entry serves.
     assert _served(location) == _jit("relu")
     with aot.Cache(location) as cache:  # a writer migrates the index to refs
-        assert cache.index.schema_version() == 6 and cache.refs_named("act.layer") == []
+        assert cache.index.schema_version() == SCHEMA_VERSION and cache.refs_named("act.layer") == []
         _version(tmp_path, "gelu")
         assert _warm(tmp_path, cache) == ["hit"]
     assert _served(location) == _jit("gelu")
