@@ -176,6 +176,8 @@ def test_private_attributes_are_on_live_objects() -> None:
         "_name": lowered._lowering,
         "_device_list": lowered._lowering,
         "_compiler_options_kvs": lowered._lowering,
+        "_donated_invars": lowered._lowering,
+        "_platforms": lowered._lowering,
         "_no_kwargs": lowered,
         "_in_types": lowered,
         "_out_types": lowered,
