@@ -185,13 +185,14 @@ class MeshComputation:
         the artifact then holds the executable alone and cannot be recompiled elsewhere.
 
         The lowering the compile used is exported as it is (one trace, one lowering:
-        :mod:`aot.jaxcompat.export`), with the shardings as lowered. When that route
+        :mod:`aot.jaxcompat.export`), with the shardings as lowered and, for those left
+        to the compiler, ``executable``'s (when given). When that route
         is not available, the program is traced again by ``jax.export`` with the final
         input and output shardings of ``executable`` (compiled first when not given).
         """
         if self.symbolic:
             return self._symbolic_portable_hlo()
-        exported = export_from_lowering(self.name, self.lowered)
+        exported = export_from_lowering(self.name, self.lowered, executable)
         if exported is not None:
             return exported
         executable = executable or self.compile()
@@ -302,16 +303,22 @@ class MeshComputation:
 _ROUTE_MISSING: list[str] = []  # why the one-lowering export is unavailable, once logged
 
 
-def export_from_lowering(name: str, lowered: jax.stages.Lowered) -> bytes | None:
+def export_from_lowering(
+    name: str, lowered: jax.stages.Lowered, executable: MeshExecutable | None = None
+) -> bytes | None:
     """The ``jax.export`` bytes of ``lowered`` itself (no second trace), or None when
-    this program (or this JAX) needs the public ``jax.export`` path."""
+    this program (or this JAX) needs the public ``jax.export`` path. With
+    ``executable``, the shardings the lowering left to the compiler are its."""
     try:
         from aot.jaxcompat.export import ExportRouteUnavailable, export_lowered
     except ImportError as exc:  # a JAX without the private route
         _route_missing(f"{type(exc).__name__}: {exc}")
         return None
     try:
-        return bytes(export_lowered(lowered).serialize())
+        shardings = (
+            (executable.info.in_shardings, executable.info.out_shardings) if executable else (None, None)
+        )
+        return bytes(export_lowered(lowered, *shardings).serialize())
     except ExportRouteUnavailable as exc:
         log.debug("%s: exported through jax.export (%s)", name, exc)
     except (AttributeError, TypeError) as exc:  # JAX's internals moved

@@ -22,6 +22,7 @@ devices) is ``_export_lowered``'s own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -67,9 +68,31 @@ def _portable_copy(module: Any) -> Any:
     return copy
 
 
-def export_lowered(lowered: Any, fun_name: str = "flat_fn") -> Any:
+def _completed(lowered_shardings: Any, compiled: Sequence[Any] | None) -> Any:
+    """The lowering's shardings, each one left unspecified replaced by the compiled
+    executable's (what the compiler chose, as the public export was given)."""
+    if compiled is None:
+        return lowered_shardings
+    compiled = tuple(compiled)
+    if len(compiled) != len(lowered_shardings):
+        raise ExportRouteUnavailable("the executable's shardings do not match the lowering's")
+    return tuple(
+        given if isinstance(given, jax.sharding.Sharding) else chosen
+        for given, chosen in zip(lowered_shardings, compiled)
+    )
+
+
+def export_lowered(
+    lowered: Any,
+    in_shardings: Sequence[Any] | None = None,
+    out_shardings: Sequence[Any] | None = None,
+    fun_name: str = "flat_fn",
+) -> Any:
     """A ``jax.export.Exported`` with flat inputs and outputs of ``lowered`` (a
     ``jax.stages.Lowered`` of ``jax.jit``, concrete shapes), from its own lowering.
+
+    ``in_shardings`` (of the kept inputs) and ``out_shardings``: the compiled
+    executable's, recorded for what the lowering left to the compiler.
 
     Raises what ``_export_lowered`` raises for a program it cannot export, and
     ``AttributeError``/``TypeError`` when JAX's internals moved (the caller then
@@ -77,7 +100,7 @@ def export_lowered(lowered: Any, fun_name: str = "flat_fn") -> Any:
     """
     lowering = lowered._lowering
     if not isinstance(lowering, pxla.MeshComputation):
-        raise NotImplementedError(f"only a jit lowering can be exported, not {type(lowering).__name__}")
+        raise ExportRouteUnavailable(f"only a jit lowering can be exported, not {type(lowering).__name__}")
     portable = pxla.MeshComputation(
         lowering._name,
         _portable_copy(lowering.stablehlo()),
@@ -86,7 +109,11 @@ def export_lowered(lowered: Any, fun_name: str = "flat_fn") -> Any:
         lowering._platforms,
         lowering._compiler_options_kvs,
         lowering._device_list,
-        **lowering.compile_args,
+        **{
+            **lowering.compile_args,
+            "in_shardings": _completed(lowering.compile_args["in_shardings"], in_shardings),
+            "out_shardings": _completed(lowering.compile_args["out_shardings"], out_shardings),
+        },
     )
     flat_avals = tuple(jax.tree_util.tree_leaves(lowered.in_avals))
     out_count = lowered.out_tree.num_leaves
