@@ -45,12 +45,13 @@ class ExportRouteUnavailable(Exception):
 
 
 def _portable_copy(module: Any) -> Any:
-    """A copy of ``module`` in a new context, without locations or donation."""
+    """A copy of ``module`` without locations or donation."""
     bytecode = mlir.module_to_bytecode(module)
     if any(target in bytecode for target in _EXPORT_SPECIFIC_TARGETS):
         raise ExportRouteUnavailable("the module calls a kernel lowered differently for export")
-    context = mlir.make_ir_context()
-    with context, ir.Location.unknown(context):
+    # In the module's own context (a new one costs as much as the rest of the copy);
+    # _export_lowered moves the result into a context of its own.
+    with module.context, ir.Location.unknown(module.context):
         copy = ir.Module.parse(bytecode)
         passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(copy.operation)
         main = ir.SymbolTable(copy.operation)["main"]
