@@ -190,8 +190,11 @@ class MeshComputation:
         or None when ``jax.export`` cannot serialize it (int2/uint2 inputs, for one):
         the artifact then holds the executable alone and cannot be recompiled elsewhere.
 
-        With ``executable``, its final input and output shardings are exported;
-        otherwise the program is compiled first to learn them.
+        The lowering the compile used is exported as it is (one trace, one lowering:
+        :mod:`aot.jaxcompat.export`), with the shardings as lowered and, for those left
+        to the compiler, ``executable``'s (when given). When that route
+        is not available, the program is traced again by ``jax.export`` with the final
+        input and output shardings of ``executable`` (compiled first when not given).
         """
         if self.symbolic:
             return self._symbolic_portable_hlo()
@@ -202,6 +205,9 @@ class MeshComputation:
                 self.name, ", ".join(sorted({b["function"] for b in self.host_callbacks})),
             )
             return None
+        exported = export_from_lowering(self.name, self.lowered, executable)
+        if exported is not None:
+            return exported
         executable = executable or self.compile()
         kept = iter(executable.info.in_shardings)
         in_shardings = [next(kept) if a.kept else None for a in executable.info.args]
@@ -313,6 +319,43 @@ class MeshComputation:
                 f"{self.name} ({self.signature}): jax.export cannot export it for symbolic "
                 f"shapes: {str(exc).splitlines()[0]}"
             ) from exc
+
+
+_ROUTE_MISSING: list[str] = []  # why the one-lowering export is unavailable, once logged
+
+
+def export_from_lowering(
+    name: str, lowered: jax.stages.Lowered, executable: MeshExecutable | None = None
+) -> bytes | None:
+    """The ``jax.export`` bytes of ``lowered`` itself (no second trace), or None when
+    this program (or this JAX) needs the public ``jax.export`` path. With
+    ``executable``, the shardings the lowering left to the compiler are its."""
+    try:
+        from aot.jaxcompat.export import ExportRouteUnavailable, export_lowered
+    except ImportError as exc:  # a JAX without the private route
+        _route_missing(f"{type(exc).__name__}: {exc}")
+        return None
+    try:
+        shardings = (
+            (executable.info.in_shardings, executable.info.out_shardings) if executable else (None, None)
+        )
+        return bytes(export_lowered(lowered, *shardings).serialize())
+    except ExportRouteUnavailable as exc:
+        log.debug("%s: exported through jax.export (%s)", name, exc)
+    except (AttributeError, TypeError) as exc:  # JAX's internals moved
+        _route_missing(f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - the public path says what it cannot export
+        log.debug("%s: exported through jax.export (%s: %s)", name, type(exc).__name__, exc)
+    return None
+
+
+def _route_missing(why: str) -> None:
+    if not _ROUTE_MISSING:
+        _ROUTE_MISSING.append(why)
+        log.warning(
+            "exporting portable HLO by tracing each program again (jax.export): the "
+            "one-lowering route of aot.jaxcompat.export is unavailable with this JAX (%s)", why,
+        )
 
 
 def _given(sharding: Any) -> Any:

@@ -25,6 +25,7 @@ Modules:
   dtypes       extended dtypes and PRNG key types
   pytrees      ``jax.export``'s pytree serialization registry, jaxlib tracebacks
   lowering     tracing configuration used while lowering; a jitted function's settings
+  export       the portable export of the lowering a compile used (no second trace)
   mlir         StableHLO modules in an MLIR context
   runtime      the state of JAX's distributed runtime
   callbacks    the Python functions a lowered program calls back; loading with them
@@ -99,6 +100,13 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src:compilation_cache._cache_used",
     "jax._src:compilation_cache._cache_initialized_mutex",
     "jax._src:compilation_cache.extract_executable_and_time",
+    # export
+    "jax._src.export:_export._export_lowered",
+    "jax._src.interpreters.pxla:MeshComputation",
+    "jax._src.lib.mlir:passmanager.PassManager.parse",
+    "jax._src.lib.mlir:ir.SymbolTable",
+    "jax._src.lib.mlir:ir.DictAttr.get",
+    "jax._src.lib.mlir:ir.ArrayAttr.get",
 )
 
 #: Private attributes of JAX objects the modules of this package read (on a
@@ -118,4 +126,6 @@ PRIVATE_ATTRIBUTES: frozenset[str] = frozenset({
     "_device_assignment",  # Sharding
     "_cache_miss",  # the C++ call of a Compiled
     "_jit_info",  # a jax.jit function -> its static and donated arguments
+    "_donated_invars",  # pxla.MeshComputation
+    "_platforms",  # pxla.MeshComputation
 })

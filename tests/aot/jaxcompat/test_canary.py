@@ -140,7 +140,19 @@ def test_the_signatures_we_call_are_unchanged() -> None:
             wrong.append("ShapeEvaluator.evaluate")
         return f"changed: {wrong}" if wrong else None
 
+    def export_lowered() -> str | None:
+        from jax._src.export import _export
+
+        names = list(inspect.signature(_export._export_lowered).parameters)
+        computation = list(inspect.signature(pxla.MeshComputation.__init__).parameters)[1:]
+        expected = ["name", "hlo", "const_args", "donated_invars", "platforms",
+                    "compiler_options_kvs", "device_assignment"]
+        if names[:3] != ["lowered", "jaxpr", "fun_name"]:
+            return f"_export_lowered parameters are {names}"
+        return None if computation[: len(expected)] == expected else f"MeshComputation parameters are {computation}"
+
     problems = _moved({
+        "_export._export_lowered and pxla.MeshComputation": export_lowered,
         "pxla.UnloadedMeshExecutable fields": unloaded_fields,
         "stages.Compiled.__init__": compiled_init,
         "_jax.pjit": pjit_arity,
@@ -176,6 +188,8 @@ def test_private_attributes_are_on_live_objects() -> None:
         "_name": lowered._lowering,
         "_device_list": lowered._lowering,
         "_compiler_options_kvs": lowered._lowering,
+        "_donated_invars": lowered._lowering,
+        "_platforms": lowered._lowering,
         "_no_kwargs": lowered,
         "_in_types": lowered,
         "_out_types": lowered,

@@ -1,0 +1,96 @@
+"""Warm-up CPU seconds next to plain JAX, and A/B between checkouts (issue 25 goal 1).
+
+    python -m benchmarks.bench_warmup_cpu [--heavy] [--runs 3] [--tree LABEL=PATH ...]
+
+Each run, interleaved: plain JAX compiling the manifest's programs in one process
+(cold), then for each tree ``aot warmup MANIFEST --jobs 1`` into a fresh cache, the
+same warm-up again on that cache (every entry a hit), and JAX with its persistent
+cache warm. A tree is a checkout with its own ``.venv`` (default: this one, labelled
+``this``): ``--tree base=/tmp/base`` compares a commit's warm-up with this one's in
+the same run, under the same load. Printed: the median wall and CPU seconds (user +
+system of the process and its children) of each way, and aot / JAX per run.
+Fixtures come from this repository; every process gets 8 virtual CPU devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MANIFESTS = {False: REPO / "fixtures" / "warmup.toml", True: REPO / "benchmarks" / "heavy.toml"}
+
+
+def _env(root: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "AOT_CACHE")}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(REPO)])
+    return env
+
+
+def _run(cmd: list[str], root: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``cmd`` and everything it waited for."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(root), capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_warmup_cpu", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--heavy", action="store_true", help="benchmarks/heavy.toml instead of fixtures/warmup.toml")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
+                        help="a checkout with its own .venv to time too (repeatable)")
+    args = parser.parse_args(argv)
+    trees = [("this", REPO)] + [(t.partition("=")[0], Path(t.partition("=")[2]).resolve()) for t in args.tree]
+    manifest = MANIFESTS[args.heavy]
+    variant = "cold:heavy" if args.heavy else "cold"
+    folder = Path(tempfile.mkdtemp(prefix="aot-bench-warmup-cpu-"))
+    samples: dict[str, list[tuple[float, float]]] = {}
+    python = sys.executable
+    jax_cmd = [python, "-m", "benchmarks.worker", "warmup.jax", "--dir", str(folder / "jax")]
+    load = [os.getloadavg()[0]]
+    try:
+        _run([*jax_cmd, "--variant", variant.replace("cold", "pcache")], REPO)  # fills JAX's cache
+        for run in range(args.runs):
+            ways = [("JAX cold", [*jax_cmd, "--variant", variant], REPO)]
+            for label, root in trees:
+                cli = str(root / ".venv" / "bin" / "aot")
+                cache = str(folder / f"{label}-{run}")
+                ways.append((f"aot {label} --jobs 1", [cli, "--cache", cache, "warmup", str(manifest), "--jobs", "1"], root))
+                ways.append((f"aot {label} all cached", [cli, "--cache", cache, "warmup", str(manifest), "--jobs", "1"], root))
+            ways.append(("JAX pcache warm", [*jax_cmd, "--variant", variant.replace("cold", "pcache")], REPO))
+            for name, cmd, root in ways:
+                samples.setdefault(name, []).append(_run(cmd, root))
+            load.append(os.getloadavg()[0])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"{manifest.relative_to(REPO)}, {args.runs} runs, load average {min(load):.2f}-{max(load):.2f}")
+    print(f"{'way':30s} {'wall s':>8s} {'CPU s':>8s}   per run aot/JAX (CPU; wall)")
+    for name, values in samples.items():
+        wall = statistics.median(v[0] for v in values)
+        cpu = statistics.median(v[1] for v in values)
+        reference = samples["JAX pcache warm" if "cached" in name else "JAX cold"]
+        ratios = ""
+        if name.startswith("aot"):
+            ratios = ", ".join(f"{v[1] / r[1]:.2f}; {v[0] / r[0]:.2f}" for v, r in zip(values, reference))
+        print(f"{name:30s} {wall:8.2f} {cpu:8.2f}   {ratios}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
