@@ -11,6 +11,7 @@ from aot.artifact import PORTABLE_HLO, Manifest
 from aot.errors import AotError, ArtifactNotFoundError, CorruptArtifactError
 from aot.fingerprint import PartDifference
 from aot.cache.index.served import ref_map
+from aot.cache.reports.environment import this_environment
 from aot.cache.reports.listing import release_labels, served_keys, superseded_keys
 from aot.cache.serving.signatures import Signature
 
@@ -163,7 +164,7 @@ def describe_entries(
         try:
             manifest = Manifest.from_json(entry.manifest)
             error = None
-            diffs = manifest.environment.diff(cache.environment)
+            diffs = manifest.environment.diff(this_environment(cache))
         except AotError as exc:
             manifest, error, diffs = None, str(exc), ()
         text = portable_hlo_text(cache, entry, debug_info=debug_info) if hlo else None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.served import Slot, ref_map, served_key, superseded_keys
+from aot.cache.reports.environment import this_environment
 from aot.cache.serving.signatures import Signature
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ def entry_rows(
     superseded = superseded_keys(peers, refs)
     served = served_keys(peers, refs)
     labels = release_labels(cache, names)
-    statuses = environment_statuses(entries, cache.environment)
+    statuses = environment_statuses(entries, this_environment(cache))
     rows = []
     for entry in entries:
         status = statuses[entry.key]

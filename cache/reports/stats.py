@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.entry import fields_to_json, parse_utc
+from aot.cache.reports.environment import this_environment
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -151,7 +152,7 @@ def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
     from aot.cache.index.globs import glob_to_like
     from aot.cache.index.schema import CALL_STATS
 
-    this = cache.environment.digest
+    this = this_environment(cache).digest
     index = _stats_index(cache)
     query = sa.select(CALL_STATS)
     if name_glob is not None and name_glob != "*":
