@@ -12,6 +12,7 @@ uses the SQLAlchemy index (:mod:`aot.cache.index.sql`).
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import sqlite3
@@ -23,6 +24,7 @@ from typing import Any
 from urllib.parse import quote
 
 from aot.cache.index.entry import SCHEMA_VERSION, IndexEntry, utcnow
+from aot.cache.index.globs import glob_to_like, like_escape
 from aot.cache.index.refs import Ref, ReleaseMember
 from aot.errors import CacheError
 
@@ -234,6 +236,34 @@ class SqliteReader:
             " ORDER BY signature", [found[0][0], name],
         )
         return tuple(ReleaseMember(*row) for row in rows)
+
+    # The reads of the listing commands (aot ls, show), as the SQL index answers them,
+    # so that they import neither SQLAlchemy nor JAX (aot.cache.reports.reads).
+
+    def entries(self, name_glob: str | None = None) -> list[IndexEntry]:
+        """All rows, or those whose name matches an fnmatch glob, by name, age, key."""
+        query = f"SELECT {', '.join(_COLUMNS)} FROM artifacts"
+        params: list[object] = []
+        if name_glob is not None and name_glob != "*":
+            query += " WHERE name LIKE ? ESCAPE '\\'"
+            params.append(glob_to_like(name_glob))
+        rows = self._rows(query + " ORDER BY name, created_at, key", params)
+        if name_glob is not None and name_glob != "*":  # LIKE ignores case, has no [...]
+            rows = [e for e in rows if fnmatch.fnmatchcase(e.name, name_glob)]
+        return rows
+
+    def find_key_prefix(self, prefix: str, *, limit: int | None = None) -> list[str]:
+        """Keys starting with ``prefix`` (abbreviated keys on the command line)."""
+        query = "SELECT key FROM artifacts WHERE key LIKE ? ESCAPE '\\' ORDER BY key"
+        params: list[object] = [like_escape(prefix) + "%"]
+        if limit is not None:
+            query += " LIMIT ?"
+            params.append(int(limit))
+        return [str(r[0]) for r in self._execute(query, params) if str(r[0]).startswith(prefix)]
+
+    def release_labels(self) -> list[str]:
+        """Every release label, sorted."""
+        return [str(r[0]) for r in self._execute("SELECT DISTINCT label FROM releases ORDER BY label")]
 
     def _rows(self, query: str, params: list[object]) -> list[IndexEntry]:
         rows = self._execute(query, params)
