@@ -126,7 +126,11 @@ def record_folder() -> Path | None:
     return Path(base) / "jax-aot" / "environment"
 
 
-def _file_for(folder: Path, key: Mapping[str, Any]) -> Path:
+def record_path(key: Mapping[str, Any], folder: Path | None = None) -> Path:
+    """The file of the record of ``key`` (in :func:`record_folder` unless given)."""
+    folder = record_folder() if folder is None else folder
+    if folder is None:
+        raise ValueError(f"{RECORD_ENV}=off: no environment records")
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     return folder / f"{digest[:40]}.json"
 
@@ -137,7 +141,7 @@ def read_parts() -> dict[str, str] | None:
     key = record_key() if folder is not None else None
     if folder is None or key is None:
         return None
-    path = _file_for(folder, key)
+    path = record_path(key, folder)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -210,7 +214,7 @@ def _remember(parts: Mapping[str, str]) -> None:
         return
     if not _config_matches_environment(parts):
         return
-    path = _file_for(folder, key)
+    path = record_path(key, folder)
     body = json.dumps({"key": key, "parts": dict(sorted(parts.items()))}, indent=1, sort_keys=True)
     if (str(path), body) in _written:
         return
