@@ -35,6 +35,11 @@ _TIMES = {"created_at", "last_used_at"}
 _REF_COLUMNS = tuple(f.name for f in fields(Ref))
 _REF_SELECT = ", ".join(f'"{c}"' for c in _REF_COLUMNS)  # quoted: "commit" is a keyword
 _BUSY_TIMEOUT_S = 30.0
+_CALL_STATS_COLUMNS = (
+    "env_fp", "name", "signature_digest", "signature", "calls", "loads", "load_seconds",
+    "saved_seconds", "misses", "miss_reason", "recompiles", "recompile_seconds",
+    "recompile_reason", "created_at", "updated_at",
+)
 
 
 def _time(value: object) -> datetime:
@@ -142,6 +147,11 @@ class SqliteReader:
                 f"reads version {SCHEMA_VERSION} (open it once with a writable Cache to "
                 "migrate, or upgrade jax-aot)"
             )
+
+    @property
+    def url(self) -> str:
+        """The SQLAlchemy URL of this file, as the SQL index names it."""
+        return f"sqlite:///{self.path}"
 
     def _connect(self) -> tuple[sqlite3.Connection, int]:
         """A connection and the schema version it reads."""
@@ -264,6 +274,26 @@ class SqliteReader:
     def release_labels(self) -> list[str]:
         """Every release label, sorted."""
         return [str(r[0]) for r in self._execute("SELECT DISTINCT label FROM releases ORDER BY label")]
+
+    def call_stats(self, name_glob: str | None = None, env_fp: str | None = None) -> list[dict[str, Any]]:
+        """The serving statistics rows (names matching an fnmatch glob; of one
+        environment) as the columns of ``call_stats``, times in UTC."""
+        query = f"SELECT {', '.join(_CALL_STATS_COLUMNS)} FROM call_stats"
+        where, params = [], []  # type: ignore[var-annotated]
+        if name_glob is not None and name_glob != "*":
+            where.append("name LIKE ? ESCAPE '\\'")
+            params.append(glob_to_like(name_glob))
+        if env_fp is not None:
+            where.append("env_fp = ?")
+            params.append(env_fp)
+        if where:
+            query += " WHERE " + " AND ".join(where)
+        rows = [dict(zip(_CALL_STATS_COLUMNS, row)) for row in self._execute(query, params)]
+        for row in rows:
+            for column in ("created_at", "updated_at"):
+                if row[column] is not None:
+                    row[column] = _time(row[column])
+        return [r for r in rows if name_glob is None or fnmatch.fnmatchcase(r["name"], name_glob)]
 
     def _rows(self, query: str, params: list[object]) -> list[IndexEntry]:
         rows = self._execute(query, params)

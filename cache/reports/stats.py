@@ -147,28 +147,15 @@ def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
     ``name_glob``; ``env="this"``: this environment's only), most called first: what
     every process that served from it wrote. (What this process counted on a
     read-only cache, kept in memory, is :meth:`StatsRecorder.report`.)"""
-    import sqlalchemy as sa
-
-    from aot.cache.index.globs import glob_to_like
-    from aot.cache.index.schema import CALL_STATS
+    from aot.cache.reports.reads import reads_of
 
     this = this_environment(cache).digest
-    index = _stats_index(cache)
-    query = sa.select(CALL_STATS)
-    if name_glob is not None and name_glob != "*":
-        query = query.where(CALL_STATS.c.name.like(glob_to_like(name_glob), escape="\\"))
-    if env == "this":
-        query = query.where(CALL_STATS.c.env_fp == this)
-    with index._read("read call statistics") as conn:
-        found = conn.execute(query).all()
+    reads = reads_of(getattr(cache, "stats_cache", cache))
     rows = []
-    for row in found:
-        data = dict(row._mapping)
-        if name_glob is not None and not fnmatch.fnmatchcase(data["name"], name_glob):
-            continue
+    for data in reads.call_stats(name_glob, this if env == "this" else None):
         data.pop("signature_digest", None)
         rows.append(SignatureStats(this_environment=data["env_fp"] == this, **data))
-    return StatsReport(index.url, ordered(rows), env, stored=True)
+    return StatsReport(reads.url, ordered(rows), env, stored=True)
 
 
 def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") -> int:
