@@ -201,6 +201,10 @@ def plan_removal(
     check_env_choice(env)
     filters = [SignatureFilter.parse(s) for s in signatures]
     selected = _select(cache, target)
+    if env == "this":
+        # What is deleted is decided with the real fingerprint, never the listing record
+        # (this_environment uses it once JAX is imported).
+        cache.environment  # noqa: B018
     rows = entry_rows(cache, selected, env=env)
     if filters:
         rows = [r for r in rows if any(f.matches(r.entry, r.signature) for f in filters)]

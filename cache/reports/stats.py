@@ -170,7 +170,8 @@ def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
     target = getattr(cache, "stats_cache", cache)
     target._check_writable("reset the call statistics")
     index = _stats_index(cache)
-    this = cache.environment.digest
+    # The real fingerprint (never the listing record) decides what is deleted; not needed for all.
+    this = cache.environment.digest if env == "this" else None
     with index._read("read call statistics") as conn:
         columns = (CALL_STATS.c.env_fp, CALL_STATS.c.name, CALL_STATS.c.signature_digest)
         rows = conn.execute(sa.select(*columns)).all()
