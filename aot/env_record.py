@@ -6,9 +6,9 @@ devices: it needs JAX and a backend, 1-2 s. Every process that computes it with 
 (a compile, a warm-up, ``aot.load``, ``aot doctor``) writes what it found here, under a
 *key* made of everything that can change the answer without the machine rebooting:
 
-- the record format, the Python environment (``sys.prefix``) and the versions of jax,
-  jaxlib and every installed JAX plugin or libtpu, read with ``importlib.metadata``
-  (no import);
+- the record format, the Python environment (``sys.prefix``) and the installed
+  versions of jax, jaxlib and every JAX plugin or libtpu (their ``.dist-info``
+  folders in site-packages: no import, no metadata parsed);
 - every environment variable JAX, XLA or a device runtime reads: ``JAX_*``, ``XLA_*``,
   ``TPU_*``, ``CUDA_*``, ``ROCM_*``, ``HIP_*``, ``ROCR_*``, ``NVIDIA_*``, ``NEURON_*``,
   ``MEGASCALE_*``, ``PJRT_*``, ``*_VISIBLE_DEVICES``, ``LD_LIBRARY_PATH``;
@@ -57,9 +57,9 @@ _PREFIXES = (
     "MEGASCALE_", "PJRT_", "CLOUD_TPU", "LIBTPU",
 )
 _NAMES = frozenset({"LD_LIBRARY_PATH"})
-_DISTRIBUTIONS = ("jax", "jaxlib")
-# Distributions whose presence or version changes the devices JAX finds.
-_PLUGIN_PREFIXES = ("jax-cuda", "jax_cuda", "jax-rocm", "jax_rocm", "jax-tpu", "jax_tpu", "libtpu", "jax-metal", "jax_metal")
+# Distributions whose presence or version can change what JAX finds: jax, jaxlib,
+# jax_cuda12_plugin, jax_cuda12_pjrt, jax_rocm*, libtpu, ...
+_DISTRIBUTION_PREFIXES = ("jax", "libtpu")
 _TRUE = ("y", "yes", "t", "true", "on", "1")
 # Set by `import jax` itself from the others (jax/_src/cloud_tpu_init.py).
 _SET_BY_JAX = frozenset({"TPU_SKIP_MDS_QUERY", "TPU_ML_PLATFORM", "TPU_ML_PLATFORM_VERSION", "LIBTPU_INIT_ARGS"})
@@ -85,20 +85,24 @@ def _boot_id() -> str | None:
         return None
 
 
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out: dict[str, str] = {}
-    for name in _DISTRIBUTIONS:
+def _versions() -> list[str]:
+    """The installed distributions named jax*, libtpu* (jax, jaxlib, the CUDA/ROCm/TPU
+    plugins), as their ``NAME-VERSION.dist-info`` folders in the site-packages folders
+    on ``sys.path``: a listing of a folder or two, no metadata parsed, nothing imported.
+    An upgrade, a new plugin or a removed one changes the list."""
+    found: list[str] = []
+    for entry in dict.fromkeys(sys.path):
+        if not entry.rstrip(os.sep).endswith(("site-packages", "dist-packages")):
+            continue
         try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "absent"
-    for dist in metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower()
-        if name.startswith(_PLUGIN_PREFIXES):
-            out[name] = dist.version
-    return out
+            names = os.listdir(entry)
+        except OSError:
+            continue
+        found += [
+            f"{entry}/{n}" for n in names
+            if n.endswith((".dist-info", ".egg-info")) and n.lower().startswith(_DISTRIBUTION_PREFIXES)
+        ]
+    return sorted(found)
 
 
 def record_key(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
