@@ -271,6 +271,17 @@ class SqliteReader:
             params.append(int(limit))
         return [str(r[0]) for r in self._execute(query, params) if str(r[0]).startswith(prefix)]
 
+    def refs(self, name_glob: str | None = None) -> list[Ref]:
+        """Every current ref, or those whose name matches an fnmatch glob, by name and signature."""
+        query = f"SELECT {_REF_SELECT} FROM refs"
+        params: list[object] = []
+        if name_glob is not None and name_glob != "*":
+            query += " WHERE name LIKE ? ESCAPE '\\'"
+            params.append(glob_to_like(name_glob))
+        rows = self._execute(query + " ORDER BY name, signature", params)
+        found = [Ref(*(_time(v) if c == "set_at" else v for c, v in zip(_REF_COLUMNS, row))) for row in rows]
+        return [r for r in found if name_glob in (None, "*") or fnmatch.fnmatchcase(r.name, name_glob)]
+
     def release_labels(self) -> list[str]:
         """Every release label, sorted."""
         return [str(r[0]) for r in self._execute("SELECT DISTINCT label FROM releases ORDER BY label")]

@@ -53,6 +53,7 @@ def both(tmp_path: Path) -> Iterator[tuple[Index, SqliteReader]]:
     release = index.open_release("prod", origin)
     index.add_release_members(release, [ReleaseMember(r.name, r.signature, r.env_fp, r.key) for r in ROWS[:3]])
     index.open_release("canary", origin)
+    index.set_refs([(r.name, r.signature, r.env_fp, r.key) for r in ROWS[2:]], origin)
     with index.engine.begin() as conn:
         for i, (env, name) in enumerate((("env-a", "mlp.forward"), ("env-b", "tiny"), ("env-a", "ünï/名"))):
             conn.execute(sa.insert(CALL_STATS).values(
@@ -84,6 +85,9 @@ def test_key_prefixes_release_labels_and_url_match(both: tuple[Index, SqliteRead
     assert reader.release_labels() == [r.label for r in index.releases()] == ["canary", "prod"]
     assert reader.release_members("prod", "mlp.forward") == index.release_members("prod", "mlp.forward")
     assert reader.url == index.url
+    for glob in GLOBS:
+        assert reader.refs(glob) == index.refs(glob), glob
+    assert len(reader.refs()) == len(ROWS) - 2
 
 
 def test_call_stats_match_the_sql_index(both: tuple[Index, SqliteReader]) -> None:
