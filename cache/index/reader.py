@@ -282,6 +282,10 @@ class SqliteReader:
         found = [Ref(*(_time(v) if c == "set_at" else v for c, v in zip(_REF_COLUMNS, row))) for row in rows]
         return [r for r in found if name_glob in (None, "*") or fnmatch.fnmatchcase(r.name, name_glob)]
 
+    def blob_sizes(self) -> dict[str, int]:
+        """``{digest: stored size}`` of every registered blob."""
+        return {str(d): int(n) for d, n in self._execute("SELECT digest, stored_size FROM blobs")}
+
     def release_labels(self) -> list[str]:
         """Every release label, sorted."""
         return [str(r[0]) for r in self._execute("SELECT DISTINCT label FROM releases ORDER BY label")]

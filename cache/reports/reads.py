@@ -1,5 +1,5 @@
-"""The index reads of the listing reports (``aot ls``, ``show``, ``stats``) and of a
-bundle export, through the
+"""The index reads of the listing reports (``aot ls``, ``show``, ``stats``), of a
+bundle export and of ``aot rm``'s plan, through the
 standard library's SQLite reader for a folder cache (no SQLAlchemy import: 0.25-0.6 s
 saved per command), else through the SQL index."""
 
@@ -27,6 +27,7 @@ class ListingReads(Protocol):
     def refs_named(self, name: str, env_fp: str | None = None) -> list[Ref]: ...
     def refs(self, name_glob: str | None = None) -> list[Ref]: ...
     def release_labels(self) -> list[str]: ...
+    def blob_sizes(self) -> dict[str, int]: ...
     def release_members(self, label: str, name: str) -> tuple[ReleaseMember, ...] | None: ...
     def call_stats(self, name_glob: str | None = None, env_fp: str | None = None) -> list[dict[str, Any]]: ...
 
@@ -47,6 +48,9 @@ class _IndexReads:
 
     def release_labels(self) -> list[str]:
         return [release.label for release in self._index.releases()]
+
+    def blob_sizes(self) -> dict[str, int]:
+        return {row.digest: row.stored_size for row in self._index.blob_rows()}
 
     def call_stats(self, name_glob: str | None = None, env_fp: str | None = None) -> list[dict[str, Any]]:
         import sqlalchemy as sa
