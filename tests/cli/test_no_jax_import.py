@@ -191,3 +191,19 @@ def test_records_folder_defaults_to_the_user_cache(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv(env_record.RECORD_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert env_record.record_folder() == tmp_path / "jax-aot" / "environment"
+
+
+def test_library_modules_of_these_commands_import_no_jax_or_numpy() -> None:
+    """Importing them is free of JAX (and NumPy); only what needs a device imports it."""
+    modules = (
+        "aot", "aot.cli.main", "aot.cache.opening", "aot.cache.reports.listing", "aot.cache.reports.details",
+        "aot.cache.reports.stats", "aot.cache.admin.bundle", "aot.cache.admin.transfer",
+        "aot.cache.admin.removal", "aot.cache.admin.maintenance", "aot.artifact", "aot.signing", "aot.fingerprint",
+    )
+    code = (
+        f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+        "print(sorted(m for m in ('jax', 'jaxlib', 'numpy') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
