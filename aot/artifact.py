@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jax
-import jaxlib
-import numpy as np
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError
 from aot.fingerprint import (
     Fingerprint,
@@ -33,9 +31,7 @@ from aot.fingerprint import (
     environment_fingerprint,
     sha256_hex,
 )
-from aot.specs import format_aval, parse_dtype
 from aot.statics import StaticArg, statics_from_json, with_statics
-from aot.treedef import structure_key_of_json
 
 if TYPE_CHECKING:
     from aot.fingerprint import PartDifference
@@ -109,8 +105,8 @@ class Manifest:
     committed: bool
     xla_name: str
     blobs: Mapping[str, BlobRef]
-    jax_version: str = jax.__version__
-    jaxlib_version: str = jaxlib.__version__
+    jax_version: str = field(default_factory=lambda: _versions()[0])
+    jaxlib_version: str = field(default_factory=lambda: _versions()[1])
     compile_seconds: float = 0.0
     created_at: str = ""
     cost_analysis: Mapping[str, float] | None = None
@@ -249,10 +245,7 @@ class Manifest:
         # key themselves; the program fingerprint's in_avals part is. They must agree,
         # or a manifest edited to f32[16,8] would run a f32[8,16] program on it.
         try:
-            signature = ", ".join(
-                format_aval(a["shape"], parse_manifest_dtype(a["dtype"]), bool(a.get("weak_type", False)))
-                for a in manifest.args
-            )
+            signature = ", ".join(manifest_aval_text(a) for a in manifest.args)
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptArtifactError(f"manifest has a malformed argument: {exc!r}") from None
         recorded = manifest.program.as_dict().get("in_avals")
@@ -428,20 +421,53 @@ def check_environment(manifest: Manifest, current: Fingerprint | None = None) ->
         )
 
 
+# The numpy names of the dtypes every jax has -> their short names (aot.specs.DTYPES),
+# so that reading a manifest (aot ls, show, bundle, push) needs no JAX for them.
+COMMON_DTYPES = {
+    "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+    "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+    "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
+    "bool": "bool", "complex64": "c64", "complex128": "c128",
+}
+
+
+def manifest_aval_text(aval: Mapping[str, Any]) -> str:
+    """``{"shape": [8, 128], "dtype": "float32"}`` -> ``"f32[8,128]"`` (``~`` when weakly
+    typed), as :func:`aot.specs.format_aval` writes it; JAX is imported only for a
+    dtype outside the common ones or a symbolic dimension."""
+    shape, dtype, weak = aval["shape"], aval["dtype"], bool(aval.get("weak_type", False))
+    short = COMMON_DTYPES.get(dtype) if isinstance(dtype, str) else None
+    if short is not None and all(type(d) is int for d in shape):
+        return f"{'~' if weak else ''}{short}[{','.join(str(d) for d in shape)}]"
+    from aot.specs import format_aval  # imports JAX
+
+    return format_aval(shape, parse_manifest_dtype(dtype), weak)
+
+
+def _versions() -> tuple[str, str]:
+    """This process's jax and jaxlib versions (imports JAX: a manifest is being built)."""
+    import jax
+    import jaxlib
+
+    return jax.__version__, jaxlib.__version__
+
+
 def parse_manifest_dtype(name: Any) -> Any:
     """The dtype a manifest names: corruption when it is not a name, an incompatible
     environment when this jax does not have it."""
     if not isinstance(name, str):
         raise CorruptArtifactError(f"manifest has a malformed dtype {str(name)[:40]!r}")
+    from aot.specs import parse_dtype  # imports JAX: only when a dtype is parsed
+
     try:
         return parse_dtype(name)
     except Exception:  # noqa: BLE001
         # Written by a jax that has this dtype (float8_e8m0fnu, int2, ...): this one
         # cannot run it, which is not damage.
         raise IncompatibleEnvironmentError(
-            f"manifest names dtype {name[:40]!r}, which this jax ({jax.__version__}) does not "
+            f"manifest names dtype {name[:40]!r}, which this jax ({_versions()[0]}) does not "
             "have; serve it with the jax that compiled it, or recompile it here",
-            (f"dtype {name[:40]!r} unknown to jax {jax.__version__}",),
+            (f"dtype {name[:40]!r} unknown to jax {_versions()[0]}",),
         ) from None
 
 
@@ -596,6 +622,8 @@ def _tree_digest(manifest: Manifest, tree: Any) -> str:
     types and auxiliary-data digests, not the auxiliary data stored beside them)."""
     if manifest.format_version < 2:
         return "sha256:" + sha256_hex(canonical_json(tree))
+    from aot.treedef import structure_key_of_json  # imports JAX
+
     return structure_key_of_json(tree)
 
 
@@ -629,7 +657,7 @@ def sharding_device_ids(sharding: Any, rank: int | None = None) -> list[int]:
         ids = _int_list(mesh["device_ids"], "mesh device_ids")
         shape = _int_list(mesh["shape"], "mesh shape")
         names = list(mesh["axis_names"])
-        if int(np.prod(shape, dtype=np.int64)) != len(ids) or len(names) != len(shape):
+        if math.prod(shape) != len(ids) or len(names) != len(shape):
             raise ValueError(f"mesh shape {shape} / axes {names} do not fit {len(ids)} devices")
         spec = list(sharding["spec"])
         if rank is not None and len(spec) > rank:
@@ -683,7 +711,11 @@ def _aval_key(aval: Any) -> tuple[Any, Any] | None:
 
 def _aval_text(aval: Any) -> str:
     key = _aval_key(aval)
-    return format_aval(*key) if key is not None else repr(aval)[:60]
+    if key is None:
+        return repr(aval)[:60]
+    from aot.specs import format_aval
+
+    return format_aval(*key)
 
 
 def _rank(aval: Any) -> int | None:

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import jax
-import jaxlib
+from aot.env_record import read_parts, remember
 
 # XLA flags that cannot change the compiled executable, decided flag by flag from
 # JAX's own list (jax/_src/cache_key.py, xla_flags_to_exclude_from_cache_key). They are
@@ -200,6 +199,9 @@ def _topology(devices: Sequence[Any]) -> str:
 
 def environment_parts(backend: str | None = None) -> dict[str, str]:
     """The parts of the environment that decide whether an executable can run here."""
+    import jax  # here, not at module level: listing commands use this module without JAX
+    import jaxlib
+
     devices = jax.devices(backend)
     first = devices[0]
     client = first.client
@@ -221,7 +223,19 @@ def environment_parts(backend: str | None = None) -> dict[str, str]:
 
 
 def environment_fingerprint(backend: str | None = None) -> Fingerprint:
-    return Fingerprint.of("environment", environment_parts(backend))
+    parts = environment_parts(backend)
+    if backend is None:
+        remember(parts)  # for listing commands that run without JAX (aot.env_record)
+    return Fingerprint.of("environment", parts)
+
+
+def recorded_environment() -> Fingerprint | None:
+    """This host's environment fingerprint as a process with JAX last computed it under
+    the same versions, variables and boot (:mod:`aot.env_record`), without importing
+    JAX; None when there is no such record. For listing and filtering only: loading
+    and compiling always compute :func:`environment_fingerprint`."""
+    parts = read_parts()
+    return None if parts is None else Fingerprint.of("environment", parts)
 
 
 def program_fingerprint(parts: Mapping[str, str]) -> Fingerprint:

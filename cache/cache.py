@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aot.artifact import EXECUTABLE, Artifact
-from aot.rehydrate import load_executable
 from aot.errors import ArtifactNotFoundError, CacheError, ReadOnlyCacheError
-from aot.executable import MeshExecutable
 from aot.fingerprint import environment_fingerprint
 from aot.signing import key_from
 from aot.cache.storage.content import ContentStore
@@ -32,6 +30,7 @@ from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
 from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
 
 if TYPE_CHECKING:
+    from aot.executable import MeshExecutable
     from aot.computation import MeshComputation
     from aot.cache.compiling import CompileResult
     from aot.cache.index.protocol import IndexReader
@@ -108,6 +107,14 @@ def require_cache(
     if index_file.is_file() and index_file.stat().st_size > 0:
         return
     raise CacheError(_lost_index_message(folder) or f"no cache at {folder} ({why}); {advice}")
+
+
+def load_executable(artifact: Artifact, *, current: Any) -> MeshExecutable:
+    """:func:`aot.rehydrate.load_executable`, imported when an executable is loaded:
+    listing and maintenance commands use this module without JAX."""
+    from aot.rehydrate import load_executable as rehydrate
+
+    return rehydrate(artifact, current=current)
 
 
 class Cache(Declared):

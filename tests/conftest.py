@@ -8,6 +8,9 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# No environment records in the user's cache folder from the tests' subprocesses
+# (tests/cli/test_no_jax_import.py gives its own folder).
+os.environ.setdefault("AOT_ENV_RECORD", "off")
 
 import secrets  # noqa: E402
 from collections.abc import Iterator  # noqa: E402

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from aot.cache.index.jit import signature_problem
+from aot.cache.index.jit_records import signature_problem
 from aot.errors import AotError
 
 if TYPE_CHECKING:

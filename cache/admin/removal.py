@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from aot.errors import ArtifactNotFoundError, SpecError
 from aot.cache.index.entry import IndexEntry
 from aot.cache.reports.listing import EntryRow, check_env_choice, entry_rows
+from aot.cache.reports.reads import reads_of
 from aot.cache.admin.maintenance import delete_unreferenced_blobs
 from aot.cache.serving.signatures import Signature
 from aot.cache.units import human_size
@@ -164,23 +165,24 @@ class RemovalPlan:
 
 
 def _select(cache: Cache, target: str) -> list[IndexEntry]:
-    entries = cache.index.entries(target)
+    reads = reads_of(cache)
+    entries = reads.entries(target)
     if entries:
         return entries
     if _HEX.match(target):
-        keys = cache.index.find_key_prefix(target.lower(), limit=11)
+        keys = reads.find_key_prefix(target.lower(), limit=11)
         if len(keys) > 1:
             shown = ", ".join(k[:12] for k in keys[:10]) + (", ..." if len(keys) > 10 else "")
             raise ArtifactNotFoundError(
                 f"key prefix {target!r} is ambiguous ({shown}); give more characters"
             )
         if keys:
-            entry = cache.index.get(keys[0])
+            entry = reads.get(keys[0])
             if entry is not None:
                 return [entry]
     import difflib
 
-    names = sorted({e.name for e in cache.index.entries()})
+    names = sorted({e.name for e in reads.entries()})
     close = difflib.get_close_matches(target, names, n=3)
     hint = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
     raise ArtifactNotFoundError(
@@ -203,16 +205,21 @@ def plan_removal(
     check_env_choice(env)
     filters = [SignatureFilter.parse(s) for s in signatures]
     selected = _select(cache, target)
+    if env == "this":
+        # What is deleted is decided with the real fingerprint, never the listing record
+        # (this_environment uses it once JAX is imported).
+        cache.environment  # noqa: B018
     rows = entry_rows(cache, selected, env=env)
     if filters:
         rows = [r for r in rows if any(f.matches(r.entry, r.signature) for f in filters)]
     victims = {r.entry.key for r in rows}
     survivors: set[str] = set()
-    for entry in cache.index.entries():
+    reads = reads_of(cache)  # the plan reads without SQLAlchemy on a folder cache
+    for entry in reads.entries():
         if entry.key not in victims:
             survivors |= _digests(entry)
     freed_blobs = sorted(set().union(*(_digests(r.entry) for r in rows)) - survivors) if rows else []
-    sizes = {row.digest: row.stored_size for row in cache.index.blob_rows()}
+    sizes = reads.blob_sizes()
     freed = sum(sizes.get(d, 0) for d in freed_blobs)
     return RemovalPlan(
         target, tuple(signatures), env, tuple(RemovalVictim.of(r) for r in rows),

@@ -12,18 +12,15 @@ arguments and no ref, so the served-identity machinery (refs, releases, statics,
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import hmac
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
 from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
-from aot.cache.index.entry import as_utc, fields_to_json, utcnow
+from aot.cache.index.jit_records import AOT, JIT, JitEntry, JitStats, function_name, sign_entry, signature_problem
 from aot.cache.index.leases import Lease, LeaseLostError
 from aot.cache.index.schema import BLOBS, JIT_CLAIMS, JIT_ENTRIES, JIT_STATS, LEASES
 from aot.errors import CacheError
@@ -31,84 +28,6 @@ from aot.errors import CacheError
 logger = logging.getLogger(__name__)
 
 __all__ = ["JIT", "AOT", "IndexJit", "JitEntry", "JitStats", "function_name", "sign_entry", "signature_problem"]
-
-#: The KIND of an entry of JAX's persistent cache, and of an artifact compiled through jax-aot.
-JIT = "jit"
-AOT = "aot"
-
-
-def function_name(jax_key: str) -> str:
-    """The jitted function's name from JAX's cache key (``jit_train_step-<hash>`` ->
-    ``train_step``; JAX prefixes the module name, ``jit_``/``pmap_`` included)."""
-    module, sep, _ = jax_key.rpartition("-")
-    module = module if sep else jax_key
-    for prefix in ("jit_", "pmap_", "xla_computation_"):
-        if module.startswith(prefix) and len(module) > len(prefix):
-            return module[len(prefix):]
-    return module
-
-
-@dataclass(frozen=True, slots=True)
-class JitEntry:
-    """One entry of JAX's persistent cache kept by jax-aot (KIND ``jit``)."""
-
-    key: str
-    name: str
-    digest: str
-    size: int
-    stored_size: int
-    compile_seconds: float
-    platform: str
-    signature: str | None = None
-    created_at: datetime = field(default_factory=utcnow)
-    last_used_at: datetime = field(default_factory=utcnow)
-    hits: int = 0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "created_at", as_utc(self.created_at, "created_at"))
-        object.__setattr__(self, "last_used_at", as_utc(self.last_used_at, "last_used_at"))
-
-    @property
-    def kind(self) -> str:
-        return JIT
-
-    def to_dict(self) -> dict[str, Any]:
-        data = fields_to_json(self)
-        data["hmac"] = data.pop("signature")  # "signature" is an aot entry's arguments
-        return {"kind": JIT, **data}
-
-
-def sign_entry(secret: bytes, key: str, name: str, digest: str, size: int) -> str:
-    """The HMAC of a jit entry: what selects it (JAX's key, the name) and its blob."""
-    message = f"jax-aot jit entry\n{key}\n{name}\n{digest}\n{size}".encode()
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
-
-
-def signature_problem(secret: bytes | None, entry: JitEntry) -> str | None:
-    """Why ``entry`` must not be executed under the signing key ``secret`` (None: it
-    may; always None without a key)."""
-    if secret is None:
-        return None
-    if entry.signature is None:
-        return "unsigned (the cache has a signing key)"
-    expected = sign_entry(secret, entry.key, entry.name, entry.digest, entry.size)
-    if not hmac.compare_digest(expected, entry.signature):
-        return "signed with another key, or altered"
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class JitStats:
-    """Hits and misses of JAX's persistent cache through jax-aot for one function name."""
-
-    name: str
-    hits: int
-    misses: int
-    saved_seconds: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "hits": self.hits, "misses": self.misses, "saved_seconds": self.saved_seconds}
-
 
 def _entry(row: sa.Row[Any]) -> JitEntry:
     return JitEntry(**row._mapping)

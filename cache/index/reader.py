@@ -12,6 +12,7 @@ uses the SQLAlchemy index (:mod:`aot.cache.index.sql`).
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import sqlite3
@@ -23,6 +24,8 @@ from typing import Any
 from urllib.parse import quote
 
 from aot.cache.index.entry import SCHEMA_VERSION, IndexEntry, utcnow
+from aot.cache.index.globs import glob_to_like, like_escape
+from aot.cache.index.jit_records import JitEntry, JitStats
 from aot.cache.index.refs import Ref, ReleaseMember
 from aot.errors import CacheError
 
@@ -33,6 +36,11 @@ _TIMES = {"created_at", "last_used_at"}
 _REF_COLUMNS = tuple(f.name for f in fields(Ref))
 _REF_SELECT = ", ".join(f'"{c}"' for c in _REF_COLUMNS)  # quoted: "commit" is a keyword
 _BUSY_TIMEOUT_S = 30.0
+_CALL_STATS_COLUMNS = (
+    "env_fp", "name", "signature_digest", "signature", "calls", "loads", "load_seconds",
+    "saved_seconds", "misses", "miss_reason", "recompiles", "recompile_seconds",
+    "recompile_reason", "created_at", "updated_at",
+)
 
 
 def _time(value: object) -> datetime:
@@ -141,6 +149,11 @@ class SqliteReader:
                 "migrate, or upgrade jax-aot)"
             )
 
+    @property
+    def url(self) -> str:
+        """The SQLAlchemy URL of this file, as the SQL index names it."""
+        return f"sqlite:///{self.path}"
+
     def _connect(self) -> tuple[sqlite3.Connection, int]:
         """A connection and the schema version it reads."""
         if not self.read_only:
@@ -234,6 +247,87 @@ class SqliteReader:
             " ORDER BY signature", [found[0][0], name],
         )
         return tuple(ReleaseMember(*row) for row in rows)
+
+    # The reads of the listing commands (aot ls, show), as the SQL index answers them,
+    # so that they import neither SQLAlchemy nor JAX (aot.cache.reports.reads).
+
+    def entries(self, name_glob: str | None = None) -> list[IndexEntry]:
+        """All rows, or those whose name matches an fnmatch glob, by name, age, key."""
+        query = f"SELECT {', '.join(_COLUMNS)} FROM artifacts"
+        params: list[object] = []
+        if name_glob is not None and name_glob != "*":
+            query += " WHERE name LIKE ? ESCAPE '\\'"
+            params.append(glob_to_like(name_glob))
+        rows = self._rows(query + " ORDER BY name, created_at, key", params)
+        if name_glob is not None and name_glob != "*":  # LIKE ignores case, has no [...]
+            rows = [e for e in rows if fnmatch.fnmatchcase(e.name, name_glob)]
+        return rows
+
+    def find_key_prefix(self, prefix: str, *, limit: int | None = None) -> list[str]:
+        """Keys starting with ``prefix`` (abbreviated keys on the command line)."""
+        query = "SELECT key FROM artifacts WHERE key LIKE ? ESCAPE '\\' ORDER BY key"
+        params: list[object] = [like_escape(prefix) + "%"]
+        if limit is not None:
+            query += " LIMIT ?"
+            params.append(int(limit))
+        return [str(r[0]) for r in self._execute(query, params) if str(r[0]).startswith(prefix)]
+
+    def refs(self, name_glob: str | None = None) -> list[Ref]:
+        """Every current ref, or those whose name matches an fnmatch glob, by name and signature."""
+        query = f"SELECT {_REF_SELECT} FROM refs"
+        params: list[object] = []
+        if name_glob is not None and name_glob != "*":
+            query += " WHERE name LIKE ? ESCAPE '\\'"
+            params.append(glob_to_like(name_glob))
+        rows = self._execute(query + " ORDER BY name, signature", params)
+        found = [Ref(*(_time(v) if c == "set_at" else v for c, v in zip(_REF_COLUMNS, row))) for row in rows]
+        return [r for r in found if name_glob in (None, "*") or fnmatch.fnmatchcase(r.name, name_glob)]
+
+    def blob_sizes(self) -> dict[str, int]:
+        """``{digest: stored size}`` of every registered blob."""
+        return {str(d): int(n) for d, n in self._execute("SELECT digest, stored_size FROM blobs")}
+
+    def release_labels(self) -> list[str]:
+        """Every release label, sorted."""
+        return [str(r[0]) for r in self._execute("SELECT DISTINCT label FROM releases ORDER BY label")]
+
+    def call_stats(self, name_glob: str | None = None, env_fp: str | None = None) -> list[dict[str, Any]]:
+        """The serving statistics rows (names matching an fnmatch glob; of one
+        environment) as the columns of ``call_stats``, times in UTC."""
+        query = f"SELECT {', '.join(_CALL_STATS_COLUMNS)} FROM call_stats"
+        where, params = [], []  # type: ignore[var-annotated]
+        if name_glob is not None and name_glob != "*":
+            where.append("name LIKE ? ESCAPE '\\'")
+            params.append(glob_to_like(name_glob))
+        if env_fp is not None:
+            where.append("env_fp = ?")
+            params.append(env_fp)
+        if where:
+            query += " WHERE " + " AND ".join(where)
+        rows = [dict(zip(_CALL_STATS_COLUMNS, row)) for row in self._execute(query, params)]
+        for row in rows:
+            for column in ("created_at", "updated_at"):
+                if row[column] is not None:
+                    row[column] = _time(row[column])
+        return [r for r in rows if name_glob is None or fnmatch.fnmatchcase(r["name"], name_glob)]
+
+    def jit_entries(self, name_glob: str | None = None) -> list[JitEntry]:
+        """The entries of JAX's persistent cache (KIND ``jit``), as the SQL index's."""
+        columns = JitEntry.__slots__
+        rows = self._execute(f"SELECT {', '.join(columns)} FROM jit_entries ORDER BY name, key")
+        entries = [
+            JitEntry(**{c: _time(v) if c in ("created_at", "last_used_at") else v for c, v in zip(columns, row)})
+            for row in rows
+        ]
+        if name_glob is None:
+            return entries
+        return [e for e in entries if fnmatch.fnmatchcase(e.name, name_glob) or e.key.startswith(name_glob)]
+
+    def jit_stats(self, name_glob: str | None = None) -> list[JitStats]:
+        """Hits and misses of JAX's persistent cache per function name, as the SQL index's."""
+        rows = self._execute("SELECT name, hits, misses, saved_seconds FROM jit_stats ORDER BY name")
+        stats = [JitStats(name, int(hits), int(misses), float(saved)) for name, hits, misses, saved in rows]
+        return [s for s in stats if name_glob is None or fnmatch.fnmatchcase(s.name, name_glob)]
 
     def _rows(self, query: str, params: list[object]) -> list[IndexEntry]:
         rows = self._execute(query, params)

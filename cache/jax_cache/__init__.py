@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aot.cache.cache import Cache
-from aot.cache.index.jit import JitEntry, function_name, sign_entry, signature_problem
+from aot.cache.index.jit_records import JitEntry, function_name, sign_entry, signature_problem
 from aot.cache.pauses import reached
 from aot.cache.storage.content import ContentStore, digest_of, inflate_frame
 from aot.cache.storage.locations import open_object_store

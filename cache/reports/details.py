@@ -11,6 +11,8 @@ from aot.artifact import PORTABLE_HLO, Manifest
 from aot.errors import AotError, ArtifactNotFoundError, CorruptArtifactError
 from aot.fingerprint import PartDifference
 from aot.cache.index.served import ref_map
+from aot.cache.reports.environment import this_environment
+from aot.cache.reports.reads import reads_of
 from aot.cache.reports.listing import release_labels, served_keys, superseded_keys
 from aot.cache.serving.signatures import Signature
 
@@ -28,7 +30,7 @@ _CANDIDATES = 10
 def _candidates(cache: Cache, keys: list[str]) -> str:
     shown = []
     for key in keys[:_CANDIDATES]:
-        entry = cache.index.get(key)
+        entry = reads_of(cache).get(key)
         shown.append(f"{key[:12]} ({entry.name})" if entry is not None else key[:12])
     more = ", ..." if len(keys) > _CANDIDATES else ""
     return ", ".join(shown) + more
@@ -39,12 +41,12 @@ def find_entries(cache: Cache, key_or_name: str) -> list[IndexEntry]:
     whose key starts with it (at least :data:`MIN_KEY_PREFIX` hex digits). Raises
     :class:`aot.ArtifactNotFoundError`, listing the candidate keys of a prefix that is
     too short or ambiguous, and close names."""
-    entries = cache.index.by_name(key_or_name, state=None)
+    entries = reads_of(cache).by_name(key_or_name, state=None)
     if entries:
         return entries
     if _HEX.match(key_or_name):
         prefix = key_or_name.lower()
-        keys = cache.index.find_key_prefix(prefix, limit=_CANDIDATES + 1)
+        keys = reads_of(cache).find_key_prefix(prefix, limit=_CANDIDATES + 1)
         if keys and len(prefix) < MIN_KEY_PREFIX:
             raise ArtifactNotFoundError(
                 f"no entry named {key_or_name!r}, and {key_or_name!r} is too short for a key "
@@ -57,10 +59,10 @@ def find_entries(cache: Cache, key_or_name: str) -> list[IndexEntry]:
                 "give more characters"
             )
         if keys:
-            entry = cache.index.get(keys[0])
+            entry = reads_of(cache).get(keys[0])
             if entry is not None:
                 return [entry]
-    names = sorted({e.name for e in cache.index.entries()})
+    names = sorted({e.name for e in reads_of(cache).entries()})
     close = difflib.get_close_matches(key_or_name, names, n=3)
     hint = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
     raise ArtifactNotFoundError(
@@ -151,9 +153,9 @@ def describe_entries(
     """:func:`find_entries`, each with its manifest, environment differences, named
     arguments, supersession and HLO."""
     found = find_entries(cache, key_or_name)
-    peers = [p for name in sorted({e.name for e in found}) for p in cache.index.by_name(name)]
+    peers = [p for name in sorted({e.name for e in found}) for p in reads_of(cache).by_name(name)]
     names = sorted({e.name for e in found})
-    refs = ref_map(r for name in names for r in cache.index.refs_named(name))
+    refs = ref_map(r for name in names for r in reads_of(cache).refs_named(name))
     superseded = superseded_keys(peers, refs)
     served = served_keys(peers, refs)
     labels = release_labels(cache, names)
@@ -163,7 +165,7 @@ def describe_entries(
         try:
             manifest = Manifest.from_json(entry.manifest)
             error = None
-            diffs = manifest.environment.diff(cache.environment)
+            diffs = manifest.environment.diff(this_environment(cache))
         except AotError as exc:
             manifest, error, diffs = None, str(exc), ()
         text = portable_hlo_text(cache, entry, debug_info=debug_info) if hlo else None

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.entry import IndexEntry
-from aot.cache.index.jit import AOT, JitEntry
+from aot.cache.index.jit_records import AOT, JitEntry
 from aot.cache.index.served import Slot, ref_map, served_key, superseded_keys
+from aot.cache.reports.environment import this_environment
+from aot.cache.reports.reads import reads_of
 from aot.cache.serving.signatures import Signature
 
 if TYPE_CHECKING:
@@ -199,13 +201,13 @@ def entry_rows(
     ``peers`` (default: every intact entry of the names in ``entries``)."""
     check_env_choice(env)
     if peers is None:
-        peers = [p for name in sorted({e.name for e in entries}) for p in cache.index.by_name(name)]
+        peers = [p for name in sorted({e.name for e in entries}) for p in reads_of(cache).by_name(name)]
     names = sorted({e.name for e in entries})
-    refs = ref_map(r for name in names for r in cache.index.refs_named(name))
+    refs = ref_map(r for name in names for r in reads_of(cache).refs_named(name))
     superseded = superseded_keys(peers, refs)
     served = served_keys(peers, refs)
     labels = release_labels(cache, names)
-    statuses = environment_statuses(entries, cache.environment)
+    statuses = environment_statuses(entries, this_environment(cache))
     rows = []
     for entry in entries:
         status = statuses[entry.key]
@@ -234,18 +236,20 @@ def release_labels(cache: Cache, names: Iterable[str]) -> dict[str, list[str]]:
     (of ``names``)."""
     wanted = set(names)
     out: dict[str, list[str]] = {}
-    for release in cache.index.releases():
-        current = cache.index.release_set(release.label)
-        for member in current.members if current is not None else ():
-            if member.name in wanted and release.label not in out.setdefault(member.key, []):
-                out[member.key].append(release.label)
+    reads = reads_of(cache)
+    for label in reads.release_labels():
+        for name in sorted(wanted):
+            for member in reads.release_members(label, name) or ():
+                if label not in out.setdefault(member.key, []):
+                    out[member.key].append(label)
     return out
 
 
 def list_entries(cache: Cache, glob: str | None = None, *, env: str = "all") -> Listing:
     """Every entry whose name matches ``glob`` (all without one); ``env="this"``:
     only those built for this environment."""
-    entries = cache.index.entries(glob)
+    reads = reads_of(cache)
+    entries = reads.entries(glob)
     # A name glob selects every entry of a name or none: they are their own peers.
     rows = entry_rows(cache, entries, env=env, peers=entries)
-    return Listing(cache.display_location, glob, env, tuple(rows), tuple(cache.index.jit_entries(glob)))
+    return Listing(cache.display_location, glob, env, tuple(rows), tuple(reads.jit_entries(glob)))

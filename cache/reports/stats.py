@@ -13,8 +13,9 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from aot.cache.index.jit import JitStats
+from aot.cache.index.jit_records import JitStats
 from aot.cache.index.entry import fields_to_json, parse_utc
+from aot.cache.reports.environment import this_environment
 from aot.cache.serving.signatures import ArgLeaf, Signature
 
 if TYPE_CHECKING:
@@ -179,30 +180,17 @@ def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
     ``name_glob``; ``env="this"``: this environment's only), most called first: what
     every process that served from it wrote. (What this process counted on a
     read-only cache, kept in memory, is :meth:`StatsRecorder.report`.)"""
-    import sqlalchemy as sa
+    from aot.cache.reports.reads import reads_of
 
-    from aot.cache.index.globs import glob_to_like
-    from aot.cache.index.schema import CALL_STATS
-
-    this = cache.environment.digest
-    index = _stats_index(cache)
-    query = sa.select(CALL_STATS)
-    if name_glob is not None and name_glob != "*":
-        query = query.where(CALL_STATS.c.name.like(glob_to_like(name_glob), escape="\\"))
-    if env == "this":
-        query = query.where(CALL_STATS.c.env_fp == this)
-    with index._read("read call statistics") as conn:
-        found = conn.execute(query).all()
+    this = this_environment(cache).digest
+    reads = reads_of(getattr(cache, "stats_cache", cache))
     rows = []
-    for row in found:
-        data = dict(row._mapping)
-        if name_glob is not None and not fnmatch.fnmatchcase(data["name"], name_glob):
-            continue
+    for data in reads.call_stats(name_glob, this if env == "this" else None):
         data.pop("signature_digest", None)
         rows.append(SignatureStats(this_environment=data["env_fp"] == this, **data))
     return StatsReport(
-        index.url, ordered(rows), env, stored=True, named=named_signatures(cache, name_glob, rows),
-        jit=tuple(cache.index.jit_stats(name_glob)),
+        reads.url, ordered(rows), env, stored=True, named=named_signatures(cache, name_glob, rows),
+        jit=tuple(reads.jit_stats(name_glob)),
     )
 
 
@@ -217,7 +205,9 @@ def named_signatures(
     if not names:
         return {}
     try:
-        entries = cache.entries(name_glob if name_glob not in (None, "*") else None)
+        from aot.cache.reports.reads import reads_of
+
+        entries = reads_of(cache).entries(name_glob if name_glob not in (None, "*") else None)
     except AotError:
         return {}
     return {
@@ -238,7 +228,8 @@ def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
     target = getattr(cache, "stats_cache", cache)
     target._check_writable("reset the call statistics")
     index = _stats_index(cache)
-    this = cache.environment.digest
+    # The real fingerprint (never the listing record) decides what is deleted; not needed for all.
+    this = cache.environment.digest if env == "this" else None
     with index._read("read call statistics") as conn:
         columns = (CALL_STATS.c.env_fp, CALL_STATS.c.name, CALL_STATS.c.signature_digest)
         rows = conn.execute(sa.select(*columns)).all()

@@ -275,7 +275,12 @@ class Signature:
 
 @lru_cache(maxsize=None)
 def _short_dtype(name: str) -> str:
-    """``"float32"`` -> ``"f32"`` (raises SpecError for an unknown dtype)."""
+    """``"float32"`` -> ``"f32"`` (raises SpecError for an unknown dtype); JAX is
+    imported only for a dtype outside the common ones (listings run without it)."""
+    from aot.artifact import COMMON_DTYPES
+
+    if name in COMMON_DTYPES:
+        return COMMON_DTYPES[name]
     from aot.specs import dtype_name, parse_dtype
 
     return dtype_name(parse_dtype(name))
