@@ -105,3 +105,20 @@ def test_call_stats_match_the_sql_index(both: tuple[Index, SqliteReader]) -> Non
             assert sorted(reader.call_stats(glob, env), key=key) == sorted(via_index.call_stats(glob, env), key=key)
     (row,) = reader.call_stats("tiny")
     assert row["calls"] == 10 and row["updated_at"] == T0 + timedelta(minutes=1)
+
+
+def test_jit_entries_and_statistics_match_the_sql_index(both: tuple[Index, SqliteReader]) -> None:
+    from aot.cache.index.jit_records import JitEntry
+
+    index, reader = both
+    for i, name in enumerate(("train_step", "eval_step", "train_step")):
+        index.jit_add(JitEntry(
+            key=f"jit_{name}-{_digest(str(i))}", name=name, digest=_digest(f"blob {i}"), size=100 + i,
+            stored_size=100 + i, compile_seconds=0.5 * i, platform="cpu", created_at=T0, last_used_at=T0,
+        ))
+        index.jit_record(name, hit=bool(i % 2), saved_seconds=0.5 * i)
+    for glob in (None, "train_*", "jit_eval", "no.such"):
+        assert reader.jit_entries(glob) == index.jit_entries(glob), glob
+        assert reader.jit_stats(glob) == index.jit_stats(glob), glob
+    assert [e.name for e in reader.jit_entries("train_*")] == ["train_step", "train_step"]
+    assert [(s.name, s.hits, s.misses) for s in reader.jit_stats()] == [("eval_step", 1, 0), ("train_step", 0, 2)]
