@@ -10,10 +10,9 @@ from typing import TYPE_CHECKING, Any
 from aot.artifact import PORTABLE_HLO, Manifest
 from aot.errors import AotError, ArtifactNotFoundError, CorruptArtifactError
 from aot.fingerprint import PartDifference
-from aot.cache.index.served import ref_map
 from aot.cache.reports.environment import this_environment
 from aot.cache.reports.reads import reads_of
-from aot.cache.reports.listing import release_labels, served_keys, superseded_keys
+from aot.cache.reports.listing import served_state
 from aot.cache.serving.signatures import Signature
 
 if TYPE_CHECKING:
@@ -154,11 +153,7 @@ def describe_entries(
     arguments, supersession and HLO."""
     found = find_entries(cache, key_or_name)
     peers = [p for name in sorted({e.name for e in found}) for p in reads_of(cache).by_name(name)]
-    names = sorted({e.name for e in found})
-    refs = ref_map(r for name in names for r in reads_of(cache).refs_named(name))
-    superseded = superseded_keys(peers, refs)
-    served = served_keys(peers, refs)
-    labels = release_labels(cache, names)
+    superseded, served, labels = served_state(cache, peers, {e.name for e in found})
     details = []
     for entry in found:
         manifest: Manifest | None

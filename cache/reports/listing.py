@@ -36,6 +36,7 @@ __all__ = [
     "list_entries",
     "release_labels",
     "served_keys",
+    "served_state",
     "superseded_keys",
 ]
 
@@ -202,11 +203,7 @@ def entry_rows(
     check_env_choice(env)
     if peers is None:
         peers = [p for name in sorted({e.name for e in entries}) for p in reads_of(cache).by_name(name)]
-    names = sorted({e.name for e in entries})
-    refs = ref_map(r for name in names for r in reads_of(cache).refs_named(name))
-    superseded = superseded_keys(peers, refs)
-    served = served_keys(peers, refs)
-    labels = release_labels(cache, names)
+    superseded, served, labels = served_state(cache, peers, {e.name for e in entries})
     statuses = environment_statuses(entries, this_environment(cache))
     rows = []
     for entry in entries:
@@ -229,6 +226,17 @@ def served_keys(entries: Sequence[IndexEntry], refs: Mapping[Slot, str]) -> dict
         if key is not None:
             out[key] = "ref" if slot in refs else "newest"
     return out
+
+
+def served_state(
+    cache: Cache, peers: Sequence[IndexEntry], names: Iterable[str],
+) -> tuple[dict[str, str], dict[str, str], dict[str, list[str]]]:
+    """For the entries of ``names`` (``peers``: every entry of them): which each is
+    superseded by, how each served one is served (:func:`served_keys`) and the
+    release labels naming each (:func:`release_labels`), by key."""
+    names = sorted(set(names))
+    refs = ref_map(r for name in names for r in reads_of(cache).refs_named(name))
+    return superseded_keys(peers, refs), served_keys(peers, refs), release_labels(cache, names)
 
 
 def release_labels(cache: Cache, names: Iterable[str]) -> dict[str, list[str]]:
