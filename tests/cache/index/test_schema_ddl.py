@@ -87,10 +87,24 @@ def _dialect(url: str) -> str:
     return "postgresql" if url.startswith("postgresql") else "sqlite"
 
 
-def _assert_keeps(found: dict[str, Any], golden: dict[str, Any]) -> None:
+def _constraints_in_any_order(ddl: Any) -> Any:
+    """SQLite's DDL text of a table with its column and constraint clauses sorted.
+
+    Migration 2 rebuilds ``artifacts`` from ``Table.to_metadata``, which copies the
+    constraints in the order of a set: the clauses' order of the rebuilt table's DDL
+    varies from process to process (it did with the ORM too), their text does not.
+    """
+    if not isinstance(ddl, str):
+        return ddl
+    head, _, body = ddl.partition("(\n\t")
+    return head, sorted(body.removesuffix("\n)").split(", \n\t"))
+
+
+def _assert_keeps(found: dict[str, Any], golden: dict[str, Any], *, any_order: bool = False) -> None:
+    same = _constraints_in_any_order if any_order else (lambda ddl: ddl)
     for table, expected in golden.items():
         assert table in found, f"table {table} is missing"
-        assert found[table]["table"] == expected["table"], f"table {table} differs"
+        assert same(found[table]["table"]) == same(expected["table"]), f"table {table} differs"
         for name, index in expected["indexes"].items():
             assert found[table]["indexes"].get(name) == index, f"index {name} of {table} differs"
 
@@ -102,4 +116,4 @@ def test_the_created_schema_is_schema_7_as_the_orm_created_it(index_url: str, ho
     else:
         migrated_from_schema_1(index_url)
     golden = json.loads(GOLDEN.read_text())[_dialect(index_url)][how]
-    _assert_keeps(describe(index_url), golden)
+    _assert_keeps(describe(index_url), golden, any_order=how != "fresh")
