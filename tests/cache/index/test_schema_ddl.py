@@ -10,6 +10,8 @@ every table, column, constraint and index of the file must stay exactly as it is
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -117,3 +119,17 @@ def test_the_created_schema_is_schema_7_as_the_orm_created_it(index_url: str, ho
         migrated_from_schema_1(index_url)
     golden = json.loads(GOLDEN.read_text())[_dialect(index_url)][how]
     _assert_keeps(describe(index_url), golden, any_order=how != "fresh")
+
+
+def test_opening_and_writing_an_index_imports_no_orm(tmp_path: Path) -> None:
+    """The SQL index and the database blob store are SQLAlchemy Core: ``sqlalchemy.orm``
+    (about 0.1 s of CPU per process) is no part of a warm-up's or a server's imports."""
+    code = (
+        "import sys\n"
+        "from aot.cache.index.sql import Index\n"
+        "import aot.cache.storage.database, aot.cache.serving.stats\n"
+        f"Index('sqlite:///{tmp_path / 'index.sqlite'}').close()\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sqlalchemy.orm')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
