@@ -1,4 +1,4 @@
-"""The schema of the SQL index: SQLAlchemy 2.0 typed models, the schema version and its migrations.
+"""The schema of the SQL index: SQLAlchemy Core tables, the schema version and its migrations.
 
 One database holds everything the cache knows except the blob bytes (and, for a
 database blob store, those too, in ``blobs_data``):
@@ -55,7 +55,7 @@ migration functions (:data:`MIGRATIONS`), rather than alembic, because:
   once and the losers see a finished schema. DDL is transactional on both
   databases, so a failing migration leaves the previous version intact.
 
-A fresh database is created directly at the current version from the models; an
+A fresh database is created directly at the current version from the tables; an
 older one is upgraded by running every migration whose version is newer than the
 stored one; a *newer* one is refused with a :class:`~aot.errors.CacheError`
 naming both versions (upgrade jax-aot).
@@ -91,6 +91,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import (
@@ -107,7 +108,6 @@ from sqlalchemy import (
 )
 from sqlalchemy import Index as SqlIndex
 from sqlalchemy.engine import Connection, Dialect, Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from aot.cache.index.advice import mask_url, reason_of
 from aot.cache.index.entry import SCHEMA_VERSION, as_utc, utcnow
@@ -122,6 +122,8 @@ __all__ = [
     "Migration",
     "UTCDateTime",
     "Base",
+    "METADATA",
+    "BLOBS_DATA",
     "SchemaVersionRow",
     "ProgramRow",
     "ArtifactRow",
@@ -152,7 +154,7 @@ __all__ = [
 _PG_MIGRATION_LOCK_KEY = 0x6A61785F616F7431  # "jax_aot1"
 
 
-# --------------------------------------------------------------------------- models
+# --------------------------------------------------------------------------- tables
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -182,273 +184,293 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(timezone.utc)
 
 
-class Base(DeclarativeBase):
-    """Declarative base of the index models (one MetaData for the whole schema)."""
+#: One MetaData for the whole schema (what ``create_all`` creates on a fresh index).
+METADATA = sa.MetaData()
 
 
-class SchemaVersionRow(Base):
-    __tablename__ = "schema_version"
-    __table_args__ = (CheckConstraint("id = 1", name="ck_schema_version_single_row"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    version: Mapped[int] = mapped_column(Integer)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+def _required(name: str, type_: Any, *args: Any, **kwargs: Any) -> sa.Column[Any]:
+    """A NOT NULL column (what the ORM's ``Mapped[T]`` declared)."""
+    return sa.Column(name, type_, *args, nullable=False, **kwargs)
 
 
-class ProgramRow(Base):
-    __tablename__ = "programs"
-    __table_args__ = (SqlIndex("ix_programs_hlo_digest", "hlo_digest"),)
-
-    program_fp: Mapped[str] = mapped_column(String(128), primary_key=True)
-    name: Mapped[str] = mapped_column(String(512))
-    signature: Mapped[str] = mapped_column(Text)
-    hlo_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+def _optional(name: str, type_: Any, *args: Any, **kwargs: Any) -> sa.Column[Any]:
+    """A NULL-able column (``Mapped[T | None]``)."""
+    return sa.Column(name, type_, *args, nullable=True, **kwargs)
 
 
-class ArtifactRow(Base):
-    __tablename__ = "artifacts"
-    __table_args__ = (
-        SqlIndex("ix_artifacts_name_env_state", "name", "env_fp", "state"),
-        SqlIndex("ix_artifacts_exe_digest", "exe_digest"),
-        SqlIndex("ix_artifacts_hlo_digest", "hlo_digest"),
-        CheckConstraint("state IN ('ok', 'quarantined')", name="ck_artifacts_state"),
-    )
+def _key(name: str, type_: Any, *args: Any, **kwargs: Any) -> sa.Column[Any]:
+    return sa.Column(name, type_, *args, primary_key=True, nullable=False, **kwargs)
 
-    key: Mapped[str] = mapped_column(String(256), primary_key=True)
-    name: Mapped[str] = mapped_column(String(512), index=True)
-    program_fp: Mapped[str] = mapped_column(
-        String(128), ForeignKey("programs.program_fp"), index=True
-    )
-    env_fp: Mapped[str] = mapped_column(String(128), index=True)
-    signature: Mapped[str] = mapped_column(Text)
-    platform: Mapped[str] = mapped_column(String(64))
-    manifest: Mapped[str] = mapped_column(Text)
+
+SCHEMA_VERSIONS = sa.Table(
+    "schema_version",
+    METADATA,
+    _key("id", Integer),
+    _required("version", Integer),
+    _required("updated_at", UTCDateTime),
+    CheckConstraint("id = 1", name="ck_schema_version_single_row"),
+)
+
+PROGRAMS = sa.Table(
+    "programs",
+    METADATA,
+    _key("program_fp", String(128)),
+    _required("name", String(512)),
+    _required("signature", Text),
+    _optional("hlo_digest", String(64)),
+    _required("created_at", UTCDateTime),
+    SqlIndex("ix_programs_hlo_digest", "hlo_digest"),
+)
+
+ARTIFACTS = sa.Table(
+    "artifacts",
+    METADATA,
+    _key("key", String(256)),
+    _required("name", String(512), index=True),
+    _required("program_fp", String(128), ForeignKey("programs.program_fp"), index=True),
+    _required("env_fp", String(128), index=True),
+    _required("signature", Text),
+    _required("platform", String(64)),
+    _required("manifest", Text),
     # NULL for a symbolic (shape-polymorphic) entry: portable HLO only (schema 2).
-    exe_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    hlo_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    raw_size: Mapped[int] = mapped_column(BigInteger)
-    stored_size: Mapped[int] = mapped_column(BigInteger)
-    compile_seconds: Mapped[float] = mapped_column(Float)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    last_used_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
-    hits: Mapped[int] = mapped_column(Integer, default=0)
-    state: Mapped[str] = mapped_column(String(16), default="ok")
-    state_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    _optional("exe_digest", String(64)),
+    _optional("hlo_digest", String(64)),
+    _required("raw_size", BigInteger),
+    _required("stored_size", BigInteger),
+    _required("compile_seconds", Float),
+    _required("created_at", UTCDateTime),
+    _required("last_used_at", UTCDateTime, index=True),
+    _required("hits", Integer, default=0),
+    _required("state", String(16), default="ok"),
+    _optional("state_reason", Text),
+    SqlIndex("ix_artifacts_name_env_state", "name", "env_fp", "state"),
+    SqlIndex("ix_artifacts_exe_digest", "exe_digest"),
+    SqlIndex("ix_artifacts_hlo_digest", "hlo_digest"),
+    CheckConstraint("state IN ('ok', 'quarantined')", name="ck_artifacts_state"),
+)
+
+#: The blob reference table.
+BLOBS = sa.Table(
+    "blobs",
+    METADATA,
+    _key("digest", String(64)),
+    _required("size", BigInteger),
+    _required("stored_size", BigInteger),
+    _required("created_at", UTCDateTime),
+)
+
+#: Compressed blob bytes, used by :class:`aot.cache.storage.database.SqlObjectStore`;
+#: ``created_at`` is the blob's last write or touch, on the database server's clock.
+BLOBS_DATA = sa.Table(
+    "blobs_data",
+    METADATA,
+    _key("digest", String(64)),
+    _required("data", LargeBinary),
+    _required("created_at", UTCDateTime),
+)
+
+#: A writer's pending reference to a blob (see :meth:`Index.lease`).
+LEASES = sa.Table(
+    "blob_leases",
+    METADATA,
+    _key("token", String(32)),
+    _key("digest", String(64)),
+    _required("expires_at", UTCDateTime),
+    SqlIndex("ix_blob_leases_digest", "digest"),
+)
+
+#: Serving statistics of one (environment, name, signature): see :mod:`aot.cache.serving.stats`.
+#: ``signature_digest`` (sha256 of ``signature``) is in the key instead of the text,
+#: which can be longer than an index entry may be. A row may hold only misses: the
+#: signature of calls that found no executable.
+CALL_STATS = sa.Table(
+    "call_stats",
+    METADATA,
+    _key("env_fp", String(128)),
+    _key("name", String(512)),
+    _key("signature_digest", String(64)),
+    _required("signature", Text),
+    _required("calls", BigInteger, default=0),
+    _required("loads", BigInteger, default=0),
+    _required("load_seconds", Float, default=0.0),
+    _required("saved_seconds", Float, default=0.0),
+    _required("misses", BigInteger, default=0),
+    _optional("miss_reason", Text),
+    _required("recompiles", BigInteger, default=0),
+    _required("recompile_seconds", Float, default=0.0),
+    _optional("recompile_reason", Text),
+    _required("created_at", UTCDateTime),
+    _required("updated_at", UTCDateTime),
+)
+
+#: One row: ``emptied_at`` is set when a deletion through the index left it without
+#: any artifact or program row, and cleared by the next row added. An empty index
+#: without it was never emptied by us: lost, truncated or replaced.
+INDEX_STATE = sa.Table(
+    "index_state",
+    METADATA,
+    _key("id", Integer),
+    _optional("emptied_at", UTCDateTime),
+    CheckConstraint("id = 1", name="ck_index_state_single_row"),
+)
+
+#: Every change of a ref, in the index's order (``seq``).
+REF_HISTORY = sa.Table(
+    "ref_history",
+    METADATA,
+    _key("seq", BigInteger().with_variant(Integer, "sqlite"), autoincrement=True),
+    _required("env_fp", String(128)),
+    _required("name", String(512)),
+    _required("signature_digest", String(64)),
+    _required("signature", Text),
+    _required("key", String(256), index=True),
+    _required("set_at", UTCDateTime),
+    _required("host", String(256)),
+    _required("user", String(256)),
+    _required("source", Text),
+    _optional("release", String(256)),
+    _optional("commit", String(256)),
+    SqlIndex("ix_ref_history_slot", "name", "env_fp", "signature_digest", "seq"),
+)
+
+#: The current ref of each (environment, name, signature): its latest history record.
+REFS = sa.Table(
+    "refs",
+    METADATA,
+    _key("env_fp", String(128)),
+    _key("name", String(512)),
+    _key("signature_digest", String(64)),
+    _required("signature", Text),
+    _required("key", String(256), index=True),
+    _required("seq", BigInteger),
+    _required("set_at", UTCDateTime),
+    _required("host", String(256)),
+    _required("user", String(256)),
+    _required("source", Text),
+    _optional("release", String(256)),
+    _optional("commit", String(256)),
+    SqlIndex("ix_refs_name", "name"),
+)
+
+#: One set a label pointed to; the label's current set is its highest id.
+RELEASES = sa.Table(
+    "releases",
+    METADATA,
+    _key("id", BigInteger().with_variant(Integer, "sqlite"), autoincrement=True),
+    _required("label", String(256)),
+    _optional("previous", BigInteger),
+    _required("created_at", UTCDateTime),
+    _required("host", String(256)),
+    _required("user", String(256)),
+    _required("source", Text),
+    _optional("commit", String(256)),
+    _optional("run", String(256)),  # shards of one run share a set
+    SqlIndex("ix_releases_label", "label", "id"),
+)
+
+RELEASE_MEMBERS = sa.Table(
+    "release_members",
+    METADATA,
+    _key("release_id", BigInteger, ForeignKey("releases.id")),
+    _key("env_fp", String(128)),
+    _key("name", String(512)),
+    _key("signature_digest", String(64)),
+    _required("signature", Text),
+    _required("key", String(256)),
+    SqlIndex("ix_release_members_key", "key"),
+)
+
+#: How the cache describes itself (:class:`aot.cache.index.refs.CacheDescription`).
+CACHE_META = sa.Table(
+    "cache_meta",
+    METADATA,
+    _key("id", Integer),
+    _optional("blob_location", Text),
+    _required("compression", String(64)),
+    _required("format_version", Integer),
+    _required("created_at", UTCDateTime),
+    CheckConstraint("id = 1", name="ck_cache_meta_single_row"),
+)
+
+#: An entry of JAX's persistent compilation cache (KIND ``jit``): JAX's key, the
+#: jitted function's name, the blob of JAX's zstd payload (:mod:`aot.cache.index.jit`).
+JIT_ENTRIES = sa.Table(
+    "jit_entries",
+    METADATA,
+    _key("key", String(1024)),
+    _required("name", String(512), index=True),
+    _required("digest", String(64), index=True),
+    _required("size", BigInteger),
+    _required("stored_size", BigInteger),
+    _required("compile_seconds", Float),
+    _required("platform", String(64)),
+    _optional("signature", String(128)),
+    _required("created_at", UTCDateTime),
+    _required("last_used_at", UTCDateTime, index=True),
+    _required("hits", BigInteger, default=0),
+)
+
+#: A process compiling a jit key that others missed too (compile once per fleet):
+#: who holds it, until when (the database server's clock).
+JIT_CLAIMS = sa.Table(
+    "jit_claims",
+    METADATA,
+    _key("key", String(1024)),
+    _required("holder", String(256)),
+    _required("expires_at", UTCDateTime),
+)
+
+#: Hits and misses of JAX's persistent cache through jax-aot, per function name.
+JIT_STATS = sa.Table(
+    "jit_stats",
+    METADATA,
+    _key("name", String(512)),
+    _required("hits", BigInteger, default=0),
+    _required("misses", BigInteger, default=0),
+    _required("saved_seconds", Float, default=0.0),
+    _required("updated_at", UTCDateTime),
+)
 
 
-class BlobRefRow(Base):
-    __tablename__ = "blobs"
+class _TableHandle:
+    """What the ORM models offered callers: ``XRow.__table__`` (kept for them)."""
 
-    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
-    size: Mapped[int] = mapped_column(BigInteger)
-    stored_size: Mapped[int] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    __slots__ = ()
+    __table__: sa.Table
 
 
-class BlobDataRow(Base):
-    """Compressed blob bytes, used by :class:`aot.cache.storage.database.SqlObjectStore`.
+class Base:
+    """The schema's MetaData as the ORM's declarative base exposed it (``Base.metadata``)."""
 
-    ``created_at`` is the blob's last write or touch, on the database server's clock.
-    """
-
-    __tablename__ = "blobs_data"
-
-    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
-    data: Mapped[bytes] = mapped_column(LargeBinary)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    metadata = METADATA
 
 
-class BlobLeaseRow(Base):
-    """A writer's pending reference to a blob (see :meth:`Index.lease`)."""
-
-    __tablename__ = "blob_leases"
-    __table_args__ = (SqlIndex("ix_blob_leases_digest", "digest"),)
-
-    token: Mapped[str] = mapped_column(String(32), primary_key=True)
-    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
-    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+class SchemaVersionRow(_TableHandle):
+    __table__ = SCHEMA_VERSIONS
 
 
-class CallStatsRow(Base):
-    """Serving statistics of one (environment, name, signature): see :mod:`aot.cache.serving.stats`.
-
-    ``signature_digest`` (sha256 of ``signature``) is in the key instead of the text,
-    which can be longer than an index entry may be. A row may hold only misses: the
-    signature of calls that found no executable.
-    """
-
-    __tablename__ = "call_stats"
-
-    env_fp: Mapped[str] = mapped_column(String(128), primary_key=True)
-    name: Mapped[str] = mapped_column(String(512), primary_key=True)
-    signature_digest: Mapped[str] = mapped_column(String(64), primary_key=True)
-    signature: Mapped[str] = mapped_column(Text)
-    calls: Mapped[int] = mapped_column(BigInteger, default=0)
-    loads: Mapped[int] = mapped_column(BigInteger, default=0)
-    load_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    saved_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    misses: Mapped[int] = mapped_column(BigInteger, default=0)
-    miss_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
-    recompiles: Mapped[int] = mapped_column(BigInteger, default=0)
-    recompile_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    recompile_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+class ProgramRow(_TableHandle):
+    __table__ = PROGRAMS
 
 
-class IndexStateRow(Base):
-    """One row: ``emptied_at`` is set when a deletion through the index left it without
-    any artifact or program row, and cleared by the next row added. An empty index
-    without it was never emptied by us: lost, truncated or replaced."""
-
-    __tablename__ = "index_state"
-    __table_args__ = (CheckConstraint("id = 1", name="ck_index_state_single_row"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    emptied_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+class ArtifactRow(_TableHandle):
+    __table__ = ARTIFACTS
 
 
-class RefHistoryRow(Base):
-    """Every change of a ref, in the index's order (``seq``)."""
-
-    __tablename__ = "ref_history"
-    __table_args__ = (SqlIndex("ix_ref_history_slot", "name", "env_fp", "signature_digest", "seq"),)
-
-    seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
-    env_fp: Mapped[str] = mapped_column(String(128))
-    name: Mapped[str] = mapped_column(String(512))
-    signature_digest: Mapped[str] = mapped_column(String(64))
-    signature: Mapped[str] = mapped_column(Text)
-    key: Mapped[str] = mapped_column(String(256), index=True)
-    set_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    host: Mapped[str] = mapped_column(String(256))
-    user: Mapped[str] = mapped_column(String(256))
-    source: Mapped[str] = mapped_column(Text)
-    release: Mapped[str | None] = mapped_column(String(256), nullable=True)
-    commit: Mapped[str | None] = mapped_column(String(256), nullable=True)
+class BlobRefRow(_TableHandle):
+    __table__ = BLOBS
 
 
-class RefRow(Base):
-    """The current ref of each (environment, name, signature): its latest history record."""
-
-    __tablename__ = "refs"
-    __table_args__ = (SqlIndex("ix_refs_name", "name"),)
-
-    env_fp: Mapped[str] = mapped_column(String(128), primary_key=True)
-    name: Mapped[str] = mapped_column(String(512), primary_key=True)
-    signature_digest: Mapped[str] = mapped_column(String(64), primary_key=True)
-    signature: Mapped[str] = mapped_column(Text)
-    key: Mapped[str] = mapped_column(String(256), index=True)
-    seq: Mapped[int] = mapped_column(BigInteger)
-    set_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    host: Mapped[str] = mapped_column(String(256))
-    user: Mapped[str] = mapped_column(String(256))
-    source: Mapped[str] = mapped_column(Text)
-    release: Mapped[str | None] = mapped_column(String(256), nullable=True)
-    commit: Mapped[str | None] = mapped_column(String(256), nullable=True)
+class BlobDataRow(_TableHandle):
+    __table__ = BLOBS_DATA
 
 
-class ReleaseRow(Base):
-    """One set a label pointed to; the label's current set is its highest id."""
-
-    __tablename__ = "releases"
-    __table_args__ = (SqlIndex("ix_releases_label", "label", "id"),)
-
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
-    label: Mapped[str] = mapped_column(String(256))
-    previous: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    host: Mapped[str] = mapped_column(String(256))
-    user: Mapped[str] = mapped_column(String(256))
-    source: Mapped[str] = mapped_column(Text)
-    commit: Mapped[str | None] = mapped_column(String(256), nullable=True)
-    run: Mapped[str | None] = mapped_column(String(256), nullable=True)  # shards of one run share a set
+class BlobLeaseRow(_TableHandle):
+    __table__ = LEASES
 
 
-class ReleaseMemberRow(Base):
-    __tablename__ = "release_members"
-    __table_args__ = (SqlIndex("ix_release_members_key", "key"),)
-
-    release_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("releases.id"), primary_key=True)
-    env_fp: Mapped[str] = mapped_column(String(128), primary_key=True)
-    name: Mapped[str] = mapped_column(String(512), primary_key=True)
-    signature_digest: Mapped[str] = mapped_column(String(64), primary_key=True)
-    signature: Mapped[str] = mapped_column(Text)
-    key: Mapped[str] = mapped_column(String(256))
-
-
-class CacheMetaRow(Base):
-    """How the cache describes itself (:class:`aot.cache.index.refs.CacheDescription`)."""
-
-    __tablename__ = "cache_meta"
-    __table_args__ = (CheckConstraint("id = 1", name="ck_cache_meta_single_row"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    blob_location: Mapped[str | None] = mapped_column(Text, nullable=True)
-    compression: Mapped[str] = mapped_column(String(64))
-    format_version: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-
-
-class JitEntryRow(Base):
-    """An entry of JAX's persistent compilation cache (KIND ``jit``): JAX's key, the
-    jitted function's name, the blob of JAX's zstd payload (:mod:`aot.cache.index.jit`)."""
-
-    __tablename__ = "jit_entries"
-
-    key: Mapped[str] = mapped_column(String(1024), primary_key=True)
-    name: Mapped[str] = mapped_column(String(512), index=True)
-    digest: Mapped[str] = mapped_column(String(64), index=True)
-    size: Mapped[int] = mapped_column(BigInteger)
-    stored_size: Mapped[int] = mapped_column(BigInteger)
-    compile_seconds: Mapped[float] = mapped_column(Float)
-    platform: Mapped[str] = mapped_column(String(64))
-    signature: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    last_used_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
-    hits: Mapped[int] = mapped_column(BigInteger, default=0)
-
-
-class JitClaimRow(Base):
-    """A process compiling a jit key that others missed too (compile once per fleet):
-    who holds it, until when (the database server's clock)."""
-
-    __tablename__ = "jit_claims"
-
-    key: Mapped[str] = mapped_column(String(1024), primary_key=True)
-    holder: Mapped[str] = mapped_column(String(256))
-    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
-
-
-class JitStatsRow(Base):
-    """Hits and misses of JAX's persistent cache through jax-aot, per function name."""
-
-    __tablename__ = "jit_stats"
-
-    name: Mapped[str] = mapped_column(String(512), primary_key=True)
-    hits: Mapped[int] = mapped_column(BigInteger, default=0)
-    misses: Mapped[int] = mapped_column(BigInteger, default=0)
-    saved_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
-
-
-#: The tables, for Core statements (the models' ``__table__``).
-ARTIFACTS: sa.Table = ArtifactRow.__table__  # type: ignore[assignment]
-PROGRAMS: sa.Table = ProgramRow.__table__  # type: ignore[assignment]
-BLOBS: sa.Table = BlobRefRow.__table__  # type: ignore[assignment]
-SCHEMA_VERSIONS: sa.Table = SchemaVersionRow.__table__  # type: ignore[assignment]
-LEASES: sa.Table = BlobLeaseRow.__table__  # type: ignore[assignment]
-CALL_STATS: sa.Table = CallStatsRow.__table__  # type: ignore[assignment]
-INDEX_STATE: sa.Table = IndexStateRow.__table__  # type: ignore[assignment]
-REFS: sa.Table = RefRow.__table__  # type: ignore[assignment]
-REF_HISTORY: sa.Table = RefHistoryRow.__table__  # type: ignore[assignment]
-RELEASES: sa.Table = ReleaseRow.__table__  # type: ignore[assignment]
-RELEASE_MEMBERS: sa.Table = ReleaseMemberRow.__table__  # type: ignore[assignment]
-CACHE_META: sa.Table = CacheMetaRow.__table__  # type: ignore[assignment]
-JIT_ENTRIES: sa.Table = JitEntryRow.__table__  # type: ignore[assignment]
-JIT_STATS: sa.Table = JitStatsRow.__table__  # type: ignore[assignment]
-JIT_CLAIMS: sa.Table = JitClaimRow.__table__  # type: ignore[assignment]
+class CallStatsRow(_TableHandle):
+    __table__ = CALL_STATS
 
 
 # ------------------------------------------------------------------------ migrations
@@ -464,7 +486,7 @@ class Migration:
 
 
 def _create_v1(conn: Connection) -> None:
-    Base.metadata.create_all(conn, checkfirst=True)
+    METADATA.create_all(conn, checkfirst=True)
 
 
 def _migrate_exe_digest_nullable(conn: Connection) -> None:
@@ -516,7 +538,7 @@ def _migrate_add_jit(conn: Connection) -> None:
 
 
 #: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
-#: database is created from the models at the current version; migration 1 exists
+#: database is created from the tables at the current version; migration 1 exists
 #: so that the list is complete and every version has a description.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: programs, artifacts, blobs, blobs_data", _create_v1),
@@ -596,7 +618,7 @@ def ensure_schema(engine: Engine, *, read_only: bool = False) -> int:
                 raise _too_new(url, found, target)
             if found == 0:
                 logger.info("creating the cache index schema v%d at %s", target, url)
-                Base.metadata.create_all(conn, checkfirst=True)
+                METADATA.create_all(conn, checkfirst=True)
                 conn.execute(sa.insert(SCHEMA_VERSIONS).values(id=1, version=target, updated_at=utcnow()))
             elif found < target:
                 for migration in migrations:
