@@ -358,8 +358,10 @@ def declare(
 
     if release is not None:
         origin = dc.replace(origin, release=release)
-    targets = [(r.name, r.signature, r.env_fp, r.key) for r in results
-               if r.ok and r.key is not None and r.signature is not None and r.env_fp is not None]
+    # Sorted: concurrent runners of one manifest (claims, no --shard) set the same refs
+    # in one transaction each; one order of row locks keeps PostgreSQL from deadlocking.
+    targets = sorted((r.name, r.signature, r.env_fp, r.key) for r in results
+                     if r.ok and r.key is not None and r.signature is not None and r.env_fp is not None)
     if release is None:  # a fully cached warm-up whose refs already name its keys writes nothing
         current = {r.slot: r.key for name in {t[0] for t in targets} for r in cache.refs_named(name)}
         targets = [t for t in targets if current.get((t[0], t[1], t[2])) != t[3]]
