@@ -72,6 +72,8 @@ def verify_command(state: State, manifest: str | None, strict: bool, no_lower: b
         integrity = report.integrity
         if integrity.quarantined:
             click.echo(f"quarantined {counted(len(integrity.quarantined), 'entry')} (`aot gc` removes them)")
+        if integrity.removed:
+            click.echo(f"removed {counted(len(integrity.removed), 'jit entry')} (JAX compiles them again on a miss)")
         if integrity.orphan_blobs:
             click.echo(
                 f"{counted(len(integrity.orphan_blobs), 'blob')} no entry references (`aot gc` removes "

@@ -24,6 +24,7 @@ from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
 from aot.cache.index.jit_records import AOT, JIT, JitEntry, JitStats, function_name, sign_entry, signature_problem
 from aot.cache.index.leases import Lease, LeaseLostError
 from aot.cache.index.schema import BLOBS, JIT_CLAIMS, JIT_ENTRIES, JIT_STATS, LEASES
+from aot.cache.index.state import clear_emptied, has_no_rows, mark_emptied
 from aot.errors import CacheError
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class IndexJit(IndexEngine):
             )
             conn.execute(sa.delete(JIT_ENTRIES).where(JIT_ENTRIES.c.key == entry.key))
             conn.execute(sa.insert(JIT_ENTRIES).values(**row))
+            clear_emptied(conn)
 
     def jit_delete(self, keys: Iterable[str]) -> int:
         """Deletes the rows of ``keys`` (their blobs are gc's); the number deleted."""
@@ -77,7 +79,10 @@ class IndexJit(IndexEngine):
         if not wanted:
             return 0
         with self._write("delete jit entries") as conn:
-            return len(conn.execute(sa.delete(JIT_ENTRIES).where(JIT_ENTRIES.c.key.in_(wanted)).returning(JIT_ENTRIES.c.key)).all())
+            deleted = len(conn.execute(sa.delete(JIT_ENTRIES).where(JIT_ENTRIES.c.key.in_(wanted)).returning(JIT_ENTRIES.c.key)).all())
+            if deleted and has_no_rows(conn):  # gc must not take this for a lost index
+                mark_emptied(conn)
+            return deleted
 
     def jit_record(self, name: str, *, key: str | None = None, hit: bool, saved_seconds: float = 0.0) -> None:
         """Counts a hit (``key``'s row is touched too) or a miss of ``name``. Never

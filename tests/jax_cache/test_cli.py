@@ -57,6 +57,8 @@ def test_verify_removes_a_damaged_jit_entry_and_push_carries_the_rest(tmp_path: 
     checked = runner.invoke(cli, ["--cache", str(tmp_path / "c"), "verify"])
     assert checked.exit_code == 1
     assert "jit entry: blob" in checked.output
+    assert "removed 1 jit entry" in checked.output and "quarantined" not in checked.output
+    assert [e.name for e in Cache(str(tmp_path / "c")).index.jit_entries()] == ["train_step"]
     pushed = runner.invoke(cli, ["--cache", str(tmp_path / "c"), "push", str(tmp_path / "d")])
     assert pushed.exit_code == 0, pushed.output
     with Cache(str(tmp_path / "d")) as copy:
@@ -64,3 +66,16 @@ def test_verify_removes_a_damaged_jit_entry_and_push_carries_the_rest(tmp_path: 
         assert [e.name for e in entries] == ["train_step"]
         assert copy.blobs.check(entries[0].digest, entries[0].size) is None
     assert runner.invoke(cli, ["--cache", str(tmp_path / "d"), "verify"]).exit_code == 0
+
+
+def test_gc_does_not_take_an_index_of_jit_entries_only_for_a_lost_one(tmp_path: Path) -> None:
+    _filled(tmp_path / "c")
+    runner = CliRunner()
+    collected = runner.invoke(cli, ["--cache", str(tmp_path / "c"), "gc", "--yes", "--json"])
+    assert collected.exit_code == 0, collected.output
+    with Cache(str(tmp_path / "c")) as cache:
+        entries = cache.index.jit_entries()
+        assert len(entries) == 2 and all(cache.blobs.check(e.digest, e.size) is None for e in entries)
+        cache.index.jit_delete([e.key for e in entries])  # emptied by its own deletion: not "lost"
+    again = runner.invoke(cli, ["--cache", str(tmp_path / "c"), "gc", "--yes", "--json"])
+    assert again.exit_code == 0, again.output
