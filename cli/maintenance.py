@@ -228,7 +228,7 @@ def _render_rm(plan: RemovalPlan, *, err: bool = False) -> None:
     width = terminal_width()
     for victim in plan.entries:
         extra = [victim.status] if victim.status != "ok" else []
-        if victim.environment != "this":
+        if victim.environment != "this" and victim.kind == "aot":
             extra.append(f"env {victim.environment}")
         note = f"  ({', '.join(extra)})" if extra else ""
         click.echo(

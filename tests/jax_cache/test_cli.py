@@ -79,3 +79,26 @@ def test_gc_does_not_take_an_index_of_jit_entries_only_for_a_lost_one(tmp_path: 
         cache.index.jit_delete([e.key for e in entries])  # emptied by its own deletion: not "lost"
     again = runner.invoke(cli, ["--cache", str(tmp_path / "c"), "gc", "--yes", "--json"])
     assert again.exit_code == 0, again.output
+
+
+def test_rm_plans_then_removes_jit_entries_by_name_and_key_prefix(tmp_path: Path) -> None:
+    _filled(tmp_path / "c")
+    runner = CliRunner()
+    where = ["--cache", str(tmp_path / "c")]
+    with Cache(str(tmp_path / "c")) as cache:
+        eval_entry = next(e for e in cache.index.jit_entries() if e.name == "eval")
+    planned = runner.invoke(cli, [*where, "--json", "rm", "eval", "--dry-run"])
+    assert planned.exit_code == 0, planned.output
+    plan = json.loads(planned.output)
+    assert [(v["kind"], v["key"]) for v in plan["entries"]] == [("jit", eval_entry.key)]
+    assert plan["blobs"] == [eval_entry.digest] and plan["bytes_freed"] > 0 and not plan["executed"]
+    with Cache(str(tmp_path / "c")) as cache:
+        assert len(cache.index.jit_entries()) == 2  # a dry run removes nothing
+    removed = runner.invoke(cli, [*where, "rm", "jit_train_step-aaaa", "--yes"])
+    assert removed.exit_code == 0, removed.output
+    assert "removed 1 entry and 1 blob" in removed.output and "train_step (jit)" in removed.output
+    with Cache(str(tmp_path / "c")) as cache:
+        assert [e.name for e in cache.index.jit_entries()] == ["eval"]
+        assert cache.blobs.check(eval_entry.digest, eval_entry.size) is None
+        assert eval_entry.digest in cache.blobs.digests()
+    assert runner.invoke(cli, [*where, "rm", "nothing_like_it"]).exit_code == 1
