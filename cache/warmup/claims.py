@@ -6,7 +6,7 @@ index (:meth:`~aot.cache.index.jit.IndexJit.jit_claim`, the table the jit entrie
 compile-once uses). A runner that finds an entry claimed by a live holder moves on,
 and comes back at the end to wait for it (:meth:`WarmupClaims.wait_for`: bounded by
 ``wait_seconds``); a holder's claim lasts ``claim_seconds`` past its last heartbeat
-(:class:`~aot.cache.index.jit.ClaimHeartbeat`), so a killed holder's entries are
+(:class:`~aot.cache.index.claim_heartbeat.ClaimHeartbeat`), so a killed holder's entries are
 compiled by the others once it expires.
 """
 
@@ -19,7 +19,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from aot.cache.index.jit import ClaimHeartbeat
+from aot.cache.index.claim_heartbeat import ClaimHeartbeat
+from aot.cache.storage.locations import DATABASE, classify_location
 from aot.cache.warmup.steps import ItemResult, Lowered, load_stored
 
 if TYPE_CHECKING:
@@ -36,7 +37,10 @@ WAIT_SECONDS = 1800.0
 
 
 def claims_default(cache: Cache) -> bool:
-    """Claims are on by default for a shared (PostgreSQL) index."""
+    """Claims are on by default for a shared (PostgreSQL) index (a folder cache's
+    warm-up does not open SQLAlchemy to find out)."""
+    if classify_location(cache.location).kind != DATABASE:
+        return False
     return cache.index.dialect == "postgresql"
 
 

@@ -1,6 +1,6 @@
 """Compile claims: warm-up runners without --shard compile each entry once in total,
 and a holder's heartbeat keeps a long compile's claim alive (aot.cache.warmup.claims,
-aot.cache.index.jit.ClaimHeartbeat)."""
+aot.cache.index.claim_heartbeat.ClaimHeartbeat)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import aot
-from aot.cache.index.jit import ClaimHeartbeat
+from aot.cache.index.claim_heartbeat import ClaimHeartbeat
 from aot.cache.index.sql import Index
 from aot.cache.warmup.run import ItemResult, expand, load_manifest, run_warmup
 from tests.cli.helpers import MANIFEST, REPO
