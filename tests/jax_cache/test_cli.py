@@ -102,3 +102,20 @@ def test_rm_plans_then_removes_jit_entries_by_name_and_key_prefix(tmp_path: Path
         assert cache.blobs.check(eval_entry.digest, eval_entry.size) is None
         assert eval_entry.digest in cache.blobs.digests()
     assert runner.invoke(cli, [*where, "rm", "nothing_like_it"]).exit_code == 1
+
+
+def test_show_a_jit_entry_by_jax_key_and_by_name(tmp_path: Path) -> None:
+    _filled(tmp_path / "c")
+    runner = CliRunner()
+    where = ["--cache", str(tmp_path / "c")]
+    shown = runner.invoke(cli, [*where, "show", "jit_train_step-" + "a" * 64])
+    assert shown.exit_code == 0, shown.output
+    assert "KIND jit" in shown.output and "train_step" in shown.output
+    assert "hits            1" in shown.output and "hmac            unsigned" in shown.output
+    listed = json.loads(runner.invoke(cli, [*where, "--json", "show", "eval"]).output)
+    [entry] = listed["entries"]
+    with Cache(str(tmp_path / "c")) as cache:
+        stored = next(e for e in cache.index.jit_entries() if e.name == "eval")
+    assert (entry["kind"], entry["key"], entry["digest"], entry["size"]) == ("jit", stored.key, stored.digest, stored.size)
+    assert entry["hmac_state"] == "unsigned" and entry["compile_seconds"] == stored.compile_seconds
+    assert runner.invoke(cli, [*where, "show", "no_such_function"]).exit_code == 1
