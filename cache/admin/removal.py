@@ -216,7 +216,7 @@ def plan_removal(
     # KIND jit entries (by function name glob or key prefix): they have no input
     # signature and no environment of ours, so a --signature or --env this filter
     # leaves them out.
-    jit = cache.index.jit_entries(target) if not filters and env == "all" else []
+    jit = reads_of(cache).jit_entries(target) if not filters and env == "all" else []
     try:
         selected = _select(cache, target)
     except ArtifactNotFoundError:
@@ -238,7 +238,7 @@ def plan_removal(
             survivors |= _digests(entry)
     jit_keys = {e.key for e in jit}
     if rows or jit:
-        survivors |= {e.digest for e in cache.index.jit_entries() if e.key not in jit_keys}
+        survivors |= {e.digest for e in reads.jit_entries() if e.key not in jit_keys}
     candidates = set().union(*(_digests(r.entry) for r in rows), {e.digest for e in jit})
     freed_blobs = sorted(candidates - survivors)
     sizes = reads.blob_sizes()
