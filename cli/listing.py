@@ -24,6 +24,7 @@ from aot.cli.params import complete_entry_names
 
 if TYPE_CHECKING:
     from aot.artifact import Manifest
+    from aot.cache.cache import Cache
     from aot.cache.reports.details import EntryDetails
     from aot.fingerprint import Fingerprint
 
@@ -198,6 +199,37 @@ def _render(details: EntryDetails) -> str:
     return "\n".join(out)
 
 
+def _show_jit(state: State, cache: Cache, key_or_name: str, hlo: bool) -> bool:
+    """Shows the KIND jit entries of ``key_or_name``; False when there is none."""
+    from aot.cache.admin.jit_entries import describe_jit_entries
+
+    found = describe_jit_entries(cache, key_or_name)
+    if not found:
+        return False
+    if hlo:
+        raise click.UsageError("a jit entry (JAX's cache) stores no portable HLO: --hlo does not apply")
+    if state.json:
+        echo_json({"entries": [d.to_dict() for d in found]})
+        return True
+    blocks = []
+    for d in found:
+        e = d.entry
+        blocks.append("\n".join([
+            f"{e.name}  (KIND jit: an entry of JAX's persistent cache)",
+            f"  key             {e.key}",
+            f"  blob            {e.digest}",
+            f"  size            {human_size(e.size)} ({human_size(e.stored_size)} stored)",
+            f"  compile time    {e.compile_seconds:.2f}s",
+            f"  hits            {e.hits}",
+            f"  platform        {e.platform}",
+            f"  created         {e.created_at:%Y-%m-%d %H:%M:%S} UTC",
+            f"  last used       {e.last_used_at:%Y-%m-%d %H:%M:%S} UTC",
+            f"  hmac            {d.hmac}",
+        ]))
+    click.echo("\n\n".join(blocks))
+    return True
+
+
 @click.command("show", short_help="Show an entry: arguments, fingerprints, analysis, HLO.")
 @click.argument("key_or_name", metavar="KEY|NAME", shell_complete=complete_entry_names)
 @click.option("--hlo", is_flag=True, help="Print the StableHLO text of the portable HLO instead.")
@@ -212,8 +244,15 @@ def show_command(state: State, key_or_name: str, hlo: bool, debug_info: bool) ->
     StableHLO.
     """
     from aot.cache.reports.details import describe_entries
+    from aot.errors import ArtifactNotFoundError
 
-    details = describe_entries(state.cache(), key_or_name, hlo=hlo, debug_info=debug_info)
+    cache = state.cache()
+    try:
+        details = describe_entries(cache, key_or_name, hlo=hlo, debug_info=debug_info)
+    except ArtifactNotFoundError:
+        if not _show_jit(state, cache, key_or_name, hlo):  # JAX's key or a jitted function's name
+            raise
+        return
     if state.json:
         echo_json({"entries": [d.to_dict() for d in details]})
     elif hlo:

@@ -72,6 +72,8 @@ def verify_command(state: State, manifest: str | None, strict: bool, no_lower: b
         integrity = report.integrity
         if integrity.quarantined:
             click.echo(f"quarantined {counted(len(integrity.quarantined), 'entry')} (`aot gc` removes them)")
+        if integrity.removed:
+            click.echo(f"removed {counted(len(integrity.removed), 'jit entry')} (JAX compiles them again on a miss)")
         if integrity.orphan_blobs:
             click.echo(
                 f"{counted(len(integrity.orphan_blobs), 'blob')} no entry references (`aot gc` removes "
@@ -226,7 +228,7 @@ def _render_rm(plan: RemovalPlan, *, err: bool = False) -> None:
     width = terminal_width()
     for victim in plan.entries:
         extra = [victim.status] if victim.status != "ok" else []
-        if victim.environment != "this":
+        if victim.environment != "this" and victim.kind == "aot":
             extra.append(f"env {victim.environment}")
         note = f"  ({', '.join(extra)})" if extra else ""
         click.echo(

@@ -81,10 +81,17 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
     help="Compile only share I of N (1 <= I <= N), balanced by estimated compile time: "
     "one CI runner's part of the manifest.",
 )
+@click.option(
+    "--claims/--no-claims", default=None,
+    help="Claim each entry in the index before compiling it, so runners of one manifest "
+    "without --shard compile each entry once in total (default: on for a shared "
+    "PostgreSQL index; --jobs 1 only).",
+)
 @pass_state
 def warmup_command(
     state: State, manifest: str | None, jobs: int, shard: tuple[int, int] | None,
     isolate: bool, relower: bool, commit: str | None, release: str | None, run_id: str | None,
+    claims: bool | None,
 ) -> None:
     """Compile every (function x bucket) listed in MANIFEST.toml into the cache.
 
@@ -154,7 +161,7 @@ def warmup_command(
     try:
         report = run_warmup(
             cache, items, jobs=jobs, shard=shard, on_result=on_result, isolate=isolate,
-            workers=workers, origin=origin, release=release, run=run_id,
+            workers=workers, origin=origin, release=release, run=run_id, claims=claims,
         )
     finally:
         if progress is not None:

@@ -15,9 +15,9 @@ import fnmatch
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from aot.cache.index.jit_records import signature_problem
+from aot.cache.index.jit_records import JitEntry, signature_problem
 from aot.errors import AotError
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["JitCopy", "JitProblem", "copy_jit_entries", "verify_jit_entries"]
+__all__ = ["JitCopy", "JitDetails", "JitProblem", "copy_jit_entries", "describe_jit_entries", "verify_jit_entries"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,33 @@ class JitCopy:
     copied: tuple[str, ...] = ()
     present: tuple[str, ...] = ()
     failed: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class JitDetails:
+    """``aot show`` of a jit entry: its row, and the state of its HMAC (``ok``,
+    ``unsigned``, ``not checked (no signing key)``, or what is wrong with it)."""
+
+    entry: JitEntry
+    hmac: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.entry.to_dict(), "hmac_state": self.hmac}
+
+
+def _hmac_state(cache: Cache, entry: JitEntry) -> str:
+    if cache.signing_key is None:
+        return "not checked (no signing key)" if entry.signature else "unsigned"
+    return signature_problem(cache.signing_key, entry) or "ok"
+
+
+def describe_jit_entries(cache: Cache, key_or_name: str) -> list[JitDetails]:
+    """The jit entries whose function name matches the glob ``key_or_name`` or whose
+    key starts with it (JAX's key, e.g. ``jit_train_step-1f2e...``), with their HMAC's
+    state; empty when none does."""
+    from aot.cache.reports.reads import reads_of  # a folder cache: the stdlib reader
+
+    return [JitDetails(e, _hmac_state(cache, e)) for e in reads_of(cache).jit_entries(key_or_name)]
 
 
 def verify_jit_entries(

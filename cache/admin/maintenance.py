@@ -57,6 +57,9 @@ class VerifyReport:
     orphan_blobs: tuple[str, ...]
     #: Problems of the cache as a whole (e.g. an empty index beside stored blobs).
     cache_problems: tuple[str, ...] = ()
+    #: Keys of KIND jit rows deleted (a damaged jit entry is removed, not quarantined:
+    #: JAX compiles it again on its next miss).
+    removed: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -69,6 +72,7 @@ class VerifyReport:
             "checked_blobs": self.checked_blobs,
             "problems": [p.to_dict() for p in self.problems],
             "quarantined": list(self.quarantined),
+            "removed": list(self.removed),
             "orphan_blobs": list(self.orphan_blobs),
             "cache_problems": list(self.cache_problems),
         }
@@ -134,14 +138,13 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
     # KIND jit (aot.jax_cache): the blob and the HMAC; a damaged one's row is removed.
     jit_count, jit_problems, jit_removed = verify_jit_entries(cache, check, remove=quarantine)
     problems += [Problem(p.key, p.name, p.what) for p in jit_problems]
-    quarantined += jit_removed
     referenced = cache.index.referenced_digests() | cache.index.leased_digests()
     stored = cache.blobs.digests()
     orphans = tuple(d for d in stored if d not in referenced)
     empty = empty_index_problem(cache, stored) if not entries and not jit_count else None
     report = VerifyReport(
         len(entries) + jit_count, len({d for d, _ in blob_state}), tuple(problems), tuple(quarantined), orphans,
-        (empty,) if empty else (),
+        (empty,) if empty else (), tuple(jit_removed),
     )
     log.info(
         "verify: %d entries, %d blobs, %d problems, %d orphan blobs",

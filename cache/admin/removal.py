@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.errors import ArtifactNotFoundError, SpecError
 from aot.cache.index.entry import IndexEntry
+from aot.cache.index.jit_records import JitEntry
 from aot.cache.reports.listing import EntryRow, check_env_choice, entry_rows
 from aot.cache.reports.reads import reads_of
 from aot.cache.admin.maintenance import delete_unreferenced_blobs
@@ -108,12 +109,16 @@ class RemovalVictim:
     environment: str  # "this" or the first differing part (EnvironmentStatus.short)
     status: str  # ok, superseded or quarantined
     stored_size: int
+    kind: str = "aot"  # or "jit": an entry of JAX's cache (aot.jax_cache)
 
     def describe(self, width: int | None = None) -> str:
+        if self.kind == "jit":
+            return f"{self.key[:40]}  {self.name} (jit)"
         return f"{self.key[:12]}  {self.name} ({self.arguments.compact(width)})"
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "kind": self.kind,
             "key": self.key,
             "name": self.name,
             "signature": self.signature,
@@ -130,6 +135,10 @@ class RemovalVictim:
             e.key, e.name, e.signature, row.signature, row.environment.short(), row.status,
             e.stored_size,
         )
+
+    @classmethod
+    def of_jit(cls, entry: JitEntry) -> RemovalVictim:
+        return cls(entry.key, entry.name, "", Signature(()), entry.platform, "ok", entry.stored_size, kind="jit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +213,16 @@ def plan_removal(
     when nothing matches the target; a filter that leaves nothing is an empty plan."""
     check_env_choice(env)
     filters = [SignatureFilter.parse(s) for s in signatures]
-    selected = _select(cache, target)
+    # KIND jit entries (by function name glob or key prefix): they have no input
+    # signature and no environment of ours, so a --signature or --env this filter
+    # leaves them out.
+    jit = reads_of(cache).jit_entries(target) if not filters and env == "all" else []
+    try:
+        selected = _select(cache, target)
+    except ArtifactNotFoundError:
+        if not jit:
+            raise
+        selected = []
     if env == "this":
         # What is deleted is decided with the real fingerprint, never the listing record
         # (this_environment uses it once JAX is imported).
@@ -218,11 +236,16 @@ def plan_removal(
     for entry in reads.entries():
         if entry.key not in victims:
             survivors |= _digests(entry)
-    freed_blobs = sorted(set().union(*(_digests(r.entry) for r in rows)) - survivors) if rows else []
+    jit_keys = {e.key for e in jit}
+    if rows or jit:
+        survivors |= {e.digest for e in reads.jit_entries() if e.key not in jit_keys}
+    candidates = set().union(*(_digests(r.entry) for r in rows), {e.digest for e in jit})
+    freed_blobs = sorted(candidates - survivors)
     sizes = reads.blob_sizes()
     freed = sum(sizes.get(d, 0) for d in freed_blobs)
     return RemovalPlan(
-        target, tuple(signatures), env, tuple(RemovalVictim.of(r) for r in rows),
+        target, tuple(signatures), env,
+        (*(RemovalVictim.of(r) for r in rows), *(RemovalVictim.of_jit(e) for e in jit)),
         tuple(freed_blobs), freed,
     )
 
@@ -230,7 +253,10 @@ def plan_removal(
 def execute_removal(cache: Cache, plan: RemovalPlan) -> RemovalPlan:
     """Deletes the plan's index rows, then its blobs that no row references any more."""
     cache._check_writable("remove entries")
-    cache.index.delete([v.key for v in plan.entries])
+    aot_keys = [v.key for v in plan.entries if v.kind == "aot"]
+    if aot_keys:
+        cache.index.delete(aot_keys)
+    cache.index.jit_delete(v.key for v in plan.entries if v.kind == "jit")
     # The blobs go through gc's protocol: each re-checked under the index's lock, so a
     # writer storing one of them again meanwhile keeps it.
     removed, freed = delete_unreferenced_blobs(cache, list(plan.blobs))

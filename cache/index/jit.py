@@ -23,6 +23,7 @@ from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
 from aot.cache.index.jit_records import AOT, JIT, JitEntry, JitStats, function_name, sign_entry, signature_problem
 from aot.cache.index.leases import Lease, LeaseLostError
 from aot.cache.index.schema import BLOBS, JIT_CLAIMS, JIT_ENTRIES, JIT_STATS, LEASES
+from aot.cache.index.state import clear_emptied, has_no_rows, mark_emptied
 from aot.errors import CacheError
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class IndexJit(IndexEngine):
             )
             conn.execute(sa.delete(JIT_ENTRIES).where(JIT_ENTRIES.c.key == entry.key))
             conn.execute(sa.insert(JIT_ENTRIES).values(**row))
+            clear_emptied(conn)
 
     def jit_delete(self, keys: Iterable[str]) -> int:
         """Deletes the rows of ``keys`` (their blobs are gc's); the number deleted."""
@@ -76,7 +78,10 @@ class IndexJit(IndexEngine):
         if not wanted:
             return 0
         with self._write("delete jit entries") as conn:
-            return len(conn.execute(sa.delete(JIT_ENTRIES).where(JIT_ENTRIES.c.key.in_(wanted)).returning(JIT_ENTRIES.c.key)).all())
+            deleted = len(conn.execute(sa.delete(JIT_ENTRIES).where(JIT_ENTRIES.c.key.in_(wanted)).returning(JIT_ENTRIES.c.key)).all())
+            if deleted and has_no_rows(conn):  # gc must not take this for a lost index
+                mark_emptied(conn)
+            return deleted
 
     def jit_record(self, name: str, *, key: str | None = None, hit: bool, saved_seconds: float = 0.0) -> None:
         """Counts a hit (``key``'s row is touched too) or a miss of ``name``. Never
@@ -153,3 +158,26 @@ class IndexJit(IndexEngine):
                 conn.execute(sa.delete(JIT_CLAIMS).where(JIT_CLAIMS.c.key.in_(wanted), JIT_CLAIMS.c.holder == holder))
         except CacheError as e:
             logger.warning("index: could not release compile claims: %s", e)
+
+    def jit_claim_extend(self, keys: Iterable[str], holder: str, seconds: float) -> set[str]:
+        """Extends ``holder``'s live claims on ``keys`` to ``seconds`` from now (the
+        database server's clock): the keys still held (a claim that expired, or was
+        taken over, is not). Never raises (the holder's compile goes on regardless)."""
+        wanted = sorted(set(keys))
+        if not wanted or self.read_only:
+            return set()
+        try:
+            with self._write("extend compile claims") as conn:
+                now = server_now(conn)
+                return set(
+                    conn.execute(
+                        sa.update(JIT_CLAIMS)
+                        .where(JIT_CLAIMS.c.key.in_(wanted), JIT_CLAIMS.c.holder == holder, JIT_CLAIMS.c.expires_at > now)
+                        .values(expires_at=now + timedelta(seconds=seconds))
+                        .returning(JIT_CLAIMS.c.key)
+                    ).scalars()
+                )
+        except CacheError as e:
+            logger.warning("index: could not extend compile claims: %s", e)
+            return set()
+

@@ -13,16 +13,16 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from aot.cache.index.engine import insert_ignore, server_now
-from aot.cache.index.schema import ARTIFACTS, INDEX_STATE, PROGRAMS
+from aot.cache.index.schema import ARTIFACTS, INDEX_STATE, JIT_ENTRIES, PROGRAMS
 
 __all__ = ["clear_emptied", "emptiness_query", "has_no_rows", "mark_emptied"]
 
 
 def has_no_rows(conn: Connection) -> bool:
-    """No artifact and no program row, as this transaction sees it."""
+    """No artifact, program or jit entry row, as this transaction sees it."""
     return all(
         conn.execute(sa.select(sa.literal(1)).select_from(t).limit(1)).first() is None
-        for t in (ARTIFACTS, PROGRAMS)
+        for t in (ARTIFACTS, PROGRAMS, JIT_ENTRIES)
     )
 
 
@@ -44,10 +44,11 @@ def clear_emptied(conn: Connection) -> None:
 
 def emptiness_query() -> sa.Select:
     """One statement, so that both answers come from one snapshot while writers and gc
-    run: ``empty`` (no artifact or program row) and ``emptied_at`` (the mark)."""
+    run: ``empty`` (no artifact, program or jit entry row) and ``emptied_at`` (the mark)."""
     empty = sa.and_(
         ~sa.select(sa.literal(1)).select_from(ARTIFACTS).exists(),
         ~sa.select(sa.literal(1)).select_from(PROGRAMS).exists(),
+        ~sa.select(sa.literal(1)).select_from(JIT_ENTRIES).exists(),
     )
     marked = sa.select(INDEX_STATE.c.emptied_at).where(INDEX_STATE.c.id == 1).scalar_subquery()
     return sa.select(empty.label("empty"), marked.label("emptied_at"))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from aot.errors import TargetError
 from aot.cache.index.refs import RefOrigin
 from aot.cache.units import counted
+from aot.cache.warmup.claims import CLAIM_SECONDS, WAIT_SECONDS, WarmupClaims, claims_default
 from aot.cache.warmup.coverage import find_uncovered
 from aot.cache.warmup.jobs import JOB_MEMORY, auto_jobs, available_cores, available_memory, resolve_jobs
 from aot.cache.warmup.manifest import (
@@ -127,6 +128,11 @@ class WarmupReport:
         return self._count("failed")
 
     @property
+    def waited(self) -> int:
+        """Hits another runner compiled while this one waited for its claim."""
+        return sum(1 for r in self.results if r.waited)
+
+    @property
     def ok(self) -> bool:
         return self.failed == 0
 
@@ -137,8 +143,8 @@ class WarmupReport:
     def summary(self) -> str:
         where = f" (shard {self.shard[0]}/{self.shard[1]})" if self.shard else ""
         return (
-            f"{counted(len(self.results), 'entry')}{where}: {self.compiled} compiled, {self.hit} hit, "
-            f"{self.failed} failed in {self.seconds:.1f}s"
+            f"{counted(len(self.results), 'entry')}{where}: {self.compiled} compiled, {self.hit} hit"
+            f"{f' ({self.waited} waited for)' if self.waited else ''}, {self.failed} failed in {self.seconds:.1f}s"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,6 +155,7 @@ class WarmupReport:
             "total": len(self.results),
             "compiled": self.compiled,
             "hit": self.hit,
+            "waited": self.waited,
             "failed": self.failed,
             "seconds": round(self.seconds, 3),
             "ok": self.ok,
@@ -161,25 +168,52 @@ class WarmupReport:
 
 def _run_pipelined(
     cache: Cache, items: list[WarmupItem], emit: Callable[[ItemResult], None], records: RecordStore,
+    claims: WarmupClaims | None = None,
 ) -> None:
     """``--jobs 1``: one XLA compile at a time, in a thread (XLA releases the GIL),
     while this thread lowers the next item and exports and stores the previous one;
     the Python around the compiles (tracing, lowering, exporting, storing) then costs
-    no wall time where a compile takes longer. At most two executables are held."""
+    no wall time where a compile takes longer. At most two executables are held.
+
+    ``claims``: each item is claimed before its compile; one another runner holds is
+    passed over, and waited for at the end (:mod:`aot.cache.warmup.claims`)."""
     compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aot-warmup-compile")
     pending: tuple[Lowered, Future[tuple[Any, float]]] | None = None
+    deferred: list[Lowered] = []
+
+    def finish(lowered: Lowered, compiled: Future[tuple[Any, float]]) -> None:
+        emit(store_here(cache, records, lowered, compiled))
+        if claims is not None:
+            claims.release(lowered)
+
     try:
         for index, item in enumerate(items):
             outcome = lower_here(cache, records, index, item)
             if isinstance(outcome, ItemResult):
                 emit(outcome)
                 continue
+            if claims is not None:
+                claimed = claims.claim(outcome)
+                if isinstance(claimed, ItemResult):
+                    emit(claimed)
+                    continue
+                if not claimed:
+                    deferred.append(outcome)
+                    continue
             compiled = compiler.submit(compile_lowered, outcome)  # starts when the previous ends
             if pending is not None:
-                emit(store_here(cache, records, *pending))
+                finish(*pending)
             pending = (outcome, compiled)
         if pending is not None:
-            emit(store_here(cache, records, *pending))
+            finish(*pending)
+            pending = None
+        for lowered in deferred:  # compiled by another runner meanwhile, or ours now
+            assert claims is not None
+            waited = claims.wait_for(lowered)
+            if waited is not None:
+                emit(waited)
+            else:
+                finish(lowered, compiler.submit(compile_lowered, lowered))
     finally:
         compiler.shutdown(wait=True, cancel_futures=True)
 
@@ -198,6 +232,9 @@ def run_warmup(
     origin: RefOrigin | None = None,
     release: str | None = None,
     run: str | None = None,
+    claims: bool | None = None,
+    claim_seconds: float = CLAIM_SECONDS,
+    wait_seconds: float = WAIT_SECONDS,
 ) -> WarmupReport:
     """Compiles every item into the cache at ``location`` (hits cost no compile).
 
@@ -225,6 +262,13 @@ def run_warmup(
     ``shard=(i, n)`` (or ``"i/n"``, 1 <= i <= n) compiles only this runner's share of
     the items, chosen by :mod:`aot.cache.warmup.shard` (deterministic, balanced by
     estimated compile time); result indices stay the items' positions.
+
+    ``claims`` (default: on for a shared, PostgreSQL, index): runners of one manifest
+    without ``shard`` compile each entry once in total: each claims an entry before its
+    compile, passes over one claimed by a live runner and waits for it at the end (at
+    most ``wait_seconds``); a claim lasts ``claim_seconds`` past its holder's last
+    heartbeat (:mod:`aot.cache.warmup.claims`). Taken with ``jobs=1`` (the default);
+    ``jobs > 1``, ``isolate`` and ``executor`` run without claims for now.
 
     ``executor`` runs the items on any :class:`concurrent.futures.Executor` instead of
     here or in ``jobs`` processes (a thread or process pool, a ``dask.distributed``
@@ -285,7 +329,12 @@ def run_warmup(
                 pool, workers = workers, None
                 run_parallel(cache, items, jobs, emit, store, isolate=isolate, pool=pool)
             else:
-                _run_pipelined(cache, items, emit, store)
+                use_claims = claims_default(cache) if claims is None else claims
+                if use_claims:
+                    with WarmupClaims(cache, claim_seconds=claim_seconds, wait_seconds=wait_seconds) as held:
+                        _run_pipelined(cache, items, emit, store, held)
+                else:
+                    _run_pipelined(cache, items, emit, store)
         declare(cache, list(results.values()), origin or RefOrigin("warmup"), release=release, run=run)
     finally:
         if workers is not None:
@@ -309,8 +358,10 @@ def declare(
 
     if release is not None:
         origin = dc.replace(origin, release=release)
-    targets = [(r.name, r.signature, r.env_fp, r.key) for r in results
-               if r.ok and r.key is not None and r.signature is not None and r.env_fp is not None]
+    # Sorted: concurrent runners of one manifest (claims, no --shard) set the same refs
+    # in one transaction each; one order of row locks keeps PostgreSQL from deadlocking.
+    targets = sorted((r.name, r.signature, r.env_fp, r.key) for r in results
+                     if r.ok and r.key is not None and r.signature is not None and r.env_fp is not None)
     if release is None:  # a fully cached warm-up whose refs already name its keys writes nothing
         current = {r.slot: r.key for name in {t[0] for t in targets} for r in cache.refs_named(name)}
         targets = [t for t in targets if current.get((t[0], t[1], t[2])) != t[3]]

@@ -11,6 +11,7 @@ a worker process or an executor runs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -38,6 +39,7 @@ __all__ = [
     "Lowered",
     "cache_options",
     "compile_lowered",
+    "load_stored",
     "lower_here",
     "run_one",
     "store_here",
@@ -73,6 +75,8 @@ class ItemResult:
     # False: a hit found through its warm-up record, without lowering (None: failed
     # before it was known).
     lowered: bool | None = None
+    # True: a hit another runner compiled while this one waited for its claim.
+    waited: bool = False
 
     @property
     def ok(self) -> bool:
@@ -117,6 +121,7 @@ class ItemResult:
             "source": self.source,
             "arguments": self.arguments.to_list() if self.arguments is not None else None,
             "lowered": self.lowered,
+            "waited": self.waited,
             "traceback": self.traceback,
         }
 
@@ -165,6 +170,19 @@ def _load_hit(
         cache.quarantine(entry, str(exc))
         return None
     return _done(index, item, entry, "hit", time.perf_counter() - start, lowered=lowered)
+
+
+def load_stored(cache: Cache, lowered: Lowered, *, waited: bool = False) -> ItemResult | None:
+    """The hit of a lowered item whose key is stored now (another runner compiled it),
+    or None."""
+    start = time.perf_counter()
+    entry = cache.lookup(lowered.computation.fingerprint)
+    if entry is None or not entry.ok:
+        return None
+    result = _load_hit(cache, lowered.index, lowered.item, entry, start, lowered=True)
+    if result is None:
+        return None
+    return dataclasses.replace(result, seconds=lowered.seconds + result.seconds, waited=waited)
 
 
 def lower_here(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | Lowered:

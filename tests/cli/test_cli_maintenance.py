@@ -12,7 +12,7 @@ from tests.cli.helpers import MANIFEST, Invoke, one_line_error, store_for_anothe
 
 VERIFY_KEYS = {"ok", "integrity", "coverage"}
 INTEGRITY_KEYS = {
-    "ok", "checked_entries", "checked_blobs", "problems", "quarantined", "orphan_blobs", "cache_problems",
+    "ok", "checked_entries", "checked_blobs", "problems", "quarantined", "removed", "orphan_blobs", "cache_problems",
 }
 GC_KEYS = {"dry_run", "executed", "entries", "blobs", "bytes_freed", "size_before", "size_after", "warnings", "pinned", "dropped_refs"}
 BUNDLE_KEYS = {"path", "entries", "imported", "skipped", "repaired", "refused", "bytes", "refs", "carried"}

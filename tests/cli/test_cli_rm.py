@@ -12,7 +12,7 @@ import aot
 from tests.cli.helpers import MLP_TREE, Invoke, one_line_error, store_for_another_environment
 
 RM_KEYS = {"target", "signatures", "env", "executed", "entries", "blobs", "bytes_freed"}
-VICTIM_KEYS = {"key", "name", "signature", "arguments", "environment", "status", "stored_size"}
+VICTIM_KEYS = {"kind", "key", "name", "signature", "arguments", "environment", "status", "stored_size"}
 
 
 @pytest.fixture
