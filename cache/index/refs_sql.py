@@ -57,7 +57,10 @@ class IndexRefs(IndexEngine):
         adds them to the release set ``release_id`` when given. A ref that already names
         its key is left as it is (no history record); with ``keep_existing`` so is any
         ref that exists (a copy fills only the slots without one). Returns the refs changed."""
-        targets = list(dict.fromkeys(targets))
+        # One order for every writer (stable: of one slot, the last target wins), so
+        # that concurrent transactions lock the rows of the same slots in the same
+        # order and cannot deadlock on PostgreSQL.
+        targets = sorted(dict.fromkeys(targets), key=lambda t: (t[2], t[0], signature_digest(t[1])))
         changed: list[Ref] = []
         with self._write("set refs") as conn:
             now = server_now(conn)
