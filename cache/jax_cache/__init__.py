@@ -46,16 +46,17 @@ import time
 import uuid
 from dataclasses import dataclass
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aot.cache.cache import Cache
 from aot.cache.jax_cache.local_rows import LocalRows
 from aot.cache.index.jit_records import JitEntry, function_name, sign_entry, signature_problem
 from aot.cache.pauses import reached
 from aot.cache.storage.content import ContentStore, digest_of, inflate_frame
 from aot.cache.storage.locations import open_object_store
-from aot.signing import key_from
 from aot.jaxcompat import persistent_cache as jaxpc
+
+if TYPE_CHECKING:  # imported when a cache is opened: a warm local start never needs it
+    from aot.cache.cache import Cache
 
 log = logging.getLogger(__name__)
 
@@ -412,6 +413,16 @@ class JaxCacheBackend:
             self._cache.close()
 
 
+def _signing_key(value: str | bytes | None) -> bytes | None:
+    """The cache's signing key as :class:`Cache` will take it (``AOT_SIGNING_KEY`` when
+    None), importing :mod:`aot.signing` (and the artifact model) only when there is one."""
+    if value is None and not os.environ.get("AOT_SIGNING_KEY"):
+        return None
+    from aot.signing import key_from
+
+    return key_from(value)
+
+
 def _dialect(location: str) -> str:
     """The database dialect a location names (\"\" for a folder), without SQLAlchemy."""
     match = re.match(r"^([A-Za-z][A-Za-z0-9.\-]*)(\+[A-Za-z0-9_]+)?://", location)
@@ -427,6 +438,8 @@ def _open_index(location: str) -> Any:
         from aot.cache.index.sql import Index
 
         return Index(location)
+    from aot.cache.cache import Cache
+
     return Cache(location).index
 
 
@@ -454,7 +467,7 @@ def install(
     """Makes the jax-aot cache ``target`` (a :class:`~aot.cache.cache.Cache`, a folder
     or a database URL) JAX's persistent compilation cache in this process; replaces a
     previous :func:`install`. Returns the backend (``.counts``: this process's hits)."""
-    if isinstance(target, Cache):
+    if not isinstance(target, (str, os.PathLike)):  # a Cache
         backend = JaxCacheBackend(
             target, local=local, compile_once=compile_once, claim_seconds=claim_seconds, wait_seconds=wait_seconds,
         )
@@ -462,11 +475,13 @@ def install(
         where = os.fspath(target)
 
         def opener() -> Cache:
+            from aot.cache.cache import Cache
+
             return Cache(where, blob_location=blob_location, signing_key=signing_key, read_only=read_only)
 
         # Opened on the first local miss (no local tier: the first lookup).
         backend = JaxCacheBackend(
-            None, opener=opener, location=where, signing_key=key_from(signing_key), read_only=read_only,
+            None, opener=opener, location=where, signing_key=_signing_key(signing_key), read_only=read_only,
             local=local, owns=True, compile_once=compile_once,
             claim_seconds=claim_seconds, wait_seconds=wait_seconds,
         )
