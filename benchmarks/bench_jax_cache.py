@@ -1,7 +1,7 @@
 """JAX's persistent compilation cache, three backends side by side (issue 24).
 
     python -m benchmarks.bench_jax_cache [--postgres URL] [--endpoint URL] [--runs 3]
-                                         [--json out.json]
+                                         [--baseline CHECKOUT] [--json out.json]
 
 Needs a PostgreSQL server (``--postgres`` or ``AOT_TEST_POSTGRES_URL``: a temporary
 database is created there and dropped) and an S3-compatible server (``--endpoint`` or
@@ -21,6 +21,9 @@ result; ``cpu`` the process's user+system seconds.
   compile once per fleet): total CPU seconds, with and without the imports each process
   pays (Python, JAX, Flax), against one cold start; and the compiles counted by JAX's
   events (once per program in total when the claims work).
+* ``--baseline CHECKOUT``: another checkout of jax-aot (its ``aot/cache`` and ``aot/cli``
+  linked to its ``cache`` and ``cli``, so that ``PYTHONPATH=CHECKOUT`` imports it) run
+  as one more variant, interleaved with the others: before/after figures in one run.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoint", default=os.environ.get("AOT_TEST_S3_ENDPOINT"))
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", dest="json_out")
+    parser.add_argument("--baseline", help="a checkout of jax-aot to compare with (see above)")
     args = parser.parse_args(argv)
     if not args.postgres or not args.endpoint:
         parser.error("needs --postgres and --endpoint (or AOT_TEST_POSTGRES_URL and AOT_TEST_S3_ENDPOINT)")
@@ -120,36 +124,47 @@ def main(argv: list[str] | None = None) -> int:
                     "AOT_JAX_CACHE_LOCAL": str(root / "local"),
                 },
             }
+            if args.baseline:
+                variants["aot baseline"] = {
+                    "AOT_JAX_CACHE": db, "AOT_JAX_CACHE_BLOBS": f"s3://{bucket}/aot",
+                    "AOT_JAX_CACHE_LOCAL": str(root / "local-baseline"), "PYTHONPATH": args.baseline,
+                }
             for env in variants.values():
                 run(env)  # fill the cache (and the local tier)
             times: dict[str, list[float]] = {k: [] for k in variants}
             installs: dict[str, list[float]] = {k: [] for k in variants}
+            remote: dict[str, bool] = {}
             for _ in range(args.runs):  # interleaved
                 for label, env in variants.items():
                     r = run(env)
                     assert r["hits"] == r["requests"], (label, r)
                     times[label].append(r["first_step"])
                     installs[label].append(r["install"])
+                    remote[label] = remote.get(label, False) or r.get("remote_imported", False)
             folder = _median(times["jax folder"])
             for label, values in times.items():
                 results["warm"][label] = {"first_step_median": _median(values), "runs": values,
                                           "install_median": _median(installs[label]),
+                                          "remote_imported": remote.get(label, False),
                                           "ratio_to_jax_folder": _median(values) / folder}
+            sides = {"": {}} | ({" baseline": {"PYTHONPATH": args.baseline}} if args.baseline else {})
             for n in (1, 2, 4):
-                env = {"AOT_JAX_CACHE": database(), "AOT_JAX_CACHE_BLOBS": f"s3://{bucket}/cold{n}"}
-                procs = [_start(env) for _ in range(n)]
-                found = [_result(p) for p in procs]
-                results["cold"][n] = {
-                    "cpu_total": sum(r["cpu"] for r in found),
-                    "cpu_main_total": sum(r["cpu_main"] for r in found),
-                    "compiles": sum(r["writes"] for r in found),
-                }
-            one = results["cold"][1]["cpu_total"]
-            for n in (2, 4):
-                results["cold"][n]["ratio_to_one"] = results["cold"][n]["cpu_total"] / one
-                results["cold"][n]["main_ratio_to_one"] = (
-                    results["cold"][n]["cpu_main_total"] / results["cold"][1]["cpu_main_total"]
-                )
+                for side, extra in sides.items():  # interleaved
+                    env = {"AOT_JAX_CACHE": database(), "AOT_JAX_CACHE_BLOBS": f"s3://{bucket}/cold{n}{side.strip()}",
+                           **extra}
+                    procs = [_start(env) for _ in range(n)]
+                    found = [_result(p) for p in procs]
+                    results["cold"][f"{n}{side}"] = {
+                        "cpu_total": sum(r["cpu"] for r in found),
+                        "cpu_main_total": sum(r["cpu_main"] for r in found),
+                        "compiles": sum(r["writes"] for r in found),
+                    }
+            for side in sides:
+                one = results["cold"][f"1{side}"]
+                for n in (2, 4):
+                    r = results["cold"][f"{n}{side}"]
+                    r["ratio_to_one"] = r["cpu_total"] / one["cpu_total"]
+                    r["main_ratio_to_one"] = r["cpu_main_total"] / one["cpu_main_total"]
     finally:
         with admin.connect() as conn:
             for name in databases:
@@ -165,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, r in results["warm"].items():
         sys.stdout.write(
             f"  {label:22s} {r['first_step_median'] * 1000:8.1f} ms   x{r['ratio_to_jax_folder']:.2f} of jax folder"
-            f"   (of which installing the cache {r['install_median'] * 1000:.0f} ms)\n"
+            f"   (of which installing the cache {r['install_median'] * 1000:.0f} ms"
+            f"{'; SQLAlchemy/s3fs imported' if r['remote_imported'] else ''})\n"
         )
     sys.stdout.write("concurrent cold starts (aot, PostgreSQL + S3, compile once), total CPU:\n")
     for n, r in results["cold"].items():

@@ -26,6 +26,12 @@ at the top of the script). See docs/jax-cache.md.
   (polling with backoff, at most ``wait_seconds``) for the holder's entry and loads
   it, and compiles itself when the holder's claim expires (``claim_seconds``: a holder
   killed mid-compile) or the bound is reached.
+* A warm start from the local tier pays nothing for the remote: :func:`install` opens
+  neither the index nor the blob store; a key is first looked up in the local tier's
+  own rows (:mod:`aot.cache.jax_cache.local_rows`) and served after its blob's digest
+  (and its HMAC, under a signing key) was checked. The remote is opened on the first
+  local miss; the hits served before are recorded in the index then, or when the
+  backend closes (at exit).
 """
 
 from __future__ import annotations
@@ -33,19 +39,24 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from aot.cache.cache import Cache
+from aot.cache.jax_cache.local_rows import LocalRows
 from aot.cache.index.jit_records import JitEntry, function_name, sign_entry, signature_problem
 from aot.cache.pauses import reached
 from aot.cache.storage.content import ContentStore, digest_of, inflate_frame
 from aot.cache.storage.locations import open_object_store
 from aot.jaxcompat import persistent_cache as jaxpc
+
+if TYPE_CHECKING:  # imported when a cache is opened: a warm local start never needs it
+    from aot.cache.cache import Cache
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +111,25 @@ class JaxCacheBackend:
     """JAX's ``get``/``put`` over a jax-aot cache (see the module docstring)."""
 
     def __init__(
-        self, cache: Cache, *, local: str | os.PathLike[str] | None = None, owns: bool = False,
+        self, cache: Cache | None = None, *, local: str | os.PathLike[str] | None = None, owns: bool = False,
         compile_once: bool | None = None, claim_seconds: float = CLAIM_SECONDS, wait_seconds: float = WAIT_SECONDS,
+        opener: Callable[[], Cache] | None = None, location: str | None = None,
+        signing_key: bytes | None = None, read_only: bool = False,
     ) -> None:
-        self.cache = cache
+        """Over ``cache``, or over the cache ``opener`` opens when first needed (then
+        ``location``, ``signing_key`` and ``read_only`` describe it until it is open)."""
+        if cache is None and (opener is None or location is None):
+            raise TypeError("JaxCacheBackend needs a cache, or an opener and its location")
+        self._cache = cache
+        self._opener = opener
+        self._open_lock = threading.Lock()
+        self.location = cache.location if cache is not None else str(location)
+        self.signing_key = cache.signing_key if cache is not None else signing_key
+        self.read_only = cache.read_only if cache is not None else read_only
         self.owns = owns
         self.local = ContentStore(open_object_store(str(local))) if local is not None else None
-        shared = cache.index.dialect == "postgresql"
+        self.rows = LocalRows(local) if local is not None else None
+        shared = (cache.index.dialect if cache is not None else _dialect(self.location)) == "postgresql"
         self.compile_once = shared if compile_once is None else compile_once
         self.claim_seconds = claim_seconds
         self.wait_seconds = wait_seconds
@@ -116,9 +139,35 @@ class JaxCacheBackend:
         self._missed_at: dict[str, float] = {}  # key -> when get missed it (compile time)
         self._lock = threading.Lock()
         self._counts = {"hits": 0, "misses": 0, "puts": 0, "errors": 0, "waits": 0}
+        self._unrecorded: list[JitEntry] = []  # local hits served before the remote was open
 
     def __repr__(self) -> str:
-        return f"JaxCacheBackend({self.cache.display_location!r}, local={self.local is not None})"
+        return f"JaxCacheBackend({self.display_location!r}, local={self.local is not None})"
+
+    @property
+    def display_location(self) -> str:
+        if self._cache is not None:
+            return self._cache.display_location
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", self.location)
+
+    @property
+    def remote_open(self) -> bool:
+        """Whether the cache (index, blob store) was opened; a warm local start never does."""
+        return self._cache is not None
+
+    @property
+    def cache(self) -> Cache:
+        """The jax-aot cache, opened on first use (the first local miss)."""
+        if self._cache is None:
+            with self._open_lock:
+                if self._cache is None and self._opener is not None:
+                    started = time.perf_counter()
+                    self._cache = self._opener()
+                    log.debug("jax-aot cache: opened %s in %.3f s", self.display_location,
+                              time.perf_counter() - started)
+        assert self._cache is not None
+        self._record_unrecorded(self._cache.index)
+        return self._cache
 
     @property
     def counts(self) -> JaxCacheCounts:
@@ -144,8 +193,11 @@ class JaxCacheBackend:
             # This thread's previous compile is over: a claim it did not store (too
             # fast or too small for JAX to write) is given up, so no one waits on it.
             self._release_claims(thread=threading.get_ident())
+            local = self._local_hit(key)
+            if local is not None:
+                return local
             found = self._read(key)
-            if found is not None or not self.compile_once or self.cache.read_only:
+            if found is not None or not self.compile_once or self.read_only:
                 return self._counted(key, found)
             return self._counted(key, self._claim_or_wait(key))
         except Exception as e:  # noqa: BLE001 - never raise into a jit call
@@ -156,7 +208,7 @@ class JaxCacheBackend:
     def put(self, key: str, value: bytes) -> None:
         """Stores JAX's payload under ``key``; a failure is a warning, never an error."""
         try:
-            if self.cache.read_only:
+            if self.read_only:
                 return
             self._store(key, value)
             self._count("puts")
@@ -167,6 +219,36 @@ class JaxCacheBackend:
             self._release_claims({key})
 
     # -- reading ----------------------------------------------------------------------
+
+    def _local_hit(self, key: str) -> bytes | None:
+        """``key``'s payload from the local tier's own row and verified blob, without
+        the remote (None: not there, or not usable: then the remote decides)."""
+        if self.rows is None or self.local is None:
+            return None
+        entry = self.rows.get(key)
+        if entry is None or signature_problem(self.signing_key, entry) is not None:
+            return None
+        try:
+            payload = self.local.get_frame(entry.digest, entry.size)
+        except Exception as e:  # noqa: BLE001 - a bad local copy: the remote's is fetched
+            self._warn(key, "jax-aot cache: local copy of %s is unusable (%s); asking the remote", key, e)
+            return None
+        if payload is None:
+            return None
+        self._count("hits")
+        if self._cache is not None:
+            self._cache.index.jit_record(entry.name, key=key, hit=True, saved_seconds=entry.compile_seconds)
+        else:
+            with self._lock:
+                self._unrecorded.append(entry)
+        return payload
+
+    def _record_unrecorded(self, index: Any) -> None:
+        """Records in the index the local hits served before it was open."""
+        with self._lock:
+            entries, self._unrecorded = self._unrecorded, []
+        for entry in entries:
+            index.jit_record(entry.name, key=entry.key, hit=True, saved_seconds=entry.compile_seconds)
 
     def _counted(self, key: str, found: tuple[bytes, JitEntry] | None) -> bytes | None:
         index = self.cache.index
@@ -191,7 +273,17 @@ class JaxCacheBackend:
             self._warn(key, "jax-aot cache: entry %s is %s; not executing it, compiling instead", key, refused)
             return None
         payload = self._payload(entry)
-        return None if payload is None else (payload, entry)
+        if payload is None:
+            return None
+        self._keep_row(entry)
+        return payload, entry
+
+    def _keep_row(self, entry: JitEntry) -> None:
+        if self.rows is not None:
+            try:
+                self.rows.put(entry)
+            except OSError as e:  # the tier is a convenience
+                log.warning("jax-aot cache: could not keep the local row of %s: %s", entry.key, e)
 
     def _payload(self, entry: JitEntry) -> bytes | None:
         if self.local is not None:
@@ -287,16 +379,68 @@ class JaxCacheBackend:
                 self.local.store_frame(value, data)
             except Exception as e:  # noqa: BLE001 - the tier is a convenience
                 log.warning("jax-aot cache: could not keep a local copy of %s: %s", key, e)
+            else:
+                self._keep_row(entry)
         log.debug("jax-aot cache: stored %s (%d bytes, %s)", key, stored.stored_size,
                   "written" if stored.written else "blob present")
         return entry
 
+    def flush(self) -> None:
+        """Records the local hits not yet in the index (opens only the index, not the
+        blob store, when the cache is still closed); never raises."""
+        with self._lock:
+            pending = bool(self._unrecorded)
+        if not pending or self.read_only:
+            return
+        try:
+            if self._cache is not None:
+                self._record_unrecorded(self._cache.index)
+                return
+            index = _open_index(self.location)
+            try:
+                self._record_unrecorded(index)
+            finally:
+                index.close()
+        except Exception as e:  # noqa: BLE001 - statistics are a convenience
+            log.warning("jax-aot cache: could not record %s's local hits: %s", self.display_location, e)
+
     def close(self) -> None:
         self._release_claims()
+        self.flush()
         if self.local is not None:
             self.local.close()
-        if self.owns:
-            self.cache.close()
+        if self.owns and self._cache is not None:
+            self._cache.close()
+
+
+def _signing_key(value: str | bytes | None) -> bytes | None:
+    """The cache's signing key as :class:`Cache` will take it (``AOT_SIGNING_KEY`` when
+    None), importing :mod:`aot.signing` (and the artifact model) only when there is one."""
+    if value is None and not os.environ.get("AOT_SIGNING_KEY"):
+        return None
+    from aot.signing import key_from
+
+    return key_from(value)
+
+
+def _dialect(location: str) -> str:
+    """The database dialect a location names (\"\" for a folder), without SQLAlchemy."""
+    match = re.match(r"^([A-Za-z][A-Za-z0-9.\-]*)(\+[A-Za-z0-9_]+)?://", location)
+    if match is None:
+        return ""
+    scheme = match.group(1).lower()
+    return "postgresql" if scheme in ("postgresql", "postgres") else scheme
+
+
+def _open_index(location: str) -> Any:
+    """Only the index of the cache at ``location`` (for recording statistics)."""
+    if _dialect(location) in ("postgresql", "sqlite"):
+        from aot.cache.index.sql import Index
+
+        return Index(location)
+    from aot.cache.cache import Cache
+
+    return Cache(location).index
 
 
 def _platform() -> str:
@@ -323,24 +467,33 @@ def install(
     """Makes the jax-aot cache ``target`` (a :class:`~aot.cache.cache.Cache`, a folder
     or a database URL) JAX's persistent compilation cache in this process; replaces a
     previous :func:`install`. Returns the backend (``.counts``: this process's hits)."""
-    if isinstance(target, Cache):
-        cache, owns = target, False
+    if not isinstance(target, (str, os.PathLike)):  # a Cache
+        backend = JaxCacheBackend(
+            target, local=local, compile_once=compile_once, claim_seconds=claim_seconds, wait_seconds=wait_seconds,
+        )
     else:
-        cache = Cache(target, blob_location=blob_location, signing_key=signing_key, read_only=read_only)
-        owns = True
-    backend = JaxCacheBackend(
-        cache, local=local, owns=owns, compile_once=compile_once,
-        claim_seconds=claim_seconds, wait_seconds=wait_seconds,
-    )
+        where = os.fspath(target)
+
+        def opener() -> Cache:
+            from aot.cache.cache import Cache
+
+            return Cache(where, blob_location=blob_location, signing_key=signing_key, read_only=read_only)
+
+        # Opened on the first local miss (no local tier: the first lookup).
+        backend = JaxCacheBackend(
+            None, opener=opener, location=where, signing_key=_signing_key(signing_key), read_only=read_only,
+            local=local, owns=True, compile_once=compile_once,
+            claim_seconds=claim_seconds, wait_seconds=wait_seconds,
+        )
     global _installed
     with _install_lock:
         previous = _installed
         state = previous[1] if previous is not None else None
-        new_state = jaxpc.install_backend(jaxpc.make_backend(backend.get, backend.put, cache.display_location))
+        new_state = jaxpc.install_backend(jaxpc.make_backend(backend.get, backend.put, backend.display_location))
         _installed = (backend, state if state is not None else new_state)
     if previous is not None:
         previous[0].close()
-    log.info("JAX's persistent compilation cache is the jax-aot cache at %s", cache.display_location)
+    log.info("JAX's persistent compilation cache is the jax-aot cache at %s", backend.display_location)
     return backend
 
 
@@ -385,3 +538,4 @@ def _release_at_exit() -> None:
     found = _installed
     if found is not None:
         found[0]._release_claims()
+        found[0].flush()
