@@ -168,6 +168,9 @@ def report(results: dict[str, float]) -> None:
     print(header())
     for label, value in results.items():
         goal = GOALS.get(label)
+        if goal is None:
+            print(f"  {label:28s} {value:12,.2f}")
+            continue
         unit = "ms" if value < 0.1 and goal and goal < 0.1 else "s"
         shown = f"{value * 1e3:.3f} ms" if unit == "ms" else f"{value:.2f} s"
         goal_s = "" if goal is None else (f"{goal * 1e3:.0f} ms" if goal < 0.1 else f"{goal:.1f} s")
