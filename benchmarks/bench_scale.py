@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import random
 import statistics
@@ -131,14 +132,20 @@ def lookups(url: str, keys: list[str], by_name_args: list[tuple[str, str]], coun
     return {f"get p99 {idx.dialect}": pct(get, 99), f"by_name p99 {idx.dialect}": pct(by_name, 99)}
 
 
-def bench_index(n: int, url: str | None, count: int) -> dict[str, float]:
+def bench_index(n: int, url: str | None, count: int, keep: Path | None = None) -> dict[str, float]:
     from aot.cache.cache import Cache
 
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="aot_bench_scale_") as tmp:
-        folder = Path(tmp) / "cache"
-        folder.mkdir()
-        keys, by_name_args, name = fill(f"sqlite:///{folder / 'index.sqlite'}", n)
+        folder = (keep or Path(tmp)) / "cache"
+        if keep is not None and (folder / "keys.json").exists():  # filled by an earlier run
+            keys, by_name_args, name = json.loads((folder / "keys.json").read_text())
+            by_name_args = [tuple(a) for a in by_name_args]
+            print(f"  reusing the index filled in {folder}")
+        else:
+            folder.mkdir(parents=True)
+            keys, by_name_args, name = fill(f"sqlite:///{folder / 'index.sqlite'}", n)
+            (folder / "keys.json").write_text(json.dumps([keys, by_name_args, name]))
         results.update(lookups(f"sqlite:///{folder / 'index.sqlite'}", keys, by_name_args, count))
         cache = Cache(str(folder))
         # The synthetic rows were last used from 2024-01-01 on, one second apart: this age
@@ -192,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     p_index.add_argument("--n", type=int, default=1_000_000)
     p_index.add_argument("--url", default=os.environ.get("AOT_BENCH_POSTGRES_URL"))
     p_index.add_argument("--lookups", type=int, default=2000)
+    p_index.add_argument("--keep", type=Path, default=None, help="fill the SQLite index there (reused if filled)")
     p_push = sub.add_parser("push", help="goal 5: aot push of N small entries to S3")
     p_push.add_argument("--n", type=int, default=10_000)
     p_push.add_argument("--endpoint", default=os.environ.get("AOT_TEST_S3_ENDPOINT"))
@@ -204,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(header())
     if args.what == "index":
-        report(bench_index(args.n, args.url, args.lookups))
+        report(bench_index(args.n, args.url, args.lookups, args.keep))
     elif args.what == "signatures":
         from benchmarks.bench_scale_signatures import bench_signatures
 
