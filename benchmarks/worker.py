@@ -23,6 +23,7 @@ T0 = time.perf_counter()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import resource  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -615,7 +616,9 @@ def main(argv: list[str] | None = None) -> int:
         result = TASKS[args.task](args.dir, args.variant, args.quick)
     except Skip as exc:
         result = {"skipped": str(exc)}
-    result.update(task=args.task, variant=args.variant)
+    # The process's peak resident set so far (kB on Linux), for the serving-memory goal.
+    result.update(task=args.task, variant=args.variant,
+                  peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     emit(result)
     return 0
 

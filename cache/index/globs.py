@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["glob_to_like", "like_escape"]
+__all__ = ["glob_to_like", "like_escape", "name_range"]
 
 
 def like_escape(text: str) -> str:
@@ -45,3 +45,23 @@ def glob_to_like(pattern: str) -> str:
         else:
             out.append(like_escape(ch))
     return "".join(out)
+
+
+def name_range(pattern: str) -> tuple[str, str] | None:
+    """``(low, high)``: every name ``pattern`` matches (:func:`fnmatch.fnmatchcase`)
+    satisfies ``low <= name < high`` in code point order, i.e. under a binary collation
+    (SQLite's default; not PostgreSQL's locale collations). None when the glob starts
+    with a wildcard. A LIKE with an escape character never uses SQLite's index on the
+    column; this range does (``aot ls NAME`` on a million rows: a search, not a scan)."""
+    end = len(pattern)
+    for i, ch in enumerate(pattern):
+        if ch in "*?[":
+            end = i
+            break
+    prefix = pattern[:end]
+    while prefix and ord(prefix[-1]) == 0x10FFFF:
+        prefix = prefix[:-1]  # no successor: the range is that of the shorter prefix
+    if not prefix:
+        return None
+    low = pattern[:end]
+    return low, prefix[:-1] + chr(ord(prefix[-1]) + 1)

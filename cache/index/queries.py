@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from aot.cache.index.engine import IndexEngine
 from aot.cache.index.entry import IndexEntry
-from aot.cache.index.globs import glob_to_like, like_escape
+from aot.cache.index.globs import glob_to_like, like_escape, name_range
 from aot.cache.index.schema import ARTIFACTS, BLOBS, JIT_ENTRIES, PROGRAMS
 from aot.cache.index.state import emptiness_query
 
@@ -95,6 +95,9 @@ class IndexReads(IndexEngine):
         q = sa.select(*_ENTRY_COLUMNS)
         if name_glob is not None and name_glob != "*":
             q = q.where(ARTIFACTS.c.name.like(glob_to_like(name_glob), escape="\\"))
+            bounds = name_range(name_glob) if self.dialect == "sqlite" else None
+            if bounds is not None:  # SQLite's index on name narrows (binary collation)
+                q = q.where(ARTIFACTS.c.name >= bounds[0], ARTIFACTS.c.name < bounds[1])
         q = q.order_by(ARTIFACTS.c.name, ARTIFACTS.c.created_at, ARTIFACTS.c.key)
         with self._read("list artifacts") as conn:
             out = [_entry(r) for r in conn.execute(q).all()]

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import quote
 
 from aot.cache.index.entry import SCHEMA_VERSION, IndexEntry, utcnow
-from aot.cache.index.globs import glob_to_like, like_escape
+from aot.cache.index.globs import glob_to_like, like_escape, name_range
 from aot.cache.index.jit_records import JitEntry, JitStats
 from aot.cache.index.refs import Ref, ReleaseMember
 from aot.errors import CacheError
@@ -258,6 +258,10 @@ class SqliteReader:
         if name_glob is not None and name_glob != "*":
             query += " WHERE name LIKE ? ESCAPE '\\'"
             params.append(glob_to_like(name_glob))
+            bounds = name_range(name_glob)
+            if bounds is not None:  # the index on name narrows (binary collation)
+                query += " AND name >= ? AND name < ?"
+                params += list(bounds)
         rows = self._rows(query + " ORDER BY name, created_at, key", params)
         if name_glob is not None and name_glob != "*":  # LIKE ignores case, has no [...]
             rows = [e for e in rows if fnmatch.fnmatchcase(e.name, name_glob)]
