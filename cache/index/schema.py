@@ -121,16 +121,8 @@ __all__ = [
     "MIGRATIONS",
     "Migration",
     "UTCDateTime",
-    "Base",
     "METADATA",
     "BLOBS_DATA",
-    "SchemaVersionRow",
-    "ProgramRow",
-    "ArtifactRow",
-    "BlobRefRow",
-    "BlobDataRow",
-    "BlobLeaseRow",
-    "CallStatsRow",
     "ARTIFACTS",
     "PROGRAMS",
     "BLOBS",
@@ -430,47 +422,6 @@ JIT_STATS = sa.Table(
     _required("saved_seconds", Float, default=0.0),
     _required("updated_at", UTCDateTime),
 )
-
-
-class _TableHandle:
-    """What the ORM models offered callers: ``XRow.__table__`` (kept for them)."""
-
-    __slots__ = ()
-    __table__: sa.Table
-
-
-class Base:
-    """The schema's MetaData as the ORM's declarative base exposed it (``Base.metadata``)."""
-
-    metadata = METADATA
-
-
-class SchemaVersionRow(_TableHandle):
-    __table__ = SCHEMA_VERSIONS
-
-
-class ProgramRow(_TableHandle):
-    __table__ = PROGRAMS
-
-
-class ArtifactRow(_TableHandle):
-    __table__ = ARTIFACTS
-
-
-class BlobRefRow(_TableHandle):
-    __table__ = BLOBS
-
-
-class BlobDataRow(_TableHandle):
-    __table__ = BLOBS_DATA
-
-
-class BlobLeaseRow(_TableHandle):
-    __table__ = LEASES
-
-
-class CallStatsRow(_TableHandle):
-    __table__ = CALL_STATS
 
 
 # ------------------------------------------------------------------------ migrations

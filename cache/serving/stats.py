@@ -162,9 +162,9 @@ class _IndexSink:
         import sqlalchemy as sa
 
         from aot.cache.index.engine import server_now
-        from aot.cache.index.schema import ArtifactRow, CallStatsRow
+        from aot.cache.index.schema import ARTIFACTS, CALL_STATS
 
-        artifacts, call_stats = ArtifactRow.__table__, CallStatsRow.__table__
+        artifacts, call_stats = ARTIFACTS, CALL_STATS
         with self.index._write("record call statistics") as conn:
             now = server_now(conn)
             if rows:

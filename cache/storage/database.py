@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 
 from aot.cache.index.advice import mask_url, reason_of
 from aot.cache.index.engine import connection_for, insert_ignore, make_engine, server_now, server_now_expr
-from aot.cache.index.schema import BlobDataRow, ensure_schema
+from aot.cache.index.schema import BLOBS_DATA, ensure_schema
 from aot.cache.storage.objectstore import BlobStat, check_digest, read_only_error
 from aot.errors import CacheError
 
@@ -43,7 +43,7 @@ class SqlObjectStore:
         self.read_only = read_only
         self._owns_engine = owns_engine
         self.url = mask_url(engine.url)
-        self._table: sa.Table = BlobDataRow.__table__  # type: ignore[assignment]
+        self._table: sa.Table = BLOBS_DATA  # type: ignore[assignment]
         try:
             ensure_schema(engine, read_only=read_only)
         except sa_exc.SQLAlchemyError as e:

@@ -100,7 +100,7 @@ def age_blob(store: ContentStore, digest: str, seconds: float) -> None:
     import datetime as dt
     import os
 
-    from aot.cache.index.schema import BlobDataRow
+    from aot.cache.index.schema import BLOBS_DATA
 
     raw = store.store
     when = raw.now() - dt.timedelta(seconds=seconds)
@@ -109,7 +109,7 @@ def age_blob(store: ContentStore, digest: str, seconds: float) -> None:
     elif isinstance(raw, MemoryObjectStore):
         raw._data[digest] = (raw._data[digest][0], when)
     elif isinstance(raw, SqlObjectStore):
-        t = BlobDataRow.__table__
+        t = BLOBS_DATA
         with raw.engine.begin() as conn:
             conn.execute(sa.update(t).where(t.c.digest == digest).values(created_at=when))
     else:
@@ -335,9 +335,9 @@ def foreign() -> Callable[..., Any]:
 
 def set_manifest(cache: Any, key: str, manifest_json: str) -> None:
     """Overwrite the manifest text of an index row (tampering, for signature tests)."""
-    from aot.cache.index.schema import ArtifactRow
+    from aot.cache.index.schema import ARTIFACTS
 
-    t = ArtifactRow.__table__
+    t = ARTIFACTS
     with cache.index.engine.begin() as conn:
         conn.execute(sa.update(t).where(t.c.key == key).values(manifest=manifest_json))
 

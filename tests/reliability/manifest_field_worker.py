@@ -72,11 +72,11 @@ def main(location: str, key: str, signing_key: str, cases_file: str) -> None:
     import aot
     from aot.artifact import Manifest, manifest_problems
     from aot.cache.cache import Cache
-    from aot.cache.index.schema import ArtifactRow
+    from aot.cache.index.schema import ARTIFACTS
 
     signing = None if signing_key == "-" else signing_key
     cases = json.loads(open(cases_file).read())
-    t = ArtifactRow.__table__
+    t = ARTIFACTS
     with Cache(location, signing_key=signing) as cache:
         original = cache.index.get(key)
         manifest = json.loads(original.manifest)

@@ -60,7 +60,7 @@ def check_cache(location: str, results: list[dict], monkeypatch: pytest.MonkeyPa
 
     from aot.cache.admin import maintenance
     from aot.cache.cache import Cache
-    from aot.cache.index.schema import ArtifactRow, BlobRefRow
+    from aot.cache.index.schema import ARTIFACTS, BLOBS
 
     with Cache(location) as cache:
         entries = cache.entries(workers.CONCURRENT_NAME)
@@ -68,8 +68,8 @@ def check_cache(location: str, results: list[dict], monkeypatch: pytest.MonkeyPa
         # one entry per distinct program, each present once
         assert len(keys) == len(set(keys)) == len(workers.CONCURRENT_SIZES), keys
         with cache.index.engine.connect() as conn:
-            rows = conn.execute(sa.select(ArtifactRow.__table__.c.key)).scalars().all()
-            blob_rows = conn.execute(sa.select(BlobRefRow.__table__.c.digest)).scalars().all()
+            rows = conn.execute(sa.select(ARTIFACTS.c.key)).scalars().all()
+            blob_rows = conn.execute(sa.select(BLOBS.c.digest)).scalars().all()
         assert sorted(rows) == sorted(keys)
         assert len(blob_rows) == len(set(blob_rows))
         assert all(e.ok for e in entries), [e.state_reason for e in entries]

@@ -27,7 +27,7 @@ import aot
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Manifest
 from aot.cache.storage.content import compress
 from aot.cache.cache import Cache
-from aot.cache.index.schema import ArtifactRow
+from aot.cache.index.schema import ARTIFACTS
 
 from tests.reliability import reliability_workers as workers
 from tests.reliability.helpers import TinyArtifacts, check_scaled
@@ -54,7 +54,7 @@ def write_raw(cache: Cache, digest: str, stored: bytes | None) -> None:
 
 
 def update_row(cache: Cache, key: str, **values: Any) -> None:
-    t = ArtifactRow.__table__
+    t = ARTIFACTS
     with cache.index.engine.begin() as conn:
         conn.execute(sa.update(t).where(t.c.key == key).values(**values))
 

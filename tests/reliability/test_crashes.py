@@ -148,9 +148,9 @@ def expire_leases(cache: Any) -> int:
     """Makes every lease expired (a killed writer's lease pins its blobs for an hour)."""
     import sqlalchemy as sa
 
-    from aot.cache.index.schema import BlobLeaseRow
+    from aot.cache.index.schema import LEASES
 
-    t = BlobLeaseRow.__table__
+    t = LEASES
     past = cache.index.now() - dt.timedelta(hours=2)
     with cache.index.engine.begin() as conn:
         return int(conn.execute(sa.update(t).values(expires_at=past)).rowcount or 0)
@@ -287,7 +287,7 @@ def test_gc_never_takes_a_blob_a_writer_is_about_to_reference(
     from aot.artifact import EXECUTABLE
     from aot.cache.admin import maintenance
     from aot.cache.cache import Cache
-    from aot.cache.index.schema import BlobDataRow
+    from aot.cache.index.schema import BLOBS_DATA
 
     location = str(tmp_path / "cache") if kind == "folder" else f"sqlite:///{tmp_path / 'c.sqlite'}"
     artifact = tiny.by_size[4]
@@ -300,7 +300,7 @@ def test_gc_never_takes_a_blob_a_writer_is_about_to_reference(
         else:
             import datetime as dt
 
-            t = BlobDataRow.__table__
+            t = BLOBS_DATA
             with writer.index.engine.begin() as conn:
                 conn.execute(sa.update(t).where(t.c.digest == ref.digest).values(
                     created_at=dt.datetime.fromtimestamp(old, dt.timezone.utc)))

@@ -76,12 +76,12 @@ class Backend:
         self.close_all()
         self.generation += 1
         if self.postgres_url is not None:
-            from aot.cache.index.schema import Base
+            from aot.cache.index.schema import METADATA
 
             engine = sa.create_engine(self.postgres_url)
             try:
                 with engine.begin() as conn:
-                    for table in reversed(Base.metadata.sorted_tables):
+                    for table in reversed(METADATA.sorted_tables):
                         if table.name != "schema_version" and sa.inspect(conn).has_table(table.name):
                             conn.execute(table.delete())
             finally:

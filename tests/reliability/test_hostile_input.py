@@ -511,7 +511,7 @@ def test_mutated_manifests_in_a_cache_serve_or_refuse(
 ) -> None:
     """An unsigned manifest edited in the index (fields the key does not cover): aot.load
     and a call raise only AotErrors, or serve the right result."""
-    from aot.cache.index.schema import ArtifactRow
+    from aot.cache.index.schema import ARTIFACTS
     import sqlalchemy as sa
 
     mutated = copy.deepcopy(valid_manifest)
@@ -523,7 +523,7 @@ def test_mutated_manifests_in_a_cache_serve_or_refuse(
     root = tmp_path_factory.mktemp("served")
     with Cache(root / "cache") as cache:
         cache.put_artifact(tiny.by_size[3])
-        t = ArtifactRow.__table__
+        t = ARTIFACTS
         with cache.index.engine.begin() as conn:
             conn.execute(sa.update(t).values(manifest=json.dumps(mutated)))
         fn = only_aot_errors(aot.load, TinyArtifacts.NAME, cache, strict=True)

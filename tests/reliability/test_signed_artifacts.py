@@ -23,7 +23,7 @@ import aot
 from aot.artifact import EXECUTABLE, Manifest
 from aot.cache.admin import bundle as bundles
 from aot.cache.cache import Cache
-from aot.cache.index.schema import ArtifactRow
+from aot.cache.index.schema import ARTIFACTS
 
 from tests.reliability import reliability_workers as workers
 from tests.reliability.helpers import TinyArtifacts, check_scaled
@@ -38,7 +38,7 @@ def rows(cache: Cache) -> list[dict[str, Any]]:
 
 def set_manifest(cache: Cache, key: str, manifest: dict[str, Any] | str) -> None:
     text = manifest if isinstance(manifest, str) else json.dumps(manifest, sort_keys=True)
-    t = ArtifactRow.__table__
+    t = ARTIFACTS
     with cache.index.engine.begin() as conn:
         conn.execute(sa.update(t).where(t.c.key == key).values(manifest=text))
 
@@ -69,7 +69,7 @@ def test_every_stored_manifest_carries_an_hmac(tmp_path: Path, tiny: TinyArtifac
         data = json.loads(entry.manifest)
         victim = Manifest.from_dict(data)
         with other.index.engine.begin() as conn:  # damage the executable: forces a recompile
-            t = ArtifactRow.__table__
+            t = ARTIFACTS
             conn.execute(sa.update(t).where(t.c.key == entry.key).values(state="quarantined"))
         fn = aot.load("rel.signed", other)
         np.testing.assert_allclose(np.asarray(fn(np.arange(5, dtype=np.float32))), np.arange(5) * 2.0 + 1)

@@ -275,10 +275,10 @@ def test_export_leaves_out_names_no_cache_would_accept(source, compiled, tmp_pat
     not exported: the bundle would not import anywhere."""
     import sqlalchemy as sa
 
-    from aot.cache.index.schema import ArtifactRow
+    from aot.cache.index.schema import ARTIFACTS
 
     bad = source.entries(compiled.TINY_NAME)[0]
-    t = ArtifactRow.__table__
+    t = ARTIFACTS
     with source.index.engine.begin() as conn:
         conn.execute(sa.update(t).where(t.c.key == bad.key).values(name="tiny\nx"))
     report = source.export_bundle(tmp_path / "b.aotb")

@@ -69,7 +69,7 @@ def describe(url: str) -> dict[str, Any]:
 def migrated_from_schema_1(url: str) -> None:
     """A database as schema version 1 created it (``exe_digest`` NOT NULL), then opened."""
     metadata = sa.MetaData()
-    for table in index_schema.Base.metadata.sorted_tables:
+    for table in index_schema.METADATA.sorted_tables:
         if table.name in ("programs", "artifacts", "blobs", "blobs_data", "schema_version"):
             table.to_metadata(metadata)
     metadata.tables["artifacts"].c.exe_digest.nullable = False

@@ -688,7 +688,7 @@ def test_a_version_1_index_is_migrated_to_leases(index_url: str) -> None:
 def _create_schema_v1(url: str) -> None:
     """A database as schema version 1 created it (``exe_digest`` NOT NULL)."""
     metadata = sa.MetaData()
-    for table in index_schema.Base.metadata.sorted_tables:
+    for table in index_schema.METADATA.sorted_tables:
         table.to_metadata(metadata)
     metadata.tables["artifacts"].c.exe_digest.nullable = False
     engine = sa.create_engine(url)
@@ -716,11 +716,11 @@ def test_schema_1_is_migrated_to_allow_entries_without_an_executable(index_url: 
     assert not _exe_digest_nullable(index_url)
     engine = sa.create_engine(index_url)  # a row written by the old version
     with engine.begin() as conn:
-        conn.execute(sa.insert(index_schema.ProgramRow.__table__).values(
+        conn.execute(sa.insert(index_schema.PROGRAMS).values(
             program_fp=entry.program_fp, name=entry.name, signature=entry.signature,
             hlo_digest=entry.hlo_digest, created_at=T0,
         ))
-        conn.execute(sa.insert(index_schema.ArtifactRow.__table__).values(**entry._row()))
+        conn.execute(sa.insert(index_schema.ARTIFACTS).values(**entry._row()))
     engine.dispose()
     with pytest.raises(CacheError, match="opened read-only so it was not migrated"):
         Index(index_url, read_only=True)

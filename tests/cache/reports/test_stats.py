@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from aot.cache.index.schema import CallStatsRow
+from aot.cache.index.schema import CALL_STATS
 from aot.cache.reports.stats import COUNTERS, SignatureStats, StatsReport
 
 
 def test_the_counters_are_the_numeric_columns_of_the_statistics_table() -> None:
-    table = CallStatsRow.__table__
+    table = CALL_STATS
     numeric = [c.name for c in table.c if c.type.python_type in (int, float) and not c.primary_key]
     assert list(COUNTERS) == numeric
 

@@ -363,7 +363,7 @@ def _make_old(raw: ObjectStore, digest: str) -> None:
 
     from aot.cache.storage.folder import MemoryObjectStore
     from aot.cache.storage.database import SqlObjectStore
-    from aot.cache.index.schema import BlobDataRow
+    from aot.cache.index.schema import BLOBS_DATA
 
     old = raw.now() - dt.timedelta(hours=2)
     if isinstance(raw, FolderObjectStore):
@@ -371,7 +371,7 @@ def _make_old(raw: ObjectStore, digest: str) -> None:
     elif isinstance(raw, MemoryObjectStore):
         raw._data[digest] = (raw._data[digest][0], old)
     elif isinstance(raw, SqlObjectStore):
-        t = BlobDataRow.__table__
+        t = BLOBS_DATA
         with raw.engine.begin() as conn:
             conn.execute(sa.update(t).where(t.c.digest == digest).values(created_at=old))
     else:

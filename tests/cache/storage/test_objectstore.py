@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 import aot
 from aot.cache.storage.content import compress
-from aot.cache.index.schema import Base
+from aot.cache.index.schema import METADATA
 from aot.cache.admin.transfer import copy_entries, pull, push
 from aot.errors import CorruptArtifactError
 
@@ -199,7 +199,7 @@ def test_credentials_never_reach_the_index_or_a_message(
         broken.close()
     engine = sa.create_engine(postgres_url)
     with engine.connect() as conn:
-        for table in Base.metadata.sorted_tables:
+        for table in METADATA.sorted_tables:
             for row in conn.execute(sa.select(table)):
                 texts.append(repr(tuple(row)))
     engine.dispose()
