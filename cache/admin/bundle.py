@@ -57,6 +57,7 @@ MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_BLOB_BYTES = 8 * 1024**3
 MAX_WINDOW_BYTES = 1 << 27  # refuse zstd frames that ask for more than 128 MiB of window
 _FRAME_HEADER_MAX = 18  # zstd: 4-byte magic + at most 14 bytes of frame header
+_HOSTILE_STEP_BYTES = 4096  # at most 128 MiB inflated per step
 
 # A file path, an object-store URL (s3://, gs://, az://, memory://, file://), "-"
 # (stdout / stdin) or a binary stream: see "where a bundle lives" below.
@@ -205,26 +206,36 @@ def _read_bundle(raw: IO[bytes], path: str) -> tuple[list[Artifact], BundleExtra
     raw.seek(len(MAGIC))
     decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES)
     try:
-        with decompressor.stream_reader(raw, closefd=False) as stream:
-            artifacts, extras = _parse(stream, path)
+        try:
+            with decompressor.stream_reader(raw, closefd=False) as stream:
+                artifacts, extras = _parse(stream, path)
+        except CorruptArtifactError:
+            raise
+        except AotError:
+            # What the header says (a dtype this jax lacks, ...) counts only once the
+            # checksum proves the header intact: a flipped bit can spell "fl7at32".
+            # Nothing bounds what is left of the frame, so decode it in small steps.
+            _check_frame_end(raw, path, step=_HOSTILE_STEP_BYTES)
+            raise
         _check_frame_end(raw, path)
     except zstandard.ZstdError as exc:
         raise CorruptArtifactError(f"bundle {path}: malformed zstd data: {exc}") from None
     return artifacts, extras
 
 
-def _check_frame_end(raw: IO[bytes], path: str) -> None:
+def _check_frame_end(raw: IO[bytes], path: str, step: int = 1 << 20) -> None:
     """The frame must be complete, content checksum included.
 
     python-zstandard's stream reader ends quietly on a frame cut short and then never
     checks the checksum: with 1-3 of its bytes cut, any change to the content passed.
     So decode once more, discarding the output (no more than what was just read), and
-    require the frame's end.
+    require the frame's end. Each ``step`` bytes of input inflate to at most 32768 times
+    as much (a 4-byte RLE block of 128 KiB).
     """
     raw.seek(len(MAGIC))
     frame = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES).decompressobj()
     while not frame.eof:
-        chunk = raw.read(1 << 20)
+        chunk = raw.read(step)
         if not chunk:
             raise CorruptArtifactError(
                 f"bundle {path} is truncated: its zstd frame (or its checksum) ends early; "

@@ -186,6 +186,26 @@ def test_a_blob_that_does_not_match_its_digest_is_refused(source, tmp_path: Path
         read_bundle(path)
 
 
+def _rename_dtypes(header: dict, old: str, new: str) -> dict:
+    return json.loads(json.dumps(header).replace(f'"{old}"', f'"{new}"'))
+
+
+def test_a_header_is_judged_only_once_its_checksum_holds(source, tmp_path: Path) -> None:  # noqa: ANN001
+    """A dtype this jax lacks is an incompatible bundle when the checksum holds, and a
+    damaged one when it does not (a flipped bit once spelled "fl7at32" and was blamed on
+    the jax version)."""
+    header, blobs = _unpack(Path(source.export_bundle(tmp_path / "b.aotb", ["tiny"]).path))
+    header = _rename_dtypes(header, "float32", "fl7at32")
+    path = _rewrite(tmp_path / "b.aotb", header, blobs, tmp_path / "newer.aotb", checksum=True)
+    with pytest.raises(aot.IncompatibleEnvironmentError, match="fl7at32"):
+        read_bundle(path)
+    damaged = bytearray(path.read_bytes())
+    damaged[-1] ^= 0x01  # the content checksum
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(CorruptArtifactError, match="checksum|malformed zstd"):
+        read_bundle(path)
+
+
 @pytest.mark.parametrize("name", ["bad\nname", "", "x" * 600, "tab\there", "del\x7f"])
 def test_names_that_are_not_allowed_are_refused_one_by_one(source, tmp_path: Path, name: str) -> None:  # noqa: ANN001
     """An entry whose name breaks the name rule is left out (and reported); the other
