@@ -189,31 +189,38 @@ def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
         data.pop("signature_digest", None)
         rows.append(SignatureStats(this_environment=data["env_fp"] == this, **data))
     return StatsReport(
-        reads.url, ordered(rows), env, stored=True, named=named_signatures(cache, name_glob, rows),
+        reads.url, ordered(rows), env, stored=True, named=named_signatures(cache, rows),
         jit=tuple(reads.jit_stats(name_glob)),
     )
 
 
 def named_signatures(
-    cache: Cache, name_glob: str | None, rows: Iterable[SignatureStats],
+    cache: Cache, rows: Iterable[SignatureStats],
 ) -> dict[tuple[str, str], Signature]:
     """(name, flat signature) -> the signature by argument name, from the manifests of
-    the stored entries of the rows' names (nothing when the index cannot be read)."""
+    the stored entries of the rows' names (nothing when the index cannot be read).
+    Only the rows' names are read (by the name index), and only the manifests of the
+    rows' signatures parsed, unless a row has no entry of its own (a miss): then the
+    name's entries lend theirs (:meth:`StatsReport.arguments`)."""
+    from aot.cache.reports.reads import reads_of
     from aot.errors import AotError
 
-    names = {r.name for r in rows}
-    if not names:
-        return {}
+    wanted: dict[str, set[str]] = {}
+    for row in rows:
+        wanted.setdefault(row.name, set()).add(row.signature)
+    named: dict[tuple[str, str], Signature] = {}
     try:
-        from aot.cache.reports.reads import reads_of
-
-        entries = reads_of(cache).entries(name_glob if name_glob not in (None, "*") else None)
+        reads = reads_of(cache)
+        for name, signatures in sorted(wanted.items()):
+            entries = reads.by_name(name, state=None)
+            stored = {e.signature for e in entries}
+            every = not signatures <= stored
+            for e in entries:
+                if every or e.signature in signatures:
+                    named[(e.name, e.signature)] = Signature.from_manifest_json(e.manifest, e.signature)
     except AotError:
         return {}
-    return {
-        (e.name, e.signature): Signature.from_manifest_json(e.manifest, e.signature)
-        for e in entries if e.name in names
-    }
+    return named
 
 
 def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") -> int:
