@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,6 +64,18 @@ log = logging.getLogger(__name__)
 #      Version-1/2/3 manifests read as "no host callbacks".
 FORMAT_VERSION = 4
 READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
+
+
+def lowest_format_version(*, statics: Sequence[Any] = (), host_callbacks: Sequence[Any] = ()) -> int:
+    """The oldest format that carries a new manifest's fields. Written instead of the
+    newest, it lets replicas still on an older jax-aot serve every entry they can read
+    (a rolling upgrade in either order); only an entry that needs a newer field is
+    refused by them, as an incompatible environment."""
+    if host_callbacks:
+        return 4
+    if statics:
+        return 3
+    return 2  # every manifest written since format 2 has its pytree encoding and weak types
 
 EXECUTABLE = "executable"
 PORTABLE_HLO = "portable_hlo"
@@ -111,7 +123,7 @@ class Manifest:
     created_at: str = ""
     cost_analysis: Mapping[str, float] | None = None
     memory_analysis: Mapping[str, int] | None = None
-    format_version: int = FORMAT_VERSION
+    format_version: int = 0  # 0: the lowest format that carries the fields (set at init)
     # Optional (absent in manifests written before it existed): positional parameter
     # names, so that errors of loaded executables say "nothing", not "args[3]"; then
     # the names of the parameters after them that may be passed either way, so that a
@@ -126,6 +138,11 @@ class Manifest:
     # covered by the key's "host_callbacks" part.
     host_callbacks: tuple[dict[str, Any], ...] = ()
     hmac: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.format_version == 0:
+            lowest = lowest_format_version(statics=self.statics, host_callbacks=self.host_callbacks)
+            object.__setattr__(self, "format_version", lowest)
 
     # -- (de)serialization
     def to_dict(self, *, include_hmac: bool = True) -> dict[str, Any]:

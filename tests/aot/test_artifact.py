@@ -393,7 +393,7 @@ def test_manifest_records_what_a_caller_needs(built):
     _, kinds = built
     comp, exe, artifact, folder, *_ = kinds["mesh"]
     data = json.loads((folder / "artifact" / "manifest.json").read_text())
-    assert data["format_version"] == FORMAT_VERSION
+    assert data["format_version"] == 2  # the lowest that carries it: no statics, no callbacks
     assert data["name"] == f"{MODELS}.sharded"
     assert data["kind"] == "jit"
     assert data["key"] == exe.key
@@ -596,6 +596,18 @@ def test_a_format_1_manifest_is_still_read(built, tmp_path):
     _edit_manifest(folder, lambda d: d.update(format_version=1), rekey=False)
     artifact = Artifact.open(folder)
     assert artifact.manifest.format_version == 1
+    args, kwargs = jax.tree_util.tree_map(np.copy, (kinds["pytree"][4], kinds["pytree"][5]))
+    assert_bitwise_equal(load_executable(artifact)(*args, **kwargs), kinds["pytree"][6])
+
+
+def test_a_reader_of_an_older_format_serves_what_it_can_read(built, tmp_path, monkeypatch):
+    """Entries are written at the lowest format that carries them, so a replica still
+    on the jax-aot before statics and callbacks (formats 1-3) serves a plain entry."""
+    _, kinds = built
+    folder = kinds["pytree"][2].save(tmp_path / "plain")
+    monkeypatch.setattr("aot.artifact.READABLE_FORMAT_VERSIONS", (1, 2, 3))
+    artifact = Artifact.open(folder)
+    assert artifact.manifest.format_version == 2
     args, kwargs = jax.tree_util.tree_map(np.copy, (kinds["pytree"][4], kinds["pytree"][5]))
     assert_bitwise_equal(load_executable(artifact)(*args, **kwargs), kinds["pytree"][6])
 
