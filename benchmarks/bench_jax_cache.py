@@ -20,7 +20,11 @@ result; ``cpu`` the process's user+system seconds.
 * ``cold N``: N processes started together on an empty cache (ours, PostgreSQL + S3,
   compile once per fleet): total CPU seconds, with and without the imports each process
   pays (Python, JAX, Flax), against one cold start; and the compiles counted by JAX's
-  events (once per program in total when the claims work).
+  events (once per program in total when the claims work). Side by side: N plain JAX
+  processes with no shared cache (each compiles everything: a node-local cache on a
+  cold fleet), and the floor no cache can go below when JAX computes its key, one cold
+  start plus N-1 warm starts of JAX's folder cache (each process still imports, traces,
+  lowers and deserializes: JAX's key is a digest of the lowered program).
 * ``--baseline CHECKOUT``: another checkout of jax-aot (its ``aot/cache`` and ``aot/cli``
   linked to its ``cache`` and ``cli``, so that ``PYTHONPATH=CHECKOUT`` imports it) run
   as one more variant, interleaved with the others: before/after figures in one run.
@@ -132,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             for env in variants.values():
                 run(env)  # fill the cache (and the local tier)
             times: dict[str, list[float]] = {k: [] for k in variants}
+            cpus: dict[str, list[float]] = {k: [] for k in variants}
+            cpus_main: dict[str, list[float]] = {k: [] for k in variants}
             installs: dict[str, list[float]] = {k: [] for k in variants}
             remote: dict[str, bool] = {}
             for _ in range(args.runs):  # interleaved
@@ -139,19 +145,28 @@ def main(argv: list[str] | None = None) -> int:
                     r = run(env)
                     assert r["hits"] == r["requests"], (label, r)
                     times[label].append(r["first_step"])
+                    cpus[label].append(r["cpu"])
+                    cpus_main[label].append(r["cpu_main"])
                     installs[label].append(r["install"])
                     remote[label] = remote.get(label, False) or r.get("remote_imported", False)
             folder = _median(times["jax folder"])
             for label, values in times.items():
                 results["warm"][label] = {"first_step_median": _median(values), "runs": values,
                                           "install_median": _median(installs[label]),
+                                          "cpu_median": _median(cpus[label]),
+                                          "cpu_main_median": _median(cpus_main[label]),
                                           "remote_imported": remote.get(label, False),
                                           "ratio_to_jax_folder": _median(values) / folder}
             sides = {"": {}} | ({" baseline": {"PYTHONPATH": args.baseline}} if args.baseline else {})
+            sides[" jax alone"] = {}
             for n in (1, 2, 4):
                 for side, extra in sides.items():  # interleaved
-                    env = {"AOT_JAX_CACHE": database(), "AOT_JAX_CACHE_BLOBS": f"s3://{bucket}/cold{n}{side.strip()}",
-                           **extra}
+                    if side == " jax alone":  # no shared cache: every process compiles everything
+                        env = {"JAX_COMPILATION_CACHE_DIR": str(root / f"alone{n}-{secrets.token_hex(4)}"),
+                               "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": str(1 << 40)}
+                    else:
+                        env = {"AOT_JAX_CACHE": database(),
+                               "AOT_JAX_CACHE_BLOBS": f"s3://{bucket}/cold{n}{side.strip()}", **extra}
                     procs = [_start(env) for _ in range(n)]
                     found = [_result(p) for p in procs]
                     results["cold"][f"{n}{side}"] = {
@@ -159,12 +174,15 @@ def main(argv: list[str] | None = None) -> int:
                         "cpu_main_total": sum(r["cpu_main"] for r in found),
                         "compiles": sum(r["writes"] for r in found),
                     }
+            warm_floor = results["warm"]["jax folder"]
             for side in sides:
                 one = results["cold"][f"1{side}"]
-                for n in (2, 4):
+                for n in (1, 2, 4):
                     r = results["cold"][f"{n}{side}"]
                     r["ratio_to_one"] = r["cpu_total"] / one["cpu_total"]
                     r["main_ratio_to_one"] = r["cpu_main_total"] / one["cpu_main_total"]
+                    r["ratio_to_floor"] = r["cpu_total"] / (one["cpu_total"] + (n - 1) * warm_floor["cpu_median"])
+                    r["ratio_to_jax_alone"] = r["cpu_total"] / results["cold"][f"{n} jax alone"]["cpu_total"]
     finally:
         with admin.connect() as conn:
             for name in databases:
@@ -181,15 +199,19 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(
             f"  {label:22s} {r['first_step_median'] * 1000:8.1f} ms   x{r['ratio_to_jax_folder']:.2f} of jax folder"
             f"   (of which installing the cache {r['install_median'] * 1000:.0f} ms"
-            f"{'; SQLAlchemy/s3fs imported' if r['remote_imported'] else ''})\n"
+            f"{'; SQLAlchemy/s3fs imported' if r['remote_imported'] else ''}); CPU {r['cpu_median']:.2f} s"
+            f" ({r['cpu_main_median']:.2f} s after imports)\n"
         )
-    sys.stdout.write("concurrent cold starts (aot, PostgreSQL + S3, compile once), total CPU:\n")
+    sys.stdout.write(
+        "concurrent cold starts, total CPU (aot: PostgreSQL + S3, compile once; jax alone: no\n"
+        "shared cache; floor: one cold start + N-1 warm starts of JAX's folder cache):\n"
+    )
     for n, r in results["cold"].items():
-        ratio = f" (x{r['ratio_to_one']:.2f} of one)" if "ratio_to_one" in r else ""
-        main_ratio = f" (x{r['main_ratio_to_one']:.2f} of one)" if "main_ratio_to_one" in r else ""
         sys.stdout.write(
-            f"  {n} process(es): {r['cpu_total']:7.2f} s with imports{ratio}, "
-            f"{r['cpu_main_total']:6.2f} s after imports{main_ratio}; {r['compiles']} compiles\n"
+            f"  {n:>14s}: {r['cpu_total']:7.2f} s with imports (x{r['ratio_to_one']:.2f} of one, "
+            f"x{r['ratio_to_floor']:.2f} of the floor, x{r['ratio_to_jax_alone']:.2f} of jax alone), "
+            f"{r['cpu_main_total']:6.2f} s after imports (x{r['main_ratio_to_one']:.2f} of one); "
+            f"{r['compiles']} cache misses\n"
         )
     sys.stdout.write(f"load average {results['loadavg']}\n")
     if args.json_out:
