@@ -154,7 +154,8 @@ def gc_command(
     gc_manifest: str | None, gc_kind: str, force: bool, dry_run: bool, yes: bool,
 ) -> None:
     """Remove quarantined, stale, superseded and least recently used entries, and
-    unreferenced blobs.
+    unreferenced blobs. Entries of JAX's cache (KIND jit, aot.jax_cache) are selected
+    by --older-than and --max-size too, in one LRU order with the aot entries.
 
     Prints the plan (what goes and the bytes it frees); on a terminal asks before
     carrying it out (--yes does not ask; without a terminal nothing asks), and

@@ -138,3 +138,39 @@ def test_a_jit_entry_hit_after_the_plan_is_kept(cache: aot.Cache) -> None:
     assert plan.entries == () and plan.blobs == ()
     assert [e.key for e in cache.index.jit_entries()] == [old.key]
     assert cache.blobs.check(old.digest, old.size) is None
+
+
+def test_a_program_stored_again_while_gc_runs_keeps_its_blob(cache: aot.Cache) -> None:
+    """gc's protocol holds for jit rows: a process storing the same program after the
+    rows are deleted leases its blob first, so gc's locked re-check keeps it."""
+    from aot.cache import pauses
+
+    body = b"step" * 200
+    old = _jit(cache, "step", body, hours_ago=40 * 24)
+
+    def store_again(point: str) -> None:
+        if point == "gc.rows_deleted":
+            assert cache.index.jit_get(old.key) is None
+            _jit(cache, "step", body)
+
+    previous = pauses.set_hook(store_again)
+    try:
+        done = cache.gc(older_than="30d")
+    finally:
+        pauses.set_hook(previous)
+    assert [v.key for v in done.entries] == [old.key]  # its row went
+    assert done.blobs == () and done.bytes_freed == 0  # its blob did not
+    assert [e.key for e in cache.index.jit_entries()] == [old.key]
+    assert _hit(cache, old) == _payload(body)
+
+
+def test_gc_goes_on_after_evicting_the_last_jit_entry(cache: aot.Cache) -> None:
+    """An index gc emptied of its jit entries is not taken for a lost one."""
+    old = _jit(cache, "step", b"step" * 200, hours_ago=40 * 24)
+    orphan = cache.blobs.put(b"bytes no entry refers to")
+    done = cache.gc(older_than="30d")
+    assert [v.key for v in done.entries] == [old.key] and done.warnings == ()
+    assert cache.index.jit_entries() == [] and cache.entries() == []
+    again = cache.gc(dry_run=True)
+    assert again.warnings == ()  # gc emptied it itself: the next gc is not refused
+    assert orphan in cache.blobs.digests()  # young: kept for the grace period, not refused
