@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
-from aot.errors import AotError, CacheError, IntegrityError
+from aot.errors import AotError, CacheError, IntegrityError, UsageError
 from aot.signing import check_identity, verify as verify_signature
 from aot.cache.admin.jit_entries import verify_jit_entries
 from aot.cache.index.entry import IndexEntry
@@ -355,7 +355,10 @@ GC_KINDS = ("all", AOT, JIT)
 
 def _kinds(kind: str) -> frozenset[str]:
     if kind not in GC_KINDS:
-        raise ValueError(f"gc kind must be one of {', '.join(GC_KINDS)}, not {kind!r}")
+        raise UsageError(
+            f"gc kind must be one of {', '.join(GC_KINDS)}, not {kind!r}: 'aot' for entries compiled "
+            "through jax-aot, 'jit' for entries of JAX's cache (aot.jax_cache), 'all' for both"
+        )
     return frozenset((AOT, JIT)) if kind == "all" else frozenset((kind,))
 
 

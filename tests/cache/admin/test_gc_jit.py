@@ -9,6 +9,8 @@ import datetime as dt
 import hashlib
 import os
 
+import pytest
+
 import aot
 from aot.cache.index.entry import utcnow
 from aot.cache.index.jit_records import JitEntry
@@ -174,3 +176,10 @@ def test_gc_goes_on_after_evicting_the_last_jit_entry(cache: aot.Cache) -> None:
     again = cache.gc(dry_run=True)
     assert again.warnings == ()  # gc emptied it itself: the next gc is not refused
     assert orphan in cache.blobs.digests()  # young: kept for the grace period, not refused
+
+
+def test_an_unknown_kind_is_refused(open_folder_cache) -> None:  # noqa: ANN001
+    from aot.errors import UsageError
+
+    with pytest.raises(UsageError, match="gc kind must be one of all, aot, jit, not 'jax'"):
+        open_folder_cache().gc(dry_run=True, kind="jax")
