@@ -477,16 +477,18 @@ class Cache(Declared):
     def gc(
         self, max_size: int | str | None = None, older_than: Any = None, *, dry_run: bool = False,
         superseded: bool = False, force: bool = False, manifest: str | os.PathLike[str] | None = None,
+        kind: str = "all",
     ) -> Any:
         """Plan-then-execute garbage collection; ``force`` deletes blobs even when the
         index is empty (it refuses otherwise: a lost index is not an empty cache).
         Never deletes what a ref or a live release pins; ``manifest`` drops the refs of
-        signatures of its names it no longer lists, and collects their entries."""
+        signatures of its names it no longer lists, and collects their entries.
+        ``kind`` (``aot``, ``jit`` or ``all``) narrows the entries it may select."""
         from aot.cache.admin.maintenance import collect_garbage
 
         return collect_garbage(
             self, max_size=max_size, older_than=older_than, dry_run=dry_run,
-            superseded=superseded, force=force, manifest=manifest,
+            superseded=superseded, force=force, manifest=manifest, kind=kind,
         )
 
     def export_bundle(

@@ -90,8 +90,9 @@ def verify_command(state: State, manifest: str | None, strict: bool, no_lower: b
 
 
 def _victim_line(victim: GcVictim) -> str:
+    key = victim.key[:40] if victim.kind == "jit" else victim.key[:12]  # JAX's key: name-hash
     return (
-        f"  {victim.key[:12]}  {victim.describe(VICTIM_SIGNATURE_WIDTH)}  "
+        f"  {key}  {victim.describe(VICTIM_SIGNATURE_WIDTH)}  "
         f"{human_size(victim.stored_size)}  {victim.reason}"
     )
 
@@ -139,16 +140,22 @@ def _render_pins(plan: GcPlan, *, err: bool = False) -> None:
     help="Drop the refs of signatures of the manifest's names that it no longer lists, and "
     "collect their entries.",
 )
+@click.option(
+    "--kind", "gc_kind", type=click.Choice(["all", "aot", "jit"]), default="all", show_default=True,
+    help="Select only entries compiled through jax-aot (aot) or only entries of JAX's "
+    "persistent cache stored through aot.jax_cache (jit).",
+)
 @click.option("--force", is_flag=True, help="Collect even when the index is empty but blobs exist (a lost index?).")
 @click.option("--dry-run", is_flag=True, help="Only print the plan.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation on a terminal.")
 @pass_state
 def gc_command(
     state: State, max_size: int | None, older_than: str | None, superseded: bool,
-    gc_manifest: str | None, force: bool, dry_run: bool, yes: bool,
+    gc_manifest: str | None, gc_kind: str, force: bool, dry_run: bool, yes: bool,
 ) -> None:
     """Remove quarantined, stale, superseded and least recently used entries, and
-    unreferenced blobs.
+    unreferenced blobs. Entries of JAX's cache (KIND jit, aot.jax_cache) are selected
+    by --older-than and --max-size too, in one LRU order with the aot entries.
 
     Prints the plan (what goes and the bytes it frees); on a terminal asks before
     carrying it out (--yes does not ask; without a terminal nothing asks), and
@@ -156,7 +163,7 @@ def gc_command(
     """
     cache = state.cache()
     options = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force,
-                   manifest=gc_manifest)
+                   manifest=gc_manifest, kind=gc_kind)
     if not dry_run and not yes and stdin_is_tty():
         plan = cache.gc(dry_run=True, **options)
         if not plan.entries and not plan.blobs:

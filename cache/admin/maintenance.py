@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
-from aot.errors import AotError, CacheError, IntegrityError
+from aot.errors import AotError, CacheError, IntegrityError, UsageError
 from aot.signing import check_identity, verify as verify_signature
 from aot.cache.admin.jit_entries import verify_jit_entries
 from aot.cache.index.entry import IndexEntry
+from aot.cache.index.jit_records import AOT, JIT, JitEntry
 from aot.cache.index.served import ref_map, superseded_keys
 from aot.cache.storage.content import PROBLEM_MISSING
 from aot.cache.storage.objectstore import BlobStat
@@ -259,15 +260,24 @@ class GcVictim:
     last_used_at: str
     reason: str
     arguments: Signature = Signature(())  # by argument name (from the manifest)
+    kind: str = AOT  # or JIT: an entry of JAX's persistent cache (aot.jax_cache)
+
+    @classmethod
+    def of_jit(cls, entry: JitEntry, reason: str) -> GcVictim:
+        return cls(entry.key, entry.name, "", entry.stored_size,
+                   entry.last_used_at.isoformat(timespec="seconds"), reason, kind=JIT)
 
     def describe(self, width: int | None = None) -> str:
-        """``name (params: [...], x: f32[8,784])``, as ``ls`` and ``rm`` show it."""
+        """``name (params: [...], x: f32[8,784])``, as ``ls`` and ``rm`` show it;
+        ``name (jit)`` for a jit entry."""
+        if self.kind == JIT:
+            return f"{self.name} (jit)"
         arguments = self.arguments if self.arguments.leaves else Signature.flat(self.signature)
         return f"{self.name} ({arguments.compact(width)})"
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "key": self.key, "name": self.name, "signature": self.signature,
+            "kind": self.kind, "key": self.key, "name": self.name, "signature": self.signature,
             "arguments": self.arguments.to_list(),
             "stored_size": self.stored_size, "last_used_at": self.last_used_at,
             "reason": self.reason,
@@ -293,6 +303,9 @@ class GcPlan:
     #: The victims' rows as planned (key -> state, last use): a row used, healed or
     #: replaced after the plan is not deleted.
     _rows: dict[str, tuple[str, _dt.datetime]] = field(default_factory=dict, repr=False, compare=False)
+    #: The jit victims' last use as planned (key -> last_used_at): one hit or stored
+    #: again since the plan is not deleted.
+    _jit_rows: dict[str, _dt.datetime] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def size_after(self) -> int:
@@ -335,10 +348,24 @@ UNPIN_ADVICE = (
     "its label's current or rollback target"
 )
 
+#: What ``gc --kind`` selects from: entries compiled through jax-aot (``aot``), entries of
+#: JAX's persistent cache stored through :mod:`aot.cache.jax_cache` (``jit``), or both.
+GC_KINDS = ("all", AOT, JIT)
+
+
+def _kinds(kind: str) -> frozenset[str]:
+    if kind not in GC_KINDS:
+        raise UsageError(
+            f"gc kind must be one of {', '.join(GC_KINDS)}, not {kind!r}: 'aot' for entries compiled "
+            "through jax-aot, 'jit' for entries of JAX's cache (aot.jax_cache), 'all' for both"
+        )
+    return frozenset((AOT, JIT)) if kind == "all" else frozenset((kind,))
+
 
 def plan_gc(
     cache: Cache, *, max_size: int | str | None = None, older_than: Any = None,
     superseded: bool = False, force: bool = False, unpinned: frozenset[tuple[str, str]] = frozenset(),
+    kind: str = "all",
 ) -> GcPlan:
     """Quarantined entries, entries unused for ``older_than``, superseded entries (with
     ``superseded``: a newer intact entry has the same name, signature and environment),
@@ -350,10 +377,17 @@ def plan_gc(
     database server's, blobs' ages from their store's. A blob whose age cannot be
     told is reported by its store as new: too young to delete. ``force`` overrides
     the refusal to delete blobs beside an empty index (a lost index file).
+
+    KIND jit entries (:mod:`aot.cache.jax_cache`) are selected by ``older_than`` and
+    evicted by ``max_size`` in the same least-recently-used order as aot entries (their
+    last use: when stored, or last hit). ``kind`` (``aot``, ``jit``, ``all``) narrows
+    which entries may be selected; every entry's blobs count in the size either way.
     """
     limit = parse_size(max_size)
     age = parse_age(older_than)
+    kinds = _kinds(kind)
     entries = cache.index.entries()
+    jit_entries = cache.index.jit_entries()
     now = cache.index.now()
     victims: dict[str, GcVictim] = {}
     as_planned: dict[str, tuple[str, _dt.datetime]] = {}
@@ -383,7 +417,17 @@ def plan_gc(
             )
             as_planned[entry.key] = (entry.state, entry.last_used_at)
 
-    for entry in entries:
+    jit_planned: dict[str, _dt.datetime] = {}
+
+    def add_jit(entry: JitEntry, reason: str) -> None:
+        if entry.key not in jit_planned:
+            victims[entry.key] = GcVictim.of_jit(entry, reason)
+            jit_planned[entry.key] = entry.last_used_at
+
+    for jit in jit_entries if JIT in kinds else ():
+        if age is not None and now - jit.last_used_at > age:
+            add_jit(jit, f"unused for more than {older_than}")
+    for entry in entries if AOT in kinds else ():
         if entry.ok and entry.name in dropped_names and (entry.name, entry.signature) in unpinned:
             add(entry, "signature no longer in the manifest")
         if not entry.ok:
@@ -396,8 +440,9 @@ def plan_gc(
     store_now = cache.blobs.now()
     size_before = sum(s.stored_size for s in stored.values())
     blob_sizes = {d: s.stored_size for d, s in stored.items()}
-    survivors = [e for e in entries if e.key not in victims]
+    survivors: list[IndexEntry | JitEntry] = [e for e in (*entries, *jit_entries) if e.key not in victims]
     if limit is not None:
+        # One least-recently-used order for both kinds (both stamped by the index's clock).
         lru = sorted(survivors, key=lambda e: (e.last_used_at, e.created_at))
         # Reference counts keep eviction linear in the entries (re-summing every
         # survivor after each eviction was quadratic: too slow for a large cache).
@@ -409,7 +454,17 @@ def plan_gc(
         evicted = 0
         while evicted < len(lru) and live > limit:
             victim = lru[evicted]
-            add(victim, f"least recently used; cache over {human_size(limit)}")
+            reason = f"least recently used; cache over {human_size(limit)}"
+            if isinstance(victim, JitEntry):
+                if JIT not in kinds:
+                    evicted += 1
+                    continue
+                add_jit(victim, reason)
+            elif AOT not in kinds:
+                evicted += 1
+                continue
+            else:
+                add(victim, reason)
             if victim.key in pins:
                 evicted += 1
                 continue
@@ -443,7 +498,7 @@ def plan_gc(
     freed = sum(stored[d].stored_size for d in dead_blobs)
     return GcPlan(
         tuple(victims.values()), dead_blobs, freed, size_before, dry_run=True, warnings=warnings,
-        pinned=tuple(pinned.values()), _rows=as_planned,
+        pinned=tuple(pinned.values()), _rows=as_planned, _jit_rows=jit_planned,
     )
 
 
@@ -462,7 +517,9 @@ def stale_signatures(cache: Cache, manifest: str | os.PathLike[str]) -> frozense
     return frozenset(stale)
 
 
-def _digests(entry: IndexEntry) -> set[str]:
+def _digests(entry: IndexEntry | JitEntry) -> set[str]:
+    if isinstance(entry, JitEntry):
+        return {entry.digest}
     return {entry.exe_digest, entry.hlo_digest} - {None}  # type: ignore[return-value]
 
 
@@ -493,7 +550,7 @@ def delete_unreferenced_blobs(cache: Cache, digests: Sequence[str]) -> tuple[lis
 def collect_garbage(
     cache: Cache, *, max_size: int | str | None = None, older_than: Any = None,
     dry_run: bool = False, superseded: bool = False, force: bool = False,
-    manifest: str | os.PathLike[str] | None = None,
+    manifest: str | os.PathLike[str] | None = None, kind: str = "all",
 ) -> GcPlan:
     """Plans, then (unless ``dry_run``) deletes index rows first and blobs after.
 
@@ -504,7 +561,7 @@ def collect_garbage(
     (``CacheError``) unless ``force``.
     """
     stale = stale_signatures(cache, manifest) if manifest is not None else frozenset()
-    options = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force)
+    options = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force, kind=kind)
     plan = plan_gc(cache, unpinned=stale, **options)  # type: ignore[arg-type]
     if dry_run:
         return dataclasses.replace(plan, dropped_refs=tuple(sorted(stale)))
@@ -518,6 +575,7 @@ def collect_garbage(
         raise CacheError(f"gc refused: {plan.warnings[0]}")
     reached("gc.planned")
     deleted = set(cache.index.delete_unchanged(plan._rows))
+    deleted.update(cache.index.jit_delete_unchanged(plan._jit_rows))
     evicted = tuple(v for v in plan.entries if v.key in deleted)
     if len(evicted) < len(plan.entries):
         log.info("gc: kept %d entries used, healed or stored again since the plan", len(plan.entries) - len(evicted))

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-from collections.abc import Iterable
-from datetime import timedelta
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -82,6 +82,30 @@ class IndexJit(IndexEngine):
             if deleted and has_no_rows(conn):  # gc must not take this for a lost index
                 mark_emptied(conn)
             return deleted
+
+    def jit_delete_unchanged(self, planned: Mapping[str, datetime]) -> list[str]:
+        """gc's eviction of jit rows: deletes each row whose last use is still the
+        planned one (key -> last_used_at); a row hit or stored again since the plan is
+        kept. The keys deleted (their blobs are gc's)."""
+        keys = sorted(planned)
+        if not keys:
+            return []
+        deleted: list[str] = []
+        with self._write("evict jit entries") as conn:
+            for key in keys:
+                if conn.execute(
+                    sa.delete(JIT_ENTRIES).where(JIT_ENTRIES.c.key == key, JIT_ENTRIES.c.last_used_at == planned[key])
+                ).rowcount:
+                    deleted.append(key)
+            if deleted and has_no_rows(conn):  # gc must not take this for a lost index
+                mark_emptied(conn)
+        return deleted
+
+    def jit_touch(self, key: str, *, when: datetime) -> None:
+        """Sets the last use of ``key``'s row to ``when`` (as :meth:`touch` does for
+        an aot entry's; tests and imports of old entries)."""
+        with self._write(f"touch jit entry {key[:40]}") as conn:
+            conn.execute(sa.update(JIT_ENTRIES).where(JIT_ENTRIES.c.key == key).values(last_used_at=when))
 
     def jit_record(self, name: str, *, key: str | None = None, hit: bool, saved_seconds: float = 0.0) -> None:
         """Counts a hit (``key``'s row is touched too) or a miss of ``name``. Never
