@@ -6,6 +6,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, fields
 from datetime import datetime
+from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
@@ -58,6 +59,9 @@ def _by_name_query(with_env: bool, with_state: bool) -> sa.Select[Any]:
     return q.order_by(ARTIFACTS.c.created_at, ARTIFACTS.c.key)
 
 
+#: Values per ``IN (...)`` list (SQLite's oldest limit is 999 bound variables).
+_IN_CHUNK = 500
+
 _BY_NAME = {(env, state): _by_name_query(env, state) for env in (False, True) for state in (False, True)}
 
 
@@ -104,6 +108,33 @@ class IndexReads(IndexEngine):
         if name_glob is not None and name_glob != "*":
             # LIKE is case-insensitive on SQLite and has no [...] classes.
             out = [e for e in out if fnmatch.fnmatchcase(e.name, name_glob)]
+        return out
+
+    def signature_keys(self, names: Collection[str]) -> dict[tuple[str, str], str]:
+        """One key (the smallest) per (name, flat signature) stored under ``names``, in
+        any state and environment, without reading a manifest."""
+        ordered = sorted(set(names))
+        out: dict[tuple[str, str], str] = {}
+        with self._read("list the signatures of names") as conn:
+            for i in range(0, len(ordered), _IN_CHUNK):
+                q = (
+                    sa.select(ARTIFACTS.c.name, ARTIFACTS.c.signature, sa.func.min(ARTIFACTS.c.key))
+                    .where(ARTIFACTS.c.name.in_(ordered[i : i + _IN_CHUNK]))
+                    .group_by(ARTIFACTS.c.name, ARTIFACTS.c.signature)
+                )
+                out.update(((n, sig), k) for n, sig, k in conn.execute(q).all())
+        return out
+
+    def manifests(self, keys: Collection[str]) -> dict[str, str]:
+        """``{key: manifest JSON}`` of the stored ``keys`` (absent keys are left out)."""
+        ordered = sorted(set(keys))
+        out: dict[str, str] = {}
+        with self._read("read manifests") as conn:
+            for i in range(0, len(ordered), _IN_CHUNK):
+                q = sa.select(ARTIFACTS.c.key, ARTIFACTS.c.manifest).where(
+                    ARTIFACTS.c.key.in_(ordered[i : i + _IN_CHUNK])
+                )
+                out.update((k, m) for k, m in conn.execute(q).all())
         return out
 
     def names(self) -> list[str]:

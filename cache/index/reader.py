@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
+from collections.abc import Collection
 from typing import Any
 from urllib.parse import quote
 
@@ -36,6 +37,8 @@ _TIMES = {"created_at", "last_used_at"}
 _REF_COLUMNS = tuple(f.name for f in fields(Ref))
 _REF_SELECT = ", ".join(f'"{c}"' for c in _REF_COLUMNS)  # quoted: "commit" is a keyword
 _BUSY_TIMEOUT_S = 30.0
+#: Values per ``IN (...)`` list: under SQLite's oldest limit of 999 bound variables.
+_IN_CHUNK = 500
 _CALL_STATS_COLUMNS = (
     "env_fp", "name", "signature_digest", "signature", "calls", "loads", "load_seconds",
     "saved_seconds", "misses", "miss_reason", "recompiles", "recompile_seconds",
@@ -314,6 +317,32 @@ class SqliteReader:
                 if row[column] is not None:
                     row[column] = _time(row[column])
         return [r for r in rows if name_glob is None or fnmatch.fnmatchcase(r["name"], name_glob)]
+
+    def signature_keys(self, names: Collection[str]) -> dict[tuple[str, str], str]:
+        """One key (the smallest) per (name, flat signature) stored under ``names``, in
+        any state and environment, without reading a manifest, as the SQL index's."""
+        ordered = sorted(set(names))
+        out: dict[tuple[str, str], str] = {}
+        for i in range(0, len(ordered), _IN_CHUNK):
+            chunk = ordered[i : i + _IN_CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            query = (
+                f"SELECT name, signature, MIN(key) FROM artifacts WHERE name IN ({marks}) "
+                "GROUP BY name, signature"
+            )
+            out.update(((str(n), str(sig)), str(k)) for n, sig, k in self._execute(query, chunk))
+        return out
+
+    def manifests(self, keys: Collection[str]) -> dict[str, str]:
+        """``{key: manifest JSON}`` of the stored ``keys`` (absent keys are left out)."""
+        ordered = sorted(set(keys))
+        out: dict[str, str] = {}
+        for i in range(0, len(ordered), _IN_CHUNK):
+            chunk = ordered[i : i + _IN_CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            rows = self._execute(f"SELECT key, manifest FROM artifacts WHERE key IN ({marks})", chunk)
+            out.update((str(k), str(m)) for k, m in rows)
+        return out
 
     def jit_entries(self, name_glob: str | None = None) -> list[JitEntry]:
         """The entries of JAX's persistent cache (KIND ``jit``), as the SQL index's."""

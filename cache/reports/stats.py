@@ -199,9 +199,9 @@ def named_signatures(
 ) -> dict[tuple[str, str], Signature]:
     """(name, flat signature) -> the signature by argument name, from the manifests of
     the stored entries of the rows' names (nothing when the index cannot be read).
-    Only the rows' names are read (by the name index), and only the manifests of the
-    rows' signatures parsed, unless a row has no entry of its own (a miss): then the
-    name's entries lend theirs (:meth:`StatsReport.arguments`)."""
+    Only the rows' names are read (by the name index), and one manifest per (name,
+    signature) of the rows' signatures, unless a row has no entry of its own (a miss):
+    then the name's other signatures lend theirs (:meth:`StatsReport.arguments`)."""
     from aot.cache.reports.reads import reads_of
     from aot.errors import AotError
 
@@ -211,13 +211,18 @@ def named_signatures(
     named: dict[tuple[str, str], Signature] = {}
     try:
         reads = reads_of(cache)
-        for name, signatures in sorted(wanted.items()):
-            entries = reads.by_name(name, state=None)
-            stored = {e.signature for e in entries}
-            every = not signatures <= stored
-            for e in entries:
-                if every or e.signature in signatures:
-                    named[(e.name, e.signature)] = Signature.from_manifest_json(e.manifest, e.signature)
+        keys = reads.signature_keys(wanted)  # one key per stored (name, signature)
+        stored: dict[str, set[str]] = {}
+        for name, signature in keys:
+            stored.setdefault(name, set()).add(signature)
+        chosen = {
+            (name, signature): key for (name, signature), key in keys.items()
+            if signature in wanted[name] or not wanted[name] <= stored[name]
+        }
+        manifests = reads.manifests(chosen.values())
+        for (name, signature), key in chosen.items():
+            if key in manifests:
+                named[(name, signature)] = Signature.from_manifest_json(manifests[key], signature)
     except AotError:
         return {}
     return named

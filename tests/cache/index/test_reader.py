@@ -43,6 +43,26 @@ def test_by_name_reads_what_the_sql_index_reads(filled, state) -> None:  # noqa:
     assert [e.state for e in filled.index.by_name("tiny", state=None)].count("quarantined") == 1
 
 
+def test_one_key_and_manifest_per_signature_as_the_sql_index_reads(filled) -> None:  # noqa: ANN001
+    names = ["mlp.forward", "tiny", "no.such.name"]
+    reader = SqliteReader(_index_file(filled), read_only=True)
+    try:
+        keys = reader.signature_keys(names)
+        assert keys == filled.index.signature_keys(names)
+        assert reader.manifests([*keys.values(), "no-such-key"]) == filled.index.manifests(keys.values())
+    finally:
+        reader.close()
+    rows = filled.index.by_name("mlp.forward", state=None) + filled.index.by_name("tiny", state=None)
+    # Every stored signature once (tiny's three environments, the quarantined one too),
+    # each by its smallest key.
+    assert keys == {
+        (e.name, e.signature): min(r.key for r in rows if (r.name, r.signature) == (e.name, e.signature))
+        for e in rows
+    }
+    assert len({e.signature for e in rows if e.name == "mlp.forward"}) == 3
+    assert filled.index.manifests(keys.values()) == {k: filled.index.get(k).manifest for k in keys.values()}
+
+
 def test_rows_are_whole_entries_with_utc_times(filled) -> None:  # noqa: ANN001
     reader = SqliteReader(_index_file(filled), read_only=True)
     try:
