@@ -13,7 +13,7 @@ import datetime as _dt
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -386,7 +386,9 @@ def plan_gc(
     limit = parse_size(max_size)
     age = parse_age(older_than)
     kinds = _kinds(kind)
-    entries = cache.index.entries()
+    # Manifests only where the plan needs them: superseded groups by the input tree;
+    # otherwise only the victims' are read, to name their arguments (at the end).
+    entries = cache.index.entries(manifests=superseded)
     jit_entries = cache.index.jit_entries()
     now = cache.index.now()
     victims: dict[str, GcVictim] = {}
@@ -398,23 +400,17 @@ def plan_gc(
         if (ref.name, ref.signature) in unpinned and pins.get(ref.key, "").startswith("served ref"):
             pins.pop(ref.key)  # its ref is dropped first (a dry run assumes so)
     dropped_names = {name for name, _ in unpinned}
-    pinned: dict[str, GcVictim] = {}
+
+    chosen: dict[str, tuple[IndexEntry, str]] = {}  # key -> (entry, reason): victims
+    kept: dict[str, tuple[IndexEntry, str]] = {}  # key -> (entry, why): pinned
 
     def add(entry: IndexEntry, reason: str) -> None:
         if entry.ok and entry.key in pins:  # a quarantined entry is proven corrupt: never kept
-            if entry.key not in pinned:
-                pinned[entry.key] = GcVictim(
-                    entry.key, entry.name, entry.signature, entry.stored_size,
-                    entry.last_used_at.isoformat(timespec="seconds"), f"pinned: {pins[entry.key]} ({reason})",
-                    Signature.from_manifest_json(entry.manifest, entry.signature),
-                )
+            kept.setdefault(entry.key, (entry, f"pinned: {pins[entry.key]} ({reason})"))
             return
         if entry.key not in victims:
-            victims[entry.key] = GcVictim(
-                entry.key, entry.name, entry.signature, entry.stored_size,
-                entry.last_used_at.isoformat(timespec="seconds"), reason,
-                Signature.from_manifest_json(entry.manifest, entry.signature),
-            )
+            victims[entry.key] = _PENDING
+            chosen[entry.key] = (entry, reason)
             as_planned[entry.key] = (entry.state, entry.last_used_at)
 
     jit_planned: dict[str, _dt.datetime] = {}
@@ -496,9 +492,44 @@ def plan_gc(
             warnings = (problem,)
             dead_blobs = ()
     freed = sum(stored[d].stored_size for d in dead_blobs)
+    arguments = _arguments_of(cache, [e for e, _ in (*chosen.values(), *kept.values())])
+    for key, (entry, reason) in chosen.items():
+        victims[key] = _victim(entry, reason, arguments)
+    pinned = [_victim(entry, why, arguments) for entry, why in kept.values()]
     return GcPlan(
         tuple(victims.values()), dead_blobs, freed, size_before, dry_run=True, warnings=warnings,
-        pinned=tuple(pinned.values()), _rows=as_planned, _jit_rows=jit_planned,
+        pinned=tuple(pinned), _rows=as_planned, _jit_rows=jit_planned,
+    )
+
+
+#: A victim's place in the plan's order until its arguments are named.
+_PENDING: Any = None
+_Program = tuple[str, str, str]  # (name, flat signature, program fingerprint)
+
+
+def _program(entry: IndexEntry) -> _Program:
+    return (entry.name, entry.signature, entry.program_fp)
+
+
+def _arguments_of(cache: Cache, entries: Sequence[IndexEntry]) -> dict[_Program, Signature]:
+    """The arguments by name of each program among ``entries``, from one manifest per
+    program (its environments' entries name the same arguments): a plan of half a
+    million victims parses tens of thousands of manifests, not half a million."""
+    first: dict[_Program, IndexEntry] = {}
+    for entry in entries:
+        first.setdefault(_program(entry), entry)
+    missing = [e.key for e in first.values() if not e.manifest]
+    texts = cache.index.manifests(missing) if missing else {}
+    return {
+        program: Signature.from_manifest_json(entry.manifest or texts.get(entry.key, ""), entry.signature)
+        for program, entry in first.items()
+    }
+
+
+def _victim(entry: IndexEntry, reason: str, arguments: Mapping[_Program, Signature]) -> GcVictim:
+    return GcVictim(
+        entry.key, entry.name, entry.signature, entry.stored_size,
+        entry.last_used_at.isoformat(timespec="seconds"), reason, arguments[_program(entry)],
     )
 
 

@@ -33,6 +33,8 @@ def as_utc(value: datetime, what: str) -> datetime:
     """``value`` in UTC; a naive datetime is refused (``what`` names it in the error)."""
     if value.tzinfo is None:
         raise ValueError(f"{what} must be a timezone-aware datetime, got naive {value!r}")
+    if value.tzinfo is timezone.utc:  # as the index returns it: 2 per row read
+        return value
     return value.astimezone(timezone.utc)
 
 

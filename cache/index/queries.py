@@ -41,6 +41,11 @@ class BlobRow:
 _ENTRY_COLUMNS = tuple(ARTIFACTS.c[f.name] for f in fields(IndexEntry))
 
 
+_SLIM_COLUMNS = tuple(
+    sa.literal_column("''").label("manifest") if c.name == "manifest" else c for c in _ENTRY_COLUMNS
+)
+
+
 def _entry(row: sa.Row[Any]) -> IndexEntry:
     return IndexEntry(*row)  # _ENTRY_COLUMNS are in field order
 
@@ -94,9 +99,11 @@ class IndexReads(IndexEngine):
         with self._read(f"look up program {program_fp}") as conn:
             return [_entry(r) for r in conn.execute(q).all()]
 
-    def entries(self, name_glob: str | None = None) -> list[IndexEntry]:
-        """All artifacts, or those whose name matches an fnmatch glob (case-sensitive)."""
-        q = sa.select(*_ENTRY_COLUMNS)
+    def entries(self, name_glob: str | None = None, *, manifests: bool = True) -> list[IndexEntry]:
+        """All artifacts, or those whose name matches an fnmatch glob (case-sensitive).
+        ``manifests=False``: each entry's ``manifest`` is ``""`` (gc plans a million rows
+        without reading their manifests: :meth:`manifests` reads the victims')."""
+        q = sa.select(*(_ENTRY_COLUMNS if manifests else _SLIM_COLUMNS))
         if name_glob is not None and name_glob != "*":
             q = q.where(ARTIFACTS.c.name.like(glob_to_like(name_glob), escape="\\"))
             bounds = name_range(name_glob) if self.dialect == "sqlite" else None
