@@ -82,7 +82,9 @@ def test_unknown_keys_in_the_config_are_errors(invoke: Invoke, tmp_path: Path, m
     line = one_line_error(invoke("ls", cache=None))
     assert line == (
         f"Error: {folder / 'pyproject.toml'}: unknown key(s) ['cahce'] in [tool.aot]; expected "
-        "some of ['blobs', 'cache', 'local', 'manifest', 'signing_key_file']"
+        "some of ['blob_connect_timeout', 'blob_read_timeout', 'blob_retries', 'blobs', 'cache', "
+        "'db_connect_timeout', 'db_statement_timeout', 'local', 'manifest', 'signing_key_file', "
+        "'stats_exit_timeout']"
     )
 
 
