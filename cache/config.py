@@ -205,10 +205,11 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     for key, value in table.items():
         if key in TIMEOUT_KEYS:
             field = TIMEOUT_KEYS[key]
-            out[key] = bounds.check_bound(  # "10" is a string in TOML, not a number
-                field, None if isinstance(value, str) else value, f"{path}: [tool.aot] {key} = {_toml(table[key])}",
+            bounds.check_bound(  # "10" is a string in TOML, not a number
+                field, None if isinstance(value, str) else value, f"{path}: [tool.aot] {key} = {_toml(value)}",
                 f"{key} = {bounds.DEFAULTS_TEXT[field]}",
             )
+            out[key] = value  # as written (5, not 5.0), for display
             continue
         if not isinstance(value, str) or not value:
             raise CacheError(f"{path}: [tool.aot] {key} must be a non-empty string, got {value!r}")
