@@ -33,6 +33,7 @@ from aot.errors import (
 if TYPE_CHECKING:
     from aot.cache.opening import Cache
     from aot.cache.serving.load import load
+    from aot.cache.timeouts import Timeouts
     from aot.computation import MeshComputation, PmapComputation
     from aot.executable import MeshExecutable, PmapExecutable
     from aot.lowering import lower, lower_pmap
@@ -50,6 +51,7 @@ _LAZY = {
     "lower": "aot.lowering",
     "lower_pmap": "aot.lowering",
     "spec": "aot.specs",
+    "Timeouts": "aot.cache.timeouts",
 }
 
 
@@ -96,6 +98,7 @@ __all__ = [
     "SpecError",
     "SymbolicShapeError",
     "TargetError",
+    "Timeouts",
     "UnsupportedComputationError",
     "UsageError",
     "load",

@@ -28,6 +28,7 @@ from aot.cache.index.entry import INDEX_FILE, IndexEntry
 from aot.cache.index.declared import Declared
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
 from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
+from aot.cache.timeouts import Timeouts
 
 if TYPE_CHECKING:
     from aot.executable import MeshExecutable
@@ -132,6 +133,9 @@ class Cache(Declared):
     (see :mod:`aot.cache.tiered`; :mod:`aot.cache.opening` makes the choice).
 
     ``cache.stats`` records serving statistics (:mod:`aot.cache.serving.stats`).
+
+    ``timeouts``: an :class:`aot.Timeouts` bounding its network waits, used whole (None:
+    the environment's; :mod:`aot.cache.timeouts`).
     """
 
     _background: weakref.WeakSet[BackgroundWork] | None = None
@@ -145,8 +149,10 @@ class Cache(Declared):
         blob_location: str | os.PathLike[str] | None = None,
         require_signatures: bool = False,
         blob_mirror: bool = False,
+        timeouts: Timeouts | None = None,
     ) -> None:
         location = str(location) if location is not None else default_location()
+        self.timeouts = _checked_timeouts(timeouts)
         self.blob_mirror = blob_mirror
         self.location = location
         self.read_only = read_only
@@ -167,7 +173,7 @@ class Cache(Declared):
         if where.kind == DATABASE:
             from aot.cache.index.sql import Index
 
-            self._index = Index(location, read_only=read_only)
+            self._index = Index(location, read_only=read_only, timeouts=self.timeouts)
             described = _described_blobs(self)
             if self.blob_location is None or _same_database(self.blob_location, location):
                 from aot.cache.storage.database import SqlObjectStore
@@ -201,7 +207,7 @@ class Cache(Declared):
     def _open_blobs(self, location: str) -> Any:
         engine = self._index.engine if self._index is not None and _same_database(location, self.location) else None
         try:
-            return open_object_store(location, read_only=self.read_only, engine=engine)
+            return open_object_store(location, read_only=self.read_only, engine=engine, timeouts=self.timeouts)
         except CacheError:
             if self._index is not None:
                 self._index.close()
@@ -531,6 +537,15 @@ def _open_folder(cache: Cache, folder: Path) -> Any:
     if not index_file.exists():
         cache.index  # noqa: B018 - creates the schema of a new cache now
     return cache._open_blobs(cache.blob_location or str(folder / "blobs"))
+
+
+def _checked_timeouts(timeouts: Any) -> Timeouts | None:
+    if timeouts is None or isinstance(timeouts, Timeouts):
+        return timeouts
+    raise TypeError(
+        f"timeouts must be an aot.Timeouts (or None: the environment's), got "
+        f"{type(timeouts).__name__}: e.g. timeouts=aot.Timeouts(blob_read_s=2)"
+    )
 
 
 def _same_database(a: str, b: str) -> bool:

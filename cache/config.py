@@ -10,15 +10,24 @@ found from the working directory upwards::
     signing_key_file = "secrets/aot.key"   # HMAC key file (AOT_SIGNING_KEY_FILE;
                                        # AOT_SIGNING_KEY holds a key itself)
     manifest = "warmup.toml"           # default manifest of `aot warmup` (AOT_MANIFEST)
+    db_connect_timeout = 5             # the network bounds (aot.cache.timeouts), in
+    db_statement_timeout = 30          # seconds; each key is its environment variable
+    blob_connect_timeout = 5           # lowercased without AOT_ (AOT_BLOB_READ_TIMEOUT
+    blob_read_timeout = 10             # beats blob_read_timeout)
+    blob_retries = 3                   # attempts of one S3 request
+    stats_exit_timeout = 5             # the last statistics flush
 
 Relative paths in the file are relative to the file's folder. Unknown keys are errors
-(a typo must not silently fall back to a default). The library itself
-(``aot.Cache()``, ``aot.load()``) reads only the environment: the file configures the
-command line.
+(a typo must not silently fall back to a default), and so is a bound that is not a
+number of seconds (or, for ``blob_retries``, a whole count). The library itself
+(``aot.Cache()``, ``aot.load()``) reads only the environment (or its ``timeouts=``
+argument): the file configures the command line, which opens its caches with
+:meth:`Settings.timeouts`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -26,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aot.cache import timeouts as bounds
 from aot.errors import CacheError
 
 if sys.version_info >= (3, 11):
@@ -36,6 +46,7 @@ else:  # pragma: no cover - Python 3.10
 __all__ = [
     "CONFIG_FILE",
     "ENVIRONMENT",
+    "TIMEOUT_KEYS",
     "Setting",
     "Settings",
     "find_config",
@@ -57,6 +68,11 @@ SIGNING_KEY_ENV = "AOT_SIGNING_KEY"
 #: an argument of the commands that take one).
 FLAGS = {"cache": "--cache", "blobs": "--blobs", "local": "--local"}
 _PATH_KEYS = ("cache", "blobs", "local", "signing_key_file", "manifest")
+#: The :class:`~aot.cache.timeouts.Timeouts` field of each bound's key (its environment
+#: variable's name, lowercased, without ``AOT_``: ``blob_read_timeout``).
+TIMEOUT_KEYS = {
+    variable.removeprefix("AOT_").lower(): field for field, variable in bounds.ENVIRONMENT.items()
+}
 
 
 def _is_url(value: str) -> bool:
@@ -96,9 +112,24 @@ class Settings:
     manifest: Setting
     config_file: str | None = None
     local: Setting = Setting("local", None, "default")
+    #: The network bounds, one per key of :data:`TIMEOUT_KEYS` (values as given).
+    bounds: tuple[Setting, ...] = ()
 
     def all(self) -> tuple[Setting, ...]:
         return (self.cache, self.blobs, self.local, self.signing_key_file, self.manifest)
+
+    def timeouts(self) -> bounds.Timeouts:
+        """The bounds the command line opens its caches with; a malformed environment
+        variable is a :class:`CacheError` naming it (the file's were checked when read)."""
+        values: dict[str, Any] = {}
+        for setting in self.bounds:
+            field = TIMEOUT_KEYS[setting.name]
+            variable = bounds.ENVIRONMENT[field]
+            values[field] = bounds.check_bound(
+                field, setting.value, f"{variable}={setting.value!r}",
+                f"{variable}={bounds.DEFAULTS_TEXT[field]}",
+            )
+        return bounds.Timeouts(**values)
 
     def signing_key(self) -> bytes | None:
         """The HMAC key: ``$AOT_SIGNING_KEY`` itself, or the bytes of the key file
@@ -125,7 +156,17 @@ class Settings:
         return {
             "config_file": self.config_file,
             **{s.name: s.to_dict() for s in self.all()},
+            "timeouts": {s.name: {"value": _number(s.value), "source": s.source} for s in self.bounds},
         }
+
+
+def _number(value: str | None) -> float | int | str | None:
+    """A bound's value for JSON: a number when it is one (a malformed one as given)."""
+    try:
+        number = float(value) if value is not None else None
+    except ValueError:
+        return value
+    return int(number) if number is not None and number.is_integer() else number
 
 
 def find_config(start: str | os.PathLike[str] | None = None) -> Path | None:
@@ -144,8 +185,9 @@ def find_config(start: str | os.PathLike[str] | None = None) -> Path | None:
     return None
 
 
-def read_config(path: str | os.PathLike[str]) -> dict[str, str]:
-    """The ``[tool.aot]`` table of ``path``: known keys, paths made absolute."""
+def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``[tool.aot]`` table of ``path``: known keys, paths made absolute, bounds
+    checked (numbers)."""
     path = Path(path)
     try:
         table = tomllib.loads(path.read_text(encoding="utf-8"))["tool"]["aot"]
@@ -153,20 +195,36 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, str]:
         raise CacheError(f"{path}: invalid TOML: {exc}") from None
     if not isinstance(table, dict):
         raise CacheError(f"{path}: [tool.aot] must be a table")
-    known = set(_PATH_KEYS)
+    known = set(_PATH_KEYS) | set(TIMEOUT_KEYS)
     unknown = sorted(set(table) - known)
     if unknown:
         raise CacheError(
             f"{path}: unknown key(s) {unknown} in [tool.aot]; expected some of {sorted(known)}"
         )
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in table.items():
+        if key in TIMEOUT_KEYS:
+            field = TIMEOUT_KEYS[key]
+            bounds.check_bound(  # "10" is a string in TOML, not a number
+                field, None if isinstance(value, str) else value, f"{path}: [tool.aot] {key} = {_toml(value)}",
+                f"{key} = {bounds.DEFAULTS_TEXT[field]}",
+            )
+            out[key] = value  # as written (5, not 5.0), for display
+            continue
         if not isinstance(value, str) or not value:
             raise CacheError(f"{path}: [tool.aot] {key} must be a non-empty string, got {value!r}")
         if not _is_url(value):
             value = str((path.parent / Path(value).expanduser()).resolve())
         out[key] = value
     return out
+
+
+def _toml(value: Any) -> str:
+    """A value as TOML shows it (``"10s"``, ``true``, ``5``)."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def resolve_settings(
@@ -204,4 +262,16 @@ def resolve_settings(
         manifest=pick("manifest", None),
         config_file=str(config_path) if config_path is not None else None,
         local=pick("local", None),
+        bounds=tuple(_bound(key, environ, config, where) for key in TIMEOUT_KEYS),
     )
+
+
+def _bound(key: str, environ: Mapping[str, str], config: Mapping[str, Any], where: str) -> Setting:
+    """One network bound: its environment variable, else the file, else the default."""
+    field = TIMEOUT_KEYS[key]
+    variable = bounds.ENVIRONMENT[field]
+    if environ.get(variable, "").strip():
+        return Setting(key, environ[variable].strip(), f"environment {variable}")
+    if key in config:
+        return Setting(key, str(config[key]), where)
+    return Setting(key, bounds.DEFAULTS_TEXT[field], "default")

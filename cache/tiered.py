@@ -54,6 +54,7 @@ from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
 from aot.cache.storage.locations import FOLDER, classify_location
+from aot.cache.timeouts import Timeouts
 from aot.errors import BlobLocationError, AotError, CacheError, CorruptArtifactError
 from aot.signing import key_from
 
@@ -162,6 +163,7 @@ class TieredCache(Cache):
         local: str | os.PathLike[str] | None = None,
         refresh: bool = True,
         blob_mirror: bool = False,
+        timeouts: Timeouts | None = None,
     ) -> None:
         if local is None:
             raise TypeError("TieredCache needs local=FOLDER")
@@ -176,12 +178,15 @@ class TieredCache(Cache):
         # Intact local rows seen by this process, by key (saves a lookup per load).
         self._held: dict[str, IndexEntry] = {}
         self._warned_offline = False
-        self.local = Cache(where.target, signing_key=signing_key, require_signatures=require_signatures)
+        self.timeouts = timeouts  # the remote's; the local tier's statistics flush too
+        self.local = Cache(
+            where.target, signing_key=signing_key, require_signatures=require_signatures, timeouts=timeouts,
+        )
         try:
             super().__init__(
                 location, signing_key=signing_key, read_only=read_only,
                 blob_location=blob_location, require_signatures=require_signatures,
-                blob_mirror=blob_mirror,
+                blob_mirror=blob_mirror, timeouts=timeouts,
             )
         except BlobLocationError:  # a misconfiguration, not an outage: never hidden by the tier
             self.local.close()

@@ -81,7 +81,7 @@ class State:
         return Cache(
             location, read_only=self.read_only, blob_location=settings.blobs.value,
             signing_key=settings.signing_key(), local=settings.local.value,
-            blob_mirror=self.mirror,
+            blob_mirror=self.mirror, timeouts=settings.timeouts(),
         )
 
     @property

@@ -54,6 +54,8 @@ def doctor_command(state: State, no_verify: bool) -> None:
         click.echo(key_value([
             (_SETTING_LABELS[s.name], f"{s.shown()}  ({s.source})") for s in settings.all()
         ]))
+        click.echo("timeouts (seconds; blob_retries: attempts)")
+        click.echo(key_value([(s.name, f"{s.shown()}  ({s.source})") for s in settings.bounds]))
         click.echo("cache")
         pairs = [("location", d.location)]
         if d.index is not None:

@@ -183,7 +183,7 @@ def open_other(
 ) -> Cache:
     """The cache at the other end of a push (``read_only=False``: created if needed) or
     a pull (``read_only=True``: it must exist: a mistyped folder is not an empty
-    cache). ``like``: take its signing key and signature policy."""
+    cache). ``like``: take its signing key, signature policy and network bounds."""
     from aot.cache.cache import Cache, require_cache
 
     location = os.fspath(location)
@@ -191,7 +191,10 @@ def open_other(
         require_cache(location, "nothing to pull from", "check the SOURCE location")
     options: dict[str, Any] = {}
     if like is not None:
-        options = {"signing_key": like.signing_key, "require_signatures": like.require_signatures}
+        options = {
+            "signing_key": like.signing_key, "require_signatures": like.require_signatures,
+            "timeouts": getattr(like, "timeouts", None),
+        }
     return Cache(location, read_only=read_only, blob_location=blob_location, **options)
 
 

@@ -50,7 +50,7 @@ from sqlalchemy.pool import StaticPool
 from aot.cache.index.advice import advice_for, mask_url, reason_of
 from aot.cache.index.entry import as_utc
 from aot.cache.index.schema import ARTIFACTS, REF_HISTORY, UTCDateTime
-from aot.cache.timeouts import timeouts
+from aot.cache.timeouts import Timeouts, timeouts
 from aot.errors import CacheError, ReadOnlyCacheError
 
 logger = logging.getLogger(__name__)
@@ -177,11 +177,11 @@ def _read_only_sqlite_engine(url: URL, path: Path) -> Engine:
     return engine
 
 
-def make_engine(url: str | URL, read_only: bool) -> Engine:
+def make_engine(url: str | URL, read_only: bool, timeouts: Timeouts | None = None) -> Engine:
     """An engine for the index database at ``url``: SQLite (pragmas, WAL, busy timeout,
     explicit BEGINs; a read-only file never written) or PostgreSQL (psycopg, connect and
-    statement timeouts, read-only sessions when ``read_only``); any other database is
-    refused."""
+    statement timeouts: ``timeouts``, else the environment's; read-only sessions when
+    ``read_only``); any other database is refused."""
     try:
         parsed = make_url(url)
     except sa_exc.ArgumentError as e:
@@ -195,7 +195,7 @@ def make_engine(url: str | URL, read_only: bool) -> Engine:
     if backend == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
-        connect_args = _postgres_connect_args(parsed, read_only)
+        connect_args = _postgres_connect_args(parsed, read_only, timeouts)
         try:
             engine = sa.create_engine(parsed, connect_args=connect_args)
         except ModuleNotFoundError as e:
@@ -211,11 +211,12 @@ def make_engine(url: str | URL, read_only: bool) -> Engine:
     )
 
 
-def _postgres_connect_args(url: URL, read_only: bool) -> dict[str, Any]:
-    """psycopg's connect arguments: the connect and statement timeouts of
-    :mod:`aot.cache.timeouts` unless the URL sets its own, and read-only sessions.
-    ``options`` in connect_args replaces the URL's, so the URL's are kept in front."""
-    bounds = timeouts()
+def _postgres_connect_args(url: URL, read_only: bool, given: Timeouts | None) -> dict[str, Any]:
+    """psycopg's connect arguments: the connect and statement timeouts (``given``, else
+    the environment's: :mod:`aot.cache.timeouts`) unless the URL sets its own, and
+    read-only sessions. ``options`` in connect_args replaces the URL's, so the URL's are
+    kept in front."""
+    bounds = given if given is not None else timeouts()
     query = {k: (v[-1] if isinstance(v, tuple) else v) for k, v in url.query.items()}
     args: dict[str, Any] = {}
     if "connect_timeout" not in query:

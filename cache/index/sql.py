@@ -31,6 +31,7 @@ from aot.cache.index.refs_sql import IndexRefs
 from aot.cache.index.schema import ARTIFACTS, BLOBS, LEASES, PROGRAMS, ensure_schema, read_version
 from aot.cache.index.state import clear_emptied
 from aot.cache.pauses import reached
+from aot.cache.timeouts import Timeouts
 from aot.errors import AotError, CacheError
 
 logger = logging.getLogger(__name__)
@@ -47,10 +48,10 @@ class Index(IndexReads, IndexGc, IndexRefs, IndexJit):
     rows are here.
     """
 
-    def __init__(self, url: str | URL, *, read_only: bool = False) -> None:
+    def __init__(self, url: str | URL, *, read_only: bool = False, timeouts: Timeouts | None = None) -> None:
         self.read_only = read_only
         self.url = mask_url(url)
-        self._engine = make_engine(url, read_only)
+        self._engine = make_engine(url, read_only, timeouts)
         try:
             self._version = ensure_schema(self._engine, read_only=read_only)
         except AotError:

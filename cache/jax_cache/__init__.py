@@ -53,6 +53,8 @@ from aot.cache.index.jit_records import JitEntry, function_name, sign_entry, sig
 from aot.cache.pauses import reached
 from aot.cache.storage.content import ContentStore, digest_of, inflate_frame
 from aot.cache.storage.locations import open_object_store
+from aot.cache.timeouts import Timeouts
+from aot.errors import UsageError
 from aot.jaxcompat import persistent_cache as jaxpc
 
 if TYPE_CHECKING:  # imported when a cache is opened: a warm local start never needs it
@@ -114,10 +116,11 @@ class JaxCacheBackend:
         self, cache: Cache | None = None, *, local: str | os.PathLike[str] | None = None, owns: bool = False,
         compile_once: bool | None = None, claim_seconds: float = CLAIM_SECONDS, wait_seconds: float = WAIT_SECONDS,
         opener: Callable[[], Cache] | None = None, location: str | None = None,
-        signing_key: bytes | None = None, read_only: bool = False,
+        signing_key: bytes | None = None, read_only: bool = False, timeouts: Timeouts | None = None,
     ) -> None:
         """Over ``cache``, or over the cache ``opener`` opens when first needed (then
-        ``location``, ``signing_key`` and ``read_only`` describe it until it is open)."""
+        ``location``, ``signing_key``, ``read_only`` and ``timeouts`` describe it until
+        it is open)."""
         if cache is None and (opener is None or location is None):
             raise TypeError("JaxCacheBackend needs a cache, or an opener and its location")
         self._cache = cache
@@ -126,6 +129,7 @@ class JaxCacheBackend:
         self.location = cache.location if cache is not None else str(location)
         self.signing_key = cache.signing_key if cache is not None else signing_key
         self.read_only = cache.read_only if cache is not None else read_only
+        self.timeouts = cache.timeouts if cache is not None else timeouts
         self.owns = owns
         self.local = ContentStore(open_object_store(str(local))) if local is not None else None
         self.rows = LocalRows(local) if local is not None else None
@@ -396,7 +400,7 @@ class JaxCacheBackend:
             if self._cache is not None:
                 self._record_unrecorded(self._cache.index)
                 return
-            index = _open_index(self.location)
+            index = _open_index(self.location, self.timeouts)
             try:
                 self._record_unrecorded(index)
             finally:
@@ -432,15 +436,15 @@ def _dialect(location: str) -> str:
     return "postgresql" if scheme in ("postgresql", "postgres") else scheme
 
 
-def _open_index(location: str) -> Any:
+def _open_index(location: str, timeouts: Timeouts | None = None) -> Any:
     """Only the index of the cache at ``location`` (for recording statistics)."""
     if _dialect(location) in ("postgresql", "sqlite"):
         from aot.cache.index.sql import Index
 
-        return Index(location)
+        return Index(location, timeouts=timeouts)
     from aot.cache.cache import Cache
 
-    return Cache(location).index
+    return Cache(location, timeouts=timeouts).index
 
 
 def _platform() -> str:
@@ -463,11 +467,20 @@ def install(
     compile_once: bool | None = None,
     claim_seconds: float = CLAIM_SECONDS,
     wait_seconds: float = WAIT_SECONDS,
+    timeouts: Timeouts | None = None,
 ) -> JaxCacheBackend:
     """Makes the jax-aot cache ``target`` (a :class:`~aot.cache.cache.Cache`, a folder
     or a database URL) JAX's persistent compilation cache in this process; replaces a
-    previous :func:`install`. Returns the backend (``.counts``: this process's hits)."""
+    previous :func:`install`. Returns the backend (``.counts``: this process's hits).
+    ``timeouts`` (an :class:`aot.Timeouts`) bound the waits of the cache opened at a
+    location (None: the environment's); a :class:`Cache` target keeps its own."""
     if not isinstance(target, (str, os.PathLike)):  # a Cache
+        if timeouts is not None:
+            raise UsageError(
+                "aot.jax_cache.install(<an open Cache>, timeouts=...): an open cache keeps the "
+                "bounds it was opened with; pass timeouts= to aot.Cache(...) instead, or give "
+                "install a location"
+            )
         backend = JaxCacheBackend(
             target, local=local, compile_once=compile_once, claim_seconds=claim_seconds, wait_seconds=wait_seconds,
         )
@@ -477,12 +490,15 @@ def install(
         def opener() -> Cache:
             from aot.cache.cache import Cache
 
-            return Cache(where, blob_location=blob_location, signing_key=signing_key, read_only=read_only)
+            return Cache(
+                where, blob_location=blob_location, signing_key=signing_key, read_only=read_only,
+                timeouts=timeouts,
+            )
 
         # Opened on the first local miss (no local tier: the first lookup).
         backend = JaxCacheBackend(
             None, opener=opener, location=where, signing_key=_signing_key(signing_key), read_only=read_only,
-            local=local, owns=True, compile_once=compile_once,
+            timeouts=timeouts, local=local, owns=True, compile_once=compile_once,
             claim_seconds=claim_seconds, wait_seconds=wait_seconds,
         )
     global _installed

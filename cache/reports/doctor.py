@@ -86,7 +86,8 @@ def diagnose(
     """Gathers everything ``aot doctor`` shows. Opens the cache read-only (it never
     creates, migrates or quarantines anything); a cache that cannot be opened is
     reported in ``error``, not raised. ``settings`` (:class:`aot.cache.config.Settings`)
-    name the cache, blob location and signing key, and are reported with their sources."""
+    name the cache, blob location, signing key and network bounds, and are reported
+    with their sources."""
     import jax
 
     from aot.cache.cache import Cache, default_location
@@ -132,6 +133,7 @@ def diagnose(
     try:
         if settings is not None:
             options["signing_key"] = settings.signing_key()
+            options["timeouts"] = settings.timeouts()
         cache = Cache(location, read_only=True, **options)
     except AotError as exc:
         return Diagnosis(**base, error=str(exc))  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ from aot.cache.index.entry import INDEX_FILE
 from aot.cache.serving.dispatcher import Dispatcher
 from aot.cache.serving.statics import dispatcher_for
 from aot.cache.tiered import TieredCache
+from aot.cache.timeouts import Timeouts
 from aot.cache.units import counted
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ def load(
     allow_empty: bool = False,
     background: bool = False,
     release: str | None = None,
+    timeouts: Timeouts | None = None,
 ) -> Dispatcher:
     """A callable over every signature stored for ``name`` in this environment.
 
@@ -83,6 +85,10 @@ def load(
     that release instead, and raises :class:`ReleaseNotFoundError` at start-up when the
     label does not exist, has no member of ``name``, or one of its members cannot be
     served here.
+
+    ``timeouts`` (an :class:`aot.Timeouts`) bound the waits of the cache ``load`` opens
+    from a location (None: the environment's); a :class:`Cache` given as ``cache``
+    keeps its own, so passing both is a :class:`UsageError`.
     """
     if release is None:
         release = os.environ.get(RELEASE_ENV, "").strip() or None
@@ -97,8 +103,14 @@ def load(
 
         plan = PadPlan.of(pad, pad_outputs, pad_value)
     owned = not isinstance(cache, Cache)
+    if not owned and timeouts is not None:
+        raise UsageError(
+            f"aot.load({name!r}, cache=<an open Cache>, timeouts=...): an open cache keeps "
+            "the bounds it was opened with; pass timeouts= to aot.Cache(...) instead, or "
+            "give load a location"
+        )
     if owned:
-        cache = open_existing(cache, read_only=read_only)
+        cache = open_existing(cache, read_only=read_only, timeouts=timeouts)
     assert isinstance(cache, Cache)
     try:
         dispatcher = dispatcher_for(cache, name, strict=strict, fallback=fallback, pad=plan, release=release)
@@ -147,11 +159,14 @@ def check_release(dispatcher: Dispatcher, release: str) -> None:
         )
 
 
-def open_existing(location: str | os.PathLike[str] | None, *, read_only: bool | None = None) -> Cache:
+def open_existing(
+    location: str | os.PathLike[str] | None, *, read_only: bool | None = None,
+    timeouts: Timeouts | None = None,
+) -> Cache:
     """Opens the cache at ``location`` for serving; never creates one.
 
     ``read_only=None``: a folder this process cannot write (another user's) is opened
-    read-only; a database URL is opened read-write.
+    read-only; a database URL is opened read-write. ``timeouts``: as ``aot.Cache``'s.
     """
     location = str(location) if location is not None else default_location()
     advice = (
@@ -164,12 +179,12 @@ def open_existing(location: str | os.PathLike[str] | None, *, read_only: bool | 
             from aot.cache.index.sql import Index  # a folder cache is read without SQLAlchemy
 
             try:  # a read-only open creates nothing; a writable one would create the schema
-                Index(location, read_only=True).close()
+                Index(location, read_only=True, timeouts=timeouts).close()
             except OutdatedSchemaError:
                 pass  # an index of an older schema: the writable open below migrates it
             except CacheError as exc:
                 raise CacheError(f"{exc}. {advice}") from None
-        return Cache(location, read_only=bool(read_only))
+        return Cache(location, read_only=bool(read_only), timeouts=timeouts)
     folder = Path(location).expanduser()
     index = folder / INDEX_FILE
     if not index.is_file():
@@ -179,7 +194,7 @@ def open_existing(location: str | os.PathLike[str] | None, *, read_only: bool | 
         if not writable:
             log.info("aot.load: %s is not writable by this process; serving it read-only", folder)
         read_only = not writable
-    return Cache(location, read_only=read_only)
+    return Cache(location, read_only=read_only, timeouts=timeouts)
 
 
 def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> AotError:

@@ -285,11 +285,13 @@ class StatsRecorder:
     """Collects one cache's statistics and writes them in batches (module docstring).
 
     ``sink``: a callable returning where to write (created on the first flush with
-    something to write), or None to keep the statistics in memory.
+    something to write), or None to keep the statistics in memory. ``exit_seconds``:
+    the bound on the last flush (None: ``AOT_STATS_EXIT_TIMEOUT``, read at close).
     """
 
-    def __init__(self, location: str, sink: Any = None) -> None:
+    def __init__(self, location: str, sink: Any = None, exit_seconds: float | None = None) -> None:
         self.location = location
+        self.exit_seconds = exit_seconds
         self._sink_factory = sink
         self._sink: Any = None
         # Reentrant: a dispatcher's finalizer (_unwatch) can run on this thread while
@@ -449,13 +451,16 @@ class StatsRecorder:
         return sum(t.calls + t.loads + t.misses + t.recompiles for t in tallies)
 
     def close(self, timeout: float | None = None) -> bool:
-        """Flushes within ``timeout`` seconds (default: ``AOT_STATS_EXIT_TIMEOUT``);
+        """Flushes within ``timeout`` seconds (default: the recorder's ``exit_seconds``,
+        else ``AOT_STATS_EXIT_TIMEOUT``);
         afterwards counts stay in memory (the index is being closed). Returns False
         when the deadline passed: the unflushed counts are dropped with one warning
         naming how many, and the write left running is abandoned (a daemon thread),
         so that a process exits within the bound whatever its index does."""
         if self._closed:
             return True
+        if timeout is None:
+            timeout = self.exit_seconds
         if timeout is None:
             try:
                 timeout = exit_timeout()
@@ -475,7 +480,8 @@ class StatsRecorder:
                 log.warning(
                     "dropped %d unflushed call statistics count(s) for %s: the index did not "
                     "answer within %gs (%s); the process goes on closing",
-                    lost, self.location, timeout, ENVIRONMENT["stats_exit_s"],
+                    lost, self.location, timeout,
+                    "Timeouts.stats_exit_s" if self.exit_seconds is not None else ENVIRONMENT["stats_exit_s"],
                 )
         self._closed = True
         _REGISTRY.discard(self)
@@ -539,11 +545,14 @@ def _counts(tally: _Tally) -> dict[str, Any]:
 
 def recorder_for(cache: Cache) -> StatsRecorder:
     """The recorder of a cache: its index when writable, else memory. (It never holds
-    the cache itself: the cache's finalizer flushes it.)"""
+    the cache itself: the cache's finalizer flushes it.) Its last flush is bounded by
+    the cache's ``timeouts`` when it was given some."""
+    bounds = getattr(cache, "timeouts", None)
+    exit_seconds = bounds.stats_exit_s if bounds is not None else None
     if cache.read_only:
-        return StatsRecorder(cache.display_location)
+        return StatsRecorder(cache.display_location, exit_seconds=exit_seconds)
     index_file = getattr(cache, "_index_file", None)
     if index_file is not None:
-        return StatsRecorder(str(index_file), lambda: _SqliteFileSink(index_file))
+        return StatsRecorder(str(index_file), lambda: _SqliteFileSink(index_file), exit_seconds)
     index = cache.index
-    return StatsRecorder(index.url, lambda: _IndexSink(index))
+    return StatsRecorder(index.url, lambda: _IndexSink(index), exit_seconds)

@@ -18,6 +18,7 @@ from aot.cache.index.advice import mask_url, reason_of
 from aot.cache.index.engine import connection_for, insert_ignore, make_engine, server_now, server_now_expr
 from aot.cache.index.schema import BLOBS_DATA, ensure_schema
 from aot.cache.storage.objectstore import BlobStat, check_digest, read_only_error
+from aot.cache.timeouts import Timeouts
 from aot.errors import CacheError
 
 logger = logging.getLogger(__name__)
@@ -50,9 +51,9 @@ class SqlObjectStore:
             raise self._fail("open the blob table", e) from e
 
     @classmethod
-    def open(cls, url: str, *, read_only: bool = False) -> SqlObjectStore:
+    def open(cls, url: str, *, read_only: bool = False, timeouts: Timeouts | None = None) -> SqlObjectStore:
         """A store on its own engine (blobs in another database than the index)."""
-        return cls(make_engine(url, read_only), read_only=read_only, owns_engine=True)
+        return cls(make_engine(url, read_only, timeouts), read_only=read_only, owns_engine=True)
 
     def __repr__(self) -> str:
         return f"SqlObjectStore({self.url!r}, read_only={self.read_only})"

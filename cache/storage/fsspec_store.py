@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 from aot.errors import CacheError, ReadOnlyCacheError
 from aot.cache.storage.objectstore import BlobStat, blob_path, check_digest, digest_from_path
-from aot.cache.timeouts import timeouts
+from aot.cache.timeouts import Timeouts, timeouts
 
 __all__ = [
     "SCHEMES", "FsspecObjectStore", "UrlTarget", "is_url", "open_fsspec_store", "open_url",
@@ -206,7 +206,7 @@ def is_url(value: str | os.PathLike[str]) -> bool:
     return isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]+://", value) is not None
 
 
-def _default_options(protocol: str) -> dict[str, Any]:
+def _default_options(protocol: str, given: Timeouts | None = None) -> dict[str, Any]:
     if protocol == "file":
         return {"auto_mkdir": True}
     options: dict[str, Any] = {"use_listings_cache": False}
@@ -214,7 +214,7 @@ def _default_options(protocol: str) -> dict[str, Any]:
         # Bounded waits (botocore's own are 60 s each) and botocore's standard retry
         # mode, so a frozen or unreachable endpoint fails in seconds, not after the
         # legacy mode's long backoff.
-        bounds = timeouts()
+        bounds = given if given is not None else timeouts()
         options["config_kwargs"] = {
             "connect_timeout": bounds.blob_connect_s,
             "read_timeout": bounds.blob_read_s,
@@ -224,9 +224,12 @@ def _default_options(protocol: str) -> dict[str, Any]:
     return options
 
 
-def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> UrlTarget:
+def open_url(
+    url: str, storage_options: Mapping[str, Any] | None = None, timeouts: Timeouts | None = None,
+) -> UrlTarget:
     """The filesystem for an object-store URL (``s3://``, ``gs://``, ``az://``,
-    ``memory://``, ``file://``); an unknown scheme is refused, never taken as a path."""
+    ``memory://``, ``file://``); an unknown scheme is refused, never taken as a path.
+    ``timeouts`` bound an S3 store's waits (None: the environment's)."""
     url = os.fspath(url)
     scheme = urlsplit(url).scheme.lower() if is_url(url) else ""
     if scheme not in _BACKENDS:
@@ -245,7 +248,7 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> UrlT
             f"cannot open {location}: {scheme}:// needs the {package} package; "
             f"install it with `pip install 'jax-aot[{extra}]'`"
         ) from exc
-    options = _default_options(protocol)
+    options = _default_options(protocol, timeouts)
     options.update(storage_options or {})
     try:
         # Each caller owns its filesystem object: fsspec's instance cache would hand
@@ -298,9 +301,10 @@ class FsspecObjectStore:
         *,
         read_only: bool = False,
         storage_options: Mapping[str, Any] | None = None,
+        timeouts: Timeouts | None = None,
     ) -> None:
         self.read_only = read_only
-        target = open_url(url, storage_options)
+        target = open_url(url, storage_options, timeouts)
         self._fs, self.protocol, self._root, self._location = (
             target.fs, target.protocol, target.path, target.location
         )

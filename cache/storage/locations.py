@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from aot.cache.storage.objectstore import ObjectStore
+from aot.cache.timeouts import Timeouts
 from aot.errors import CacheError
 
 __all__ = [
@@ -111,6 +112,7 @@ def classify_location(location: str | os.PathLike[str]) -> Location:
 
 def open_object_store(
     location: str | os.PathLike[str], *, read_only: bool = False, engine: Any = None,
+    timeouts: Timeouts | None = None,
 ) -> ObjectStore:
     """The :class:`ObjectStore` for ``location``, picked by its scheme.
 
@@ -118,7 +120,9 @@ def open_object_store(
     a database URL -> :class:`~aot.cache.storage.database.SqlObjectStore` (on ``engine`` when
     given: the index's own, so that gc's deletions join the index's lock);
     ``s3://``, ``gs://``, ``az://``, ``memory://`` -> the fsspec store
-    (``pip install jax-aot[s3]`` etc.); anything else is refused.
+    (``pip install jax-aot[s3]`` etc.); anything else is refused. ``timeouts`` bound
+    the waits of a database or S3 store (None: the environment's,
+    :mod:`aot.cache.timeouts`).
     """
     where = classify_location(location)
     if where.kind == FOLDER:
@@ -130,12 +134,12 @@ def open_object_store(
 
         if engine is not None:
             return SqlObjectStore(engine, read_only=read_only)
-        return SqlObjectStore.open(where.target, read_only=read_only)
+        return SqlObjectStore.open(where.target, read_only=read_only, timeouts=timeouts)
     extra = OBJECT_SCHEMES[where.scheme or ""]
     hint = f"pip install 'jax-aot[{extra}]'"
     try:
         module = importlib.import_module("aot.cache.storage.fsspec_store")
-        return module.FsspecObjectStore(where.target, read_only=read_only)  # type: ignore[no-any-return]
+        return module.FsspecObjectStore(where.target, read_only=read_only, timeouts=timeouts)  # type: ignore[no-any-return]
     except ImportError as exc:  # the module, fsspec, or the scheme's driver (s3fs, ...)
         missing = getattr(exc, "name", None) or str(exc)
         raise CacheError(

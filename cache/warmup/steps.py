@@ -270,13 +270,16 @@ def run_one(cache: Cache, index: int, item: WarmupItem, records: RecordStore | N
 
 
 def cache_options(cache: Cache) -> dict[str, Any]:
-    """How a worker process opens the same cache (signing key included)."""
-    return {
+    """How a worker process opens the same cache (signing key and bounds included)."""
+    options = {
         "location": cache.location,
         "signing_key": cache.signing_key,
         "require_signatures": cache.require_signatures,
         "blob_location": cache.blob_location,
     }
+    if getattr(cache, "timeouts", None) is not None:
+        options["timeouts"] = cache.timeouts
+    return options
 
 
 _TASK_CACHES: dict[tuple[Any, ...], Cache] = {}

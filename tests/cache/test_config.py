@@ -86,3 +86,63 @@ def test_a_database_password_is_masked(tmp_path: Path) -> None:
     settings = resolve_settings({"cache": "postgresql+psycopg://me:secret@db/aot"}, {}, tmp_path)
     assert settings.cache.shown() == "postgresql+psycopg://me:***@db/aot"
     assert "secret" not in str(settings.to_dict())
+
+
+# ---------------------------------------------------------------- network bounds
+
+
+def test_bounds_environment_beats_config_beats_default(tmp_path: Path) -> None:
+    from aot.cache.timeouts import Timeouts
+
+    config = _write(tmp_path, "[tool.aot]\nblob_read_timeout = 2.5\nblob_retries = 2\ndb_statement_timeout = 0\n")
+    where = f"{config} [tool.aot]"
+    settings = resolve_settings({}, {"AOT_BLOB_RETRIES": "4"}, tmp_path)
+    sources = {s.name: (s.value, s.source) for s in settings.bounds}
+    assert sources == {
+        "db_connect_timeout": ("5", "default"),
+        "db_statement_timeout": ("0", where),
+        "blob_connect_timeout": ("5", "default"),
+        "blob_read_timeout": ("2.5", where),
+        "blob_retries": ("4", "environment AOT_BLOB_RETRIES"),
+        "stats_exit_timeout": ("5", "default"),
+    }
+    assert settings.timeouts() == Timeouts(blob_read_s=2.5, blob_retries=4, db_statement_s=0)
+    assert settings.to_dict()["timeouts"]["blob_read_timeout"] == {"value": 2.5, "source": where}
+
+
+def test_bounds_default_without_a_file_or_the_environment(tmp_path: Path) -> None:
+    from aot.cache.timeouts import Timeouts
+
+    settings = resolve_settings({}, {}, tmp_path)
+    assert settings.config_file is None
+    assert {s.source for s in settings.bounds} == {"default"} and len(settings.bounds) == 6
+    assert settings.timeouts() == Timeouts()
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('blob_read_timeout = "10"', 'blob_read_timeout = "10" is not a timeout: expected seconds, more than 0, '
+                                     "e.g. blob_read_timeout = 10"),
+        ("db_connect_timeout = 0", "db_connect_timeout = 0 is not a timeout: expected seconds, more than 0, "
+                                   "e.g. db_connect_timeout = 5"),
+        ("blob_retries = 2.5", "blob_retries = 2.5 is not a count: expected a whole number of attempts, 1 or "
+                               "more, e.g. blob_retries = 3"),
+        ("stats_exit_timeout = true", "stats_exit_timeout = true is not a timeout: expected seconds, 0 or more "
+                                      "(0: drop at once), e.g. stats_exit_timeout = 5"),
+    ],
+)
+def test_a_malformed_bound_names_the_file_the_key_the_value_and_an_example(
+    tmp_path: Path, line: str, message: str
+) -> None:
+    path = _write(tmp_path, f"[tool.aot]\n{line}\n")
+    with pytest.raises(CacheError) as info:
+        resolve_settings({}, {}, tmp_path)
+    assert str(info.value) == f"{path}: [tool.aot] {message}"
+
+
+def test_a_malformed_bound_in_the_environment_names_the_variable(tmp_path: Path) -> None:
+    _write(tmp_path, "[tool.aot]\nblob_read_timeout = 2\n")
+    settings = resolve_settings({}, {"AOT_BLOB_READ_TIMEOUT": "soon"}, tmp_path)
+    with pytest.raises(CacheError, match=r"^AOT_BLOB_READ_TIMEOUT='soon' is not a timeout: expected seconds"):
+        settings.timeouts()

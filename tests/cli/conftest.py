@@ -19,6 +19,8 @@ from tests.cli.helpers import MANIFEST, REPO, Invoke
 # A developer's settings must not change what the tests see.
 _SETTINGS_ENV = (
     "AOT_CACHE", "AOT_BLOBS", "AOT_SIGNING_KEY", "AOT_SIGNING_KEY_FILE", "AOT_MANIFEST", "COLUMNS",
+    "AOT_DB_CONNECT_TIMEOUT", "AOT_DB_STATEMENT_TIMEOUT", "AOT_BLOB_CONNECT_TIMEOUT",
+    "AOT_BLOB_READ_TIMEOUT", "AOT_BLOB_RETRIES", "AOT_STATS_EXIT_TIMEOUT",
 )
 
 

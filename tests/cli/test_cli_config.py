@@ -82,7 +82,9 @@ def test_unknown_keys_in_the_config_are_errors(invoke: Invoke, tmp_path: Path, m
     line = one_line_error(invoke("ls", cache=None))
     assert line == (
         f"Error: {folder / 'pyproject.toml'}: unknown key(s) ['cahce'] in [tool.aot]; expected "
-        "some of ['blobs', 'cache', 'local', 'manifest', 'signing_key_file']"
+        "some of ['blob_connect_timeout', 'blob_read_timeout', 'blob_retries', 'blobs', 'cache', "
+        "'db_connect_timeout', 'db_statement_timeout', 'local', 'manifest', 'signing_key_file', "
+        "'stats_exit_timeout']"
     )
 
 
@@ -150,6 +152,62 @@ def test_doctor_shows_where_each_setting_came_from(invoke: Invoke, project: Path
     assert "  blobs        /srv/blobs  (environment AOT_BLOBS)\n" in text
     assert "  signing key  -  (default)\n" in text
     assert f"  manifest     {project / 'warmup.toml'}  ({project / 'pyproject.toml'} [tool.aot])\n" in text
+
+
+def test_doctor_shows_each_network_bound_and_where_it_came_from(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _project(tmp_path / "p", "blob_read_timeout = 2.5\ndb_statement_timeout = 0")
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("AOT_BLOB_RETRIES", "1")
+    config = f"{folder / 'pyproject.toml'} [tool.aot]"
+    text = invoke("doctor", "--no-verify").stdout
+    section = text.split("timeouts (seconds; blob_retries: attempts)\n", 1)[1].split("\ncache\n", 1)[0]
+    assert section.splitlines() == [
+        "  db_connect_timeout    5  (default)",
+        f"  db_statement_timeout  0  ({config})",
+        "  blob_connect_timeout  5  (default)",
+        f"  blob_read_timeout     2.5  ({config})",
+        "  blob_retries          1  (environment AOT_BLOB_RETRIES)",
+        "  stats_exit_timeout    5  (default)",
+    ]
+    bounds = _settings(invoke)["timeouts"]
+    assert bounds["blob_read_timeout"] == {"value": 2.5, "source": config}
+    assert bounds["blob_retries"] == {"value": 1, "source": "environment AOT_BLOB_RETRIES"}
+
+
+def test_commands_open_the_cache_with_the_configured_bounds(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aot.cache import opening
+
+    aot.Cache(tmp_path / "cache").close()
+    opened: list = []
+    real = opening.open_cache
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        opened.append(kwargs.get("timeouts"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(opening, "open_cache", spy)
+    monkeypatch.chdir(_project(tmp_path / "p", "blob_read_timeout = 2.5\nstats_exit_timeout = 1"))
+    monkeypatch.setenv("AOT_BLOB_READ_TIMEOUT", "4")  # the environment beats the file
+    assert invoke("ls").exit_code == 0
+    assert opened == [aot.Timeouts(blob_read_s=4, stats_exit_s=1)]
+    monkeypatch.setenv("AOT_BLOB_READ_TIMEOUT", "soon")
+    line = one_line_error(invoke("ls"))
+    assert line.startswith("Error: AOT_BLOB_READ_TIMEOUT='soon' is not a timeout: expected seconds")
+
+
+def test_a_malformed_bound_in_the_config_is_one_error_line(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _project(tmp_path / "p", 'blob_read_timeout = "10s"')
+    monkeypatch.chdir(folder)
+    assert one_line_error(invoke("ls")) == (
+        f"Error: {folder / 'pyproject.toml'}: [tool.aot] blob_read_timeout = \"10s\" is not a timeout: "
+        "expected seconds, more than 0, e.g. blob_read_timeout = 10"
+    )
 
 
 # ---------------------------------------------------------------- options anywhere

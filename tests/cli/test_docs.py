@@ -62,12 +62,13 @@ def test_global_options_are_documented() -> None:
 
 
 def test_every_environment_variable_and_config_key_is_documented() -> None:
-    from aot.cache.config import ENVIRONMENT, SIGNING_KEY_ENV
+    from aot.cache.config import ENVIRONMENT, SIGNING_KEY_ENV, TIMEOUT_KEYS
+    from aot.cache.timeouts import ENVIRONMENT as BOUNDS
 
-    for variable in (*ENVIRONMENT.values(), SIGNING_KEY_ENV):
+    for variable in (*ENVIRONMENT.values(), SIGNING_KEY_ENV, *BOUNDS.values()):
         assert variable in CLI_MD, variable
     config = CLI_MD.split("## Settings and the configuration file", 1)[1].split("\n## ", 1)[0]
-    for key in ENVIRONMENT:
+    for key in (*ENVIRONMENT, *TIMEOUT_KEYS):
         assert f"\n{key} = " in config, key
 
 

@@ -224,3 +224,43 @@ def test_push_to_a_frozen_s3_fails_within_the_bound_and_a_rerun_resumes(tmp_path
     assert again.returncode == 0 and "2 already there" in again.stdout, again.stdout
     print(f"frozen S3: push failed in {failed_s:.1f}s; rerun: {resumed.stdout.strip()}; "
           f"again: {again.stdout.strip()}")
+
+
+def test_the_bounds_given_to_a_cache_beat_the_environment_on_a_frozen_s3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``aot.Cache(..., timeouts=aot.Timeouts(blob_read_s=1, blob_retries=1))``: a blob
+    read from a frozen S3 fails in about a second, though the environment allows 8 s x 3."""
+    reason = moto_missing()
+    if reason:
+        pytest.skip(reason)
+    import aot
+    from aot.errors import CacheError
+
+    with private_moto() as s3:
+        for name, value in _s3_env(s3.url).items():
+            if name.startswith(("AWS_", "AOT_BLOB_")):
+                monkeypatch.setenv(name, value)
+        monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+        monkeypatch.delenv("AWS_PROFILE", raising=False)
+        monkeypatch.setenv("AOT_BLOB_READ_TIMEOUT", "8")
+        monkeypatch.setenv("AOT_BLOB_RETRIES", "3")
+        _bucket(s3.url, "frozen")
+        given = aot.Timeouts(blob_connect_s=1, blob_read_s=1, blob_retries=1, stats_exit_s=1)
+        cache = aot.Cache(tmp_path / "cache", blob_location="s3://frozen/blobs", timeouts=given)
+        try:
+            digest = cache.blobs.put(b"a blob on a server about to freeze" * 100)
+            s3.freeze()
+            try:
+                start = time.monotonic()
+                with pytest.raises(CacheError, match="did not answer"):
+                    cache.blobs.get(digest)
+                seconds = time.monotonic() - start
+            finally:
+                s3.thaw()
+        finally:
+            cache.close()
+    # One request of 1 s x 1 attempt, plus s3fs's and the test's own work on a loaded
+    # machine; with the environment's bounds it would wait 8 s x 3.
+    assert seconds < 1.0 + 3.0, seconds
+    print(f"frozen S3, Cache(timeouts=read 1 s x 1): a blob read failed in {seconds:.2f}s")
