@@ -10,15 +10,29 @@ filesystem is created; the defaults suit a serving fleet.
 Variable                   Default  Bounds
 =========================  =======  ===================================================
 AOT_DB_CONNECT_TIMEOUT     5        opening a PostgreSQL connection (whole seconds)
-AOT_DB_STATEMENT_TIMEOUT   30       one SQL statement on PostgreSQL (0: the server's)
+AOT_DB_STATEMENT_TIMEOUT   30       one SQL statement on PostgreSQL (0: the server's);
+                                    the client gives up at this + 5 s (0: after 600 s)
 AOT_BLOB_CONNECT_TIMEOUT   5        opening a connection to the object store (S3)
 AOT_BLOB_READ_TIMEOUT      10       waiting for bytes from the object store (S3)
 AOT_BLOB_RETRIES           3        attempts of one object-store request (S3)
 AOT_STATS_EXIT_TIMEOUT     5        the last statistics flush, at close and exit
+AOT_WORKER_STOPPED_TIMEOUT 10       a warm-up worker process stopped (SIGSTOP, state T)
 =========================  =======  ===================================================
 
 A database URL that sets ``connect_timeout`` or ``statement_timeout`` itself keeps its
 own value. Storage options passed to an object store replace these defaults.
+
+The server enforces the statement timeout, but a *frozen* server (stopped after the
+connection was made) cannot: so the client also bounds every round trip (a statement,
+a commit, a rollback, a ping) at the statement timeout plus :data:`DB_CLIENT_GRACE_S`,
+and then closes the connection (:mod:`aot.cache.index.deadlines`). With no statement
+timeout (``AOT_DB_STATEMENT_TIMEOUT=0``, or 0 in the URL) the client's bound is
+:data:`DB_CLIENT_UNSET_S`: no statement of the index runs for ten minutes, and a
+process must still exit some day.
+
+A warm-up worker may compile for minutes, so compile time has no bound; a worker that
+stays *stopped* (Linux ``/proc`` state ``T``/``t``) longer than
+``AOT_WORKER_STOPPED_TIMEOUT`` is killed and its entry fails.
 """
 
 from __future__ import annotations
@@ -30,7 +44,13 @@ from dataclasses import dataclass
 
 from aot.errors import CacheError
 
-__all__ = ["ENVIRONMENT", "Timeouts", "timeouts"]
+__all__ = ["DB_CLIENT_GRACE_S", "DB_CLIENT_UNSET_S", "ENVIRONMENT", "Timeouts", "db_client_bound", "timeouts"]
+
+#: The client gives a PostgreSQL round trip this long past the statement timeout
+#: (the server's own timeout, when it can fire, comes first and says more).
+DB_CLIENT_GRACE_S = 5.0
+#: The client's bound on a round trip when no statement timeout is set.
+DB_CLIENT_UNSET_S = 600.0
 
 #: The environment variable of each bound.
 ENVIRONMENT = {
@@ -40,6 +60,7 @@ ENVIRONMENT = {
     "blob_read_s": "AOT_BLOB_READ_TIMEOUT",
     "blob_retries": "AOT_BLOB_RETRIES",
     "stats_exit_s": "AOT_STATS_EXIT_TIMEOUT",
+    "worker_stopped_s": "AOT_WORKER_STOPPED_TIMEOUT",
 }
 
 
@@ -53,6 +74,7 @@ class Timeouts:
     blob_read_s: float = 10.0  # between bytes, not for a whole blob: x retries per request
     blob_retries: int = 3
     stats_exit_s: float = 5.0  # past it, unflushed statistics are dropped with a warning
+    worker_stopped_s: float = 10.0  # a warm-up worker stopped this long is killed
 
     @property
     def db_connect_timeout(self) -> int:
@@ -62,6 +84,12 @@ class Timeouts:
     @property
     def db_statement_timeout_ms(self) -> int:
         return max(0, math.ceil(self.db_statement_s * 1000))
+
+
+def db_client_bound(statement_s: float) -> float:
+    """The client's bound on one PostgreSQL round trip for a statement timeout of
+    ``statement_s`` seconds (0: none set)."""
+    return statement_s + DB_CLIENT_GRACE_S if statement_s > 0 else DB_CLIENT_UNSET_S
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool, zero: str = "the server's setting") -> float:
@@ -98,4 +126,5 @@ def timeouts(env: Mapping[str, str] | None = None) -> Timeouts:
         blob_read_s=_seconds(env, ENVIRONMENT["blob_read_s"], d.blob_read_s, zero_ok=False),
         blob_retries=int(retries),
         stats_exit_s=_seconds(env, ENVIRONMENT["stats_exit_s"], d.stats_exit_s, zero_ok=True, zero="drop at once"),
+        worker_stopped_s=_seconds(env, ENVIRONMENT["worker_stopped_s"], d.worker_stopped_s, zero_ok=False),
     )
