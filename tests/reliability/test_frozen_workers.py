@@ -39,9 +39,10 @@ def test_a_stopped_worker_is_killed_after_the_bound_and_only_its_entry_fails(tmp
 
         def traced(x):
             # Says which process traces which bucket; slow enough that the parent
-            # and the worker each take items.
+            # and the worker each take items (this process alone would need 8 s: its
+            # worker is ready sooner).
             Path({str(marks)!r}, f"{{os.getpid()}}-{{x.shape[0]}}").touch()
-            time.sleep(0.5)
+            time.sleep(1.0)
             return x * 2.0
     '''))
     manifest = tmp_path / "warmup.toml"
@@ -50,7 +51,7 @@ def test_a_stopped_worker_is_killed_after_the_bound_and_only_its_entry_fails(tmp
         name   = "stop"
         target = "stopmod:traced"
         args   = ["f32[{n}]"]
-        vary   = { n = [1, 2, 3, 4, 5, 6] }
+        vary   = { n = [1, 2, 3, 4, 5, 6, 7, 8] }
     '''))
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -98,7 +99,7 @@ def test_a_stopped_worker_is_killed_after_the_bound_and_only_its_entry_fails(tmp
     listed = subprocess.run([sys.executable, "-m", "aot", "--cache", cache, "ls", "--json"], env=env,
                             capture_output=True, text=True, timeout=120, check=True)
     signatures = sorted(e["signature"] for e in json.loads(listed.stdout)["entries"])
-    assert len(signatures) == 5 and not any(f"f32[{bucket}]" in s for s in signatures), signatures
+    assert len(signatures) == 7 and not any(f"f32[{bucket}]" in s for s in signatures), signatures
     # The bound, then the rest of the manifest (a new worker or this process compiles it).
     assert seconds < STOPPED_S + 30.0, (seconds, stderr)
     print(f"stopped worker {pid} (bucket {bucket}): warm-up exited 1 after {seconds:.1f} s "
