@@ -155,15 +155,18 @@ def _fd_of(dbapi_conn: Any) -> int | None:
         return None
 
 
-def bound_round_trips(engine: Engine, seconds: float, why: str) -> None:
+def bound_round_trips(engine: Engine, seconds: float, why: str, *, ping_seconds: float | None = None) -> None:
     """Every round trip of ``engine`` (a psycopg engine) to its server fails after
     ``seconds`` with an ``OperationalError`` saying ``why`` (the bound and where it
-    comes from), and that connection is discarded."""
+    comes from), and that connection is discarded. The idle ping at checkout gets
+    ``ping_seconds`` when given (a pooled connection that answers a ping slower than a
+    new connection would connect is replaced; the replacement's connect is bounded by
+    libpq)."""
     dialect = engine.dialect
     error_type = dialect.loaded_dbapi.OperationalError
     message = f"no answer from the server within the client-side statement timeout: {why}; the connection was closed"
 
-    def bounded(call: Callable[..., Any], conn_of: Callable[[Any], Any]) -> Callable[..., Any]:
+    def bounded(call: Callable[..., Any], conn_of: Callable[[Any], Any], seconds: float = seconds) -> Callable[..., Any]:
         def run(target: Any, *args: Any, **kwargs: Any) -> Any:
             fd = _fd_of(conn_of(target))
             if fd is None:
@@ -180,12 +183,14 @@ def bound_round_trips(engine: Engine, seconds: float, why: str) -> None:
             return result
 
         run.__wrapped__ = call  # type: ignore[attr-defined]
+        run.bound_s = seconds  # type: ignore[attr-defined]
         return run
 
     for name in _STATEMENT_PARTS:
         setattr(dialect, name, bounded(getattr(dialect, name), lambda cursor: cursor.connection))
     for name in _CONNECTION_PARTS:
-        setattr(dialect, name, bounded(getattr(dialect, name), lambda conn: conn))
+        bound = ping_seconds if name == "do_ping" and ping_seconds is not None else seconds
+        setattr(dialect, name, bounded(getattr(dialect, name), lambda conn: conn, bound))
 
     @event.listens_for(engine, "handle_error")
     def _discard(context: Any) -> None:

@@ -210,7 +210,7 @@ def make_engine(url: str | URL, read_only: bool) -> Engine:
         bound = db_client_bound(statement_s)
         why = (f"{bound:g} s ({source} {statement_s:g} s + {DB_CLIENT_GRACE_S:g} s grace)" if statement_s
                else f"{bound:g} s (no statement timeout set: {source} is 0)")
-        bound_round_trips(engine, bound, why)
+        bound_round_trips(engine, bound, why, ping_seconds=min(bound, timeouts().db_connect_s))
         return engine
     raise CacheError(
         f"unsupported cache index database {backend!r} in {mask_url(url)}: jax-aot "

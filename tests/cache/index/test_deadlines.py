@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import sqlalchemy as sa
 
 from aot.cache.index import engine as engine_module
 from aot.cache.index.deadlines import Watchdog
@@ -68,6 +69,33 @@ def test_the_nearest_deadline_wakes_the_watchdog_early() -> None:
 def test_the_client_bound_is_the_statement_timeout_plus_a_grace() -> None:
     assert db_client_bound(30.0) == 30.0 + DB_CLIENT_GRACE_S
     assert db_client_bound(0.0) == DB_CLIENT_UNSET_S  # none set: the client's own
+
+
+@pytest.mark.postgres
+def test_each_round_trip_has_its_bound(postgres_admin_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AOT_DB_STATEMENT_TIMEOUT", "7")
+    monkeypatch.setenv("AOT_DB_CONNECT_TIMEOUT", "3")
+    engine = make_engine(postgres_admin_url, read_only=True)
+    try:
+        for name in ("do_execute", "do_executemany", "do_execute_no_params", "do_commit", "do_rollback"):
+            assert getattr(engine.dialect, name).bound_s == 7 + DB_CLIENT_GRACE_S, name
+        # A pooled connection that answers a ping slower than a new one would connect
+        # is replaced.
+        assert engine.dialect.do_ping.bound_s == 3
+    finally:
+        engine.dispose()
+    own = sa.make_url(postgres_admin_url).update_query_dict({"options": "-c statement_timeout=2min"})
+    engine = make_engine(own, read_only=True)
+    try:
+        assert engine.dialect.do_commit.bound_s == 120 + DB_CLIENT_GRACE_S  # the URL's own
+    finally:
+        engine.dispose()
+    monkeypatch.setenv("AOT_DB_STATEMENT_TIMEOUT", "0")
+    engine = make_engine(postgres_admin_url, read_only=True)
+    try:
+        assert engine.dialect.do_execute.bound_s == DB_CLIENT_UNSET_S  # none set
+    finally:
+        engine.dispose()
 
 
 class _Probe(IndexEngine):
