@@ -4,8 +4,10 @@ database server's clock.
 SQLite: pragmas on every connection (busy timeout, foreign keys, WAL and
 ``synchronous = NORMAL`` when writable); a read-only index is opened so that it is
 never written (no -wal/-shm created, no write lock taken). PostgreSQL: psycopg, a
-connect and a statement timeout (:mod:`aot.cache.timeouts`), sessions that refuse writes when read-only, and a ping only for a
-pooled connection that sat idle.
+connect and a statement timeout (:mod:`aot.cache.timeouts`), a client-side bound on
+every round trip for a server that froze mid-call (:mod:`aot.cache.index.deadlines`),
+sessions that refuse writes when read-only, and a ping only for a pooled connection
+that sat idle.
 
 Transactions are short, one per method call. On SQLite the pysqlite driver's own
 transaction handling is switched off and transactions are begun explicitly:
