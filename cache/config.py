@@ -16,6 +16,7 @@ found from the working directory upwards::
     blob_read_timeout = 10             # beats blob_read_timeout)
     blob_retries = 3                   # attempts of one S3 request
     stats_exit_timeout = 5             # the last statistics flush
+    worker_stopped_timeout = 10        # a stopped warm-up worker is killed
 
 Relative paths in the file are relative to the file's folder. Unknown keys are errors
 (a typo must not silently fall back to a default), and so is a bound that is not a

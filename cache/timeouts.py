@@ -20,7 +20,8 @@ Variable                   ``Timeouts`` field    Default  Bounds
 AOT_DB_CONNECT_TIMEOUT     ``db_connect_s``      5        opening a PostgreSQL connection
                                                           (rounded up to whole seconds)
 AOT_DB_STATEMENT_TIMEOUT   ``db_statement_s``    30       one SQL statement on PostgreSQL
-                                                          (0: the server's)
+                                                          (0: the server's); the client
+                                                          gives up at this + 5 s (0: 600 s)
 AOT_BLOB_CONNECT_TIMEOUT   ``blob_connect_s``    5        opening a connection to the object
                                                           store (S3)
 AOT_BLOB_READ_TIMEOUT      ``blob_read_s``       10       waiting for bytes from the object
@@ -29,6 +30,8 @@ AOT_BLOB_RETRIES           ``blob_retries``      3        attempts of one object
                                                           (S3)
 AOT_STATS_EXIT_TIMEOUT     ``stats_exit_s``      5        the last statistics flush, at close
                                                           and exit (0: drop at once)
+AOT_WORKER_STOPPED_TIMEOUT ``worker_stopped_s``  10       a warm-up worker process stopped
+                                                          (SIGSTOP, state T): then killed
 =========================  ====================  =======  ====================================
 
 A partial override: ``Timeouts(blob_read_s=1)`` is a complete set of bounds (the
@@ -37,6 +40,18 @@ fields not given are the defaults above, whatever the environment says);
 
 A database URL that sets ``connect_timeout`` or ``statement_timeout`` itself keeps its
 own value. Storage options passed to an object store replace these defaults.
+
+The server enforces the statement timeout, but a *frozen* server (stopped after the
+connection was made) cannot: so the client also bounds every round trip (a statement,
+a commit, a rollback, a ping) at the statement timeout plus :data:`DB_CLIENT_GRACE_S`,
+and then closes the connection (:mod:`aot.cache.index.deadlines`). With no statement
+timeout (``AOT_DB_STATEMENT_TIMEOUT=0``, or 0 in the URL) the client's bound is
+:data:`DB_CLIENT_UNSET_S`: no statement of the index runs for ten minutes, and a
+process must still exit some day.
+
+A warm-up worker may compile for minutes, so compile time has no bound; a worker that
+stays *stopped* (Linux ``/proc`` state ``T``/``t``) longer than
+``AOT_WORKER_STOPPED_TIMEOUT`` is killed and its entry fails.
 """
 
 from __future__ import annotations
@@ -49,7 +64,16 @@ from typing import Any
 
 from aot.errors import CacheError
 
-__all__ = ["DEFAULTS", "ENVIRONMENT", "Timeouts", "check_bound", "timeouts"]
+__all__ = [
+    "DB_CLIENT_GRACE_S", "DB_CLIENT_UNSET_S", "DEFAULTS", "ENVIRONMENT", "Timeouts", "check_bound",
+    "db_client_bound", "timeouts",
+]
+
+#: The client gives a PostgreSQL round trip this long past the statement timeout
+#: (the server's own timeout, when it can fire, comes first and says more).
+DB_CLIENT_GRACE_S = 5.0
+#: The client's bound on a round trip when no statement timeout is set.
+DB_CLIENT_UNSET_S = 600.0
 
 #: The environment variable of each bound.
 ENVIRONMENT = {
@@ -59,6 +83,7 @@ ENVIRONMENT = {
     "blob_read_s": "AOT_BLOB_READ_TIMEOUT",
     "blob_retries": "AOT_BLOB_RETRIES",
     "stats_exit_s": "AOT_STATS_EXIT_TIMEOUT",
+    "worker_stopped_s": "AOT_WORKER_STOPPED_TIMEOUT",
 }
 
 #: What 0 means for the bounds that accept it (the others must be more than 0).
@@ -109,6 +134,7 @@ class Timeouts:
     blob_read_s: float = 10.0  # between bytes, not for a whole blob: x retries per request
     blob_retries: int = 3
     stats_exit_s: float = 5.0  # past it, unflushed statistics are dropped with a warning
+    worker_stopped_s: float = 10.0  # a warm-up worker stopped this long is killed
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -141,6 +167,12 @@ class Timeouts:
 #: The default of each bound, by field name.
 DEFAULTS: dict[str, float | int] = Timeouts().to_dict()
 DEFAULTS_TEXT = {name: f"{value:g}" for name, value in DEFAULTS.items()}
+
+
+def db_client_bound(statement_s: float) -> float:
+    """The client's bound on one PostgreSQL round trip for a statement timeout of
+    ``statement_s`` seconds (0: none set)."""
+    return statement_s + DB_CLIENT_GRACE_S if statement_s > 0 else DB_CLIENT_UNSET_S
 
 
 def timeouts(env: Mapping[str, str] | None = None) -> Timeouts:

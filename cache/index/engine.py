@@ -4,8 +4,10 @@ database server's clock.
 SQLite: pragmas on every connection (busy timeout, foreign keys, WAL and
 ``synchronous = NORMAL`` when writable); a read-only index is opened so that it is
 never written (no -wal/-shm created, no write lock taken). PostgreSQL: psycopg, a
-connect and a statement timeout (:mod:`aot.cache.timeouts`), sessions that refuse writes when read-only, and a ping only for a
-pooled connection that sat idle.
+connect and a statement timeout (:mod:`aot.cache.timeouts`), a client-side bound on
+every round trip for a server that froze mid-call (:mod:`aot.cache.index.deadlines`),
+sessions that refuse writes when read-only, and a ping only for a pooled connection
+that sat idle.
 
 Transactions are short, one per method call. On SQLite the pysqlite driver's own
 transaction handling is switched off and transactions are begun explicitly:
@@ -32,6 +34,7 @@ clock is not corrected (nothing in the file tells it the real time).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,7 +53,9 @@ from sqlalchemy.pool import StaticPool
 from aot.cache.index.advice import advice_for, mask_url, reason_of
 from aot.cache.index.entry import as_utc
 from aot.cache.index.schema import ARTIFACTS, REF_HISTORY, UTCDateTime
-from aot.cache.timeouts import Timeouts, timeouts
+from aot.cache.index.deadlines import bound_round_trips
+from aot.cache.timeouts import DB_CLIENT_GRACE_S, Timeouts, db_client_bound
+from aot.cache.timeouts import timeouts as environment_timeouts
 from aot.errors import CacheError, ReadOnlyCacheError
 
 logger = logging.getLogger(__name__)
@@ -204,6 +209,12 @@ def make_engine(url: str | URL, read_only: bool, timeouts: Timeouts | None = Non
                 f"install it with: pip install 'jax-aot[postgres]'"
             ) from e
         _ping_when_idle(engine)
+        bounds = timeouts if timeouts is not None else environment_timeouts()
+        statement_s, source = _statement_timeout(parsed, bounds)
+        bound = db_client_bound(statement_s)
+        why = (f"{bound:g} s ({source} {statement_s:g} s + {DB_CLIENT_GRACE_S:g} s grace)" if statement_s
+               else f"{bound:g} s (no statement timeout set: {source} is 0)")
+        bound_round_trips(engine, bound, why, ping_seconds=min(bound, bounds.db_connect_s))
         return engine
     raise CacheError(
         f"unsupported cache index database {backend!r} in {mask_url(url)}: jax-aot "
@@ -216,7 +227,7 @@ def _postgres_connect_args(url: URL, read_only: bool, given: Timeouts | None) ->
     the environment's: :mod:`aot.cache.timeouts`) unless the URL sets its own, and
     read-only sessions. ``options`` in connect_args replaces the URL's, so the URL's are
     kept in front."""
-    bounds = given if given is not None else timeouts()
+    bounds = given if given is not None else environment_timeouts()
     query = {k: (v[-1] if isinstance(v, tuple) else v) for k, v in url.query.items()}
     args: dict[str, Any] = {}
     if "connect_timeout" not in query:
@@ -231,6 +242,29 @@ def _postgres_connect_args(url: URL, read_only: bool, given: Timeouts | None) ->
     if options:
         args["options"] = " ".join(options)
     return args
+
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_URL_STATEMENT_TIMEOUT = re.compile(r"statement[_-]timeout\s*=\s*'?([0-9.]+)\s*([a-z]*)", re.IGNORECASE)
+
+
+def _statement_timeout(url: URL, bounds: Timeouts) -> tuple[float, str]:
+    """The statement timeout the sessions of ``url`` get, in seconds, and where it is
+    set: the URL's ``options`` (PostgreSQL's units; none is milliseconds), else
+    ``bounds`` (``Cache(timeouts=)``, else AOT_DB_STATEMENT_TIMEOUT). 0: none that the client knows of."""
+    options = url.query.get("options", "")
+    options = options[-1] if isinstance(options, tuple) else options
+    found = _URL_STATEMENT_TIMEOUT.search(options or "")
+    if found:
+        unit = _UNITS.get(found.group(2).lower() or "ms")
+        try:
+            if unit is not None:
+                return float(found.group(1)) * unit, "the URL's statement_timeout"
+        except ValueError:
+            pass
+        logger.debug("cannot read statement_timeout in the URL's options %r", options)
+        return 0.0, "a statement_timeout in the URL this client cannot read"
+    return bounds.db_statement_s, "AOT_DB_STATEMENT_TIMEOUT"
 
 
 #: A pooled PostgreSQL connection idle longer than this is pinged at checkout (one

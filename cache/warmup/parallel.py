@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from aot.cache.timeouts import timeouts
 from aot.cache.warmup.manifest import WarmupItem
 from aot.cache.warmup.records import RecordStore
 from aot.cache.warmup.steps import (
@@ -128,6 +129,8 @@ def _dispatch_loop(
 ) -> None:
     from multiprocessing.connection import wait as wait_for
 
+    stopped_bound = timeouts().worker_stopped_s
+    check_every = min(1.0, stopped_bound / 4)
     failed_starts = 0
     asked = False  # told the main thread a worker is idle with nothing left to take
     while True:
@@ -148,7 +151,10 @@ def _dispatch_loop(
             while (pair := work.take()) is not None:
                 events.put(("result", _failure(pair, _NO_WORKER)))
         waiting = hold > 0 and len(work) and pool.idle()
-        for conn in wait_for([wake, *(w.conn for w in pool.workers)], hold if waiting else None):
+        # A bound on the wait: a stopped worker never answers (see kill_stopped).
+        timeout = min(hold, check_every) if waiting else (check_every if pool.workers else None)
+        pool.kill_stopped(stopped_bound)
+        for conn in wait_for([wake, *(w.conn for w in pool.workers)], timeout):
             if conn is wake:
                 if wake.recv() == "stop":
                     # Closed from this thread: the kernel's parent-death signal of the
@@ -164,7 +170,7 @@ def _dispatch_loop(
             elif kind == "died":
                 failed_starts += not was_ready
                 if value is not None:
-                    events.put(("result", _failure(value, _DIED)))
+                    events.put(("result", _failure(value, worker.killed_because or _DIED)))
 
 
 def run_parallel(

@@ -11,6 +11,13 @@ their imports overlap the parent's. Each worker has its own pipe, so the parent 
 which item a worker was running when it died (a crash, the out-of-memory killer): that
 item fails, the others go on.
 
+A worker that is *stopped* (SIGSTOP, a debugger, a job-control stop; Linux ``/proc``
+state ``T``/``t``) would hang the warm-up on its pipe for ever, while one that is
+merely slow may be compiling for minutes: compile time has no bound, but a worker
+seen stopped for longer than ``AOT_WORKER_STOPPED_TIMEOUT`` seconds
+(:mod:`aot.cache.timeouts`, default 10) is killed (:meth:`WorkerPool.kill_stopped`),
+and its item fails as that of a worker that died, with the reason.
+
 A worker never outlives the warm-up that started it (``kill -9`` of the CLI included):
 on Linux the kernel kills it when its parent dies (``PR_SET_PDEATHSIG``; workers are
 started from the thread that runs the warm-up, which lives until they are closed), and
@@ -33,7 +40,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["INHERITED_ENV", "Worker", "WorkerPool", "exit_with_parent"]
+__all__ = ["INHERITED_ENV", "Worker", "WorkerPool", "exit_with_parent", "is_stopped"]
 
 #: Environment variables a worker takes from the parent (set before it imports JAX).
 INHERITED_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "TF_CPP_MIN_LOG_LEVEL")
@@ -52,6 +59,8 @@ class Worker:
     ready: bool = False
     task: tuple[int, Any] | None = None  # (index, item) it is running
     sent: int = field(default=0)  # items it was given
+    stopped_since: float | None = None  # monotonic time it was first seen stopped
+    killed_because: str | None = None  # why this process killed it
 
     @property
     def idle(self) -> bool:
@@ -124,6 +133,28 @@ class WorkerPool:
             worker.task = None
         return kind, value
 
+    def kill_stopped(self, bound_s: float, now: float | None = None) -> list[Worker]:
+        """Kills the workers seen stopped (SIGSTOP) for ``bound_s`` seconds or more and
+        returns them; their pipes then close, and :meth:`receive` says they died (with
+        :attr:`Worker.killed_because`). A worker seen running again starts over."""
+        now = time.monotonic() if now is None else now
+        killed = []
+        for worker in self.workers:
+            if worker.killed_because is not None:
+                continue
+            pid = worker.process.pid
+            if pid is None or not is_stopped(pid):
+                worker.stopped_since = None
+                continue
+            if worker.stopped_since is None:
+                worker.stopped_since = now
+            if now - worker.stopped_since >= bound_s:
+                worker.killed_because = f"worker {pid} was stopped (SIGSTOP) for {bound_s:g} s; killed"
+                log.warning("warmup: %s", worker.killed_because)
+                worker.process.kill()  # SIGKILL ends a stopped process; SIGTERM would wait
+                killed.append(worker)
+        return killed
+
     def close(self) -> None:
         """Ready, idle workers are told to exit; any other is terminated (one still
         importing JAX has nothing to finish)."""
@@ -141,8 +172,23 @@ class WorkerPool:
             if worker.process.is_alive():
                 worker.process.terminate()
                 worker.process.join(timeout=_CLOSE_SECONDS)
+            if worker.process.is_alive():  # a stopped process keeps SIGTERM pending
+                worker.process.kill()
+                worker.process.join(timeout=_CLOSE_SECONDS)
             worker.conn.close()
         self.workers.clear()
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal or traced (Linux ``/proc/PID/stat``
+    state ``T`` or ``t``); False where ``/proc`` cannot tell (and for a process gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    fields = stat.rpartition(b")")[2].split()  # the command name may hold spaces and ")"
+    return bool(fields) and fields[0] in (b"T", b"t")
 
 
 # ---------------------------------------------------------------- in the worker
