@@ -84,7 +84,7 @@ def test_unknown_keys_in_the_config_are_errors(invoke: Invoke, tmp_path: Path, m
         f"Error: {folder / 'pyproject.toml'}: unknown key(s) ['cahce'] in [tool.aot]; expected "
         "some of ['blob_connect_timeout', 'blob_read_timeout', 'blob_retries', 'blobs', 'cache', "
         "'db_connect_timeout', 'db_statement_timeout', 'local', 'manifest', 'signing_key_file', "
-        "'stats_exit_timeout']"
+        "'stats_exit_timeout', 'worker_stopped_timeout']"
     )
 
 
@@ -164,12 +164,13 @@ def test_doctor_shows_each_network_bound_and_where_it_came_from(
     text = invoke("doctor", "--no-verify").stdout
     section = text.split("timeouts (seconds; blob_retries: attempts)\n", 1)[1].split("\ncache\n", 1)[0]
     assert section.splitlines() == [
-        "  db_connect_timeout    5  (default)",
-        f"  db_statement_timeout  0  ({config})",
-        "  blob_connect_timeout  5  (default)",
-        f"  blob_read_timeout     2.5  ({config})",
-        "  blob_retries          1  (environment AOT_BLOB_RETRIES)",
-        "  stats_exit_timeout    5  (default)",
+        "  db_connect_timeout      5  (default)",
+        f"  db_statement_timeout    0  ({config})",
+        "  blob_connect_timeout    5  (default)",
+        f"  blob_read_timeout       2.5  ({config})",
+        "  blob_retries            1  (environment AOT_BLOB_RETRIES)",
+        "  stats_exit_timeout      5  (default)",
+        "  worker_stopped_timeout  10  (default)",
     ]
     bounds = _settings(invoke)["timeouts"]
     assert bounds["blob_read_timeout"] == {"value": 2.5, "source": config}
