@@ -105,6 +105,7 @@ def test_bounds_environment_beats_config_beats_default(tmp_path: Path) -> None:
         "blob_read_timeout": ("2.5", where),
         "blob_retries": ("4", "environment AOT_BLOB_RETRIES"),
         "stats_exit_timeout": ("5", "default"),
+        "worker_stopped_timeout": ("10", "default"),
     }
     assert settings.timeouts() == Timeouts(blob_read_s=2.5, blob_retries=4, db_statement_s=0)
     assert settings.to_dict()["timeouts"]["blob_read_timeout"] == {"value": 2.5, "source": where}
@@ -115,7 +116,7 @@ def test_bounds_default_without_a_file_or_the_environment(tmp_path: Path) -> Non
 
     settings = resolve_settings({}, {}, tmp_path)
     assert settings.config_file is None
-    assert {s.source for s in settings.bounds} == {"default"} and len(settings.bounds) == 6
+    assert {s.source for s in settings.bounds} == {"default"} and len(settings.bounds) == 7
     assert settings.timeouts() == Timeouts()
 
 
