@@ -111,6 +111,9 @@ class StaticsDispatcher:
     def servable(self) -> list[str]:
         return sorted(s for child in self.children.values() for s in child.servable())
 
+    def has_servable(self) -> bool:
+        return any(child.has_servable() for child in self.children.values())
+
     @property
     def unusable(self) -> list[tuple[IndexEntry, str]]:
         return [u for child in self.children.values() for u in child.unusable]
