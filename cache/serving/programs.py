@@ -161,6 +161,7 @@ class ProgramTable:
         self.name = name
         self.strict = strict
         self.release = release
+        self.statics = statics
         self.concrete: dict[tuple[str, tuple[LeafKey, ...]], Program] = {}
         self.symbolic: dict[tuple[Any, ...], SymbolicProgram] = {}
         self.symbolic_lock = threading.Lock()
@@ -234,6 +235,13 @@ class ProgramTable:
         try:
             manifest = Manifest.from_json(entry.manifest)
             reason = cannot_serve_here(manifest, here)
+            if reason is None and self.statics is None and manifest.statics:
+                # Read as statics-free from its signature column (aot.cache.serving.statics).
+                reason = (
+                    f"its manifest has static arguments ({describe_statics(manifest.statics)}) "
+                    f"its index row's signature column ({entry.signature}) does not name: the row "
+                    "was altered; run `aot verify` and recompile it"
+                )
             if reason is None:
                 structure = treedefs.structure_key_of_json(manifest.in_tree)
                 treedef = treedefs.from_json(manifest.in_tree, standins=True)

@@ -156,3 +156,19 @@ def test_strict_start_up_refuses_a_name_stored_only_for_another_environment(
         aot.load(compiled.TINY_NAME, cache=cache, strict=True, lazy=mode == "lazy", background=mode == "background")
     fn = aot.load(compiled.TINY_NAME, cache=cache, lazy=mode == "lazy", background=mode == "background")
     np.testing.assert_array_equal(np.asarray(fn(*compiled.tiny_inputs)), compiled.tiny_expected)  # recompiled
+
+
+def scaled(x, n):  # noqa: ANN001, ANN201
+    return x * n
+
+
+def test_a_row_whose_signature_column_hides_its_statics_is_not_served(open_folder_cache) -> None:  # noqa: ANN001
+    """A row without ``=`` in its signature column is read as statics-free without its
+    manifest (start-up reads no manifest); filing refuses one whose manifest has some."""
+    cache = open_folder_cache()
+    cache.compile(scaled, aot.spec("f32[3]"), 3.0, static_argnums=1, name="scaled")
+    entry = cache.entries("scaled")[0]
+    assert entry.signature == "f32[3], n=3.0"
+    _update(cache, entry.key, signature="f32[3]")
+    with pytest.raises(SignatureNotFoundError, match=r"its manifest has static arguments \(n=3.0\)"):
+        aot.load("scaled", cache=cache, lazy=True)
