@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 from aot.artifact import COMMON_DTYPES
 
 if TYPE_CHECKING:
+    from aot.artifact import Manifest
     from aot.cache.index.entry import IndexEntry
 
-__all__ = ["PendingRows", "leaf_keys_of"]
+__all__ = ["CheckedManifests", "PendingRows", "leaf_keys_of"]
 
 #: (shape, dtype, weak_type) of one input, as a call's leaves give it.
 Keys = tuple[tuple[tuple[int, ...], Any, bool], ...]
@@ -117,3 +118,32 @@ class PendingRows:
         with self._lock:
             for keys in list(self._groups):
                 self.file(keys)
+
+
+class CheckedManifests:
+    """Manifests that filing parsed and found consistent with their fingerprints, kept
+    for the load that usually follows at once (an eager or background load, a first
+    call), so that the loader neither parses nor cross-checks the same text again.
+
+    A manifest is handed out once, and only for the very row object it was parsed from
+    (a row read again is parsed again). At most :attr:`LIMIT` are kept (the oldest are
+    dropped): filing every row to list the signatures must not keep 1,000 parsed
+    manifests alive."""
+
+    LIMIT = 64
+
+    def __init__(self) -> None:
+        self._items: dict[str, tuple[str, Manifest]] = {}
+        self._lock = threading.Lock()
+
+    def keep(self, entry: IndexEntry, manifest: Manifest) -> None:
+        with self._lock:
+            self._items[entry.key] = (entry.manifest, manifest)
+            while len(self._items) > self.LIMIT:
+                del self._items[next(iter(self._items))]
+
+    def take(self, entry: IndexEntry) -> Manifest | None:
+        """The manifest kept for ``entry`` (None: parse it)."""
+        with self._lock:
+            item = self._items.pop(entry.key, None)
+        return item[1] if item is not None and item[0] is entry.manifest else None

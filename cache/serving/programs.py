@@ -39,7 +39,7 @@ from aot.errors import (
 from aot.fingerprint import describe_differences
 from aot.recompile import recompile
 from aot.rehydrate import load_executable, manifest_args
-from aot.cache.serving.pending import PendingRows, leaf_keys_of
+from aot.cache.serving.pending import CheckedManifests, PendingRows, leaf_keys_of
 from aot.cache.serving.selection import Declared, checked_rows, select_rows, trusted_refs
 from aot.statics import describe_statics, statics_of_manifest_json
 from aot.cache.units import counted
@@ -194,6 +194,7 @@ class ProgramTable:
         # call (or a load of them) first needs them (aot.cache.serving.pending).
         self._here = here
         self.pending = PendingRows(self._file_row)
+        self.checked = CheckedManifests()  # parsed by filing, for the loader
         for entry in self.selection.rows:
             keys = leaf_keys_of(entry.signature) if statics is None else None
             if keys is not None:
@@ -277,6 +278,8 @@ class ProgramTable:
             entry, "manifest contradicts its fingerprints: " + "; ".join(problems)
         ):
             entry = self.cache.reread(entry) or entry
+        elif not problems:
+            self.checked.keep(entry, manifest)
         leaves = tuple((a.shape, a.dtype, a.weak_type) for a in args)
         program = self.concrete.setdefault(
             (structure, leaves),
@@ -468,7 +471,9 @@ class ProgramTable:
         while program.local:
             entry = program.local[0]
             try:
-                return self.cache.load(entry)  # not a use: the calls are (aot.cache.serving.stats)
+                # Not a use: the calls are (aot.cache.serving.stats).
+                checked = self.checked.take(entry)
+                return self.cache.load(entry) if checked is None else self.cache.load(entry, manifest=checked)
             except PROCESS_LIMITS as exc:
                 program.local.remove(entry)
                 problems.append(str(exc) or repr(exc))

@@ -172,3 +172,20 @@ def test_a_row_whose_signature_column_hides_its_statics_is_not_served(open_folde
     _update(cache, entry.key, signature="f32[3]")
     with pytest.raises(SignatureNotFoundError, match=r"its manifest has static arguments \(n=3.0\)"):
         aot.load("scaled", cache=cache, lazy=True)
+
+
+def test_a_loaded_signature_is_parsed_and_cross_checked_once(many, parses, monkeypatch) -> None:  # noqa: ANN001
+    """Filing parses a row's manifest and checks it; the load that follows uses them."""
+    import aot.artifact
+
+    checks: list[str] = []
+    real = aot.artifact.manifest_problems
+
+    def counted(manifest):  # noqa: ANN001, ANN202
+        checks.append(manifest.key)
+        return real(manifest)
+
+    monkeypatch.setattr("aot.artifact.manifest_problems", counted)
+    monkeypatch.setattr("aot.cache.serving.programs.manifest_problems", counted)
+    aot.load("many", cache=many)
+    assert sorted(parses) == sorted(checks) == sorted(e.key for e in many.entries("many"))
