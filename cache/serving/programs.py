@@ -9,7 +9,8 @@ its own fingerprints is quarantined (proven corruption).
 
 Only the rows of the program each signature serves are filed
 (:mod:`aot.cache.serving.selection`: its ref, a release's member, or the legacy newest
-row). Loading a program climbs the fallback ladder: the served executable stored for
+row), and a row whose signature column names its call is filed when that signature
+is first needed, not at start-up (:mod:`aot.cache.serving.pending`). Loading a program climbs the fallback ladder: the served executable stored for
 this environment; else recompile the portable HLO of the same program (of another
 environment, or of a quarantined row) and store the result; else a clear error. ``strict=True`` forbids the
 middle step and never writes to the cache.
@@ -170,7 +171,7 @@ class ProgramTable:
         # Background loading (load(background=True)): the running load, the programs
         # whose load was started (by it or by a call), and the errors it met, each
         # raised by the first call of its program (by id: programs are never dropped).
-        self.background: BackgroundLoad[Program] | None = None
+        self.background: BackgroundLoad[Program | tuple[LeafKey, ...]] | None = None
         self._attempted: set[int] = set()
         self._failed: dict[int, Exception] = {}
         here = cache.environment.as_dict()
