@@ -406,7 +406,8 @@ class Cache(Declared):
         start = time.perf_counter()
         # Only the executable: a damaged portable HLO must not block an intact one.
         artifact = self.artifact(entry, roles=(EXECUTABLE,), manifest=manifest)
-        executable = load_executable(artifact, current=self.environment, manifest_checked=manifest is not None)
+        checked = manifest is not None and artifact.manifest is manifest  # a tier reads its own
+        executable = load_executable(artifact, current=self.environment, manifest_checked=checked)
         self.stats.loaded(self.environment.digest, entry, time.perf_counter() - start)
         return executable
 
