@@ -189,3 +189,26 @@ def test_a_loaded_signature_is_parsed_and_cross_checked_once(many, parses, monke
     monkeypatch.setattr("aot.cache.serving.programs.manifest_problems", counted)
     aot.load("many", cache=many)
     assert sorted(parses) == sorted(checks) == sorted(e.key for e in many.entries("many"))
+
+
+@pytest.mark.parametrize("mode", ["lazy", "background"])
+def test_threads_calling_signatures_not_filed_yet_each_get_theirs(many, mode: str) -> None:  # noqa: ANN001
+    """Filing is shared: a group is filed once, whichever thread (a call, a background
+    load, a miss filing every row) gets there first; the others wait for it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    fn = aot.load("many", cache=many, lazy=mode == "lazy", background=mode == "background")
+    sizes = [*SIZES, *SIZES, 7]  # f32[7] is a miss: it files every row meanwhile
+
+    def call(n: int) -> object:
+        try:
+            return np.asarray(fn(jnp.ones(n, jnp.float32)))
+        except SignatureNotFoundError as exc:
+            return exc
+
+    with ThreadPoolExecutor(max_workers=len(sizes)) as pool:
+        results = list(pool.map(call, sizes))
+    for n, result in zip(sizes[:-1], results):
+        np.testing.assert_array_equal(result, np.full(n, 2.0))
+    assert isinstance(results[-1], SignatureNotFoundError)
+    assert fn.wait(60) and len(fn.programs.concrete) == len(SIZES)
