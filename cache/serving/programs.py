@@ -10,10 +10,11 @@ its own fingerprints is quarantined (proven corruption).
 Only the rows of the program each signature serves are filed
 (:mod:`aot.cache.serving.selection`: its ref, a release's member, or the legacy newest
 row), and a row whose signature column names its call is filed when that signature
-is first needed, not at start-up (:mod:`aot.cache.serving.pending`). Loading a program climbs the fallback ladder: the served executable stored for
-this environment; else recompile the portable HLO of the same program (of another
-environment, or of a quarantined row) and store the result; else a clear error. ``strict=True`` forbids the
-middle step and never writes to the cache.
+is first needed, not at start-up (:mod:`aot.cache.serving.pending`). Loading a
+program climbs the fallback ladder: the served executable stored for this
+environment; else recompile the portable HLO of the same program (of another
+environment, or of a quarantined row) and store the result; else a clear error.
+``strict=True`` forbids the middle step and never writes to the cache.
 """
 
 from __future__ import annotations
@@ -240,7 +241,7 @@ class ProgramTable:
             if reason is None and self.statics is None and manifest.statics:
                 # Read as statics-free from its signature column (aot.cache.serving.statics).
                 reason = (
-                    f"its manifest has static arguments ({describe_statics(manifest.statics)}) "
+                    f"its manifest has static arguments ({describe_statics(manifest.statics)}) that "
                     f"its index row's signature column ({entry.signature}) does not name: the row "
                     "was altered; run `aot verify` and recompile it"
                 )
