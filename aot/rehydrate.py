@@ -214,8 +214,13 @@ def load_executable(
     check_env: bool = True,
     current: Fingerprint | None = None,
     flat_outputs: bool = False,
+    manifest_checked: bool = False,
 ) -> MeshExecutable:
-    """Rehydrates a stored executable: digest first, then environment, then XLA."""
+    """Rehydrates a stored executable: digest first, then environment, then XLA.
+
+    ``manifest_checked``: the caller has run :func:`aot.artifact.manifest_problems` on
+    this very manifest object and found nothing (``aot.load`` files a row so), so it
+    is not run twice."""
     manifest = artifact.manifest
     if manifest.is_symbolic:
         raise SymbolicShapeError(
@@ -226,7 +231,8 @@ def load_executable(
     exe_bytes = artifact.blob(EXECUTABLE)  # verifies the digest before anything else
     if check_env:
         check_environment(manifest, current)
-    check_manifest(manifest)  # fields outside the key, against the fingerprints
+    if not manifest_checked:
+        check_manifest(manifest)  # fields outside the key, against the fingerprints
     info = executable_info(manifest, flat_outputs=flat_outputs)
     devices = live_devices()
     dlist = device_list(manifest.device_ids, devices)  # names a missing device id

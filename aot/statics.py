@@ -138,6 +138,10 @@ def statics_from_json(data: Any) -> tuple[StaticArg, ...]:
 def statics_of_manifest_json(text: str | bytes) -> tuple[StaticArg, ...]:
     """The statics of an index row's manifest JSON, read without checking the rest
     (the loader checks it when it files the row); unreadable: none."""
+    if isinstance(text, str) and '"statics"' not in text and "\\u" not in text:
+        # No such key, not even an escaped one: nothing to parse (aot.load reads this
+        # for every row of a name at start-up).
+        return ()
     import json
 
     try:

@@ -34,12 +34,15 @@ log = logging.getLogger(__name__)
 LEASE_ATTEMPTS = 3
 
 
-def read_artifact(cache: Cache, entry: IndexEntry, roles: Iterable[str] | None = None) -> Artifact:
+def read_artifact(
+    cache: Cache, entry: IndexEntry, roles: Iterable[str] | None = None, parsed: Manifest | None = None,
+) -> Artifact:
     """The manifest of ``entry`` and its verified blobs (only those of ``roles`` when
-    given) (:meth:`Cache.artifact <aot.cache.cache.Cache.artifact>`)."""
+    given) (:meth:`Cache.artifact <aot.cache.cache.Cache.artifact>`). ``parsed``:
+    ``entry.manifest`` already parsed."""
     label = f"{entry.name} ({entry.key[:12]})"
     try:
-        manifest = Manifest.from_json(entry.manifest)
+        manifest = Manifest.from_json(entry.manifest) if parsed is None else parsed
     except CorruptArtifactError as exc:
         raise CorruptArtifactError(f"{label}: {exc}; run `aot verify` and recompile it") from None
     except IncompatibleEnvironmentError as exc:  # another format version: say which entry

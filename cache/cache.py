@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aot.artifact import EXECUTABLE, Artifact
+from aot.artifact import EXECUTABLE, Artifact, Manifest
 from aot.errors import ArtifactNotFoundError, CacheError, ReadOnlyCacheError
 from aot.fingerprint import environment_fingerprint
 from aot.signing import key_from
@@ -110,12 +110,12 @@ def require_cache(
     raise CacheError(_lost_index_message(folder) or f"no cache at {folder} ({why}); {advice}")
 
 
-def load_executable(artifact: Artifact, *, current: Any) -> MeshExecutable:
+def load_executable(artifact: Artifact, *, current: Any, manifest_checked: bool = False) -> MeshExecutable:
     """:func:`aot.rehydrate.load_executable`, imported when an executable is loaded:
     listing and maintenance commands use this module without JAX."""
     from aot.rehydrate import load_executable as rehydrate
 
-    return rehydrate(artifact, current=current)
+    return rehydrate(artifact, current=current, manifest_checked=manifest_checked)
 
 
 class Cache(Declared):
@@ -385,19 +385,22 @@ class Cache(Declared):
         assert entry is not None
         return entry
 
-    def artifact(self, entry: IndexEntry | str, *, roles: Iterable[str] | None = None) -> Artifact:
+    def artifact(
+        self, entry: IndexEntry | str, *, roles: Iterable[str] | None = None, manifest: Manifest | None = None,
+    ) -> Artifact:
         """The manifest and its verified blobs; raises CorruptArtifactError, IntegrityError.
 
         ``roles`` (e.g. ``("portable_hlo",)``) reads only those blobs, so a corrupt or
         missing executable does not stop a recompilation from the portable HLO.
+        ``manifest``: ``entry.manifest`` already parsed (still checked against the row).
         """
         from aot.cache.artifacts import read_artifact
 
         if isinstance(entry, str):
             entry = self.entry(entry)
-        return read_artifact(self, entry, roles)
+        return read_artifact(self, entry, roles, manifest)
 
-    def load(self, entry: IndexEntry | str) -> MeshExecutable:
+    def load(self, entry: IndexEntry | str, *, manifest: Manifest | None = None) -> MeshExecutable:
         """Rehydrates the executable of one entry (no recompilation).
 
         Not a use of the entry by itself: :meth:`get` and a :meth:`compile` hit record
@@ -408,8 +411,9 @@ class Cache(Declared):
             entry = self.entry(entry)
         start = time.perf_counter()
         # Only the executable: a damaged portable HLO must not block an intact one.
-        artifact = self.artifact(entry, roles=(EXECUTABLE,))
-        executable = load_executable(artifact, current=self.environment)
+        artifact = self.artifact(entry, roles=(EXECUTABLE,), manifest=manifest)
+        checked = manifest is not None and artifact.manifest is manifest  # a tier reads its own
+        executable = load_executable(artifact, current=self.environment, manifest_checked=checked)
         self.stats.loaded(self.environment.digest, entry, time.perf_counter() - start)
         return executable
 

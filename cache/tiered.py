@@ -48,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from aot.artifact import EXECUTABLE, Artifact
+from aot.artifact import EXECUTABLE, Artifact, Manifest
 from aot.cache.cache import Cache, default_location
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import IndexEntry
@@ -330,10 +330,13 @@ class TieredCache(Cache):
         self._held[stored.key] = stored
         return stored
 
-    def artifact(self, entry: IndexEntry | str, *, roles: Iterable[str] | None = None) -> Artifact:
+    def artifact(
+        self, entry: IndexEntry | str, *, roles: Iterable[str] | None = None, manifest: Manifest | None = None,
+    ) -> Artifact:
         """From the local tier when it holds the entry intact; else fetched into it
         first (when the executable is wanted, or the entry has none); the portable HLO
-        of an entry the tier does not hold is read from the remote."""
+        of an entry the tier does not hold is read from the remote. ``manifest`` is
+        not used: the tier's own row is read (and parsed)."""
         if isinstance(entry, str):
             entry = self.entry(entry)
         wanted = tuple(roles) if roles is not None else None

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 _COLUMNS = tuple(f.name for f in fields(IndexEntry))
 _TIMES = {"created_at", "last_used_at"}
+_TIME_AT = tuple(i for i, c in enumerate(_COLUMNS) if c in _TIMES)  # their positions
 _REF_COLUMNS = tuple(f.name for f in fields(Ref))
 _REF_SELECT = ", ".join(f'"{c}"' for c in _REF_COLUMNS)  # quoted: "commit" is a keyword
 _BUSY_TIMEOUT_S = 30.0
@@ -218,8 +219,11 @@ class SqliteReader:
         if state is not None:
             query += " AND state = ?"
             params.append(state)
-        query += " ORDER BY created_at, key"
-        return self._rows(query, params)
+        # Sorted here, not by SQLite: its ORDER BY copies every row, manifest and all,
+        # through a temporary B-tree (a name of 1,000 signatures: 3 ms, not 10-20).
+        rows = self._rows(query, params)
+        rows.sort(key=lambda e: (e.created_at, e.key))
+        return rows
 
     def get(self, key: str) -> IndexEntry | None:
         """The row of ``key`` as it is now (None: not stored)."""
@@ -238,7 +242,8 @@ class SqliteReader:
             query += " AND env_fp = ?"
             params.append(env_fp)
         rows = self._execute(query + " ORDER BY signature, env_fp", params)
-        return [Ref(*(_time(v) if c == "set_at" else v for c, v in zip(_REF_COLUMNS, row))) for row in rows]
+        at = _REF_COLUMNS.index("set_at")
+        return [Ref(*row[:at], _time(row[at]), *row[at + 1:]) for row in rows]
 
     def release_members(self, label: str, name: str) -> tuple[ReleaseMember, ...] | None:
         """The members of ``name`` in ``label``'s current set (None: no such label)."""
@@ -363,11 +368,15 @@ class SqliteReader:
         return [s for s in stats if name_glob is None or fnmatch.fnmatchcase(s.name, name_glob)]
 
     def _rows(self, query: str, params: list[object]) -> list[IndexEntry]:
-        rows = self._execute(query, params)
-        return [
-            IndexEntry(*(_time(v) if c in _TIMES else v for c, v in zip(_COLUMNS, row)))
-            for row in rows
-        ]
+        # Per row, only the time columns are converted (aot.load reads every row of a
+        # name at start-up: 1,000 signatures are 1,000 rows).
+        entries = []
+        for row in self._execute(query, params):
+            values = list(row)
+            for i in _TIME_AT:
+                values[i] = _time(values[i])
+            entries.append(IndexEntry(*values))
+        return entries
 
     def touch(self, key: str) -> None:
         """Records a use (last-used time, hit count); never fails a load."""

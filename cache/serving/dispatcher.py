@@ -129,8 +129,10 @@ class Dispatcher:
             cache, name, strict=strict, release=release, statics=statics, entries=entries,
         )
         cache.stats.watch(self, self.programs.concrete, self.programs.env, name)
-        if pad is not None and (self.programs.concrete or self.programs.symbolic):
-            pad.axes_for(self.programs.paths())  # every padded path names a stored input
+        if pad is not None:
+            paths = self.programs.paths()  # files every row: padding chooses among them all
+            if self.programs.concrete or self.programs.symbolic:
+                pad.axes_for(paths)  # every padded path names a stored input
 
     # ------------------------------------------------------------ inspection
 
@@ -143,14 +145,20 @@ class Dispatcher:
         """Signatures this dispatcher can serve (:meth:`ProgramTable.servable`)."""
         return self.programs.servable()
 
+    def has_servable(self) -> bool:
+        """Whether some signature can be served (:meth:`ProgramTable.has_servable`)."""
+        return self.programs.has_servable()
+
     @property
     def unusable(self) -> list[tuple[IndexEntry, str]]:
         """Rows that could not be filed under a signature: (entry, why)."""
+        self.programs.file_all()
         return self.programs.unusable
 
     @property
     def skipped(self) -> list[tuple[str, str, str]]:
         """Rows that cannot serve in this process: (key, signature, reason)."""
+        self.programs.file_all()
         return self.programs.skipped
 
     def __repr__(self) -> str:
@@ -159,18 +167,19 @@ class Dispatcher:
     # ------------------------------------------------------------ loading
 
     def warm(self, *, workers: int | None = None) -> Dispatcher:
-        """Loads every signature now (in parallel threads: XLA releases the GIL)."""
-        programs = self.programs.unloaded()
-        if not programs:
+        """Loads every signature now (in parallel threads: XLA releases the GIL; rows
+        held for their first use are filed by the same threads)."""
+        units = self.programs.units()
+        if not units:
             return self
-        if len(programs) == 1 or workers == 1:
-            for program in programs:
-                self.programs.executable(program)
+        if len(units) == 1 or workers == 1:
+            for unit in units:
+                self.programs.load_unit(unit)
             return self
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=workers or min(8, len(programs))) as pool:
-            list(pool.map(self.programs.executable, programs))
+        with ThreadPoolExecutor(max_workers=workers or min(8, len(units))) as pool:
+            list(pool.map(self.programs.load_unit, units))
         return self
 
     def load_in_background(self, *, workers: int | None = None) -> Dispatcher:
@@ -302,7 +311,11 @@ class Dispatcher:
             from aot.cache.serving.misses import arg_names, not_a_jax_type
 
             raise not_a_jax_type(self.name, args, kwargs, arg_names(self.programs)) from None
-        program = self.programs.concrete.get((self._structure_of(treedef), keys))
+        structure = self._structure_of(treedef)
+        program = self.programs.find(structure, keys)
+        if program is None:  # rows whose signature column did not name these keys
+            self.programs.file_all()
+            program = self.programs.concrete.get((structure, keys))
         if program is None:
             kind = self._by_keyword(args, kwargs, leaves, treedef, keys)
             if kind is not None:
@@ -347,7 +360,7 @@ class Dispatcher:
             keys = tuple(map(leaf_aval, leaves))
         except TypeError:
             return None
-        program = self.programs.concrete.get((self._structure_of(treedef), keys))
+        program = self.programs.find(self._structure_of(treedef), keys)
         return None if program is None else self._bind(program, args, kwargs, leaves, treedef)
 
     def _bind(

@@ -116,7 +116,7 @@ def load(
         dispatcher = dispatcher_for(cache, name, strict=strict, fallback=fallback, pad=plan, release=release)
         if release is not None:
             check_release(dispatcher, release)
-        if not allow_empty and fallback is None and not dispatcher.servable():
+        if not allow_empty and fallback is None and not dispatcher.has_servable():
             raise nothing_servable(cache, name, dispatcher)
         if background:
             dispatcher.load_in_background()
@@ -142,6 +142,8 @@ def check_release(dispatcher: Dispatcher, release: str) -> None:
     can be served here (stored, checked, and loadable or recompilable)."""
     # A name with statics has one table per static value; each selected every member.
     tables = [c.programs for c in getattr(dispatcher, "children", {}).values()] or [dispatcher.programs]
+    for t in tables:
+        t.file_all()  # every member is checked now, not at its first call
     table = tables[0]
     servable = {signature for t in tables for signature in t.servable()}
     missing = {signature for signature, _, _ in table.selection.missing}
@@ -203,6 +205,7 @@ def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> AotErro
     when every row was refused by the signature checks (nothing signed is servable)."""
     where = f"the cache at {cache.display_location}"
     lines: list[str] = []
+    unusable, skipped = dispatcher.unusable, dispatcher.skipped  # (every row filed)
     environment = cache.environment
     programs = list(dispatcher.programs.concrete.values())
     for program in programs:
@@ -221,9 +224,9 @@ def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> AotErro
                 f"  ({program.signature}) {entry.key[:12]} quarantined: "
                 f"{(entry.state_reason or 'no reason recorded')[:200]}"
             )
-    for entry, reason in dispatcher.unusable:
+    for entry, reason in unusable:
         lines.append(f"  ({entry.signature}) {entry.key[:12]} unusable: {reason[:200]}")
-    for key, signature, reason in dispatcher.skipped:
+    for key, signature, reason in skipped:
         lines.append(f"  ({signature}) {key[:12]} cannot run in this process: {reason[:200]}")
     if programs or dispatcher.unusable or dispatcher.skipped:
         head = (

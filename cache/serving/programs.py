@@ -9,10 +9,12 @@ its own fingerprints is quarantined (proven corruption).
 
 Only the rows of the program each signature serves are filed
 (:mod:`aot.cache.serving.selection`: its ref, a release's member, or the legacy newest
-row). Loading a program climbs the fallback ladder: the served executable stored for
-this environment; else recompile the portable HLO of the same program (of another
-environment, or of a quarantined row) and store the result; else a clear error. ``strict=True`` forbids the
-middle step and never writes to the cache.
+row), and a row whose signature column names its call is filed when that signature
+is first needed, not at start-up (:mod:`aot.cache.serving.pending`). Loading a
+program climbs the fallback ladder: the served executable stored for this
+environment; else recompile the portable HLO of the same program (of another
+environment, or of a quarantined row) and store the result; else a clear error.
+``strict=True`` forbids the middle step and never writes to the cache.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from aot.errors import (
 from aot.fingerprint import describe_differences
 from aot.recompile import recompile
 from aot.rehydrate import load_executable, manifest_args
+from aot.cache.serving.pending import CheckedManifests, PendingRows, leaf_keys_of
 from aot.cache.serving.selection import Declared, checked_rows, select_rows, trusted_refs
 from aot.statics import describe_statics, statics_of_manifest_json
 from aot.cache.units import counted
@@ -160,6 +163,7 @@ class ProgramTable:
         self.name = name
         self.strict = strict
         self.release = release
+        self.statics = statics
         self.concrete: dict[tuple[str, tuple[LeafKey, ...]], Program] = {}
         self.symbolic: dict[tuple[Any, ...], SymbolicProgram] = {}
         self.symbolic_lock = threading.Lock()
@@ -168,7 +172,7 @@ class ProgramTable:
         # Background loading (load(background=True)): the running load, the programs
         # whose load was started (by it or by a call), and the errors it met, each
         # raised by the first call of its program (by id: programs are never dropped).
-        self.background: BackgroundLoad[Program] | None = None
+        self.background: BackgroundLoad[Program | tuple[LeafKey, ...]] | None = None
         self._attempted: set[int] = set()
         self._failed: dict[int, Exception] = {}
         here = cache.environment.as_dict()
@@ -188,11 +192,20 @@ class ProgramTable:
         if release is None and refused:
             declared = trusted_refs(declared, {e.key for e, _ in refused})
         self.selection = select_rows(rows, declared, cache.environment.digest, release=release)
+        # Rows whose signature column says which call they serve are filed when that
+        # call (or a load of them) first needs them (aot.cache.serving.pending).
+        self._here = here
+        self.pending = PendingRows(self._file_row)
+        self.checked = CheckedManifests()  # parsed by filing, for the loader
         for entry in self.selection.rows:
+            keys = leaf_keys_of(entry.signature) if statics is None else None
+            if keys is not None:
+                self.pending.hold(keys, entry)
             # statics: only the rows of these static values (aot.cache.serving.statics).
-            if statics is None or describe_statics(statics_of_manifest_json(entry.manifest)) == statics:
+            elif statics is None or describe_statics(statics_of_manifest_json(entry.manifest)) == statics:
                 self._file(entry, here)
-        log.info("aot.load(%r): %d signatures, %d symbolic", name, len(self.concrete), len(self.symbolic))
+        log.info("aot.load(%r): %d signatures filed, %d at their first use, %d symbolic",
+                 name, len(self.concrete), len(self.pending), len(self.symbolic))
         self.env = cache.environment.digest
 
     def _declared(self) -> Sequence[Declared]:
@@ -216,11 +229,22 @@ class ProgramTable:
 
     # ------------------------------------------------------------ filing rows
 
-    def _file(self, entry: IndexEntry, here: dict[str, str]) -> None:
-        """Files one index row under its signature (or skips or quarantines it)."""
+    def _file_row(self, entry: IndexEntry) -> Program | None:
+        return self._file(entry, self._here)
+
+    def _file(self, entry: IndexEntry, here: dict[str, str]) -> Program | None:
+        """Files one index row under its signature (or skips or quarantines it): the
+        program it was filed under, if concrete."""
         try:
             manifest = Manifest.from_json(entry.manifest)
             reason = cannot_serve_here(manifest, here)
+            if reason is None and self.statics is None and manifest.statics:
+                # Read as statics-free from its signature column (aot.cache.serving.statics).
+                reason = (
+                    f"its manifest has static arguments ({describe_statics(manifest.statics)}) that "
+                    f"its index row's signature column ({entry.signature}) does not name: the row "
+                    "was altered; run `aot verify` and recompile it"
+                )
             if reason is None:
                 structure = treedefs.structure_key_of_json(manifest.in_tree)
                 treedef = treedefs.from_json(manifest.in_tree, standins=True)
@@ -236,14 +260,14 @@ class ProgramTable:
         except AotError as exc:
             self.quarantine(entry, f"unreadable manifest: {exc}")
             self.unusable.append((entry, f"unreadable manifest: {exc}"))
-            return
+            return None
         if reason is not None:
             log.warning("aot.load(%r): skipping %s (%s): %s", self.name, entry.key[:12], entry.signature, reason)
             self.skipped.append((entry.key, entry.signature, reason))
-            return
+            return None
         if manifest.is_symbolic:
             self._add_symbolic(entry, manifest, structure, treedef, dtypes)
-            return
+            return None
         problems = manifest_problems(manifest)
         if any(p.startswith("in_tree") for p in problems):
             # Its input structure cannot be trusted, so it cannot even be filed
@@ -251,11 +275,13 @@ class ProgramTable:
             reason = "manifest contradicts its fingerprints: " + "; ".join(problems)
             self.quarantine(entry, reason)
             self.unusable.append((entry, reason))
-            return
+            return None
         if problems and entry.ok and self.quarantine(
             entry, "manifest contradicts its fingerprints: " + "; ".join(problems)
         ):
             entry = self.cache.reread(entry) or entry
+        elif not problems:
+            self.checked.keep(entry, manifest)
         leaves = tuple((a.shape, a.dtype, a.weak_type) for a in args)
         program = self.concrete.setdefault(
             (structure, leaves),
@@ -266,6 +292,7 @@ class ProgramTable:
         # signature is tried first (a name recompiled from changed code must not keep
         # serving the old program).
         self.place(program, entry, front=True)
+        return program
 
     def _add_symbolic(
         self, entry: IndexEntry, manifest: Manifest, structure: str, treedef: PyTreeDef,
@@ -316,21 +343,50 @@ class ProgramTable:
 
     # ------------------------------------------------------------ inspection
 
+    def find(self, structure: str, keys: tuple[LeafKey, ...]) -> Program | None:
+        """The program of a call's structure and leaf keys, filing the rows held for
+        those keys first; None: no filed row serves them (:meth:`file_all` may)."""
+        program = self.concrete.get((structure, keys))
+        if program is None and self.pending.held:
+            self.pending.file(keys)
+            program = self.concrete.get((structure, keys))
+        return program
+
+    def file_all(self) -> None:
+        """Files every row held for its first use (what needs every program calls it)."""
+        if self.pending.held:
+            self.pending.file_all()
+
+    def _can_serve(self, program: Program) -> bool:
+        return program.executable is not None or bool(program.local) or (
+            not self.strict and bool(program.foreign or program.quarantined)
+        )
+
     def servable(self) -> list[str]:
         """Signatures that can be served: with a row for this environment, or (unless
         strict) with any row whose portable HLO can be recompiled, and (unless strict)
         symbolic signatures, compiled per concrete shape."""
-        concrete = [
-            p.signature for p in self.concrete.values()
-            if p.executable is not None or p.local
-            or (not self.strict and (p.foreign or p.quarantined))
-        ]
+        self.file_all()
+        concrete = [p.signature for p in self.concrete.values() if self._can_serve(p)]
         symbolic = [] if self.strict else [p.signature for p in self.symbolic.values() if p.entries]
         return sorted(concrete + symbolic)
+
+    def has_servable(self) -> bool:
+        """Whether :meth:`servable` is not empty, filing held rows one group at a time
+        only until a servable one is found (start-up needs one, not every one)."""
+        if any(map(self._can_serve, list(self.concrete.values()))):
+            return True
+        if not self.strict and any(p.entries for p in self.symbolic.values()):
+            return True
+        while (programs := self.pending.file_next()) is not None:
+            if any(map(self._can_serve, programs)):
+                return True
+        return False
 
     @property
     def signatures(self) -> list[str]:
         """Every stored signature: concrete ones, and symbolic ones (``f32[b,784]``)."""
+        self.file_all()
         return sorted(
             [p.signature for p in self.concrete.values()]
             + [p.signature for p in self.symbolic.values()]
@@ -338,11 +394,24 @@ class ProgramTable:
 
     def paths(self) -> list[str]:
         """Every input path of the stored programs (concrete and symbolic)."""
+        self.file_all()
         programs = list(self.concrete.values()) + list(self.symbolic.values())
         return sorted({p for program in programs for p in program.paths})
 
     def unloaded(self) -> list[Program]:
+        self.file_all()
         return [p for p in self.concrete.values() if p.executable is None]
+
+    def units(self) -> list[Program | tuple[LeafKey, ...]]:
+        """What loading every program takes, without filing anything: the filed
+        programs not loaded yet, and the leaf keys of each group of held rows
+        (:meth:`load_unit` files a group, then loads its programs)."""
+        return [*(p for p in list(self.concrete.values()) if p.executable is None), *self.pending.keys()]
+
+    def load_unit(self, unit: Program | tuple[LeafKey, ...]) -> None:
+        """Loads one unit of :meth:`units` now (raises what loading raises)."""
+        for program in [unit] if isinstance(unit, Program) else self.pending.file(unit):
+            self.executable(program)
 
     # ------------------------------------------------------------ loading
 
@@ -365,16 +434,20 @@ class ProgramTable:
         the cache cancels the loads not started and waits for the running ones."""
         if self.background is not None:
             return
-        programs = self.unloaded()
-        if programs:
+        units = self.units()  # held rows are filed by the background threads too
+        if units:
             from aot.cache.serving.background import BackgroundLoad
 
-            self.background = BackgroundLoad(programs, self._load_in_background, workers=workers)
+            self.background = BackgroundLoad(units, self._load_in_background, workers=workers)
             self.cache.hold_background(self.background)
 
-    def _load_in_background(self, program: Program) -> None:
-        """One background task: loads ``program`` unless a call already did (or is);
-        keeps the error for the first call of it."""
+    def _load_in_background(self, unit: Program | tuple[LeafKey, ...]) -> None:
+        """One background task: files a group of held rows, and loads each program
+        unless a call already did (or is); keeps the error for the first call of it."""
+        for program in [unit] if isinstance(unit, Program) else self.pending.file(unit):
+            self._load_program_in_background(program)
+
+    def _load_program_in_background(self, program: Program) -> None:
         with program.lock:
             if program.executable is not None or id(program) in self._attempted:
                 return
@@ -392,7 +465,7 @@ class ProgramTable:
 
     def _load(self, program: Program) -> MeshExecutable:
         """Step one: the newest intact executable of this environment; else step two
-        (:meth:`_recompile`), unless strict; else an error naming what was tried."""
+        (:func:`recompile_program`), unless strict; else an error naming what was tried."""
         problems: list[str] = []
         unusable: list[IndexEntry] = []  # rows of this environment that failed to load
         limits: list[BaseException] = []  # failures of this process (PROCESS_LIMITS)
@@ -400,7 +473,9 @@ class ProgramTable:
         while program.local:
             entry = program.local[0]
             try:
-                return self.cache.load(entry)  # not a use: the calls are (aot.cache.serving.stats)
+                # Not a use: the calls are (aot.cache.serving.stats).
+                checked = self.checked.take(entry)
+                return self.cache.load(entry) if checked is None else self.cache.load(entry, manifest=checked)
             except PROCESS_LIMITS as exc:
                 program.local.remove(entry)
                 problems.append(str(exc) or repr(exc))
@@ -452,84 +527,88 @@ class ProgramTable:
         if self.strict:
             if limits:
                 raise limits[0]
-            raise self._strict_refusal(program, problems, unusable)
+            raise strict_refusal(self, program, problems, unusable)
         try:
-            return self._recompile(program, candidates)
+            return recompile_program(self, program, candidates)
         except CorruptArtifactError:
             if limits:  # the recompiled program meets the same limit: say which
                 raise limits[0] from None
             raise
 
-    def _strict_refusal(
-        self, program: Program, problems: Sequence[str], unusable: Sequence[IndexEntry],
-    ) -> AotError:
-        """Why ``strict=True`` cannot serve ``program`` without compiling."""
-        if program.foreign or unusable:
-            entry = program.foreign[0] if program.foreign else unusable[0]
-            manifest = Manifest.from_json(entry.manifest)
-            diffs = manifest.environment.diff(self.cache.environment)
-            described = tuple(d.describe() for d in diffs) or tuple(problems)
-            return IncompatibleEnvironmentError(
-                f"{self.name} ({program.signature}): no executable for this environment "
-                f"and strict=True forbids compiling: {'; '.join(described)}. Compile it for "
-                "this environment in CI (aot warmup) or load with strict=False",
-                described,
-            )
-        reasons = "; ".join(problems) or "; ".join(
-            f"{e.key[:12]}: {e.state_reason or 'quarantined'}" for e in program.quarantined
-        )
-        return CorruptArtifactError(
-            f"{self.name} ({program.signature}): the stored executable is quarantined "
-            f"({reasons}) and strict=True forbids recompiling it. Run `aot verify`, "
-            "recompile it (aot warmup / aot compile) or load with strict=False"
-        )
 
-    def _recompile(self, program: Program, candidates: Sequence[IndexEntry]) -> MeshExecutable:
-        """Step two: compiles the first candidate's portable HLO that compiles here,
-        and stores the result (unless the cache is read-only)."""
-        errors: list[str] = []
-        environment = self.cache.environment
-        pending = list(candidates)
-        rereads = 0
-        while pending:
-            entry = pending.pop(0)
-            start = time.perf_counter()
-            try:
-                # Only the portable HLO is needed: the executable blob may be corrupt.
-                artifact = self.cache.artifact(entry, roles=(PORTABLE_HLO,))
-                manifest = artifact.manifest
-                diffs = manifest.environment.diff(environment)
-                rebuilt = recompile(artifact)
-                executable = load_executable(rebuilt, current=environment)
-            except IntegrityError:
-                raise  # unsigned or tampered: never compiled from, and said as such
-            except AotError as exc:
-                fresh = self.cache.reread(entry)
-                if fresh is not None and not same_row(fresh, entry) and rereads < MAX_REREADS:
-                    rereads += 1  # a stale snapshot: try the row as it is now, first
-                    if fresh.ok and fresh.env_fp == environment.digest:
-                        try:
-                            return self.cache.load(fresh)
-                        except AotError as again:
-                            errors.append(f"{fresh.key[:12]}: {again}")
-                    pending.insert(0, fresh)
-                    continue
-                errors.append(f"{entry.key[:12]}: {exc}")
-                continue
-            reason = describe_differences(diffs) or f"stored executable unusable: {entry.state_reason}"
-            log.warning("%s (%s): recompiled from portable HLO (%s)", self.name, program.signature, reason)
-            self.cache.stats.recompiled(
-                self.env, self.name, program.signature, reason, time.perf_counter() - start
-            )
-            if not self.cache.read_only:
-                # Replaces a quarantined row of the same key; rewrites corrupt blobs.
-                stored = self.cache.put_artifact(rebuilt)
-                program.local.append(stored)
-            return executable
-        raise CorruptArtifactError(
-            f"{self.name} ({program.signature}): cannot recompile from portable HLO: "
-            + "; ".join(errors)
+def strict_refusal(
+    table: ProgramTable, program: Program, problems: Sequence[str], unusable: Sequence[IndexEntry],
+) -> AotError:
+    """Why ``strict=True`` cannot serve ``program`` without compiling."""
+    if program.foreign or unusable:
+        entry = program.foreign[0] if program.foreign else unusable[0]
+        manifest = Manifest.from_json(entry.manifest)
+        diffs = manifest.environment.diff(table.cache.environment)
+        described = tuple(d.describe() for d in diffs) or tuple(problems)
+        return IncompatibleEnvironmentError(
+            f"{table.name} ({program.signature}): no executable for this environment "
+            f"and strict=True forbids compiling: {'; '.join(described)}. Compile it for "
+            "this environment in CI (aot warmup) or load with strict=False",
+            described,
         )
+    reasons = "; ".join(problems) or "; ".join(
+        f"{e.key[:12]}: {e.state_reason or 'quarantined'}" for e in program.quarantined
+    )
+    return CorruptArtifactError(
+        f"{table.name} ({program.signature}): the stored executable is quarantined "
+        f"({reasons}) and strict=True forbids recompiling it. Run `aot verify`, "
+        "recompile it (aot warmup / aot compile) or load with strict=False"
+    )
+
+
+def recompile_program(
+    table: ProgramTable, program: Program, candidates: Sequence[IndexEntry],
+) -> MeshExecutable:
+    """Step two: compiles the first candidate's portable HLO that compiles here,
+    and stores the result (unless the cache is read-only)."""
+    errors: list[str] = []
+    environment = table.cache.environment
+    pending = list(candidates)
+    rereads = 0
+    while pending:
+        entry = pending.pop(0)
+        start = time.perf_counter()
+        try:
+            # Only the portable HLO is needed: the executable blob may be corrupt.
+            artifact = table.cache.artifact(entry, roles=(PORTABLE_HLO,))
+            manifest = artifact.manifest
+            diffs = manifest.environment.diff(environment)
+            rebuilt = recompile(artifact)
+            executable = load_executable(rebuilt, current=environment)
+        except IntegrityError:
+            raise  # unsigned or tampered: never compiled from, and said as such
+        except AotError as exc:
+            fresh = table.cache.reread(entry)
+            if fresh is not None and not same_row(fresh, entry) and rereads < MAX_REREADS:
+                rereads += 1  # a stale snapshot: try the row as it is now, first
+                if fresh.ok and fresh.env_fp == environment.digest:
+                    try:
+                        return table.cache.load(fresh)
+                    except AotError as again:
+                        errors.append(f"{fresh.key[:12]}: {again}")
+                pending.insert(0, fresh)
+                continue
+            errors.append(f"{entry.key[:12]}: {exc}")
+            continue
+        reason = describe_differences(diffs) or f"stored executable unusable: {entry.state_reason}"
+        log.warning("%s (%s): recompiled from portable HLO (%s)", table.name, program.signature, reason)
+        table.cache.stats.recompiled(
+            table.env, table.name, program.signature, reason, time.perf_counter() - start
+        )
+        if not table.cache.read_only:
+            # Replaces a quarantined row of the same key; rewrites corrupt blobs.
+            stored = table.cache.put_artifact(rebuilt)
+            program.local.append(stored)
+        return executable
+    raise CorruptArtifactError(
+        f"{table.name} ({program.signature}): cannot recompile from portable HLO: "
+        + "; ".join(errors)
+    )
 
 
 def cannot_serve_here(manifest: Manifest, here: dict[str, str]) -> str | None:

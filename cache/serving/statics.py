@@ -52,6 +52,11 @@ def dispatcher_for(
     groups: dict[str, tuple[StaticArg, ...]] = {}
     entries = cache.entries_named(name, state=None)
     for entry in entries:
+        if "=" not in entry.signature:
+            # A static is in its row's signature column (``act='relu'``) as well: a row
+            # without one is not read here (filing refuses a row whose manifest differs).
+            groups.setdefault("", ())
+            continue
         statics = statics_of_manifest_json(entry.manifest)
         groups.setdefault(describe_statics(statics), statics)
     if not any(groups):
@@ -110,6 +115,9 @@ class StaticsDispatcher:
 
     def servable(self) -> list[str]:
         return sorted(s for child in self.children.values() for s in child.servable())
+
+    def has_servable(self) -> bool:
+        return any(child.has_servable() for child in self.children.values())
 
     @property
     def unusable(self) -> list[tuple[IndexEntry, str]]:

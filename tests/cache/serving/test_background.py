@@ -36,12 +36,12 @@ class _Gate:
         self._held = held
         real: Callable[[Any], Any] = cache.load
 
-        def gated(entry):  # noqa: ANN001, ANN202
+        def gated(entry, **kwargs):  # noqa: ANN001, ANN003, ANN202
             self.loaded.append(entry.key)
             if self._held is None or entry.key in self._held:
                 self.entered.release()
                 assert self._open.wait(_WAIT), "the test never opened the gate"
-            executable = real(entry)
+            executable = real(entry, **kwargs)
             self.finished.append(entry.key)
             return executable
 

@@ -44,9 +44,9 @@ def _count_loads(cache, monkeypatch: pytest.MonkeyPatch) -> list[str]:  # noqa: 
     loaded: list[str] = []
     real = cache.load
 
-    def counting(entry):  # noqa: ANN001, ANN202
+    def counting(entry, **kwargs):  # noqa: ANN001, ANN003, ANN202
         loaded.append(entry.key)
-        return real(entry)
+        return real(entry, **kwargs)
 
     monkeypatch.setattr(cache, "load", counting)
     return loaded
