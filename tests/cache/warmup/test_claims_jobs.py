@@ -88,3 +88,25 @@ def test_a_runner_waits_for_the_entry_another_runner_stores(tmp_path: Path, mode
     waited = report.results[1]
     assert (waited.key, waited.status, waited.waited) == (keys[1], "hit", True)
     assert (report.compiled, report.hit, report.waited) == (len(items) - 1, 1, 1), report.summary()
+
+
+def test_the_claim_of_a_worker_that_dies_is_released_with_its_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    items = _items()[:2]
+    keys = dict(zip([i.label for i in items], _keys(tmp_path, items)))
+    monkeypatch.setenv("AOT_TEST_PAUSE", "warmup.compiling=kill")  # each worker dies at its compile
+    cache = aot.Cache(str(tmp_path / "cache"))
+    held_at_failure: dict[str, str | None] = {}
+    try:
+        def on_result(result: ItemResult) -> None:
+            held_at_failure[result.label] = cache.index.jit_claim_holder(keys[result.label])
+
+        report = run_warmup(cache, items, jobs=2, isolate=True, claims=True, on_result=on_result)
+    finally:
+        cache.close()
+    assert report.failed == len(items)
+    assert all("worker process died" in (r.error or "") for r in report.results)
+    # Each claim was taken (the worker reached its compile) and released with its
+    # failure, not kept until the warm-up ended: other runners need not wait for it.
+    assert held_at_failure == {label: None for label in keys}
