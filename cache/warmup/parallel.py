@@ -319,14 +319,14 @@ def run_parallel(
                     work.put((index, item))
                     wake_writer.send("work")
         while left:
-            if deferred and left == len(deferred):  # nothing else to wait for
-                wait_for_deferred()
-                continue
             while True:  # results that came in meanwhile
                 try:
                     handle(*events.get_nowait())
                 except queue.Empty:
                     break
+            if deferred and left == len(deferred):  # nothing else to wait for
+                wait_for_deferred()
+                continue
             if not isolate and lowered is None:
                 pair = work.take()
                 if pair is not None:
@@ -340,7 +340,7 @@ def run_parallel(
                     else:
                         compile_here(outcome)
                     continue
-            if left:
+            if left > len(deferred):  # something is running: its result comes as an event
                 handle(*events.get())
     finally:
         wake_writer.send("stop")
