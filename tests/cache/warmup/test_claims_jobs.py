@@ -110,3 +110,41 @@ def test_the_claim_of_a_worker_that_dies_is_released_with_its_failure(
     # Each claim was taken (the worker reached its compile) and released with its
     # failure, not kept until the warm-up ended: other runners need not wait for it.
     assert held_at_failure == {label: None for label in keys}
+
+
+_KILLED_RUNNER = """
+import sys
+from aot.cache.warmup.run import expand, parse_manifest, run_warmup
+run_warmup(sys.argv[1], expand(parse_manifest(sys.argv[2])), jobs=2, claims=True, claim_seconds=float(sys.argv[3]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["folder", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_the_entries_of_a_runner_killed_mid_compile_are_compiled_once_its_claims_expire(
+    tmp_path: Path, request: pytest.FixtureRequest, backend: str,
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    items = _items()
+    keys = _keys(tmp_path, items)
+    location = str(tmp_path / "cache") if backend == "folder" else request.getfixturevalue("postgres_url")
+    text = '[[function]]\nname = "tiny"\ntarget = "fixtures.models:tiny"\nargs = ["f32[{n}]", "f32[{n}]"]\nvary = { n = [2, 3, 5, 7] }\n'
+    # Runner A claims, reaches its first compile and is killed there (kill -9): it
+    # leaves its claims, which last 8 s past its last heartbeat.
+    env = dict(os.environ, AOT_TEST_PAUSE="warmup.compiling=kill")
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_RUNNER, location, text, "8"], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=300,
+    )
+    assert killed.returncode == -9, killed.stderr
+    with aot.Cache(location) as cache:
+        held = {k for k in keys if cache.index.jit_claim_holder(k) is not None}
+        assert held and cache.lookup(keys[0]) is None
+        order: list[str | None] = []
+        report = run_warmup(cache, items, jobs=2, claims=True, on_result=lambda r: order.append(r.key))
+    assert report.ok and report.compiled == len(items) and report.waited == 0, report.summary()
+    # The dead runner's entries were passed over while its claims lived, then compiled here.
+    assert set(order[-len(held):]) == held
