@@ -21,7 +21,7 @@ import aot
 from tests.cli.helpers import REPO
 
 SIZES = (2, 3, 5, 7, 11, 13)
-MODES = {"jobs2": ("--jobs", "2"), "isolate": ("--jobs", "2", "--isolate")}
+MODES = {"jobs1": (), "jobs2": ("--jobs", "2"), "isolate": ("--jobs", "2", "--isolate")}
 _START_SECONDS = 300.0  # a runner's JAX imports on a loaded CI machine
 
 
@@ -104,7 +104,7 @@ def _check_compiled_once(location: str, blobs: str | None, manifest: Path, flags
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.parametrize("mode", MODES)
-def test_overlapping_runners_at_jobs_2_compile_each_entry_once_in_total(
+def test_overlapping_runners_compile_each_entry_once_in_total(
     postgres_url: str, s3_url: str, tmp_path: Path, mode: str,
 ) -> None:
     _check_compiled_once(postgres_url, s3_url, _manifest(tmp_path), MODES[mode], tmp_path)

@@ -4,10 +4,6 @@ aot.cache.index.claim_heartbeat.ClaimHeartbeat)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -100,30 +96,3 @@ def test_extending_a_claim_someone_else_holds_extends_nothing(index: Index) -> N
     assert index.jit_claim("a" * 64, "one", 60) is None
     assert index.jit_claim_extend(["a" * 64, "b" * 64], "two", 60) == set()
     assert index.jit_claim_extend(["a" * 64], "one", 60) == {"a" * 64}
-
-
-def _runner(location: str, blobs: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "aot", "--cache", location, "--blobs", blobs, "--json", "warmup", str(MANIFEST)]
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
-
-
-@pytest.mark.slow
-@pytest.mark.postgres
-def test_two_runners_without_shard_compile_each_entry_once_in_total(postgres_url: str, s3_url: str) -> None:
-    runners = [_runner(postgres_url, s3_url) for _ in range(2)]
-    reports = []
-    for runner in runners:
-        out, err = runner.communicate(timeout=600)
-        assert runner.returncode == 0, err
-        reports.append(json.loads(out))
-    total = reports[0]["total"]
-    assert total == len(expand(load_manifest(MANIFEST)))
-    assert sum(r["compiled"] for r in reports) == total  # each entry compiled once in total
-    assert all(r["compiled"] + r["hit"] == total and r["failed"] == 0 for r in reports)
-    compiled = [{x["key"] for x in r["results"] if x["status"] == "compiled"} for r in reports]
-    assert not compiled[0] & compiled[1]
-    verify = subprocess.run(
-        [sys.executable, "-m", "aot", "--cache", postgres_url, "--blobs", s3_url, "verify", "--manifest", str(MANIFEST), "--strict"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )
-    assert verify.returncode == 0, verify.stdout + verify.stderr
