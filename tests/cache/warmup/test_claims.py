@@ -96,3 +96,24 @@ def test_extending_a_claim_someone_else_holds_extends_nothing(index: Index) -> N
     assert index.jit_claim("a" * 64, "one", 60) is None
     assert index.jit_claim_extend(["a" * 64, "b" * 64], "two", 60) == set()
     assert index.jit_claim_extend(["a" * 64], "one", 60) == {"a" * 64}
+
+
+def test_grant_gives_a_key_to_one_asker_until_it_is_released_or_handed_on(tmp_path: Path) -> None:
+    from aot.cache.warmup.claims import WarmupClaims
+
+    key = "c" * 64
+    with aot.Cache(str(tmp_path / "cache")) as cache, WarmupClaims(cache, claim_seconds=60) as claims:
+        assert claims.grant(key, "first asker")
+        assert cache.index.jit_claim_holder(key) == claims.holder
+        assert not claims.grant(key, "second asker")  # another process of this warm-up compiles it
+        claims.hand_on(key)  # the first asker hands its item to a worker, which asks again
+        assert claims.grant(key, "worker")
+        assert not claims.grant(key, "third asker")
+        claims.release_key(key)
+        assert cache.index.jit_claim_holder(key) is None
+        assert cache.index.jit_claim(key, "another runner", 60) is None
+        assert not claims.grant(key, "after another runner claimed it")
+        cache.index.jit_unclaim([key], "another runner")
+        assert claims.grant(key)
+    with aot.Cache(str(tmp_path / "cache")) as cache:
+        assert cache.index.jit_claim_holder(key) is None  # released when the warm-up ended
