@@ -37,6 +37,7 @@ POINTS = (
     "gc.deleted",  # inside the lock: the batch's blobs deleted, not committed
     "gc.done",  # every batch committed
     "jit.claimed",  # aot.jax_cache: this process claimed a jit key's compile; not compiled yet
+    "warmup.compiling",  # aot warmup: an entry's XLA compile starts (its compile claim, if any, taken)
 )
 
 Hook = Callable[[str], None]

@@ -85,7 +85,7 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
     "--claims/--no-claims", default=None,
     help="Claim each entry in the index before compiling it, so runners of one manifest "
     "without --shard compile each entry once in total (default: on for a shared "
-    "PostgreSQL index; --jobs 1 only).",
+    "PostgreSQL index; any --jobs, and --isolate).",
 )
 @pass_state
 def warmup_command(

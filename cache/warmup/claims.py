@@ -8,6 +8,11 @@ and comes back at the end to wait for it (:meth:`WarmupClaims.wait_for`: bounded
 ``wait_seconds``); a holder's claim lasts ``claim_seconds`` past its last heartbeat
 (:class:`~aot.cache.index.claim_heartbeat.ClaimHeartbeat`), so a killed holder's entries are
 compiled by the others once it expires.
+
+With ``--jobs N`` and ``--isolate`` the warm-up's parent process holds the claims:
+its worker processes ask it over their pipes before each compile
+(:meth:`WarmupClaims.grant`); an item refused comes back
+:class:`~aot.cache.warmup.steps.Deferred` and the parent waits for it at the end.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from aot.cache.index.claim_heartbeat import ClaimHeartbeat
@@ -45,7 +52,13 @@ def claims_default(cache: Cache) -> bool:
 
 
 class WarmupClaims:
-    """One runner's compile claims (a context manager: its heartbeat runs inside)."""
+    """One warm-up's compile claims (a context manager: its heartbeat runs inside;
+    every claim still held is released at its end, whatever happened).
+
+    Thread-safe: with ``--jobs N`` the warm-up's parent process owns the one
+    ``WarmupClaims``; its own compiles and its worker processes (over their pipes,
+    :mod:`aot.cache.warmup.workers`) ask it for each key (:meth:`grant`); each key is
+    released when its item's result comes back (:meth:`release_key`)."""
 
     def __init__(
         self, cache: Cache, *, claim_seconds: float = CLAIM_SECONDS, wait_seconds: float = WAIT_SECONDS,
@@ -55,7 +68,9 @@ class WarmupClaims:
         self.wait_seconds = wait_seconds
         self.holder = f"warmup {socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.heartbeat = ClaimHeartbeat(cache.index, self.holder, claim_seconds)
-        self._held: set[str] = set()
+        self._held: set[str] = set()  # claimed in the index by this warm-up
+        self._handed: set[str] = set()  # granted to the next who asks (a re-run of the item)
+        self._lock = threading.Lock()
 
     def __enter__(self) -> WarmupClaims:
         self.heartbeat.__enter__()
@@ -63,23 +78,55 @@ class WarmupClaims:
 
     def __exit__(self, *exc: object) -> None:
         self.heartbeat.close()
-        self.cache.index.jit_unclaim(self._held, self.holder)
-        self._held.clear()
+        with self._lock:
+            held = set(self._held)
+            self._held.clear()
+            self._handed.clear()
+        self.cache.index.jit_unclaim(held, self.holder)
 
     def _take(self, key: str) -> str | None:
+        """Claims ``key`` in the index (the caller holds the lock): None, or its live holder."""
         other = self.cache.index.jit_claim(key, self.holder, self.claim_seconds)
         if other is None:
             self._held.add(key)
             self.heartbeat.hold(key)
         return other
 
+    def grant(self, key: str, label: str | None = None) -> bool:
+        """True: compile ``key`` now (claimed for this warm-up); False: another runner
+        with a live claim compiles it, or another process of this warm-up does (wait
+        for it at the end: :meth:`wait_for_key`)."""
+        with self._lock:
+            if key in self._handed:  # held for the re-run of its item (wait_for_key)
+                self._handed.discard(key)
+                return True
+            other = "this warm-up" if key in self._held else self._take(key)
+        if other is None:
+            return True
+        log.info("warmup: %s is being compiled by %s; coming back to it at the end", label or key[:16], other)
+        return False
+
+    def hand_on(self, key: str) -> None:
+        """``key``, claimed here, is granted to the next who asks for it (an item
+        lowered here and handed to a worker process, which asks again)."""
+        with self._lock:
+            if key in self._held:
+                self._handed.add(key)
+
+    def release_key(self, key: str) -> None:
+        """Gives up the claim on ``key`` (its entry is stored, or its compile failed)."""
+        with self._lock:
+            self._handed.discard(key)
+            if key not in self._held:
+                return
+            self._held.discard(key)
+            self.heartbeat.drop(key)
+        self.cache.index.jit_unclaim([key], self.holder)
+
     def claim(self, lowered: Lowered) -> ItemResult | bool:
         """True: claimed, compile it here; False: a live holder compiles it (wait for
         it at the end); a hit: it was stored meanwhile."""
-        key = lowered.computation.fingerprint
-        other = self._take(key)
-        if other is not None:
-            log.info("warmup: %s is being compiled by %s; coming back to it at the end", lowered.item.label, other)
+        if not self.grant(lowered.computation.fingerprint, lowered.item.label):
             return False
         stored = load_stored(self.cache, lowered)  # stored between our look-up and the claim?
         if stored is not None:
@@ -88,31 +135,46 @@ class WarmupClaims:
         return True
 
     def release(self, lowered: Lowered) -> None:
-        key = lowered.computation.fingerprint
-        if key in self._held:
-            self._held.discard(key)
-            self.heartbeat.drop(key)
-            self.cache.index.jit_unclaim([key], self.holder)
+        self.release_key(lowered.computation.fingerprint)
 
     def wait_for(self, lowered: Lowered) -> ItemResult | None:
         """The entry another runner compiled (a hit, ``waited``), or None: compile it
         here (its holder's claim expired and is now ours, or ``wait_seconds`` passed)."""
-        key = lowered.computation.fingerprint
+        return self.wait_for_key(
+            lowered.computation.fingerprint, lambda: load_stored(self.cache, lowered, waited=True),
+            lowered.item.label,
+        )
+
+    def wait_for_key(
+        self, key: str, load: Callable[[], ItemResult | None], label: str | None = None,
+    ) -> ItemResult | None:
+        """Waits for ``key``'s entry (``load()``: the hit once it is stored, else None),
+        at most ``wait_seconds``. None: compile it here; the next :meth:`grant` of
+        ``key`` says so (its holder's claim expired and is now ours, or the wait ran
+        out)."""
         deadline = time.monotonic() + self.wait_seconds
         delay = 0.1
         while True:
-            stored = load_stored(self.cache, lowered, waited=True)
+            stored = load()
             if stored is not None:
                 return stored
-            other = self._take(key)
+            with self._lock:
+                other = None if key in self._held else self._take(key)
             if other is None:
-                stored = load_stored(self.cache, lowered, waited=True)
+                stored = load()
                 if stored is not None:
-                    self.release(lowered)
-                return stored
+                    self.release_key(key)
+                    return stored
+                self._hand_over(key)
+                return None
             if time.monotonic() >= deadline:
                 log.warning("warmup: waited %.0f s for %s to compile %s; compiling it here",
-                            self.wait_seconds, other, lowered.item.label)
+                            self.wait_seconds, other, label or key[:16])
+                self._hand_over(key)
                 return None
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 1.5, 2.0)
+
+    def _hand_over(self, key: str) -> None:
+        with self._lock:
+            self._handed.add(key)

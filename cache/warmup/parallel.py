@@ -2,7 +2,9 @@
 
 :func:`run_parallel` keeps every process busy with the next item of the manifest: this
 process lowers, compiles in a thread and stores; a dispatcher thread feeds the worker
-processes of :mod:`aot.cache.warmup.workers` and passes their results on.
+processes of :mod:`aot.cache.warmup.workers` and passes their results on. With compile
+claims the dispatcher also answers the workers' requests for a claim; the items
+claimed by another runner are waited for at the end.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from aot.cache.timeouts import timeouts
 from aot.cache.warmup.manifest import WarmupItem
 from aot.cache.warmup.records import RecordStore
 from aot.cache.warmup.steps import (
+    Deferred,
     ItemResult,
     Lowered,
     cache_options,
     compile_lowered,
+    load_key,
+    load_stored,
     lower_here,
     store_here,
 )
@@ -32,6 +37,7 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
     from aot.cache.cache import Cache
+    from aot.cache.warmup.claims import WarmupClaims
     from aot.cache.warmup.workers import WorkerPool
 
 __all__ = ["run_parallel"]
@@ -111,21 +117,23 @@ def _failure(pair: tuple[int, WarmupItem], error: str) -> ItemResult:
 
 def _dispatch(
     pool: WorkerPool, work: _Work, payload: tuple[Any, ...], target: int, isolate: bool,
-    events: queue.SimpleQueue[tuple[str, Any]], wake: Connection,
+    events: queue.SimpleQueue[tuple[str, Any]], wake: Connection, claims: WarmupClaims | None = None,
 ) -> None:
     """The parent's thread that keeps the workers busy: it gives each ready worker the
-    next item, passes results on to ``events``, replaces a worker that died (at most
-    ``target`` may fail to start), and returns when ``wake`` says stop. Should it
-    fail, ``events`` gets ``("crashed", exception)``."""
+    next item, answers their requests for compile claims (``claims``; a worker's claim
+    is released when its result or its death comes back), passes results on to
+    ``events``, replaces a worker that died (at most ``target`` may fail to start), and
+    returns when ``wake`` says stop. Should it fail, ``events`` gets ``("crashed",
+    exception)``."""
     try:
-        _dispatch_loop(pool, work, payload, target, isolate, events, wake)
+        _dispatch_loop(pool, work, payload, target, isolate, events, wake, claims)
     except BaseException as exc:  # noqa: BLE001 - the main thread must not wait forever
         events.put(("crashed", exc))
 
 
 def _dispatch_loop(
     pool: WorkerPool, work: _Work, payload: tuple[Any, ...], target: int, isolate: bool,
-    events: queue.SimpleQueue[tuple[str, Any]], wake: Connection,
+    events: queue.SimpleQueue[tuple[str, Any]], wake: Connection, claims: WarmupClaims | None,
 ) -> None:
     from multiprocessing.connection import wait as wait_for
 
@@ -165,6 +173,15 @@ def _dispatch_loop(
             worker = next(w for w in pool.workers if w.conn is conn)
             was_ready = worker.ready
             kind, value = pool.receive(worker)
+            if kind == "claim":
+                granted = claims.grant(*value) if claims is not None else True
+                worker.claimed = value[0] if granted else None
+                pool.answer(worker, granted)
+                continue
+            if kind in ("result", "died") and worker.claimed is not None:
+                if claims is not None:
+                    claims.release_key(worker.claimed)  # stored, failed, or it died
+                worker.claimed = None
             if kind == "result":
                 events.put(("result", value))
             elif kind == "died":
@@ -175,7 +192,7 @@ def _dispatch_loop(
 
 def run_parallel(
     cache: Cache, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None],
-    records: RecordStore, *, isolate: bool, pool: WorkerPool | None,
+    records: RecordStore, *, isolate: bool, pool: WorkerPool | None, claims: WarmupClaims | None = None,
 ) -> None:
     """``jobs`` XLA compiles at once: one in this process and ``jobs - 1`` in worker
     processes; with ``isolate``, ``jobs`` workers and none here.
@@ -195,6 +212,12 @@ def run_parallel(
     With ``isolate`` this process only looks up the items that are probably stored
     (by record, or lowered) and sends the others to workers, started when the first
     one is needed: a fully cached manifest starts none.
+
+    ``claims``: every compile, here or in a worker, is granted by this process's
+    :class:`~aot.cache.warmup.claims.WarmupClaims` first; an item claimed elsewhere
+    (another runner, or a process of this warm-up compiling the same key) is
+    :class:`~aot.cache.warmup.steps.Deferred`, and waited for once nothing else is
+    left; one whose claim then becomes ours runs again like any other item.
     """
     import multiprocessing
 
@@ -202,7 +225,7 @@ def run_parallel(
 
     from aot.cache.warmup.workers import WorkerPool
 
-    payload = (bool(jax.config.jax_enable_x64), cache_options(cache), records.enabled)
+    payload = (bool(jax.config.jax_enable_x64), cache_options(cache), records.enabled, claims is not None)
     target = jobs if isolate else min(jobs - 1, len(items) - 1)  # worker processes
     if pool is None:
         pool = WorkerPool(0 if isolate else target)
@@ -210,13 +233,14 @@ def run_parallel(
     events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
     wake_reader, wake_writer = multiprocessing.Pipe(duplex=False)
     dispatcher = threading.Thread(
-        target=_dispatch, args=(pool, work, payload, target, isolate, events, wake_reader),
+        target=_dispatch, args=(pool, work, payload, target, isolate, events, wake_reader, claims),
         name="aot-warmup-dispatch", daemon=True,
     )
     compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aot-warmup-compile")
     lowered: Lowered | None = None  # lowered here, next to compile here
     compiling = False
     left = len(items)
+    deferred: list[Deferred] = []  # claimed elsewhere: waited for at the end
 
     def finish(result: ItemResult) -> None:
         nonlocal left
@@ -238,6 +262,8 @@ def run_parallel(
                 compile_here(lowered)
                 lowered = None
             finish(store_here(cache, records, item, future))
+            if claims is not None:
+                claims.release(item)
         elif kind == "crashed":
             raise RuntimeError(f"the warm-up's worker dispatcher failed: {value!r}") from value
         elif kind == "idle":
@@ -246,11 +272,46 @@ def run_parallel(
                 # waits for this process's compile: the worker starts it sooner (it
                 # lowers it again: a fraction of a compile). Near the end this keeps a
                 # long compile from running alone.
+                if claims is not None:
+                    claims.hand_on(lowered.computation.fingerprint)  # the worker asks again
                 work.put((lowered.index, lowered.item), first=True)
                 wake_writer.send("work")
                 lowered = None
+        elif isinstance(value, Deferred):
+            deferred.append(value)
         else:
             finish(value)
+
+    def claimed_here(outcome: Lowered) -> bool:
+        """Asks ``claims`` for the compile of an item lowered here: False when it
+        is deferred, or was stored meanwhile (then it is done)."""
+        if claims is None:
+            return True
+        if not claims.grant(outcome.computation.fingerprint, outcome.item.label):
+            deferred.append(Deferred(outcome.index, outcome.item, outcome.computation.fingerprint, outcome.seconds))
+            return False
+        stored = load_stored(cache, outcome)  # stored between the look-up and the claim?
+        if stored is None:
+            return True
+        claims.release(outcome)
+        finish(stored)
+        return False
+
+    def wait_for_deferred() -> None:
+        """Once nothing else is left: each deferred item's entry, stored by its
+        claim's holder, or (the claim expired, or the wait ran out) the item again."""
+        assert claims is not None
+        waiting = list(deferred)
+        deferred.clear()
+        for d in waiting:
+            hit = claims.wait_for_key(
+                d.key, lambda d=d: load_key(cache, d.index, d.item, d.key, d.seconds, waited=True), d.item.label,
+            )
+            if hit is not None:
+                finish(hit)
+            else:  # granted to whoever runs it now
+                work.put((d.index, d.item))
+                wake_writer.send("work")
 
     dispatcher.start()
     try:
@@ -269,18 +330,23 @@ def run_parallel(
                     handle(*events.get_nowait())
                 except queue.Empty:
                     break
+            if deferred and left == len(deferred):  # nothing else to wait for
+                wait_for_deferred()
+                continue
             if not isolate and lowered is None:
                 pair = work.take()
                 if pair is not None:
                     outcome = lower_here(cache, records, *pair)
                     if isinstance(outcome, ItemResult):
                         finish(outcome)
+                    elif not claimed_here(outcome):
+                        pass
                     elif compiling:
                         lowered = outcome
                     else:
                         compile_here(outcome)
                     continue
-            if left:
+            if left > len(deferred):  # something is running: its result comes as an event
                 handle(*events.get())
     finally:
         wake_writer.send("stop")

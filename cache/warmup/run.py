@@ -12,6 +12,7 @@ warm-up records in :mod:`aot.cache.warmup.records`, the ``--jobs auto`` rule in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -267,8 +268,11 @@ def run_warmup(
     without ``shard`` compile each entry once in total: each claims an entry before its
     compile, passes over one claimed by a live runner and waits for it at the end (at
     most ``wait_seconds``); a claim lasts ``claim_seconds`` past its holder's last
-    heartbeat (:mod:`aot.cache.warmup.claims`). Taken with ``jobs=1`` (the default);
-    ``jobs > 1``, ``isolate`` and ``executor`` run without claims for now.
+    heartbeat (:mod:`aot.cache.warmup.claims`). At any ``jobs`` and with ``isolate``:
+    this process holds the claims and grants each compile, its own and its worker
+    processes' (:func:`~aot.cache.warmup.parallel.run_parallel`); every claim still
+    held is released when the warm-up ends, whatever happens. ``executor`` runs
+    without claims.
 
     ``executor`` runs the items on any :class:`concurrent.futures.Executor` instead of
     here or in ``jobs`` processes (a thread or process pool, a ``dask.distributed``
@@ -323,18 +327,18 @@ def run_warmup(
                 chosen = select_shard(items, shard, cache)
                 positions = [i for i, _ in chosen]
                 items = [item for _, item in chosen]
-            if executor is not None:
-                _run_on_executor(cache, items, executor, emit, records)
-            elif isolate or (jobs > 1 and len(items) > 1):
-                pool, workers = workers, None
-                run_parallel(cache, items, jobs, emit, store, isolate=isolate, pool=pool)
-            else:
-                use_claims = claims_default(cache) if claims is None else claims
-                if use_claims:
-                    with WarmupClaims(cache, claim_seconds=claim_seconds, wait_seconds=wait_seconds) as held:
-                        _run_pipelined(cache, items, emit, store, held)
+            use_claims = executor is None and (claims_default(cache) if claims is None else claims)
+            with (
+                WarmupClaims(cache, claim_seconds=claim_seconds, wait_seconds=wait_seconds) if use_claims
+                else contextlib.nullcontext()
+            ) as held:  # every claim still held is released here, whatever happened
+                if executor is not None:
+                    _run_on_executor(cache, items, executor, emit, records)
+                elif isolate or (jobs > 1 and len(items) > 1):
+                    pool, workers = workers, None
+                    run_parallel(cache, items, jobs, emit, store, isolate=isolate, pool=pool, claims=held)
                 else:
-                    _run_pipelined(cache, items, emit, store)
+                    _run_pipelined(cache, items, emit, store, held)
         declare(cache, list(results.values()), origin or RefOrigin("warmup"), release=release, run=run)
     finally:
         if workers is not None:

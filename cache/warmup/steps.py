@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from aot.cache.pauses import reached
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, SpecError
 from aot.cache.serving.signatures import Signature
 from aot.cache.warmup.failures import Failure
@@ -35,10 +36,13 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "SIGNATURE_WIDTH",
+    "Deferred",
+    "Grant",
     "ItemResult",
     "Lowered",
     "cache_options",
     "compile_lowered",
+    "load_key",
     "load_stored",
     "lower_here",
     "run_one",
@@ -48,6 +52,11 @@ __all__ = [
 
 #: Width of the signature in a report line (both ends kept; --json has it whole).
 SIGNATURE_WIDTH = 72
+
+#: Asks for the compile of a key (``grant(key, label)``): True, compile it here (it is
+#: claimed for this warm-up); False, someone else compiles it (another runner, or
+#: another process of this warm-up): the item is :class:`Deferred`.
+Grant = Callable[[str, str], bool]
 
 
 # ---------------------------------------------------------------- results
@@ -172,17 +181,40 @@ def _load_hit(
     return _done(index, item, entry, "hit", time.perf_counter() - start, lowered=lowered)
 
 
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """An item lowered here whose compile someone else holds a claim on (another
+    runner, or another process of this warm-up): the warm-up waits for its entry at
+    the end (:meth:`~aot.cache.warmup.claims.WarmupClaims.wait_for_key`). Plain data:
+    a worker process sends it back in place of an :class:`ItemResult`."""
+
+    index: int
+    item: WarmupItem
+    key: str
+    seconds: float  # spent on it so far (prepare, lower, look up)
+
+
+def load_key(
+    cache: Cache, index: int, item: WarmupItem, key: str, seconds: float = 0.0, *, waited: bool = False,
+) -> ItemResult | None:
+    """The hit of item ``index`` whose key is stored now (another runner compiled it),
+    or None. ``seconds``: spent on the item before."""
+    start = time.perf_counter()
+    entry = cache.lookup(key)
+    if entry is None or not entry.ok:
+        return None
+    result = _load_hit(cache, index, item, entry, start, lowered=True)
+    if result is None:
+        return None
+    return dataclasses.replace(result, seconds=seconds + result.seconds, waited=waited)
+
+
 def load_stored(cache: Cache, lowered: Lowered, *, waited: bool = False) -> ItemResult | None:
     """The hit of a lowered item whose key is stored now (another runner compiled it),
     or None."""
-    start = time.perf_counter()
-    entry = cache.lookup(lowered.computation.fingerprint)
-    if entry is None or not entry.ok:
-        return None
-    result = _load_hit(cache, lowered.index, lowered.item, entry, start, lowered=True)
-    if result is None:
-        return None
-    return dataclasses.replace(result, seconds=lowered.seconds + result.seconds, waited=waited)
+    return load_key(
+        cache, lowered.index, lowered.item, lowered.computation.fingerprint, lowered.seconds, waited=waited,
+    )
 
 
 def lower_here(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | Lowered:
@@ -221,6 +253,7 @@ def lower_here(cache: Cache, records: RecordStore, index: int, item: WarmupItem)
 
 def compile_lowered(lowered: Lowered) -> tuple[Any, float]:
     """The XLA compile of a lowered item (in any thread: XLA releases the GIL)."""
+    reached("warmup.compiling")
     start = time.perf_counter()
     with x64_mode(lowered.item):
         executable = lowered.computation.compile()
@@ -257,12 +290,22 @@ def _now(fn: Callable[[], Any]) -> Future[Any]:
     return future
 
 
-def run_one(cache: Cache, index: int, item: WarmupItem, records: RecordStore | None = None) -> ItemResult:
-    """One item, start to end, in this thread."""
+def run_one(
+    cache: Cache, index: int, item: WarmupItem, records: RecordStore | None = None, grant: Grant | None = None,
+) -> ItemResult | Deferred:
+    """One item, start to end, in this thread. ``grant``: asked before the compile
+    (compile claims); an item it refuses is :class:`Deferred`."""
     records = records if records is not None else RecordStore(None)
     outcome = lower_here(cache, records, index, item)
     if isinstance(outcome, ItemResult):
         return outcome
+    if grant is not None:
+        key = outcome.computation.fingerprint
+        if not grant(key, item.label):
+            return Deferred(index, item, key, outcome.seconds)
+        stored = load_stored(cache, outcome)  # stored between the look-up and the claim?
+        if stored is not None:
+            return stored  # whoever granted the claim releases it with the result
     return store_here(cache, records, outcome, _now(lambda: compile_lowered(outcome)))
 
 
@@ -288,12 +331,15 @@ _TASK_LOCK = threading.Lock()
 
 def warmup_task(
     cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem, records: bool = True,
-) -> ItemResult:
+    grant: Grant | None = None,
+) -> ItemResult | Deferred:
     """Compiles one item into the cache ``cache_options`` names; what an executor runs.
 
     A module-level function of plain data, so any executor can ship it (pickled by a
     process pool, cloudpickled by dask). Each worker process (and thread) opens the
-    cache once and keeps it. ``records``: use and write warm-up records.
+    cache once and keeps it. ``records``: use and write warm-up records. ``grant``
+    (a worker process of ``--jobs N``: its parent's compile claims) is asked before
+    the compile; an item it refuses comes back :class:`Deferred`.
     """
     import jax
 
@@ -312,4 +358,4 @@ def warmup_task(
             return ItemResult.failed(index, item, exc)
         with _TASK_LOCK:
             _TASK_CACHES[key] = cache
-    return run_one(cache, index, item, RecordStore.for_cache(cache, enabled=records))
+    return run_one(cache, index, item, RecordStore.for_cache(cache, enabled=records), grant)

@@ -6,6 +6,11 @@
 then runs one item at a time as the parent sends them, each from preparing and lowering
 to storing, and sends back the :class:`~aot.cache.warmup.steps.ItemResult`.
 
+With compile claims (:mod:`aot.cache.warmup.claims`) a worker asks the parent before
+each compile, over the same pipe (``("claim", (key, label))``, answered ``("grant",
+bool)``): the parent owns the claims, releases each when the item's result (or the
+worker's death) comes back, and waits at the end for the items it refused.
+
 Nothing here imports JAX, so the CLI starts the workers before it imports JAX itself:
 their imports overlap the parent's. Each worker has its own pipe, so the parent knows
 which item a worker was running when it died (a crash, the out-of-memory killer): that
@@ -40,7 +45,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["INHERITED_ENV", "Worker", "WorkerPool", "exit_with_parent", "is_stopped"]
+__all__ = ["GRANT_SECONDS", "INHERITED_ENV", "Worker", "WorkerPool", "exit_with_parent", "is_stopped"]
 
 #: Environment variables a worker takes from the parent (set before it imports JAX).
 INHERITED_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "TF_CPP_MIN_LOG_LEVEL")
@@ -48,6 +53,9 @@ INHERITED_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "TF_CPP_MIN_LOG
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _WATCHDOG_SECONDS = 1.0
 _CLOSE_SECONDS = 2.0  # how long a ready worker gets to exit when told to
+#: How long a worker waits for its parent to grant a compile claim; then it compiles
+#: without one (the parent answers from its index in one statement).
+GRANT_SECONDS = 120.0
 
 
 @dataclass(eq=False)
@@ -61,6 +69,7 @@ class Worker:
     sent: int = field(default=0)  # items it was given
     stopped_since: float | None = None  # monotonic time it was first seen stopped
     killed_because: str | None = None  # why this process killed it
+    claimed: str | None = None  # the key whose compile claim it was granted (for its task)
 
     @property
     def idle(self) -> bool:
@@ -111,9 +120,17 @@ class WorkerPool:
         worker.sent += 1
         return True
 
+    def answer(self, worker: Worker, granted: bool) -> None:
+        """Answers the worker's ``("claim", (key, label))``: compile it, or not."""
+        try:
+            worker.conn.send(("grant", granted))
+        except (OSError, ValueError):
+            pass  # it died: the next receive says so
+
     def receive(self, worker: Worker) -> tuple[str, Any]:
-        """The worker's next message: ``("ready", pid)``, ``("result", ItemResult)``,
-        or ``("died", (index, item) | None)`` when its pipe closed (it is removed)."""
+        """The worker's next message: ``("ready", pid)``, ``("result", ItemResult |
+        Deferred)``, ``("claim", (key, label))`` (answer it: :meth:`answer`), or
+        ``("died", (index, item) | None)`` when its pipe closed (it is removed)."""
         try:
             message = worker.conn.recv()
         except (EOFError, OSError):
@@ -221,12 +238,25 @@ def _serve(conn: Connection, result_type: Any, task: Any) -> None:
             # the parent waiting.
             logging.shutdown()
             os._exit(0)
-        _, index, item, x64, options, records = message
+        if message[0] == "grant":
+            continue  # an answer that came after its wait ran out
+        _, index, item, x64, options, records, claims = message
+        grant = (lambda key, label: _ask_grant(conn, key, label)) if claims else None
         try:
-            result = task(options, x64, index, item, records)
+            result = task(options, x64, index, item, records, grant)
         except Exception as exc:  # noqa: BLE001 - the parent must get an answer
             result = result_type.failed(index, item, exc)
         conn.send(("result", result))
+
+
+def _ask_grant(conn: Connection, key: str, label: str) -> bool:
+    """The parent's compile claim for ``key``: True, compile it; False, it is deferred."""
+    conn.send(("claim", (key, label)))
+    if not conn.poll(GRANT_SECONDS):
+        log.warning("warmup: no compile claim for %s from the parent in %.0f s; compiling it", label, GRANT_SECONDS)
+        return True
+    kind, granted = conn.recv()
+    return bool(granted) if kind == "grant" else True
 
 
 def _warm_up() -> None:

@@ -4,10 +4,6 @@ aot.cache.index.claim_heartbeat.ClaimHeartbeat)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -102,28 +98,22 @@ def test_extending_a_claim_someone_else_holds_extends_nothing(index: Index) -> N
     assert index.jit_claim_extend(["a" * 64], "one", 60) == {"a" * 64}
 
 
-def _runner(location: str, blobs: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "aot", "--cache", location, "--blobs", blobs, "--json", "warmup", str(MANIFEST)]
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+def test_grant_gives_a_key_to_one_asker_until_it_is_released_or_handed_on(tmp_path: Path) -> None:
+    from aot.cache.warmup.claims import WarmupClaims
 
-
-@pytest.mark.slow
-@pytest.mark.postgres
-def test_two_runners_without_shard_compile_each_entry_once_in_total(postgres_url: str, s3_url: str) -> None:
-    runners = [_runner(postgres_url, s3_url) for _ in range(2)]
-    reports = []
-    for runner in runners:
-        out, err = runner.communicate(timeout=600)
-        assert runner.returncode == 0, err
-        reports.append(json.loads(out))
-    total = reports[0]["total"]
-    assert total == len(expand(load_manifest(MANIFEST)))
-    assert sum(r["compiled"] for r in reports) == total  # each entry compiled once in total
-    assert all(r["compiled"] + r["hit"] == total and r["failed"] == 0 for r in reports)
-    compiled = [{x["key"] for x in r["results"] if x["status"] == "compiled"} for r in reports]
-    assert not compiled[0] & compiled[1]
-    verify = subprocess.run(
-        [sys.executable, "-m", "aot", "--cache", postgres_url, "--blobs", s3_url, "verify", "--manifest", str(MANIFEST), "--strict"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    key = "c" * 64
+    with aot.Cache(str(tmp_path / "cache")) as cache, WarmupClaims(cache, claim_seconds=60) as claims:
+        assert claims.grant(key, "first asker")
+        assert cache.index.jit_claim_holder(key) == claims.holder
+        assert not claims.grant(key, "second asker")  # another process of this warm-up compiles it
+        claims.hand_on(key)  # the first asker hands its item to a worker, which asks again
+        assert claims.grant(key, "worker")
+        assert not claims.grant(key, "third asker")
+        claims.release_key(key)
+        assert cache.index.jit_claim_holder(key) is None
+        assert cache.index.jit_claim(key, "another runner", 60) is None
+        assert not claims.grant(key, "after another runner claimed it")
+        cache.index.jit_unclaim([key], "another runner")
+        assert claims.grant(key)
+    with aot.Cache(str(tmp_path / "cache")) as cache:
+        assert cache.index.jit_claim_holder(key) is None  # released when the warm-up ended
