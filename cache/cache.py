@@ -187,7 +187,7 @@ class Cache(Declared):
         if where.kind == DATABASE and described is None and not read_only and not blob_mirror:
             _record_description(self)
         try:
-            self.reader: IndexReader = self._open_reader()
+            self.reader: IndexReader = _open_reader(self)
         except BaseException:
             self.blobs.close()
             if self._index is not None:
@@ -225,22 +225,6 @@ class Cache(Declared):
             assert self._index_file is not None
             self._index = Index.for_folder(self._index_file.parent, read_only=self.read_only)
         return self._index
-
-    def _open_reader(self) -> IndexReader:
-        """The index's read seam (:class:`~aot.cache.index.protocol.IndexReader`), chosen
-        once, here: the SQL index of a database; for a folder cache the standard
-        library's reader, so that serving and a fully cached warm-up never import
-        SQLAlchemy, unless that reader cannot read the file (another schema version, a
-        damaged file): then the SQL index, which migrates it or says what is wrong."""
-        if self._index_file is None:
-            return self.index
-        from aot.cache.index.reader import SqliteReader
-
-        try:
-            return SqliteReader(self._index_file, read_only=self.read_only)
-        except CacheError as exc:
-            log.debug("stdlib reader: cannot read %s (%s); using the SQL index", self._index_file, exc)
-            return self.index
 
     def entries_named(self, name: str, *, state: str | None = "ok") -> list[IndexEntry]:
         """Every entry stored under ``name`` (all environments)."""
@@ -522,6 +506,23 @@ class Cache(Declared):
         from aot.cache.reports.explain import explain
 
         return explain(self, name, *args, fn=fn, **lower_kwargs)
+
+
+def _open_reader(cache: Cache) -> IndexReader:
+    """The index's read seam (:class:`~aot.cache.index.protocol.IndexReader`), chosen
+    once, here: the SQL index of a database; for a folder cache the standard
+    library's reader, so that serving and a fully cached warm-up never import
+    SQLAlchemy, unless that reader cannot read the file (another schema version, a
+    damaged file): then the SQL index, which migrates it or says what is wrong."""
+    if cache._index_file is None:
+        return cache.index
+    from aot.cache.index.reader import SqliteReader
+
+    try:
+        return SqliteReader(cache._index_file, read_only=cache.read_only)
+    except CacheError as exc:
+        log.debug("stdlib reader: cannot read %s (%s); using the SQL index", cache._index_file, exc)
+        return cache.index
 
 
 def _open_folder(cache: Cache, folder: Path) -> Any:
