@@ -64,7 +64,7 @@ class Watchdog:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._heap: list[tuple[float, int]] = []  # (deadline, token); disarmed ones linger
-        self._armed: dict[int, int] = {}  # token -> fd
+        self._armed: dict[int, tuple[int, int]] = {}  # token -> (fd, the socket's inode)
         self._fired: set[int] = set()
         self._tokens = itertools.count(1)
         self._thread: threading.Thread | None = None
@@ -72,9 +72,10 @@ class Watchdog:
 
     def arm(self, fd: int, seconds: float) -> int:
         deadline = time.monotonic() + seconds
+        inode = _inode(fd)
         with self._lock:
             token = next(self._tokens)
-            self._armed[token] = fd
+            self._armed[token] = (fd, inode)
             nearest = not self._heap or deadline < self._heap[0][0]
             heapq.heappush(self._heap, (deadline, token))
             if len(self._heap) > 2 * len(self._armed) + 64:
@@ -104,15 +105,20 @@ class Watchdog:
                 now = time.monotonic()
                 while self._heap and (self._heap[0][1] not in self._armed or self._heap[0][0] <= now):
                     _, token = heapq.heappop(self._heap)
-                    fd = self._armed.pop(token, None)
-                    if fd is not None:
+                    armed = self._armed.pop(token, None)
+                    if armed is not None:
                         self._fired.add(token)
-                        self._shut(fd)
+                        self._shut(*armed)
                 self._wake.wait(self._heap[0][0] - now if self._heap else None)
 
-    def _shut(self, fd: int) -> None:
+    def _shut(self, fd: int, inode: int) -> None:
         """Shuts the socket of ``fd`` down through a duplicate (the connection's own
-        descriptor stays open, owned by libpq, which then sees end of file)."""
+        descriptor stays open, owned by libpq, which then sees end of file), unless
+        ``fd`` now names another file than the one armed (closed, and its number
+        reused by another connection): that one is never touched."""
+        if _inode(fd) != inode:
+            logger.debug("watchdog: descriptor %d was closed or reused since it was armed", fd)
+            return
         try:
             dup = os.dup(fd)
         except OSError as e:
@@ -136,6 +142,15 @@ class Watchdog:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._heap, self._armed, self._fired, self._thread = [], {}, set(), None
+
+
+def _inode(fd: int) -> int:
+    """The inode of ``fd``'s open file (-1: not open): what tells a socket from another
+    one given the same descriptor number after the first was closed."""
+    try:
+        return os.fstat(fd).st_ino
+    except OSError:
+        return -1
 
 
 #: The process's watchdog.

@@ -54,12 +54,13 @@ def test_the_nearest_deadline_wakes_the_watchdog_early() -> None:
     dog = Watchdog()
     pairs = [socket.socketpair() for _ in range(2)]
     try:
-        dog.arm(pairs[0][0].fileno(), 60.0)  # the watchdog sleeps on this one
+        far = dog.arm(pairs[0][0].fileno(), 60.0)  # the watchdog sleeps on this one
         near = dog.arm(pairs[1][0].fileno(), 0.1)
         done = threading.Event()
         threading.Thread(target=lambda: (pairs[1][0].recv(1), done.set()), daemon=True).start()
         assert done.wait(2.0)
         assert dog.disarm(near) is True
+        assert dog.disarm(far) is False
     finally:
         for a, b in pairs:
             a.close()
@@ -131,3 +132,25 @@ def test_a_stalled_statement_fails_with_the_advice_and_its_connection_is_discard
             assert conn.exec_driver_sql("SELECT 1").scalar_one() == 1
     finally:
         probe.close()
+
+
+def test_a_descriptor_closed_and_reused_before_its_deadline_is_left_alone() -> None:
+    dog = Watchdog()
+    a, b = socket.socketpair()
+    fd = a.fileno()
+    token = dog.arm(fd, 0.2)
+    a.close()  # a connection closed while its round trip was armed (a leak) ...
+    c, d = socket.socketpair()  # ... and its descriptor number given to another
+    try:
+        assert c.fileno() == fd or d.fileno() == fd
+        reused = c if c.fileno() == fd else d
+        other = d if reused is c else c
+        time.sleep(0.5)  # past the deadline
+        assert dog.shut_down == 0
+        other.sendall(b"x")
+        assert reused.recv(1) == b"x"  # still open both ways
+        dog.disarm(token)
+    finally:
+        b.close()
+        c.close()
+        d.close()
