@@ -149,9 +149,13 @@ class RemovedRelease:
     sets: int
 
     def describe(self) -> str:
-        back = (f"rollback set {self.rollback.id} ({len(self.rollback.members)} members)"
+        def members(release: Release) -> str:
+            n = len(release.members)
+            return f"{n} member{'s' if n != 1 else ''}"
+
+        back = (f"rollback set {self.rollback.id} ({members(self.rollback)})"
                 if self.rollback is not None else "no rollback set")
-        return (f"{self.label}: current set {self.current.id} ({len(self.current.members)} members), "
+        return (f"{self.label}: current set {self.current.id} ({members(self.current)}), "
                 f"{back}, {self.sets} set{'s' if self.sets != 1 else ''} in its history")
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,12 +183,14 @@ class ReleaseRemoval:
         return tuple(r.label for r in self.releases)
 
     def summary(self) -> str:
-        verb = "removed" if self.executed else "would remove"
         n = len(self.unpinned)
-        return (f"{verb} {len(self.releases)} release label{'s' if len(self.releases) != 1 else ''} "
-                f"({', '.join(self.labels)}); {n} entr{'y' if n == 1 else 'ies'} "
-                f"{'no longer' if self.executed else 'would no longer be'} pinned (gc may collect "
-                f"{'it' if n == 1 else 'them'})")
+        labels = f"{len(self.releases)} release label{'s' if len(self.releases) != 1 else ''}"
+        entries = f"{n} entr{'y' if n == 1 else 'ies'}"
+        if self.executed:
+            what = f"unpinned {entries} (gc may collect {'it' if n == 1 else 'them'})" if n else "no entry unpinned"
+            return f"removed {labels} ({', '.join(self.labels)}); {what}"
+        what = f"would unpin {entries} (gc may collect {'it' if n == 1 else 'them'})" if n else "no entry unpinned"
+        return f"would remove {labels} ({', '.join(self.labels)}); {what}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
