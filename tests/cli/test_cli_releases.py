@@ -91,6 +91,7 @@ def test_release_rm_then_gc_collects_only_what_the_label_pinned(invoke: Invoke, 
 
 
 def test_release_rm_json_unknown_label_and_read_only(invoke: Invoke, labelled, cache_dir) -> None:  # noqa: ANN001
+    assert len(aot.load("mlp.forward", cache=str(cache_dir), read_only=True, release="prod").signatures) == 1
     plan = json.loads(invoke("release", "rm", "canary-2026-11", "prod", "--dry-run", "--json").stdout)
     assert set(plan) == REMOVAL_KEYS and plan["executed"] is False
     assert [r["label"] for r in plan["releases"]] == ["canary-2026-11", "prod"]
@@ -106,6 +107,9 @@ def test_release_rm_json_unknown_label_and_read_only(invoke: Invoke, labelled, c
     with_json = json.loads(invoke("release", "rm", "prod", "--json").stdout)
     assert with_json["executed"] is True and [m["key"] for m in with_json["still_pinned"]] == [labelled["mlp"]]
     assert with_json["still_pinned"][0]["pinned_by"] == "release canary-2026-11"
+    # A replica of this folder cache (the stdlib reader) loading the removed label fails at start-up.
+    with pytest.raises(aot.ReleaseNotFoundError, match="no release labelled 'prod'"):
+        aot.load("mlp.forward", cache=str(cache_dir), read_only=True, release="prod")
 
 
 def test_release_rm_asks_on_a_terminal(invoke: Invoke, labelled, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
