@@ -101,7 +101,7 @@ def release_rm(state: State, labels: tuple[str, ...], dry_run: bool, yes: bool) 
     asks); --dry-run stops after the plan. Exit status 1 for an unknown label.
     """
     cache = state.cache()
-    if dry_run or yes or not stdin_is_tty():
+    if dry_run or yes or not stdin_is_tty() or cache.read_only:  # read-only: refused before asking
         _render_removal(state, cache.remove_release(labels, dry_run=dry_run))
         return
     plan = cache.remove_release(labels, dry_run=True)

@@ -115,6 +115,8 @@ def test_release_rm_json_unknown_label_and_read_only(invoke: Invoke, labelled, c
 def test_release_rm_asks_on_a_terminal(invoke: Invoke, labelled, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     monkeypatch.setattr("aot.cli.releases.stdin_is_tty", lambda: True)
     monkeypatch.setattr("aot.cli.common.stdin_is_tty", lambda: True)
+    refused = one_line_error(invoke("release", "rm", "prod", "--read-only", input="y\n"))  # not asked
+    assert refused.startswith("Error: cannot remove a release: the cache at ")
     declined = invoke("release", "rm", "prod", input="n\n")
     assert declined.exit_code == 1
     assert "Remove 1 release label (unpins 0 entries)? [y/N]" in declined.stderr
