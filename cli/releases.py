@@ -1,4 +1,4 @@
-"""``aot release ls|show|promote|rollback`` and ``aot history``: what is served, thin
+"""``aot release ls|show|promote|rollback|rm`` and ``aot history``: what is served, thin
 over :class:`aot.Cache`'s release and ref methods."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from aot.cli.common import State, echo_json, pass_state
+from aot.cli.common import State, confirm, echo_json, pass_state, stdin_is_tty
 from aot.cli.params import complete_entry_names
 from aot.cache.units import counted
 
 if TYPE_CHECKING:
-    from aot.cache.index.refs import Release
+    from aot.cache.index.refs import Release, ReleaseRemoval
 
 
 def _short(key: str) -> str:
@@ -33,7 +33,7 @@ def _render(state: State, release: Release, verb: str) -> None:
     click.echo(f"{verb} {release.label}: set {release.id}, {counted(len(release.members), 'member')}")
 
 
-@click.group("release", short_help="List, show, promote and roll back release labels.")
+@click.group("release", short_help="List, show, promote, roll back and remove release labels.")
 def release_group() -> None:
     """Release labels: each names a set of refs (what `aot warmup --release LABEL` compiled
     or hit); a replica loading a label serves exactly that set."""
@@ -84,6 +84,51 @@ def release_rollback(state: State, label: str) -> None:
     """Point LABEL back at the set it pointed to before its current one (again: one more
     step back)."""
     _render(state, state.cache().rollback(label), "rolled back")
+
+
+@release_group.command("rm", short_help="Remove labels: what only they pinned becomes collectable.")
+@click.argument("labels", metavar="LABEL [LABEL ...]", nargs=-1, required=True)
+@click.option("--dry-run", is_flag=True, help="Only print the plan.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation on a terminal.")
+@pass_state
+def release_rm(state: State, labels: tuple[str, ...], dry_run: bool, yes: bool) -> None:
+    """Remove release LABELs (every set each pointed to), so that `aot gc` may collect
+    the entries only they pinned; entries a ref or another label pins stay pinned. A
+    replica loading a removed label fails at start-up.
+
+    Prints the plan (each label's current and rollback sets, the entries unpinned);
+    on a terminal asks before removing (--yes does not ask; without a terminal nothing
+    asks); --dry-run stops after the plan. Exit status 1 for an unknown label.
+    """
+    cache = state.cache()
+    if dry_run or yes or not stdin_is_tty() or cache.read_only:  # read-only: refused before asking
+        _render_removal(state, cache.remove_release(labels, dry_run=dry_run))
+        return
+    plan = cache.remove_release(labels, dry_run=True)
+    _print_removal(plan, err=state.json)
+    confirm(f"Remove {counted(len(plan.releases), 'release label')} "
+            f"(unpins {counted(len(plan.unpinned), 'entry')})?", yes=yes)
+    _render_removal(state, cache.remove_release(plan))
+
+
+def _render_removal(state: State, plan: ReleaseRemoval) -> None:
+    if state.json:
+        echo_json(plan.to_dict())
+    else:
+        _print_removal(plan)
+
+
+def _print_removal(plan: ReleaseRemoval, *, err: bool = False) -> None:
+    click.echo(plan.summary() + ("" if plan.executed else " [plan]"), err=err)
+    for release in plan.releases:
+        click.echo(f"  release {release.describe()}", err=err)
+    verb = "unpinned" if plan.executed else "would unpin"
+    for member in plan.unpinned:
+        click.echo(f"  {verb} {_short(member.key)}  {member.name} ({member.signature})", err=err)
+    if plan.still_pinned:
+        n = len(plan.still_pinned)
+        click.echo(f"  {counted(n, 'member')} {'stays' if n == 1 else 'stay'} pinned by a ref or another label "
+                   "(--json says which)", err=err)
 
 
 @click.command("history", short_help="The history of the refs of a name.")

@@ -345,7 +345,7 @@ GC_YIELD_MAX_SECONDS = 0.1
 UNPIN_ADVICE = (
     "a newer `aot warmup` moves a ref (then the old entry is superseded); `aot gc --manifest M` "
     "drops the refs of signatures M no longer lists; a release set stays pinned while it is "
-    "its label's current or rollback target"
+    "its label's current or rollback target: `aot release rm LABEL` retires a label"
 )
 
 #: What ``gc --kind`` selects from: entries compiled through jax-aot (``aot``), entries of

@@ -1,12 +1,13 @@
 """What a cache serves, as :class:`aot.Cache` methods: release labels (list, show,
-promote, roll back) and the history of refs. A mixin of :class:`aot.Cache`, thin over
+promote, roll back, remove) and the history of refs. A mixin of :class:`aot.Cache`, thin over
 :class:`aot.cache.index.refs_sql.IndexRefs`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from aot.cache.index.refs import Ref, RefOrigin, Release
+from aot.cache.index.refs import Ref, RefOrigin, Release, ReleaseRemoval
 from aot.errors import CacheError
 
 if TYPE_CHECKING:
@@ -44,6 +45,24 @@ class Declared:
         """Points ``label`` back at the set it pointed to before."""
         self._check_writable("roll back a release")
         return self.index.rollback(label, origin or RefOrigin(f"rollback {label}", release=label))
+
+    def remove_release(
+        self, labels: str | Iterable[str] | ReleaseRemoval, *, dry_run: bool = False,
+    ) -> ReleaseRemoval:
+        """Removes release labels (every set of each), so that what only they pinned
+        becomes collectable by gc; a replica loading a removed label then fails at
+        start-up (:class:`aot.ReleaseNotFoundError`). Returns the plan: the labels'
+        current and rollback sets, the entries unpinned and those something else still
+        pins. ``dry_run`` changes nothing; a plan from a dry run may be passed back to
+        carry out exactly it. CacheError for an unknown label (naming those that exist);
+        ReadOnlyCacheError on a read-only cache unless ``dry_run``."""
+        if not dry_run:
+            self._check_writable("remove a release")
+        if isinstance(labels, ReleaseRemoval):
+            plan = labels
+        else:
+            plan = self.index.plan_release_removal([labels] if isinstance(labels, str) else list(labels))
+        return plan if dry_run else self.index.remove_releases(plan)
 
     def history(self, name: str, limit: int | None = None) -> list[Ref]:
         """Every change of the refs of ``name``, newest first."""

@@ -26,6 +26,8 @@ __all__ = [
     "RefOrigin",
     "Release",
     "ReleaseMember",
+    "ReleaseRemoval",
+    "RemovedRelease",
     "default_commit",
     "signature_digest",
 ]
@@ -133,6 +135,70 @@ class Release:
         data["created_at"] = self.created_at.isoformat()
         data["members"] = [m.to_dict() for m in self.members]
         return data
+
+
+@dataclass(frozen=True, slots=True)
+class RemovedRelease:
+    """A label ``aot release rm`` removes: its current set and the set a rollback would
+    go back to (both with members: what they pinned), and how many sets its history
+    held (all go)."""
+
+    label: str
+    current: Release
+    rollback: Release | None
+    sets: int
+
+    def describe(self) -> str:
+        def members(release: Release) -> str:
+            n = len(release.members)
+            return f"{n} member{'s' if n != 1 else ''}"
+
+        back = (f"rollback set {self.rollback.id} ({members(self.rollback)})"
+                if self.rollback is not None else "no rollback set")
+        return (f"{self.label}: current set {self.current.id} ({members(self.current)}), "
+                f"{back}, {self.sets} set{'s' if self.sets != 1 else ''} in its history")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "current": self.current.to_dict(),
+            "rollback": None if self.rollback is None else self.rollback.to_dict(),
+            "sets": self.sets,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRemoval:
+    """What ``aot release rm`` removes (or removed): the labels, the stored entries
+    only they pinned (``unpinned``: gc may collect them from then on) and the members
+    of their sets that stay pinned by a ref or another label (with why)."""
+
+    releases: tuple[RemovedRelease, ...]
+    unpinned: tuple[ReleaseMember, ...]
+    still_pinned: tuple[tuple[ReleaseMember, str], ...]
+    executed: bool = False
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(r.label for r in self.releases)
+
+    def summary(self) -> str:
+        n = len(self.unpinned)
+        labels = f"{len(self.releases)} release label{'s' if len(self.releases) != 1 else ''}"
+        entries = f"{n} entr{'y' if n == 1 else 'ies'}"
+        if self.executed:
+            what = f"unpinned {entries} (gc may collect {'it' if n == 1 else 'them'})" if n else "no entry unpinned"
+            return f"removed {labels} ({', '.join(self.labels)}); {what}"
+        what = f"would unpin {entries} (gc may collect {'it' if n == 1 else 'them'})" if n else "no entry unpinned"
+        return f"would remove {labels} ({', '.join(self.labels)}); {what}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "executed": self.executed,
+            "releases": [r.to_dict() for r in self.releases],
+            "unpinned": [m.to_dict() for m in self.unpinned],
+            "still_pinned": [{**m.to_dict(), "pinned_by": why} for m, why in self.still_pinned],
+        }
 
 
 @dataclass(frozen=True, slots=True)

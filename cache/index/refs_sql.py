@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,9 +25,11 @@ from aot.cache.index.refs import (
     RefOrigin,
     Release,
     ReleaseMember,
+    ReleaseRemoval,
+    RemovedRelease,
     signature_digest,
 )
-from aot.cache.index.schema import CACHE_META, REF_HISTORY, REFS, RELEASE_MEMBERS, RELEASES
+from aot.cache.index.schema import ARTIFACTS, CACHE_META, REF_HISTORY, REFS, RELEASE_MEMBERS, RELEASES
 from aot.errors import CacheError
 
 logger = logging.getLogger(__name__)
@@ -231,9 +234,10 @@ class IndexRefs(IndexEngine):
             rows = conn.execute(sa.select(RELEASES).where(RELEASES.c.label == label).order_by(RELEASES.c.id.desc()))
             return [_release(dict(r._mapping), ()) for r in rows.all()]
 
-    def pinned_keys(self) -> dict[str, str]:
+    def pinned_keys(self, *, excluding: Collection[str] = ()) -> dict[str, str]:
         """``{key: why}`` for every key gc must keep: named by a current ref, or by a
-        member of a label's current set or of the set a rollback would go back to."""
+        member of a label's current set or of the set a rollback would go back to.
+        ``excluding``: as if those labels were gone (what ``aot release rm`` unpins)."""
         pins: dict[str, str] = {}
         with self._read("read what refs and releases pin") as conn:
             for key, name in conn.execute(sa.select(REFS.c.key, REFS.c.name)).all():
@@ -241,7 +245,7 @@ class IndexRefs(IndexEngine):
             current = {r.label: (r.id, r.previous) for r in conn.execute(
                 sa.select(RELEASES.c.label, RELEASES.c.id, RELEASES.c.previous)
                 .where(RELEASES.c.id.in_(sa.select(sa.func.max(RELEASES.c.id)).group_by(RELEASES.c.label)))
-            ).all()}
+            ).all() if r.label not in excluding}
             live = {i: label for label, (i, _) in current.items()}
             live.update({p: f"{label} (rollback target)" for label, (_, p) in current.items() if p is not None})
             if live:
@@ -250,6 +254,62 @@ class IndexRefs(IndexEngine):
                 for key, set_id in rows.all():
                     pins.setdefault(key, f"release {live[set_id]}")
         return pins
+
+    def plan_release_removal(self, labels: Sequence[str]) -> ReleaseRemoval:
+        """What removing ``labels`` (every set of each) changes: their current and
+        rollback sets, the stored entries only they pin, and the members something else
+        keeps pinned. Raises CacheError naming the labels that exist when one is unknown."""
+        labels = tuple(dict.fromkeys(labels))
+        if not labels:
+            raise CacheError("no release label given; `aot release ls` lists them")
+        known = [r.label for r in self.releases()]
+        unknown = [label for label in labels if label not in known]
+        if unknown:
+            raise CacheError(
+                f"no release labelled {', '.join(repr(u) for u in unknown)}; the labels are "
+                f"{', '.join(known) if known else '(none)'} (`aot release ls` lists them)"
+            )
+        removed = []
+        for label in labels:
+            current = self.release_set(label)
+            if current is None:  # removed since it was listed
+                raise CacheError(f"no release labelled {label!r} any more; `aot release ls` lists the labels")
+            back = None if current.previous is None else self.release_set(label, set_id=current.previous)
+            removed.append(RemovedRelease(label, current, back, len(self.release_history(label))))
+        members = {m.key: m for r in removed for s in (r.current, r.rollback) if s is not None for m in s.members}
+        after = self.pinned_keys(excluding=labels)
+        stored = self._stored_keys(list(members))
+        unpinned = tuple(members[k] for k in sorted(stored) if k not in after)
+        still = tuple((members[k], after[k]) for k in sorted(members) if k in after)
+        return ReleaseRemoval(tuple(removed), unpinned, still)
+
+    def _stored_keys(self, keys: list[str]) -> set[str]:
+        found: set[str] = set()
+        with self._read("read which entries are stored") as conn:
+            for i in range(0, len(keys), 500):
+                chunk = keys[i:i + 500]
+                found.update(conn.execute(sa.select(ARTIFACTS.c.key).where(ARTIFACTS.c.key.in_(chunk))).scalars())
+        return found
+
+    def remove_releases(self, plan: ReleaseRemoval) -> ReleaseRemoval:
+        """Deletes every set of each planned label up to the one planned as current, in
+        one transaction (the refs' history keeps the label names). A set added to a
+        label after the plan (a warm-up or promotion meanwhile) is kept, with a warning."""
+        with self._write(f"remove releases {', '.join(plan.labels)}") as conn:
+            for release in plan.releases:
+                sets = sa.select(RELEASES.c.id).where(
+                    RELEASES.c.label == release.label, RELEASES.c.id <= release.current.id
+                )
+                conn.execute(sa.delete(RELEASE_MEMBERS).where(RELEASE_MEMBERS.c.release_id.in_(sets)))
+                conn.execute(sa.delete(RELEASES).where(
+                    RELEASES.c.label == release.label, RELEASES.c.id <= release.current.id
+                ))
+                newer = self._current_set(conn, release.label)
+                if newer is not None:
+                    logger.warning("release %s: set %s was recorded after the plan and is kept",
+                                   release.label, newer["id"])
+        logger.info("removed releases %s; %d entries unpinned", ", ".join(plan.labels), len(plan.unpinned))
+        return replace(plan, executed=True)
 
     def _current_set(self, conn: Connection, label: str) -> dict[str, Any] | None:
         row = conn.execute(

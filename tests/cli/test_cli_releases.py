@@ -1,12 +1,14 @@
-"""aot release ls/show/promote/rollback and aot history, over a warmed cache."""
+"""aot release ls/show/promote/rollback/rm and aot history, over a warmed cache."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 import aot
 from aot.cache.index.refs import RefOrigin
-from tests.cli.helpers import Invoke
+from tests.cli.helpers import Invoke, one_line_error
 
 
 def test_promote_rollback_and_history(invoke: Invoke, warmed, cache_dir) -> None:  # noqa: ANN001
@@ -35,3 +37,96 @@ def test_promote_rollback_and_history(invoke: Invoke, warmed, cache_dir) -> None
     assert history and all(h["name"] == name for h in history)
     assert history[0]["source"].startswith("warmup")
     assert invoke("history", name).stdout.splitlines()[0].split("  ")[1] == history[0]["key"][:12]
+
+
+# ---------------------------------------------------------------- release rm
+
+REMOVAL_KEYS = {"executed", "releases", "unpinned", "still_pinned"}
+
+
+@pytest.fixture
+def labelled(warmed, cache_dir) -> dict[str, str]:  # noqa: ANN001
+    """canary-2026-11 names tiny and mlp.forward's first bucket, prod names that bucket;
+    neither entry keeps its ref (the refs moved on): only the labels pin them."""
+    with aot.Cache(cache_dir) as cache:
+        by_name = {e.name: e for e in cache.entries()}  # one entry of each name
+        tiny, mlp = by_name["tiny"], by_name["mlp.forward"]
+        canary = cache.index.open_release("canary-2026-11", RefOrigin("ci"))
+        cache.set_refs([tiny, mlp], RefOrigin("ci"), release_id=canary)
+        prod = cache.index.open_release("prod", RefOrigin("ci"))
+        cache.set_refs([mlp], RefOrigin("ci"), release_id=prod)
+        cache.index.drop_refs([(e.name, e.signature, e.env_fp) for e in (tiny, mlp)])
+    return {"tiny": tiny.key, "mlp": mlp.key}
+
+
+def _labels(invoke: Invoke) -> list[str]:
+    return [r["label"] for r in json.loads(invoke("release", "ls", "--json").stdout)["releases"]]
+
+
+def test_release_rm_then_gc_collects_only_what_the_label_pinned(invoke: Invoke, labelled) -> None:  # noqa: ANN001
+    kept = invoke("gc", "--older-than", "0s", "--yes")
+    assert kept.exit_code == 0 and kept.stdout.startswith("nothing to collect"), kept.output
+    assert "`aot release rm LABEL` retires a label" in kept.stdout  # the advice names the verb
+    set_id = json.loads(invoke("release", "show", "canary-2026-11", "--json").stdout)["id"]
+    dry = invoke("release", "rm", "canary-2026-11", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert dry.stdout.splitlines() == [
+        "would remove 1 release label (canary-2026-11); would unpin 1 entry (gc may collect it) [plan]",
+        f"  release canary-2026-11: current set {set_id} (2 members), no rollback set, 1 set in its history",
+        f"  would unpin {labelled['tiny'][:12]}  tiny (f32[8], f32[8])",
+        "  1 member stays pinned by a ref or another label (--json says which)",
+    ]
+    assert _labels(invoke) == ["canary-2026-11", "prod"]  # the dry run changed nothing
+    assert invoke("gc", "--older-than", "0s", "--yes").stdout.startswith("nothing to collect")
+    done = invoke("release", "rm", "canary-2026-11")  # not a terminal: no question
+    assert done.exit_code == 0, done.output
+    assert done.stdout.startswith("removed 1 release label (canary-2026-11); unpinned 1 entry (gc may collect it)\n")
+    assert f"  unpinned {labelled['tiny'][:12]}  tiny (f32[8], f32[8])\n" in done.stdout
+    assert _labels(invoke) == ["prod"]
+    collected = json.loads(invoke("gc", "--older-than", "0s", "--yes", "--json").stdout)
+    assert [v["key"] for v in collected["entries"]] == [labelled["tiny"]]
+    assert labelled["mlp"] in {v["key"] for v in collected["pinned"]}  # prod still pins it
+    names = [e["name"] for e in json.loads(invoke("ls", "--json").stdout)["entries"]]
+    assert "tiny" not in names and names.count("mlp.forward") == 3
+
+
+def test_release_rm_json_unknown_label_and_read_only(invoke: Invoke, labelled, cache_dir) -> None:  # noqa: ANN001
+    assert len(aot.load("mlp.forward", cache=str(cache_dir), read_only=True, release="prod").signatures) == 1
+    plan = json.loads(invoke("release", "rm", "canary-2026-11", "prod", "--dry-run", "--json").stdout)
+    assert set(plan) == REMOVAL_KEYS and plan["executed"] is False
+    assert [r["label"] for r in plan["releases"]] == ["canary-2026-11", "prod"]
+    assert set(plan["releases"][0]) == {"label", "current", "rollback", "sets"}
+    assert sorted(m["key"] for m in plan["unpinned"]) == sorted(labelled.values())
+    assert plan["still_pinned"] == []
+    unknown = one_line_error(invoke("release", "rm", "canary-2026-11", "canary-2026-12"))
+    assert unknown == ("Error: no release labelled 'canary-2026-12'; the labels are canary-2026-11, prod "
+                       "(`aot release ls` lists them)")
+    read_only = one_line_error(invoke("release", "rm", "prod", "--read-only"))
+    assert read_only.startswith(f"Error: cannot remove a release: the cache at {cache_dir} is read-only")
+    assert _labels(invoke) == ["canary-2026-11", "prod"]
+    with_json = json.loads(invoke("release", "rm", "prod", "--json").stdout)
+    assert with_json["executed"] is True and [m["key"] for m in with_json["still_pinned"]] == [labelled["mlp"]]
+    assert with_json["still_pinned"][0]["pinned_by"] == "release canary-2026-11"
+    # A replica of this folder cache (the stdlib reader) loading the removed label fails at start-up.
+    with pytest.raises(aot.ReleaseNotFoundError, match="no release labelled 'prod'"):
+        aot.load("mlp.forward", cache=str(cache_dir), read_only=True, release="prod")
+
+
+def test_release_rm_asks_on_a_terminal(invoke: Invoke, labelled, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr("aot.cli.releases.stdin_is_tty", lambda: True)
+    monkeypatch.setattr("aot.cli.common.stdin_is_tty", lambda: True)
+    refused = one_line_error(invoke("release", "rm", "prod", "--read-only", input="y\n"))  # not asked
+    assert refused.startswith("Error: cannot remove a release: the cache at ")
+    declined = invoke("release", "rm", "prod", input="n\n")
+    assert declined.exit_code == 1
+    assert "Remove 1 release label (unpins 0 entries)? [y/N]" in declined.stderr
+    assert "Aborted: nothing was removed." in declined.stderr
+    assert _labels(invoke) == ["canary-2026-11", "prod"]
+    accepted = invoke("release", "rm", "prod", input="y\n")
+    assert accepted.exit_code == 0, accepted.output
+    lines = accepted.stdout.splitlines()  # the plan, then what was done (as gc does)
+    assert lines[0].startswith("would remove 1 release label (prod); ") and lines[0].endswith(" [plan]")
+    assert "removed 1 release label (prod); no entry unpinned" in lines
+    assert _labels(invoke) == ["canary-2026-11"]
+    assert invoke("release", "rm", "canary-2026-11", "--yes").exit_code == 0
+    assert _labels(invoke) == []

@@ -112,3 +112,20 @@ def test_the_first_description_recorded_stays(index: Index) -> None:
     first = index.describe("s3://bucket/blobs", "zstd", 3)
     again = index.describe("/elsewhere", "zstd", 3)
     assert first == again and again.blob_location == "s3://bucket/blobs"
+
+
+def test_removing_a_release_keeps_a_set_recorded_after_the_plan(index: Index) -> None:
+    first = index.open_release("canary", origin("warmup"))
+    index.set_refs([("m", SIG, ENV, "k1")], origin(release="canary"), release_id=first)
+    plan = index.plan_release_removal(["canary"])
+    assert plan.unpinned == ()  # k1 is not stored: nothing for gc to collect
+    assert [(m.key, why) for m, why in plan.still_pinned] == [("k1", "served ref of m")]
+    second = index.open_release("canary", origin("warmup"))  # a warm-up, after the plan
+    index.set_refs([("m", SIG, ENV, "k2")], origin(release="canary"), release_id=second)
+    assert index.remove_releases(plan).executed
+    [kept] = index.releases()
+    assert (kept.label, kept.id) == ("canary", second)
+    assert index.release_history("canary") == [kept]
+    assert index.pinned_keys() == {"k2": "served ref of m"}
+    with pytest.raises(CacheError, match="its previous set .* is gone"):
+        index.rollback("canary", origin("rollback"))
