@@ -89,6 +89,9 @@ def test_the_private_names_we_use_are_there() -> None:
     assert hasattr(cc._cache_initialized_mutex, "acquire")
     data = cc.combine_executable_and_time(b"exe", 7)
     assert jaxpc.compile_time_of(data) == 7
+    from jax._src import dispatch
+
+    assert dispatch.BACKEND_COMPILE_EVENT == jaxpc.COMPILE_DONE_EVENT  # releases a jit's claim
 
 
 def test_install_routes_jit_and_uninstall_restores(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
