@@ -222,6 +222,7 @@ class JaxCacheBackend:
             found = self._read(key)
             if found is not None or not self.compile_once or self.read_only:
                 return self._counted(key, found)
+            reached("jit.missed")
             return self._counted(key, self._claim_or_wait(key))
         except Exception as e:  # noqa: BLE001 - never raise into a jit call
             self._count("errors")
@@ -345,11 +346,13 @@ class JaxCacheBackend:
             other = index.jit_claim(key, self.holder, self.claim_seconds)
             if other is None:
                 self._hold(key, index)
-                if waited:  # stored while we looked?
-                    found = self._read(key)
-                    if found is not None:
-                        self._release_claims({key})
-                        return found
+                # Stored between our miss and our claim (its holder released it)? Then
+                # load it: read after claiming, or a holder quick to store and release
+                # gets its program compiled twice.
+                found = self._read(key)
+                if found is not None:
+                    self._release_claims({key})
+                    return found
                 reached("jit.claimed")
                 return None
             if not waited:

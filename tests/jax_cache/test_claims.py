@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import aot
+from aot.cache import pauses
 from aot.cache.cache import Cache
 from aot.cache.jax_cache import JaxCacheBackend
 
@@ -115,6 +116,28 @@ def test_a_waiter_loads_the_entry_of_a_holder_compiling_past_the_lease(postgres_
     finally:
         holder.close()
         waiter.close()
+
+
+def test_an_entry_stored_between_the_miss_and_the_claim_is_loaded(postgres_url: str) -> None:
+    """The holder stores and releases just after the waiter's miss and before its
+    claim: the waiter's claim then succeeds, and it must load the entry, not compile."""
+    from jax._src import compilation_cache as cc
+
+    payload = cc.compress_executable(cc.combine_executable_and_time(b"y" * 100, 2))
+    holder, late = _backend(postgres_url), _backend(postgres_url)
+
+    def at(point: str) -> None:
+        if point == "jit.missed":
+            holder.put("jit_k-13", payload)  # stored, claim released
+
+    previous = pauses.set_hook(at)
+    try:
+        assert late.get("jit_k-13") == payload
+        assert late.counts.hits == 1 and late.claimed == frozenset()
+    finally:
+        pauses.set_hook(previous)
+        holder.close()
+        late.close()
 
 
 # ---------------------------------------------------------------- PostgreSQL + S3, fresh processes
