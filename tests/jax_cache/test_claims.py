@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("one_jit_script.py")
 HITS = "/jax/compilation_cache/cache_hits"
 WRITES = "/jax/compilation_cache/cache_misses"  # JAX records it when it writes an entry
-LEASE = 0.6
+LEASE = 1.5  # beats every 0.5 s: slack for a loaded machine
 
 
 def _backend(location: str, **kwargs: Any) -> JaxCacheBackend:
@@ -51,7 +51,7 @@ def test_the_heartbeat_starts_at_the_first_claim_and_keeps_it_past_the_lease(pos
         assert backend.get("jit_f-10") is None  # a miss: claimed, now "compiling"
         beat = backend.heartbeat
         assert beat is not None and beat.running
-        time.sleep(4 * LEASE)
+        time.sleep(3 * LEASE)
         assert _holder_of(postgres_url, "jit_f-10") == backend.holder  # renewed, still held
         assert beat.beats >= 2
     finally:
@@ -108,7 +108,7 @@ def test_a_waiter_loads_the_entry_of_a_holder_compiling_past_the_lease(postgres_
         got: list[bytes | None] = []
         waiting = threading.Thread(target=lambda: got.append(waiter.get("jit_h-12")))
         waiting.start()
-        time.sleep(5 * LEASE)  # a compile five leases long
+        time.sleep(3 * LEASE)  # a compile three leases long
         assert got == [] and waiter.counts.waits == 1  # still waiting: the claim is alive
         holder.put("jit_h-12", payload)
         waiting.join(timeout=30)
