@@ -36,6 +36,7 @@ POINTS = (
     "gc.locked",  # inside the deletion lock: deletable blobs selected, none deleted
     "gc.deleted",  # inside the lock: the batch's blobs deleted, not committed
     "gc.done",  # every batch committed
+    "jit.missed",  # aot.jax_cache: a jit key missed in the index; its compile not claimed yet
     "jit.claimed",  # aot.jax_cache: this process claimed a jit key's compile; not compiled yet
     "warmup.compiling",  # aot warmup: an entry's XLA compile starts (its compile claim, if any, taken)
 )

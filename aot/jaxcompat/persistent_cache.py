@@ -15,7 +15,10 @@ and warns about what ``get``/``put`` raise unless
 
 Private: ``jax._src.compilation_cache`` (``_cache``, ``_cache_initialized``,
 ``_cache_checked``, ``_cache_used``, ``_cache_initialized_mutex``,
-``decompress_executable``) and ``jax._src.compilation_cache_interface.CacheInterface``.
+``decompress_executable``) and ``jax._src.compilation_cache_interface.CacheInterface``;
+the name of the event JAX records when a compile returns
+(``jax._src.dispatch.BACKEND_COMPILE_EVENT``, :data:`COMPILE_DONE_EVENT`, heard through
+the public ``jax.monitoring``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Installed", "install_backend", "make_backend", "restore", "current_backend", "compile_time_of"]
+__all__ = [
+    "COMPILE_DONE_EVENT", "Installed", "install_backend", "make_backend", "restore", "current_backend",
+    "compile_time_of", "on_compile_done",
+]
+
+#: The duration event JAX records on the compiling thread when a ``jit`` compile
+#: returns (after its persistent-cache ``get`` and, if JAX stored it, ``put``; also when
+#: the compile raised).
+COMPILE_DONE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,3 +103,15 @@ def compile_time_of(data: bytes) -> int:
 
     _, seconds = cc.extract_executable_and_time(data)
     return int(seconds)
+
+
+def on_compile_done(callback: Callable[[], None]) -> None:
+    """Calls ``callback()`` on the compiling thread each time a ``jit`` compile returns
+    (for the rest of the process: ``jax.monitoring`` cannot forget a listener)."""
+    import jax.monitoring
+
+    def listener(event: str, duration: float, **_: Any) -> None:
+        if event == COMPILE_DONE_EVENT:
+            callback()
+
+    jax.monitoring.register_event_duration_secs_listener(listener)

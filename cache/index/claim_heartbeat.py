@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,33 +25,44 @@ class ClaimHeartbeat:
     """Keeps a holder's compile claims alive while it compiles: a daemon thread that
     extends every claim :meth:`hold` s every ``seconds / 3`` (a compile longer than
     ``seconds`` is then not compiled twice; a killed holder's claims still expire
-    ``seconds`` after its last beat). Use as a context manager."""
+    ``seconds`` after its last beat). Use as a context manager, or :meth:`start` and
+    :meth:`close`. Never raises from its thread: a beat that fails is logged, and the
+    claims it did not extend expire on their own."""
 
     def __init__(self, index: IndexJit, holder: str, seconds: float) -> None:
         self.index = index
         self.holder = holder
         self.seconds = seconds
         self.beats = 0  # extensions made (that held at least one claim)
-        self._keys: set[str] = set()
+        self._keys: dict[str, float | None] = {}  # key -> renewed until (monotonic), None: always
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._beat = threading.Condition(self._lock)
         self._thread = threading.Thread(target=self._run, name="aot-claim-heartbeat", daemon=True)
 
     def __enter__(self) -> ClaimHeartbeat:
-        self._thread.start()
+        self.start()
         return self
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def hold(self, key: str) -> None:
+    def hold(self, key: str, *, for_seconds: float | None = None) -> None:
+        """Extends ``key``'s claim at every beat (for at most ``for_seconds`` from now:
+        then it is left to expire)."""
         with self._lock:
-            self._keys.add(key)
+            self._keys[key] = None if for_seconds is None else time.monotonic() + for_seconds
 
     def drop(self, key: str) -> None:
         with self._lock:
-            self._keys.discard(key)
+            self._keys.pop(key, None)
 
     def wait_beats(self, count: int, timeout: float) -> bool:
         """Waits until ``count`` beats were made (tests, diagnostics); False on timeout."""
@@ -59,11 +71,21 @@ class ClaimHeartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(max(self.seconds / 3.0, 0.05)):
+            now = time.monotonic()
             with self._lock:
+                for key in [k for k, until in self._keys.items() if until is not None and until <= now]:
+                    del self._keys[key]
+                    logger.warning("compile claim of %s on %s: no longer renewed (its bound passed); "
+                                   "it expires in %.0f s", self.holder, key, self.seconds)
                 keys = set(self._keys)
             if not keys:
                 continue
-            held = self.index.jit_claim_extend(keys, self.holder, self.seconds)
+            try:
+                held = self.index.jit_claim_extend(keys, self.holder, self.seconds)
+            except Exception as e:  # noqa: BLE001 - never end the thread: the claims expire
+                logger.warning("compile claims of %s: could not extend them (%s: %s)", self.holder,
+                               type(e).__name__, e)
+                continue
             lost = keys - held
             if lost:
                 logger.warning("compile claims of %s expired before their heartbeat: %s", self.holder, sorted(lost))
@@ -72,7 +94,9 @@ class ClaimHeartbeat:
                     self.beats += 1
                 self._beat.notify_all()
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
+        """Stops the beats; ``wait=False``: without waiting for a beat under way (at
+        exit: the thread is a daemon)."""
         self._stop.set()
-        if self._thread.is_alive():
+        if wait and self._thread.is_alive():
             self._thread.join()

@@ -22,10 +22,15 @@ at the top of the script). See docs/jax-cache.md.
 * Never raises into a ``jit`` call: a corrupt, unreadable, unsigned or unreachable
   entry is a miss with one warning per key, and the fresh compile's ``put`` repairs it.
 * Compile once per fleet (``compile_once``, on by default for a PostgreSQL index):
-  a miss claims the key in the index; another process that misses it meanwhile waits
-  (polling with backoff, at most ``wait_seconds``) for the holder's entry and loads
-  it, and compiles itself when the holder's claim expires (``claim_seconds``: a holder
-  killed mid-compile) or the bound is reached.
+  a miss claims the key in the index for a short lease (``claim_seconds``, 30 s) that a
+  heartbeat thread of the holder renews while it compiles
+  (:class:`~aot.cache.index.claim_heartbeat.ClaimHeartbeat`: one per backend, a daemon
+  started at the first claim, stopped at uninstall and exit); another process that
+  misses it meanwhile waits (polling with backoff, at most ``wait_seconds``) for the
+  holder's entry and loads it, and compiles itself when the holder's claim expires (a
+  holder killed mid-compile: within the lease) or the bound is reached. A claim is
+  given up when its compile returns (JAX's compile event, on the compiling thread), and
+  renewed for at most ``wait_seconds``.
 * A warm start from the local tier pays nothing for the remote: :func:`install` opens
   neither the index nor the blob store; a key is first looked up in the local tier's
   own rows (:mod:`aot.cache.jax_cache.local_rows`) and served after its blob's digest
@@ -48,6 +53,7 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from aot.cache.index.claim_heartbeat import ClaimHeartbeat
 from aot.cache.jax_cache.local_rows import LocalRows
 from aot.cache.index.jit_records import JitEntry, function_name, sign_entry, signature_problem
 from aot.cache.pauses import reached
@@ -89,9 +95,10 @@ ENV_COMPILE_ONCE = "AOT_JAX_CACHE_COMPILE_ONCE"
 ENV_CLAIM_SECONDS = "AOT_JAX_CACHE_CLAIM_SECONDS"
 ENV_WAIT_SECONDS = "AOT_JAX_CACHE_WAIT_SECONDS"
 
-#: How long a compile claim lasts without its holder's entry (a killed holder's
-#: waiters compile themselves after this), and the longest a waiter waits.
-CLAIM_SECONDS = 300.0
+#: A compile claim's lease: its holder's heartbeat renews it every third of it while
+#: it compiles, so a killed holder's waiters compile themselves at most this long after
+#: its last beat; and the longest a waiter waits.
+CLAIM_SECONDS = 30.0
 WAIT_SECONDS = 600.0
 
 
@@ -139,6 +146,7 @@ class JaxCacheBackend:
         self.wait_seconds = wait_seconds
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._claimed: dict[str, int] = {}  # key -> the thread compiling it
+        self._heartbeat: ClaimHeartbeat | None = None  # renews _claimed; started at the first claim
         self._warned: set[str] = set()
         self._missed_at: dict[str, float] = {}  # key -> when get missed it (compile time)
         self._lock = threading.Lock()
@@ -174,6 +182,17 @@ class JaxCacheBackend:
         return self._cache
 
     @property
+    def claimed(self) -> frozenset[str]:
+        """The keys whose compile this process claimed and still holds."""
+        with self._lock:
+            return frozenset(self._claimed)
+
+    @property
+    def heartbeat(self) -> ClaimHeartbeat | None:
+        """The thread renewing the claims (None until the first claim, and once closed)."""
+        return self._heartbeat
+
+    @property
     def counts(self) -> JaxCacheCounts:
         with self._lock:
             return JaxCacheCounts(**self._counts)
@@ -203,6 +222,7 @@ class JaxCacheBackend:
             found = self._read(key)
             if found is not None or not self.compile_once or self.read_only:
                 return self._counted(key, found)
+            reached("jit.missed")
             return self._counted(key, self._claim_or_wait(key))
         except Exception as e:  # noqa: BLE001 - never raise into a jit call
             self._count("errors")
@@ -325,10 +345,16 @@ class JaxCacheBackend:
         while True:
             other = index.jit_claim(key, self.holder, self.claim_seconds)
             if other is None:
-                with self._lock:
-                    self._claimed[key] = threading.get_ident()
+                self._hold(key, index)
+                # Stored between our miss and our claim (its holder released it)? Then
+                # load it: read after claiming, or a holder quick to store and release
+                # gets its program compiled twice.
+                found = self._read(key)
+                if found is not None:
+                    self._release_claims({key})
+                    return found
                 reached("jit.claimed")
-                return self._read(key) if waited else None  # stored while we looked?
+                return None
             if not waited:
                 waited = True
                 self._count("waits")
@@ -343,6 +369,25 @@ class JaxCacheBackend:
             if found is not None:
                 return found
 
+    def _hold(self, key: str, index: Any) -> None:
+        """``key`` is claimed by this thread: its claim is renewed until it is released
+        (by the put, or when the compile returns), for at most ``wait_seconds``."""
+        with self._lock:
+            self._claimed[key] = threading.get_ident()
+            if self._heartbeat is None:
+                self._heartbeat = ClaimHeartbeat(index, self.holder, self.claim_seconds)
+                self._heartbeat.start()
+            self._heartbeat.hold(key, for_seconds=self.wait_seconds)
+
+    def compile_done(self) -> None:
+        """A compile of this thread returned (JAX's event): the claim it held, stored
+        or not, is given up (a compile too short for JAX to store leaves no entry to
+        wait for). Never raises."""
+        try:
+            self._release_claims(thread=threading.get_ident())
+        except Exception as e:  # noqa: BLE001 - never raise into a jit call; the claim expires
+            log.warning("jax-aot cache: could not release a compile claim (%s: %s)", type(e).__name__, e)
+
     def _release_claims(self, keys: set[str] | None = None, *, thread: int | None = None) -> None:
         with self._lock:
             done = {
@@ -351,8 +396,16 @@ class JaxCacheBackend:
             }
             for k in done:
                 del self._claimed[k]
+                if self._heartbeat is not None:
+                    self._heartbeat.drop(k)
         if done:
             self.cache.index.jit_unclaim(done, self.holder)
+
+    def _stop_heartbeat(self, *, wait: bool = True) -> None:
+        with self._lock:
+            beat, self._heartbeat = self._heartbeat, None
+        if beat is not None:
+            beat.close(wait=wait)
 
     # -- writing ----------------------------------------------------------------------
 
@@ -409,6 +462,7 @@ class JaxCacheBackend:
             log.warning("jax-aot cache: could not record %s's local hits: %s", self.display_location, e)
 
     def close(self) -> None:
+        self._stop_heartbeat()
         self._release_claims()
         self.flush()
         if self.local is not None:
@@ -455,6 +509,13 @@ def _platform() -> str:
 
 _installed: tuple[JaxCacheBackend, jaxpc.Installed] | None = None
 _install_lock = threading.Lock()
+_listening = False  # JAX's compile event reaches the installed backend (registered once)
+
+
+def _compile_done() -> None:
+    found = _installed
+    if found is not None:
+        found[0].compile_done()
 
 
 def install(
@@ -501,8 +562,11 @@ def install(
             timeouts=timeouts, local=local, owns=True, compile_once=compile_once,
             claim_seconds=claim_seconds, wait_seconds=wait_seconds,
         )
-    global _installed
+    global _installed, _listening
     with _install_lock:
+        if not _listening:
+            jaxpc.on_compile_done(_compile_done)
+            _listening = True
         previous = _installed
         state = previous[1] if previous is not None else None
         new_state = jaxpc.install_backend(jaxpc.make_backend(backend.get, backend.put, backend.display_location))
@@ -553,5 +617,6 @@ def install_from_env(environ: dict[str, str] | None = None) -> JaxCacheBackend |
 def _release_at_exit() -> None:
     found = _installed
     if found is not None:
+        found[0]._stop_heartbeat(wait=False)
         found[0]._release_claims()
         found[0].flush()
