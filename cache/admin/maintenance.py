@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -584,9 +584,9 @@ def _arguments_of(cache: Cache, entries: Sequence[_Row]) -> dict[_Program, Signa
 class ArgumentNames:
     """The arguments by name of a plan's victims, read when first asked, for all of them
     at once (:func:`_arguments_of`): a plan of half a million victims names a hundred
-    thousand programs from their manifests, seconds that a caller who only counts or
-    executes the plan does not wait for. Read while the cache is open: gc names them
-    before it deletes rows (:meth:`GcPlan.name_arguments`)."""
+    thousand programs from their manifests, seconds that a caller who only counts the
+    plan or reads its keys does not wait for. Read while the cache is open; an executed
+    gc names them before it deletes rows (:meth:`GcPlan.name_arguments`)."""
 
     __slots__ = ("_cache", "_entries", "_found", "_lock")
 

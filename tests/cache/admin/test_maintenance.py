@@ -440,3 +440,15 @@ def test_an_executed_gc_names_its_victims_arguments_before_deleting_their_rows(a
     expected = Signature.from_manifest_json(e[1].manifest, e[1].signature)
     assert done.entries[0].arguments == expected
     assert any(leaf.path for leaf in done.entries[0].arguments.leaves)
+
+
+@pytest.mark.parametrize("lookup_max", [0, maintenance.REFERENCED_LOOKUP_MAX])
+def test_a_victims_young_blobs_are_planned_by_either_referenced_read(aged, monkeypatch, lookup_max: int) -> None:  # noqa: ANN001
+    """The victims' blobs were just written (younger than the orphan grace): they are
+    planned because a row references them, whether gc scans every referenced digest
+    (many unkept blobs) or looks up only the unkept ones (few)."""
+    cache, e = aged
+    monkeypatch.setattr(maintenance, "REFERENCED_LOOKUP_MAX", lookup_max)
+    plan = cache.gc(older_than="150min", dry_run=True)
+    assert [v.key for v in plan.entries] == [e[1].key]
+    assert set(plan.blobs) == {e[1].exe_digest, e[1].hlo_digest}
