@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import itertools
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +23,7 @@ from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
 from aot.errors import AotError, CacheError, IntegrityError, UsageError
 from aot.signing import check_identity, verify as verify_signature
 from aot.cache.admin.jit_entries import verify_jit_entries
-from aot.cache.index.entry import IndexEntry
+from aot.cache.index.entry import GcRow, IndexEntry, collector_paused
 from aot.cache.index.jit_records import AOT, JIT, JitEntry
 from aot.cache.index.served import ref_map, superseded_keys
 from aot.cache.storage.content import PROBLEM_MISSING
@@ -259,8 +261,17 @@ class GcVictim:
     stored_size: int
     last_used_at: str
     reason: str
-    arguments: Signature = Signature(())  # by argument name (from the manifest)
     kind: str = AOT  # or JIT: an entry of JAX's persistent cache (aot.jax_cache)
+    program_fp: str = field(default="", repr=False)
+    #: Names its arguments from the manifest when first asked (None: flat signature).
+    names: ArgumentNames | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def arguments(self) -> Signature:
+        """Its arguments by name (from its program's manifest); empty for a jit entry."""
+        if self.names is None:
+            return Signature(())
+        return self.names.of((self.name, self.signature, self.program_fp))
 
     @classmethod
     def of_jit(cls, entry: JitEntry, reason: str) -> GcVictim:
@@ -310,6 +321,14 @@ class GcPlan:
     @property
     def size_after(self) -> int:
         return self.size_before - self.bytes_freed
+
+    def name_arguments(self) -> None:
+        """Reads the victims' argument names now (they are read when first asked),
+        while their rows and manifests are still in the index."""
+        for victim in itertools.chain(self.entries, self.pinned):
+            if victim.names is not None:  # one reader for the whole plan
+                victim.names.all()
+                return
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -383,35 +402,51 @@ def plan_gc(
     last use: when stored, or last hit). ``kind`` (``aot``, ``jit``, ``all``) narrows
     which entries may be selected; every entry's blobs count in the size either way.
     """
+    with collector_paused():  # a million rows: see aot.cache.index.entry
+        return _plan_gc(cache, max_size=max_size, older_than=older_than, superseded=superseded,
+                        force=force, unpinned=unpinned, kind=kind)
+
+
+#: Above this many unkept blobs, gc reads every referenced digest in one scan rather
+#: than looking the unkept ones up through the digest indexes.
+REFERENCED_LOOKUP_MAX = 20_000
+
+
+def _plan_gc(
+    cache: Cache, *, max_size: int | str | None, older_than: Any, superseded: bool, force: bool,
+    unpinned: frozenset[tuple[str, str]], kind: str,
+) -> GcPlan:
     limit = parse_size(max_size)
     age = parse_age(older_than)
     kinds = _kinds(kind)
     # Manifests only where the plan needs them: superseded groups by the input tree;
-    # otherwise only the victims' are read, to name their arguments (at the end).
-    entries = cache.index.entries(manifests=superseded)
+    # otherwise gc's slim rows, and only the victims' manifests are read, to name their
+    # arguments (at the end).
+    entries: Sequence[_Row] = cache.index.entries(manifests=True) if superseded else cache.index.gc_rows()
     jit_entries = cache.index.jit_entries()
     now = cache.index.now()
     victims: dict[str, GcVictim] = {}
     as_planned: dict[str, tuple[str, _dt.datetime]] = {}
 
-    newer = superseded_keys(entries, ref_map(cache.index.refs())) if superseded else {}
+    newer = superseded_keys(entries, ref_map(cache.index.refs())) if superseded else {}  # type: ignore[arg-type]
     pins = cache.index.pinned_keys()
     for ref in cache.index.refs():
         if (ref.name, ref.signature) in unpinned and pins.get(ref.key, "").startswith("served ref"):
             pins.pop(ref.key)  # its ref is dropped first (a dry run assumes so)
     dropped_names = {name for name, _ in unpinned}
 
-    chosen: dict[str, tuple[IndexEntry, str]] = {}  # key -> (entry, reason): victims
-    kept: dict[str, tuple[IndexEntry, str]] = {}  # key -> (entry, why): pinned
+    chosen: dict[str, tuple[_Row, str]] = {}  # key -> (entry, reason): victims
+    kept: dict[str, tuple[_Row, str]] = {}  # key -> (entry, why): pinned
 
-    def add(entry: IndexEntry, reason: str) -> None:
-        if entry.ok and entry.key in pins:  # a quarantined entry is proven corrupt: never kept
-            kept.setdefault(entry.key, (entry, f"pinned: {pins[entry.key]} ({reason})"))
+    def add(entry: _Row, reason: str) -> None:
+        key = entry.key
+        if key in pins and entry.state == "ok":  # a quarantined entry is proven corrupt: never kept
+            kept.setdefault(key, (entry, f"pinned: {pins[key]} ({reason})"))
             return
-        if entry.key not in victims:
-            victims[entry.key] = _PENDING
-            chosen[entry.key] = (entry, reason)
-            as_planned[entry.key] = (entry.state, entry.last_used_at)
+        if key not in victims:
+            victims[key] = _PENDING
+            chosen[key] = (entry, reason)
+            as_planned[key] = (entry.state, entry.last_used_at)
 
     jit_planned: dict[str, _dt.datetime] = {}
 
@@ -423,20 +458,23 @@ def plan_gc(
     for jit in jit_entries if JIT in kinds else ():
         if age is not None and now - jit.last_used_at > age:
             add_jit(jit, f"unused for more than {older_than}")
+    unused = f"unused for more than {older_than}"
+    cutoff = _cutoff(now, age)
     for entry in entries if AOT in kinds else ():
-        if entry.ok and entry.name in dropped_names and (entry.name, entry.signature) in unpinned:
+        ok = entry.state == "ok"
+        if ok and entry.name in dropped_names and (entry.name, entry.signature) in unpinned:
             add(entry, "signature no longer in the manifest")
-        if not entry.ok:
+        if not ok:
             add(entry, f"quarantined: {entry.state_reason or ''}".strip())
-        elif age is not None and now - entry.last_used_at > age:
-            add(entry, f"unused for more than {older_than}")
+        elif cutoff is not None and entry.last_used_at < cutoff:
+            add(entry, unused)
         elif entry.key in newer:
             add(entry, f"superseded by {newer[entry.key][:12]}")
     stored: dict[str, BlobStat] = {s.digest: s for s in cache.blobs.list()}
     store_now = cache.blobs.now()
     size_before = sum(s.stored_size for s in stored.values())
     blob_sizes = {d: s.stored_size for d, s in stored.items()}
-    survivors: list[IndexEntry | JitEntry] = [e for e in (*entries, *jit_entries) if e.key not in victims]
+    survivors: list[_Row | JitEntry] = [e for e in itertools.chain(entries, jit_entries) if e.key not in victims]
     if limit is not None:
         # One least-recently-used order for both kinds (both stamped by the index's clock).
         lru = sorted(survivors, key=lambda e: (e.last_used_at, e.created_at))
@@ -470,11 +508,15 @@ def plan_gc(
                     live -= blob_sizes.get(d, 0)
             evicted += 1
         survivors = [e for e in lru if e.key not in victims]
-    keep: set[str] = set()
-    for entry in survivors:
-        keep.update(_digests(entry))  # no executable digest for a symbolic entry
+    keep: set[str] = {d for e in survivors if not isinstance(e, JitEntry) for d in (e.exe_digest, e.hlo_digest)}
+    keep.discard(None)  # type: ignore[arg-type] # no executable digest for a symbolic entry
+    keep.update(e.digest for e in survivors if isinstance(e, JitEntry))
     # Programs rows keep their HLO only while an artifact of the program survives.
-    referenced = cache.index.referenced_digests()
+    unkept = [d for d in stored if d not in keep]
+    referenced = (
+        cache.index.referenced_among(unkept) if len(unkept) <= REFERENCED_LOOKUP_MAX
+        else cache.index.referenced_digests()
+    )
     keep |= cache.index.leased_digests()
     grace = _dt.timedelta(seconds=ORPHAN_GRACE_SECONDS)
 
@@ -492,44 +534,84 @@ def plan_gc(
             warnings = (problem,)
             dead_blobs = ()
     freed = sum(stored[d].stored_size for d in dead_blobs)
-    arguments = _arguments_of(cache, [e for e, _ in (*chosen.values(), *kept.values())])
-    for key, (entry, reason) in chosen.items():
-        victims[key] = _victim(entry, reason, arguments)
-    pinned = [_victim(entry, why, arguments) for entry, why in kept.values()]
+    names = ArgumentNames(cache, [e for e, _ in (*chosen.values(), *kept.values())])
+    victims.update((key, _victim(entry, reason, names)) for key, (entry, reason) in chosen.items())
+    pinned = [_victim(entry, why, names) for entry, why in kept.values()]
     return GcPlan(
         tuple(victims.values()), dead_blobs, freed, size_before, dry_run=True, warnings=warnings,
         pinned=tuple(pinned), _rows=as_planned, _jit_rows=jit_planned,
     )
 
 
+def _cutoff(now: _dt.datetime, age: _dt.timedelta | None) -> _dt.datetime | None:
+    """The last use before which an entry is unused for more than ``age``: ``now - last
+    > age`` exactly when ``last < now - age`` (whole microseconds), one subtraction
+    instead of one per row. None: no age, or one reaching before year 1 (nothing is)."""
+    if age is None:
+        return None
+    try:
+        return now - age
+    except OverflowError:
+        return None
+
+
 #: A victim's place in the plan's order until its arguments are named.
 _PENDING: Any = None
 _Program = tuple[str, str, str]  # (name, flat signature, program fingerprint)
+#: A row as gc plans with it: gc's slim row, or the whole entry (``--superseded``).
+_Row = IndexEntry | GcRow
 
 
-def _program(entry: IndexEntry) -> _Program:
+def _program(entry: _Row) -> _Program:
     return (entry.name, entry.signature, entry.program_fp)
 
 
-def _arguments_of(cache: Cache, entries: Sequence[IndexEntry]) -> dict[_Program, Signature]:
+def _arguments_of(cache: Cache, entries: Sequence[_Row]) -> dict[_Program, Signature]:
     """The arguments by name of each program among ``entries``, from one manifest per
     program (its environments' entries name the same arguments): a plan of half a
     million victims parses tens of thousands of manifests, not half a million."""
-    first: dict[_Program, IndexEntry] = {}
+    first: dict[_Program, _Row] = {}
     for entry in entries:
         first.setdefault(_program(entry), entry)
-    missing = [e.key for e in first.values() if not e.manifest]
+    missing = [e.key for e in first.values() if not getattr(e, "manifest", "")]
     texts = cache.index.manifests(missing) if missing else {}
     return {
-        program: Signature.from_manifest_json(entry.manifest or texts.get(entry.key, ""), entry.signature)
+        program: Signature.from_manifest_json(getattr(entry, "manifest", "") or texts.get(entry.key, ""), entry.signature)
         for program, entry in first.items()
     }
 
 
-def _victim(entry: IndexEntry, reason: str, arguments: Mapping[_Program, Signature]) -> GcVictim:
+class ArgumentNames:
+    """The arguments by name of a plan's victims, read when first asked, for all of them
+    at once (:func:`_arguments_of`): a plan of half a million victims names a hundred
+    thousand programs from their manifests, seconds that a caller who only counts the
+    plan or reads its keys does not wait for. Read while the cache is open; an executed
+    gc names them before it deletes rows (:meth:`GcPlan.name_arguments`)."""
+
+    __slots__ = ("_cache", "_entries", "_found", "_lock")
+
+    def __init__(self, cache: Cache, entries: Sequence[_Row]) -> None:
+        self._cache: Cache | None = cache
+        self._entries = entries
+        self._found: dict[_Program, Signature] | None = None
+        self._lock = threading.Lock()
+
+    def of(self, program: _Program) -> Signature:
+        return self.all()[program]
+
+    def all(self) -> dict[_Program, Signature]:
+        with self._lock:
+            if self._found is None:
+                assert self._cache is not None
+                self._found = _arguments_of(self._cache, self._entries)
+                self._cache, self._entries = None, ()
+            return self._found
+
+
+def _victim(entry: _Row, reason: str, names: ArgumentNames) -> GcVictim:
     return GcVictim(
         entry.key, entry.name, entry.signature, entry.stored_size,
-        entry.last_used_at.isoformat(timespec="seconds"), reason, arguments[_program(entry)],
+        entry.last_used_at.isoformat(timespec="seconds"), reason, AOT, entry.program_fp, names,
     )
 
 
@@ -548,7 +630,7 @@ def stale_signatures(cache: Cache, manifest: str | os.PathLike[str]) -> frozense
     return frozenset(stale)
 
 
-def _digests(entry: IndexEntry | JitEntry) -> set[str]:
+def _digests(entry: _Row | JitEntry) -> set[str]:
     if isinstance(entry, JitEntry):
         return {entry.digest}
     return {entry.exe_digest, entry.hlo_digest} - {None}  # type: ignore[return-value]
@@ -604,6 +686,7 @@ def collect_garbage(
         plan = plan_gc(cache, unpinned=stale, **options)  # type: ignore[arg-type]
     if plan.warnings:
         raise CacheError(f"gc refused: {plan.warnings[0]}")
+    plan.name_arguments()  # before their rows go
     reached("gc.planned")
     deleted = set(cache.index.delete_unchanged(plan._rows))
     deleted.update(cache.index.jit_delete_unchanged(plan._jit_rows))

@@ -8,10 +8,13 @@ loading an executable.
 
 from __future__ import annotations
 
+import gc
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 
 #: The SQLite index's file in a folder cache.
@@ -94,6 +97,66 @@ class IndexEntry:
 
     def _row(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class GcRow(NamedTuple):
+    """The columns of an artifact row that gc plans with: no manifest, no environment.
+
+    A named tuple, not a frozen dataclass like :class:`IndexEntry`: gc reads every row
+    of the index, and at a million rows a dataclass's ``__init__`` and ``__post_init__``
+    cost seconds of the plan (benchmarks/README.md, "Costs at fleet scale")."""
+
+    key: str
+    name: str
+    signature: str
+    program_fp: str
+    exe_digest: str | None
+    hlo_digest: str | None
+    stored_size: int
+    created_at: datetime
+    last_used_at: datetime
+    state: str
+    state_reason: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "ok"
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a bulk read: building a million rows
+    would otherwise run a full collection over the growing heap again and again (at a
+    million rows it multiplies gc's plan time; benchmarks/README.md). Nothing built
+    here is cyclic; the collector runs again as before on exit."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def sqlite_utc(value: str) -> datetime:
+    """A time column of the SQLite index (naive UTC text) as a UTC datetime, as
+    :func:`utc_value` reads it, with a fast path for the text the index writes."""
+    try:
+        return datetime.fromisoformat(value + "+00:00")  # tzinfo is timezone.utc
+    except ValueError:  # an offset already, or not ISO text: the general path
+        return utc_value(value)
+
+
+def utc_value(value: datetime | str) -> datetime:
+    """A time as a database driver returns it, timezone-aware UTC: SQLite's naive UTC
+    text (as SQLAlchemy's SQLite ``DateTime`` parses it), or PostgreSQL's datetime."""
+    if isinstance(value, str):
+        parsed = datetime.fromisoformat(value)
+    else:
+        parsed = value
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo is timezone.utc else parsed.astimezone(timezone.utc)
 
 
 def fields_to_json(obj: Any) -> dict[str, Any]:

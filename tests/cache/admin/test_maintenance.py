@@ -407,3 +407,48 @@ def test_gc_does_not_evict_an_entry_used_since_its_plan(cache: aot.Cache, compil
         pauses.set_hook(previous)
     assert plan.entries == () and plan.blobs == ()
     assert cache.index.get(entry.key).ok and cache.verify().ok
+
+
+def test_a_plan_names_its_victims_arguments_only_when_asked(aged, monkeypatch) -> None:  # noqa: ANN001
+    """A plan reads no manifest until a victim's arguments are asked for (at a million
+    rows, naming half a million victims' arguments took a third of the plan); then all
+    of them at once, by argument name, as before."""
+    from aot.cache.serving.signatures import Signature
+
+    cache, e = aged
+    reads: list[int] = []
+    manifests = cache.index.manifests
+    monkeypatch.setattr(cache.index, "manifests", lambda keys: reads.append(len(keys)) or manifests(keys))
+
+    plan = cache.gc(older_than="150min", dry_run=True)
+    assert [v.key for v in plan.entries] == [e[1].key]
+    assert reads == []
+
+    expected = Signature.from_manifest_json(e[1].manifest, e[1].signature)
+    assert any(leaf.path for leaf in expected.leaves)  # named: not the flat signature
+    assert plan.to_dict()["entries"][0]["arguments"] == expected.to_list()
+    assert plan.entries[0].describe() == f"{e[1].name} ({expected.compact(None)})"
+    assert reads == [1]
+
+
+def test_an_executed_gc_names_its_victims_arguments_before_deleting_their_rows(aged) -> None:  # noqa: ANN001
+    from aot.cache.serving.signatures import Signature
+
+    cache, e = aged
+    done = cache.gc(older_than="150min")
+    assert [v.key for v in done.entries] == [e[1].key] and cache.index.get(e[1].key) is None
+    expected = Signature.from_manifest_json(e[1].manifest, e[1].signature)
+    assert done.entries[0].arguments == expected
+    assert any(leaf.path for leaf in done.entries[0].arguments.leaves)
+
+
+@pytest.mark.parametrize("lookup_max", [0, maintenance.REFERENCED_LOOKUP_MAX])
+def test_a_victims_young_blobs_are_planned_by_either_referenced_read(aged, monkeypatch, lookup_max: int) -> None:  # noqa: ANN001
+    """The victims' blobs were just written (younger than the orphan grace): they are
+    planned because a row references them, whether gc scans every referenced digest
+    (many unkept blobs) or looks up only the unkept ones (few)."""
+    cache, e = aged
+    monkeypatch.setattr(maintenance, "REFERENCED_LOOKUP_MAX", lookup_max)
+    plan = cache.gc(older_than="150min", dry_run=True)
+    assert [v.key for v in plan.entries] == [e[1].key]
+    assert set(plan.blobs) == {e[1].exe_digest, e[1].hlo_digest}
