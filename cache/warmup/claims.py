@@ -13,6 +13,9 @@ With ``--jobs N`` and ``--isolate`` the warm-up's parent process holds the claim
 its worker processes ask it over their pipes before each compile
 (:meth:`WarmupClaims.grant`); an item refused comes back
 :class:`~aot.cache.warmup.steps.Deferred` and the parent waits for it at the end.
+On any ``executor`` there is no pipe back to the parent: each task claims its own
+compile (:func:`claiming_task`, a holder of its own with its own heartbeat), and the
+parent waits for the deferred items at the end as above.
 """
 
 from __future__ import annotations
@@ -24,18 +27,20 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.claim_heartbeat import ClaimHeartbeat
 from aot.cache.storage.locations import DATABASE, classify_location
-from aot.cache.warmup.steps import ItemResult, Lowered, load_stored
+from aot.cache.warmup.manifest import WarmupItem
+from aot.cache.warmup.records import RecordStore
+from aot.cache.warmup.steps import Deferred, ItemResult, Lowered, load_stored, run_one, task_cache
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CLAIM_SECONDS", "WAIT_SECONDS", "WarmupClaims", "claims_default"]
+__all__ = ["CLAIM_SECONDS", "WAIT_SECONDS", "WarmupClaims", "claiming_task", "claims_default"]
 
 #: How long a claim lasts past its holder's last heartbeat, and the longest a runner
 #: waits at the end for entries another runner compiles.
@@ -178,3 +183,20 @@ class WarmupClaims:
     def _hand_over(self, key: str) -> None:
         with self._lock:
             self._handed.add(key)
+
+
+def claiming_task(
+    cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem, records: bool,
+    claim_seconds: float,
+) -> ItemResult | Deferred:
+    """:func:`~aot.cache.warmup.steps.warmup_task` that claims its own compile: what
+    an executor runs when claims are on. The task is a holder of its own (its claim
+    renewed by its own heartbeat while it compiles, released when it returns); an item
+    another live holder compiles comes back :class:`~aot.cache.warmup.steps.Deferred`,
+    and the warm-up waits for it at the end."""
+    try:
+        cache = task_cache(cache_options, x64)
+    except Exception as exc:  # noqa: BLE001 - reported as the item's failure
+        return ItemResult.failed(index, item, exc)
+    with WarmupClaims(cache, claim_seconds=claim_seconds) as claims:
+        return run_one(cache, index, item, RecordStore.for_cache(cache, enabled=records), claims.grant)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from aot.errors import TargetError
 from aot.cache.index.refs import RefOrigin
 from aot.cache.units import counted
-from aot.cache.warmup.claims import CLAIM_SECONDS, WAIT_SECONDS, WarmupClaims, claims_default
+from aot.cache.warmup.claims import CLAIM_SECONDS, WAIT_SECONDS, WarmupClaims, claiming_task, claims_default
 from aot.cache.warmup.coverage import find_uncovered
 from aot.cache.warmup.jobs import JOB_MEMORY, auto_jobs, available_cores, available_memory, resolve_jobs
 from aot.cache.warmup.manifest import (
@@ -42,10 +42,12 @@ from aot.cache.warmup.records import RecordStore
 from aot.cache.warmup.shard import parse_shard, select_shard
 from aot.cache.warmup.steps import (
     SIGNATURE_WIDTH,
+    Deferred,
     ItemResult,
     Lowered,
     cache_options,
     compile_lowered,
+    load_key,
     lower_here,
     store_here,
     warmup_task,
@@ -271,8 +273,9 @@ def run_warmup(
     heartbeat (:mod:`aot.cache.warmup.claims`). At any ``jobs`` and with ``isolate``:
     this process holds the claims and grants each compile, its own and its worker
     processes' (:func:`~aot.cache.warmup.parallel.run_parallel`); every claim still
-    held is released when the warm-up ends, whatever happens. ``executor`` runs
-    without claims.
+    held is released when the warm-up ends, whatever happens. On an ``executor`` each
+    task claims its own compile (:func:`~aot.cache.warmup.claims.claiming_task`) and
+    this process waits for the deferred ones at the end.
 
     ``executor`` runs the items on any :class:`concurrent.futures.Executor` instead of
     here or in ``jobs`` processes (a thread or process pool, a ``dask.distributed``
@@ -327,13 +330,13 @@ def run_warmup(
                 chosen = select_shard(items, shard, cache)
                 positions = [i for i, _ in chosen]
                 items = [item for _, item in chosen]
-            use_claims = executor is None and (claims_default(cache) if claims is None else claims)
+            use_claims = claims_default(cache) if claims is None else claims
             with (
                 WarmupClaims(cache, claim_seconds=claim_seconds, wait_seconds=wait_seconds) if use_claims
                 else contextlib.nullcontext()
             ) as held:  # every claim still held is released here, whatever happened
                 if executor is not None:
-                    _run_on_executor(cache, items, executor, emit, records)
+                    _run_on_executor(cache, items, executor, emit, records, held)
                 elif isolate or (jobs > 1 and len(items) > 1):
                     pool, workers = workers, None
                     run_parallel(cache, items, jobs, emit, store, isolate=isolate, pool=pool, claims=held)
@@ -401,23 +404,50 @@ def release_run(commit: str | None, manifest_text: str, shard: tuple[int, int] |
 
 def _run_on_executor(
     cache: Cache, items: list[WarmupItem], executor: Executor, emit: Callable[[ItemResult], None],
-    records: bool,
+    records: bool, claims: WarmupClaims | None = None,
 ) -> None:
+    """Every item as a task of ``executor``. ``claims``: each task claims its compile
+    itself; the items another holder compiles come back deferred and are waited for
+    here once every task has returned; one whose claim becomes this warm-up's (its
+    holder died, or the wait ran out) runs again as a task that claims nothing (this
+    process holds its claim, released with its result)."""
     import jax
 
     options = cache_options(cache)
     x64 = bool(jax.config.jax_enable_x64)
-    futures = {
-        executor.submit(warmup_task, options, x64, index, item, records): (index, item)
-        for index, item in enumerate(items)
-    }
-    for future in as_completed(futures):
-        index, item = futures[future]
+
+    def submit(index: int, item: WarmupItem, claim: bool) -> Future[Any]:
+        if claim and claims is not None:
+            return executor.submit(claiming_task, options, x64, index, item, records, claims.claim_seconds)
+        return executor.submit(warmup_task, options, x64, index, item, records)
+
+    def run(futures: dict[Future[Any], tuple[int, WarmupItem]]) -> list[Deferred]:
+        deferred = []
+        for future in as_completed(futures):
+            index, item = futures[future]
+            try:
+                result = future.result()
+            except Exception as exc:  # noqa: BLE001 - a worker that died, a task that did not ship
+                result = ItemResult.failed(index, item, exc)
+            if isinstance(result, Deferred):
+                deferred.append(result)
+            else:
+                emit(result)
+        return deferred
+
+    deferred = run({submit(index, item, True): (index, item) for index, item in enumerate(items)})
+    for d in deferred:  # compiled by another holder meanwhile, or ours now
+        assert claims is not None
+        hit = claims.wait_for_key(
+            d.key, lambda d=d: load_key(cache, d.index, d.item, d.key, d.seconds, waited=True), d.item.label,
+        )
+        if hit is not None:
+            emit(hit)
+            continue
         try:
-            result = future.result()
-        except Exception as exc:  # noqa: BLE001 - a worker that died, a task that did not ship
-            result = ItemResult.failed(index, item, exc)
-        emit(result)
+            run({submit(d.index, d.item, False): (d.index, d.item)})
+        finally:
+            claims.release_key(d.key)
 
 
 # ---------------------------------------------------------------- coverage

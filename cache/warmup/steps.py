@@ -47,6 +47,7 @@ __all__ = [
     "lower_here",
     "run_one",
     "store_here",
+    "task_cache",
     "warmup_task",
 ]
 
@@ -341,6 +342,16 @@ def warmup_task(
     (a worker process of ``--jobs N``: its parent's compile claims) is asked before
     the compile; an item it refuses comes back :class:`Deferred`.
     """
+    try:
+        cache = task_cache(cache_options, x64)
+    except Exception as exc:  # noqa: BLE001
+        return ItemResult.failed(index, item, exc)
+    return run_one(cache, index, item, RecordStore.for_cache(cache, enabled=records), grant)
+
+
+def task_cache(cache_options: dict[str, Any], x64: bool) -> Cache:
+    """The cache ``cache_options`` names, opened once per process and thread (and
+    JAX's x64 mode set to the warm-up's)."""
     import jax
 
     from aot.cache.cache import Cache
@@ -352,10 +363,7 @@ def warmup_task(
         cache = _TASK_CACHES.get(key)
     if cache is None:
         options = dict(cache_options)
-        try:
-            cache = Cache(options.pop("location"), **options)
-        except Exception as exc:  # noqa: BLE001
-            return ItemResult.failed(index, item, exc)
+        cache = Cache(options.pop("location"), **options)
         with _TASK_LOCK:
             _TASK_CACHES[key] = cache
-    return run_one(cache, index, item, RecordStore.for_cache(cache, enabled=records), grant)
+    return cache

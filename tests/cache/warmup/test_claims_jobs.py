@@ -6,7 +6,10 @@ concurrent runners on PostgreSQL + S3 are in tests/cli/test_warmup_claims.py."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +17,19 @@ import aot
 from aot.cache.warmup.run import ItemResult, WarmupItem, expand, parse_manifest, run_warmup
 from tests.cli.helpers import REPO
 
-MODES = {"jobs2": {"jobs": 2}, "isolate": {"jobs": 2, "isolate": True}}
+MODES = ["jobs2", "isolate", "executor"]
+
+
+@pytest.fixture
+def run_mode(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """How the warm-up runs its compiles: ``--jobs 2``, ``--isolate``, or on an
+    executor (each task claims its own compile; no pipe back to this process)."""
+    mode = request.param
+    if mode == "executor":
+        with ThreadPoolExecutor(max_workers=2) as executor:
+            yield {"executor": executor}
+    else:
+        yield {"jobs": 2, "isolate": mode == "isolate"}
 
 
 @pytest.fixture(autouse=True)
@@ -36,8 +51,10 @@ def _keys(tmp_path: Path, items: list[WarmupItem]) -> list[str]:
     return keys
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_an_entry_claimed_by_a_dead_runner_is_compiled_after_its_claim_expires(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize("run_mode", MODES, indirect=True)
+def test_an_entry_claimed_by_a_dead_runner_is_compiled_after_its_claim_expires(
+    tmp_path: Path, run_mode: dict[str, Any],
+) -> None:
     items = _items()
     keys = _keys(tmp_path, items)
     cache = aot.Cache(str(tmp_path / "cache"))
@@ -53,7 +70,7 @@ def test_an_entry_claimed_by_a_dead_runner_is_compiled_after_its_claim_expires(t
             if set(order) == set(keys[1:]):  # ... and its claim expires now
                 assert cache.index.jit_claim_extend([keys[0]], "dead runner", 0.0) == {keys[0]}
 
-        report = run_warmup(cache, items, claims=True, claim_seconds=30, on_result=on_result, **MODES[mode])
+        report = run_warmup(cache, items, claims=True, claim_seconds=30, on_result=on_result, **run_mode)
         assert cache.index.jit_claim_holder(keys[0]) is None  # released at the end
     finally:
         cache.close()
@@ -64,8 +81,8 @@ def test_an_entry_claimed_by_a_dead_runner_is_compiled_after_its_claim_expires(t
     assert [r.key for r in report.results] == keys
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_a_runner_waits_for_the_entry_another_runner_stores(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize("run_mode", MODES, indirect=True)
+def test_a_runner_waits_for_the_entry_another_runner_stores(tmp_path: Path, run_mode: dict[str, Any]) -> None:
     items = _items()
     keys = _keys(tmp_path, items)
     location = str(tmp_path / "cache")
@@ -81,7 +98,7 @@ def test_a_runner_waits_for_the_entry_another_runner_stores(tmp_path: Path, mode
                 run_warmup(other, items[1:2], claims=False)
                 other.index.jit_unclaim([keys[1]], "other runner")
 
-        report = run_warmup(cache, items, claims=True, on_result=on_result, **MODES[mode])
+        report = run_warmup(cache, items, claims=True, on_result=on_result, **run_mode)
     finally:
         cache.close()
         other.close()
@@ -148,3 +165,30 @@ def test_the_entries_of_a_runner_killed_mid_compile_are_compiled_once_its_claims
     assert report.ok and report.compiled == len(items) and report.waited == 0, report.summary()
     # The dead runner's entries were passed over while its claims lived, then compiled here.
     assert set(order[-len(held):]) == held
+
+
+@pytest.mark.postgres
+def test_an_executor_warm_up_of_a_shared_cache_claims_by_default(tmp_path: Path, postgres_url: str) -> None:
+    """A PostgreSQL index turns claims on without ``claims=``: an executor's warm-up
+    passes over the entry another runner holds and loads what that runner stored."""
+    items = _items()
+    keys = _keys(tmp_path, items)
+    cache = aot.Cache(postgres_url)
+    other = aot.Cache(postgres_url)
+    try:
+        assert cache.index.jit_claim(keys[2], "other runner", 600) is None
+        done: list[str | None] = []
+
+        def on_result(result: ItemResult) -> None:
+            done.append(result.key)
+            if set(done) == {k for i, k in enumerate(keys) if i != 2}:
+                run_warmup(other, items[2:3], claims=False)
+                other.index.jit_unclaim([keys[2]], "other runner")
+
+        with ThreadPoolExecutor(max_workers=2) as executor:
+            report = run_warmup(cache, items, executor=executor, on_result=on_result)
+    finally:
+        cache.close()
+        other.close()
+    assert (report.results[2].status, report.results[2].waited) == ("hit", True)
+    assert (report.compiled, report.waited) == (len(items) - 1, 1), report.summary()
