@@ -54,6 +54,15 @@ def _time(value: object) -> datetime:
     return parsed.replace(tzinfo=timezone.utc) if parsed.tzinfo is None else parsed
 
 
+def _naive_utc_time(value: object) -> datetime:
+    """:func:`_time`, with a fast path for the naive UTC text the index writes (``aot
+    stats`` parses two per statistics row)."""
+    try:
+        return datetime.fromisoformat(value + "+00:00")  # type: ignore[operator]
+    except (TypeError, ValueError):  # a datetime, an offset already, or not ISO text
+        return _time(value)
+
+
 # ---------------------------------------------------------------- read-only opens
 #
 # A reader that may not write must never need to create the -wal/-shm files of a WAL
@@ -322,7 +331,7 @@ class SqliteReader:
         for row in rows:
             for column in ("created_at", "updated_at"):
                 if row[column] is not None:
-                    row[column] = _time(row[column])
+                    row[column] = _naive_utc_time(row[column])
         return [r for r in rows if name_glob is None or fnmatch.fnmatchcase(r["name"], name_glob)]
 
     def signature_keys(self, names: Collection[str]) -> dict[tuple[str, str], str]:
