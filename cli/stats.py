@@ -60,7 +60,7 @@ def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
         else:
             click.echo(f"zeroed the statistics of {counted(count, 'signature')}")
         return
-    report = read_stats(cache, glob, env=env)
+    report = read_stats(cache, glob, env=env, arguments=not state.json)  # JSON: flat signatures only
     if state.json:
         echo_json(report.to_dict())
         return

@@ -101,6 +101,8 @@ def _by_name_query(with_env: bool, with_state: bool) -> sa.Select[Any]:
 
 #: Values per ``IN (...)`` list (SQLite's oldest limit is 999 bound variables).
 _IN_CHUNK = 500
+#: (name, signature) pairs per statement: their names and the pairs' two values each.
+_PAIR_CHUNK = 300
 
 _BY_NAME = {(env, state): _by_name_query(env, state) for env in (False, True) for state in (False, True)}
 
@@ -188,6 +190,27 @@ class IndexReads(IndexEngine):
                 )
                 out.update(((n, sig), k) for n, sig, k in conn.execute(q).all())
         return out
+
+    def signature_manifests(self, pairs: Collection[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """``{(name, flat signature): manifest JSON}`` of the smallest key stored under
+        each of ``pairs``, in any state and environment (pairs without an entry are left
+        out): :meth:`signature_keys` narrowed to the pairs, then :meth:`manifests`."""
+        ordered = sorted(set(pairs))
+        keys: dict[tuple[str, str], str] = {}
+        with self._read("list the keys of signatures") as conn:
+            for i in range(0, len(ordered), _PAIR_CHUNK):
+                chunk = ordered[i : i + _PAIR_CHUNK]
+                q = (
+                    sa.select(ARTIFACTS.c.name, ARTIFACTS.c.signature, sa.func.min(ARTIFACTS.c.key))
+                    .where(
+                        ARTIFACTS.c.name.in_(sorted({name for name, _ in chunk})),  # the name index
+                        sa.tuple_(ARTIFACTS.c.name, ARTIFACTS.c.signature).in_(chunk),
+                    )
+                    .group_by(ARTIFACTS.c.name, ARTIFACTS.c.signature)
+                )
+                keys.update(((n, sig), k) for n, sig, k in conn.execute(q).all())
+        manifests = self.manifests(keys.values())
+        return {pair: manifests[key] for pair, key in keys.items() if key in manifests}
 
     def manifests(self, keys: Collection[str]) -> dict[str, str]:
         """``{key: manifest JSON}`` of the stored ``keys`` (absent keys are left out)."""

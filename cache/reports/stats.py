@@ -175,11 +175,17 @@ def _stats_index(cache: Cache) -> Index:
     return getattr(cache, "stats_cache", cache).index  # type: ignore[no-any-return]
 
 
-def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") -> StatsReport:
+def read_stats(
+    cache: Cache, name_glob: str | None = None, *, env: str = "all", arguments: bool = True,
+) -> StatsReport:
     """The statistics stored in ``cache``'s index (or its local tier's; names matching
     ``name_glob``; ``env="this"``: this environment's only), most called first: what
     every process that served from it wrote. (What this process counted on a
-    read-only cache, kept in memory, is :meth:`StatsRecorder.report`.)"""
+    read-only cache, kept in memory, is :meth:`StatsRecorder.report`.)
+
+    ``arguments=False`` leaves :attr:`StatsReport.named` empty (signatures shown flat):
+    the entries' manifests are not read, which is most of the work on a large index;
+    :meth:`StatsReport.to_dict` (``aot stats --json``) never uses them."""
     from aot.cache.reports.reads import reads_of
 
     this = this_environment(cache).digest
@@ -189,7 +195,7 @@ def read_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") 
         data.pop("signature_digest", None)
         rows.append(SignatureStats(this_environment=data["env_fp"] == this, **data))
     return StatsReport(
-        reads.url, ordered(rows), env, stored=True, named=named_signatures(cache, rows),
+        reads.url, ordered(rows), env, stored=True, named=named_signatures(cache, rows) if arguments else {},
         jit=tuple(reads.jit_stats(name_glob)),
     )
 
@@ -199,30 +205,28 @@ def named_signatures(
 ) -> dict[tuple[str, str], Signature]:
     """(name, flat signature) -> the signature by argument name, from the manifests of
     the stored entries of the rows' names (nothing when the index cannot be read).
-    Only the rows' names are read (by the name index), and one manifest per (name,
-    signature) of the rows' signatures, unless a row has no entry of its own (a miss):
-    then the name's other signatures lend theirs (:meth:`StatsReport.arguments`)."""
+    One manifest per (name, signature) of the rows (the smallest key's), read through
+    the name index; a name with a row that has no entry of its own (a miss) also has
+    all its other signatures read, which lend theirs (:meth:`StatsReport.arguments`)."""
     from aot.cache.reports.reads import reads_of
     from aot.errors import AotError
 
-    wanted: dict[str, set[str]] = {}
-    for row in rows:
-        wanted.setdefault(row.name, set()).add(row.signature)
+    wanted = {(row.name, row.signature) for row in rows}
     named: dict[tuple[str, str], Signature] = {}
+    parse = Signature.from_manifest_json
     try:
         reads = reads_of(cache)
-        keys = reads.signature_keys(wanted)  # one key per stored (name, signature)
-        stored: dict[str, set[str]] = {}
-        for name, signature in keys:
-            stored.setdefault(name, set()).add(signature)
-        chosen = {
-            (name, signature): key for (name, signature), key in keys.items()
-            if signature in wanted[name] or not wanted[name] <= stored[name]
-        }
-        manifests = reads.manifests(chosen.values())
-        for (name, signature), key in chosen.items():
-            if key in manifests:
-                named[(name, signature)] = Signature.from_manifest_json(manifests[key], signature)
+        found = reads.signature_manifests(wanted)
+        lending = {name for name, signature in wanted if (name, signature) not in found}
+        for pair, manifest in found.items():
+            if pair[0] not in lending:
+                named[pair] = parse(manifest, pair[1])
+        if lending:  # every stored signature of these names, in the order the index groups them
+            keys = reads.signature_keys(lending)
+            manifests = reads.manifests(keys.values())
+            for pair, key in keys.items():
+                if key in manifests:
+                    named[pair] = parse(manifests[key], pair[1])
     except AotError:
         return {}
     return named

@@ -40,6 +40,8 @@ _STEP = re.compile(
     r"""\[\s*'((?:[^'\\]|\\.)*)'\s*\]|\[\s*"((?:[^"\\]|\\.)*)"\s*\]|\[([^\]]*)\]|\.([A-Za-z_]\w*)"""
 )
 _HEAD = re.compile(r"^(args\[\d+\]|[^\[.]+)")
+# A comma between the avals of a flat signature (not one inside a shape's brackets).
+_FLAT_SPLIT = re.compile(r",\s*(?![^\[]*\])")
 
 
 def shorten_middle(text: str, width: int) -> str:
@@ -184,8 +186,7 @@ class Signature:
     @classmethod
     def flat(cls, signature: str) -> Signature:
         """A flat ``"f32[8], f32[8]"`` signature, without paths."""
-        parts = [p.strip() for p in re.split(r",\s*(?![^\[]*\])", signature) if p.strip()]
-        return cls(tuple(ArgLeaf("", p) for p in parts))
+        return cls(_flat_leaves(signature))
 
     @classmethod
     def with_paths(cls, signature: str, paths: Sequence[str]) -> Signature:
@@ -271,6 +272,14 @@ class Signature:
 
     def to_list(self) -> list[dict[str, str]]:
         return [leaf.to_dict() for leaf in self.leaves]
+
+
+@lru_cache(maxsize=4096)
+def _flat_leaves(signature: str) -> tuple[ArgLeaf, ...]:
+    """The leaves of a flat signature (cached: a report shows the same few signatures
+    on thousands of rows; the leaves are immutable)."""
+    parts = [p.strip() for p in _FLAT_SPLIT.split(signature) if p.strip()]
+    return tuple(ArgLeaf("", p) for p in parts)
 
 
 @lru_cache(maxsize=None)

@@ -96,3 +96,25 @@ def test_stats_name_arguments_like_ls_never_cut_inside_an_aval(invoke: Invoke, w
         lines[1],
     ), lines
     assert "  mlp.forward (params: [{2 arrays}, {2 arrays}, {2 arrays}], x: f32[9,784])  1  last: no stored signature" in lines
+
+
+def test_stats_json_reads_no_manifest(invoke: Invoke, warmed, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """--json shows flat signatures only: no entry's manifest is read for it (on a large
+    index that was most of the command's time)."""
+    from aot.cache.index.reader import SqliteReader
+
+    _serve(cache_dir, 2)
+    text = invoke("stats", "tiny").stdout
+    assert "x: f32[8], y: f32[8]" in text  # the text names the arguments from the manifest
+
+    def refused(*args: object) -> None:
+        raise AssertionError("aot stats --json read a manifest")
+
+    for method in ("signature_manifests", "signature_keys", "manifests"):
+        monkeypatch.setattr(SqliteReader, method, refused, raising=False)
+    result = invoke("stats", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [(r["signature"], r["calls"], r["misses"]) for r in data["rows"]] == [
+        ("f32[8], f32[8]", 2, 0), ("f32[4], f32[8]", 0, 1),
+    ]
