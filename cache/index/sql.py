@@ -141,13 +141,68 @@ class Index(IndexReads, IndexGc, IndexRefs, IndexJit):
         with self._write(f"add {len(rows)} artifacts") as conn:
             if lease is not None:
                 _take_back(conn, lease, f"the blobs of {len(rows)} entries")
-            now = server_now(conn)
-            added = [
-                self._insert(conn, entry, sizes, now=now, replace=False, created_at=created_at)
-                for entry, sizes, created_at in rows
-            ]
+            added = self._insert_many(conn, rows, server_now(conn))
             reached("put.before_commit")
             return added
+
+    def _insert_many(
+        self, conn: Connection, rows: Sequence[tuple[IndexEntry, Mapping[str, tuple[int, int]], datetime | None]],
+        now: datetime,
+    ) -> list[bool]:
+        """:meth:`_insert` of many rows in three statements (blob rows, program rows,
+        artifact rows), each over its rows sorted by key, the order in which gc and
+        other writers lock them too (PostgreSQL: no deadlock between batches)."""
+        blobs: dict[str, dict[str, Any]] = {}
+        programs: dict[str, dict[str, Any]] = {}
+        artifacts: dict[str, dict[str, Any]] = {}
+        for entry, sizes, created_at in rows:
+            for d, (size, stored) in sizes.items():
+                blobs.setdefault(d, {"digest": d, "size": int(size), "stored_size": int(stored), "created_at": now})
+            program = programs.setdefault(entry.program_fp, {
+                "program_fp": entry.program_fp, "name": entry.name, "signature": entry.signature,
+                "hlo_digest": entry.hlo_digest, "created_at": now,
+            })
+            if program["hlo_digest"] is None:  # as the upsert's coalesce
+                program["hlo_digest"] = entry.hlo_digest
+            row = entry._row()
+            row["created_at"] = row["last_used_at"] = now
+            if created_at is not None:
+                row["created_at"] = as_utc(created_at, "created_at")
+            artifacts[entry.key] = row
+        if blobs:
+            conn.execute(insert_ignore(conn, BLOBS).on_conflict_do_nothing(), [blobs[d] for d in sorted(blobs)])
+        prog = insert_ignore(conn, PROGRAMS)
+        conn.execute(
+            prog.on_conflict_do_update(
+                index_elements=[PROGRAMS.c.program_fp],
+                set_={"hlo_digest": sa.func.coalesce(PROGRAMS.c.hlo_digest, prog.excluded.hlo_digest)},
+            ),
+            [programs[fp] for fp in sorted(programs)],
+        )
+        inserted = set(
+            conn.execute(
+                insert_ignore(conn, ARTIFACTS).on_conflict_do_nothing().returning(ARTIFACTS.c.key),
+                [artifacts[k] for k in sorted(artifacts)],
+            ).scalars()
+        )
+        if inserted:
+            clear_emptied(conn)
+        added = []
+        for entry, _, _ in rows:
+            if entry.key in inserted:
+                logger.debug("index: added %s (%s)", entry.key, entry.name)
+                added.append(True)
+                continue
+            state = conn.execute(
+                sa.select(ARTIFACTS.c.state).where(ARTIFACTS.c.key == entry.key)
+            ).scalar_one_or_none()
+            if state == "quarantined":
+                conn.execute(sa.update(ARTIFACTS).where(ARTIFACTS.c.key == entry.key).values(**artifacts[entry.key]))
+                logger.info("index: replaced %s artifact %s (%s)", state, entry.key, entry.name)
+            else:
+                logger.debug("index: %s already present", entry.key)
+            added.append(state == "quarantined")
+        return added
 
     def _insert(
         self, conn: Connection, entry: IndexEntry, blob_sizes: Mapping[str, tuple[int, int]], *,
