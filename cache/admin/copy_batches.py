@@ -78,15 +78,24 @@ def _copy_batch(
     source: Cache, destination: Cache, batch: Sequence[IndexEntry], jobs: int, verified: dict[str, int],
 ) -> list[Result]:
     done: dict[str, tuple[str | None, str | None]] = {}
-    rows = destination.index.get_many([e.key for e in batch])
+    try:
+        rows = destination.index.get_many([e.key for e in batch])
+    except AotError as exc:  # the index unreachable: each entry fails, as one by one
+        return [(entry, None, _refused(entry, exc)) for entry in batch]
     there = {key: row for key, row in rows.items() if row.ok}
-    intact = destination.blobs.verified_among(
-        {d for row in there.values() for d in entry_digests(row)}, verified=verified, jobs=jobs,
-    )
+    try:
+        intact = destination.blobs.verified_among(
+            {d for row in there.values() for d in entry_digests(row)}, verified=verified, jobs=jobs,
+        )
+    except AotError as exc:  # the store unreachable: the rows there fail, as one by one
+        done.update((key, (None, _refused(row, exc))) for key, row in there.items())
+        intact = set()
     alone: list[IndexEntry] = []  # rows there, damaged or quarantined: copied one by one
     pending: list[_Pending] = []
     for entry in batch:
         row = rows.get(entry.key)
+        if entry.key in done:
+            continue
         if row is not None:
             if row.ok and all(d in intact for d in entry_digests(row)):
                 done[entry.key] = ("present", None)
@@ -150,8 +159,8 @@ def _commit_batch(
             continue
         except BaseException as exc:
             destination.index.release(lease)
-            if isinstance(exc, AotError):  # the index refused the batch: say which entries
-                return {p.entry.key: (None, _refused(p.entry, exc, p.manifest)) for p in pending}
+            if isinstance(exc, AotError):  # the index or the store refused the batch
+                return {**{p.entry.key: (None, _refused(p.entry, exc, p.manifest)) for p in pending}, **done}
             raise
         reached("copy.committed")
         for p, new in zip(ready, added):

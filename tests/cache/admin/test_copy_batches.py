@@ -6,6 +6,7 @@ an interrupted batch leaves no row and its blobs are not copied again."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import sqlite3
 from collections import Counter
 from pathlib import Path
@@ -143,5 +144,32 @@ def test_an_expired_lease_starts_the_batch_over(source, tmp_path: Path) -> None:
         assert taken and taken[-1] > 0
         assert (len(report.copied), report.failed) == (len(source.index.entries()), ())
         assert dest.verify().ok and dest.index.leased_digests() == set()
+    finally:
+        dest.close()
+
+
+def test_a_store_failing_midway_fails_the_entries_named_and_gives_the_leases_back(
+    source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    n = len(source.index.entries())
+    dest = aot.Cache(tmp_path / "dest")
+    try:
+        copy_entries(source, dest, ["tiny"])  # one entry there, the rest to copy
+
+        def down(self, digests):  # noqa: ANN001, ANN202
+            raise OSError(errno.EIO, "input/output error")
+
+        monkeypatch.setattr(FolderObjectStore, "stat", down)
+        report = copy_entries(source, dest)
+        # The first entry goes alone (its blobs read, not stat'ed); in the batches, the
+        # row there and the entries to copy fail, each named, and the push reports.
+        first = source.index.entries()[0]
+        assert report.copied == (first.key,) and len(report.failed) == n - 1
+        assert source.entries("tiny")[0].key in dict(report.failed)
+        assert all("input/output error" in why for _, why in report.failed), report.failed[:2]
+        assert dest.index.leased_digests() == set() and len(dest.index.entries()) == 2
+        monkeypatch.undo()
+        again = copy_entries(source, dest)  # the store is back: the rest is copied
+        assert (len(again.copied), len(again.skipped), again.failed) == (n - 2, 2, ())
     finally:
         dest.close()
