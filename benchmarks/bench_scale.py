@@ -226,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     p_push = sub.add_parser("push", help="goal 5: aot push of N small entries to S3")
     p_push.add_argument("--n", type=int, default=10_000)
     p_push.add_argument("--endpoint", default=os.environ.get("AOT_TEST_S3_ENDPOINT"))
+    p_push.add_argument("--moto-log", type=Path, default=None,
+                        help="the S3 server's access log (moto's): count the requests of each push")
     p_memory = sub.add_parser("memory", help="goal 6: peak RSS serving the transformer fixture")
     p_memory.add_argument("--runs", type=int, default=3)
     p_sigs = sub.add_parser("signatures", help="goal 3: one name with N signatures")
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from benchmarks.bench_scale_push import bench_push
 
-        report(bench_push(args.n, args.endpoint))
+        report(bench_push(args.n, args.endpoint, args.moto_log))
     return 0
 
 

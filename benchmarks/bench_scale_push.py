@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -89,7 +90,25 @@ def dest_count(dest: Path) -> int:
         return int(conn.execute("SELECT count(*) FROM artifacts").fetchone()[0])
 
 
-def bench_push(n: int, endpoint: str | None) -> dict[str, float]:
+def s3_requests(log: Path | None, bucket: str, start: int) -> tuple[str, int]:
+    """The S3 requests on ``bucket`` in the server's access log (moto's, one request a
+    line, ``"METHOD /bucket/key HTTP/1.1"``) after byte ``start``, by method; and the
+    log's size now. ``("", 0)`` without a log."""
+    if log is None or not log.exists():
+        return "", 0
+    with log.open("rb") as f:
+        f.seek(start)
+        text = f.read().decode("utf-8", "replace")
+    found = re.findall(rf'"(?:\x1b\[[0-9;]*m)*([A-Z]+) /{re.escape(bucket)}[/? ]', text)  # 4xx lines are coloured
+    by_method = sorted({m: found.count(m) for m in set(found)}.items())
+    return "S3 requests " + " ".join(f"{m} {c:,}" for m, c in by_method), start + len(text.encode())
+
+
+def log_end(log: Path | None) -> int:
+    return log.stat().st_size if log is not None and log.exists() else 0
+
+
+def bench_push(n: int, endpoint: str | None, moto_log: Path | None = None) -> dict[str, float]:
     import boto3
 
     if not endpoint:
@@ -112,6 +131,7 @@ def bench_push(n: int, endpoint: str | None) -> dict[str, float]:
             bucket = f"aot-bench-{secrets.token_hex(4)}"
             client.create_bucket(Bucket=bucket)
             buckets.append(bucket)
+            mark = log_end(moto_log)
             t = time.perf_counter()
             done = subprocess.run(push_cmd(src, Path(tmp) / "dest1", f"s3://{bucket}/blobs"),
                                   env=env, capture_output=True, text=True, check=False)
@@ -119,6 +139,8 @@ def bench_push(n: int, endpoint: str | None) -> dict[str, float]:
             results["push entries/s"] = n / wall
             results["push wall"] = wall
             print(f"  push {n:,} entries: {wall:.1f} s, {n / wall:,.0f} entries/s (exit {done.returncode}); {counts(done.stdout)}")
+            if moto_log is not None:
+                print(f"    {s3_requests(moto_log, bucket, mark)[0]}")
             if done.returncode:
                 print(done.stderr[-2000:])
             # 2. killed midway (SIGKILL once half the entries are at DEST), then run again
@@ -141,6 +163,7 @@ def bench_push(n: int, endpoint: str | None) -> dict[str, float]:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             arrived = dest_count(dest)
+            mark = log_end(moto_log)
             t = time.perf_counter()
             again = subprocess.run(push_cmd(src, dest, f"s3://{bucket}/blobs"), env=env,
                                    capture_output=True, text=True, check=False)
@@ -148,6 +171,8 @@ def bench_push(n: int, endpoint: str | None) -> dict[str, float]:
             results["entries at DEST after kill -9"] = arrived
             results["resumed push wall"] = wall
             print(f"  kill -9 with {arrived:,} of {n:,} entries at DEST; the next push: {wall:.1f} s (exit {again.returncode}); {counts(again.stdout)}")
+            if moto_log is not None:
+                print(f"    the next push's {s3_requests(moto_log, bucket, mark)[0]}")
             if again.returncode:
                 print(again.stderr[-2000:])
             print(f"  DEST then holds {dest_count(dest):,} entries")

@@ -93,12 +93,7 @@ def copy_entry(cache: Cache, source: Cache, entry: IndexEntry) -> tuple[IndexEnt
     """Stores ``source``'s entry in ``cache``: its blobs copied as stored (no
     recompression, each verified), under the same protocol as :func:`store_artifact`.
     The row keeps the source's compile time (``created_at``): a copy is not newer."""
-    try:
-        manifest = Manifest.from_json(entry.manifest)
-    except CorruptArtifactError as exc:
-        raise CorruptArtifactError(f"{entry.name} ({entry.key[:12]}): {exc}") from None
-    verify(manifest, source.signing_key, require=source.require_signatures)
-    manifest = manifest_to_store(cache, manifest)
+    manifest = manifest_to_copy(cache, source, entry)
     raw = {ref.digest: ref.size for ref in manifest.blobs.values()}
 
     def copy_blobs() -> dict[str, tuple[int, int]]:
@@ -106,6 +101,17 @@ def copy_entry(cache: Cache, source: Cache, entry: IndexEntry) -> tuple[IndexEnt
         return {d: (raw[d], report.stored_sizes[d]) for d in raw}
 
     return commit(cache, manifest, copy_blobs, created_at=entry.created_at)
+
+
+def manifest_to_copy(cache: Cache, source: Cache, entry: IndexEntry) -> Manifest:
+    """The manifest of ``source``'s ``entry`` as ``cache`` stores it: parsed, its
+    signature checked as the source requires, checked and signed as for a store."""
+    try:
+        manifest = Manifest.from_json(entry.manifest)
+    except CorruptArtifactError as exc:
+        raise CorruptArtifactError(f"{entry.name} ({entry.key[:12]}): {exc}") from None
+    verify(manifest, source.signing_key, require=source.require_signatures)
+    return manifest_to_store(cache, manifest)
 
 
 def manifest_to_store(cache: Cache, manifest: Manifest) -> Manifest:

@@ -31,6 +31,10 @@ POINTS = (
     "put.blobs_ready",  # every blob durable; index transaction not begun
     "put.before_commit",  # inside the index transaction: row written, leases released, not committed
     "put.committed",  # row committed
+    "copy.start",  # push/pull, a batch of entries (cache/admin/copy_batches.py): nothing done yet
+    "copy.leased",  # the batch's leases committed; blobs not checked or copied
+    "copy.blobs_ready",  # every blob of the batch durable; no row of the batch committed
+    "copy.committed",  # the batch's rows committed
     "gc.planned",  # plan made; nothing deleted
     "gc.rows_deleted",  # victim rows deleted; no blob deleted
     "gc.locked",  # inside the deletion lock: deletable blobs selected, none deleted

@@ -13,7 +13,7 @@ from aot.cli.params import complete_entry_names
 if TYPE_CHECKING:
     from aot.cache.admin.transfer import TransferReport
 
-JOBS_HELP = "Entries copied at once (threads; object stores reward a few)."
+JOBS_HELP = "Blobs checked or copied at once (threads; object stores reward a few)."
 REFS_HELP = (
     "Overwrite the other side's refs of the copied entries with this side's (by default a ref "
     "is copied only where the destination has none)."

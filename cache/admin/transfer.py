@@ -2,8 +2,10 @@
 
 Rows are read from the source's index; blobs move as stored, ContentStore to
 ContentStore (:meth:`~aot.cache.storage.content.ContentStore.copy_to`: no recompression, every
-payload verified against its digest); the destination commits each row under the same
-gc protocol as any writer (leases, docs/reliability.md). Copies are idempotent and
+payload verified against its digest); the destination commits the rows under the same
+gc protocol as any writer (leases, docs/reliability.md), a batch of rows per index
+transaction after every blob of the batch is durable, each distinct blob looked at
+once per batch (:mod:`~aot.cache.admin.copy_batches`). Copies are idempotent and
 resumable: an entry stored intact at the destination is skipped, one whose blobs are
 missing or corrupt there is repaired. A run killed midway leaves committed rows
 (skipped next time) and, at worst, blobs without their row (found intact and kept
@@ -28,10 +30,10 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from aot.cache.admin.copy_batches import Result, copy_in_batches
 from aot.cache.admin.jit_entries import copy_jit_entries
 from aot.cache.admin.carried_refs import CarriedRefs, RefsOutcome, apply_refs, carried_refs, release_to_copy
 from aot.cache.names import name_problem
@@ -83,10 +85,10 @@ def copy_entries(
     refs: bool = False, release: str | None = None, origin: str | None = None,
 ) -> TransferReport:
     """Copies every intact entry of ``source`` whose name matches one of the globs
-    ``names`` (all if None) into ``destination``, ``jobs`` entries at a time (threads:
-    object stores answer slowly, not busily). An entry that cannot be copied (a
-    damaged source blob, a name the rule refuses) is reported in ``failed`` and the
-    others are copied.
+    ``names`` (all if None) into ``destination``, in batches whose blobs are checked
+    and copied ``jobs`` at a time (threads: object stores answer slowly, not busily).
+    An entry that cannot be copied (a damaged source blob, a name the rule refuses)
+    is reported in ``failed`` and the others are copied.
 
     Then the source's refs of the entries now stored at the destination are written
     there once: for slots without a ref there, or all of them with ``refs``. With
@@ -114,15 +116,7 @@ def copy_entries(
             continue
         todo.append(entry)
 
-    def one(entry: Any) -> tuple[Any, str | None, str | None]:
-        try:
-            _, outcome = destination.copy_entry_from(source, entry)
-        except AotError as exc:
-            log.warning("not copied: %s (%s): %s", entry.name, entry.key[:12], exc)
-            return entry, None, str(exc)
-        return entry, outcome, None
-
-    results = []
+    results: list[Result] = []
     if todo:
         # The first entry alone: a destination that refuses every write (no such
         # bucket, no credentials, unreachable) fails the transfer once, not per entry.
@@ -137,13 +131,9 @@ def copy_entries(
             results.append((todo[0], None, str(exc)))
         else:
             results.append((todo[0], outcome, None))
-    rest = todo[1:]
-    if jobs > 1 and len(rest) > 1:
-        destination.index  # noqa: B018 - opened once, before the threads share it
-        with ThreadPoolExecutor(max_workers=min(jobs, len(rest))) as pool:
-            results += list(pool.map(one, rest))
-    else:
-        results += [one(entry) for entry in rest]
+    # The rest in batches: rows committed per batch after its blobs, each distinct
+    # blob looked at once (cache/admin/copy_batches.py).
+    results += copy_in_batches(source, destination, todo[1:], jobs=jobs)
     copied_bytes = 0
     for entry, outcome, error in results:  # in the source's order, whatever finished first
         if outcome is None:

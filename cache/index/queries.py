@@ -116,6 +116,17 @@ class IndexReads(IndexEngine):
             row = conn.execute(_GET, {"key": key}).first()
         return _entry(row) if row is not None else None
 
+    def get_many(self, keys: Collection[str]) -> dict[str, IndexEntry]:
+        """``{key: row}`` of the stored ``keys`` (absent keys are left out), one
+        statement per :data:`_IN_CHUNK` keys: a copy looks up a batch of entries at once."""
+        ordered = sorted(set(keys))
+        out: dict[str, IndexEntry] = {}
+        with self._read("look up artifacts") as conn:
+            for i in range(0, len(ordered), _IN_CHUNK):
+                q = sa.select(*_ENTRY_COLUMNS).where(ARTIFACTS.c.key.in_(ordered[i : i + _IN_CHUNK]))
+                out.update((entry.key, entry) for entry in map(_entry, conn.execute(q).all()))
+        return out
+
     def by_name(
         self, name: str, env_fp: str | None = None, state: str | None = "ok"
     ) -> list[IndexEntry]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection
 from sqlalchemy.engine.url import URL
 
 from aot.cache.index.advice import advice_for, mask_url, reason_of
@@ -115,71 +116,148 @@ class Index(IndexReads, IndexGc, IndexRefs, IndexJit):
         ``created_at`` (with ``stamp``): the row keeps this compile time (a copy keeps
         its source's), its last use is the server's now.
         """
-        row = entry._row()
         with self._write(f"add artifact {entry.key}") as conn:
-            if lease is not None and lease.digests:
+            if lease is not None:
                 # First statement: on PostgreSQL it waits for gc's deletion lock.
-                kept = set(
-                    conn.execute(
-                        sa.delete(LEASES).where(LEASES.c.token == lease.token).returning(LEASES.c.digest)
-                    ).scalars()
-                )
-                if kept != lease.digests:
-                    raise LeaseLostError(
-                        f"the lease on the blobs of {entry.name!r} ({entry.key[:12]}) expired "
-                        f"and gc may have taken them; store it again"
-                    )
-            if stamp:
-                now = server_now(conn)
-                row["created_at"] = row["last_used_at"] = now
-                if created_at is not None:
-                    row["created_at"] = as_utc(created_at, "created_at")
-            else:
-                now = entry.created_at
-            if blob_sizes:
-                conn.execute(
-                    insert_ignore(conn, BLOBS).on_conflict_do_nothing(),
-                    [
-                        {"digest": d, "size": int(s), "stored_size": int(st), "created_at": now}
-                        for d, (s, st) in sorted(blob_sizes.items())
-                    ],
-                )
-            prog = insert_ignore(conn, PROGRAMS).values(
-                program_fp=entry.program_fp,
-                name=entry.name,
-                signature=entry.signature,
-                hlo_digest=entry.hlo_digest,
-                created_at=now,
-            )
+                _take_back(conn, lease, f"the blobs of {entry.name!r} ({entry.key[:12]})")
+            now = server_now(conn) if stamp else None
+            added = self._insert(conn, entry, blob_sizes, now=now, replace=replace, created_at=created_at)
+            reached("put.before_commit")
+            return added
+
+    def add_many(
+        self, rows: Sequence[tuple[IndexEntry, Mapping[str, tuple[int, int]], datetime | None]],
+        *, lease: Lease | None = None,
+    ) -> list[bool]:
+        """:meth:`add` of each ``(entry, blob_sizes, created_at)`` (``stamp``: the
+        server's clock, ``created_at`` kept when given), all in one transaction that
+        also releases ``lease`` (one lease on every digest of the rows): a copy commits
+        a batch of rows at once, after every blob of the batch is durable. Per row, as
+        :meth:`add` returns; :class:`LeaseLostError` (nothing written) if gc took the lease."""
+        if not rows:
+            if lease is not None:
+                self.release(lease)
+            return []
+        with self._write(f"add {len(rows)} artifacts") as conn:
+            if lease is not None:
+                _take_back(conn, lease, f"the blobs of {len(rows)} entries")
+            added = self._insert_many(conn, rows, server_now(conn))
+            reached("put.before_commit")
+            return added
+
+    def _insert_many(
+        self, conn: Connection, rows: Sequence[tuple[IndexEntry, Mapping[str, tuple[int, int]], datetime | None]],
+        now: datetime,
+    ) -> list[bool]:
+        """:meth:`_insert` of many rows in three statements (blob rows, program rows,
+        artifact rows), each over its rows sorted by key, the order in which gc and
+        other writers lock them too (PostgreSQL: no deadlock between batches)."""
+        blobs: dict[str, dict[str, Any]] = {}
+        programs: dict[str, dict[str, Any]] = {}
+        artifacts: dict[str, dict[str, Any]] = {}
+        for entry, sizes, created_at in rows:
+            for d, (size, stored) in sizes.items():
+                blobs.setdefault(d, {"digest": d, "size": int(size), "stored_size": int(stored), "created_at": now})
+            program = programs.setdefault(entry.program_fp, {
+                "program_fp": entry.program_fp, "name": entry.name, "signature": entry.signature,
+                "hlo_digest": entry.hlo_digest, "created_at": now,
+            })
+            if program["hlo_digest"] is None:  # as the upsert's coalesce
+                program["hlo_digest"] = entry.hlo_digest
+            row = entry._row()
+            row["created_at"] = row["last_used_at"] = now
+            if created_at is not None:
+                row["created_at"] = as_utc(created_at, "created_at")
+            artifacts[entry.key] = row
+        if blobs:
+            conn.execute(insert_ignore(conn, BLOBS).on_conflict_do_nothing(), [blobs[d] for d in sorted(blobs)])
+        prog = insert_ignore(conn, PROGRAMS)
+        conn.execute(
+            prog.on_conflict_do_update(
+                index_elements=[PROGRAMS.c.program_fp],
+                set_={"hlo_digest": sa.func.coalesce(PROGRAMS.c.hlo_digest, prog.excluded.hlo_digest)},
+            ),
+            [programs[fp] for fp in sorted(programs)],
+        )
+        inserted = set(
             conn.execute(
-                prog.on_conflict_do_update(
-                    index_elements=[PROGRAMS.c.program_fp],
-                    set_={"hlo_digest": sa.func.coalesce(PROGRAMS.c.hlo_digest, prog.excluded.hlo_digest)},
-                )
-            )
-            # RETURNING, not rowcount: INSERT rowcount is unreliable across drivers.
-            inserted = conn.execute(
-                insert_ignore(conn, ARTIFACTS)
-                .values(**row)
-                .on_conflict_do_nothing()
-                .returning(ARTIFACTS.c.key)
-            ).scalar_one_or_none()
-            if inserted is not None:
-                clear_emptied(conn)
-                reached("put.before_commit")
+                insert_ignore(conn, ARTIFACTS).on_conflict_do_nothing().returning(ARTIFACTS.c.key),
+                [artifacts[k] for k in sorted(artifacts)],
+            ).scalars()
+        )
+        if inserted:
+            clear_emptied(conn)
+        added = []
+        for entry, _, _ in rows:
+            if entry.key in inserted:
                 logger.debug("index: added %s (%s)", entry.key, entry.name)
-                return True
+                added.append(True)
+                continue
             state = conn.execute(
                 sa.select(ARTIFACTS.c.state).where(ARTIFACTS.c.key == entry.key)
             ).scalar_one_or_none()
-            if state == "quarantined" or (replace and state is not None):
-                conn.execute(sa.update(ARTIFACTS).where(ARTIFACTS.c.key == entry.key).values(**row))
-                reached("put.before_commit")
+            if state == "quarantined":
+                conn.execute(sa.update(ARTIFACTS).where(ARTIFACTS.c.key == entry.key).values(**artifacts[entry.key]))
                 logger.info("index: replaced %s artifact %s (%s)", state, entry.key, entry.name)
-                return True
-            reached("put.before_commit")
-            logger.debug("index: %s already present", entry.key)
-            return False
+            else:
+                logger.debug("index: %s already present", entry.key)
+            added.append(state == "quarantined")
+        return added
+
+    def _insert(
+        self, conn: Connection, entry: IndexEntry, blob_sizes: Mapping[str, tuple[int, int]], *,
+        now: datetime | None, replace: bool, created_at: datetime | None,
+    ) -> bool:
+        """The statements of :meth:`add` inside the caller's transaction; ``now``: the
+        server's time to stamp the row with (None: the entry's own times)."""
+        row = entry._row()
+        if now is not None:
+            row["created_at"] = row["last_used_at"] = now
+            if created_at is not None:
+                row["created_at"] = as_utc(created_at, "created_at")
+        else:
+            now = entry.created_at
+        if blob_sizes:
+            conn.execute(
+                insert_ignore(conn, BLOBS).on_conflict_do_nothing(),
+                [
+                    {"digest": d, "size": int(s), "stored_size": int(st), "created_at": now}
+                    for d, (s, st) in sorted(blob_sizes.items())
+                ],
+            )
+        prog = insert_ignore(conn, PROGRAMS).values(
+            program_fp=entry.program_fp,
+            name=entry.name,
+            signature=entry.signature,
+            hlo_digest=entry.hlo_digest,
+            created_at=now,
+        )
+        conn.execute(
+            prog.on_conflict_do_update(
+                index_elements=[PROGRAMS.c.program_fp],
+                set_={"hlo_digest": sa.func.coalesce(PROGRAMS.c.hlo_digest, prog.excluded.hlo_digest)},
+            )
+        )
+        # RETURNING, not rowcount: INSERT rowcount is unreliable across drivers.
+        inserted = conn.execute(
+            insert_ignore(conn, ARTIFACTS)
+            .values(**row)
+            .on_conflict_do_nothing()
+            .returning(ARTIFACTS.c.key)
+        ).scalar_one_or_none()
+        if inserted is not None:
+            clear_emptied(conn)
+            logger.debug("index: added %s (%s)", entry.key, entry.name)
+            return True
+        state = conn.execute(
+            sa.select(ARTIFACTS.c.state).where(ARTIFACTS.c.key == entry.key)
+        ).scalar_one_or_none()
+        if state == "quarantined" or (replace and state is not None):
+            conn.execute(sa.update(ARTIFACTS).where(ARTIFACTS.c.key == entry.key).values(**row))
+            logger.info("index: replaced %s artifact %s (%s)", state, entry.key, entry.name)
+            return True
+        logger.debug("index: %s already present", entry.key)
+        return False
 
     def touch(self, key: str, *, when: datetime | None = None) -> None:
         """Record a use: ``last_used_at = when`` or the server's now, ``hits += 1``.
@@ -245,3 +323,15 @@ class Index(IndexReads, IndexGc, IndexRefs, IndexJit):
             if entries:
                 conn.execute(sa.insert(ARTIFACTS), [e._row() for e in entries])
                 clear_emptied(conn)
+
+
+def _take_back(conn: Connection, lease: Lease, what: str) -> None:
+    """Deletes ``lease``'s rows in the caller's transaction; :class:`LeaseLostError`
+    if gc took any of them (it expired)."""
+    if not lease.digests:
+        return
+    kept = set(
+        conn.execute(sa.delete(LEASES).where(LEASES.c.token == lease.token).returning(LEASES.c.digest)).scalars()
+    )
+    if kept != lease.digests:
+        raise LeaseLostError(f"the lease on {what} expired and gc may have taken them; store it again")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, BinaryIO, TypeVar
@@ -437,6 +438,92 @@ class ContentStore:
             sizes[digest] = len(payload)
             total += len(payload)
         return CopyReport(tuple(copied), tuple(present), total, sizes)
+
+    def verified_among(self, digests: Iterable[str], *, verified: dict[str, int], jobs: int = 1) -> set[str]:
+        """The ``digests`` stored here intact: one batched :meth:`stat`, then each blob
+        not in ``verified`` (digest -> stored size, verified earlier in the caller's
+        run; filled in here) read and verified, ``jobs`` at a time; one in it counts
+        as intact while its stored size is unchanged."""
+        wanted = sorted({check_digest(d) for d in digests})
+        if not wanted:
+            return set()
+        found = self.stat(wanted)
+        intact = {d for d, s in found.items() if verified.get(d) == s.stored_size}
+        todo = [d for d in wanted if d in found and d not in intact]
+
+        def one(digest: str) -> tuple[str, str | None]:
+            return digest, self.check(digest)
+
+        if jobs > 1 and len(todo) > 1:
+            with ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+                checked = list(pool.map(one, todo))
+        else:
+            checked = [one(d) for d in todo]
+        for digest, problem in checked:
+            if problem is None:
+                intact.add(digest)
+                verified[digest] = found[digest].stored_size
+        return intact
+
+    def copy_many(
+        self, other: ContentStore, digests: Iterable[str], *, verified: dict[str, int], jobs: int = 1,
+    ) -> tuple[dict[str, int], dict[str, AotError]]:
+        """:meth:`copy_to` of a batch, with its round trips shared: one batched
+        :meth:`stat` at ``other`` for every digest; a blob found there is read and
+        verified only if this run has not verified it yet (``verified``: digest ->
+        stored size, filled in by this call: what was verified or written), else its
+        stored size must match; the rest are verified or copied ``jobs`` at a time.
+        Returns the stored size at ``other`` of each digest now intact there, and the
+        error of each that is not (a blob missing or corrupt at the source, a failed
+        write): the caller fails only what uses it.
+
+        Callers hold leases on ``digests`` in the destination's index, as for
+        :meth:`copy_to`."""
+        if other.read_only:
+            raise read_only_error("copy blobs", other.location)
+        wanted = list(dict.fromkeys(check_digest(d) for d in digests))
+        try:
+            found = other.stat(wanted)
+        except CacheError as exc:
+            raise as_write(exc) from exc
+        sizes: dict[str, int] = {}
+        stale: list[str] = []
+        todo: list[str] = []
+        for digest in wanted:
+            there = found.get(digest)
+            if there is not None and verified.get(digest) == there.stored_size:
+                sizes[digest] = there.stored_size
+                stale.append(digest)
+            else:
+                todo.append(digest)
+
+        def one(digest: str) -> tuple[str, int | AotError]:
+            try:
+                report = self.copy_to(other, [digest])
+            except AotError as exc:
+                return digest, exc
+            return digest, report.stored_sizes[digest]
+
+        errors: dict[str, AotError] = {}
+        if jobs > 1 and len(todo) > 1:
+            with ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+                done = list(pool.map(one, todo))
+        else:
+            done = [one(d) for d in todo]
+        for digest, outcome in done:
+            if isinstance(outcome, AotError):
+                errors[digest] = outcome
+            else:
+                sizes[digest] = verified[digest] = outcome
+        if stale:  # verified earlier in this run: refresh the age of the old ones
+            try:
+                now = other.now()
+                for digest in stale:
+                    if (now - found[digest].modified).total_seconds() > REFRESH_AFTER_SECONDS:
+                        other.touch(digest)
+            except AotError as e:
+                logger.debug("could not refresh the age of blobs at %s: %s", other.location, e)
+        return sizes, errors
 
     def close(self) -> None:
         self._call("close the blob store", self.store.close)

@@ -99,6 +99,47 @@ def test_a_push_killed_midway_completes_on_the_next_run(
 
 
 
+def test_a_push_killed_mid_batch_leaves_no_row_without_blobs_and_resumes_without_copying_again(
+    invoke: Invoke, warmed, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # noqa: ANN001
+    """kill -9 once the blobs of a batch (every entry after the first) are durable at
+    DEST and before its rows commit: DEST holds the first entry's row only, with its
+    blobs; the next push commits the rest and writes no blob; a third copies nothing."""
+    dest = tmp_path / "dest"
+    env = dict(os.environ, AOT_TEST_PAUSE="copy.blobs_ready=kill", JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-m", "aot", "--cache", str(cache_dir), "push", str(dest), "--jobs", "2"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    killed = aot.Cache(dest)
+    try:
+        rows = killed.index.entries()
+        assert [r.key for r in rows] == [aot.Cache(cache_dir).entries()[0].key]
+        assert all(killed.blobs.check(d) is None for r in rows for d in (r.exe_digest, r.hlo_digest) if d)
+        arrived = set(killed.blobs.digests())
+    finally:
+        killed.close()
+    wanted = {d for e in aot.Cache(cache_dir).entries() for d in (e.exe_digest, e.hlo_digest) if d}
+    assert arrived == wanted  # every blob arrived before the kill
+    from aot.cache.storage.folder import FolderObjectStore
+
+    written: list[str] = []
+    real = FolderObjectStore.write
+
+    def spy(self, digest, payload):  # noqa: ANN001, ANN202
+        written.append(digest)
+        return real(self, digest, payload)
+
+    monkeypatch.setattr(FolderObjectStore, "write", spy)
+    resumed = json.loads(invoke("push", dest, "--json").stdout)
+    assert (resumed["copied"], resumed["skipped"], resumed["failed"]) == (4, 1, [])
+    assert written == []  # what arrived is not copied again
+    final = json.loads(invoke("push", dest, "--json").stdout)
+    assert (final["copied"], final["skipped"]) == (0, 5)
+    assert invoke("verify", cache=dest).exit_code == 0
+
+
 @pytest.mark.postgres
 def test_push_to_a_missing_bucket_fails_once_naming_it(invoke: Invoke, warmed, postgres_url: str, s3_env: str) -> None:  # noqa: ANN001
     blobs = "s3://aot-test-no-such-bucket/blobs"
