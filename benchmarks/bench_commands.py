@@ -47,6 +47,7 @@ def commands(cache: Path, other: Path, bundle: Path) -> list[tuple[str, list[str
         ("aot show tiny", ["-c", AOT, *c, "show", "tiny"], False),
         ("aot stats", ["-c", AOT, *c, "stats"], False),
         ("aot gc --dry-run", ["-c", AOT, *c, "gc", "--dry-run"], False),
+        ("aot gc (nothing to delete)", ["-c", AOT, *c, "gc"], False),
         ("aot rm tiny --dry-run", ["-c", AOT, *c, "rm", "tiny", "--dry-run"], False),
         ("aot push FOLDER", ["-c", AOT, *c, "push", str(other)], False),
         ("aot pull FOLDER", ["-c", AOT, *c, "pull", str(other)], False),

@@ -24,6 +24,8 @@ from aot.errors import AotError, CacheError, IntegrityError, UsageError
 from aot.signing import check_identity, verify as verify_signature
 from aot.cache.admin.jit_entries import verify_jit_entries
 from aot.cache.index.entry import GcRow, IndexEntry, collector_paused
+from aot.cache.index.gc_reads import GcReads
+from aot.cache.index.reader import SqliteReader
 from aot.cache.index.jit_records import AOT, JIT, JitEntry
 from aot.cache.index.served import ref_map, superseded_keys
 from aot.cache.storage.content import PROBLEM_MISSING
@@ -81,24 +83,26 @@ class VerifyReport:
         }
 
 
-def empty_index_problem(cache: Cache, digests: Iterable[str] | None = None) -> str | None:
+def empty_index_problem(cache: Cache, digests: Iterable[str] | None = None, reads: GcReads | None = None) -> str | None:
     """A message when the index has no row but the blob store holds blobs (``digests``,
     listed if not given) that no writer has leased: the index was lost, truncated or
     replaced, and gc would otherwise delete every blob. None for an index that its own
     deletions emptied (gc's evictions, ``aot rm``; a gc that lost a race to another):
-    the index records that in the deleting transaction, and the next row clears it."""
-    empty, emptied = cache.index.emptiness()  # one snapshot: writers and gc run meanwhile
+    the index records that in the deleting transaction, and the next row clears it.
+    ``reads``: the index's reads (default: the SQL index; gc's plan: :func:`gc_reads_of`)."""
+    index = cache.index if reads is None else reads
+    empty, emptied = index.emptiness()  # one snapshot: writers and gc run meanwhile
     if not empty:
         return None
     if emptied is not None:
         log.debug("the index is empty since its own deletion at %s", emptied)
         return None
     found = set(digests) if digests is not None else {s.digest for s in cache.blobs.list()}
-    stored = len(found - cache.index.leased_digests()) if found else 0
+    stored = len(found - index.leased_digests()) if found else 0
     if not stored:
         return None
     return (
-        f"the index at {cache.index.url} is empty, but the blob store at "
+        f"the index at {index.url} is empty, but the blob store at "
         f"{cache.blobs.location} holds {counted(stored, 'blob')}: the index was lost, truncated or "
         "replaced. Restore it from a backup, or rebuild it (`aot bundle import`, or "
         "`aot warmup` again: stored blobs are reused). `aot gc` refuses to delete blobs "
@@ -384,7 +388,7 @@ def _kinds(kind: str) -> frozenset[str]:
 def plan_gc(
     cache: Cache, *, max_size: int | str | None = None, older_than: Any = None,
     superseded: bool = False, force: bool = False, unpinned: frozenset[tuple[str, str]] = frozenset(),
-    kind: str = "all",
+    kind: str = "all", reads: GcReads | None = None,
 ) -> GcPlan:
     """Quarantined entries, entries unused for ``older_than``, superseded entries (with
     ``superseded``: a newer intact entry has the same name, signature and environment),
@@ -401,10 +405,23 @@ def plan_gc(
     evicted by ``max_size`` in the same least-recently-used order as aot entries (their
     last use: when stored, or last hit). ``kind`` (``aot``, ``jit``, ``all``) narrows
     which entries may be selected; every entry's blobs count in the size either way.
+
+    ``reads``: the index's reads to plan with (default :func:`gc_reads_of`: a folder
+    cache's through the standard library, without importing SQLAlchemy).
     """
     with collector_paused():  # a million rows: see aot.cache.index.entry
-        return _plan_gc(cache, max_size=max_size, older_than=older_than, superseded=superseded,
-                        force=force, unpinned=unpinned, kind=kind)
+        return _plan_gc(cache, gc_reads_of(cache) if reads is None else reads, max_size=max_size,
+                        older_than=older_than, superseded=superseded, force=force, unpinned=unpinned, kind=kind)
+
+
+def gc_reads_of(cache: Cache) -> GcReads:
+    """What gc plans with: the standard library's reader when the cache reads its
+    index through it (a folder cache: the same file as its SQL index), else the SQL
+    index. Deletions always go through the SQL index."""
+    reader = cache.reader
+    if isinstance(reader, SqliteReader):
+        return reader
+    return cache.index
 
 
 #: Above this many unkept blobs, gc reads every referenced digest in one scan rather
@@ -413,7 +430,7 @@ REFERENCED_LOOKUP_MAX = 20_000
 
 
 def _plan_gc(
-    cache: Cache, *, max_size: int | str | None, older_than: Any, superseded: bool, force: bool,
+    cache: Cache, reads: GcReads, *, max_size: int | str | None, older_than: Any, superseded: bool, force: bool,
     unpinned: frozenset[tuple[str, str]], kind: str,
 ) -> GcPlan:
     limit = parse_size(max_size)
@@ -422,15 +439,15 @@ def _plan_gc(
     # Manifests only where the plan needs them: superseded groups by the input tree;
     # otherwise gc's slim rows, and only the victims' manifests are read, to name their
     # arguments (at the end).
-    entries: Sequence[_Row] = cache.index.entries(manifests=True) if superseded else cache.index.gc_rows()
-    jit_entries = cache.index.jit_entries()
-    now = cache.index.now()
+    entries: Sequence[_Row] = reads.entries() if superseded else reads.gc_rows()
+    jit_entries = reads.jit_entries()
+    now = reads.now()
     victims: dict[str, GcVictim] = {}
     as_planned: dict[str, tuple[str, _dt.datetime]] = {}
 
-    newer = superseded_keys(entries, ref_map(cache.index.refs())) if superseded else {}  # type: ignore[arg-type]
-    pins = cache.index.pinned_keys()
-    for ref in cache.index.refs():
+    newer = superseded_keys(entries, ref_map(reads.refs())) if superseded else {}  # type: ignore[arg-type]
+    pins = reads.pinned_keys()
+    for ref in reads.refs():
         if (ref.name, ref.signature) in unpinned and pins.get(ref.key, "").startswith("served ref"):
             pins.pop(ref.key)  # its ref is dropped first (a dry run assumes so)
     dropped_names = {name for name, _ in unpinned}
@@ -514,10 +531,10 @@ def _plan_gc(
     # Programs rows keep their HLO only while an artifact of the program survives.
     unkept = [d for d in stored if d not in keep]
     referenced = (
-        cache.index.referenced_among(unkept) if len(unkept) <= REFERENCED_LOOKUP_MAX
-        else cache.index.referenced_digests()
+        reads.referenced_among(unkept) if len(unkept) <= REFERENCED_LOOKUP_MAX
+        else reads.referenced_digests()
     )
-    keep |= cache.index.leased_digests()
+    keep |= reads.leased_digests()
     grace = _dt.timedelta(seconds=ORPHAN_GRACE_SECONDS)
 
     def old(stat: BlobStat) -> bool:
@@ -529,12 +546,12 @@ def _plan_gc(
     ))
     warnings: tuple[str, ...] = ()
     if not entries and stored and not force:
-        problem = empty_index_problem(cache, stored)
+        problem = empty_index_problem(cache, stored, reads)
         if problem is not None:
             warnings = (problem,)
             dead_blobs = ()
     freed = sum(stored[d].stored_size for d in dead_blobs)
-    names = ArgumentNames(cache, [e for e, _ in (*chosen.values(), *kept.values())])
+    names = ArgumentNames(reads, [e for e, _ in (*chosen.values(), *kept.values())])
     victims.update((key, _victim(entry, reason, names)) for key, (entry, reason) in chosen.items())
     pinned = [_victim(entry, why, names) for entry, why in kept.values()]
     return GcPlan(
@@ -566,7 +583,7 @@ def _program(entry: _Row) -> _Program:
     return (entry.name, entry.signature, entry.program_fp)
 
 
-def _arguments_of(cache: Cache, entries: Sequence[_Row]) -> dict[_Program, Signature]:
+def _arguments_of(reads: GcReads, entries: Sequence[_Row]) -> dict[_Program, Signature]:
     """The arguments by name of each program among ``entries``, from one manifest per
     program (its environments' entries name the same arguments): a plan of half a
     million victims parses tens of thousands of manifests, not half a million."""
@@ -574,7 +591,7 @@ def _arguments_of(cache: Cache, entries: Sequence[_Row]) -> dict[_Program, Signa
     for entry in entries:
         first.setdefault(_program(entry), entry)
     missing = [e.key for e in first.values() if not getattr(e, "manifest", "")]
-    texts = cache.index.manifests(missing) if missing else {}
+    texts = reads.manifests(missing) if missing else {}
     return {
         program: Signature.from_manifest_json(getattr(entry, "manifest", "") or texts.get(entry.key, ""), entry.signature)
         for program, entry in first.items()
@@ -585,13 +602,14 @@ class ArgumentNames:
     """The arguments by name of a plan's victims, read when first asked, for all of them
     at once (:func:`_arguments_of`): a plan of half a million victims names a hundred
     thousand programs from their manifests, seconds that a caller who only counts the
-    plan or reads its keys does not wait for. Read while the cache is open; an executed
-    gc names them before it deletes rows (:meth:`GcPlan.name_arguments`)."""
+    plan or reads its keys does not wait for. Read (through the plan's reads) while the
+    cache is open; an executed gc names them before it deletes rows
+    (:meth:`GcPlan.name_arguments`)."""
 
-    __slots__ = ("_cache", "_entries", "_found", "_lock")
+    __slots__ = ("_reads", "_entries", "_found", "_lock")
 
-    def __init__(self, cache: Cache, entries: Sequence[_Row]) -> None:
-        self._cache: Cache | None = cache
+    def __init__(self, reads: GcReads, entries: Sequence[_Row]) -> None:
+        self._reads: GcReads | None = reads
         self._entries = entries
         self._found: dict[_Program, Signature] | None = None
         self._lock = threading.Lock()
@@ -602,9 +620,9 @@ class ArgumentNames:
     def all(self) -> dict[_Program, Signature]:
         with self._lock:
             if self._found is None:
-                assert self._cache is not None
-                self._found = _arguments_of(self._cache, self._entries)
-                self._cache, self._entries = None, ()
+                assert self._reads is not None
+                self._found = _arguments_of(self._reads, self._entries)
+                self._reads, self._entries = None, ()
             return self._found
 
 
@@ -615,18 +633,22 @@ def _victim(entry: _Row, reason: str, names: ArgumentNames) -> GcVictim:
     )
 
 
-def stale_signatures(cache: Cache, manifest: str | os.PathLike[str]) -> frozenset[tuple[str, str]]:
+def stale_signatures(
+    cache: Cache, manifest: str | os.PathLike[str], reads: GcReads | None = None,
+) -> frozenset[tuple[str, str]]:
     """(name, signature) of the refs and entries whose name manifest ``manifest`` lists
-    but not with that signature (a changed layer size leaves the old ones behind)."""
+    but not with that signature (a changed layer size leaves the old ones behind);
+    read through ``reads`` (default :func:`gc_reads_of`)."""
     from aot.cache.warmup.manifest import expand, load_manifest
     from aot.cache.warmup.targets import item_signature
 
     wanted: dict[str, set[str]] = {}
     for item in expand(load_manifest(manifest)):
         wanted.setdefault(item.name, set()).add(item_signature(item))
-    stale = {(r.name, r.signature) for r in cache.index.refs() if r.name in wanted and r.signature not in wanted[r.name]}
+    reads = gc_reads_of(cache) if reads is None else reads
+    stale = {(r.name, r.signature) for r in reads.refs() if r.name in wanted and r.signature not in wanted[r.name]}
     for name, signatures in wanted.items():
-        stale |= {(e.name, e.signature) for e in cache.index.by_name(name, state=None) if e.signature not in signatures}
+        stale |= {(e.name, e.signature) for e in reads.by_name(name, state=None) if e.signature not in signatures}
     return frozenset(stale)
 
 
@@ -672,18 +694,26 @@ def collect_garbage(
     entry again since the plan). A crash at any point leaves at most orphan blobs,
     which the next gc removes. With an empty index beside stored blobs, gc refuses
     (``CacheError``) unless ``force``.
+
+    The plan reads through :func:`gc_reads_of` (a folder cache: the standard library);
+    the SQL index is opened only to delete something (rows, blobs, refs or expired
+    leases): a dry run, or a gc with nothing to delete, never imports SQLAlchemy there.
     """
-    stale = stale_signatures(cache, manifest) if manifest is not None else frozenset()
+    reads = gc_reads_of(cache)
+    stale = stale_signatures(cache, manifest, reads) if manifest is not None else frozenset()
     options = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force, kind=kind)
-    plan = plan_gc(cache, unpinned=stale, **options)  # type: ignore[arg-type]
+    plan = plan_gc(cache, unpinned=stale, reads=reads, **options)  # type: ignore[arg-type]
     if dry_run:
         return dataclasses.replace(plan, dropped_refs=tuple(sorted(stale)))
     cache._check_writable("collect garbage")
+    if not stale and not plan.warnings and not plan.entries and not plan.blobs and not reads.has_expired_leases():
+        log.info("gc: removed 0 entries and 0 blobs, freed %s", human_size(0))  # nothing to delete
+        return GcPlan((), (), 0, plan.size_before, dry_run=False, executed=True, pinned=plan.pinned)
     if stale:
         slots = [r.slot for r in cache.index.refs() if (r.name, r.signature) in stale]
         cache.index.drop_refs(slots)
         log.info("gc: dropped %d refs of signatures no longer in %s", len(slots), manifest)
-        plan = plan_gc(cache, unpinned=stale, **options)  # type: ignore[arg-type]
+        plan = plan_gc(cache, unpinned=stale, reads=reads, **options)  # type: ignore[arg-type]
     if plan.warnings:
         raise CacheError(f"gc refused: {plan.warnings[0]}")
     plan.name_arguments()  # before their rows go

@@ -51,7 +51,7 @@ from sqlalchemy.engine.url import URL
 from sqlalchemy.pool import StaticPool
 
 from aot.cache.index.advice import advice_for, mask_url, reason_of
-from aot.cache.index.entry import as_utc
+from aot.cache.index.entry import as_utc, sqlite_clock
 from aot.cache.index.schema import ARTIFACTS, REF_HISTORY, UTCDateTime
 from aot.cache.index.deadlines import bound_round_trips
 from aot.cache.timeouts import DB_CLIENT_GRACE_S, Timeouts, db_client_bound
@@ -317,10 +317,6 @@ def server_now_expr(dialect: str) -> Any:
     return sa.type_coerce(sa.func.now(), UTCDateTime)
 
 
-#: A SQLite write's time is at least this much after the highest time in the index.
-CLOCK_STEP = timedelta(microseconds=1)
-
-
 def server_now(conn: Connection) -> datetime:
     """The database server's clock (PostgreSQL ``now()``: this transaction's start).
     SQLite: this host's clock, but never before :func:`high_water` + a microsecond
@@ -328,10 +324,9 @@ def server_now(conn: Connection) -> datetime:
     now = as_utc(conn.execute(sa.select(server_now_expr(conn.dialect.name))).scalar_one(), "the database clock")
     if conn.dialect.name == "sqlite":
         mark = high_water(conn)
-        if mark is not None and mark + CLOCK_STEP > now:
-            if mark - now > timedelta(seconds=60):
-                logger.debug("this host's clock is %s behind the index's (%s)", mark - now, mark.isoformat())
-            now = mark + CLOCK_STEP
+        if mark is not None and mark - now > timedelta(seconds=60):
+            logger.debug("this host's clock is %s behind the index's (%s)", mark - now, mark.isoformat())
+        now = sqlite_clock(now, mark)
     return now
 
 

@@ -132,6 +132,13 @@ class IndexGc(IndexEngine):
             now = server_now(conn)
             return set(conn.execute(sa.select(LEASES.c.digest).where(LEASES.c.expires_at > now)).scalars())
 
+    def has_expired_leases(self) -> bool:
+        """Whether a lease has expired (a killed writer's): an executed gc drops them."""
+        with self._read("look for expired leases") as conn:
+            now = server_now(conn)
+            expired = sa.select(sa.literal(1)).select_from(LEASES).where(LEASES.c.expires_at <= now).limit(1)
+            return conn.execute(expired).first() is not None
+
     @contextmanager
     def deletion_lock(self) -> Iterator[DeletionBatch]:
         """gc's deletion step: one transaction under the lock every lease and every

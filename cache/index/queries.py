@@ -4,7 +4,6 @@ part of :class:`~aot.cache.index.sql.Index`."""
 from __future__ import annotations
 
 import fnmatch
-from operator import itemgetter
 from dataclasses import dataclass, fields
 from datetime import datetime
 from collections.abc import Collection
@@ -13,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from aot.cache.index.engine import IndexEngine
-from aot.cache.index.entry import GcRow, IndexEntry, collector_paused, sqlite_utc, utc_value
+from aot.cache.index.entry import GC_COLUMNS, GcRow, IndexEntry, collector_paused, gc_rows_of_sqlite, utc_value
 from aot.cache.index.globs import glob_to_like, like_escape, name_range
 from aot.cache.index.schema import ARTIFACTS, BLOBS, JIT_ENTRIES, PROGRAMS
 from aot.cache.index.state import emptiness_query
@@ -53,10 +52,9 @@ _SLIM_COLUMNS = tuple(
 # Python on the same text SQLite compares; PostgreSQL sorts (its collation decides).
 _GC_SELECT = sa.select(
     *(sa.type_coerce(ARTIFACTS.c[n], sa.String) if n in ("created_at", "last_used_at") else ARTIFACTS.c[n]
-      for n in GcRow._fields)
+      for n in GC_COLUMNS)
 )
 _GC_ROWS = _GC_SELECT.order_by(ARTIFACTS.c.name, ARTIFACTS.c.created_at, ARTIFACTS.c.key)
-_GC_NAME, _GC_CREATED, _GC_KEY = (GcRow._fields.index(n) for n in ("name", "created_at", "key"))
 
 
 def _driver_rows(conn: sa.Connection, q: sa.Select[Any]) -> list[tuple[Any, ...]]:
@@ -68,17 +66,6 @@ def _driver_rows(conn: sa.Connection, q: sa.Select[Any]) -> list[tuple[Any, ...]
         return list(cursor.fetchall())
     finally:
         cursor.close()
-
-
-def _sqlite_gc_rows(rows: list[tuple[Any, ...]]) -> list[GcRow]:
-    """:class:`GcRow` of SQLite's rows whose times are the naive UTC text the index
-    writes (:func:`sqlite_utc`'s fast path, inlined: two million calls at a million
-    rows); TypeError or ValueError on any other."""
-    new, parse, row = tuple.__new__, datetime.fromisoformat, GcRow
-    return [
-        new(row, (key, name, sig, program, exe, hlo, size, parse(created + "+00:00"), parse(used + "+00:00"), state, why))
-        for key, name, sig, program, exe, hlo, size, created, used, state, why in rows
-    ]
 
 
 def _entry(row: sa.Row[Any]) -> IndexEntry:
@@ -178,14 +165,7 @@ class IndexReads(IndexEngine):
                     GcRow(key, name, sig, program, exe, hlo, size, utc_value(created), utc_value(used), state, why)
                     for key, name, sig, program, exe, hlo, size, created, used, state, why in rows
                 ]
-            rows.sort(key=itemgetter(_GC_NAME, _GC_CREATED, _GC_KEY))  # as SQLite compares text
-            try:
-                return _sqlite_gc_rows(rows)
-            except (TypeError, ValueError):  # a time not as the index writes it
-                return [
-                    GcRow(key, name, sig, program, exe, hlo, size, sqlite_utc(created), sqlite_utc(used), state, why)
-                    for key, name, sig, program, exe, hlo, size, created, used, state, why in rows
-                ]
+            return gc_rows_of_sqlite(rows)  # sorted there, as SQLite compares text
 
     def signature_keys(self, names: Collection[str]) -> dict[tuple[str, str], str]:
         """One key (the smallest) per (name, flat signature) stored under ``names``, in

@@ -6,8 +6,9 @@ key (to re-read a row whose blobs failed, or before a write), the names (to sugg
 for a mistyped name), a schema-version check, and a touch of the rows it loads.
 Importing SQLAlchemy costs a serving process more than loading an executable, so for a
 folder cache these go through :mod:`sqlite3` against the schema
-:mod:`aot.cache.index.schema` creates. Everything else (writes, gc, verify, PostgreSQL)
-uses the SQLAlchemy index (:mod:`aot.cache.index.sql`).
+:mod:`aot.cache.index.schema` creates. The listing commands and gc's plan
+(:mod:`aot.cache.index.gc_reads`) read through it too; everything else (writes, gc's
+deletions, verify, PostgreSQL) uses the SQLAlchemy index (:mod:`aot.cache.index.sql`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from aot.cache.index.entry import SCHEMA_VERSION, IndexEntry, utcnow
+from aot.cache.index.gc_reads import SqliteGcReads
 from aot.cache.index.globs import glob_to_like, like_escape, name_range
 from aot.cache.index.jit_records import JitEntry, JitStats
 from aot.cache.index.refs import Ref, ReleaseMember
@@ -146,9 +148,10 @@ def stale_immutable(path: Path, opened: ReadOnlyOpen) -> bool:
     return _stamp(path) != opened.stamp
 
 
-class SqliteReader:
+class SqliteReader(SqliteGcReads):
     """An :class:`~aot.cache.index.protocol.IndexReader` of a folder cache's
-    ``index.sqlite`` with :mod:`sqlite3`; opened only on an existing, current index."""
+    ``index.sqlite`` with :mod:`sqlite3`; opened only on an existing, current index.
+    It also answers gc's plan (:class:`~aot.cache.index.gc_reads.GcReads`)."""
 
     def __init__(self, path: Path, *, read_only: bool) -> None:
         self.path = path

@@ -17,6 +17,7 @@ import os
 import socket
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "ReleaseRemoval",
     "RemovedRelease",
     "default_commit",
+    "pins_of",
     "signature_digest",
 ]
 
@@ -216,3 +218,23 @@ class CacheDescription:
         data = asdict(self)
         data["created_at"] = self.created_at.isoformat()
         return data
+
+
+def pins_of(
+    refs: Iterable[tuple[str, str]], current: Iterable[tuple[str, int, int | None]],
+    members: Callable[[list[int]], Iterable[tuple[str, int]]], excluding: Collection[str] = (),
+) -> dict[str, str]:
+    """``{key: why}`` of the keys gc must keep, from the index's rows (both readers of
+    the index answer ``pinned_keys`` with it): ``refs`` (key, name) of the current refs;
+    ``current`` (label, id, previous) of each label's current set; ``members(set ids)``
+    (key, set id) of those sets' members. A label in ``excluding`` counts as gone."""
+    pins: dict[str, str] = {}
+    for key, name in refs:
+        pins.setdefault(key, f"served ref of {name}")
+    sets = {label: (set_id, previous) for label, set_id, previous in current if label not in excluding}
+    live = {set_id: label for label, (set_id, _) in sets.items()}
+    live.update({p: f"{label} (rollback target)" for label, (_, p) in sets.items() if p is not None})
+    if live:
+        for key, set_id in members(list(live)):
+            pins.setdefault(key, f"release {live[set_id]}")
+    return pins

@@ -27,6 +27,7 @@ from aot.cache.index.refs import (
     ReleaseMember,
     ReleaseRemoval,
     RemovedRelease,
+    pins_of,
     signature_digest,
 )
 from aot.cache.index.schema import ARTIFACTS, CACHE_META, REF_HISTORY, REFS, RELEASE_MEMBERS, RELEASES
@@ -238,22 +239,19 @@ class IndexRefs(IndexEngine):
         """``{key: why}`` for every key gc must keep: named by a current ref, or by a
         member of a label's current set or of the set a rollback would go back to.
         ``excluding``: as if those labels were gone (what ``aot release rm`` unpins)."""
-        pins: dict[str, str] = {}
         with self._read("read what refs and releases pin") as conn:
-            for key, name in conn.execute(sa.select(REFS.c.key, REFS.c.name)).all():
-                pins.setdefault(key, f"served ref of {name}")
-            current = {r.label: (r.id, r.previous) for r in conn.execute(
-                sa.select(RELEASES.c.label, RELEASES.c.id, RELEASES.c.previous)
-                .where(RELEASES.c.id.in_(sa.select(sa.func.max(RELEASES.c.id)).group_by(RELEASES.c.label)))
-            ).all() if r.label not in excluding}
-            live = {i: label for label, (i, _) in current.items()}
-            live.update({p: f"{label} (rollback target)" for label, (_, p) in current.items() if p is not None})
-            if live:
-                rows = conn.execute(sa.select(RELEASE_MEMBERS.c.key, RELEASE_MEMBERS.c.release_id)
-                                    .where(RELEASE_MEMBERS.c.release_id.in_(list(live))))
-                for key, set_id in rows.all():
-                    pins.setdefault(key, f"release {live[set_id]}")
-        return pins
+            return pins_of(
+                conn.execute(sa.select(REFS.c.key, REFS.c.name)).all(),
+                conn.execute(
+                    sa.select(RELEASES.c.label, RELEASES.c.id, RELEASES.c.previous)
+                    .where(RELEASES.c.id.in_(sa.select(sa.func.max(RELEASES.c.id)).group_by(RELEASES.c.label)))
+                ).all(),
+                lambda ids: conn.execute(
+                    sa.select(RELEASE_MEMBERS.c.key, RELEASE_MEMBERS.c.release_id)
+                    .where(RELEASE_MEMBERS.c.release_id.in_(ids))
+                ).all(),
+                excluding,
+            )
 
     def plan_release_removal(self, labels: Sequence[str]) -> ReleaseRemoval:
         """What removing ``labels`` (every set of each) changes: their current and
