@@ -10,6 +10,14 @@ cache warm. A tree is a checkout with its own ``.venv`` (default: this one, labe
 the same run, under the same load. Printed: the median wall and CPU seconds (user +
 system of the process and its children) of each way, and aot / JAX per run.
 Fixtures come from this repository; every process gets 8 virtual CPU devices.
+
+Bytecode: every process, JAX's and aot's, reads its modules' bytecode from one
+``PYTHONPYCACHEPREFIX`` folder that an untimed first run of each way fills, as an
+installed package's (pip compiles a wheel's modules when it installs them). Without
+it, a checkout installed in editable mode under ``PYTHONDONTWRITEBYTECODE=1`` compiles
+each of aot's ~90 modules from source in every process (~0.15 s CPU), while JAX's come
+compiled from site-packages. ``--no-pycache`` measures that way (the runs before
+2026-12-05).
 """
 
 from __future__ import annotations
@@ -29,19 +37,22 @@ REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = {False: REPO / "fixtures" / "warmup.toml", True: REPO / "benchmarks" / "heavy.toml"}
 
 
-def _env(root: Path) -> dict[str, str]:
+def _env(root: Path, pycache: Path | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "AOT_CACHE")}
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([str(root), str(REPO)])
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
     return env
 
 
-def _run(cmd: list[str], root: Path) -> tuple[float, float]:
+def _run(cmd: list[str], root: Path, pycache: Path | None = None) -> tuple[float, float]:
     """(wall, CPU) seconds of ``cmd`` and everything it waited for."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(root), capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(root, pycache), capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
@@ -55,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
                         help="a checkout with its own .venv to time too (repeatable)")
+    parser.add_argument("--no-pycache", action="store_true",
+                        help="bytecode as the environment leaves it (no shared PYTHONPYCACHEPREFIX)")
     args = parser.parse_args(argv)
     trees = [("this", REPO)] + [(t.partition("=")[0], Path(t.partition("=")[2]).resolve()) for t in args.tree]
     manifest = MANIFESTS[args.heavy]
@@ -63,9 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[str, list[tuple[float, float]]] = {}
     python = sys.executable
     jax_cmd = [python, "-m", "benchmarks.worker", "warmup.jax", "--dir", str(folder / "jax")]
+    pycache = None if args.no_pycache else folder / "pycache"
     load = [os.getloadavg()[0]]
     try:
-        _run([*jax_cmd, "--variant", variant.replace("cold", "pcache")], REPO)  # fills JAX's cache
+        # Untimed: fills JAX's persistent cache, and the bytecode of each way's modules.
+        _run([*jax_cmd, "--variant", variant.replace("cold", "pcache")], REPO, pycache)
+        if pycache is not None:  # the small manifest imports the same modules
+            _run([*jax_cmd, "--variant", "cold"], REPO, pycache)
+            for label, root in trees:
+                untimed = [str(root / ".venv" / "bin" / "aot"), "--cache", str(folder / f"{label}-untimed"),
+                           "warmup", str(MANIFESTS[False]), "--jobs", "1"]
+                _run(untimed, root, pycache)  # compiles
+                _run(untimed, root, pycache)  # all cached
         for run in range(args.runs):
             ways = [("JAX cold", [*jax_cmd, "--variant", variant], REPO)]
             for label, root in trees:
@@ -75,11 +97,12 @@ def main(argv: list[str] | None = None) -> int:
                 ways.append((f"aot {label} all cached", [cli, "--cache", cache, "warmup", str(manifest), "--jobs", "1"], root))
             ways.append(("JAX pcache warm", [*jax_cmd, "--variant", variant.replace("cold", "pcache")], REPO))
             for name, cmd, root in ways:
-                samples.setdefault(name, []).append(_run(cmd, root))
+                samples.setdefault(name, []).append(_run(cmd, root, pycache))
             load.append(os.getloadavg()[0])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    print(f"{manifest.relative_to(REPO)}, {args.runs} runs, load average {min(load):.2f}-{max(load):.2f}")
+    bytecode = "bytecode as the environment leaves it" if pycache is None else "bytecode cached (PYTHONPYCACHEPREFIX)"
+    print(f"{manifest.relative_to(REPO)}, {args.runs} runs, {bytecode}, load average {min(load):.2f}-{max(load):.2f}")
     print(f"{'way':30s} {'wall s':>8s} {'CPU s':>8s}   per run aot/JAX (CPU; wall)")
     for name, values in samples.items():
         wall = statistics.median(v[0] for v in values)

@@ -76,7 +76,7 @@ _register()
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point (``aot``) and ``python -m aot``."""
     try:
-        cli.main(args=argv, prog_name="aot", obj=State())
+        cli.main(args=argv, prog_name="aot", obj=State(owns_process=True))
     except SystemExit as exc:
         leave(exc.code)
     leave(0)

@@ -132,7 +132,9 @@ def warmup_command(
 
         workers = WorkerPool(min(jobs - 1, len(items) - 1))
     try:
-        cache = state.cache(create=True)
+        with state.start_up():  # SQLAlchemy and JAX, whose backend the environment starts
+            cache = state.cache(create=True)
+            cache.environment  # noqa: B018 - every warm-up needs it; computed once
     except BaseException:
         if workers is not None:
             workers.close()

@@ -102,3 +102,15 @@ def scale_between(x, factor, y):  # a static parameter between two dynamic ones
 
 def affine_v2(x, *, bias):  # affine changed: same signature, another program
     return (x + bias) * 2
+
+
+def records_the_collector(x):
+    """Writes the garbage collector's state when traced (to $AOT_TEST_GC_STATE): what
+    the warm-up process left it in after its start-up."""
+    import gc
+    import json
+
+    state = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
+    with open(os.environ["AOT_TEST_GC_STATE"], "w") as f:
+        json.dump(state, f)
+    return x + 1
