@@ -32,11 +32,9 @@ from aot.errors import (
     PytreeNodeError,
     SymbolicShapeError,
 )
-from aot.callbacks import resolve
 from aot.executable import ArgAval, ExecutableInfo, MeshExecutable, executable_class
 from aot.executable_checks import check_executable, executable_problems, portable_hlo_problems
 from aot.fingerprint import Fingerprint
-from aot.jaxcompat.callbacks import deserialize_with_callbacks
 from aot.jaxcompat.deserialize import deserialize_xla_executable, ensure_custom_call_targets, load_compiled
 from aot.shardings import aval_from_json, device_list, live_devices, sharding_from_json
 
@@ -142,6 +140,8 @@ def _deserialize(
 ) -> Any:
     try:
         if manifest.host_callbacks:
+            from aot.jaxcompat.callbacks import deserialize_with_callbacks  # host callbacks only
+
             if callbacks is None:  # verify: a cross-check, never run
                 callbacks = [_never_called] * len(manifest.host_callbacks)
             return deserialize_with_callbacks(backend, exe_bytes, dlist, callbacks)
@@ -159,6 +159,10 @@ def _never_called(*args: Any) -> Any:
 
 
 def _bound_callbacks(manifest: Manifest) -> list[Any]:
+    if not manifest.host_callbacks:
+        return []  # and aot.callbacks is not imported: most programs have no host callback
+    from aot.callbacks import resolve
+
     try:
         return [resolve(manifest.name, dict(b)) for b in manifest.host_callbacks]
     except AotError:

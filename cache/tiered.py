@@ -44,7 +44,6 @@ import logging
 import os
 import weakref
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -307,6 +306,8 @@ class TieredCache(Cache):
         if len(missing) == 1:
             results = [self._try_fetch(missing[0])]
         else:
+            from concurrent.futures import ThreadPoolExecutor  # several entries to fetch only
+
             with ThreadPoolExecutor(max_workers=min(FETCH_THREADS, len(missing))) as pool:
                 results = list(pool.map(self._try_fetch, missing))
         unreachable = [r for r in results if isinstance(r, CacheError)]  # not corrupt: unreachable

@@ -12,7 +12,7 @@ from aot.cli.params import complete_entry_names
 from aot.cache.units import counted
 
 if TYPE_CHECKING:
-    from aot.cache.index.refs import Release, ReleaseRemoval
+    from aot.cache.index.releases import Release, ReleaseRemoval
 
 
 def _short(key: str) -> str:

@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from aot.cache.index.refs import Ref, RefOrigin, Release, ReleaseRemoval
+from aot.cache.index.refs import RefOrigin
 from aot.errors import CacheError
 
 if TYPE_CHECKING:
+    from aot.cache.index.refs import Ref
+    from aot.cache.index.releases import Release, ReleaseRemoval
     from aot.cache.index.sql import Index
 
 __all__ = ["Declared"]
@@ -58,6 +60,8 @@ class Declared:
         ReadOnlyCacheError on a read-only cache unless ``dry_run``."""
         if not dry_run:
             self._check_writable("remove a release")
+        from aot.cache.index.releases import ReleaseRemoval  # a release's removal only
+
         if isinstance(labels, ReleaseRemoval):
             plan = labels
         else:

@@ -1,6 +1,6 @@
 """Which blob location a shared cache uses: the one its index recorded when created.
 
-A SQL index records (``cache_meta``, :class:`~aot.cache.index.refs.CacheDescription`)
+A SQL index records (``cache_meta``, :class:`~aot.cache.index.releases.CacheDescription`)
 where its blobs live, how they are compressed and the artifact format, so that a
 client that forgets ``--blobs`` cannot misread it:
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from aot.artifact import FORMAT_VERSION, READABLE_FORMAT_VERSIONS
 from aot.errors import BlobLocationError
-from aot.cache.index.refs import CacheDescription
+from aot.cache.index.releases import CacheDescription
 from aot.cache.storage.locations import DATABASE, FOLDER, classify_location
 
 if TYPE_CHECKING:

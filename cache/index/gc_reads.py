@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aot.cache.index.entry import GC_COLUMNS, GcRow, IndexEntry, gc_rows_of_sqlite, sqlite_clock, sqlite_utc
-from aot.cache.index.jit_records import JitEntry
 from aot.cache.index.refs import Ref, pins_of
+
+if TYPE_CHECKING:  # serving imports this module (the stdlib reader) and never reads jit rows
+    from aot.cache.index.jit_records import JitEntry
 
 __all__ = ["GcReads", "SqliteGcReads"]
 

@@ -22,15 +22,17 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from aot.cache.index.entry import SCHEMA_VERSION, IndexEntry, utcnow
 from aot.cache.index.gc_reads import SqliteGcReads
 from aot.cache.index.globs import glob_to_like, like_escape, name_range
-from aot.cache.index.jit_records import JitEntry, JitStats
 from aot.cache.index.refs import Ref, ReleaseMember
 from aot.errors import CacheError
+
+if TYPE_CHECKING:
+    from aot.cache.index.jit_records import JitEntry, JitStats
 
 log = logging.getLogger(__name__)
 
@@ -406,6 +408,8 @@ class SqliteReader(SqliteGcReads):
 
     def jit_entries(self, name_glob: str | None = None) -> list[JitEntry]:
         """The entries of JAX's persistent cache (KIND ``jit``), as the SQL index's."""
+        from aot.cache.index.jit_records import JitEntry  # aot ls / gc only: serving never reads them
+
         columns = JitEntry.__slots__
         rows = self._execute(f"SELECT {', '.join(columns)} FROM jit_entries ORDER BY name, key")
         entries = [
@@ -418,6 +422,8 @@ class SqliteReader(SqliteGcReads):
 
     def jit_stats(self, name_glob: str | None = None) -> list[JitStats]:
         """Hits and misses of JAX's persistent cache per function name, as the SQL index's."""
+        from aot.cache.index.jit_records import JitStats
+
         rows = self._execute("SELECT name, hits, misses, saved_seconds FROM jit_stats ORDER BY name")
         stats = [JitStats(name, int(hits), int(misses), float(saved)) for name, hits, misses, saved in rows]
         return [s for s in stats if name_glob is None or fnmatch.fnmatchcase(s.name, name_glob)]

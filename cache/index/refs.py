@@ -5,8 +5,13 @@ A **ref** names the key served for one (name, signature, environment). Every cha
 a ref is appended to its history; the current ref is the one with the highest history
 ``seq``, a number the index hands out in commit order: no client clock and no copy's
 finishing order ever decides what is served. A **release** is a label over a set of
-refs: each promotion, warm-up or rollback of a label appends a new set, whose
-``previous`` is the set it replaced, so a rollback is one step back that chain.
+refs (:class:`ReleaseMember`): each promotion, warm-up or rollback of a label appends a
+new set, whose ``previous`` is the set it replaced, so a rollback is one step back that
+chain.
+
+What every serving process reads is here (a ref, a release member); the value objects
+only the SQL index builds (a release set, its removal, the cache's description of
+itself) are in :mod:`aot.cache.index.releases`, which serving never imports.
 """
 
 from __future__ import annotations
@@ -22,13 +27,9 @@ from typing import Any
 
 __all__ = [
     "COMMIT_VARIABLES",
-    "CacheDescription",
     "Ref",
     "RefOrigin",
-    "Release",
     "ReleaseMember",
-    "ReleaseRemoval",
-    "RemovedRelease",
     "default_commit",
     "pins_of",
     "signature_digest",
@@ -113,111 +114,6 @@ class ReleaseMember:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class Release:
-    """One set a label pointed to: the current one is the label's highest ``id``."""
-
-    id: int
-    label: str
-    previous: int | None  # the set this one replaced (a rollback goes back to it)
-    created_at: datetime  # the index's clock
-    host: str
-    user: str
-    source: str
-    commit: str | None
-    members: tuple[ReleaseMember, ...] = ()
-
-    def keys(self) -> frozenset[str]:
-        return frozenset(m.key for m in self.members)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {f: getattr(self, f) for f in ("id", "label", "previous", "host", "user", "source", "commit")}
-        data["created_at"] = self.created_at.isoformat()
-        data["members"] = [m.to_dict() for m in self.members]
-        return data
-
-
-@dataclass(frozen=True, slots=True)
-class RemovedRelease:
-    """A label ``aot release rm`` removes: its current set and the set a rollback would
-    go back to (both with members: what they pinned), and how many sets its history
-    held (all go)."""
-
-    label: str
-    current: Release
-    rollback: Release | None
-    sets: int
-
-    def describe(self) -> str:
-        def members(release: Release) -> str:
-            n = len(release.members)
-            return f"{n} member{'s' if n != 1 else ''}"
-
-        back = (f"rollback set {self.rollback.id} ({members(self.rollback)})"
-                if self.rollback is not None else "no rollback set")
-        return (f"{self.label}: current set {self.current.id} ({members(self.current)}), "
-                f"{back}, {self.sets} set{'s' if self.sets != 1 else ''} in its history")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            "current": self.current.to_dict(),
-            "rollback": None if self.rollback is None else self.rollback.to_dict(),
-            "sets": self.sets,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ReleaseRemoval:
-    """What ``aot release rm`` removes (or removed): the labels, the stored entries
-    only they pinned (``unpinned``: gc may collect them from then on) and the members
-    of their sets that stay pinned by a ref or another label (with why)."""
-
-    releases: tuple[RemovedRelease, ...]
-    unpinned: tuple[ReleaseMember, ...]
-    still_pinned: tuple[tuple[ReleaseMember, str], ...]
-    executed: bool = False
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        return tuple(r.label for r in self.releases)
-
-    def summary(self) -> str:
-        n = len(self.unpinned)
-        labels = f"{len(self.releases)} release label{'s' if len(self.releases) != 1 else ''}"
-        entries = f"{n} entr{'y' if n == 1 else 'ies'}"
-        if self.executed:
-            what = f"unpinned {entries} (gc may collect {'it' if n == 1 else 'them'})" if n else "no entry unpinned"
-            return f"removed {labels} ({', '.join(self.labels)}); {what}"
-        what = f"would unpin {entries} (gc may collect {'it' if n == 1 else 'them'})" if n else "no entry unpinned"
-        return f"would remove {labels} ({', '.join(self.labels)}); {what}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "executed": self.executed,
-            "releases": [r.to_dict() for r in self.releases],
-            "unpinned": [m.to_dict() for m in self.unpinned],
-            "still_pinned": [{**m.to_dict(), "pinned_by": why} for m, why in self.still_pinned],
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class CacheDescription:
-    """What a shared cache records about itself when created: where its blobs live,
-    how they are compressed and which artifact format it holds, so that a client that
-    forgets ``--blobs`` cannot misread it."""
-
-    blob_location: str | None  # None: blobs in the index's own database
-    compression: str
-    format_version: int
-    created_at: datetime
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["created_at"] = self.created_at.isoformat()
-        return data
 
 
 def pins_of(

@@ -19,17 +19,8 @@ from sqlalchemy.engine import Connection
 
 from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
 from aot.cache.index.globs import glob_to_like
-from aot.cache.index.refs import (
-    CacheDescription,
-    Ref,
-    RefOrigin,
-    Release,
-    ReleaseMember,
-    ReleaseRemoval,
-    RemovedRelease,
-    pins_of,
-    signature_digest,
-)
+from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember, pins_of, signature_digest
+from aot.cache.index.releases import CacheDescription, Release, ReleaseRemoval, RemovedRelease
 from aot.cache.index.schema import ARTIFACTS, CACHE_META, REF_HISTORY, REFS, RELEASE_MEMBERS, RELEASES
 from aot.errors import CacheError
 

@@ -372,7 +372,7 @@ RELEASE_MEMBERS = sa.Table(
     SqlIndex("ix_release_members_key", "key"),
 )
 
-#: How the cache describes itself (:class:`aot.cache.index.refs.CacheDescription`).
+#: How the cache describes itself (:class:`aot.cache.index.releases.CacheDescription`).
 CACHE_META = sa.Table(
     "cache_meta",
     METADATA,

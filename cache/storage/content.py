@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, BinaryIO, TypeVar
@@ -455,6 +454,8 @@ class ContentStore:
             return digest, self.check(digest)
 
         if jobs > 1 and len(todo) > 1:
+            from concurrent.futures import ThreadPoolExecutor  # copies only: serving never needs it
+
             with ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
                 checked = list(pool.map(one, todo))
         else:
@@ -506,6 +507,8 @@ class ContentStore:
 
         errors: dict[str, AotError] = {}
         if jobs > 1 and len(todo) > 1:
+            from concurrent.futures import ThreadPoolExecutor  # copies only: serving never needs it
+
             with ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
                 done = list(pool.map(one, todo))
         else:

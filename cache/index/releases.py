@@ -1,0 +1,122 @@
+"""What only the SQL index builds about releases and the cache itself, as value objects:
+a release set, the plan of removing labels, and the cache's description of itself.
+
+Apart from :mod:`aot.cache.index.refs` (refs and release members, which every serving
+process reads) because serving never makes one of these, and each frozen dataclass
+costs a serving process's start-up its creation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from aot.cache.index.refs import ReleaseMember
+
+__all__ = ["CacheDescription", "Release", "ReleaseRemoval", "RemovedRelease"]
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """One set a label pointed to: the current one is the label's highest ``id``."""
+
+    id: int
+    label: str
+    previous: int | None  # the set this one replaced (a rollback goes back to it)
+    created_at: datetime  # the index's clock
+    host: str
+    user: str
+    source: str
+    commit: str | None
+    members: tuple[ReleaseMember, ...] = ()
+
+    def keys(self) -> frozenset[str]:
+        return frozenset(m.key for m in self.members)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f: getattr(self, f) for f in ("id", "label", "previous", "host", "user", "source", "commit")}
+        data["created_at"] = self.created_at.isoformat()
+        data["members"] = [m.to_dict() for m in self.members]
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class RemovedRelease:
+    """A label ``aot release rm`` removes: its current set and the set a rollback would
+    go back to (both with members: what they pinned), and how many sets its history
+    held (all go)."""
+
+    label: str
+    current: Release
+    rollback: Release | None
+    sets: int
+
+    def describe(self) -> str:
+        def members(release: Release) -> str:
+            n = len(release.members)
+            return f"{n} member{'s' if n != 1 else ''}"
+
+        back = (f"rollback set {self.rollback.id} ({members(self.rollback)})"
+                if self.rollback is not None else "no rollback set")
+        return (f"{self.label}: current set {self.current.id} ({members(self.current)}), "
+                f"{back}, {self.sets} set{'s' if self.sets != 1 else ''} in its history")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "current": self.current.to_dict(),
+            "rollback": None if self.rollback is None else self.rollback.to_dict(),
+            "sets": self.sets,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRemoval:
+    """What ``aot release rm`` removes (or removed): the labels, the stored entries
+    only they pinned (``unpinned``: gc may collect them from then on) and the members
+    of their sets that stay pinned by a ref or another label (with why)."""
+
+    releases: tuple[RemovedRelease, ...]
+    unpinned: tuple[ReleaseMember, ...]
+    still_pinned: tuple[tuple[ReleaseMember, str], ...]
+    executed: bool = False
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(r.label for r in self.releases)
+
+    def summary(self) -> str:
+        n = len(self.unpinned)
+        labels = f"{len(self.releases)} release label{'s' if len(self.releases) != 1 else ''}"
+        entries = f"{n} entr{'y' if n == 1 else 'ies'}"
+        if self.executed:
+            what = f"unpinned {entries} (gc may collect {'it' if n == 1 else 'them'})" if n else "no entry unpinned"
+            return f"removed {labels} ({', '.join(self.labels)}); {what}"
+        what = f"would unpin {entries} (gc may collect {'it' if n == 1 else 'them'})" if n else "no entry unpinned"
+        return f"would remove {labels} ({', '.join(self.labels)}); {what}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "executed": self.executed,
+            "releases": [r.to_dict() for r in self.releases],
+            "unpinned": [m.to_dict() for m in self.unpinned],
+            "still_pinned": [{**m.to_dict(), "pinned_by": why} for m, why in self.still_pinned],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDescription:
+    """What a shared cache records about itself when created: where its blobs live,
+    how they are compressed and which artifact format it holds, so that a client that
+    forgets ``--blobs`` cannot misread it."""
+
+    blob_location: str | None  # None: blobs in the index's own database
+    compression: str
+    format_version: int
+    created_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["created_at"] = self.created_at.isoformat()
+        return data
