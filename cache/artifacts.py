@@ -140,7 +140,7 @@ def commit(
     existing = cache.lookup(manifest.key)
     broken = False
     if existing is not None and existing.ok:
-        if all(cache.blobs.check(d) is None for d in entry_digests(existing)):
+        if stored_intact(cache, existing):
             # Stored and intact. XLA's executables are not byte-identical from one
             # compile to the next, so writing this one would only leave an orphan
             # blob behind (and `aot verify` reports orphans).
@@ -212,6 +212,13 @@ def entry_of(manifest: Manifest) -> IndexEntry:
         stored_size=0,
         compile_seconds=manifest.compile_seconds,
     )
+
+
+def stored_intact(cache: Cache, entry: IndexEntry) -> bool:
+    """Whether every blob of ``entry``'s row is stored in ``cache`` and intact: each
+    read and verified against its digest (a single entry's copy or store, and the
+    check that a copy has nothing to do: :mod:`aot.cache.admin.up_to_date`)."""
+    return all(cache.blobs.check(d) is None for d in entry_digests(entry))
 
 
 def entry_digests(entry: IndexEntry) -> list[str]:

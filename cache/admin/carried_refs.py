@@ -23,7 +23,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aot.cache.index.refs import RefOrigin, ReleaseMember
+from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
 from aot.cache.reports.reads import reads_of
 from aot.errors import CacheError
 from aot.cache.units import counted
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CarriedRefs", "RefsOutcome", "apply_refs", "carried_refs", "release_to_copy"]
+__all__ = ["CarriedRefs", "RefsOutcome", "apply_refs", "carried_refs", "log_refs", "release_to_copy", "unchanged_refs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,33 +110,78 @@ def apply_refs(
     is recorded as the refs' origin ("pull from ...")."""
     if not carried.refs:
         return RefsOutcome()
-    here = set(present)
-    targets = [m for m in carried.refs if m.key in here]
-    missing = [m for m in carried.refs if m.key not in here]
+    targets, missing = _split(carried, present)
     origin = RefOrigin(source, release=carried.release)
-    current = {r.slot: r.key for r in destination.index.refs()}
+    current_refs = destination.index.refs()
+    current = {r.slot: r.key for r in current_refs}
     if carried.release is not None:
         if missing:
-            problem = (
-                f"release {carried.release!r} not recorded: {len(missing)} of its "
-                f"{counted(len(carried.refs), 'entry')} are not stored here (first: {missing[0].name} {missing[0].signature}, "
-                f"{missing[0].key[:12]}); copy again once they are"
-            )
-            log.warning("%s", problem)
-            return RefsOutcome(problem=problem)
+            outcome = RefsOutcome(problem=_release_problem(carried, missing))
+            log_refs(outcome, current_refs)
+            return outcome
         set_id = destination.index.open_release(carried.release, origin)
         changed = destination.index.set_refs(_targets(targets), origin, release_id=set_id)
         log.info("recorded release %s (%d entries) at %s", carried.release, len(targets),
                  destination.display_location)
         return RefsOutcome(_members(changed), (), carried.release)
     changed = destination.index.set_refs(_targets(targets), origin, keep_existing=not overwrite)
-    kept = () if overwrite else tuple(m for m in targets if current.get(m.slot, m.key) != m.key)
-    for member in kept:
+    outcome = RefsOutcome(_members(changed), _kept(targets, current, overwrite))
+    log_refs(outcome, current_refs)
+    return outcome
+
+
+def unchanged_refs(
+    carried: CarriedRefs, present: Iterable[str], current_refs: Iterable[Ref], *, overwrite: bool = False,
+) -> RefsOutcome | None:
+    """What :func:`apply_refs` returns when it would write nothing, decided from the
+    destination's current refs (``current_refs``) without writing or logging
+    (:func:`log_refs` logs it); None when it would write: a release is recorded (a new
+    set of its label, whenever its members are all there), or a ref is set (a slot
+    without one, or, with ``overwrite``, naming another key: as
+    :meth:`~aot.cache.index.refs_sql.IndexRefs.set_refs` decides)."""
+    if not carried.refs:
+        return RefsOutcome()
+    targets, missing = _split(carried, present)
+    if carried.release is not None:
+        return RefsOutcome(problem=_release_problem(carried, missing)) if missing else None
+    current = {r.slot: r.key for r in current_refs}
+    if any(current.get(m.slot) != m.key and (overwrite or m.slot not in current) for m in targets):
+        return None
+    return RefsOutcome((), _kept(targets, current, overwrite))
+
+
+def log_refs(outcome: RefsOutcome, current_refs: Iterable[Ref]) -> None:
+    """Logs what :func:`apply_refs` did not do: the release it did not record, the
+    destination's refs it kept (``current_refs``: the destination's, before the copy)."""
+    if outcome.problem is not None:
+        log.warning("%s", outcome.problem)
+    current = {r.slot: r.key for r in current_refs} if outcome.kept else {}
+    for member in outcome.kept:
         log.info(
             "kept the destination's ref of %s (%s): %s, not the source's %s (--refs copies it)",
             member.name, member.signature, current[member.slot][:12], member.key[:12],
         )
-    return RefsOutcome(_members(changed), kept)
+
+
+def _split(carried: CarriedRefs, present: Iterable[str]) -> tuple[list[ReleaseMember], list[ReleaseMember]]:
+    """The carried refs whose key is stored at the destination, and the others."""
+    here = set(present)
+    return [m for m in carried.refs if m.key in here], [m for m in carried.refs if m.key not in here]
+
+
+def _release_problem(carried: CarriedRefs, missing: list[ReleaseMember]) -> str:
+    return (
+        f"release {carried.release!r} not recorded: {len(missing)} of its "
+        f"{counted(len(carried.refs), 'entry')} are not stored here (first: {missing[0].name} {missing[0].signature}, "
+        f"{missing[0].key[:12]}); copy again once they are"
+    )
+
+
+def _kept(
+    targets: Iterable[ReleaseMember], current: Mapping[tuple[str, str, str], str], overwrite: bool,
+) -> tuple[ReleaseMember, ...]:
+    """The targets whose slot the destination declares another key for (kept unless ``overwrite``)."""
+    return () if overwrite else tuple(m for m in targets if current.get(m.slot, m.key) != m.key)
 
 
 def _targets(members: Iterable[ReleaseMember]) -> list[tuple[str, str, str, str]]:

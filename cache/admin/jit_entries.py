@@ -25,7 +25,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["JitCopy", "JitDetails", "JitProblem", "copy_jit_entries", "describe_jit_entries", "verify_jit_entries"]
+__all__ = [
+    "JitCopy", "JitDetails", "JitProblem", "copy_jit_entries", "describe_jit_entries", "jit_selected",
+    "jit_stored_intact", "verify_jit_entries",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +108,8 @@ def copy_jit_entries(source: Cache, destination: Cache, names: Iterable[str] | N
     copied: list[str] = []
     present: list[str] = []
     failed: list[tuple[str, str]] = []
-    for entry in source.index.jit_entries():
-        if globs and not any(fnmatch.fnmatchcase(entry.name, g) for g in globs):
-            continue
-        there = destination.index.jit_get(entry.key)
-        if there is not None and there.digest == entry.digest and destination.blobs.check(entry.digest, entry.size) is None:
+    for entry in jit_selected(source.index.jit_entries(), globs):
+        if jit_stored_intact(destination, entry, destination.index.jit_get(entry.key)):
             present.append(entry.key)
             continue
         lease = destination.index.lease([entry.digest])
@@ -125,3 +125,15 @@ def copy_jit_entries(source: Cache, destination: Cache, names: Iterable[str] | N
         copied.append(entry.key)
     return JitCopy(tuple(copied), tuple(present), tuple(failed))
 
+
+def jit_selected(entries: Iterable[JitEntry], globs: list[str] | None) -> list[JitEntry]:
+    """The jit entries a copy carries: those whose function name matches one of
+    ``globs`` (all if None), in the source's order."""
+    return [e for e in entries if not globs or any(fnmatch.fnmatchcase(e.name, g) for g in globs)]
+
+
+def jit_stored_intact(destination: Cache, entry: JitEntry, there: JitEntry | None) -> bool:
+    """Whether the source's jit ``entry`` is stored intact at ``destination`` (``there``:
+    its row of the same key there, or None): the same blob, verified against its
+    digest and size."""
+    return there is not None and there.digest == entry.digest and destination.blobs.check(entry.digest, entry.size) is None

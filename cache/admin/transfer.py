@@ -17,6 +17,12 @@ copy finished. The source's refs travel by the rules of
 the source's; ``refs=True`` overwrites; ``release=LABEL`` copies a release and records
 its label), written once after every entry is committed.
 
+Between two folder caches, a copy first asks whether it has anything to do at all
+(:mod:`~aot.cache.admin.up_to_date`: the same checks, read-only through the standard
+library's reader, no lease): when every entry is already there intact and no ref needs
+writing, it reports so without opening the destination's SQL index (an up-to-date
+``aot push`` / ``pull`` never imports SQLAlchemy); otherwise it copies as above.
+
 ``aot push DEST`` is :func:`push` (this cache -> DEST), ``aot pull SOURCE`` is
 :func:`pull` (SOURCE -> this cache); the other side is any cache location (a
 folder, a database URL) with its own blob location (``--to-blobs`` /
@@ -25,7 +31,6 @@ folder, a database URL) with its own blob location (``--to-blobs`` /
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import os
 import time
@@ -36,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from aot.cache.admin.copy_batches import Result, copy_in_batches
 from aot.cache.admin.jit_entries import copy_jit_entries
 from aot.cache.admin.carried_refs import CarriedRefs, RefsOutcome, apply_refs, carried_refs, release_to_copy
-from aot.cache.names import name_problem
+from aot.cache.admin.up_to_date import select_entries, up_to_date
 from aot.errors import AotError, CacheError
 
 if TYPE_CHECKING:
@@ -101,20 +106,14 @@ def copy_entries(
             f"give either NAME_GLOBs ({' '.join(globs)}) or --release {release}: a release is copied whole"
         )
     destination._check_writable("copy entries into it")
+    if release is None:  # nothing to do? decided read-only, without SQLAlchemy (up_to_date.py)
+        done = up_to_date(source, destination, globs, jobs=jobs, overwrite_refs=refs)
+        if done is not None:
+            there = {"stored": [], "present": [*done.present, *done.jit_present], "repaired": []}
+            return _reported(source, destination, there, list(done.failed), 0, start, done.refs)
     members = None if release is None else {m.key for m in release_to_copy(source, release)}
     outcomes: dict[str, list[str]] = {"stored": [], "present": [], "repaired": []}
-    failed: list[tuple[str, str]] = []
-    todo = []
-    for entry in source.index.entries():
-        if not entry.ok or (globs and not any(fnmatch.fnmatchcase(entry.name, g) for g in globs)):
-            continue
-        if members is not None and entry.key not in members:
-            continue
-        problem = name_problem(entry.name)
-        if problem is not None:
-            failed.append((entry.key, problem))
-            continue
-        todo.append(entry)
+    todo, failed = select_entries(source.index.entries(), globs, members)
 
     results: list[Result] = []
     if todo:
@@ -154,6 +153,14 @@ def copy_entries(
         outcomes["stored"] += jit.copied
         outcomes["present"] += jit.present
         failed += jit.failed
+    return _reported(source, destination, outcomes, failed, copied_bytes, start, ref_outcome)
+
+
+def _reported(
+    source: Cache, destination: Cache, outcomes: dict[str, list[str]], failed: list[tuple[str, str]],
+    copied_bytes: int, start: float, ref_outcome: RefsOutcome,
+) -> TransferReport:
+    """The report of a copy (keys by outcome: stored, present, repaired), logged."""
     report = TransferReport(
         source.display_location, destination.display_location, tuple(outcomes["stored"]),
         tuple(outcomes["present"]), tuple(outcomes["repaired"]), tuple(failed),

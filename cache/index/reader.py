@@ -6,8 +6,9 @@ key (to re-read a row whose blobs failed, or before a write), the names (to sugg
 for a mistyped name), a schema-version check, and a touch of the rows it loads.
 Importing SQLAlchemy costs a serving process more than loading an executable, so for a
 folder cache these go through :mod:`sqlite3` against the schema
-:mod:`aot.cache.index.schema` creates. The listing commands and gc's plan
-(:mod:`aot.cache.index.gc_reads`) read through it too; everything else (writes, gc's
+:mod:`aot.cache.index.schema` creates. The listing commands, gc's plan
+(:mod:`aot.cache.index.gc_reads`) and a copy's check that nothing needs copying
+(:mod:`aot.cache.admin.up_to_date`) read through it too; everything else (writes, gc's
 deletions, verify, PostgreSQL) uses the SQLAlchemy index (:mod:`aot.cache.index.sql`).
 """
 
@@ -245,6 +246,18 @@ class SqliteReader(SqliteGcReads):
         """The row of ``key`` as it is now (None: not stored)."""
         rows = self._rows(f"SELECT {', '.join(_COLUMNS)} FROM artifacts WHERE key = ?", [key])
         return rows[0] if rows else None
+
+    def get_many(self, keys: Collection[str]) -> dict[str, IndexEntry]:
+        """``{key: row}`` of the stored ``keys`` (absent keys are left out), as the SQL
+        index's (a copy's check that nothing needs copying, :mod:`aot.cache.admin.up_to_date`)."""
+        ordered = sorted(set(keys))
+        out: dict[str, IndexEntry] = {}
+        for i in range(0, len(ordered), _IN_CHUNK):
+            chunk = ordered[i : i + _IN_CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            rows = self._rows(f"SELECT {', '.join(_COLUMNS)} FROM artifacts WHERE key IN ({marks})", chunk)
+            out.update((entry.key, entry) for entry in rows)
+        return out
 
     def names(self) -> list[str]:
         """Every name with at least one row (for "did you mean" suggestions)."""

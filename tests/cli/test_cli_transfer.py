@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from click.testing import Result
 
 import aot
 from tests.cli.helpers import REPO, Invoke, one_line_error
@@ -150,3 +152,84 @@ def test_push_to_a_missing_bucket_fails_once_naming_it(invoke: Invoke, warmed, p
     assert lines[0].startswith("Error: nothing copied to ")
     assert f"cannot write blob " in lines[0] and f"at {blobs}: no such bucket" in lines[0]
     assert "cannot read" not in lines[0]
+
+
+def _up_to_date_pair(warmed: Path, tmp_path: Path) -> Path:
+    """``warmed`` with a release, a jit entry and a row whose name the rule refuses,
+    pushed once to a folder that declares one slot otherwise: the copy's destination."""
+    import dataclasses
+    import hashlib
+
+    from jax._src import compilation_cache as cc  # only to build a payload as JAX does
+
+    from aot.cache.index.refs import RefOrigin
+
+    with aot.Cache(warmed) as cache:
+        tiny = cache.entries("tiny")[0]
+        origin = RefOrigin("test", release="prod")
+        cache.set_refs([tiny], origin, release_id=cache.index.open_release("prod", origin))
+        backend = aot.jax_cache.JaxCacheBackend(cache, compile_once=False)
+        body = b"step" * 100
+        backend.put(f"jit_train_step-{hashlib.sha256(body).hexdigest()}",
+                    cc.compress_executable(cc.combine_executable_and_time(body, 2)))
+        backend.close()
+        cache.index.bulk_insert([dataclasses.replace(tiny, key="f" * 64, name="bad\x01name")])
+    dest = tmp_path / "dest"
+    from aot.cache.admin.transfer import push
+
+    with aot.Cache(warmed) as cache:
+        assert len(push(cache, dest).copied) == 6  # 5 entries and the jit entry
+    with aot.Cache(dest) as there:
+        ref = there.refs_named("mlp.forward")[0]
+        other = next(e for e in there.entries("mlp.forward") if e.key != ref.key)
+        there.index.set_refs([(ref.name, ref.signature, ref.env_fp, other.key)], RefOrigin("theirs"))
+    return dest
+
+
+def _normalized(output: str) -> str:
+    """Without the durations (text and JSON), which differ from run to run."""
+    return re.sub(r'"seconds": [0-9.e-]+', '"seconds": S', re.sub(r" in \d+\.\ds\n", " in Ss\n", output))
+
+
+def test_an_up_to_date_push_or_pull_prints_what_the_writers_path_prints(
+    invoke: Invoke, warmed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    """The read-only pass (cache/admin/up_to_date.py) and the writer's path print the
+    same bytes and exit with the same status, for push and pull, text and --json."""
+    from aot.cache.admin import transfer
+
+    dest = _up_to_date_pair(warmed, tmp_path)
+    commands = [
+        ("push", str(dest)), ("push", str(dest), "--json"), ("push", str(dest), "mlp.*", "--refs"),
+        ("pull", str(dest)), ("pull", str(dest), "--json", "-j", "1"), ("pull", str(dest), "tiny", "train*"),
+    ]
+    saved = tmp_path / "saved"
+    shutil.copytree(warmed, saved / "cache")
+    shutil.copytree(dest, saved / "dest")
+
+    def run(command: tuple[str, ...]) -> Result:  # from the same two caches each time
+        for folder, copy in ((warmed, saved / "cache"), (dest, saved / "dest")):
+            shutil.rmtree(folder)
+            shutil.copytree(copy, folder)
+        return invoke(*command)
+
+    decided: list[object] = []
+    real = transfer.up_to_date
+    monkeypatch.setattr(transfer, "up_to_date", lambda *a, **k: decided.append(real(*a, **k)) or decided[-1])
+    fast = [run(command) for command in commands]
+    # Read-only but for --refs over a slot declared otherwise there: a ref to write.
+    assert [d is not None for d in decided] == [True, True, False, True, True, True]
+    monkeypatch.setattr(transfer, "up_to_date", lambda *a, **k: None)
+    slow = [run(command) for command in commands]
+    for command, a, b in zip(commands, fast, slow):
+        assert (a.exit_code, _normalized(a.stdout), a.stderr) == (b.exit_code, _normalized(b.stdout), b.stderr), command
+    assert [r.exit_code for r in fast] == [1, 1, 0, 0, 0, 0]  # push: the refused name fails
+    assert fast[0].stdout.splitlines()[1:] == [
+        "refs: 0 set, 1 kept (the destination's own; --refs overwrites)",
+        "failed ffffffffffff: the name holds the control character '\\x01' at position 3",
+    ]
+    assert fast[2].stdout.splitlines()[1] == "refs: 1 set"
+    assert _normalized(fast[3].stdout) == (  # that slot the other way: this cache's own ref kept
+        f"pulled 0 entries (0 B) from {dest}: 6 already there, 0 failed in Ss\n"
+        "refs: 0 set, 1 kept (the destination's own; --refs overwrites)\n"
+    )

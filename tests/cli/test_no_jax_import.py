@@ -211,3 +211,18 @@ def test_library_modules_of_these_commands_import_no_jax_or_numpy() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_an_up_to_date_push_or_pull_imports_no_sqlalchemy(warmed: Path, recorded: Path, tmp_path: Path) -> None:
+    """Nothing to copy between two folder caches: decided read-only through the stdlib
+    reader (cache/admin/up_to_date.py), the SQL index of neither side opened."""
+    other = tmp_path / "other"
+    first, _ = run_aot(recorded, "--cache", str(warmed), "push", str(other))  # creates and copies: SQLAlchemy
+    assert first.startswith("pushed 5 entries")
+    for command in (
+        ("push", str(other)), ("push", str(other), "mlp*", "--json"), ("pull", str(other)),
+        ("pull", str(other), "tiny", "--refs"),
+    ):
+        out, imported = run_aot(recorded, "--cache", str(warmed), *command)
+        assert "sqlalchemy" not in imported and "jax" not in imported, (command, imported)
+        assert "0 entries (0 B)" in out or json.loads(out)["copied"] == 0, out

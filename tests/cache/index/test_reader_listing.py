@@ -80,6 +80,14 @@ def test_entries_match_the_sql_index_for_every_glob(both: tuple[Index, SqliteRea
     assert [e.name for e in reader.entries("a?b*")] == ["a_b%c", "axbc"]
 
 
+def test_rows_of_many_keys_match_the_sql_index(both: tuple[Index, SqliteReader]) -> None:
+    index, reader = both
+    keys = [r.key for r in ROWS[::2]] + ["0" * 64]  # an absent key is left out
+    assert reader.get_many(keys) == index.get_many(keys)
+    assert sorted(reader.get_many(keys)) == sorted(r.key for r in ROWS[::2])
+    assert reader.get_many([]) == {}
+
+
 def test_key_prefixes_release_labels_and_url_match(both: tuple[Index, SqliteReader]) -> None:
     index, reader = both
     for prefix in ("", ROWS[0].key[:1], ROWS[0].key[:6], ROWS[0].key, "zz", "%", "_"):
