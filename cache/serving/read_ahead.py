@@ -17,8 +17,10 @@ the digest it verified itself, onto the same devices (:func:`aot.ahead.take`). A
 guess costs a deserialization that is dropped when ``aot.load`` returns; any failure
 here is logged at debug level and leaves the load to do everything itself.
 
-Not read ahead: a lazy or background load (they return before deserializing), a
-release (its members are not the refs), a database or an open :class:`Cache`, a name
+An open folder :class:`Cache` is read ahead too (the imports are done, but dispatching,
+filing and reading still are). Not read ahead: a lazy or background load (they return
+before deserializing), a release (its members are not the refs), a database, a cache
+with a local tier or with its blobs elsewhere, a name
 with more than :data:`MAX_AHEAD` signatures here (loaded in parallel anyway),
 executables with host callbacks (bound at load time). ``AOT_READ_AHEAD=0`` turns it off.
 """
@@ -100,6 +102,8 @@ def start(name: str, location: Any, *, lazy: bool, background: bool, release: st
         return None
     if location is None:
         location = os.environ.get("AOT_CACHE") or None  # the default folder needs platformdirs
+    elif not isinstance(location, (str, os.PathLike)):
+        location = _open_folder(location)
     if not isinstance(location, (str, os.PathLike)):
         return None
     text = os.fspath(location)
@@ -111,6 +115,15 @@ def start(name: str, location: Any, *, lazy: bool, background: bool, release: st
     except Exception as exc:  # noqa: BLE001 - a guess: the load does it all itself
         log.debug("aot.load(%r): no read-ahead (%s: %s)", name, type(exc).__name__, exc)
         return None
+
+
+def _open_folder(cache: Any) -> str | None:
+    """The folder of an open folder :class:`Cache` whose blobs are in its own folder."""
+    from aot.cache.cache import Cache  # imported already by whoever opened ``cache``
+
+    if type(cache) is not Cache or cache.blob_location is not None or "://" in cache.location:
+        return None
+    return cache.location
 
 
 def _start(name: str, folder: Path) -> ReadAhead | None:

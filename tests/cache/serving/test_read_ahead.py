@@ -171,3 +171,14 @@ def test_databases_missing_folders_and_the_switch_are_not_read_ahead(folder, tmp
     reader = read_ahead.start("m.double", str(folder), **eager)
     assert reader is not None
     reader.close()
+
+
+def test_an_open_folder_cache_is_read_ahead_and_its_executable_used(folder, xla_calls, monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    eager = {"lazy": False, "background": False, "release": None}
+    with aot.Cache(tmp_path / "elsewhere", blob_location=tmp_path / "blobs") as other:
+        assert read_ahead.start("m.double", other, **eager) is None  # blobs outside the folder
+    _load_after_the_reader_began(monkeypatch)
+    with aot.Cache(folder, read_only=True) as cache:
+        fn = aot.load("m.double", cache=cache)
+        np.testing.assert_array_equal(np.asarray(fn(X)), X * 2.0)
+    assert len(xla_calls) == 1 and xla_calls[0][0].startswith("aot-read-ahead")
