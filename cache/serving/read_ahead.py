@@ -20,7 +20,9 @@ here is logged at debug level and leaves the load to do everything itself.
 An open folder :class:`Cache` is read ahead too (the imports are done, but dispatching,
 filing and reading still are). Not read ahead: a lazy or background load (they return
 before deserializing), a release (its members are not the refs), a database, a cache
-with a local tier or with its blobs elsewhere, a name
+with a local tier or with its blobs elsewhere, a signed cache (a signing key given or in
+``AOT_SIGNING_KEY``: the guess does not check signatures, and bytes whose signature was
+not checked never reach XLA), a name
 with more than :data:`MAX_AHEAD` signatures here (loaded in parallel anyway),
 executables with host callbacks (bound at load time). ``AOT_READ_AHEAD=0`` turns it off.
 """
@@ -41,6 +43,7 @@ from aot.fingerprint import environment_fingerprint
 from aot.jaxcompat.deserialize import deserialize_xla_executable, ensure_custom_call_targets
 from aot.shardings import device_list, live_devices
 
+from aot.cache.index.read_only import read_only_open
 from aot.cache.storage.content import ContentStore
 from aot.cache.storage.folder import FolderObjectStore
 
@@ -51,7 +54,9 @@ READ_AHEAD_ENV = "AOT_READ_AHEAD"
 #: Executables read ahead by one load; a name with more signatures is not read ahead.
 MAX_AHEAD = 8
 
-_INDEX_FILE = "index.sqlite"  # aot.cache.index.entry.INDEX_FILE, not imported: this runs first
+# Not imported: this runs first, and those modules are slow to import (tests check them).
+INDEX_FILE = "index.sqlite"  # aot.cache.index.entry.INDEX_FILE
+SIGNING_KEY_ENV = "AOT_SIGNING_KEY"  # aot.signing.SIGNING_KEY_ENV
 
 
 class ReadAhead:
@@ -100,6 +105,8 @@ def start(name: str, location: Any, *, lazy: bool, background: bool, release: st
         return None
     if os.environ.get(READ_AHEAD_ENV, "").strip().lower() in ("0", "off", "false", "no"):
         return None
+    if os.environ.get(SIGNING_KEY_ENV):
+        return None  # the guess cannot check signatures: unsigned bytes never reach XLA
     if location is None:
         location = os.environ.get("AOT_CACHE") or None  # the default folder needs platformdirs
     elif not isinstance(location, (str, os.PathLike)):
@@ -123,11 +130,13 @@ def _open_folder(cache: Any) -> str | None:
 
     if type(cache) is not Cache or cache.blob_location is not None or "://" in cache.location:
         return None
+    if cache.signing_key is not None or cache.require_signatures:
+        return None
     return cache.location
 
 
 def _start(name: str, folder: Path) -> ReadAhead | None:
-    index_file = folder / _INDEX_FILE
+    index_file = folder / INDEX_FILE
     if not index_file.is_file():
         return None
     executables = guess(index_file, name, environment_fingerprint().digest)
@@ -153,8 +162,8 @@ def guess(index_file: Path, name: str, env_fp: str) -> list[tuple[str, int, tupl
     """``(digest, size, device ids)`` of the executables an eager load of ``name`` is
     expected to deserialize in environment ``env_fp``; [] when there are more than
     :data:`MAX_AHEAD` or any row is not as expected."""
-    uri = index_file.resolve().as_uri() + "?mode=ro"
-    connection = sqlite3.connect(uri, uri=True, timeout=0.5, check_same_thread=False)
+    # As the load's own reader opens it: no -wal/-shm file created, no lock taken.
+    connection = sqlite3.connect(read_only_open(index_file).uri, uri=True, timeout=0.5)
     try:
         rows = connection.execute(
             "SELECT key, signature, created_at FROM artifacts "

@@ -182,3 +182,23 @@ def test_an_open_folder_cache_is_read_ahead_and_its_executable_used(folder, xla_
         fn = aot.load("m.double", cache=cache)
         np.testing.assert_array_equal(np.asarray(fn(X)), X * 2.0)
     assert len(xla_calls) == 1 and xla_calls[0][0].startswith("aot-read-ahead")
+
+
+def test_a_signed_cache_is_never_read_ahead(folder, monkeypatch) -> None:  # noqa: ANN001
+    from aot.cache.index.entry import INDEX_FILE
+    from aot.signing import SIGNING_KEY_ENV
+
+    assert (read_ahead.SIGNING_KEY_ENV, read_ahead.INDEX_FILE) == (SIGNING_KEY_ENV, INDEX_FILE)
+    eager = {"lazy": False, "background": False, "release": None}
+    with aot.Cache(folder, signing_key="k") as signed:
+        assert read_ahead.start("m.double", signed, **eager) is None
+    monkeypatch.setenv(SIGNING_KEY_ENV, "k")
+    assert read_ahead.start("m.double", str(folder), **eager) is None
+
+
+def test_a_read_ahead_of_a_read_only_folder_creates_no_file(folder) -> None:  # noqa: ANN001
+    before = sorted(p.name for p in folder.iterdir())
+    reader = read_ahead.start("m.double", str(folder), lazy=False, background=False, release=None)
+    assert reader is not None
+    reader.close()
+    assert sorted(p.name for p in folder.iterdir()) == before  # no -wal / -shm
