@@ -4,12 +4,12 @@
 A fresh serving process spends about 25 ms importing aot's serving modules, and a few
 more opening the cache and filing its rows, before it reaches XLA's deserialization,
 which for a real program is the longest step and runs without the GIL. So an eager
-``aot.load(name, "/folder")`` first starts one thread here that guesses, with
-:mod:`sqlite3` alone, the executables the load will deserialize: for each signature of
-``name`` stored for this process's environment fingerprint (computed as the load
-computes it), the key its ref names, else its newest intact row. It reads each
-executable through the same verifying :class:`ContentStore` as the load, and hands
-bytes whose sha256 matched to XLA through :mod:`aot.ahead`.
+``aot.load(name, "/folder")`` first guesses, with :mod:`sqlite3` alone, the executables
+the load will deserialize: for each signature of ``name`` stored for this process's
+environment fingerprint (computed as the load computes it), the key its ref names, else
+its newest intact row. It reads each executable through the same verifying
+:class:`ContentStore` as the load, then hands bytes whose sha256 matched to XLA in one
+thread (:mod:`aot.ahead`), and returns to the load, which imports and checks meanwhile.
 
 Only a guess: the load still selects, reads and verifies every row, checks its manifest,
 signatures and environment, and only then takes an executable deserialized ahead from
@@ -62,11 +62,10 @@ SIGNING_KEY_ENV = "AOT_SIGNING_KEY"  # aot.signing.SIGNING_KEY_ENV
 class ReadAhead:
     """The thread of one ``aot.load``; :meth:`close` drops what the load did not take."""
 
-    def __init__(self, name: str, store: Any, devices: dict[int, Any], jobs: dict[ahead.Job, int]) -> None:
+    def __init__(self, name: str, devices: dict[int, Any], jobs: dict[ahead.Job, bytes]) -> None:
         self.name = name
-        self._store = store
         self._devices = devices
-        self._jobs = jobs  # the jobs this reader planned -> the executable's size
+        self._jobs = jobs  # the jobs this reader planned -> their verified bytes
         self._closed = False
         # Not a daemon: an interpreter exiting right after a wrong guess waits for XLA to finish it.
         self._thread = threading.Thread(target=self._run, name=f"aot-read-ahead {name}", daemon=False)
@@ -80,22 +79,21 @@ class ReadAhead:
         self._thread.start()
 
     def _run(self) -> None:
-        for j, size in self._jobs.items():
+        # Nothing but XLA here: the bytes were read and verified by the caller, so this
+        # thread needs the interpreter only briefly while the load imports at full speed.
+        for j, data in self._jobs.items():
             if self._closed or not ahead.begin(j):
                 continue
             result = None
             try:
-                digest, ids = j
-                data = self._store.get(digest, size)  # verified against the digest; None: absent
-                if data is not None:
-                    device = self._devices[ids[0]]
-                    ensure_custom_call_targets(device.platform, data)
-                    result = deserialize_xla_executable(device.client, data, device_list(ids, self._devices))
+                ids = j[1]
+                device = self._devices[ids[0]]
+                ensure_custom_call_targets(device.platform, data)
+                result = deserialize_xla_executable(device.client, data, device_list(ids, self._devices))
             except Exception as exc:  # noqa: BLE001 - the load meets it again and says why
                 log.debug("aot.load(%r): %s not deserialized ahead: %s", self.name, j[0][:12], exc)
             finally:
                 ahead.finish(j, result)
-        self._store.close()
 
 
 def start(name: str, location: Any, *, lazy: bool, background: bool, release: str | None) -> ReadAhead | None:
@@ -149,11 +147,17 @@ def _start(name: str, folder: Path) -> ReadAhead | None:
     if any(devices[ids[0]].client is not backend for _, _, ids in executables):
         return None
     sizes = {ahead.job(digest, ids): size for digest, size, ids in executables}
-    owned = ahead.plan(list(sizes), backend)
+    store = ContentStore(FolderObjectStore(folder / "blobs", read_only=True))
+    try:
+        # Read and verified here: every blob matches its digest before XLA is asked.
+        blobs = {j: store.get(j[0], size) for j, size in sizes.items()}
+    finally:
+        store.close()
+    present = {j: data for j, data in blobs.items() if data is not None}
+    owned = ahead.plan(list(present), backend)
     if not owned:
         return None
-    store = ContentStore(FolderObjectStore(folder / "blobs", read_only=True))
-    reader = ReadAhead(name, store, devices, {j: sizes[j] for j in owned})
+    reader = ReadAhead(name, devices, {j: present[j] for j in owned})
     reader.start()
     return reader
 
