@@ -152,12 +152,12 @@ def _enable_wal(cur: Any) -> None:
 
 def _read_only_sqlite_engine(url: URL, path: Path) -> Engine:
     """An engine that never creates -wal/-shm files nor takes a write lock: each
-    connection is opened as :func:`aot.cache.index.reader.read_only_open` decides
+    connection is opened as :func:`aot.cache.index.read_only.read_only_open` decides
     (``immutable=1`` on a WAL database no writer has open), and an immutable one is
     replaced at checkout once a writer has opened the database."""
     import sqlite3
 
-    from aot.cache.index.reader import read_only_open, stale_immutable
+    from aot.cache.index.read_only import read_only_open, stale_immutable
 
     opens: dict[int, Any] = {}
 

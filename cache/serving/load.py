@@ -9,28 +9,25 @@ environments.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aot.artifact import Manifest
-from aot.errors import AotError, CacheError, IntegrityError, ReleaseNotFoundError, SignatureNotFoundError, UsageError
-from aot.fingerprint import describe_differences
+from aot.errors import AotError, CacheError, ReleaseNotFoundError, UsageError
 
-from aot.cache.cache import Cache, default_location, is_url
-from aot.cache.index.entry import INDEX_FILE
-from aot.cache.serving.dispatcher import Dispatcher
-from aot.cache.serving.statics import dispatcher_for
-from aot.cache.tiered import TieredCache
-from aot.cache.timeouts import Timeouts
-from aot.cache.units import counted
+from aot.cache.serving import read_ahead
+
+if TYPE_CHECKING:
+    from aot.cache.cache import Cache
+    from aot.cache.serving.dispatcher import Dispatcher
+    from aot.cache.tiered import TieredCache
+    from aot.cache.timeouts import Timeouts
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RELEASE_ENV", "load", "open_existing", "Dispatcher"]
+__all__ = ["RELEASE_ENV", "load", "open_existing"]
 
 #: The release ``aot.load`` serves when given none (unset or empty: the refs).
 RELEASE_ENV = "AOT_RELEASE"
@@ -92,6 +89,28 @@ def load(
     """
     if release is None:
         release = os.environ.get(RELEASE_ENV, "").strip() or None
+    reader = read_ahead.start(name, cache, lazy=lazy, background=background, release=release)
+    try:
+        return _load(
+            name, cache, strict=strict, lazy=lazy, fallback=fallback, read_only=read_only, pad=pad,
+            pad_outputs=pad_outputs, pad_value=pad_value, allow_empty=allow_empty,
+            background=background, release=release, timeouts=timeouts,
+        )
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+def _load(
+    name: str, cache: Cache | str | None, *, strict: bool, lazy: bool,
+    fallback: Callable[..., Any] | None, read_only: bool | None, pad: Mapping[str, int] | None,
+    pad_outputs: int | Mapping[str, int] | None, pad_value: Any, allow_empty: bool,
+    background: bool, release: str | None, timeouts: Timeouts | None,
+) -> Dispatcher:
+    # Imported here, not at the top: aot.load reads ahead while these load (read_ahead).
+    from aot.cache.cache import Cache
+    from aot.cache.serving.statics import dispatcher_for
+
     if lazy and background:
         raise UsageError(
             "aot.load: lazy=True loads each signature at its first call, background=True "
@@ -170,6 +189,9 @@ def open_existing(
     ``read_only=None``: a folder this process cannot write (another user's) is opened
     read-only; a database URL is opened read-write. ``timeouts``: as ``aot.Cache``'s.
     """
+    from aot.cache.cache import Cache, default_location, is_url
+    from aot.cache.index.entry import INDEX_FILE
+
     location = str(location) if location is not None else default_location()
     advice = (
         "aot.load never creates a cache: check the path (or AOT_CACHE), or fill the "
@@ -203,6 +225,15 @@ def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> AotErro
     """The start-up error of a name with no servable signature: what is stored and
     why none of it serves here, or the names that are close. An :class:`IntegrityError`
     when every row was refused by the signature checks (nothing signed is servable)."""
+    import difflib
+
+    from aot.artifact import Manifest
+    from aot.errors import IntegrityError, SignatureNotFoundError
+    from aot.fingerprint import describe_differences
+
+    from aot.cache.tiered import TieredCache
+    from aot.cache.units import counted
+
     where = f"the cache at {cache.display_location}"
     lines: list[str] = []
     unusable, skipped = dispatcher.unusable, dispatcher.skipped  # (every row filed)

@@ -17,7 +17,7 @@ VALUE_OBJECTS = [
     "aot.executable:ExecutableInfo",
     "aot.recompile:TrustedInputs",
     "aot.cache.index.entry:IndexEntry",
-    "aot.cache.index.reader:ReadOnlyOpen",
+    "aot.cache.index.read_only:ReadOnlyOpen",
     "aot.cache.storage.locations:Location",
     "aot.cache.serving.dispatcher:Kind",
 ]
