@@ -85,8 +85,11 @@ def compile_command(
         out_shardings=out_shardings, donate=donate, x64=x64,
         origin=RefOrigin("compile", commit=commit or default_commit()),
     )
+    with state.start_up():  # SQLAlchemy and JAX, whose backend the environment starts
+        cache = state.cache(create=True)
+        cache.environment  # noqa: B018 - the compile needs it; computed with the imports
     try:
-        result = compile_target(state.cache(create=True), target, **options)  # type: ignore[arg-type]
+        result = compile_target(cache, target, **options)  # type: ignore[arg-type]
     except ManifestError as exc:  # inconsistent options: a usage error
         raise click.UsageError(getattr(exc, "problem", str(exc))) from None
     if state.json:

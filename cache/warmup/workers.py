@@ -215,13 +215,22 @@ def _worker_main(conn: Connection, env: dict[str, str], log_level: int, parent_p
     exit_with_parent(parent_pid)
     os.environ.update(env)
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    import gc
     import importlib
 
-    importlib.import_module("aot.cache.cache")  # imported now, not in the first item
-    from aot.cache.warmup.targets import remembering_specs
-    from aot.cache.warmup.steps import ItemResult, warmup_task
+    # As the warm-up's own start-up (aot.cli.common.State.start_up): the imports and the
+    # first compile make long-lived objects, collected by none of the full collections
+    # they would start; frozen, later collections walk only what the items make.
+    gc.disable()
+    try:
+        importlib.import_module("aot.cache.cache")  # imported now, not in the first item
+        from aot.cache.warmup.targets import remembering_specs
+        from aot.cache.warmup.steps import ItemResult, warmup_task
 
-    _warm_up()
+        _warm_up()
+    finally:
+        gc.freeze()
+        gc.enable()
     conn.send(("ready", os.getpid()))
     with remembering_specs():  # this worker serves one warm-up
         _serve(conn, ItemResult, warmup_task)

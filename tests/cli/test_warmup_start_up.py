@@ -1,6 +1,7 @@
-"""The start-up of ``aot warmup`` (cli/common.py ``State.start_up``): JAX, its
-backend and SQLAlchemy are imported with the garbage collector paused, then frozen;
-in a caller's process (CliRunner) the collector is left as it is."""
+"""The start-up of ``aot warmup`` and ``aot compile`` (cli/common.py ``State.start_up``),
+and of the warm-up's worker processes: JAX, its backend and SQLAlchemy are imported
+with the garbage collector paused, then frozen; in a caller's process (CliRunner) the
+collector is left as it is."""
 
 from __future__ import annotations
 
@@ -77,5 +78,32 @@ def test_the_warmup_process_compiles_with_its_start_up_frozen(tmp_path: Path) ->
     state = json.loads((tmp_path / "gc.json").read_text())
     # Collecting while the entry is traced, with JAX's and SQLAlchemy's objects (well
     # over 100,000 of them) out of every collection's way.
+    assert state["enabled"] is True
+    assert state["frozen"] > 100_000, state
+
+
+def _traced_state(tmp_path: Path, *command: str) -> dict[str, object]:
+    env = {**os.environ, "AOT_TEST_GC_STATE": str(tmp_path / "gc.json")}
+    result = subprocess.run(
+        [sys.executable, "-m", "aot", "--cache", str(tmp_path / "cache"), *command],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads((tmp_path / "gc.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_compile_process_traces_with_its_start_up_frozen(tmp_path: Path) -> None:
+    state = _traced_state(tmp_path, "compile", "tests.cli.models:records_the_collector", "--arg", "f32[4]")
+    assert state["enabled"] is True
+    assert state["frozen"] > 100_000, state
+
+
+@pytest.mark.slow
+def test_a_warmup_worker_traces_with_its_start_up_frozen(tmp_path: Path) -> None:
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(MANIFEST)
+    # --isolate: the one entry is traced in a worker process, not in the aot process.
+    state = _traced_state(tmp_path, "warmup", "--jobs", "2", "--isolate", str(manifest))
     assert state["enabled"] is True
     assert state["frozen"] > 100_000, state
