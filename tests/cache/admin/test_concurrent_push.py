@@ -233,3 +233,51 @@ def test_pushes_with_refs_for_the_same_slots_leave_one_push_refs(
             assert all(h.source.startswith("push to ") for h in history)
     finally:
         dest.close()
+
+
+def test_two_ref_writers_interleaved_leave_one_writer_refs(postgres_url: str) -> None:
+    """The interleaving that can mix two pushes' ``--refs`` (deterministic): writer B
+    records its first slot's history (a lower ``seq``), then writer A records and sets
+    that slot before B sets it. Each writer's refs must land whole: one writer's refs
+    for every slot, the newest history record of each slot being the ref."""
+    from aot.cache.index.sql import Index
+
+    slots = [("fleet.n0", "f32[2]"), ("fleet.n1", "f32[2]")]
+    writers = {w: [(n, s, "env", f"{w}{i}" * 32) for i, (n, s) in enumerate(slots)] for w in "ab"}
+    Index(postgres_url).close()  # the schema
+    b_recorded, a_moved = threading.Event(), threading.Event()
+    waiting = lock_waiters(postgres_url)
+    calls = {"a": 0, "b": 0}
+    who = threading.local()
+
+    def hook(point: str) -> None:
+        if point != "refs.recorded":
+            return
+        calls[who.name] += 1
+        if who.name == "b" and calls["b"] == 1:
+            b_recorded.set()  # B holds a seq for slot 0, its ref not written yet
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not a_moved.is_set() and not waiting():
+                time.sleep(0.02)
+        elif who.name == "a" and calls["a"] == 2:
+            a_moved.set()  # A has written slot 0's ref
+
+    def write(name: str) -> None:
+        who.name = name
+        if name == "a":
+            assert b_recorded.wait(30)
+        with Index(postgres_url) as index:
+            index.set_refs(writers[name], RefOrigin(f"push {name}"))
+
+    previous = set_hook(hook)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            for f in [pool.submit(write, "b"), pool.submit(write, "a")]:
+                f.result(timeout=60)
+    finally:
+        set_hook(previous)
+    with Index(postgres_url) as index:
+        served = {r.name: r.key for r in index.refs()}
+        assert sorted(served.values()) in ([k for *_, k in writers["a"]], [k for *_, k in writers["b"]]), served
+        for name, sig in slots:
+            assert index.ref_history(name, signature=sig)[0].key == served[name]
