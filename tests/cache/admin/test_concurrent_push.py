@@ -235,11 +235,13 @@ def test_pushes_with_refs_for_the_same_slots_leave_one_push_refs(
         dest.close()
 
 
-def test_two_ref_writers_interleaved_leave_one_writer_refs(postgres_url: str) -> None:
+@pytest.mark.parametrize("keep_existing", [False, True], ids=["--refs", "fill-empty-slots"])
+def test_two_ref_writers_interleaved_leave_one_writer_refs(postgres_url: str, keep_existing: bool) -> None:
     """The interleaving that can mix two pushes' ``--refs`` (deterministic): writer B
     records its first slot's history (a lower ``seq``), then writer A records and sets
     that slot before B sets it. Each writer's refs must land whole: one writer's refs
-    for every slot, the newest history record of each slot being the ref."""
+    for every slot, the newest history record of each slot being the ref. Without
+    ``--refs`` (``keep_existing``), B fills the empty slots and A keeps them."""
     from aot.cache.index.sql import Index
 
     slots = [("fleet.n0", "f32[2]"), ("fleet.n1", "f32[2]")]
@@ -267,7 +269,7 @@ def test_two_ref_writers_interleaved_leave_one_writer_refs(postgres_url: str) ->
         if name == "a":
             assert b_recorded.wait(30)
         with Index(postgres_url) as index:
-            index.set_refs(writers[name], RefOrigin(f"push {name}"))
+            index.set_refs(writers[name], RefOrigin(f"push {name}"), keep_existing=keep_existing)
 
     previous = set_hook(hook)
     try:
@@ -280,4 +282,7 @@ def test_two_ref_writers_interleaved_leave_one_writer_refs(postgres_url: str) ->
         served = {r.name: r.key for r in index.refs()}
         assert sorted(served.values()) in ([k for *_, k in writers["a"]], [k for *_, k in writers["b"]]), served
         for name, sig in slots:
-            assert index.ref_history(name, signature=sig)[0].key == served[name]
+            history = index.ref_history(name, signature=sig)
+            assert history[0].key == served[name]
+            if keep_existing:  # the first writer filled the slot, the second kept it
+                assert [h.key for h in history] == [served[name]] and served[name].startswith("b")
