@@ -125,6 +125,9 @@ def apply_refs(
                  destination.display_location)
         return RefsOutcome(_members(changed), (), carried.release)
     changed = destination.index.set_refs(_targets(targets), origin, keep_existing=not overwrite)
+    if not overwrite:  # what set_refs kept: another copy may have filled a slot since the read above
+        current_refs = destination.index.refs()
+        current = {r.slot: r.key for r in current_refs}
     outcome = RefsOutcome(_members(changed), _kept(targets, current, overwrite))
     log_refs(outcome, current_refs)
     return outcome

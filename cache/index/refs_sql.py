@@ -21,6 +21,7 @@ from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
 from aot.cache.index.globs import glob_to_like
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember, pins_of, signature_digest
 from aot.cache.index.releases import CacheDescription, Release, ReleaseRemoval, RemovedRelease
+from aot.cache.pauses import reached
 from aot.cache.index.schema import ARTIFACTS, CACHE_META, REF_HISTORY, REFS, RELEASE_MEMBERS, RELEASES
 from aot.errors import CacheError
 
@@ -30,6 +31,9 @@ __all__ = ["IndexRefs", "RefTarget"]
 
 #: (name, signature, env_fp, key): what a ref update names.
 RefTarget = tuple[str, str, str, str]
+
+#: The PostgreSQL advisory lock that serializes :meth:`IndexRefs.set_refs` transactions.
+_PG_REFS_LOCK_KEY = 0x616F7472  # "aotr"
 
 _REF_COLUMNS = ("name", "signature", "env_fp", "key", "seq", "set_at", "host", "user", "source", "release", "commit")
 
@@ -58,6 +62,11 @@ class IndexRefs(IndexEngine):
         targets = sorted(dict.fromkeys(targets), key=lambda t: (t[2], t[0], signature_digest(t[1])))
         changed: list[Ref] = []
         with self._write("set refs") as conn:
+            if conn.dialect.name == "postgresql":
+                # One ref writer at a time (SQLite: BEGIN IMMEDIATE already), before
+                # any seq is taken or any current ref read: each writer's refs land
+                # whole and in commit order, and a slot filled meanwhile is seen.
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_REFS_LOCK_KEY})
             now = server_now(conn)
             for name, signature, env_fp, key in targets:
                 digest = signature_digest(signature)
@@ -83,6 +92,7 @@ class IndexRefs(IndexEngine):
             "source": origin.source, "release": origin.release, "commit": origin.commit,
         }
         seq = int(conn.execute(sa.insert(REF_HISTORY).values(**values).returning(REF_HISTORY.c.seq)).scalar_one())
+        reached("refs.recorded")
         upsert = insert_ignore(conn, REFS).values(**values, seq=seq)
         update = {c: upsert.excluded[c] for c in ("signature", "key", "seq", "set_at", "host", "user",
                                                   "source", "release", "commit")}
