@@ -21,7 +21,7 @@ import threading
 from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -66,6 +66,14 @@ def _naive_utc_time(value: object) -> datetime:
         return datetime.fromisoformat(value + "+00:00")  # type: ignore[operator]
     except (TypeError, ValueError):  # a datetime, an offset already, or not ISO text
         return _time(value)
+
+
+def _in_lists(keys: Collection[str]) -> Iterator[tuple[list[str], str]]:
+    """The distinct ``keys`` (or names), sorted, in chunks for ``IN (...)``, each with its ``?, ?`` list."""
+    ordered = sorted(set(keys))
+    for i in range(0, len(ordered), _IN_CHUNK):
+        chunk = ordered[i : i + _IN_CHUNK]
+        yield chunk, ", ".join("?" * len(chunk))
 
 
 class SqliteReader(SqliteGcReads):
@@ -167,11 +175,8 @@ class SqliteReader(SqliteGcReads):
     def get_many(self, keys: Collection[str]) -> dict[str, IndexEntry]:
         """``{key: row}`` of the stored ``keys`` (absent keys are left out), as the SQL
         index's (a copy's check that nothing needs copying, :mod:`aot.cache.admin.up_to_date`)."""
-        ordered = sorted(set(keys))
         out: dict[str, IndexEntry] = {}
-        for i in range(0, len(ordered), _IN_CHUNK):
-            chunk = ordered[i : i + _IN_CHUNK]
-            marks = ", ".join("?" * len(chunk))
+        for chunk, marks in _in_lists(keys):
             rows = self._rows(f"SELECT {', '.join(_COLUMNS)} FROM artifacts WHERE key IN ({marks})", chunk)
             out.update((entry.key, entry) for entry in rows)
         return out
@@ -272,11 +277,8 @@ class SqliteReader(SqliteGcReads):
     def signature_keys(self, names: Collection[str]) -> dict[tuple[str, str], str]:
         """One key (the smallest) per (name, flat signature) stored under ``names``, in
         any state and environment, without reading a manifest, as the SQL index's."""
-        ordered = sorted(set(names))
         out: dict[tuple[str, str], str] = {}
-        for i in range(0, len(ordered), _IN_CHUNK):
-            chunk = ordered[i : i + _IN_CHUNK]
-            marks = ", ".join("?" * len(chunk))
+        for chunk, marks in _in_lists(names):
             query = (
                 f"SELECT name, signature, MIN(key) FROM artifacts WHERE name IN ({marks}) "
                 "GROUP BY name, signature"
@@ -327,11 +329,8 @@ class SqliteReader(SqliteGcReads):
 
     def manifests(self, keys: Collection[str]) -> dict[str, str]:
         """``{key: manifest JSON}`` of the stored ``keys`` (absent keys are left out)."""
-        ordered = sorted(set(keys))
         out: dict[str, str] = {}
-        for i in range(0, len(ordered), _IN_CHUNK):
-            chunk = ordered[i : i + _IN_CHUNK]
-            marks = ", ".join("?" * len(chunk))
+        for chunk, marks in _in_lists(keys):
             rows = self._execute(f"SELECT key, manifest FROM artifacts WHERE key IN ({marks})", chunk)
             out.update(rows)  # (key, manifest) pairs of TEXT columns: str already
         return out

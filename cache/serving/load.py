@@ -89,71 +89,54 @@ def load(
     """
     if release is None:
         release = os.environ.get(RELEASE_ENV, "").strip() or None
-    reader = read_ahead.start(name, cache, lazy=lazy, background=background, release=release)
-    try:
-        return _load(
-            name, cache, strict=strict, lazy=lazy, fallback=fallback, read_only=read_only, pad=pad,
-            pad_outputs=pad_outputs, pad_value=pad_value, allow_empty=allow_empty,
-            background=background, release=release, timeouts=timeouts,
-        )
-    finally:
-        if reader is not None:
-            reader.close()
-
-
-def _load(
-    name: str, cache: Cache | str | None, *, strict: bool, lazy: bool,
-    fallback: Callable[..., Any] | None, read_only: bool | None, pad: Mapping[str, int] | None,
-    pad_outputs: int | Mapping[str, int] | None, pad_value: Any, allow_empty: bool,
-    background: bool, release: str | None, timeouts: Timeouts | None,
-) -> Dispatcher:
-    # Imported here, not at the top: aot.load reads ahead while these load (read_ahead).
-    from aot.cache.cache import Cache
-    from aot.cache.serving.statics import dispatcher_for
-
     if lazy and background:
         raise UsageError(
             "aot.load: lazy=True loads each signature at its first call, background=True "
             "loads them all now in threads; pass one of them"
         )
-    plan = None
-    if pad is not None:
-        from aot.cache.serving.padding import PadPlan  # only padded serving needs it
+    with read_ahead.reading_ahead(name, cache, lazy=lazy, background=background, release=release):
+        # Imported here, not at the top: aot.load reads ahead while these load (read_ahead).
+        from aot.cache.cache import Cache
+        from aot.cache.serving.statics import dispatcher_for
 
-        plan = PadPlan.of(pad, pad_outputs, pad_value)
-    owned = not isinstance(cache, Cache)
-    if not owned and timeouts is not None:
-        raise UsageError(
-            f"aot.load({name!r}, cache=<an open Cache>, timeouts=...): an open cache keeps "
-            "the bounds it was opened with; pass timeouts= to aot.Cache(...) instead, or "
-            "give load a location"
-        )
-    if owned:
-        cache = open_existing(cache, read_only=read_only, timeouts=timeouts)
-    assert isinstance(cache, Cache)
-    try:
-        dispatcher = dispatcher_for(cache, name, strict=strict, fallback=fallback, pad=plan, release=release)
-        if release is not None:
-            check_release(dispatcher, release)
-        if not allow_empty and fallback is None and not dispatcher.has_servable():
-            raise nothing_servable(cache, name, dispatcher)
-        if background:
-            dispatcher.load_in_background()
-        elif not lazy:
-            try:
-                dispatcher.warm()
-            except AotError as exc:
-                if release is None:
-                    raise
-                raise ReleaseNotFoundError(
-                    f"aot.load({name!r}, release={release!r}): a member of the release cannot be "
-                    f"loaded here: {exc}", tuple(dispatcher.signatures),
-                ) from exc
-    except BaseException:
+        plan = None
+        if pad is not None:
+            from aot.cache.serving.padding import PadPlan  # only padded serving needs it
+
+            plan = PadPlan.of(pad, pad_outputs, pad_value)
+        owned = not isinstance(cache, Cache)
+        if not owned and timeouts is not None:
+            raise UsageError(
+                f"aot.load({name!r}, cache=<an open Cache>, timeouts=...): an open cache keeps "
+                "the bounds it was opened with; pass timeouts= to aot.Cache(...) instead, or "
+                "give load a location"
+            )
         if owned:
-            cache.close()
-        raise
-    return dispatcher
+            cache = open_existing(cache, read_only=read_only, timeouts=timeouts)
+        assert isinstance(cache, Cache)
+        try:
+            dispatcher = dispatcher_for(cache, name, strict=strict, fallback=fallback, pad=plan, release=release)
+            if release is not None:
+                check_release(dispatcher, release)
+            if not allow_empty and fallback is None and not dispatcher.has_servable():
+                raise nothing_servable(cache, name, dispatcher)
+            if background:
+                dispatcher.load_in_background()
+            elif not lazy:
+                try:
+                    dispatcher.warm()
+                except AotError as exc:
+                    if release is None:
+                        raise
+                    raise ReleaseNotFoundError(
+                        f"aot.load({name!r}, release={release!r}): a member of the release cannot be "
+                        f"loaded here: {exc}", tuple(dispatcher.signatures),
+                    ) from exc
+        except BaseException:
+            if owned:
+                cache.close()
+            raise
+        return dispatcher
 
 
 def check_release(dispatcher: Dispatcher, release: str) -> None:

@@ -34,7 +34,8 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,17 @@ class ReadAhead:
                 log.debug("aot.load(%r): %s not deserialized ahead: %s", self.name, j[0][:12], exc)
             finally:
                 ahead.finish(j, result)
+
+
+@contextmanager
+def reading_ahead(name: str, location: Any, *, lazy: bool, background: bool, release: str | None) -> Iterator[None]:
+    """Reads ahead (:func:`start`) while the body runs; drops what it did not take."""
+    reader = start(name, location, lazy=lazy, background=background, release=release)
+    try:
+        yield
+    finally:
+        if reader is not None:
+            reader.close()
 
 
 def start(name: str, location: Any, *, lazy: bool, background: bool, release: str | None) -> ReadAhead | None:
