@@ -41,6 +41,7 @@ from aot.artifact import Artifact, Manifest
 from aot.cache.admin.carried_refs import CarriedRefs, RefsOutcome, apply_refs, carried_refs
 from aot.cache.names import name_problem
 from aot.cache.reports.reads import reads_of
+from aot.cache.storage.frames import FRAME_HEADER_MAX
 from aot.errors import AotError, CacheError, CorruptArtifactError
 from aot.fingerprint import sha256_hex
 from aot.signing import verify
@@ -56,7 +57,6 @@ BUNDLE_FORMAT = 1
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_BLOB_BYTES = 8 * 1024**3
 MAX_WINDOW_BYTES = 1 << 27  # refuse zstd frames that ask for more than 128 MiB of window
-_FRAME_HEADER_MAX = 18  # zstd: 4-byte magic + at most 14 bytes of frame header
 _HOSTILE_STEP_BYTES = 4096  # at most 128 MiB inflated per step
 
 # A file path, an object-store URL (s3://, gs://, az://, memory://, file://), "-"
@@ -193,7 +193,7 @@ def _read_bundle(raw: IO[bytes], path: str) -> tuple[list[Artifact], BundleExtra
     if raw.read(len(MAGIC)) != MAGIC:
         raise CorruptArtifactError(f"{path} is not a jax-aot bundle (bad magic)")
     try:
-        frame = zstandard.get_frame_parameters(raw.read(_FRAME_HEADER_MAX))
+        frame = zstandard.get_frame_parameters(raw.read(FRAME_HEADER_MAX))
     except zstandard.ZstdError as exc:
         raise CorruptArtifactError(f"bundle {path}: malformed zstd frame header: {exc}") from None
     if not frame.has_checksum:

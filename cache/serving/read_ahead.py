@@ -7,9 +7,10 @@ which for a real program is the longest step and runs without the GIL. So an eag
 ``aot.load(name, "/folder")`` first guesses, with :mod:`sqlite3` alone, the executables
 the load will deserialize: for each signature of ``name`` stored for this process's
 environment fingerprint (computed as the load computes it), the key its ref names, else
-its newest intact row. It reads each executable through the same verifying
-:class:`ContentStore` as the load, then hands bytes whose sha256 matched to XLA in one
-thread (:mod:`aot.ahead`), and returns to the load, which imports and checks meanwhile.
+its newest intact row. It reads each executable with the same verifying inflation as
+the load's :class:`ContentStore` (:func:`aot.cache.storage.frames.inflate`), then hands
+bytes whose sha256 matched to XLA in one thread (:mod:`aot.ahead`), and returns to the
+load, which imports and checks meanwhile.
 
 Only a guess: the load still selects, reads and verifies every row, checks its manifest,
 signatures and environment, and only then takes an executable deserialized ahead from
@@ -39,14 +40,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from aot import ahead
-from aot.fingerprint import environment_fingerprint
+from aot.environment import environment_digest, environment_parts
 from aot.jaxcompat.deserialize import deserialize_xla_executable, ensure_custom_call_targets
-from aot.shardings import device_list, live_devices
+from aot.jaxcompat.shardings import xla_device_list
 
 from aot.cache.index.read_only import read_only_open
-from aot.cache.storage.content import ContentStore
-from aot.cache.storage.folder import FolderObjectStore
+from aot.cache.storage.frames import blob_path, inflate
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ MAX_AHEAD = 8
 
 # Not imported: this runs first, and those modules are slow to import (tests check them).
 INDEX_FILE = "index.sqlite"  # aot.cache.index.entry.INDEX_FILE
+BLOB_FOLDER = "blobs"  # aot.cache.cache: a folder cache's blobs
 SIGNING_KEY_ENV = "AOT_SIGNING_KEY"  # aot.signing.SIGNING_KEY_ENV
 
 
@@ -90,7 +93,8 @@ class ReadAhead:
                 ids = j[1]
                 device = self._devices[ids[0]]
                 ensure_custom_call_targets(device.platform, data)
-                result = deserialize_xla_executable(device.client, data, device_list(ids, self._devices))
+                devices = xla_device_list([self._devices[i] for i in ids])
+                result = deserialize_xla_executable(device.client, data, devices)
             except Exception as exc:  # noqa: BLE001 - the load meets it again and says why
                 log.debug("aot.load(%r): %s not deserialized ahead: %s", self.name, j[0][:12], exc)
             finally:
@@ -149,29 +153,41 @@ def _start(name: str, folder: Path) -> ReadAhead | None:
     index_file = folder / INDEX_FILE
     if not index_file.is_file():
         return None
-    executables = guess(index_file, name, environment_fingerprint().digest)
+    # The digest the load computes (aot.fingerprint.environment_fingerprint), without
+    # its value objects or the per-host record it writes: both come with the load.
+    executables = guess(index_file, name, environment_digest(environment_parts()))
     if not executables:
         return None
-    devices = live_devices()
+    devices = {int(d.id): d for d in jax.devices()}
     if any(i not in devices for _, _, ids in executables for i in ids):
         return None
     backend = devices[executables[0][2][0]].client
     if any(devices[ids[0]].client is not backend for _, _, ids in executables):
         return None
-    sizes = {ahead.job(digest, ids): size for digest, size, ids in executables}
-    store = ContentStore(FolderObjectStore(folder / "blobs", read_only=True))
-    try:
-        # Read and verified here: every blob matches its digest before XLA is asked.
-        blobs = {j: store.get(j[0], size) for j, size in sizes.items()}
-    finally:
-        store.close()
-    present = {j: data for j, data in blobs.items() if data is not None}
+    # Read and verified here: every blob matches its digest before XLA is asked.
+    present = {}
+    for digest, size, ids in executables:
+        data = read_verified(folder / BLOB_FOLDER, digest, size)
+        if data is not None:
+            present[ahead.job(digest, ids)] = data
     owned = ahead.plan(list(present), backend)
     if not owned:
         return None
     reader = ReadAhead(name, devices, {j: present[j] for j in owned})
     reader.start()
     return reader
+
+
+def read_verified(blobs: Path, digest: str, size: int) -> bytes | None:
+    """The blob ``digest`` of a folder store, inflated and checked against its digest and
+    ``size`` as :meth:`ContentStore.get` checks it; None when absent or not intact (the
+    load meets it again and says why)."""
+    try:
+        with open(blobs / blob_path(digest), "rb") as stored:
+            problem, data = inflate(digest, stored, size, keep=True)
+    except FileNotFoundError:
+        return None
+    return data if problem is None else None
 
 
 def guess(index_file: Path, name: str, env_fp: str) -> list[tuple[str, int, tuple[int, ...]]]:

@@ -16,16 +16,26 @@ little time. Decompression is fast at every level.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, TypeVar
 
 import zstandard
 
-from aot.cache.storage.objectstore import BlobStat, ObjectStore, check_digest, read_only_error, storage_error
+from aot.cache.storage.frames import (
+    MAX_BLOB_BYTES,
+    MAX_WINDOW_BYTES,
+    PROBLEM_MISMATCH,
+    PROBLEM_MISSING,
+    PROBLEM_SIZE,
+    PROBLEM_UNDECODABLE,
+    check_digest,
+    digest_of,
+    inflate,
+)
+from aot.cache.storage.objectstore import BlobStat, ObjectStore, read_only_error, storage_error
 from aot.errors import AotError, CacheError, CorruptArtifactError
 
 logger = logging.getLogger(__name__)
@@ -53,24 +63,6 @@ DEFAULT_LEVEL = 3
 #: Storing bytes that are already stored marks the blob as just written when it is
 #: older than this (gc spares unreferenced blobs younger than its grace period).
 REFRESH_AFTER_SECONDS = 60.0
-
-#: Problems reported by :meth:`ContentStore.check`.
-PROBLEM_MISSING = "missing"
-PROBLEM_MISMATCH = "digest mismatch"
-PROBLEM_UNDECODABLE = "truncated/undecodable zstd frame"
-PROBLEM_SIZE = "size differs from the declared size"
-
-#: The most a blob may inflate to when no size is declared (a caller of
-#: :meth:`ContentStore.get` without ``size``), and the most any declaration may say:
-#: a frame or a manifest claiming more is corrupt, not a reason to allocate it.
-MAX_BLOB_BYTES = 8 * 1024**3
-
-#: zstd frames asking for a larger window (decoder memory) are refused; this store
-#: writes frames with windows far below it.
-MAX_WINDOW_BYTES = 1 << 27
-
-_CHUNK = 8 * 1024 * 1024  # bytes inflated (and hashed) per step of a streaming read
-_FRAME_HEADER_MAX = 18  # zstd: 4-byte magic + at most 14 bytes of frame header
 
 T = TypeVar("T")
 
@@ -103,11 +95,6 @@ class CopyReport:
         }
 
 
-def digest_of(data: bytes) -> str:
-    """Lowercase hex sha256 of ``data`` (the uncompressed bytes)."""
-    return hashlib.sha256(data).hexdigest()
-
-
 def compress(data: bytes, level: int = DEFAULT_LEVEL) -> bytes:
     """One zstd frame with the content size in its header."""
     return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
@@ -121,13 +108,6 @@ def inflate_frame(payload: bytes) -> bytes:
         raise CorruptArtifactError(f"not one zstd frame ({e}); nothing was stored") from e
 
 
-def _frame_size(head: bytes) -> int | None:
-    """The content size a zstd frame header claims; None if it records none.
-    Raises ZstdError when ``head`` is no frame header."""
-    size = zstandard.get_frame_parameters(head).content_size
-    return None if size == zstandard.CONTENTSIZE_UNKNOWN else int(size)
-
-
 def as_write(exc: CacheError) -> CacheError:
     """A store error met while looking for an intact copy, which is a write's first
     step: a write is what the user asked for, so it is called one (``cannot write
@@ -135,68 +115,8 @@ def as_write(exc: CacheError) -> CacheError:
     return type(exc)(str(exc).replace("cannot read blob", "cannot write blob", 1))
 
 
-def _inflate(
-    digest: str, source: bytes | BinaryIO, size: int | None, *, keep: bool,
-) -> tuple[str | None, bytes | None]:
-    """Decompresses ``source`` (a payload, or a file object on one), hashing it as it
-    streams: ``(problem, data)``; ``data`` only with ``keep`` and no problem.
-
-    Memory is bounded by ``size`` (the size a manifest or index row declares; else
-    :data:`MAX_BLOB_BYTES`), never by what the frame claims: a frame header whose
-    content size exceeds the declared size is refused before a byte is inflated,
-    and decoding stops as soon as the output passes the bound. Without ``keep`` only
-    a chunk is held at a time.
-    """
-    limit = MAX_BLOB_BYTES if size is None else size
-    if not 0 <= limit <= MAX_BLOB_BYTES:
-        return f"{PROBLEM_SIZE}: {limit} bytes are declared, more than a blob may have ({MAX_BLOB_BYTES})", None
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        head = bytes(source[:_FRAME_HEADER_MAX])
-    else:
-        head = source.read(_FRAME_HEADER_MAX)
-        source.seek(0)
-    try:
-        claimed = _frame_size(head)
-    except zstandard.ZstdError:
-        return PROBLEM_UNDECODABLE, None
-    if claimed is not None and claimed > limit:
-        bound = f"only {size} are declared" if size is not None else f"more than a blob may have ({limit})"
-        return f"{PROBLEM_SIZE}: the zstd frame header claims {claimed} bytes, {bound}", None
-    # A frame that claims the declared size is read in one call, which allocates the
-    # result once (no join, no copy); otherwise chunks, each hashed as it comes.
-    step = claimed + 1 if keep and claimed is not None and claimed == size else _CHUNK
-    hasher = hashlib.sha256()
-    chunks: list[bytes] = []
-    total = 0
-    try:
-        decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES)
-        with decompressor.stream_reader(source, read_size=_CHUNK, closefd=False) as reader:
-            while True:
-                chunk = reader.read(min(step, limit - total + 1))
-                if not chunk:
-                    break
-                total += len(chunk)
-                if total > limit:
-                    bound = "declared" if size is not None else "a blob may have"
-                    return f"{PROBLEM_SIZE}: inflates beyond the {limit} bytes {bound}", None
-                hasher.update(chunk)
-                if keep:
-                    chunks.append(chunk)
-    except zstandard.ZstdError:
-        return PROBLEM_UNDECODABLE, None
-    if claimed is not None and total != claimed:
-        return PROBLEM_UNDECODABLE, None  # the frame ended before the size it claims
-    if hasher.hexdigest() != digest:
-        return PROBLEM_MISMATCH, None
-    if size is not None and total != size:
-        return f"{PROBLEM_SIZE}: {total} bytes, {size} are declared", None
-    if not keep:
-        return None, None
-    return None, chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
 def _problem(digest: str, payload: bytes, size: int | None = None) -> str | None:
-    return _inflate(digest, payload, size, keep=False)[0]
+    return inflate(digest, payload, size, keep=False)[0]
 
 
 def _corrupt(digest: str, where: str, problem: str) -> CorruptArtifactError:
@@ -243,7 +163,7 @@ class ContentStore:
     def _inflate(
         self, digest: str, size: int | None, *, keep: bool
     ) -> tuple[str | None, bytes | None, int]:
-        """``(problem, data, stored size)`` of the stored blob (see :func:`_inflate`),
+        """``(problem, data, stored size)`` of the stored blob (see :func:`~aot.cache.storage.frames.inflate`),
         streamed from the store when it has ``read_stream``; ``missing`` if absent."""
         check_digest(digest)
         opener = getattr(self.store, "read_stream", None)
@@ -251,13 +171,13 @@ class ContentStore:
             payload = self._read(digest)
             if payload is None:
                 return PROBLEM_MISSING, None, 0
-            found = self._call(f"read blob {digest}", lambda: _inflate(digest, payload, size, keep=keep))
+            found = self._call(f"read blob {digest}", lambda: inflate(digest, payload, size, keep=keep))
             return found[0], found[1], len(payload)
         stream = self._call(f"read blob {digest}", lambda: opener(digest))
         if stream is None:
             return PROBLEM_MISSING, None, 0
         with stream:
-            found = self._call(f"read blob {digest}", lambda: _inflate(digest, stream, size, keep=keep))
+            found = self._call(f"read blob {digest}", lambda: inflate(digest, stream, size, keep=keep))
             return found[0], found[1], self._call(f"read blob {digest}", lambda: stream.seek(0, 2))
 
     def get(self, digest: str, size: int | None = None) -> bytes | None:

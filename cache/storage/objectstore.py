@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from aot.errors import CacheError, CorruptArtifactError, ReadOnlyCacheError
+from aot.cache.storage.frames import blob_path, check_digest
+from aot.errors import CacheError, ReadOnlyCacheError
 
 __all__ = [
     "BlobStat",
@@ -58,27 +59,6 @@ __all__ = [
 
 # Patterns are compiled on first use (re's cache), not by every process importing this.
 _PATH_PATTERN = r"^([0-9a-f]{2})/([0-9a-f]{64})\.zst$"
-_HEX_DIGITS = "0123456789abcdef"
-
-
-def check_digest(digest: str) -> str:
-    """``digest`` if it is 64 lowercase hex characters, else CorruptArtifactError.
-
-    Digests come from manifests and index rows and become file and object names, so
-    anything else (``../``, upper case, a truncated value) is refused.
-    """
-    if not isinstance(digest, str) or len(digest) != 64 or digest.strip(_HEX_DIGITS):
-        raise CorruptArtifactError(
-            f"invalid blob digest {digest!r}: expected 64 lowercase hex characters "
-            f"(a sha256); the manifest or index row naming it is damaged, run `aot verify`"
-        )
-    return digest
-
-
-def blob_path(digest: str) -> str:
-    """The relative path of a blob in every path-based store: ``ab/<digest>.zst``."""
-    check_digest(digest)
-    return f"{digest[:2]}/{digest}.zst"
 
 
 def digest_from_path(relative: str) -> str | None:

@@ -6,6 +6,9 @@ environment's row change nothing a caller sees."""
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,3 +205,35 @@ def test_a_read_ahead_of_a_read_only_folder_creates_no_file(folder) -> None:  # 
     assert reader is not None
     reader.close()
     assert sorted(p.name for p in folder.iterdir()) == before  # no -wal / -shm
+
+
+_WHEN_XLA_STARTS = """
+import json, sys
+import aot
+from aot import ahead
+
+seen = {}
+real_begin = ahead.begin
+
+def begin(j):
+    seen.setdefault("imported", sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules))
+    return real_begin(j)
+
+ahead.begin = begin
+fn = aot.load("m.double", cache=sys.argv[1])
+print(json.dumps(seen))
+"""
+
+
+def test_xla_starts_before_the_load_imports_its_stores_and_value_objects(folder) -> None:  # noqa: ANN001
+    """The read-ahead runs first: what it needs imports in milliseconds, and the modules
+    the load itself needs (the content store, the fingerprint's value objects, the
+    index's SQLAlchemy layer) import while XLA already works."""
+    slow = ["aot.fingerprint", "aot.cache.storage.content", "aot.cache.storage.folder", "aot.cache.cache", "sqlalchemy"]
+    proc = subprocess.run(
+        [sys.executable, "-c", _WHEN_XLA_STARTS, str(folder), json.dumps(slow)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report.get("imported") == [], report  # "imported" absent: XLA was never started ahead
