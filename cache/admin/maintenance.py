@@ -24,7 +24,7 @@ from aot.errors import AotError, CacheError, IntegrityError, UsageError
 from aot.signing import check_identity, verify as verify_signature
 from aot.cache.admin.jit_entries import verify_jit_entries
 from aot.cache.index.entry import GcRow, IndexEntry, collector_paused
-from aot.cache.index.gc_reads import GcReads
+from aot.cache.index.gc_reads import GcReads, SqliteGcReads
 from aot.cache.index.reader import SqliteReader
 from aot.cache.index.jit_records import AOT, JIT, JitEntry
 from aot.cache.index.served import ref_map, superseded_keys
@@ -682,6 +682,17 @@ def delete_unreferenced_blobs(cache: Cache, digests: Sequence[str]) -> tuple[lis
     return removed, freed
 
 
+def drop_expired_leases(cache: Cache, reads: GcReads | None = None) -> int:
+    """Deletes every expired lease (killed writers') under the index's deletion lock;
+    how many. With ``reads``, the standard library's reader of a folder cache, the
+    deletion goes through it (the same statement and lock: SQLite's write lock), so
+    that a gc with nothing else to delete imports no SQLAlchemy."""
+    if isinstance(reads, SqliteGcReads):
+        return reads.drop_expired_leases()
+    with cache.index.deletion_lock() as batch:
+        return batch.drop_expired_leases()
+
+
 def collect_garbage(
     cache: Cache, *, max_size: int | str | None = None, older_than: Any = None,
     dry_run: bool = False, superseded: bool = False, force: bool = False,
@@ -696,8 +707,9 @@ def collect_garbage(
     (``CacheError``) unless ``force``.
 
     The plan reads through :func:`gc_reads_of` (a folder cache: the standard library);
-    the SQL index is opened only to delete something (rows, blobs, refs or expired
-    leases): a dry run, or a gc with nothing to delete, never imports SQLAlchemy there.
+    the SQL index is opened only to delete rows, blobs or refs: a dry run, a gc with
+    nothing to delete, and one that only drops expired leases (through the standard
+    library, :func:`drop_expired_leases`) never import SQLAlchemy there.
     """
     reads = gc_reads_of(cache)
     stale = stale_signatures(cache, manifest, reads) if manifest is not None else frozenset()
@@ -706,7 +718,8 @@ def collect_garbage(
     if dry_run:
         return dataclasses.replace(plan, dropped_refs=tuple(sorted(stale)))
     cache._check_writable("collect garbage")
-    if not stale and not plan.warnings and not plan.entries and not plan.blobs and not reads.has_expired_leases():
+    leases_only = not stale and not plan.warnings and not plan.entries and not plan.blobs
+    if leases_only and not reads.has_expired_leases():
         log.info("gc: removed 0 entries and 0 blobs, freed %s", human_size(0))  # nothing to delete
         return GcPlan((), (), 0, plan.size_before, dry_run=False, executed=True, pinned=plan.pinned)
     if stale:
@@ -718,15 +731,16 @@ def collect_garbage(
         raise CacheError(f"gc refused: {plan.warnings[0]}")
     plan.name_arguments()  # before their rows go
     reached("gc.planned")
-    deleted = set(cache.index.delete_unchanged(plan._rows))
-    deleted.update(cache.index.jit_delete_unchanged(plan._jit_rows))
+    deleted: set[str] = set()
+    if not leases_only:
+        deleted.update(cache.index.delete_unchanged(plan._rows))
+        deleted.update(cache.index.jit_delete_unchanged(plan._jit_rows))
     evicted = tuple(v for v in plan.entries if v.key in deleted)
     if len(evicted) < len(plan.entries):
         log.info("gc: kept %d entries used, healed or stored again since the plan", len(plan.entries) - len(evicted))
     reached("gc.rows_deleted")
     removed, freed = delete_unreferenced_blobs(cache, plan.blobs)
-    with cache.index.deletion_lock() as batch:
-        dropped = batch.drop_expired_leases()
+    dropped = drop_expired_leases(cache, reads if leases_only else None)
     if dropped:
         log.info("gc: dropped %d expired leases of writers that died", dropped)
     reached("gc.done")

@@ -4,15 +4,20 @@ user can act on, a URL with its password masked."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.engine.url import URL
+if TYPE_CHECKING:
+    from sqlalchemy.engine.url import URL
 
 __all__ = ["advice_for", "mask_url", "reason_of"]
 
 
 def mask_url(url: str | URL) -> str:
     """``url`` with any password replaced by ``***`` (for messages and logs)."""
+    # Here, not at the top: the standard library's reader words its errors with this
+    # module's advice, on paths that never import SQLAlchemy.
+    from sqlalchemy.engine import make_url
+
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - an unparsable URL has no password we can find

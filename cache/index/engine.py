@@ -51,7 +51,7 @@ from sqlalchemy.engine.url import URL
 from sqlalchemy.pool import StaticPool
 
 from aot.cache.index.advice import advice_for, mask_url, reason_of
-from aot.cache.index.entry import as_utc, sqlite_clock
+from aot.cache.index.entry import SQLITE_BUSY_TIMEOUT_MS, as_utc, sqlite_clock
 from aot.cache.index.schema import ARTIFACTS, REF_HISTORY, UTCDateTime
 from aot.cache.index.deadlines import bound_round_trips
 from aot.cache.timeouts import DB_CLIENT_GRACE_S, Timeouts, db_client_bound
@@ -73,9 +73,6 @@ __all__ = [
     "server_now",
     "server_now_expr",
 ]
-
-#: SQLite waits this long for a lock held by another writer before failing.
-SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 # -------------------------------------------------------------------------- engines

@@ -21,6 +21,10 @@ from typing import Any, Mapping, NamedTuple
 #: The SQLite index's file in a folder cache.
 INDEX_FILE = "index.sqlite"
 
+#: SQLite waits this long for a lock held by another writer before failing (the SQL
+#: index's engine and the standard library's reader and writes alike).
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
 #: Version of the database schema this code writes; the changelog and the migrations
 #: are in :mod:`aot.cache.index.schema` (here because the stdlib reader checks it).
 SCHEMA_VERSION = 7

@@ -15,8 +15,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from aot.cache.index.engine import IndexEngine, joined, server_now
+from aot.cache.index.gc_reads import DROP_EXPIRED_LEASES
 from aot.cache.index.leases import Lease
-from aot.cache.index.schema import ARTIFACTS, BLOBS, JIT_ENTRIES, LEASES, PROGRAMS
+from aot.cache.index.schema import ARTIFACTS, BLOBS, JIT_ENTRIES, LEASES, PROGRAMS, UTCDateTime
 from aot.cache.index.state import has_no_rows, mark_emptied
 from aot.errors import AotError
 
@@ -92,8 +93,10 @@ class DeletionBatch:
             self._conn.execute(sa.delete(BLOBS).where(BLOBS.c.digest.in_(gone[i : i + _CHUNK])))
 
     def drop_expired_leases(self) -> int:
-        """Deletes every expired lease (left by killed writers); how many."""
-        return int(self._conn.execute(sa.delete(LEASES).where(LEASES.c.expires_at <= self.now)).rowcount or 0)
+        """Deletes every expired lease (left by killed writers); how many. The statement
+        is shared with the standard library's (:data:`DROP_EXPIRED_LEASES`)."""
+        statement = sa.text(DROP_EXPIRED_LEASES).bindparams(sa.bindparam("now", type_=UTCDateTime))
+        return int(self._conn.execute(statement, {"now": self.now}).rowcount or 0)
 
 
 class IndexGc(IndexEngine):

@@ -10,12 +10,17 @@ Each read here is the SQL index's statement (:mod:`aot.cache.index.queries`,
 helpers (:func:`~aot.cache.index.entry.gc_rows_of_sqlite`,
 :func:`~aot.cache.index.entry.sqlite_clock`, :func:`~aot.cache.index.refs.pins_of`):
 tests/cache/admin/test_gc_reads.py checks that both readers plan the same gc.
-Deleting (rows, blobs, leases) stays with the SQL index and its protocol.
+Deleting rows and blobs stays with the SQL index and its protocol; a gc whose only
+work is the expired leases of killed writers drops them here
+(:meth:`SqliteGcReads.drop_expired_leases`), with the SQL index's statement
+(:data:`DROP_EXPIRED_LEASES`) under the same lock, so that it imports no SQLAlchemy.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Collection
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,7 +30,7 @@ from aot.cache.index.refs import Ref, pins_of
 if TYPE_CHECKING:  # serving imports this module (the stdlib reader) and never reads jit rows
     from aot.cache.index.jit_records import JitEntry
 
-__all__ = ["GcReads", "SqliteGcReads"]
+__all__ = ["DROP_EXPIRED_LEASES", "GcReads", "SqliteGcReads"]
 
 #: Values per ``IN (...)`` list, four lists a statement: under SQLite's oldest limit
 #: of 999 bound variables.
@@ -35,6 +40,19 @@ _IN_CHUNK = 200
 _SQLITE_TIME = "%Y-%m-%d %H:%M:%S.%f"
 
 _GC_SELECT = f"SELECT {', '.join(GC_COLUMNS)} FROM artifacts"
+
+#: The index's clock on SQLite (:func:`aot.cache.index.engine.server_now`): this host's
+#: time, the latest last use, the latest ref change.
+_NOW_SELECT = (
+    "SELECT strftime('%Y-%m-%d %H:%M:%f000', 'now'), (SELECT max(last_used_at) FROM artifacts), "
+    "(SELECT set_at FROM ref_history ORDER BY seq DESC LIMIT 1)"
+)
+
+#: gc's deletion of the leases killed writers left, ``:now`` the index's clock read in
+#: the same transaction: the one statement of both
+#: :meth:`~aot.cache.index.gc_protocol.DeletionBatch.drop_expired_leases` (SQLAlchemy,
+#: SQLite and PostgreSQL) and :meth:`SqliteGcReads.drop_expired_leases` (sqlite3).
+DROP_EXPIRED_LEASES = "DELETE FROM blob_leases WHERE expires_at <= :now"
 
 
 class GcReads(Protocol):
@@ -64,6 +82,9 @@ class SqliteGcReads:
     def _execute(self, query: str, params: list[object] | tuple[object, ...] = ()) -> list[Any]:
         raise NotImplementedError  # SqliteReader's
 
+    def _write(self, what: str) -> AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError  # SqliteReader's
+
     def gc_rows(self) -> list[GcRow]:
         """Every artifact row as gc plans with it, as :meth:`Index.gc_rows`."""
         return gc_rows_of_sqlite(self._execute(_GC_SELECT))
@@ -71,12 +92,18 @@ class SqliteGcReads:
     def now(self) -> datetime:
         """The index's clock, as the SQL index's ``now()`` on SQLite: this host's, never
         before the latest last use or ref change stored, plus a microsecond."""
-        ((host, used, ref),) = self._execute(
-            "SELECT strftime('%Y-%m-%d %H:%M:%f000', 'now'), (SELECT max(last_used_at) FROM artifacts), "
-            "(SELECT set_at FROM ref_history ORDER BY seq DESC LIMIT 1)"
-        )
-        marks = [sqlite_utc(str(t)) for t in (used, ref) if t is not None]
-        return sqlite_clock(sqlite_utc(str(host)), max(marks) if marks else None)
+        ((host, used, ref),) = self._execute(_NOW_SELECT)
+        return _index_clock(host, used, ref)
+
+    def drop_expired_leases(self) -> int:
+        """Deletes every expired lease (killed writers'), as gc does under the SQL
+        index's deletion lock: in one ``BEGIN IMMEDIATE`` transaction (the write lock
+        every lease and lease release waits for), on the index's clock read inside it,
+        with :data:`DROP_EXPIRED_LEASES`; how many."""
+        with self._write("drop expired leases") as conn:
+            ((host, used, ref),) = conn.execute(_NOW_SELECT).fetchall()
+            now = _index_clock(host, used, ref).replace(tzinfo=None).strftime(_SQLITE_TIME)
+            return int(conn.execute(DROP_EXPIRED_LEASES, {"now": now}).rowcount)
 
     def pinned_keys(self, *, excluding: Collection[str] = ()) -> dict[str, str]:
         """``{key: why}`` of the keys a ref or a live release pins, as the SQL index's."""
@@ -139,3 +166,9 @@ class SqliteGcReads:
         if not empty:
             return False, None
         return True, None if emptied_at is None else sqlite_utc(str(emptied_at))
+
+
+def _index_clock(host: object, used: object, ref: object) -> datetime:
+    """:data:`_NOW_SELECT`'s row as the index's clock (:func:`sqlite_clock`)."""
+    marks = [sqlite_utc(str(t)) for t in (used, ref) if t is not None]
+    return sqlite_clock(sqlite_utc(str(host)), max(marks) if marks else None)

@@ -8,7 +8,8 @@ Importing SQLAlchemy costs a serving process more than loading an executable, so
 folder cache these go through :mod:`sqlite3` against the schema
 :mod:`aot.cache.index.schema` creates. The listing commands, gc's plan
 (:mod:`aot.cache.index.gc_reads`) and a copy's check that nothing needs copying
-(:mod:`aot.cache.admin.up_to_date`) read through it too; everything else (writes, gc's
+(:mod:`aot.cache.admin.up_to_date`) read through it too, and a gc whose only work is
+dropping expired leases drops them through it; everything else (writes, gc's other
 deletions, verify, PostgreSQL) uses the SQLAlchemy index (:mod:`aot.cache.index.sql`).
 """
 
@@ -18,6 +19,7 @@ import fnmatch
 import logging
 import sqlite3
 import threading
+from contextlib import contextmanager
 from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,12 +27,13 @@ from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from aot.cache.index.entry import SCHEMA_VERSION, IndexEntry, utcnow
+from aot.cache.index.advice import advice_for, reason_of
+from aot.cache.index.entry import SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_MS, IndexEntry, utcnow
 from aot.cache.index.gc_reads import SqliteGcReads
 from aot.cache.index.globs import glob_to_like, like_escape, name_range
 from aot.cache.index.read_only import ReadOnlyOpen, file_stamp, read_only_open, stale_immutable
 from aot.cache.index.refs import Ref, ReleaseMember
-from aot.errors import CacheError
+from aot.errors import CacheError, ReadOnlyCacheError
 
 if TYPE_CHECKING:
     from aot.cache.index.jit_records import JitEntry, JitStats
@@ -42,7 +45,6 @@ _TIMES = {"created_at", "last_used_at"}
 _TIME_AT = tuple(i for i, c in enumerate(_COLUMNS) if c in _TIMES)  # their positions
 _REF_COLUMNS = tuple(f.name for f in fields(Ref))
 _REF_SELECT = ", ".join(f'"{c}"' for c in _REF_COLUMNS)  # quoted: "commit" is a keyword
-_BUSY_TIMEOUT_S = 30.0
 #: Values per ``IN (...)`` list: under SQLite's oldest limit of 999 bound variables.
 _IN_CHUNK = 500
 #: (name, signature) pairs per statement: their names and the pairs' two values each.
@@ -128,7 +130,7 @@ class SqliteReader(SqliteGcReads):
         conn = None
         try:
             conn = sqlite3.connect(
-                uri, uri=True, timeout=_BUSY_TIMEOUT_S, check_same_thread=False,
+                uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, check_same_thread=False,
                 isolation_level=None,
             )
             for pragma in pragmas:
@@ -150,6 +152,31 @@ class SqliteReader(SqliteGcReads):
                 return self._conn.execute(query, params).fetchall()
             except sqlite3.Error as exc:
                 raise CacheError(f"cannot read the cache index {self.path}: {exc}") from exc
+
+    @contextmanager
+    def _write(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One write transaction on this connection, begun as the SQL index begins its
+        writes (``BEGIN IMMEDIATE``: the database's write lock, waited for up to the busy
+        timeout); a failure worded as the SQL index words it."""
+        if self.read_only:
+            raise ReadOnlyCacheError(
+                f"cannot {what}: the cache index at {self.url} was opened read-only; "
+                f"open the cache without read_only=True to modify it"
+            )
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                    self._conn.execute("COMMIT")
+                finally:
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                reason = reason_of(exc)
+                raise CacheError(
+                    f"{what} failed on the cache index at {self.url}: {reason}{advice_for(reason)}"
+                ) from exc
 
     def by_name(self, name: str, env_fp: str | None = None, state: str | None = "ok") -> list[IndexEntry]:
         """Rows stored under ``name`` (for one environment; ``state=None``: any), oldest first."""

@@ -9,8 +9,10 @@ variables is not read; the loader never reads it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -38,14 +40,22 @@ def _env(records: Path, **extra: str) -> dict[str, str]:
 
 def run_aot(records: Path, *args: str, env: dict[str, str] | None = None) -> tuple[str, set[str]]:
     """``aot ARGS`` in a fresh process: its stdout and the heavy modules it imported."""
+    out, _, imported = run_aot_logged(records, *args, env=env)
+    return out, imported
+
+
+def run_aot_logged(records: Path, *args: str, env: dict[str, str] | None = None) -> tuple[str, list[str], set[str]]:
+    """:func:`run_aot`, with the other lines of its stderr (the log)."""
     done = subprocess.run(
         [sys.executable, "-c", WRAPPER, *args], cwd=REPO, env=env or _env(records),
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    imported = [line for line in done.stderr.splitlines() if line.startswith("IMPORTED=")]
+    lines = done.stderr.splitlines()
+    imported = [line for line in lines if line.startswith("IMPORTED=")]
     assert imported, done.stderr
-    return done.stdout, set(filter(None, imported[-1].removeprefix("IMPORTED=").split(",")))
+    log = [line for line in lines if not line.startswith("IMPORTED=")]
+    return done.stdout, log, set(filter(None, imported[-1].removeprefix("IMPORTED=").split(",")))
 
 
 def write_record(records: Path, env: dict[str, str]) -> None:
@@ -98,6 +108,31 @@ def test_read_commands_do_not_import_jax(warmed: Path, recorded: Path, command: 
     if command[0] == "ls":
         assert " this " in out  # ENV from the record
         assert "another" not in out
+
+
+def test_a_gc_that_only_drops_expired_leases_imports_no_sqlalchemy(warmed: Path, recorded: Path) -> None:
+    """A killed writer's expired lease is a folder cache's only garbage: the executed gc
+    (no terminal: nothing asks) drops it through the standard library, keeps a live one,
+    and says what it said when it went through the SQL index."""
+    import aot
+
+    killed, alive = hashlib.sha256(b"killed").hexdigest(), hashlib.sha256(b"alive").hexdigest()
+    with aot.Cache(str(warmed)) as cache:
+        cache.index.lease([killed], seconds=0.0)
+        cache.index.lease([alive])
+    planned, _ = run_aot(recorded, "--cache", str(warmed), "gc", "--dry-run")
+    out, log, imported = run_aot_logged(recorded, "-v", "--cache", str(warmed), "gc")
+    assert "sqlalchemy" not in imported and "jax" not in imported, imported
+    assert out == planned and out.startswith("nothing to collect (cache ")
+    assert log == [
+        "aot: INFO: gc: dropped 1 expired leases of writers that died",
+        "aot: INFO: gc: removed 0 entries and 0 blobs, freed 0 B",
+    ]
+    with sqlite3.connect(warmed / "index.sqlite") as conn:
+        assert [d for (d,) in conn.execute("SELECT digest FROM blob_leases")] == [alive]
+    out, log, imported = run_aot_logged(recorded, "-v", "--cache", str(warmed), "gc", "--json")
+    assert "sqlalchemy" not in imported and json.loads(out)["executed"] is True
+    assert log == ["aot: INFO: gc: removed 0 entries and 0 blobs, freed 0 B"]  # nothing left to drop
 
 
 def test_copy_commands_do_not_import_jax(warmed: Path, recorded: Path, tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """gc plans a folder cache through the standard library's reader (no SQLAlchemy import)
 and the plan is the one the SQL index makes: the same victims and reasons, kept and
 pinned entries, blobs, warnings and ``--json``, for every option set. The SQL index is
-opened only when gc deletes something."""
+opened only when gc deletes rows or blobs."""
 
 from __future__ import annotations
 
@@ -149,9 +149,9 @@ def test_both_readers_refuse_beside_a_lost_index(busy: aot.Cache) -> None:
 
 
 def test_gc_opens_the_sql_index_only_to_delete(open_folder_cache: Any) -> None:
-    """A dry run, and a gc with nothing to delete, never open the SQL index (so never
-    import SQLAlchemy); a gc that deletes something (rows, blobs, an expired lease)
-    opens it and deletes through it, as before."""
+    """A dry run, a gc with nothing to delete and one that only drops expired leases
+    never open the SQL index (so never import SQLAlchemy: test_gc_leases.py); a gc that
+    deletes rows or blobs opens it and deletes through it."""
     writer = open_folder_cache()
     e = writer.compile_entry(lambda x: x + 1.0, "f32[2]", name="g").entry
     writer.index.touch(e.key, when=utcnow() - dt.timedelta(days=40))
@@ -168,7 +168,7 @@ def test_gc_opens_the_sql_index_only_to_delete(open_folder_cache: Any) -> None:
     writer.index.lease([writer.blobs.put(b"a killed writer's" * 30)], seconds=0.0)
     assert writer.index.has_expired_leases()
     assert cache.gc(older_than="60d").entries == ()  # nothing to delete but the expired lease
-    assert cache._index is not None and not writer.index.has_expired_leases()
+    assert cache._index is None and not writer.index.has_expired_leases()  # dropped by the stdlib reader
 
     done = open_folder_cache().gc(older_than="30d")
     assert done.executed and [v.key for v in done.entries] == [e.key]
