@@ -34,6 +34,16 @@ PROBE = (
 AOT = PROBE + "from aot.cli.main import main\nmain(sys.argv[1:])\n"
 
 
+# Timed after a writer killed after leasing a blob is simulated (untimed): gc's only
+# work is then dropping that expired lease.
+EXPIRED_LEASE_GC = "aot gc (one expired lease)"
+KILLED_WRITER = (
+    "import sys, aot\n"
+    "with aot.Cache(sys.argv[1]) as cache:\n"
+    "    cache.index.lease(['0' * 64], seconds=0.0)\n"
+)
+
+
 def commands(cache: Path, other: Path, bundle: Path) -> list[tuple[str, list[str], bool]]:
     """(label, argv after the interpreter, needs an empty record folder)."""
     c = ["--cache", str(cache)]
@@ -48,6 +58,7 @@ def commands(cache: Path, other: Path, bundle: Path) -> list[tuple[str, list[str
         ("aot stats", ["-c", AOT, *c, "stats"], False),
         ("aot gc --dry-run", ["-c", AOT, *c, "gc", "--dry-run"], False),
         ("aot gc (nothing to delete)", ["-c", AOT, *c, "gc"], False),
+        (EXPIRED_LEASE_GC, ["-c", AOT, *c, "gc", "--yes"], False),
         ("aot rm tiny --dry-run", ["-c", AOT, *c, "rm", "tiny", "--dry-run"], False),
         ("aot push FOLDER", ["-c", AOT, *c, "push", str(other)], False),
         ("aot pull FOLDER", ["-c", AOT, *c, "pull", str(other)], False),
@@ -98,6 +109,8 @@ def main() -> None:
                 run_env = dict(env)
                 if fresh:
                     run_env["AOT_ENV_RECORD"] = str(tmp / f"empty-{run}")
+                if label == EXPIRED_LEASE_GC:
+                    subprocess.run([sys.executable, "-c", KILLED_WRITER, str(cache)], cwd=REPO, env=env, check=True)
                 if label.startswith("complete"):
                     run_env.update(_AOT_COMPLETE="bash_complete", COMP_WORDS=f"aot --cache {cache} show m", COMP_CWORD="4")
                 samples[label].append(run_once(argv, run_env))
