@@ -41,7 +41,7 @@ from aot.artifact import Artifact, Manifest
 from aot.cache.admin.carried_refs import CarriedRefs, RefsOutcome, apply_refs, carried_refs
 from aot.cache.names import name_problem
 from aot.cache.reports.reads import reads_of
-from aot.cache.storage.frames import FRAME_HEADER_MAX
+from aot.cache.storage.frames import FRAME_HEADER_MAX, MAX_BLOB_BYTES, MAX_WINDOW_BYTES
 from aot.errors import AotError, CacheError, CorruptArtifactError
 from aot.fingerprint import sha256_hex
 from aot.signing import verify
@@ -55,8 +55,6 @@ log = logging.getLogger(__name__)
 MAGIC = b"AOTBNDL1"
 BUNDLE_FORMAT = 1
 MAX_HEADER_BYTES = 64 * 1024 * 1024
-MAX_BLOB_BYTES = 8 * 1024**3
-MAX_WINDOW_BYTES = 1 << 27  # refuse zstd frames that ask for more than 128 MiB of window
 _HOSTILE_STEP_BYTES = 4096  # at most 128 MiB inflated per step
 
 # A file path, an object-store URL (s3://, gs://, az://, memory://, file://), "-"

@@ -163,8 +163,9 @@ class ContentStore:
     def _inflate(
         self, digest: str, size: int | None, *, keep: bool
     ) -> tuple[str | None, bytes | None, int]:
-        """``(problem, data, stored size)`` of the stored blob (see :func:`~aot.cache.storage.frames.inflate`),
-        streamed from the store when it has ``read_stream``; ``missing`` if absent."""
+        """``(problem, data, stored size)`` of the stored blob (see
+        :func:`~aot.cache.storage.frames.inflate`), streamed from the store when it has
+        ``read_stream``; ``missing`` if absent."""
         check_digest(digest)
         opener = getattr(self.store, "read_stream", None)
         if opener is None:
