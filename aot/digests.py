@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -21,6 +22,12 @@ def sha256_hex(data: bytes | str) -> str:
 
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def sorted_parts(parts: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """A fingerprint's parts as :func:`parts_digest` takes them: ``(name, value)``
+    strings, sorted by name."""
+    return tuple(sorted((str(k), str(v)) for k, v in parts.items()))
 
 
 @lru_cache(maxsize=256)

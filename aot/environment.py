@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from aot.digests import parts_digest, sha256_hex
+from aot.digests import parts_digest, sha256_hex, sorted_parts
 
 ENVIRONMENT_KIND = "environment"
 
@@ -56,7 +56,6 @@ _FLAGS_OUTSIDE_KEY = frozenset({
 # the kernels, and --xla_gpu_experimental_autotune_cache_mode decides whether stored
 # autotuning results choose them.
 _FLAGS_KEPT_DESPITE_JAX = ("--xla_gpu_cuda_data_dir", "--xla_gpu_experimental_autotune_cache_mode")
-
 
 
 @lru_cache(maxsize=1)
@@ -137,4 +136,4 @@ def environment_parts(backend: str | None = None) -> dict[str, str]:
 def environment_digest(parts: Mapping[str, str]) -> str:
     """The digest of the environment fingerprint of ``parts``: that of
     ``Fingerprint.of("environment", parts)``."""
-    return parts_digest(ENVIRONMENT_KIND, tuple(sorted((str(k), str(v)) for k, v in parts.items())))
+    return parts_digest(ENVIRONMENT_KIND, sorted_parts(parts))

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aot.digests import canonical_json, parts_digest, sha256_hex
+from aot.digests import canonical_json, parts_digest, sha256_hex, sorted_parts
 from aot.env_record import read_parts, remember
 from aot.environment import (
     ENVIRONMENT_KIND,
@@ -50,7 +50,7 @@ class Fingerprint:
 
     @classmethod
     def of(cls, kind: str, parts: Mapping[str, str]) -> Fingerprint:
-        return cls(kind, tuple(sorted((str(k), str(v)) for k, v in parts.items())))
+        return cls(kind, sorted_parts(parts))
 
     @property
     def digest(self) -> str:

@@ -235,6 +235,19 @@ def test_environment_parts():
     assert environment_fingerprint().as_dict() == parts
 
 
+def test_the_read_ahead_digest_is_the_environment_fingerprint_digest(monkeypatch):
+    """aot.load's read-ahead looks rows up by environment_digest before the value
+    objects are imported: a different digest would never find a row to read ahead."""
+    from aot.environment import environment_digest
+
+    assert environment_digest(environment_parts()) == environment_fingerprint().digest
+    parts = {"b": "2", "a": "1"}
+    assert environment_digest(parts) == Fingerprint.of("environment", parts).digest
+    assert environment_digest(parts) != Fingerprint.of("program", parts).digest
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_fast_math=true")
+    assert environment_digest(environment_parts()) == environment_fingerprint().digest
+
+
 def test_relevant_xla_flags_ignore_the_device_count():
     flags = "--xla_force_host_platform_device_count=8 --xla_cpu_enable_fast_math=true --b=1"
     assert relevant_xla_flags(flags) == "--b=1 --xla_cpu_enable_fast_math=true"
