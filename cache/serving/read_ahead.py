@@ -23,9 +23,9 @@ filing and reading still are). Not read ahead: a lazy or background load (they r
 before deserializing), a release (its members are not the refs), a database, a cache
 with a local tier or with its blobs elsewhere, a signed cache (a signing key given or in
 ``AOT_SIGNING_KEY``: the guess does not check signatures, and bytes whose signature was
-not checked never reach XLA), a name
-with more than :data:`MAX_AHEAD` signatures here (loaded in parallel anyway),
-executables with host callbacks (bound at load time). ``AOT_READ_AHEAD=0`` turns it off.
+not checked never reach XLA), a name with more than :data:`MAX_AHEAD` signatures here
+(loaded in parallel anyway), executables with host callbacks (bound at load time).
+``AOT_READ_AHEAD=0`` turns it off.
 """
 
 from __future__ import annotations
