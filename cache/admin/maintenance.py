@@ -24,7 +24,7 @@ from aot.errors import AotError, CacheError, IntegrityError, UsageError
 from aot.signing import check_identity, verify as verify_signature
 from aot.cache.admin.jit_entries import verify_jit_entries
 from aot.cache.index.entry import GcRow, IndexEntry, collector_paused
-from aot.cache.index.gc_reads import GcReads, SqliteGcReads
+from aot.cache.index.gc_reads import GcReads
 from aot.cache.index.reader import SqliteReader
 from aot.cache.index.jit_records import AOT, JIT, JitEntry
 from aot.cache.index.served import ref_map, superseded_keys
@@ -417,7 +417,7 @@ def plan_gc(
 def gc_reads_of(cache: Cache) -> GcReads:
     """What gc plans with: the standard library's reader when the cache reads its
     index through it (a folder cache: the same file as its SQL index), else the SQL
-    index. Deletions always go through the SQL index."""
+    index. Deletions go through the SQL index, but for expired leases alone."""
     reader = cache.reader
     if isinstance(reader, SqliteReader):
         return reader
@@ -682,17 +682,6 @@ def delete_unreferenced_blobs(cache: Cache, digests: Sequence[str]) -> tuple[lis
     return removed, freed
 
 
-def drop_expired_leases(cache: Cache, reads: GcReads | None = None) -> int:
-    """Deletes every expired lease (killed writers') under the index's deletion lock;
-    how many. With ``reads``, the standard library's reader of a folder cache, the
-    deletion goes through it (the same statement and lock: SQLite's write lock), so
-    that a gc with nothing else to delete imports no SQLAlchemy."""
-    if isinstance(reads, SqliteGcReads):
-        return reads.drop_expired_leases()
-    with cache.index.deletion_lock() as batch:
-        return batch.drop_expired_leases()
-
-
 def collect_garbage(
     cache: Cache, *, max_size: int | str | None = None, older_than: Any = None,
     dry_run: bool = False, superseded: bool = False, force: bool = False,
@@ -709,7 +698,7 @@ def collect_garbage(
     The plan reads through :func:`gc_reads_of` (a folder cache: the standard library);
     the SQL index is opened only to delete rows, blobs or refs: a dry run, a gc with
     nothing to delete, and one that only drops expired leases (through the standard
-    library, :func:`drop_expired_leases`) never import SQLAlchemy there.
+    library's reader, under the same lock and statement) never import SQLAlchemy there.
     """
     reads = gc_reads_of(cache)
     stale = stale_signatures(cache, manifest, reads) if manifest is not None else frozenset()
@@ -740,7 +729,7 @@ def collect_garbage(
         log.info("gc: kept %d entries used, healed or stored again since the plan", len(plan.entries) - len(evicted))
     reached("gc.rows_deleted")
     removed, freed = delete_unreferenced_blobs(cache, plan.blobs)
-    dropped = drop_expired_leases(cache, reads if leases_only else None)
+    dropped = (reads if leases_only else cache.index).drop_expired_leases()
     if dropped:
         log.info("gc: dropped %d expired leases of writers that died", dropped)
     reached("gc.done")

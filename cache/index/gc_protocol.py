@@ -142,6 +142,12 @@ class IndexGc(IndexEngine):
             expired = sa.select(sa.literal(1)).select_from(LEASES).where(LEASES.c.expires_at <= now).limit(1)
             return conn.execute(expired).first() is not None
 
+    def drop_expired_leases(self) -> int:
+        """Deletes every expired lease (killed writers') under :meth:`deletion_lock`;
+        how many."""
+        with self.deletion_lock() as batch:
+            return batch.drop_expired_leases()
+
     @contextmanager
     def deletion_lock(self) -> Iterator[DeletionBatch]:
         """gc's deletion step: one transaction under the lock every lease and every

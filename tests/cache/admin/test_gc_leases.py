@@ -64,8 +64,8 @@ def test_both_paths_expire_leases_on_the_index_clock(open_folder_cache: Any, via
     writer.index.lease([_digest("after the mark")], seconds=600)
 
     cache = open_folder_cache()
-    reads = maintenance.gc_reads_of(cache) if via == "stdlib" else None
-    assert maintenance.drop_expired_leases(cache, reads) == 1
+    dropping = maintenance.gc_reads_of(cache) if via == "stdlib" else cache.index
+    assert dropping.drop_expired_leases() == 1
     assert _leases(Path(cache.location)) == {_digest("after the mark")}
     assert (cache._index is None) == (via == "stdlib")
 
@@ -85,7 +85,7 @@ def test_the_stdlib_path_waits_for_the_write_lock_as_a_lease_does(open_folder_ca
         )
         reads = maintenance.gc_reads_of(cache)
         dropped: list[int] = []
-        gc = threading.Thread(target=lambda: dropped.append(maintenance.drop_expired_leases(cache, reads)))
+        gc = threading.Thread(target=lambda: dropped.append(reads.drop_expired_leases()))
         gc.start()
         time.sleep(0.3)
         assert gc.is_alive() and not dropped  # waiting on the writer's lock
