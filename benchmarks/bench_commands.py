@@ -34,8 +34,8 @@ PROBE = (
 AOT = PROBE + "from aot.cli.main import main\nmain(sys.argv[1:])\n"
 
 
-# Timed after a writer killed after leasing a blob is simulated (untimed): gc's only
-# work is then dropping that expired lease.
+# Before each timed run of this gc, an untimed process takes a lease that has already
+# expired, as a writer killed after leasing leaves one: dropping it is gc's only work.
 EXPIRED_LEASE_GC = "aot gc (one expired lease)"
 KILLED_WRITER = (
     "import sys, aot\n"

@@ -347,7 +347,8 @@ def first_result(ctx: Context) -> Scenario:
                 "aot_import_s": p.result.get("aot_import_s"), "loss": p.result["loss"]})
     same_output(s, "loss")
     aot_row = s.row("aot.load", "aot")
-    mine, theirs = aot_row.samples.get("ready_s", []), s.row("deserialize_and_load", "jax").samples.get("ready_s", [])
+    mine = aot_row.samples.get("ready_s", [])
+    theirs = s.row("deserialize_and_load", "jax").samples.get("ready_s", [])
     if mine and len(mine) == len(theirs):
         # Runs are interleaved, so each run's pair met the same drift; on a machine whose
         # times jump between two levels, the median of these ratios and the ratio of the
@@ -356,7 +357,8 @@ def first_result(ctx: Context) -> Scenario:
         s.notes.append(
             "executable ready, aot.load / deserialize_and_load per run: "
             + ", ".join(f"{r:.2f}x" for r in per_run)
-            + f" (median {statistics.median(per_run):.2f}x); of the minimums {min(mine) / min(theirs):.2f}x"
+            + f" (median {statistics.median(per_run):.2f}x); "
+            + f"of the minimums {min(mine) / min(theirs):.2f}x"
         )
     if aot_row.samples.get("aot_import_s"):
         s.notes.append(f"of aot.load's 'executable ready', `import aot` took "

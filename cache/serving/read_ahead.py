@@ -40,12 +40,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import jax
-
 from aot import ahead
 from aot.environment import environment_digest, environment_parts
 from aot.jaxcompat.deserialize import deserialize_xla_executable, ensure_custom_call_targets
-from aot.jaxcompat.shardings import xla_device_list
+from aot.shardings import device_list, live_devices
 
 from aot.cache.index.read_only import read_only_open
 from aot.cache.storage.frames import blob_path, inflate
@@ -93,8 +91,7 @@ class ReadAhead:
                 ids = j[1]
                 device = self._devices[ids[0]]
                 ensure_custom_call_targets(device.platform, data)
-                devices = xla_device_list([self._devices[i] for i in ids])
-                result = deserialize_xla_executable(device.client, data, devices)
+                result = deserialize_xla_executable(device.client, data, device_list(ids, self._devices))
             except Exception as exc:  # noqa: BLE001 - the load meets it again and says why
                 log.debug("aot.load(%r): %s not deserialized ahead: %s", self.name, j[0][:12], exc)
             finally:
@@ -158,7 +155,7 @@ def _start(name: str, folder: Path) -> ReadAhead | None:
     executables = guess(index_file, name, environment_digest(environment_parts()))
     if not executables:
         return None
-    devices = {int(d.id): d for d in jax.devices()}
+    devices = live_devices()
     if any(i not in devices for _, _, ids in executables for i in ids):
         return None
     backend = devices[executables[0][2][0]].client
