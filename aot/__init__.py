@@ -16,6 +16,7 @@ from aot.errors import (
     BlobLocationError,
     CacheError,
     CorruptArtifactError,
+    DeviceTargetError,
     IncompatibleEnvironmentError,
     IntegrityError,
     ManifestError,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from aot.executable import MeshExecutable, PmapExecutable
     from aot.lowering import lower, lower_pmap
     from aot.specs import spec
+    from aot.targets import DeviceTarget, parse_target
 
 __version__ = "0.1.0"
 
@@ -51,6 +53,8 @@ _LAZY = {
     "lower": "aot.lowering",
     "lower_pmap": "aot.lowering",
     "spec": "aot.specs",
+    "DeviceTarget": "aot.targets",
+    "parse_target": "aot.targets",
     "Timeouts": "aot.cache.timeouts",
 }
 
@@ -84,10 +88,12 @@ __all__ = [
     "Cache",
     "CacheError",
     "CorruptArtifactError",
+    "DeviceTargetError",
     "IncompatibleEnvironmentError",
     "IntegrityError",
     "ManifestError",
     "MeshComputation",
+    "DeviceTarget",
     "MeshExecutable",
     "PmapComputation",
     "PmapExecutable",
@@ -104,5 +110,6 @@ __all__ = [
     "load",
     "lower",
     "lower_pmap",
+    "parse_target",
     "spec",
 ]

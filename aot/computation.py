@@ -35,6 +35,7 @@ from aot.shardings import sharding_to_json
 from aot.specs import format_aval
 from aot.statics import StaticArg, with_statics
 from aot.symbolic import constraints_of, is_symbolic_dim, is_symbolic_shape
+from aot.targets import DeviceTarget
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,11 @@ class MeshComputation:
         export: Callable[[Sequence[Any], Sequence[Any]], bytes],
         options: dict[str, Any],
         statics: Sequence[StaticArg] = (),
+        target: DeviceTarget | None = None,
     ) -> None:
         self.name = name
+        # The accelerator compiled for when it is not this host's (aot.targets).
+        self.target = target
         # The static arguments' values (aot.statics): part of the signature and the key.
         self.statics = tuple(statics)
         self.lowered = lowered
@@ -66,7 +70,7 @@ class MeshComputation:
         # the program was lowered under (x64, XLA flags), not the one current when
         # they are first read.
         self._x64 = bool(jax.config.jax_enable_x64)
-        self._environment = environment_fingerprint()
+        self._environment = environment_fingerprint(devices=target.devices() if target is not None else None)
 
     # -- structure
     @property

@@ -108,12 +108,19 @@ def _topology(devices: Sequence[Any]) -> str:
     return text if len(text) <= 200 else "sha256:" + sha256_hex(text)
 
 
-def environment_parts(backend: str | None = None) -> dict[str, str]:
-    """The parts of the environment that decide whether an executable can run here."""
+def environment_parts(backend: str | None = None, devices: Sequence[Any] | None = None) -> dict[str, str]:
+    """The parts of the environment that decide whether an executable can run here, or,
+    given a device target's compile-only ``devices`` (:mod:`aot.targets`), on that
+    accelerator: the same parts, read from those devices as a process there reads
+    them from ``jax.devices()``."""
     import jax  # here, not at module level: listing commands use this module without JAX
     import jaxlib
 
-    devices = jax.devices(backend)
+    if devices is None:
+        devices = jax.devices(backend)
+        process_count = jax.process_count()
+    else:  # a target's hosts: one process each, as jax.distributed runs them
+        process_count = len({d.process_index for d in devices})
     first = devices[0]
     client = first.client
     parts = {
@@ -123,7 +130,7 @@ def environment_parts(backend: str | None = None) -> dict[str, str]:
         "platform_version": str(client.platform_version),
         "device_kind": first.device_kind,
         "device_count": str(len(devices)),
-        "process_count": str(jax.process_count()),
+        "process_count": str(process_count),
         "topology": _topology(devices),
         "x64": str(bool(jax.config.jax_enable_x64)).lower(),
         "xla_flags": relevant_xla_flags(),

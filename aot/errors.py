@@ -87,6 +87,11 @@ class TargetError(AotError, LookupError):
     """A ``module:attribute`` target cannot be imported or found."""
 
 
+class DeviceTargetError(AotError, ValueError):
+    """A device target (``tpu:v5e:2x2``) is unknown, or cannot be compiled for here
+    (no libtpu), or an entry compiled for one was asked to run on this host."""
+
+
 class ManifestError(AotError, ValueError):
     """A warmup manifest (TOML) is malformed."""
 

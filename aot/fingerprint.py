@@ -9,7 +9,7 @@ say *why* they differ (``aot why``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,9 +109,10 @@ def combined_key(program: Fingerprint, environment: Fingerprint) -> str:
     return sha256_hex(f"{program.digest}:{environment.digest}")
 
 
-def environment_fingerprint(backend: str | None = None) -> Fingerprint:
-    parts = environment_parts(backend)
-    if backend is None:
+def environment_fingerprint(backend: str | None = None, devices: Sequence[Any] | None = None) -> Fingerprint:
+    """This host's environment fingerprint, or that of a device target's ``devices``."""
+    parts = environment_parts(backend, devices)
+    if backend is None and devices is None:
         remember(parts)  # for listing commands that run without JAX (aot.env_record)
     return Fingerprint.of(ENVIRONMENT_KIND, parts)
 

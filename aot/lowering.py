@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 
 from aot.callbacks import bindable
 from aot.callbacks import refusal as callback_refusal
@@ -20,6 +20,7 @@ from aot.jaxcompat.lowering import jit_settings, no_traceback_locations
 from aot.specs import format_aval, parse_partition_spec, spec
 from aot.statics import StaticArg, sort_statics
 from aot.symbolic import is_symbolic_shape, unify_scopes
+from aot.targets import DeviceTarget, parse_target
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,31 @@ def _specs_for(args: Sequence[Any], static: set[int], mesh: Mesh | None) -> list
     return [a if i in static else spec(a, mesh=mesh) for i, a in enumerate(args)]
 
 
+def _on_target(specs: Any, target: DeviceTarget | None, mesh: Mesh | None) -> Any:
+    """Places the specs on a device target's first device (without a mesh), as
+    ``jax.jit`` places uncommitted inputs on the default device: JAX compiles for the
+    devices the inputs' shardings name. With a mesh, it must be over the target's devices."""
+    if target is None:
+        return specs
+    devices = target.devices()
+    if mesh is not None:
+        ids = {int(d.id) for d in devices}
+        if mesh.devices.flat[0].platform != devices[0].platform or not {int(d.id) for d in mesh.devices.flat} <= ids:
+            raise SpecError(
+                f"the mesh's devices ({mesh.devices.flat[0].platform}) are not the target {target.name}'s; "
+                f"build it over the target: aot.parse_target({target.name!r}).mesh({{...}})"
+            )
+        return specs
+    single = SingleDeviceSharding(devices[0])
+
+    def place(leaf: Any) -> Any:
+        if not isinstance(leaf, jax.ShapeDtypeStruct) or leaf.sharding is not None:
+            return leaf
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=single, weak_type=leaf.weak_type)
+
+    return jax.tree_util.tree_map(place, specs)
+
+
 def _export_flat(
     jitted: Any,
     in_tree: Any,
@@ -273,13 +299,18 @@ def lower(
     in_shardings: Any = None,
     out_shardings: Any = None,
     compiler_options: dict[str, Any] | None = None,
+    target: str | DeviceTarget | None = None,
     **kwargs: Any,
 ) -> MeshComputation:
     """Traces and lowers ``fn`` with ``jax.jit`` against explicit avals.
 
     ``args`` and ``kwargs`` are spec strings (``"f32[8,128]"``), ``ShapeDtypeStruct``s,
     arrays or pytrees of them; static arguments are passed as their values.
+    ``target`` (``"tpu:v5e:2x2"``, :mod:`aot.targets`) lowers for that accelerator
+    instead of this host's devices: ``compile()`` then compiles without it, and the
+    computation's environment is the target's.
     """
+    device_target = parse_target(target) if target is not None else None
     name = name or default_name(fn)
     fn, static_argnums, static_argnames, donate_argnums, donate_argnames = _unwrap_jit(
         name, fn, static_argnums, static_argnames, donate_argnums
@@ -290,6 +321,8 @@ def lower(
     arg_specs = _specs_for(args, static_nums, mesh)
     kwarg_specs = {k: v if k in static_names else spec(v, mesh=mesh) for k, v in kwargs.items()}
     arg_specs, kwarg_specs = _unify_symbolic(name, arg_specs, kwarg_specs, static_nums, static_names)
+    arg_specs = [a if i in static_nums else _on_target(a, device_target, mesh) for i, a in enumerate(arg_specs)]
+    kwarg_specs = {k: v if k in static_names else _on_target(v, device_target, mesh) for k, v in kwarg_specs.items()}
     jitted = jax.jit(
         fn,
         static_argnums=tuple(sorted(static_nums)),
@@ -303,7 +336,7 @@ def lower(
     statics = _record_statics(name, fn, args, kwargs, static_nums, static_names)
     return _trace_and_lower(
         MeshComputation, name, jitted, arg_specs, kwarg_specs, static_nums, static_names,
-        mesh, arg_names, {"compiler_options": compiler_options}, statics,
+        mesh, arg_names, {"compiler_options": compiler_options}, statics, device_target,
     )
 
 
@@ -412,6 +445,7 @@ def _trace_and_lower(
     arg_names: list[str],
     options: dict[str, Any],
     statics: tuple[StaticArg, ...] = (),
+    target: DeviceTarget | None = None,
 ) -> MeshComputation:
     context = jax.set_mesh(mesh) if mesh is not None else _nullcontext()
     with context:
@@ -440,7 +474,7 @@ def _trace_and_lower(
         )
 
     log.debug("lowered %s", name)
-    return cls(name, lowered, arg_names=arg_names, export=export, options=options, statics=statics)
+    return cls(name, lowered, arg_names=arg_names, export=export, options=options, statics=statics, target=target)
 
 
 # ---------------------------------------------------------------- symbolic shapes

@@ -447,9 +447,13 @@ class Cache(Declared):
 
         With symbolic specs (``"f32[b,784]"``) the shape-polymorphic program is stored
         and the result is ``aot.load(name)``'s dispatcher (lazy), which compiles it for
-        each concrete shape it is called with.
+        each concrete shape it is called with. With ``target="tpu:v5e:2x2"``
+        (:mod:`aot.targets`) it compiles for that accelerator without it, and the
+        result is the stored entry: nothing compiled for another accelerator runs here.
         """
         result = self.compile_entry(fn, *args, name=name, pmap=pmap, **lower_kwargs)
+        if lower_kwargs.get("target") is not None:
+            return result.entry
         if result.executable is None:
             # The documented result; no circle: the dispatcher never imports this module.
             from aot.cache.serving.dispatcher import Dispatcher

@@ -36,7 +36,8 @@ class CompileResult:
     executable, its entry, hit or miss.
 
     ``executable`` is None for a symbolic (shape-polymorphic) program: it is stored
-    as portable HLO and compiled per concrete shape by ``aot.load``.
+    as portable HLO and compiled per concrete shape by ``aot.load``; and on a hit for a
+    device target (``target=``), whose executable cannot be loaded on this host.
     """
 
     executable: MeshExecutable | None
@@ -111,6 +112,10 @@ def _compile_entry(
         check_name(computation.name)  # before an XLA compile that could not be stored
     key = computation.fingerprint
     entry = cache.index.get(key)
+    if entry is not None and entry.ok and computation.target is not None:
+        # Stored for an accelerator this host does not have: nothing to load here.
+        cache.touch(entry.key)
+        return CompileResult(None, entry, True, time.perf_counter() - start)
     if entry is not None and entry.ok:
         try:
             executable = cache.load(entry)

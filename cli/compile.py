@@ -56,12 +56,19 @@ SPEC_HELP = (
     "--commit", metavar="SHA",
     help="The commit recorded with the ref set (default: GIT_COMMIT or the CI's variable).",
 )
+@click.option(
+    "--target", "device_target", metavar="PLATFORM:CHIP:TOPOLOGY",
+    help="Compile for this accelerator instead of this host's devices, e.g. tpu:v5e:2x2 "
+    "(without the device: needs libtpu, pip install 'jax-aot[tpu]'); --mesh is then over "
+    "the target's devices.",
+)
 @pass_state
 def compile_command(
     state: State, target: str, args: tuple[str, ...], kwargs: tuple[str, ...],
     args_from: str | None, static: tuple[str, ...], name: str | None, pmap_axis: str | None,
     mesh: tuple[tuple[str, int], ...] | None, in_shardings: tuple[str, ...],
     out_shardings: tuple[str, ...], donate: tuple[int, ...], x64: bool, commit: str | None,
+    device_target: str | None,
 ) -> None:
     """Compile MODULE:FUNCTION for the given argument specs into the cache.
 
@@ -73,6 +80,7 @@ def compile_command(
       aot compile fixtures.models:mlp_forward --name mlp.forward \\
           --arg @fixtures.models:mlp_param_specs --arg f32[32,784]
       aot compile fixtures.models:allreduce --pmap i --arg f32[8,1024]
+      aot compile fixtures.models:tiny --arg f32[8] --arg f32[8] --target tpu:v5e:1x1
     """
     from aot.cache.serving.signatures import Signature
     from aot.cache.index.refs import RefOrigin, default_commit
@@ -83,11 +91,12 @@ def compile_command(
         args=args, kwargs=parse_kwargs(kwargs), args_from=args_from, static=parse_static(static),
         name=name, pmap=pmap_axis, mesh=mesh, in_shardings=in_shardings,
         out_shardings=out_shardings, donate=donate, x64=x64,
-        origin=RefOrigin("compile", commit=commit or default_commit()),
+        origin=RefOrigin("compile", commit=commit or default_commit()), device_target=device_target,
     )
     with state.start_up():  # SQLAlchemy and JAX, whose backend the environment starts
         cache = state.cache(create=True)
-        cache.environment  # noqa: B018 - the compile needs it; computed with the imports
+        if device_target is None:  # a target's compile never opens this host's device
+            cache.environment  # noqa: B018 - the compile needs it; computed with the imports
     try:
         result = compile_target(cache, target, **options)  # type: ignore[arg-type]
     except ManifestError as exc:  # inconsistent options: a usage error
@@ -98,6 +107,8 @@ def compile_command(
     entry = result.entry
     if result.hit:
         click.echo(f"hit: {entry.name} was in the cache (no compile)")
+    elif device_target is not None:
+        click.echo(f"miss: compiled {entry.name} for {device_target} and stored it")
     elif entry.stored_size == 0 and state.read_only:
         click.echo(f"miss: compiled {entry.name} (not stored: the cache is read-only)")
     elif entry.exe_digest is None:

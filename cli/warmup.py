@@ -87,11 +87,17 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
     "without --shard compile each entry once in total (default: on for a shared "
     "PostgreSQL index; any --jobs, and --isolate).",
 )
+@click.option(
+    "--target", "device_targets", multiple=True, metavar="PLATFORM:CHIP:TOPOLOGY",
+    help="Compile every entry for this accelerator instead of this host's devices, e.g. "
+    "tpu:v5e:2x2 (without the device: needs libtpu, pip install 'jax-aot[tpu]'); repeat "
+    "for several. Replaces the manifest's top-level target.",
+)
 @pass_state
 def warmup_command(
     state: State, manifest: str | None, jobs: int, shard: tuple[int, int] | None,
     isolate: bool, relower: bool, commit: str | None, release: str | None, run_id: str | None,
-    claims: bool | None,
+    claims: bool | None, device_targets: tuple[str, ...],
 ) -> None:
     """Compile every (function x bucket) listed in MANIFEST.toml into the cache.
 
@@ -117,7 +123,16 @@ def warmup_command(
     from aot.cache.warmup.run import release_run
     from aot.errors import UsageError
 
-    items = expand(load_manifest(manifest))
+    from aot.errors import DeviceTargetError
+    from aot.targets import parse_target
+
+    loaded = load_manifest(manifest)
+    if device_targets:
+        try:
+            loaded = loaded.for_targets(tuple(parse_target(t).name for t in device_targets))
+        except DeviceTargetError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--target'") from None
+    items = expand(loaded)
     origin = RefOrigin(f"warmup {manifest}", commit=commit or default_commit())
     if release is not None and run_id is None:
         try:
@@ -134,7 +149,8 @@ def warmup_command(
     try:
         with state.start_up():  # SQLAlchemy and JAX, whose backend the environment starts
             cache = state.cache(create=True)
-            cache.environment  # noqa: B018 - every warm-up needs it; computed once
+            if not loaded.targets:  # entries for device targets never open this host's device
+                cache.environment  # noqa: B018 - every warm-up needs it; computed once
     except BaseException:
         if workers is not None:
             workers.close()

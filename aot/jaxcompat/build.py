@@ -31,6 +31,8 @@ def hoisted_constants(compiled: Any) -> Sequence[Any]:
 def serialize_compiled(compiled: Any) -> bytes:
     """XLA's serialized bytes of ``compiled`` (PJRT ``serialize_executable``)."""
     xla_executable = compiled._executable.xla_executable
+    if not hasattr(xla_executable, "client"):  # compiled for a target (compile-only devices)
+        return bytes(xla_executable.serialize())
     return bytes(xla_executable.client.serialize_executable(xla_executable))
 
 

@@ -58,9 +58,15 @@ class EnvironmentStatus:
         if not self.differences:
             return "unreadable" if self.error else "other"
         first = self.differences[0]
-        text = f"{first.part} {_clip(first.expected)}"
-        if len(self.differences) > 1:
-            text += f" +{len(self.differences) - 1}"
+        text, shown = f"{first.part} {_clip(first.expected)}", 1
+        if first.part == "platform":  # another accelerator: name it (``TPU v5 lite x4``)
+            stored = {d.part: d.expected for d in self.differences}
+            kind, count = stored.get("device_kind"), stored.get("device_count")
+            if kind is not None:
+                text = _clip(kind) + (f" x{count}" if count is not None else "")
+                shown += 1 + (count is not None)
+        if len(self.differences) > shown:
+            text += f" +{len(self.differences) - shown}"
         return text
 
     def describe(self) -> str:

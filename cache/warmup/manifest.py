@@ -38,11 +38,12 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Mapping
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aot.errors import ManifestError, SpecError
+from aot.errors import AotError, ManifestError, SpecError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -107,6 +108,7 @@ class WarmupItem:
     bucket: tuple[tuple[str, Any], ...] = ()
     base_dir: str | None = None
     source: str | None = None  # "file.toml:LINE" of the [[function]] it came from
+    device_target: str | None = None  # compile for this accelerator (aot.targets), not this host
 
     def __post_init__(self) -> None:
         problem = _item_problem(self)
@@ -118,9 +120,10 @@ class WarmupItem:
     @property
     def label(self) -> str:
         """``name[batch=8]``: the name and the bucket this item compiles."""
-        if not self.bucket:
-            return self.name
-        return f"{self.name}[{','.join(f'{k}={v}' for k, v in self.bucket)}]"
+        label = self.name
+        if self.bucket:
+            label += f"[{','.join(f'{k}={v}' for k, v in self.bucket)}]"
+        return label + (f"@{self.device_target}" if self.device_target else "")
 
     def describe_args(self) -> str:
         parts = ([f"*@{self.args_from}"] if self.args_from else []) + list(self.args) + [f"{k}={v}" for k, v in self.kwargs]
@@ -221,6 +224,13 @@ class FunctionEntry:
 class WarmupManifest:
     path: str
     functions: tuple[FunctionEntry, ...]
+    # Top-level ``target``: the device targets every function is compiled for (aot.targets;
+    # empty: this host's devices). A [[function]]'s own ``target`` names the function.
+    targets: tuple[str, ...] = ()
+
+    def for_targets(self, targets: tuple[str, ...]) -> WarmupManifest:
+        """The same functions for other device targets (``--target`` over the file's)."""
+        return dataclasses.replace(self, targets=tuple(targets))
 
     @property
     def base_dir(self) -> str:
@@ -234,6 +244,7 @@ class WarmupManifest:
                  "x64": f.x64}
                 for f in self.functions
             ],
+            "targets": list(self.targets),
         }
 
 
@@ -261,11 +272,13 @@ def parse_manifest(text: str, path: str = "<manifest>") -> WarmupManifest:
         where = f"{path}:{match.group(1)}" if match else path
         message = _TOML_LINE.sub("", message).strip()
         raise ManifestError(f"{where}: invalid TOML: {message}") from None
-    unknown = sorted(set(data) - {"function"})
+    unknown = sorted(set(data) - {"function", "target"})
     if unknown:
         raise ManifestError(
-            f"{path}: unknown top-level key(s) {unknown}; a manifest holds [[function]] tables"
+            f"{path}: unknown top-level key(s) {unknown}; a manifest holds [[function]] tables "
+            "(and optionally a top-level target = \"tpu:v5e:2x2\" or a list of them)"
         )
+    targets = _device_targets(data.get("target"), path)
     tables = data.get("function")
     if tables is None:
         raise ManifestError(f"{path}: no [[function]] tables; nothing to compile")
@@ -278,7 +291,26 @@ def parse_manifest(text: str, path: str = "<manifest>") -> WarmupManifest:
     for index, table in enumerate(tables):
         line = lines[index] if lines else None
         functions.append(_parse_function(table, index, line, path))
-    return WarmupManifest(path, tuple(functions))
+    return WarmupManifest(path, tuple(functions), targets)
+
+
+def _device_targets(value: Any, path: str) -> tuple[str, ...]:
+    """A manifest's top-level ``target``: a device target string or a list of them,
+    checked here (no JAX, no libtpu): an unknown one names the known ones."""
+    from aot.targets import parse_target
+
+    if value is None:
+        return ()
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+        raise ManifestError(
+            f"{path}: the top-level target is a device target string (\"tpu:v5e:2x2\") or a "
+            f"non-empty list of them, got {value!r}"
+        )
+    try:
+        return tuple(parse_target(v).name for v in values)
+    except AotError as exc:
+        raise ManifestError(f"{path}: {exc}") from None
 
 
 def _parse_function(table: dict[str, Any], index: int, line: int | None, path: str) -> FunctionEntry:
@@ -448,4 +480,6 @@ def expand(manifest: WarmupManifest) -> list[WarmupItem]:
     items: list[WarmupItem] = []
     for entry in manifest.functions:
         items.extend(_expand_function(entry, manifest.base_dir, manifest.path))
-    return items
+    if not manifest.targets:
+        return items
+    return [dataclasses.replace(item, device_target=t) for t in manifest.targets for item in items]

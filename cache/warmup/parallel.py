@@ -31,7 +31,7 @@ from aot.cache.warmup.steps import (
     lower_here,
     store_here,
 )
-from aot.cache.warmup.targets import item_signature, x64_mode
+from aot.cache.warmup.targets import item_environment, item_signature, x64_mode
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -52,16 +52,17 @@ def _probe(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> 
 
 def _maybe_stored(cache: Cache, item: WarmupItem, stored: dict[str, set[str]]) -> bool:
     """False when no intact entry of this name and signature exists for this environment."""
-    if item.name not in stored:
+    slot = f"{item.name}@{item.device_target or ''}"
+    if slot not in stored:
         with x64_mode(item):
-            env = cache.environment.digest
-        stored[item.name] = {
+            env = item_environment(cache, item).digest
+        stored[slot] = {
             e.signature for e in cache.index.by_name(item.name, env_fp=env, state="ok")
         }
-    if not stored[item.name]:
+    if not stored[slot]:
         return False
     try:
-        return item_signature(item) in stored[item.name]
+        return item_signature(item) in stored[slot]
     except Exception:  # noqa: BLE001 - the probe reports the error with the item
         return True
 

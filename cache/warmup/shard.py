@@ -90,7 +90,7 @@ def _inputs(item: WarmupItem) -> tuple[str, int]:
     from aot.cache.warmup.targets import make_mesh, resolve_args
     from aot.specs import format_aval
 
-    mesh = make_mesh(item.mesh) if item.mesh is not None else None
+    mesh = make_mesh(item.mesh, item.device_target) if item.mesh is not None else None
     args, kwargs = resolve_args(item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh)
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     signature = ", ".join(

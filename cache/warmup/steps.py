@@ -174,7 +174,9 @@ def _load_hit(
     """Loads a stored entry, which checks that it is servable: the hit, or None when
     it did not load (then it is quarantined, and compiled again)."""
     try:
-        if entry.exe_digest is not None:  # a symbolic entry has no executable to load
+        # A symbolic entry has no executable to load, and one compiled for a device
+        # target cannot be loaded on this host: its digests are checked by verify.
+        if entry.exe_digest is not None and item.device_target is None:
             cache.load(entry)
     except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
         cache.quarantine(entry, str(exc))

@@ -30,6 +30,7 @@ __all__ = [
     "compile_target",
     "x64_hint",
     "x64_mode",
+    "item_environment",
     "item_signature",
     "make_mesh",
     "place_statics",
@@ -160,11 +161,17 @@ def resolve_args(
     return tuple(positional), {k: _resolve_spec(v, base_dir, mesh) for k, v in kwargs}
 
 
-def make_mesh(axes: Sequence[tuple[str, int]]) -> Any:
-    """A ``jax.sharding.Mesh`` over the first ``prod(sizes)`` devices."""
+def make_mesh(axes: Sequence[tuple[str, int]], device_target: str | None = None) -> Any:
+    """A ``jax.sharding.Mesh`` over the first ``prod(sizes)`` devices (of the device
+    target, when given: :meth:`aot.targets.DeviceTarget.mesh`)."""
     import jax
     import numpy as np
     from jax.sharding import Mesh
+
+    if device_target is not None:
+        from aot.targets import parse_target
+
+        return parse_target(device_target).mesh(axes)
 
     sizes = [s for _, s in axes]
     count = int(np.prod(sizes))
@@ -191,6 +198,17 @@ class Prepared:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     options: dict[str, Any] = field(default_factory=dict)
+
+
+def item_environment(cache: Cache, item: WarmupItem) -> Any:
+    """The environment fingerprint ``item`` is compiled for: its device target's, or
+    this host's (:attr:`Cache.environment`)."""
+    if item.device_target is None:
+        return cache.environment
+    from aot.fingerprint import environment_fingerprint
+    from aot.targets import parse_target
+
+    return environment_fingerprint(devices=parse_target(item.device_target).devices())
 
 
 def x64_mode(item: WarmupItem) -> contextlib.AbstractContextManager[Any]:
@@ -240,10 +258,15 @@ def prepare(item: WarmupItem) -> Prepared:
 
     Raises :class:`aot.ManifestError` when ``in_shardings`` does not give one entry per
     positional argument (a usage error, said before JAX sees it)."""
+    if item.pmap is not None and item.device_target is not None:
+        raise ManifestError(
+            "pmap entries are compiled for this host's devices only, not for "
+            "a device target; lower it with a mesh instead (mesh = \"i=N\")"
+        )
     fn = resolve_target(item.target, base_dir=item.base_dir)
     if not callable(fn):
         raise TargetError(f"target {item.target!r} is a {type(fn).__name__}, not a function")
-    mesh = make_mesh(item.mesh) if item.mesh is not None else None
+    mesh = make_mesh(item.mesh, item.device_target) if item.mesh is not None else None
     try:
         args, kwargs = resolve_args(item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh)
     except SpecError as exc:
@@ -259,6 +282,8 @@ def prepare(item: WarmupItem) -> Prepared:
         error.problem = problem  # type: ignore[attr-defined]
         raise error
     options: dict[str, Any] = {"name": item.name}
+    if item.device_target is not None:
+        options["target"] = item.device_target
     if item.donate:
         options["donate_argnums"] = item.donate
     if item.pmap is not None:
@@ -359,6 +384,7 @@ def compile_target(
     donate: Sequence[int] = (),
     x64: bool = False,
     origin: RefOrigin | None = None,
+    device_target: str | None = None,
 ) -> CompileResult:
     """``aot compile``: one function for one set of specs, as a warm-up entry would be.
 
@@ -381,6 +407,7 @@ def compile_target(
         ),
         donate=tuple(donate),
         x64=x64,
+        device_target=device_target,
     )
     return compile_item(cache, item, origin=origin if origin is not None else RefOrigin("compile"))
 
@@ -395,7 +422,7 @@ def item_signature(item: WarmupItem) -> str:
     from aot.specs import format_aval
 
     with x64_mode(item):
-        mesh = make_mesh(item.mesh) if item.mesh is not None else None
+        mesh = make_mesh(item.mesh, item.device_target) if item.mesh is not None else None
         try:
             args, kwargs = resolve_args(
                 item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh

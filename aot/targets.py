@@ -1,0 +1,158 @@
+"""Device targets: compiling for an accelerator this host does not have.
+
+A target names an accelerator and its topology, ``tpu:v5e:2x2``: platform, chip and
+chip grid, optionally the chips per host after an ``@`` (``tpu:v5e:2x4@2x4`` is one
+host of eight chips; by default a host holds up to 2x2x1 chips, as on Cloud TPU
+v4/v5e/v5p/v6e pods). JAX compiles for it through its topology API
+(``jax.experimental.topologies``) with the accelerator's compiler (libtpu, the
+``jax-aot[tpu]`` extra) on a host without the accelerator, e.g. a CPU-only CI runner.
+
+The entry's environment is computed from the target's compile-only devices exactly as a
+process on that accelerator computes it from ``jax.devices()``
+(:func:`aot.environment.environment_parts`): platform, device kind, count, topology
+(ids, coordinates, cores), process count and the compiler's platform version (libtpu's
+build) all come from the compiler itself. What the compiling host decides: jax and
+jaxlib (the serving host needs the same versions, as for any entry), x64 and the XLA
+flags of the compiling process.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from aot.errors import DeviceTargetError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["KNOWN_TOPOLOGIES", "DeviceTarget", "parse_target"]
+
+# The chips and grids of Cloud TPU slices jax-aot knows (libtpu accepts these names).
+KNOWN_TOPOLOGIES: dict[str, tuple[str, ...]] = {
+    "v4": ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8"),
+    "v5e": ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+    "v5p": ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8"),
+    "v6e": ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+}
+_PLATFORMS = ("tpu",)
+_DEFAULT_HOST_BOUNDS = (2, 2, 1)
+_GRID = re.compile(r"^\d+(x\d+){1,2}$")
+
+
+def _known() -> str:
+    return "; ".join(
+        f"tpu:{chip}:{{{','.join(grids)}}}" for chip, grids in KNOWN_TOPOLOGIES.items()
+    )
+
+
+def _dims(grid: str) -> tuple[int, int, int]:
+    values = [int(v) for v in grid.split("x")]
+    return (values + [1, 1])[:3]  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTarget:
+    """An accelerator and topology to compile for (``tpu:v5e:2x2``)."""
+
+    platform: str
+    chip: str
+    topology: str
+    host_bounds: tuple[int, int, int]
+
+    @property
+    def name(self) -> str:
+        default = tuple(min(a, b) for a, b in zip(_dims(self.topology), _DEFAULT_HOST_BOUNDS))
+        suffix = "" if self.host_bounds == default else "@" + "x".join(map(str, self.host_bounds[:len(self.topology.split("x"))]))
+        return f"{self.platform}:{self.chip}:{self.topology}{suffix}"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def chip_count(self) -> int:
+        a, b, c = _dims(self.topology)
+        return a * b * c
+
+    def devices(self) -> tuple[Any, ...]:
+        """The target's compile-only devices (JAX's topology API; needs libtpu)."""
+        return _topology_devices(self)
+
+    def mesh(self, axes: Any) -> Any:
+        """A ``jax.sharding.Mesh`` over the target's devices: ``axes`` is a sequence of
+        ``(name, size)`` or a mapping ``{name: size}``, whose sizes multiply to at most
+        the number of devices."""
+        import numpy as np
+        from jax.sharding import Mesh
+
+        pairs = list(axes.items()) if isinstance(axes, dict) else list(axes)
+        devices = self.devices()
+        count = int(np.prod([size for _, size in pairs]))
+        if count > len(devices):
+            raise DeviceTargetError(
+                f"mesh {','.join(f'{n}={s}' for n, s in pairs)} needs {count} devices; the "
+                f"target {self.name} has {len(devices)}; choose a larger topology or a smaller mesh"
+            )
+        grid = np.asarray(devices[:count], dtype=object).reshape([size for _, size in pairs])
+        return Mesh(grid, tuple(name for name, _ in pairs))
+
+
+def parse_target(text: str | DeviceTarget) -> DeviceTarget:
+    """``"tpu:v5e:2x2"`` (optionally ``@CHIPS_PER_HOST``) -> :class:`DeviceTarget`;
+    :class:`aot.DeviceTargetError` names the known ones for anything else."""
+    if isinstance(text, DeviceTarget):
+        return text
+    if not isinstance(text, str):
+        raise DeviceTargetError(f"a target is a string like 'tpu:v5e:2x2', got {type(text).__name__}")
+    spec, _, hosts = text.strip().partition("@")
+    fields = spec.split(":")
+    if len(fields) != 3 or not all(fields):
+        raise DeviceTargetError(
+            f"target {text!r} is not PLATFORM:CHIP:TOPOLOGY (e.g. tpu:v5e:2x2); known: {_known()}"
+        )
+    platform, chip, grid = (f.strip().lower() for f in fields)
+    if platform not in _PLATFORMS:
+        raise DeviceTargetError(
+            f"target {text!r}: compiling without the device is supported for {', '.join(_PLATFORMS)} "
+            f"(through libtpu), not {platform!r}; compile on a host with that accelerator instead "
+            "(docs/accelerators.md says what deviceless GPU compilation would need)"
+        )
+    if grid not in KNOWN_TOPOLOGIES.get(chip, ()):
+        raise DeviceTargetError(f"unknown target {text!r}; known: {_known()}")
+    default = tuple(min(a, b) for a, b in zip(_dims(grid), _DEFAULT_HOST_BOUNDS))
+    if hosts:
+        if not _GRID.match(hosts.strip()) and not hosts.strip().isdigit():
+            raise DeviceTargetError(
+                f"target {text!r}: the chips per host after '@' are a grid like 2x4, got {hosts!r}"
+            )
+        bounds = _dims(hosts.strip()) if "x" in hosts else (int(hosts), 1, 1)
+        if any(t % h for t, h in zip(_dims(grid), bounds)):
+            raise DeviceTargetError(
+                f"target {text!r}: the topology {grid} is not a whole number of {hosts} hosts"
+            )
+    else:
+        bounds = default  # type: ignore[assignment]
+    return DeviceTarget(platform, chip, grid, tuple(bounds))  # type: ignore[arg-type]
+
+
+@lru_cache(maxsize=None)
+def _topology_devices(target: DeviceTarget) -> tuple[Any, ...]:
+    from jax.experimental import topologies
+
+    try:
+        topology = topologies.get_topology_desc(
+            f"{target.chip}:{target.topology}", target.platform,
+            chips_per_host_bounds=target.host_bounds, num_slices=1,
+        )
+    except RuntimeError as exc:  # JaxRuntimeError is one
+        if "not installed" in str(exc):
+            raise DeviceTargetError(
+                f"cannot compile for {target.name}: the TPU compiler (libtpu) is not installed "
+                "here; pip install 'jax-aot[tpu]' (libtpu of the version jax[tpu] pins)"
+            ) from None
+        raise DeviceTargetError(f"cannot compile for {target.name}: {exc}") from None
+    devices = tuple(topology.devices)
+    log.info("target %s: %d compile-only %s device(s)", target.name, len(devices), devices[0].device_kind)
+    return devices
