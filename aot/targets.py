@@ -18,7 +18,9 @@ flags of the compiling process.
 
 from __future__ import annotations
 
+import glob
 import logging
+import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -137,10 +139,19 @@ def parse_target(text: str | DeviceTarget) -> DeviceTarget:
     return DeviceTarget(platform, chip, grid, tuple(bounds))  # type: ignore[arg-type]
 
 
+def _has_tpu_device() -> bool:
+    """Whether this host has a TPU chip (its device files), which libtpu's lock guards."""
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
 @lru_cache(maxsize=None)
 def _topology_devices(target: DeviceTarget) -> tuple[Any, ...]:
     from jax.experimental import topologies
 
+    if not _has_tpu_device():
+        # libtpu takes a host-wide lock file when it loads, for the chip: with no chip
+        # here, warm-up workers compiling at once must not fail on it.
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         topology = topologies.get_topology_desc(
             f"{target.chip}:{target.topology}", target.platform,

@@ -103,8 +103,10 @@ def _inputs(item: WarmupItem) -> tuple[str, int]:
 
 def estimate_costs(cache: Cache | None, items: Sequence[WarmupItem]) -> list[ItemCost]:
     """The cost of each item by the rule in the module docstring (``cache`` may be None)."""
-    env = cache.environment.digest if cache is not None else None
-    previous: dict[str, dict[str, float]] = {}  # name -> signature -> seconds
+    from aot.cache.warmup.targets import item_environment
+
+    envs: dict[str | None, str] = {}  # device target (None: this host) -> environment digest
+    previous: dict[tuple[str, str | None], dict[str, float]] = {}  # (name, target) -> signature -> seconds
     costs: list[ItemCost] = []
     for item in items:
         try:
@@ -113,13 +115,17 @@ def estimate_costs(cache: Cache | None, items: Sequence[WarmupItem]) -> list[Ite
             log.debug("warmup shard: cannot resolve %s; static cost", item.label, exc_info=True)
             costs.append(ItemCost(STATIC_BASE_SECONDS, "static"))
             continue
-        if cache is not None and item.name not in previous:
+        slot = (item.name, item.device_target)
+        if cache is not None and slot not in previous:
+            if item.device_target not in envs:
+                envs[item.device_target] = item_environment(cache, item).digest
+            env = envs[item.device_target]
             stored: dict[str, float] = {}
             for entry in cache.index.by_name(item.name, state=None):  # oldest first
                 if entry.env_fp != env and entry.compile_seconds and entry.compile_seconds > 0:
                     stored.setdefault(entry.signature, float(entry.compile_seconds))
-            previous[item.name] = stored
-        seconds = previous.get(item.name, {}).get(signature)
+            previous[slot] = stored
+        seconds = previous.get(slot, {}).get(signature)
         if seconds is not None:
             costs.append(ItemCost(seconds, "stored"))
         else:

@@ -1,0 +1,105 @@
+"""``aot warmup --target`` / ``aot compile --target`` on this CPU-only host: entries for
+a TPU that ``ls``, ``show`` and ``verify`` then report for that accelerator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.aot.test_targets import CHIP_PARTS, needs_libtpu
+from tests.cli.helpers import Invoke, one_line_error
+
+SMALL = """
+[[function]]
+name   = "mlp.forward"
+target = "fixtures.models:mlp_forward"
+args   = ["@fixtures.models:mlp_param_specs", "f32[{batch},784]"]
+vary   = { batch = [1, 8] }
+
+[[function]]
+name   = "tiny"
+target = "fixtures.models:tiny"
+args   = ["f32[8]", "f32[8]"]
+"""
+
+
+def _manifest(tmp_path: Path, head: str = "", body: str = SMALL) -> Path:
+    path = tmp_path / "m.toml"
+    path.write_text(head + body, encoding="utf-8")
+    return path
+
+
+@needs_libtpu
+def test_warmup_for_two_targets_then_ls_show_verify(invoke: Invoke, tmp_path: Path) -> None:
+    manifest = _manifest(tmp_path)
+    result = invoke("warmup", manifest, "--target", "tpu:v5e:1x1", "--target", "tpu:v5e:2x2", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    labels = sorted(r["label"] for r in report["results"])
+    assert labels == sorted(
+        f"{label}@{t}" for t in ("tpu:v5e:1x1", "tpu:v5e:2x2")
+        for label in ("mlp.forward[batch=1]", "mlp.forward[batch=8]", "tiny")
+    )
+    assert {r["status"] for r in report["results"]} == {"compiled"}
+
+    listing = json.loads(invoke("ls", "--env", "all", "--json").stdout)
+    rows = listing["entries"] if isinstance(listing, dict) else listing
+    assert len(rows) == 6 and not any(r["this_environment"] for r in rows)
+    table = invoke("ls", "--env", "all").stdout
+    # The ENV column names the accelerator (8 CPU devices here: the counts differ too).
+    assert table.count("TPU v5 lite x1 +") == 3 and table.count("TPU v5 lite x4 +") == 3, table
+    assert "no entries" in invoke("ls", "--env", "this").stdout or "0 entries" in invoke("ls", "--env", "this").stdout
+
+    verified = invoke("verify")
+    assert verified.exit_code == 0 and verified.stdout.rstrip().endswith(": ok"), verified.output
+
+    # Again: every entry is a hit, nothing is loaded (or quarantined) on this host.
+    again = json.loads(invoke("warmup", manifest, "--target", "tpu:v5e:1x1", "--target", "tpu:v5e:2x2", "--json").stdout)
+    assert {r["status"] for r in again["results"]} == {"hit"}
+    assert invoke("verify").exit_code == 0
+
+
+@needs_libtpu
+def test_the_manifest_names_the_target_and_shards_split_it(invoke: Invoke, tmp_path: Path) -> None:
+    manifest = _manifest(tmp_path, head='target = "tpu:v5e:1x1"\n')
+    first = json.loads(invoke("warmup", manifest, "--shard", "1/2", "--json").stdout)
+    second = json.loads(invoke("warmup", manifest, "--shard", "2/2", "--json").stdout)
+    done = [r["label"] for r in first["results"] + second["results"]]
+    assert sorted(done) == sorted(["mlp.forward[batch=1]@tpu:v5e:1x1", "mlp.forward[batch=8]@tpu:v5e:1x1", "tiny@tpu:v5e:1x1"])
+    assert first["results"] and second["results"]
+    shown = json.loads(invoke("show", "tiny", "--json").stdout)
+    text = json.dumps(shown)
+    for value in CHIP_PARTS.values():
+        assert json.dumps(value)[1:-1] in text
+
+
+@needs_libtpu
+def test_compile_for_a_target(invoke: Invoke) -> None:
+    args = ("compile", "fixtures.models:tiny", "--name", "tiny", "--arg", "f32[8]", "--arg", "f32[8]", "--target", "tpu:v5e:1x1")
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    assert first.stdout.startswith("miss: compiled tiny for tpu:v5e:1x1 and stored it")
+    second = invoke(*args)
+    assert second.stdout.startswith("hit: tiny was in the cache"), second.output
+
+
+@needs_libtpu
+def test_a_pmap_entry_fails_alone_for_a_target(invoke: Invoke, tmp_path: Path) -> None:
+    body = SMALL + '\n[[function]]\nname = "allreduce"\ntarget = "fixtures.models:allreduce"\nargs = ["f32[8,1024]"]\npmap = "i"\n'
+    result = invoke("warmup", _manifest(tmp_path, body=body), "--target", "tpu:v5e:1x1")
+    assert result.exit_code == 1
+    assert "allreduce@tpu:v5e:1x1" in result.stderr and "lower it with a mesh instead" in result.stderr
+    assert "3 compiled" in result.stdout
+
+
+def test_an_unknown_target_is_a_usage_error(invoke: Invoke, tmp_path: Path) -> None:
+    result = invoke("warmup", _manifest(tmp_path), "--target", "tpu:v5e:3x3")
+    assert result.exit_code == 2
+    assert "unknown target 'tpu:v5e:3x3'; known: tpu:v4:{" in result.output
+
+
+def test_an_unknown_manifest_target_names_the_file(invoke: Invoke, tmp_path: Path) -> None:
+    line = one_line_error(invoke("warmup", _manifest(tmp_path, head='target = "tpu:v7:2x2"\n')))
+    assert "m.toml: unknown target 'tpu:v7:2x2'; known:" in line
