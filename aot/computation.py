@@ -265,6 +265,7 @@ class MeshComputation:
         info = executable_info(self, compiled, seconds)
         executable = executable_class(self.kind)(compiled, info)
         executable.computation = self
+        executable.target = self.target
         return executable
 
     def __repr__(self) -> str:

@@ -12,7 +12,7 @@ import jax
 from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
-from aot.errors import AvalMismatchError
+from aot.errors import AvalMismatchError, DeviceTargetError
 from aot.fingerprint import Fingerprint, combined_key
 from aot.jaxcompat.dispatch import ARRAY_TYPE, dispatch_function, first_call, flat_call
 from aot.specs import format_aval, leaf_signature
@@ -152,6 +152,9 @@ class MeshExecutable:
         # The computation this was compiled from, when compiled in this process (it can
         # export the portable HLO); None for executables loaded from an artifact.
         self.computation: Any = None
+        # The device target (aot.targets) it was compiled for without the device: it
+        # runs on that accelerator only, after aot.load there.
+        self.target: Any = None
         self._bindings: dict[PyTreeDef, Binding] = {}
         self._cpp = _dispatch_of(self)
 
@@ -218,6 +221,11 @@ class MeshExecutable:
         """Checks structure and avals; the binding for this caller's structure."""
         if not self.accepts_structure(treedef) or not self._leaves_match(leaves):
             raise self.mismatch_error(args, kwargs)
+        if self.target is not None:
+            raise DeviceTargetError(
+                f"{self.name} was compiled for {self.target} without the device and runs only "
+                "there: store it (cache.put) and serve it with aot.load on that accelerator"
+            )
         return self.bind(treedef)
 
     def _by_keyword(self, leaves: list[Any], treedef: PyTreeDef) -> tuple[Binding, list[Any]] | None:

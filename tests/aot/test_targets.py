@@ -134,3 +134,11 @@ def test_a_mesh_of_this_host_is_refused_for_a_target() -> None:
 def test_a_mesh_larger_than_the_target_is_refused() -> None:
     with pytest.raises(DeviceTargetError, match="needs 8 devices; the target tpu:v5e:2x2 has 4"):
         aot.parse_target("tpu:v5e:2x2").mesh({"data": 8})
+
+
+@needs_libtpu
+def test_an_executable_compiled_for_a_target_says_where_it_runs() -> None:
+    exe = aot.lower(_tanh_matmul, "f32[8,128]", "f32[128,128]", name="t.f", target="tpu:v5e:1x1").compile()
+    assert exe.info.device_ids == (0,)
+    with pytest.raises(DeviceTargetError, match="compiled for tpu:v5e:1x1 without the device and runs only there"):
+        exe(np.ones((8, 128), np.float32), np.ones((128, 128), np.float32))
