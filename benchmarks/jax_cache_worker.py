@@ -1,7 +1,12 @@
 """One process of benchmarks/bench_jax_cache.py: a multi-program Flax/Optax training
 script on JAX's persistent cache (JAX's own when ``JAX_COMPILATION_CACHE_DIR`` is set,
 jax-aot's when ``AOT_JAX_CACHE`` is). Prints one JSON line: time to the first train
-step (from the start of ``main``), CPU seconds, and JAX's cache events."""
+step (from the start of ``main``), CPU seconds, and JAX's cache events.
+
+``AOT_BENCH_JAX_CACHE_MODEL=transformer``: the script is instead the fixtures'
+transformer train step (``jax.jit``, at each batch size of ``AOT_BENCH_BATCHES``,
+default 8,16), which needs neither Flax nor Optax (the accelerator section of
+``python -m benchmarks --platform``)."""
 
 from __future__ import annotations
 
@@ -14,8 +19,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import linen as nn
 
 MARK = "JAXCACHE_JSON "
 events: dict[str, int] = {}
@@ -28,12 +31,19 @@ def _count(event: str, **_: object) -> None:
 jax.monitoring.register_event_listener(_count)
 
 
-class MLP(nn.Module):
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        for width in (256, 256, 128):
-            x = nn.gelu(nn.Dense(width)(x))
-        return nn.Dense(10)(x)
+def transformer_script() -> float:
+    """The fixtures' train step at each batch size; returns the first step's loss."""
+    from fixtures import models
+
+    specs = models.transformer_param_specs()
+    rng = np.random.default_rng(0)
+    params = jax.tree_util.tree_map(lambda s: (rng.standard_normal(s.shape) * 0.02).astype(s.dtype), specs)
+    step = jax.jit(models.transformer_train_step)
+    losses = []
+    for b in [int(b) for b in os.environ.get("AOT_BENCH_BATCHES", "8,16").split(",")]:
+        tokens = rng.integers(0, models.TRANSFORMER_VOCAB, (b, models.TRANSFORMER_SEQ), dtype=np.int32)
+        losses.append(step(params, tokens)[1].block_until_ready())
+    return float(losses[0])
 
 
 def main() -> None:
@@ -45,6 +55,29 @@ def main() -> None:
 
         aot.jax_cache.install_from_env()
     installed = time.perf_counter() - start
+    if os.environ.get("AOT_BENCH_JAX_CACHE_MODEL") == "transformer":
+        transformer_script()
+        first_step = time.perf_counter() - start
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        sys.stdout.write(MARK + json.dumps({
+            "first_step": first_step, "install": installed,
+            "cpu": usage.ru_utime + usage.ru_stime,
+            "cpu_main": usage.ru_utime + usage.ru_stime - begin.ru_utime - begin.ru_stime,
+            "hits": events.get("/jax/compilation_cache/cache_hits", 0),
+            "writes": events.get("/jax/compilation_cache/cache_misses", 0),
+            "requests": events.get("/jax/compilation_cache/compile_requests_use_cache", 0),
+        }) + "\n")
+        return
+    import optax
+    from flax import linen as nn
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for width in (256, 256, 128):
+                x = nn.gelu(nn.Dense(width)(x))
+            return nn.Dense(10)(x)
+
     model = MLP()
     x = jnp.asarray(np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(64, 32))
     y = jnp.asarray(np.arange(64) % 10)

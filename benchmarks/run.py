@@ -31,6 +31,7 @@ aot is faster or smaller).
 from __future__ import annotations
 
 import argparse
+import builtins
 import json
 import os
 import platform
@@ -82,6 +83,15 @@ class Proc:
 # PYTHONDONTWRITEBYTECODE in the environment, every worker would compile aot's sources
 # again (~60 ms of "executable ready") while JAX's installed modules have their .pyc.
 PYCACHE: Path | None = None
+# The JAX platform of the workers (--platform; benchmarks/bench_platform.py).
+PLATFORM = "cpu"
+
+
+def python_flags() -> list[str]:
+    """``-P`` (Python 3.11+): the working directory, the checkout, is not put first on
+    ``sys.path``, so an installed jax-aot is imported rather than the checkout's ``aot/``
+    folder (which lacks ``aot.cache`` unless installed in editable mode)."""
+    return ["-P"] if sys.version_info >= (3, 11) else []
 
 
 def worker_env() -> dict[str, str]:
@@ -92,8 +102,9 @@ def worker_env() -> dict[str, str]:
     flags = env.get("XLA_FLAGS", "")
     if XLA_DEVICES_FLAG not in flags:
         env["XLA_FLAGS"] = (flags + " " + XLA_DEVICES_FLAG).strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["JAX_PLATFORMS"] = PLATFORM
+    # Last: `benchmarks` and `fixtures` from the checkout, `aot` as installed (see above).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(REPO)]))
     # No ambient cache may leak into a measurement.
     for name in ("JAX_COMPILATION_CACHE_DIR", "AOT_CACHE"):
         env.pop(name, None)
@@ -130,7 +141,7 @@ def spawn(cmd: list[str], *, timeout: float = 900) -> Proc:
 
 
 def worker(task: str, folder: Path, variant: str = "", quick: bool = False) -> Proc:
-    cmd = [sys.executable, "-m", "benchmarks.worker", task, "--dir", str(folder)]
+    cmd = [sys.executable, *python_flags(), "-m", "benchmarks.worker", task, "--dir", str(folder)]
     if variant:
         cmd += ["--variant", variant]
     if quick:
@@ -821,12 +832,38 @@ def main(argv: list[str] | None = None) -> int:
                              "warmup; 1 with --quick)")
     parser.add_argument("--json", type=Path, default=None, help="write raw numbers here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--platform", default=None,
+                        help="the accelerator section on this JAX platform (tpu, gpu; cpu to "
+                             "test it): benchmarks/bench_platform.py; runs 2 unless --runs")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the printed report here (with --platform: default "
+                             "$OUT/benchmarks-PLATFORM.txt, and the --json beside it, when "
+                             "$OUT is set)")
     args = parser.parse_args(argv)
 
-    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(SCENARIOS)
+    if args.platform:
+        from benchmarks import bench_platform
+
+        bench_platform.configure(args.platform)
+        SCENARIOS.update(bench_platform.SCENARIOS)
+        if os.environ.get("OUT"):
+            args.out = args.out or Path(os.environ["OUT"]) / f"benchmarks-{args.platform}.txt"
+            args.json = args.json or Path(os.environ["OUT"]) / f"benchmarks-{args.platform}.json"
+    default = list(bench_platform.SCENARIOS) if args.platform else list(SCENARIOS)
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or default
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}")
+
+    printed: list[str] = []
+
+    def print(*parts: Any, **kwargs: Any) -> None:  # noqa: A001 - the report, teed to --out
+        kwargs.pop("flush", None)
+        text = " ".join(str(p) for p in parts)
+        printed.append(text)
+        builtins.print(text, flush=True, **kwargs)
+        if args.out:
+            args.out.write_text("\n".join(printed) + "\n")
 
     info = machine()
     command = "python -m benchmarks " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -853,6 +890,8 @@ def main(argv: list[str] | None = None) -> int:
             report["scenarios"][name] = data
             print(render(scenario), flush=True)
             print(f"({name}: {seconds:.0f} s)\n", flush=True)
+            if args.json:  # so far, in case the run is cut short
+                args.json.write_text(json.dumps(report, indent=2) + "\n")
     finally:
         if args.keep:
             print(f"kept {root}")

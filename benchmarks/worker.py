@@ -140,8 +140,38 @@ def host_params(specs: Any, seed: int) -> Any:
 TRANSFORMER = "transformer.train_step"
 
 
+def batches() -> list[int]:
+    """The train step's batch sizes (buckets): ``AOT_BENCH_BATCHES`` ("8,16"), default 8.
+    The first is the one whose result is "the first result"."""
+    import os
+
+    return [int(b) for b in os.environ.get("AOT_BENCH_BATCHES", "8").split(",") if b.strip()]
+
+
+def batch_key(b: int) -> str:
+    return "batch" if b == 8 else f"batch{b}"  # "batch": the checkpoint's key before buckets
+
+
+def pickle_path(folder: Path, b: int) -> Path:
+    return folder / ("transformer.pkl" if b == 8 else f"transformer-{b}.pkl")
+
+
+def deserialize(folder: Path, b: int) -> Any:
+    import pickle
+
+    import jax
+    from jax.experimental import serialize_executable
+
+    serialized, in_tree, out_tree = pickle.loads(pickle_path(folder, b).read_bytes())
+    # The program runs on one device; by default JAX would map it onto all 8.
+    return serialize_executable.deserialize_and_load(
+        serialized, in_tree, out_tree, execution_devices=jax.devices()[:1]
+    )
+
+
 def transformer_populate(folder: Path, _variant: str, _quick: bool) -> dict[str, Any]:
-    """Writes the checkpoint, then fills the persistent cache, the pickle and the aot cache."""
+    """Writes the checkpoint, then fills the persistent cache, the pickle and the aot cache
+    (one program per batch size of :func:`batches`)."""
     import pickle
 
     import jax
@@ -151,20 +181,23 @@ def transformer_populate(folder: Path, _variant: str, _quick: bool) -> dict[str,
     from fixtures import models
 
     param_specs = models.transformer_param_specs()
-    batch = np.asarray(models.transformer_batch(0))
-    save_checkpoint(folder / "transformer.npz", host_params(param_specs, 0), {"batch": batch})
+    rng = np.random.default_rng(0)
+    tokens = {batch_key(b): np.asarray(models.transformer_batch(0)) if b == 8 else
+              rng.integers(0, models.TRANSFORMER_VOCAB, (b, models.TRANSFORMER_SEQ), dtype=np.int32)
+              for b in batches()}
+    save_checkpoint(folder / "transformer.npz", host_params(param_specs, 0), tokens)
     params, extra = load_checkpoint(folder / "transformer.npz")
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"batches": batches()}
 
     # JAX's persistent cache, filled by the same lower().compile() the pcache variant runs.
     enable_persistent_cache(folder / "pcache")
     start = time.perf_counter()
-    compiled = jax.jit(models.transformer_train_step).lower(params, extra["batch"]).compile()
+    for b in batches():
+        compiled = jax.jit(models.transformer_train_step).lower(params, extra[batch_key(b)]).compile()
+        # serialize_executable of that executable (pickled: the JAX baseline only).
+        payload = serialize_executable.serialize(compiled)
+        pickle_path(folder, b).write_bytes(pickle.dumps(payload))
     result["jit_compile_s"] = time.perf_counter() - start
-
-    # serialize_executable of that executable (pickled: the JAX baseline only).
-    payload = serialize_executable.serialize(compiled)
-    (folder / "transformer.pkl").write_bytes(pickle.dumps(payload))
 
     # The aot cache.  Its compile is a persistent-cache hit here (same program), which
     # saves a compile; the stored executable is the same.
@@ -175,22 +208,30 @@ def transformer_populate(folder: Path, _variant: str, _quick: bool) -> dict[str,
         return result
     cache = aot.Cache(folder / "aot")
     start = time.perf_counter()
-    cache.compile(
-        models.transformer_train_step, param_specs, models.transformer_batch_spec(), name=TRANSFORMER
-    )
+    for b in batches():
+        spec = jax.ShapeDtypeStruct((b, models.TRANSFORMER_SEQ), np.int32)
+        cache.compile(models.transformer_train_step, param_specs, spec, name=TRANSFORMER)
     result["aot_compile_s"] = time.perf_counter() - start
     return result
 
 
 def transformer_first(folder: Path, variant: str, _quick: bool) -> dict[str, Any]:
+    """Fresh process to the first result of the train step; with several buckets
+    (``AOT_BENCH_BATCHES``) every way readies all of them (JAX: compiles or deserializes
+    each; aot: ``aot`` loads eagerly with ``warm()``, ``aot_default`` calls ``aot.load``
+    with its defaults, ``aot_lazy`` with ``lazy=True``, ``aot_bg`` with
+    ``background=True``), then runs the first bucket (``first_s``) and the others
+    (``all_s``)."""
     import_s = import_jax()
     start = time.perf_counter()
     params, extra = load_checkpoint(folder / "transformer.npz")
-    batch = extra["batch"]
-    block((params, batch))
+    sizes = batches()
+    inputs = [extra[batch_key(b)] for b in sizes]
+    block((params, inputs))
     setup_s = time.perf_counter() - start
 
     start = time.perf_counter()
+    extra_times: dict[str, float] = {}
     if variant in ("jit_cold", "pcache"):
         import jax
 
@@ -201,41 +242,92 @@ def transformer_first(folder: Path, variant: str, _quick: bool) -> dict[str, Any
         step = jax.jit(models.transformer_train_step)
         # jit compiles on the first call; lower().compile() separates compile from run
         # at the same cost (the first call of `compiled` does no more work).
-        step = step.lower(params, batch).compile()
+        steps = [step.lower(params, x).compile() for x in inputs]
     elif variant == "deserialize":
-        import pickle
-
-        from jax.experimental import serialize_executable
-
-        import jax
-
-        serialized, in_tree, out_tree = pickle.loads((folder / "transformer.pkl").read_bytes())
-        # The program runs on one device; by default JAX would map it onto all 8.
-        step = serialize_executable.deserialize_and_load(
-            serialized, in_tree, out_tree, execution_devices=jax.devices()[:1]
-        )
-    elif variant == "aot":
+        steps = [deserialize(folder, b) for b in sizes]
+    elif variant in ("aot", "aot_default", "aot_lazy", "aot_bg"):
         aot = require_aot()
-        aot_import_s = time.perf_counter() - start  # `import aot` (aot.load imports the rest)
-        step = aot.load(TRANSFORMER, cache=str(folder / "aot"))
-        step.warm()
+        extra_times["aot_import_s"] = time.perf_counter() - start  # aot.load imports the rest
+        options = {"aot_lazy": {"lazy": True}, "aot_bg": {"background": True}}.get(variant, {})
+        dispatcher = aot.load(TRANSFORMER, cache=str(folder / "aot"), **options)
+        if variant == "aot":
+            dispatcher.warm()
+        steps = [dispatcher] * len(sizes)
     else:
         raise ValueError(variant)
-    ready_s = time.perf_counter() - start
-    extra_times = {"aot_import_s": aot_import_s} if variant == "aot" else {}
+    ready_s = time.perf_counter() - start  # load returned (lazy / background: not loaded yet)
 
-    start = time.perf_counter()
-    _, loss = block(step(params, batch))
-    run_s = time.perf_counter() - start
+    run_start = time.perf_counter()
+    _, loss = block(steps[0](params, inputs[0]))
+    run_s = time.perf_counter() - run_start
+    first_s = time.perf_counter() - start
+    losses = [float(loss)]
+    for fn, x in zip(steps[1:], inputs[1:]):
+        losses.append(float(block(fn(params, x))[1]))
     return {
         "import_s": import_s,
         "setup_s": setup_s,
         "ready_s": ready_s,
         "run_s": run_s,
+        "first_s": first_s,
+        "all_s": time.perf_counter() - start,
         "first_result_s": since_start(),
-        "loss": float(loss),
+        "loss": losses[0],
+        "losses": losses,
         **extra_times,
     }
+
+
+def transformer_compile(folder: Path, variant: str, _quick: bool) -> dict[str, Any]:
+    """Compiles every bucket of the train step in a fresh process, nothing cached:
+    ``jax`` (``jax.jit(...).lower().compile()``) or ``aot:<tag>`` (``Cache.compile``
+    into a new cache folder); wall and CPU (all threads) seconds of the compiles."""
+    import_jax()
+    import jax
+    import numpy as np
+
+    from fixtures import models
+
+    param_specs = models.transformer_param_specs()
+    specs = [jax.ShapeDtypeStruct((b, models.TRANSFORMER_SEQ), np.int32) for b in batches()]
+    way, _, tag = variant.partition(":")
+    cache = require_aot().Cache(folder / f"compile-{tag}") if way == "aot" else None
+    start, cpu = time.perf_counter(), time.process_time()
+    for spec in specs:
+        if cache is None:
+            jax.jit(models.transformer_train_step).lower(param_specs, spec).compile()
+        else:
+            cache.compile(models.transformer_train_step, param_specs, spec, name=TRANSFORMER)
+    return {"compile_s": time.perf_counter() - start, "compile_cpu_s": time.process_time() - cpu,
+            "programs": len(specs)}
+
+
+def transformer_dispatch(folder: Path, _variant: str, quick: bool) -> dict[str, Any]:
+    """Per call of the train step (first bucket), call + block_until_ready, in one
+    process: the aot.load dispatcher next to JAX's Compiled (deserialize_and_load of the
+    same executable), interleaved loops."""
+    import_jax()
+    aot = require_aot()
+    params, extra = load_checkpoint(folder / "transformer.npz")
+    b = batches()[0]
+    x = extra[batch_key(b)]
+    ways = {"compiled": deserialize(folder, b),
+            "aot_load": aot.load(TRANSFORMER, cache=str(folder / "aot")).warm()}
+    want = block(ways["compiled"](params, x))[1]
+    for fn in ways.values():
+        assert float(block(fn(params, x))[1]) == float(want)
+    number, repeats = (5, 3) if quick else (200, 7)
+    samples: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(repeats):
+        for way, fn in ways.items():
+            start = time.perf_counter()
+            for _ in range(number):
+                block(fn(params, x))
+            samples[way].append((time.perf_counter() - start) / number * 1e6)
+    result: dict[str, Any] = {"number": number, "repeats": repeats}
+    for way, values in samples.items():
+        result[f"{way}_us"] = statistics.median(values)
+    return result
 
 
 def transformer_overlap(folder: Path, variant: str, _quick: bool) -> dict[str, Any]:
@@ -597,6 +689,8 @@ TASKS = {
     "transformer.populate": transformer_populate,
     "transformer.first": transformer_first,
     "transformer.overlap": transformer_overlap,
+    "transformer.compile": transformer_compile,
+    "transformer.dispatch": transformer_dispatch,
     "mlp.populate": mlp_populate,
     "mlp.buckets": mlp_buckets,
     "dispatch.populate": dispatch_populate,
@@ -613,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default="")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
-    if "--xla_force_host_platform_device_count=8" not in os.environ.get("XLA_FLAGS", ""):
+    cpu = os.environ.get("JAX_PLATFORMS", "cpu") == "cpu"
+    if cpu and "--xla_force_host_platform_device_count=8" not in os.environ.get("XLA_FLAGS", ""):
         print("warning: XLA_FLAGS lacks --xla_force_host_platform_device_count=8", file=sys.stderr)
     try:
         result = TASKS[args.task](args.dir, args.variant, args.quick)

@@ -15,17 +15,20 @@ if TYPE_CHECKING:
 
 
 class JobsType(click.ParamType):
-    """A count >= 1, or ``auto`` (:func:`aot.cache.warmup.jobs.auto_jobs`)."""
+    """A count >= 1, or ``auto`` (kept as ``"auto"``: the command resolves it with
+    :func:`aot.cache.warmup.jobs.auto_jobs` once it knows how many entries there are)."""
 
     name = "N|auto"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        from aot.cache.warmup.jobs import resolve_jobs
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        from aot.cache.warmup.jobs import AUTO, resolve_jobs
 
         if isinstance(value, int) and not isinstance(value, bool):
             text: int | str = value
         else:
             text = str(value)
+            if text.strip().lower() == AUTO:
+                return AUTO
         try:
             return resolve_jobs(text)
         except ValueError:
@@ -48,8 +51,8 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
 @click.option(
     "-j", "--jobs", type=JobsType(), default="1", show_default=True,
     help="Run this many XLA compiles at once: here and in N-1 worker processes ('auto': "
-    "one per usable core, 2 GiB of available memory each; a warning when it exceeds the "
-    "cores).",
+    "one per 3 usable cores, since XLA compiles on several threads; 2 GiB of available "
+    "memory each; at most one per entry; a warning when N exceeds the cores).",
 )
 @click.option(
     "--isolate", is_flag=True,
@@ -95,7 +98,7 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
 )
 @pass_state
 def warmup_command(
-    state: State, manifest: str | None, jobs: int, shard: tuple[int, int] | None,
+    state: State, manifest: str | None, jobs: int | str, shard: tuple[int, int] | None,
     isolate: bool, relower: bool, commit: str | None, release: str | None, run_id: str | None,
     claims: bool | None, device_targets: tuple[str, ...],
 ) -> None:
@@ -120,10 +123,9 @@ def warmup_command(
     from pathlib import Path
 
     from aot.cache.index.refs import RefOrigin, default_commit
+    from aot.cache.warmup.jobs import resolve_jobs
     from aot.cache.warmup.run import release_run
-    from aot.errors import UsageError
-
-    from aot.errors import DeviceTargetError
+    from aot.errors import DeviceTargetError, UsageError
     from aot.targets import parse_target
 
     loaded = load_manifest(manifest)
@@ -133,6 +135,7 @@ def warmup_command(
         except DeviceTargetError as exc:
             raise click.BadParameter(str(exc), param_hint="'--target'") from None
     items = expand(loaded)
+    jobs = resolve_jobs(jobs, entries=len(items))  # "auto": at most one job per entry
     origin = RefOrigin(f"warmup {manifest}", commit=commit or default_commit())
     if release is not None and run_id is None:
         try:

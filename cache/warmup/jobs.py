@@ -2,7 +2,7 @@
 
 ``--jobs auto`` is::
 
-    min(usable cores, available memory // JOB_MEMORY), at least 1
+    min(usable cores // CORES_PER_JOB, available memory // JOB_MEMORY, entries), at least 1
 
 - *usable cores*: the CPUs this process may run on (its affinity mask, e.g. a
   container's or ``taskset``'s cpuset), else ``os.cpu_count()``;
@@ -13,9 +13,16 @@
   is budgeted. The 12-layer transformer of the fixtures peaks at about 0.4 GiB with
   JAX loaded; large models take several.
 
-One job per core, not fewer, although XLA already runs parts of one compile on more
-than one thread: what leaves a core idle with one job is the Python around the
-compiles (tracing, lowering, storing), which another job's compile fills.
+- *entries*: the number of entries to warm, when known: a job more than there are
+  entries only starts a process that compiles nothing.
+
+``CORES_PER_JOB`` (3): XLA compiles one program on several threads, so one job keeps
+more than one core busy; a job per core oversubscribes them. Measured with
+``JAX_PLATFORMS=cpu`` on a 13-core host, ``aot warmup benchmarks/heavy.toml`` (8
+transformer compiles, 8 small ones): ``--jobs 1`` 9.9 s wall and 41 CPU seconds (about
+4 cores busy), ``--jobs 4`` 7.9 s / 49, ``--jobs 8`` 9.0 s / 55, ``--jobs 13`` (the old
+one-per-core rule) 9.6 s / 71. ``13 // 3 = 4`` is the fastest of those; on 2 cores the
+rule gives 1 job, where ``--jobs 2`` won nothing on a manifest of small compiles.
 """
 
 from __future__ import annotations
@@ -23,10 +30,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["AUTO", "JOB_MEMORY", "auto_jobs", "available_cores", "available_memory", "resolve_jobs"]
+__all__ = ["AUTO", "CORES_PER_JOB", "JOB_MEMORY", "auto_jobs", "available_cores", "available_memory", "resolve_jobs"]
 
 AUTO = "auto"
 JOB_MEMORY = 2 * 2**30
+CORES_PER_JOB = 3
 
 
 def available_cores() -> int:
@@ -90,25 +98,30 @@ def available_memory() -> int | None:
     return min(known) if known else None
 
 
-def auto_jobs(cores: int | None = None, memory: int | None = None) -> int:
-    """``--jobs auto``: ``min(cores, memory // JOB_MEMORY)``, at least 1.
+def auto_jobs(cores: int | None = None, memory: int | None = None, entries: int | None = None) -> int:
+    """``--jobs auto``: ``min(cores // CORES_PER_JOB, memory // JOB_MEMORY, entries)``, at
+    least 1.
 
     ``cores`` and ``memory`` (bytes) default to :func:`available_cores` and
-    :func:`available_memory` (unknown memory does not limit)."""
+    :func:`available_memory` (unknown memory does not limit); ``entries`` (the number of
+    entries to warm) limits only when given."""
     cores = available_cores() if cores is None else cores
     memory = available_memory() if memory is None else memory
-    jobs = max(1, cores)
+    jobs = max(1, cores // CORES_PER_JOB)
     if memory is not None:
         jobs = min(jobs, memory // JOB_MEMORY)
+    if entries is not None:
+        jobs = min(jobs, entries)
     return max(1, int(jobs))
 
 
-def resolve_jobs(jobs: int | str) -> int:
-    """``"auto"`` -> :func:`auto_jobs`; a count >= 1 as it is; anything else: ValueError."""
+def resolve_jobs(jobs: int | str, entries: int | None = None) -> int:
+    """``"auto"`` -> :func:`auto_jobs` (capped by ``entries`` when given); a count >= 1 as
+    it is; anything else: ValueError."""
     if isinstance(jobs, str):
         text = jobs.strip().lower()
         if text == AUTO:
-            return auto_jobs()
+            return auto_jobs(entries=entries)
         if not text.isdigit():
             raise ValueError(f"jobs must be a number >= 1 or 'auto', got {jobs!r}")
         jobs = int(text)

@@ -286,7 +286,7 @@ def run_warmup(
     from aot.cache.cache import Cache
 
     items = list(items)
-    jobs = resolve_jobs(jobs)
+    jobs = resolve_jobs(jobs, entries=len(items))
     if executor is not None and (jobs != 1 or isolate or workers is not None):
         raise ValueError("give either jobs or executor, not both")
     cores = available_cores()

@@ -1,4 +1,5 @@
-"""``--jobs auto`` (aot.cache.warmup.jobs): min(cores, available memory // 2 GiB), >= 1."""
+"""``--jobs auto`` (aot.cache.warmup.jobs): min(cores // 3, available memory // 2 GiB,
+entries), >= 1."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from aot.cache.warmup import jobs as warmup_jobs
-from aot.cache.warmup.jobs import JOB_MEMORY, auto_jobs, cgroup_room, resolve_jobs
+from aot.cache.warmup.jobs import CORES_PER_JOB, JOB_MEMORY, auto_jobs, cgroup_room, resolve_jobs
 
 GiB = 2**30
 
@@ -16,22 +17,32 @@ GiB = 2**30
 @pytest.mark.parametrize(
     "cores,memory,jobs",
     [
-        (2, 64 * GiB, 2),  # cores bound
-        (8, 5 * GiB, 2),  # memory bound: 5 GiB // 2 GiB
-        (4, 1 * GiB, 1),  # never below one
-        (16, 16 * GiB, 8),
+        (2, 64 * GiB, 1),  # 2 // 3 cores: never below one
+        (13, 64 * GiB, 4),  # the 13-core TPU host: --jobs 4 was the fastest measured
+        (8, 64 * GiB, 2),
+        (32, 64 * GiB, 10),
+        (32, 9 * GiB, 4),  # memory bound: 9 GiB // 2 GiB
+        (12, 1 * GiB, 1),  # never below one
         (1, 0, 1),
     ],
 )
-def test_auto_is_the_smaller_of_cores_and_memory_per_job(cores: int, memory: int, jobs: int) -> None:
-    assert JOB_MEMORY == 2 * GiB
+def test_auto_is_a_job_per_three_cores_within_memory(cores: int, memory: int, jobs: int) -> None:
+    assert JOB_MEMORY == 2 * GiB and CORES_PER_JOB == 3
     assert auto_jobs(cores=cores, memory=memory) == jobs
+
+
+def test_auto_is_capped_by_the_entries() -> None:
+    assert auto_jobs(cores=30, memory=None, entries=3) == 3
+    assert auto_jobs(cores=30, memory=None, entries=100) == 10
+    assert auto_jobs(cores=30, memory=None, entries=0) == 1
 
 
 def test_unknown_memory_does_not_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(warmup_jobs, "available_memory", lambda: None)
-    monkeypatch.setattr(warmup_jobs, "available_cores", lambda: 3)
+    monkeypatch.setattr(warmup_jobs, "available_cores", lambda: 9)
     assert auto_jobs() == 3 and resolve_jobs("auto") == 3 and resolve_jobs(" AUTO ") == 3
+    assert resolve_jobs("auto", entries=2) == 2
+    assert resolve_jobs(5, entries=2) == 5  # an explicit count is taken as it is
 
 
 def test_resolve_jobs_refuses_what_is_not_a_count() -> None:
@@ -69,8 +80,8 @@ def test_cli_jobs_auto_uses_the_documented_count(monkeypatch: pytest.MonkeyPatch
 
     repo = Path(__file__).resolve().parents[3]
     monkeypatch.chdir(repo)
-    monkeypatch.setattr(warmup_jobs, "available_cores", lambda: 3)
-    monkeypatch.setattr(warmup_jobs, "available_memory", lambda: 5 * GiB)
+    monkeypatch.setattr(warmup_jobs, "available_cores", lambda: 30)
+    monkeypatch.setattr(warmup_jobs, "available_memory", lambda: 64 * GiB)
     manifest = tmp_path / "warmup.toml"
     manifest.write_text('[[function]]\nname = "tiny"\ntarget = "fixtures.models:tiny"\n'
                         'args = ["f32[{n}]", "f32[{n}]"]\nvary = { n = [3, 5] }\n')
@@ -78,7 +89,8 @@ def test_cli_jobs_auto_uses_the_documented_count(monkeypatch: pytest.MonkeyPatch
     result = runner.invoke(cli, ["--cache", str(tmp_path / "c"), "warmup", str(manifest), "--jobs", "auto", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["jobs"] == 2 and report["compiled"] == 2  # min(3 cores, 5 GiB // 2 GiB)
+    # min(30 cores // 3, 64 GiB // 2 GiB, 2 entries)
+    assert report["jobs"] == 2 and report["compiled"] == 2
     bad = runner.invoke(cli, ["--cache", str(tmp_path / "c"), "warmup", str(manifest), "--jobs", "many"])
     assert bad.exit_code == 2
     assert "Invalid value for '-j' / '--jobs': 'many' is not a number >= 1 or 'auto'" in bad.output

@@ -1,0 +1,199 @@
+"""Compile with aot.Cache and serve with aot.load on the accelerator, in one process.
+
+Only one process at a time may hold a TPU chip, so everything here compiles and serves
+in the pytest process itself. Every test is skipped on CPU (CI), with the reason shown
+by ``-ra``; nothing opens a device at collection time. On the chip::
+
+    JAX_PLATFORMS=tpu python3 -P -m pytest -q --import-mode=append tests/accelerator
+
+(``-P`` and ``--import-mode=append``: the installed ``aot`` wins over the checkout's
+``aot/`` folder, which lacks ``aot.cache``; tests/conftest.py pins 8 CPU devices only
+when the platform is the CPU.) About a minute on a TPU v5e chip.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import aot
+from aot.artifact import EXECUTABLE
+from aot.cache.storage.content import compress
+
+pytestmark = pytest.mark.accelerator
+
+SKIP_REASON = (
+    "needs an accelerator: jax.devices()[0] is a CPU device (on a TPU host, run with "
+    "JAX_PLATFORMS=tpu; see this module's docstring)"
+)
+
+
+@pytest.fixture(autouse=True)
+def _on_an_accelerator() -> None:
+    # At run time, not at collection: collecting must not open a device.
+    if jax.devices()[0].platform == "cpu":
+        pytest.skip(SKIP_REASON)
+
+
+# ---------------------------------------------------------------- programs
+
+
+def affine(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.tanh(x @ w) * 2.0 + 1.0
+
+
+def mlp(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    h = jax.nn.gelu(x @ params["w1"] + params["b1"])
+    return jax.nn.log_softmax(h @ params["w2"] + params["b2"])
+
+
+def mlp_specs(batch: int) -> tuple[dict[str, jax.ShapeDtypeStruct], jax.ShapeDtypeStruct]:
+    f32 = jnp.float32
+    params = {"w1": jax.ShapeDtypeStruct((256, 512), f32), "b1": jax.ShapeDtypeStruct((512,), f32),
+              "w2": jax.ShapeDtypeStruct((512, 128), f32), "b2": jax.ShapeDtypeStruct((128,), f32)}
+    return params, jax.ShapeDtypeStruct((batch, 256), f32)
+
+
+def accumulate(acc: jax.Array, x: jax.Array) -> jax.Array:
+    return acc + x * 3.0
+
+
+def random_like(specs: Any, seed: int) -> Any:
+    rng = np.random.default_rng(seed)
+    return jax.tree_util.tree_map(
+        lambda s: jnp.asarray(rng.standard_normal(s.shape).astype(np.float32), dtype=s.dtype), specs
+    )
+
+
+def assert_identical(got: Any, want: Any) -> None:
+    got_leaves, want_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    assert len(got_leaves) == len(want_leaves)
+    for a, b in zip(got_leaves, want_leaves):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+        assert a.tobytes() == b.tobytes()  # bit for bit (NaNs, signed zeros)
+
+
+BUCKETS = (8, 16)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache for the module: affine (bf16), mlp at batch 8 and 16, accumulate with
+    its first argument donated."""
+    folder = tmp_path_factory.mktemp("chip") / "cache"
+    cache = aot.Cache(str(folder))
+    bf16 = jax.ShapeDtypeStruct((128, 256), jnp.bfloat16)
+    cache.compile(affine, bf16, jax.ShapeDtypeStruct((256, 128), jnp.bfloat16), name="chip.affine")
+    for batch in BUCKETS:
+        cache.compile(mlp, *mlp_specs(batch), name="chip.mlp")
+    spec = jax.ShapeDtypeStruct((1024,), jnp.float32)
+    cache.compile(accumulate, spec, spec, name="chip.accumulate", donate_argnums=(0,))
+    cache.close()
+    return folder
+
+
+# ---------------------------------------------------------------- the tests
+
+
+def test_the_entries_are_for_this_accelerator(cache_dir: Path) -> None:
+    cache = aot.Cache(str(cache_dir), read_only=True)
+    try:
+        entries = cache.entries()
+        assert {e.name for e in entries} == {"chip.affine", "chip.mlp", "chip.accumulate"}
+        assert len([e for e in entries if e.name == "chip.mlp"]) == len(BUCKETS)
+    finally:
+        cache.close()
+
+
+def test_a_small_program_is_bit_identical_to_jit(cache_dir: Path) -> None:
+    x = random_like(jax.ShapeDtypeStruct((128, 256), jnp.bfloat16), 1)
+    w = random_like(jax.ShapeDtypeStruct((256, 128), jnp.bfloat16), 2)
+    served = aot.load("chip.affine", cache=str(cache_dir), strict=True)
+    assert_identical(served(x, w), jax.jit(affine)(x, w))
+
+
+@pytest.mark.parametrize("mode", ["default", "lazy", "background", "strict"])
+def test_two_buckets_are_bit_identical_to_jit(cache_dir: Path, mode: str) -> None:
+    options = {"default": {}, "lazy": {"lazy": True}, "background": {"background": True},
+               "strict": {"strict": True}}[mode]
+    served = aot.load("chip.mlp", cache=str(cache_dir), **options)
+    reference = jax.jit(mlp)
+    for batch in BUCKETS:
+        params, x = random_like(mlp_specs(batch), batch)
+        assert_identical(served(params, x), reference(params, x))
+    assert len(served.signatures) == len(BUCKETS)
+
+
+def test_donation_deletes_the_donated_buffer(cache_dir: Path) -> None:
+    served = aot.load("chip.accumulate", cache=str(cache_dir), strict=True)
+    acc, x = jnp.arange(1024, dtype=jnp.float32), jnp.ones(1024, jnp.float32)
+    want = jax.jit(accumulate)(jnp.arange(1024, dtype=jnp.float32), x)
+    got = served(acc, x)
+    assert acc.is_deleted() and not x.is_deleted()
+    assert_identical(got, want)
+    # as under jax.jit with the same donation
+    jit_acc = jnp.arange(1024, dtype=jnp.float32)
+    jax.jit(accumulate, donate_argnums=(0,))(jit_acc, x)
+    assert jit_acc.is_deleted()
+
+
+def _flip_executable_byte(cache: Any, name: str) -> Any:
+    """A flipped byte of the stored executable, recompressed: only the digest tells."""
+    (entry,) = cache.entries(name)
+    digest = entry.manifest_dict()["blobs"][EXECUTABLE]["digest"]
+    data = bytearray(cache.blobs.get(digest))
+    data[len(data) // 3] ^= 0x01
+    cache.blobs.store.write(digest, compress(bytes(data)))
+    return entry
+
+
+def test_a_corrupted_executable_is_refused_under_strict_and_healed_otherwise(tmp_path: Path) -> None:
+    folder = str(tmp_path / "cache")
+    cache = aot.Cache(folder)
+    spec = jax.ShapeDtypeStruct((128, 256), jnp.float32)
+    w_spec = jax.ShapeDtypeStruct((256, 128), jnp.float32)
+    cache.compile(affine, spec, w_spec, name="chip.victim")
+    entry = _flip_executable_byte(cache, "chip.victim")
+    x, w = random_like(spec, 3), random_like(w_spec, 4)
+    want = jax.jit(affine)(x, w)
+
+    with pytest.raises(aot.CorruptArtifactError):
+        served = aot.load("chip.victim", cache=folder, strict=True)
+        served(x, w)  # a background load raises at the first call
+    assert cache.index.get(entry.key).ok  # strict never writes
+
+    served = aot.load("chip.victim", cache=folder)  # recompiles from the portable HLO
+    assert_identical(served(x, w), want)
+    healed = cache.index.get(entry.key)
+    assert healed is not None and healed.ok
+    assert cache.blobs.check(healed.exe_digest) is None
+    assert_identical(aot.load("chip.victim", cache=folder, strict=True)(x, w), want)
+    cache.close()
+
+
+def test_a_named_sharding_over_a_mesh_of_the_devices(tmp_path: Path) -> None:
+    devices = jax.devices()
+    mesh = Mesh(np.array(devices), ("data",))
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    batch = 8 * len(devices)
+    x_spec = jax.ShapeDtypeStruct((batch, 256), jnp.float32, sharding=rows)
+    w_spec = jax.ShapeDtypeStruct((256, 128), jnp.float32, sharding=replicated)
+    folder = str(tmp_path / "cache")
+    cache = aot.Cache(folder)
+    cache.compile(affine, x_spec, w_spec, name="chip.sharded", mesh=mesh, in_shardings=(rows, replicated))
+    cache.close()
+    x = jax.device_put(random_like(jax.ShapeDtypeStruct((batch, 256), jnp.float32), 5), rows)
+    w = jax.device_put(random_like(jax.ShapeDtypeStruct((256, 128), jnp.float32), 6), replicated)
+    got = aot.load("chip.sharded", cache=folder, strict=True)(x, w)
+    want = jax.jit(affine, in_shardings=(rows, replicated))(x, w)
+    assert_identical(got, want)
+    assert got.sharding.is_equivalent_to(want.sharding, got.ndim)
