@@ -113,7 +113,9 @@ def environment_parts(backend: str | None = None) -> dict[str, str]:
     import jax  # here, not at module level: listing commands use this module without JAX
     import jaxlib
 
-    devices = jax.devices(backend)
+    from aot.device import default_devices
+
+    devices = default_devices(backend)  # a held or missing device: one-line DeviceBusyError
     first = devices[0]
     client = first.client
     parts = {
