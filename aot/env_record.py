@@ -26,9 +26,15 @@ count), when it runs several processes (``jax.distributed``), when it asked for 
 non-default backend, or when the key's variables changed since it started (the
 backend may have started under the old ones; ``/proc/self/environ`` holds them).
 
-The record only serves listing and filtering: :func:`aot.load`, compiles and verify
-always compute the real fingerprint, so a stale record can at worst mislabel the ENV
-column of a listing, never make the loader serve a wrong entry.
+``import jax`` sets a few variables itself (``TPU_LIBRARY_PATH``, ``TPU_ML_PLATFORM``, ...:
+:data:`_SET_BY_JAX`); the key takes them as they were when the process started, on
+both sides, so that TPU hosts get records. Without a record, a host with a device
+runtime does not compute the environment (it would open, or wait for, a device another
+process may hold): :func:`aot.fingerprint.known_environment`.
+
+The record only serves listing, filtering, ``why``, ``verify`` and ``doctor``:
+:func:`aot.load` and compiles always compute the real fingerprint, so a stale record
+can at worst mislabel the ENV column of a listing, never make the loader serve a wrong entry.
 
 ``AOT_ENV_RECORD``: the folder of the records (default: ``$XDG_CACHE_HOME/jax-aot/environment``,
 i.e. ``~/.cache/jax-aot/environment``); ``off`` (or ``0``) disables reading and writing.
