@@ -26,9 +26,15 @@ count), when it runs several processes (``jax.distributed``), when it asked for 
 non-default backend, or when the key's variables changed since it started (the
 backend may have started under the old ones; ``/proc/self/environ`` holds them).
 
-The record only serves listing and filtering: :func:`aot.load`, compiles and verify
-always compute the real fingerprint, so a stale record can at worst mislabel the ENV
-column of a listing, never make the loader serve a wrong entry.
+``import jax`` sets a few variables itself (``TPU_LIBRARY_PATH``, ``TPU_ML_PLATFORM``, ...:
+:data:`_SET_BY_JAX`); the key takes them as they were when the process started, on
+both sides, so that TPU hosts get records. Without a record, a host with a device
+runtime does not compute the environment (it would open, or wait for, a device another
+process may hold): :func:`aot.fingerprint.known_environment`.
+
+The record only serves listing, filtering, ``why``, ``verify`` and ``doctor``:
+:func:`aot.load` and compiles always compute the real fingerprint, so a stale record
+can at worst mislabel the ENV column of a listing, never make the loader serve a wrong entry.
 
 ``AOT_ENV_RECORD``: the folder of the records (default: ``$XDG_CACHE_HOME/jax-aot/environment``,
 i.e. ``~/.cache/jax-aot/environment``); ``off`` (or ``0``) disables reading and writing.
@@ -61,12 +67,54 @@ _NAMES = frozenset({"LD_LIBRARY_PATH"})
 # jax_cuda12_plugin, jax_cuda12_pjrt, jax_rocm*, libtpu, ...
 _DISTRIBUTION_PREFIXES = ("jax", "libtpu")
 _TRUE = ("y", "yes", "t", "true", "on", "1")
-# Set by `import jax` itself from the others (jax/_src/cloud_tpu_init.py).
-_SET_BY_JAX = frozenset({"TPU_SKIP_MDS_QUERY", "TPU_ML_PLATFORM", "TPU_ML_PLATFORM_VERSION", "LIBTPU_INIT_ARGS"})
+# Set by `import jax` itself, the same way in every process (jax/_src/cloud_tpu_init.py;
+# libtpu/__init__.py sets TPU_LIBRARY_PATH): a change of one of these since the process
+# started is JAX's own, when the variable was unset at the start (``setdefault``) or,
+# for the two JAX sets unconditionally, when it has the value JAX gives it.
+_SET_BY_JAX = frozenset({
+    "TPU_SKIP_MDS_QUERY", "TPU_ML_PLATFORM", "TPU_ML_PLATFORM_VERSION", "LIBTPU_INIT_ARGS", "TPU_LIBRARY_PATH",
+})
+_LAUNCH_BARRIER = " --xla_tpu_use_enhanced_launch_barrier=true"
 
 
-def _without_jax_own(variables: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in variables.items() if k not in _SET_BY_JAX}
+def _set_by_jax(name: str, before: str | None, now: str | None) -> bool:
+    """Whether ``name`` changing from ``before`` (at the start) to ``now`` is JAX's doing."""
+    if name not in _SET_BY_JAX or now is None:
+        return False
+    if before is None:
+        return True
+    if name == "LIBTPU_INIT_ARGS":
+        return now == before + _LAUNCH_BARRIER
+    return name == "TPU_SKIP_MDS_QUERY" and now == "1"
+
+
+def changed_since_start(initial: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """The key's variables whose change between ``initial`` (the process's start) and
+    ``now`` was not made by ``import jax``, sorted."""
+    before, after = relevant_variables(initial), relevant_variables(now)
+    return sorted(
+        name for name in set(before) | set(after)
+        if before.get(name) != after.get(name) and not _set_by_jax(name, before.get(name), after.get(name))
+    )
+
+
+def _as_at_start(environ: Mapping[str, str]) -> Mapping[str, str]:
+    """``environ`` with the variables ``import jax`` sets as they were when this process
+    started: a reader that has imported JAX (``aot doctor``) finds the record its shell's
+    other processes wrote."""
+    if not any(name in environ for name in _SET_BY_JAX):
+        return environ
+    initial = _initial_environment()
+    if initial is None:
+        return environ
+    out = dict(environ)
+    for name in _SET_BY_JAX:
+        if _set_by_jax(name, initial.get(name), environ.get(name)):
+            if name in initial:
+                out[name] = initial[name]
+            else:
+                out.pop(name, None)
+    return out
 
 
 def relevant_variables(environ: Mapping[str, str]) -> dict[str, str]:
@@ -85,7 +133,7 @@ def _boot_id() -> str | None:
         return None
 
 
-def _versions() -> list[str]:
+def installed_distributions() -> list[str]:
     """The installed distributions named jax*, libtpu* (jax, jaxlib, the CUDA/ROCm/TPU
     plugins), as their ``NAME-VERSION.dist-info`` folders in the site-packages folders
     on ``sys.path``: a listing of a folder or two, no metadata parsed, nothing imported.
@@ -114,8 +162,8 @@ def record_key(environ: Mapping[str, str] | None = None) -> dict[str, Any] | Non
         "format": RECORD_FORMAT,
         "boot_id": boot,
         "prefix": sys.prefix,
-        "versions": _versions(),
-        "variables": relevant_variables(os.environ if environ is None else environ),
+        "versions": installed_distributions(),
+        "variables": relevant_variables(_as_at_start(os.environ) if environ is None else environ),
     }
 
 
@@ -182,7 +230,13 @@ def _config_matches_environment(parts: Mapping[str, str]) -> bool:
     x64 = os.environ.get("JAX_ENABLE_X64", "0").strip().lower() in _TRUE
     if parts.get("x64") != str(x64).lower():
         return False
-    if (getattr(jax.config, "jax_platforms", None) or None) != (os.environ.get("JAX_PLATFORMS") or None):
+    platforms = getattr(jax.config, "jax_platforms", None) or None
+    wanted_platforms = os.environ.get("JAX_PLATFORMS") or None
+    # On a TPU host `import jax` sets jax_platforms to "tpu,cpu" when the variable is
+    # unset (jax/_src/cloud_tpu_init.py), as it does in every fresh process there; it
+    # sets TPU_ML_PLATFORM on the same path.
+    by_jax = wanted_platforms is None and platforms == "tpu,cpu" and "TPU_ML_PLATFORM" in os.environ
+    if platforms != wanted_platforms and not by_jax:
         return False
     cpu_devices = getattr(jax.config, "jax_num_cpu_devices", -1)
     wanted = os.environ.get("JAX_NUM_CPU_DEVICES", "").strip()
@@ -220,8 +274,10 @@ def _remember(parts: Mapping[str, str]) -> None:
     # in every process (jax/_src/cloud_tpu_init.py). Any other change since the start
     # means the backend may have seen other values: nothing is recorded.
     key = record_key(initial)
-    now = relevant_variables(os.environ)
-    if key is None or _without_jax_own(now) != _without_jax_own(key["variables"]):
+    changed = changed_since_start(initial, os.environ)
+    if key is None or changed:
+        if changed:
+            log.debug("environment record not written: %s changed since the process started", ", ".join(changed))
         return
     if not _config_matches_environment(parts):
         return

@@ -117,7 +117,9 @@ def environment_parts(backend: str | None = None, devices: Sequence[Any] | None 
     import jaxlib
 
     if devices is None:
-        devices = jax.devices(backend)
+        from aot.device import default_devices
+
+        devices = default_devices(backend)  # a held or missing device: one-line DeviceBusyError
         process_count = jax.process_count()
     else:  # a target's hosts: one process each, as jax.distributed runs them
         process_count = len({d.process_index for d in devices})

@@ -107,3 +107,17 @@ class PytreeNodeError(UnsupportedComputationError):
 class BlobLocationError(CacheError):
     """A client's blob location (or compression, format) contradicts what the shared
     cache recorded about itself when it was created."""
+
+
+class DeviceUnavailableError(AotError, RuntimeError):
+    """JAX could not start the backend of this host's device (no device found, a
+    driver problem): the command needed it. Also a ``RuntimeError``, as JAX raises."""
+
+
+class DeviceBusyError(DeviceUnavailableError):
+    """The device (a TPU chip) is held by another process; the command needed it.
+    ``pid`` names the holder when it is known."""
+
+    def __init__(self, message: str, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid

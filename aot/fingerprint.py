@@ -8,12 +8,15 @@ say *why* they differ (``aot why``).
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aot.device import accelerator_runtime
 from aot.digests import canonical_json, parts_digest, sha256_hex, sorted_parts
+from aot.errors import DeviceUnavailableError
 from aot.env_record import read_parts, remember
 from aot.environment import (
     ENVIRONMENT_KIND,
@@ -33,8 +36,10 @@ __all__ = [
     "environment_fingerprint",
     "environment_parts",
     "is_digest",
+    "known_environment",
     "program_fingerprint",
     "recorded_environment",
+    "UNKNOWN_ENVIRONMENT_NOTE",
     "relevant_xla_flags",
     "sha256_hex",
     "xla_flags_outside_key",
@@ -124,6 +129,39 @@ def recorded_environment() -> Fingerprint | None:
     and compiling always compute :func:`environment_fingerprint`."""
     parts = read_parts()
     return None if parts is None else Fingerprint.of(ENVIRONMENT_KIND, parts)
+
+
+#: Said where this host's environment is unknown (:func:`known_environment` gave None).
+UNKNOWN_ENVIRONMENT_NOTE = (
+    "this host's environment is not recorded yet, so no entry is shown as 'this': any aot "
+    "command that opens the device while it is free records it (aot doctor, aot.load, a compile)"
+)
+log = logging.getLogger(__name__)
+
+
+def known_environment(compute: Callable[[], Fingerprint]) -> Fingerprint | None:
+    """This host's environment fingerprint without opening a device, for commands that
+    only read (listing, verify, why): ``compute()`` (the real one) when this process's
+    JAX backend is already up; else the per-host record (:mod:`aot.env_record`); else,
+    on a CPU-only host (nothing there can be held), ``compute()``; else None: unknown,
+    because a device runtime (libtpu, a CUDA/ROCm plugin, ``JAX_PLATFORMS``) is
+    installed and starting it could open, or wait for, a device another process holds."""
+    from aot.jaxcompat.runtime import backend_started
+
+    if backend_started():
+        return compute()
+    recorded = recorded_environment()
+    if recorded is not None:
+        return recorded
+    runtime = accelerator_runtime()
+    if runtime is not None:
+        log.debug("this host's environment is not recorded and %s is installed: not opening the device", runtime)
+        return None
+    try:
+        return compute()
+    except DeviceUnavailableError as exc:  # a CPU backend that cannot start: unknown
+        log.info("this host's environment is unknown: %s", exc)
+        return None
 
 
 def program_fingerprint(parts: Mapping[str, str]) -> Fingerprint:

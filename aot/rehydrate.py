@@ -29,6 +29,7 @@ from aot.artifact import (
 from aot.errors import (
     AotError,
     CorruptArtifactError,
+    DeviceUnavailableError,
     IncompatibleEnvironmentError,
     PytreeNodeError,
     SymbolicShapeError,
@@ -208,6 +209,8 @@ def stored_artifact_problems(artifact: Artifact, current: Fingerprint | None = N
         # A node this process cannot import: the entry's, not a fault of what is stored.
         log.info("%s (%s): not cross-checked in this process: %s", manifest.name, manifest.key[:12], exc)
         return problems
+    except DeviceUnavailableError:
+        raise  # this process cannot open the device: nothing about the entry
     except AotError as exc:
         return [str(exc)]
     return executable_problems(manifest, info, xla_executable)

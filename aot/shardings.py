@@ -9,6 +9,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from aot.device import default_devices
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError
 from aot.jaxcompat.shardings import device_assignment, gspmd_sharding, hlo_sharding, xla_device_list
 from aot.specs import dtype_to_str, parse_dtype
@@ -121,7 +122,7 @@ def aval_from_json(data: Mapping[str, Any], sharding: Any = None) -> jax.core.Sh
 
 
 def live_devices(backend: str | None = None) -> dict[int, Any]:
-    return {int(d.id): d for d in jax.devices(backend)}
+    return {int(d.id): d for d in default_devices(backend)}
 
 
 def device_list(ids: Sequence[int], devices: Devices) -> Any:

@@ -18,7 +18,6 @@ flags of the compiling process.
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import re
@@ -139,16 +138,13 @@ def parse_target(text: str | DeviceTarget) -> DeviceTarget:
     return DeviceTarget(platform, chip, grid, tuple(bounds))  # type: ignore[arg-type]
 
 
-def _has_tpu_device() -> bool:
-    """Whether this host has a TPU chip (its device files), which libtpu's lock guards."""
-    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
-
-
 @lru_cache(maxsize=None)
 def _topology_devices(target: DeviceTarget) -> tuple[Any, ...]:
     from jax.experimental import topologies
 
-    if not _has_tpu_device():
+    from aot.device import device_error, has_tpu_device
+
+    if not has_tpu_device():
         # libtpu takes a host-wide lock file when it loads, for the chip: with no chip
         # here, warm-up workers compiling at once must not fail on it.
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -158,6 +154,9 @@ def _topology_devices(target: DeviceTarget) -> tuple[Any, ...]:
             chips_per_host_bounds=target.host_bounds, num_slices=1,
         )
     except RuntimeError as exc:  # JaxRuntimeError is one
+        busy = device_error(exc) if "in use by process" in str(exc) else None
+        if busy is not None:  # a chip here, held by a server: libtpu refuses to load
+            raise busy from None
         if "not installed" in str(exc):
             raise DeviceTargetError(
                 f"cannot compile for {target.name}: the TPU compiler (libtpu) is not installed "

@@ -345,3 +345,11 @@ def parse_static(values: Sequence[str]) -> tuple[tuple[str, Any], ...]:
 
 def parse_kwargs(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
     return tuple(split_assignment(v, "NAME=SPEC", "'--kwarg'") for v in values)
+
+
+def unknown_environment_note(known: bool) -> None:
+    """One line on stderr when this host's environment is unknown (ENV says 'unknown')."""
+    if not known:
+        from aot.cache.reports.environment import UNKNOWN_NOTE
+
+        click.echo(f"note: {UNKNOWN_NOTE}", err=True)

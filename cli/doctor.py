@@ -37,13 +37,19 @@ def doctor_command(state: State, no_verify: bool) -> None:
         click.echo(key_value(sorted(d.versions.items())))
         dev = d.devices
         click.echo("devices")
-        click.echo(key_value([
-            ("platform", f"{dev['platform']} ({dev['device_kind']})"),
-            ("devices", f"{dev['count']} ({dev['local_count']} local)"),
-            ("process", f"{dev['process_index']} of {dev['process_count']}"),
-        ]))
+        if "error" in dev:
+            click.echo(key_value([("error", dev["error"])]))
+        else:
+            click.echo(key_value([
+                ("platform", f"{dev['platform']} ({dev['device_kind']})"),
+                ("devices", f"{dev['count']} ({dev['local_count']} local)"),
+                ("process", f"{dev['process_index']} of {dev['process_count']}"),
+            ]))
         parts = d.environment["parts"]
-        click.echo(f"environment {d.environment['digest'][:16]}")
+        if d.environment["digest"] is None:
+            click.echo(f"environment unknown: {d.environment.get('unknown', '')}")
+        else:
+            click.echo(f"environment {d.environment['digest'][:16]}" + ("" if "error" not in dev else " (recorded)"))
         shown = [(k, v if len(v) <= 80 else v[:77] + "...") for k, v in sorted(parts.items())]
         outside = d.environment.get("outside_key", {}).get("xla_flags")
         if outside:
@@ -67,7 +73,8 @@ def doctor_command(state: State, no_verify: bool) -> None:
         if d.entries is not None:
             pairs.append((
                 "entries",
-                f"{d.entries} ({d.entries_here} usable in this environment, {d.quarantined} quarantined), "
+                f"{d.entries} ({'?' if d.entries_here is None else d.entries_here} usable in this environment, "
+                f"{d.quarantined} quarantined), "
                 f"{human_size(d.stored_bytes)} stored",
             ))
         if d.error is not None:

@@ -44,6 +44,12 @@ def error_message(exc: BaseException) -> str:
 
     if isinstance(exc, AotError):
         return str(exc)
+    if isinstance(exc, RuntimeError):  # JAX could not start the device's backend (held?)
+        from aot.device import device_error
+
+        translated = device_error(exc)
+        if translated is not None:
+            return str(translated)
     if isinstance(exc, OSError) and exc.strerror:
         where = f": {exc.filename}" if exc.filename else ""
         return f"{exc.strerror}{where}"

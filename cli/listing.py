@@ -18,6 +18,7 @@ from aot.cli.common import (
     shorten,
     table,
     terminal_width,
+    unknown_environment_note,
     when,
 )
 from aot.cli.params import complete_entry_names
@@ -74,6 +75,7 @@ def ls_command(state: State, glob: str | None, env: str) -> None:
         what = f" matching {glob!r}" if glob else ""
         where = " for this environment" if env == "this" else ""
         click.echo(f"no entries{what}{where} in the cache at {listing.location}")
+        unknown_environment_note(listing.environment_known)
         return
     headers = ("KEY", "NAME", "SIGNATURE", "ENV", "SIZE", "COMPILED", "LAST USED", "HITS", "STATE", "SERVED")
     rows = [
@@ -109,9 +111,12 @@ def ls_command(state: State, glob: str | None, env: str) -> None:
     footer = f"{counted(len(listing.rows) + len(listing.jit), 'entry')}, {human_size(listing.stored_size)} stored"
     if listing.other_environments:
         footer += f"; {listing.other_environments} for other environments (--env this hides them)"
+    if listing.unknown_environments:
+        footer += f"; {listing.unknown_environments} for an unknown environment"
     if listing.superseded:
         footer += f"; {listing.superseded} superseded (aot gc --superseded removes them)"
     click.echo(footer)
+    unknown_environment_note(listing.environment_known)
 
 
 def _parts(title: str, fingerprint: Fingerprint) -> str:
@@ -179,6 +184,8 @@ def _render(details: EntryDetails) -> str:
             pairs.append(("shapes", _symbolic_summary(m)))
     if details.this_environment:
         pairs.append(("environment", "this one"))
+    elif m is not None and not details.environment_known:
+        pairs.append(("environment", "unknown: this host's environment is not recorded yet"))
     elif m is not None:
         diffs = "; ".join(d.describe() for d in details.environment_differences)
         pairs.append(("environment", f"another one: {diffs}"))
@@ -262,3 +269,4 @@ def show_command(state: State, key_or_name: str, hlo: bool, debug_info: bool) ->
             click.echo(d.hlo.rstrip("\n") if d.hlo else "")
     else:
         click.echo("\n\n".join(_render(d) for d in details))
+        unknown_environment_note(all(d.environment_known for d in details))

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import click
 
 from aot.cache.units import counted
-from aot.cli.common import State, echo_json, pass_state, table
+from aot.cli.common import State, echo_json, pass_state, table, unknown_environment_note
 from aot.cli.listing import env_option
 from aot.cli.params import complete_entry_names
 
@@ -23,8 +23,8 @@ def _seconds(value: float) -> str:
     return f"{value:.2f}s" if value >= 0.01 or value == 0 else f"{value * 1000:.1f}ms"
 
 
-def _env(row: SignatureStats) -> str:
-    return "this" if row.this_environment else row.env_fp[:12]
+def _env(row: SignatureStats, known: bool = True) -> str:
+    return "this" if row.this_environment else row.env_fp[:12] if known else "unknown"
 
 
 @click.command("stats", short_help="Calls, loads, misses, recompiles and compile time saved.")
@@ -89,7 +89,7 @@ def _render(report: StatsReport, glob: str | None, read_only: bool) -> None:
     if served:
         headers = ("NAME", "SIGNATURE", "ENV", "CALLS", "LOADS", "LOAD TIME", "SAVED", "RECOMPILES")
         rows = [
-            [r.name, report.describe(r, SIGNATURE_WIDTH), _env(r), r.calls, r.loads,
+            [r.name, report.describe(r, SIGNATURE_WIDTH), _env(r, report.environment_known), r.calls, r.loads,
              _seconds(r.load_seconds), _seconds(r.saved_seconds), r.recompiles]
             for r in served
         ]
@@ -99,7 +99,8 @@ def _render(report: StatsReport, glob: str | None, read_only: bool) -> None:
         for r in report.misses:
             click.echo(
                 f"  {r.name} ({report.describe(r, SIGNATURE_WIDTH)})  {r.misses}  "
-                f"last: {r.miss_reason or '-'}" + ("" if r.this_environment else f"  env {_env(r)}")
+                f"last: {r.miss_reason or '-'}"
+                + ("" if r.this_environment else f"  env {_env(r, report.environment_known)}")
             )
     if report.recompiled:
         click.echo("recompiles from portable HLO:")
@@ -114,3 +115,4 @@ def _render(report: StatsReport, glob: str | None, read_only: bool) -> None:
         f"{_seconds(t['load_seconds'])}, saving {_seconds(t['saved_seconds'])} of compiling; "
         f"{counted(t['misses'], 'miss')}; {counted(t['recompiles'], 'recompile')} ({report.location})"
     )
+    unknown_environment_note(report.environment_known)

@@ -27,7 +27,7 @@ Modules:
   lowering     tracing configuration used while lowering; a jitted function's settings
   export       the portable export of the lowering a compile used (no second trace)
   mlir         StableHLO modules in an MLIR context
-  runtime      the state of JAX's distributed runtime
+  runtime      the state of JAX's distributed runtime and whether a backend started
   callbacks    the Python functions a lowered program calls back; loading with them
   persistent_cache  plugging a backend into JAX's persistent compilation cache
 """
@@ -92,6 +92,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src.lib.mlir:ir.Module.parse",
     # runtime
     "jax._src.distributed:global_state",
+    "jax._src.xla_bridge:backends_are_initialized",
     # persistent_cache
     "jax._src.compilation_cache_interface:CacheInterface",
     "jax._src:compilation_cache._cache",

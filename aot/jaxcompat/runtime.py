@@ -13,3 +13,12 @@ def distributed_client_active() -> bool:
     distributed = sys.modules.get("jax._src.distributed")
     state = getattr(distributed, "global_state", None)
     return getattr(state, "client", None) is not None
+
+
+def backend_started() -> bool:
+    """True when JAX has initialised a backend in this process (asking again then opens
+    nothing: the device, if any, is this process's already). False when JAX is not
+    imported, or its private ``xla_bridge.backends_are_initialized`` moved."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    started = getattr(bridge, "backends_are_initialized", None)
+    return bool(started()) if callable(started) else False

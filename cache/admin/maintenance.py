@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
-from aot.errors import AotError, CacheError, IntegrityError, UsageError
+from aot.device import accelerator_runtime, default_devices, device_holder
+from aot.errors import AotError, CacheError, DeviceUnavailableError, IntegrityError, UsageError
+from aot.jaxcompat.runtime import backend_started
 from aot.signing import check_identity, verify as verify_signature
 from aot.cache.admin.jit_entries import verify_jit_entries
 from aot.cache.index.entry import GcRow, IndexEntry, collector_paused
@@ -31,10 +33,12 @@ from aot.cache.index.served import ref_map, superseded_keys
 from aot.cache.storage.content import PROBLEM_MISSING
 from aot.cache.storage.objectstore import BlobStat
 from aot.cache.pauses import reached
+from aot.cache.reports.environment import this_environment
 from aot.cache.serving.signatures import Signature
 from aot.cache.units import counted, human_size, parse_age, parse_size  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
+    from aot.fingerprint import Fingerprint
     from aot.cache.cache import Cache
 
 log = logging.getLogger(__name__)
@@ -127,10 +131,13 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
     if misconfigured is not None:  # change nothing: the client, not the cache, is wrong
         log.warning("verify: %s", misconfigured)
         return VerifyReport(len(entries), len({d for d, _ in blob_state}), (), (), (), (misconfigured,))
+    here: list[Any] = []  # this host's environment for the cross-checks, found once
     for entry in entries:
         found = _entry_problems(entry, check)
         if not found:
-            found = consistency_problems(cache, entry)
+            if not here:
+                here.append(cross_check_environment(cache))
+            found = consistency_problems(cache, entry, here[0])
         for what in found:
             problems.append(Problem(entry.key, entry.name, what))
         # Only while the row is still the one checked (a writer may have rewritten it).
@@ -192,17 +199,44 @@ def missing_blobs_problem(cache: Cache, entries: Sequence[IndexEntry], check: An
     )
 
 
-def consistency_problems(cache: Cache, entry: IndexEntry) -> list[str]:
+def cross_check_environment(cache: Cache) -> Fingerprint | None:
+    """The environment whose executables verify deserializes and cross-checks here:
+    this host's, found without opening the device (:func:`this_environment`), or None
+    (its executables are not deserialized) when it is unknown or another process holds
+    the device: verifying integrity never needs the device."""
+    current = this_environment(cache)
+    if current is None:
+        log.info("verify: this host's environment is unknown: executables are not deserialized here")
+        return None
+    if not backend_started() and accelerator_runtime() is not None:
+        holder = device_holder()
+        if holder is not None:
+            log.warning(
+                "verify: the device is held by %s: this environment's executables are not deserialized",
+                holder.describe(),
+            )
+            return None
+        try:  # once: the deserialization needs it; failing, no entry is blamed for it
+            default_devices()
+        except DeviceUnavailableError as exc:
+            log.warning("verify: this environment's executables are not deserialized: %s", exc)
+            return None
+    return current
+
+
+def consistency_problems(cache: Cache, entry: IndexEntry, current: Fingerprint | None | str = "ask") -> list[str]:
     """What a loader would refuse in the manifest of an entry whose blobs are intact:
-    fields that contradict its fingerprints, its portable HLO, or (entries of this
-    environment) its deserialized executable (aot.rehydrate.stored_artifact_problems)."""
+    fields that contradict its fingerprints, its portable HLO, or (entries of
+    ``current``, this host's environment: :func:`cross_check_environment`) its
+    deserialized executable (aot.rehydrate.stored_artifact_problems)."""
     from aot.rehydrate import stored_artifact_problems
 
     try:
         manifest = Manifest.from_json(entry.manifest)
     except AotError as exc:
         return [f"manifest: {exc}"]
-    local = manifest.environment.digest == cache.environment.digest
+    here = cross_check_environment(cache) if isinstance(current, str) else current
+    local = here is not None and manifest.environment.digest == here.digest
     blobs: dict[str, bytes] = {}
     for role in (PORTABLE_HLO, EXECUTABLE) if local else (PORTABLE_HLO,):
         ref = manifest.blobs.get(role)
@@ -210,7 +244,10 @@ def consistency_problems(cache: Cache, entry: IndexEntry) -> list[str]:
         if data is not None:
             blobs[ref.digest] = data
     try:
-        found = stored_artifact_problems(Artifact(manifest, blobs), cache.environment)
+        found = stored_artifact_problems(Artifact(manifest, blobs), here if local else manifest.environment)
+    except DeviceUnavailableError as exc:  # this process's, not the entry's: never quarantined
+        log.warning("verify: %s (%s): executable not deserialized: %s", entry.name, entry.key[:12], exc)
+        return []
     except AotError as exc:  # a field too malformed to compare: that is the problem
         found = [str(exc)]
     return [f"manifest: {p}" for p in found]

@@ -84,10 +84,12 @@ class EntryDetails:
     superseded_by: str | None = None
     served_by: str | None = None  # "ref" / "newest" (legacy rule) when served, else None
     releases: tuple[str, ...] = ()
+    #: False when this host's environment is unknown (:mod:`aot.cache.reports.environment`).
+    environment_known: bool = True
 
     @property
     def this_environment(self) -> bool:
-        return self.manifest is not None and not self.environment_differences
+        return self.manifest is not None and self.environment_known and not self.environment_differences
 
     @property
     def arguments(self) -> Signature:
@@ -104,6 +106,7 @@ class EntryDetails:
             "manifest_error": self.manifest_error,
             "this_environment": self.this_environment,
             "environment_differences": [d.to_dict() for d in self.environment_differences],
+            **({} if self.environment_known else {"environment_unknown": True}),
             "arguments": self.arguments.to_list(),
             "statics": list(self.arguments.statics),
             "superseded_by": self.superseded_by,
@@ -155,12 +158,13 @@ def describe_entries(
     peers = [p for name in sorted({e.name for e in found}) for p in reads_of(cache).by_name(name)]
     superseded, served, labels = served_state(cache, peers, {e.name for e in found})
     details = []
+    current = this_environment(cache) if found else None
     for entry in found:
         manifest: Manifest | None
         try:
             manifest = Manifest.from_json(entry.manifest)
             error = None
-            diffs = manifest.environment.diff(this_environment(cache))
+            diffs = manifest.environment.diff(current) if current is not None else ()
         except AotError as exc:
             manifest, error, diffs = None, str(exc), ()
         text = portable_hlo_text(cache, entry, debug_info=debug_info) if hlo else None
@@ -170,6 +174,6 @@ def describe_entries(
         )
         details.append(EntryDetails(
             entry, manifest, error, diffs, text, signature, superseded.get(entry.key),
-            served.get(entry.key), tuple(labels.get(entry.key, ())),
+            served.get(entry.key), tuple(labels.get(entry.key, ())), current is not None,
         ))
     return details

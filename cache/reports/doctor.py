@@ -88,32 +88,22 @@ def diagnose(
     reported in ``error``, not raised. ``settings`` (:class:`aot.cache.config.Settings`)
     name the cache, blob location, signing key and network bounds, and are reported
     with their sources."""
-    import jax
-
     from aot.cache.cache import Cache, default_location
     from aot.cache.index.advice import mask_url
     from aot.cache.index.entry import SCHEMA_VERSION
     from aot.cache.admin.maintenance import empty_index_problem
     from aot.cache.storage.locations import FOLDER, classify_location
-    from aot.fingerprint import environment_fingerprint, xla_flags_outside_key
+    from aot.fingerprint import UNKNOWN_ENVIRONMENT_NOTE, xla_flags_outside_key
 
-    devices = jax.devices()
-    first = devices[0]
-    device_info = {
-        "platform": first.platform,
-        "device_kind": first.device_kind,
-        "count": len(devices),
-        "local_count": jax.local_device_count(),
-        "process_index": jax.process_index(),
-        "process_count": jax.process_count(),
-    }
-    env = environment_fingerprint()
-    environment = {
-        "digest": env.digest,
-        "parts": env.as_dict(),
+    device_info, env = devices_and_environment()
+    environment: dict[str, Any] = {
+        "digest": env.digest if env is not None else None,
+        "parts": env.as_dict() if env is not None else {},
         # Set here but not in the key: they cannot change an executable.
         "outside_key": {"xla_flags": xla_flags_outside_key()},
     }
+    if env is None:
+        environment["unknown"] = UNKNOWN_ENVIRONMENT_NOTE
     options: dict[str, Any] = {}
     if settings is not None:
         location = location if location is not None else settings.cache.value
@@ -128,7 +118,7 @@ def diagnose(
     base = dict(
         versions=versions(), devices=device_info, environment=environment, location=shown,
         supported_schema_version=SCHEMA_VERSION, settings=settings,
-        local=_local_tier(local_tier, env.digest) if local_tier is not None else None,
+        local=_local_tier(local_tier, env.digest if env is not None else None) if local_tier is not None else None,
     )
     try:
         if settings is not None:
@@ -148,7 +138,7 @@ def diagnose(
             index=cache.index.url,
             schema_version=cache.index.schema_version(),
             entries=len(entries),
-            entries_here=sum(1 for e in entries if e.env_fp == env.digest and e.ok),
+            entries_here=sum(1 for e in entries if e.env_fp == env.digest and e.ok) if env is not None else None,
             quarantined=sum(1 for e in entries if not e.ok),
             stored_bytes=sum(s.stored_size for s in stats),
             health=health,
@@ -160,7 +150,41 @@ def diagnose(
         cache.close()
 
 
-def _local_tier(location: str, env: str) -> dict[str, Any]:
+def devices_and_environment() -> tuple[dict[str, Any], Any]:
+    """The device section and this host's environment fingerprint (None: unknown).
+    A device that another process holds is reported (``error``, ``holder_pid``), never
+    raised, and not even asked of JAX when ``/proc`` names the holder (asking costs
+    seconds); the environment then comes from the per-host record."""
+    from aot.device import accelerator_runtime, default_devices, device_holder
+    from aot.errors import DeviceBusyError, DeviceUnavailableError
+    from aot.fingerprint import environment_fingerprint, recorded_environment
+    from aot.jaxcompat.runtime import backend_started
+
+    holder = device_holder() if accelerator_runtime() is not None and not backend_started() else None
+    if holder is not None:
+        error: DeviceUnavailableError = DeviceBusyError(
+            f"the device is held by {holder.describe()}: commands that need it fail until it exits", holder.pid,
+        )
+    else:
+        try:
+            import jax
+
+            devices = default_devices()
+            info = {
+                "platform": devices[0].platform,
+                "device_kind": devices[0].device_kind,
+                "count": len(devices),
+                "local_count": jax.local_device_count(),
+                "process_index": jax.process_index(),
+                "process_count": jax.process_count(),
+            }
+            return info, environment_fingerprint()  # writes the per-host record
+        except DeviceUnavailableError as exc:
+            error = exc
+    return {"error": str(error), "holder_pid": getattr(error, "pid", None)}, recorded_environment()
+
+
+def _local_tier(location: str, env: str | None) -> dict[str, Any]:
     """What the local tier holds (opened read-only: doctor creates nothing)."""
     from aot.cache.cache import Cache
 
@@ -177,7 +201,9 @@ def _local_tier(location: str, env: str) -> dict[str, Any]:
         with Cache(location, read_only=True) as tier:
             entries = tier.index.entries()
             out["entries"] = len(entries)
-            out["entries_this_environment"] = sum(1 for e in entries if e.env_fp == env and e.ok)
+            out["entries_this_environment"] = (
+                sum(1 for e in entries if e.env_fp == env and e.ok) if env is not None else None
+            )
             out["stored_bytes"] = sum(s.stored_size for s in tier.blobs.list())
     except AotError as exc:
         out["error"] = str(exc)

@@ -1,27 +1,29 @@
 """The environment fingerprint the reports compare entries with (ENV, ``--env this``).
 
-A process that has imported JAX uses the real one (:attr:`Cache.environment`); one
-that has not (``aot ls``, ``show``, ``stats``, ``rm``, completion) reads the per-host
-record (:mod:`aot.env_record`), keyed so that it is only found when it is fresh, and
-computes the real one (importing JAX, which writes the record) when there is none.
-The loader never comes here.
+Reports never open a device they do not need (a TPU chip may be held by a server):
+:func:`aot.fingerprint.known_environment` gives the real fingerprint when this
+process's backend is up, else the per-host record (:mod:`aot.env_record`), else the
+real one on a CPU-only host, else None: this host's environment is *unknown*, and the
+reports say so (:data:`UNKNOWN_NOTE`). The loader never comes here.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
-from aot.fingerprint import Fingerprint, recorded_environment
+from aot.fingerprint import UNKNOWN_ENVIRONMENT_NOTE, Fingerprint, known_environment
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
 
+#: Shown under a listing whose ENV column could not say "this".
+UNKNOWN_NOTE = UNKNOWN_ENVIRONMENT_NOTE
 
-def this_environment(cache: Cache) -> Fingerprint:
-    """This host's environment fingerprint, without JAX when a fresh record has it."""
-    if "jax" not in sys.modules:
-        recorded = recorded_environment()
-        if recorded is not None:
-            return recorded
-    return cache.environment  # type: ignore[no-any-return]
+
+def this_environment(cache: Cache) -> Fingerprint | None:
+    """This host's environment fingerprint without opening a device, or None when it
+    cannot be known so."""
+    return known_environment(lambda: cache.environment)
+
+
+__all__ = ["UNKNOWN_NOTE", "this_environment"]

@@ -20,6 +20,7 @@ from aot.fingerprint import PartDifference, xla_flags_outside_key
 from aot.lowering import lower
 from aot.specs import format_aval, spec
 from aot.cache.index.served import ref_map, served_key
+from aot.cache.reports.environment import UNKNOWN_NOTE, this_environment
 from aot.cache.serving.signatures import ArgLeaf, LeafDifference, Signature, leaf_differences
 from aot.cache.units import counted
 
@@ -48,6 +49,9 @@ class Explanation:
     # (its ref names it) or "newest" (no ref: the legacy rule); None: nothing served.
     served_key: str | None = None
     served_by: str | None = None
+    #: False when this host's environment is unknown (not recorded; finding it out
+    #: would open the device): environments are not compared, and nothing is a hit.
+    environment_known: bool = True
 
     def _served(self) -> str:
         if self.served_key is None:
@@ -66,6 +70,11 @@ class Explanation:
         request = self._shown(self.arguments, self.signature)
         if self.stored == 0:
             return f"{self.name}: nothing is stored under this name; compile it first"
+        if not self.environment_known and not self.differences:
+            return (
+                f"{self.name} ({request}): entry {self.nearest_key[:12]} matches the program; whether it "  # type: ignore[index]
+                f"is for this host cannot be told: {UNKNOWN_NOTE}"
+            )
         if self.hit:
             return f"{self.name} ({request}): hit, key {self.nearest_key[:12]}{self._served()}"  # type: ignore[index]
         nearest = self._shown(self.nearest_arguments, self.nearest_signature)
@@ -78,6 +87,8 @@ class Explanation:
                 lines += [f"  {leaf.describe()}" for leaf in self.argument_differences]
             else:
                 lines.append(f"  {d.describe()}")
+        if not self.environment_known:
+            lines.append(f"  (environments not compared: {UNKNOWN_NOTE})")
         if self.xla_flags_outside_key:
             lines.append(
                 f"  (not compared: XLA flags {self.xla_flags_outside_key}, which cannot change "
@@ -99,6 +110,7 @@ class Explanation:
             "xla_flags_outside_key": self.xla_flags_outside_key,
             "served_key": self.served_key,
             "served_by": self.served_by,
+            **({} if self.environment_known else {"environment_unknown": True}),
         }
 
 
@@ -113,7 +125,7 @@ def explain(
     from aot.executable import arg_paths
     from aot.statics import StaticArg
 
-    environment = cache.environment
+    environment = this_environment(cache)  # None: unknown here (the device is not opened)
     request: Signature | None
     if fn is not None:
         computation = lower(fn, *args, name=name, **lower_kwargs)
@@ -142,7 +154,7 @@ def explain(
     best: tuple[tuple[int, int, int, int], Manifest, tuple[PartDifference, ...], Signature, Signature] | None = None
     entries = list(cache.index.by_name(name, state=None))
     refs = ref_map(cache.index.refs_named(name))
-    here = environment.digest
+    here = environment.digest if environment is not None else None
     for entry in entries:
         try:
             manifest = Manifest.from_json(entry.manifest)
@@ -153,7 +165,7 @@ def explain(
             PartDifference(part, stored_parts.get(part), value)
             for part, value in sorted(program_parts.items())
             if stored_parts.get(part) != value
-        ) + manifest.environment.diff(environment)
+        ) + (manifest.environment.diff(environment) if environment is not None else ())
         stored_statics = tuple(s.describe() for s in manifest.statics)
         if wanted is not None and tuple(sorted(stored_statics)) != wanted:
             diffs += (PartDifference(
@@ -178,7 +190,7 @@ def explain(
         shown = request if request is not None else Signature.from_specs(positional, keywords)
         return Explanation(
             name, signature, False, None, None, (), len(entries), shown,
-            xla_flags_outside_key=outside,
+            xla_flags_outside_key=outside, environment_known=environment is not None,
         )
     _, manifest, diffs, stored_signature, mine = best
     leaf_diffs = (
@@ -187,9 +199,11 @@ def explain(
     )
     slot = (name, manifest.signature, here)
     return Explanation(
-        name, signature, not diffs, manifest.key, manifest.signature, diffs, len(entries),
-        mine, stored_signature, leaf_diffs, xla_flags_outside_key=outside,
-        served_key=served_key(entries, refs, slot), served_by="ref" if slot in refs else "newest",
+        name, signature, not diffs and environment is not None, manifest.key, manifest.signature, diffs,
+        len(entries), mine, stored_signature, leaf_diffs, xla_flags_outside_key=outside,
+        served_key=served_key(entries, refs, slot) if here is not None else None,
+        served_by=("ref" if slot in refs else "newest") if here is not None else None,
+        environment_known=environment is not None,
     )
 
 

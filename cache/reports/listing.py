@@ -49,12 +49,17 @@ class EnvironmentStatus:
     this: bool
     differences: tuple[PartDifference, ...] = ()
     error: str | None = None  # the manifest could not be read
+    #: This host's environment is not known (not recorded, and finding it out would
+    #: open the device: :mod:`aot.cache.reports.environment`).
+    unknown: bool = False
 
     def short(self) -> str:
         """``this``, or the first differing part with its stored value
         (``device_count 8``, ``+2`` when more parts differ)."""
         if self.this:
             return "this"
+        if self.unknown:
+            return "unknown"
         if not self.differences:
             return "unreadable" if self.error else "other"
         first = self.differences[0]
@@ -73,15 +78,20 @@ class EnvironmentStatus:
         """``this environment`` or ``another environment (device_count 8 != 1; ...)``."""
         if self.this:
             return "this environment"
+        if self.unknown:
+            return "an environment not known to be this host's (this host's environment is not recorded yet)"
         if not self.differences:
             return f"another environment ({self.error or 'unknown differences'})"
         return "another environment (" + "; ".join(d.describe() for d in self.differences) + ")"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "this_environment": self.this,
             "environment_differences": [d.to_dict() for d in self.differences],
         }
+        if self.unknown:
+            out["environment_unknown"] = True
+        return out
 
 
 def _clip(value: str | None, limit: int = 24) -> str:
@@ -103,10 +113,10 @@ def _ordered(diffs: Iterable[PartDifference]) -> tuple[PartDifference, ...]:
 
 
 def environment_statuses(
-    entries: Iterable[IndexEntry], current: Fingerprint
+    entries: Iterable[IndexEntry], current: Fingerprint | None
 ) -> dict[str, EnvironmentStatus]:
     """Each entry's :class:`EnvironmentStatus` by key (one manifest parse per
-    environment digest, not per entry)."""
+    environment digest, not per entry); ``current`` None: this host's is unknown."""
     from aot.fingerprint import Fingerprint as _Fingerprint
 
     by_env: dict[str, EnvironmentStatus] = {}
@@ -114,7 +124,9 @@ def environment_statuses(
     for entry in entries:
         status = by_env.get(entry.env_fp)
         if status is None:
-            if entry.env_fp == current.digest:
+            if current is None:
+                status = EnvironmentStatus(False, unknown=True)
+            elif entry.env_fp == current.digest:
                 status = EnvironmentStatus(True)
             else:
                 try:
@@ -181,17 +193,27 @@ class Listing:
     def superseded(self) -> int:
         return sum(1 for row in self.rows if row.superseded_by)
 
+    #: False when this host's environment is unknown (no ENV says "this").
+    environment_known: bool = True
+
     @property
     def other_environments(self) -> int:
-        return sum(1 for row in self.rows if not row.environment.this)
+        return sum(1 for row in self.rows if not row.environment.this and not row.environment.unknown)
+
+    @property
+    def unknown_environments(self) -> int:
+        return sum(1 for row in self.rows if row.environment.unknown)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "cache": self.location,
             "env": self.env,
             "count": len(self.rows) + len(self.jit),
             "entries": [{"kind": AOT, **row.to_dict()} for row in self.rows] + [e.to_dict() for e in self.jit],
         }
+        if not self.environment_known:
+            out["environment_unknown"] = True
+        return out
 
 
 def check_env_choice(env: str) -> str:
@@ -202,15 +224,17 @@ def check_env_choice(env: str) -> str:
 
 def entry_rows(
     cache: Cache, entries: Sequence[IndexEntry], *, env: str = "all",
-    peers: Sequence[IndexEntry] | None = None,
+    peers: Sequence[IndexEntry] | None = None, current: Fingerprint | None | str = "ask",
 ) -> list[EntryRow]:
     """Rows for ``entries``, filtered by ``env``. Supersession is decided among
-    ``peers`` (default: every intact entry of the names in ``entries``)."""
+    ``peers`` (default: every intact entry of the names in ``entries``). ``current``:
+    this host's environment (default: :func:`this_environment`; None: unknown)."""
     check_env_choice(env)
     if peers is None:
         peers = [p for name in sorted({e.name for e in entries}) for p in reads_of(cache).by_name(name)]
     superseded, served, labels = served_state(cache, peers, {e.name for e in entries})
-    statuses = environment_statuses(entries, this_environment(cache))
+    here = this_environment(cache) if isinstance(current, str) else current
+    statuses = environment_statuses(entries, here)
     rows = []
     for entry in entries:
         status = statuses[entry.key]
@@ -265,5 +289,9 @@ def list_entries(cache: Cache, glob: str | None = None, *, env: str = "all") -> 
     reads = reads_of(cache)
     entries = reads.entries(glob)
     # A name glob selects every entry of a name or none: they are their own peers.
-    rows = entry_rows(cache, entries, env=env, peers=entries)
-    return Listing(cache.display_location, glob, env, tuple(rows), tuple(reads.jit_entries(glob)))
+    current = this_environment(cache)
+    rows = entry_rows(cache, entries, env=env, peers=entries, current=current)
+    return Listing(
+        cache.display_location, glob, env, tuple(rows), tuple(reads.jit_entries(glob)),
+        environment_known=current is not None,
+    )

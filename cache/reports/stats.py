@@ -101,6 +101,8 @@ class StatsReport:
         inside an aval)."""
         return self.arguments(row).compact(width)
     jit: tuple[JitStats, ...] = ()  # JAX's persistent cache through aot.jax_cache, per function
+    #: False when this host's environment is unknown (no row is "this").
+    environment_known: bool = True
 
     @property
     def totals(self) -> dict[str, Any]:
@@ -188,7 +190,9 @@ def read_stats(
     :meth:`StatsReport.to_dict` (``aot stats --json``) never uses them."""
     from aot.cache.reports.reads import reads_of
 
-    this = this_environment(cache).digest
+    current = this_environment(cache)
+    # Unknown here: no row is this environment's, and --env this shows none.
+    this = current.digest if current is not None else "unknown"
     reads = reads_of(getattr(cache, "stats_cache", cache))
     rows = []
     for data in reads.call_stats(name_glob, this if env == "this" else None):
@@ -196,7 +200,7 @@ def read_stats(
         rows.append(SignatureStats(this_environment=data["env_fp"] == this, **data))
     return StatsReport(
         reads.url, ordered(rows), env, stored=True, named=named_signatures(cache, rows) if arguments else {},
-        jit=tuple(reads.jit_stats(name_glob)),
+        jit=tuple(reads.jit_stats(name_glob)), environment_known=current is not None,
     )
 
 

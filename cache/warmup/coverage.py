@@ -10,7 +10,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from aot.errors import AotError, ManifestError
+from aot.device import accelerator_runtime
+from aot.environment import ENVIRONMENT_KIND
+from aot.errors import AotError, CacheError, ManifestError
+from aot.fingerprint import UNKNOWN_ENVIRONMENT_NOTE, Fingerprint, known_environment
+from aot.jaxcompat.runtime import backend_started
 from aot.cache.warmup.manifest import WarmupItem
 from aot.cache.warmup.targets import item_signature, x64_mode
 
@@ -37,11 +41,18 @@ def find_uncovered(cache: Cache, items: Iterable[WarmupItem]) -> list[Uncovered]
     whose specs cannot be resolved."""
     by_name: dict[str, tuple[IndexEntry, ...]] = {}
     missing = []
+    recorded = None if backend_started() else known_environment(lambda: cache.environment)
+    if recorded is None and not backend_started() and accelerator_runtime() is not None:
+        raise CacheError(f"cannot tell which items this host's cache covers: {UNKNOWN_ENVIRONMENT_NOTE}")
     for item in items:
         if item.name not in by_name:
             by_name[item.name] = tuple(cache.index.by_name(item.name, state=None))
-        with x64_mode(item):
-            env = cache.environment.digest
+        if recorded is not None:  # without opening the device: the record, in the item's x64 mode
+            x64 = "true" if item.x64 else recorded.as_dict().get("x64", "false")
+            env = Fingerprint.of(ENVIRONMENT_KIND, {**recorded.as_dict(), "x64": x64}).digest
+        else:
+            with x64_mode(item):
+                env = cache.environment.digest
         try:
             signature = item_signature(item)
         except AotError as exc:

@@ -27,6 +27,9 @@ HIERARCHY = {
     aot.ManifestError: (ValueError,),
     aot.TargetError: (LookupError,),
     aot.UsageError: (ValueError,),
+    # RuntimeErrors too, as JAX raises when its backend cannot start.
+    aot.DeviceUnavailableError: (RuntimeError,),
+    aot.DeviceBusyError: (aot.DeviceUnavailableError, RuntimeError),
 }
 
 

@@ -95,7 +95,7 @@ def test_listing_without_a_record_imports_jax_once_then_reads_the_record(warmed:
 @pytest.mark.parametrize("command", [
     ("ls",), ("ls", "mlp*", "--env", "this"), ("show", "tiny"), ("show", "mlp.forward", "--json"),
     ("stats",), ("gc", "--dry-run"), ("gc", "--dry-run", "--older-than", "1d", "--superseded", "--json"),
-    ("gc",), ("rm", "tiny", "--dry-run"),
+    ("gc",), ("rm", "tiny", "--dry-run"), ("history", "tiny"), ("release", "ls"),
 ])
 def test_read_commands_do_not_import_jax(warmed: Path, recorded: Path, command: tuple[str, ...]) -> None:
     out, imported = run_aot(recorded, "--cache", str(warmed), *command)
@@ -238,6 +238,7 @@ def test_library_modules_of_these_commands_import_no_jax_or_numpy() -> None:
         "aot", "aot.cli.main", "aot.cache.opening", "aot.cache.reports.listing", "aot.cache.reports.details",
         "aot.cache.reports.stats", "aot.cache.admin.bundle", "aot.cache.admin.transfer",
         "aot.cache.admin.removal", "aot.cache.admin.maintenance", "aot.artifact", "aot.signing", "aot.fingerprint",
+        "aot.device", "aot.cache.reports.environment",
     )
     code = (
         f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"

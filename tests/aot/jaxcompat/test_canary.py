@@ -339,6 +339,13 @@ def test_shardings_shapes_and_registries() -> None:
         ok = hasattr(state.global_state, "client") and not runtime.distributed_client_active()
         return None if ok else "global_state has no client"
 
+    def backends() -> str | None:
+        import jax._src.xla_bridge as bridge
+
+        jax.devices()  # the tests' backend is up: the answer must say so
+        ok = callable(getattr(bridge, "backends_are_initialized", None)) and runtime.backend_started()
+        return None if ok else "xla_bridge.backends_are_initialized moved"
+
     def lapack() -> str | None:
         from aot.jaxcompat.deserialize import lapack_targets
 
@@ -356,6 +363,7 @@ def test_shardings_shapes_and_registries() -> None:
         "mlir": module_text,
         "traceback_in_locations_limit": tracing,
         "jax._src.distributed": distributed,
+        "jax._src.xla_bridge.backends_are_initialized": backends,
         "LAPACK registrations": lapack,
     })
     assert not problems, "private JAX behaviour that changed:\n  " + "\n  ".join(problems)
