@@ -30,6 +30,7 @@ HIERARCHY = {
     # RuntimeErrors too, as JAX raises when its backend cannot start.
     aot.DeviceUnavailableError: (RuntimeError,),
     aot.DeviceBusyError: (aot.DeviceUnavailableError, RuntimeError),
+    aot.DeviceTargetError: (ValueError,),
 }
 
 
