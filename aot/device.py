@@ -28,7 +28,9 @@ from aot.errors import DeviceBusyError, DeviceUnavailableError
 # GPUs are shared between processes: their device files say nothing about a holder.
 TPU_DEVICE_FILES = ("/dev/vfio/[0-9]*", "/dev/accel*")
 # Distributions (``.dist-info`` folder names, lower case) that give JAX a non-CPU backend.
-_ACCELERATOR_DISTRIBUTIONS = ("libtpu", "jax_cuda", "jax_rocm", "jax-cuda", "jax-rocm", "jax_plugins")
+# (libtpu is not one: without a chip it only compiles for TPU targets; a chip is seen by
+# its device files, wherever JAX and libtpu are installed.)
+_ACCELERATOR_DISTRIBUTIONS = ("jax_cuda", "jax_rocm", "jax-cuda", "jax-rocm", "jax_plugins")
 _PID = re.compile(r"in use by process with pid (\d+)")
 _BACKEND = re.compile(r"Unable to initialize backend '([\w-]+)'")
 _TARGET_HINT = "compile without the device with --target (e.g. --target tpu:v5e:1x1; see docs/cli.md)"
@@ -51,7 +53,7 @@ def accelerator_runtime(
     device_files: Sequence[str] = TPU_DEVICE_FILES,
 ) -> str | None:
     """What could make JAX's default backend an accelerator here (``JAX_PLATFORMS``
-    naming a non-CPU platform, or an installed libtpu / CUDA / ROCm plugin), or None on
+    naming a non-CPU platform, a TPU's device files, or an installed CUDA / ROCm plugin), or None on
     a CPU-only host, where initialising the backend opens nothing another process can
     hold. Imports nothing."""
     environ = os.environ if environ is None else environ
@@ -59,15 +61,15 @@ def accelerator_runtime(
     if platforms:
         other = sorted(platforms - {"cpu"})
         return f"JAX_PLATFORMS={environ['JAX_PLATFORMS']}" if other else None
+    chips = [p for pattern in device_files for p in glob.glob(pattern)]
+    if chips:
+        return f"a TPU ({sorted(chips)[0]})"
     if distributions is None:
         from aot.env_record import installed_distributions
 
         distributions = installed_distributions()
     for path in distributions:
         name = os.path.basename(path).lower()
-        # libtpu without a chip (a CPU-only runner compiling for TPU targets) opens none.
-        if name.startswith("libtpu") and not has_tpu_device(device_files):
-            continue
         if name.startswith(_ACCELERATOR_DISTRIBUTIONS):
             return name.split("-")[0] if "-" in name else name
     return None
