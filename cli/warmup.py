@@ -154,6 +154,8 @@ def warmup_command(
             cache = state.cache(create=True)
             if not loaded.targets:  # entries for device targets never open this host's device
                 cache.environment  # noqa: B018 - every warm-up needs it; computed once
+            for target in loaded.targets:  # libtpu missing, or refusing a held chip: one line
+                parse_target(target).devices()
     except BaseException:
         if workers is not None:
             workers.close()

@@ -103,3 +103,35 @@ def test_an_unknown_target_is_a_usage_error(invoke: Invoke, tmp_path: Path) -> N
 def test_an_unknown_manifest_target_names_the_file(invoke: Invoke, tmp_path: Path) -> None:
     line = one_line_error(invoke("warmup", _manifest(tmp_path, head='target = "tpu:v7:2x2"\n')))
     assert "m.toml: unknown target 'tpu:v7:2x2'; known:" in line
+
+
+def test_without_libtpu_a_target_warmup_fails_in_one_line(tmp_path: Path) -> None:
+    """No TPU compiler here (JAX's topology API fails as it does without libtpu): one
+    line saying what to install, before any entry is tried."""
+    import subprocess
+    import sys
+
+    from tests.cli.helpers import REPO
+
+    script = (
+        "import sys\n"
+        "from jax.experimental import topologies\n"
+        "def missing(*args, **kwargs):\n"
+        "    raise RuntimeError('JAX TPU support not installed; cannot generate TPU topology.')\n"
+        "topologies.get_topology_desc = missing\n"
+        "from aot.cli.main import main\n"
+        "sys.argv = ['aot', *sys.argv[1:]]\n"
+        "main()\n"
+    )
+    manifest = _manifest(tmp_path, head='target = "tpu:v5e:1x1"\n')
+    done = subprocess.run(
+        [sys.executable, "-c", script, "--cache", str(tmp_path / "c"), "warmup", str(manifest)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
+    assert errors == [
+        "Error: cannot compile for tpu:v5e:1x1: the TPU compiler (libtpu) is not installed here; "
+        "pip install 'jax-aot[tpu]' (libtpu of the version jax[tpu] pins)"
+    ], done.stderr
+    assert "compiled" not in done.stdout and "FAILED" not in done.stdout
