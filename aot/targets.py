@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -29,7 +30,7 @@ from aot.errors import DeviceTargetError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KNOWN_TOPOLOGIES", "DeviceTarget", "parse_target"]
+__all__ = ["KNOWN_TOPOLOGIES", "DeviceTarget", "compile_only_here", "parse_target"]
 
 # The chips and grids of Cloud TPU slices jax-aot knows (libtpu accepts these names).
 KNOWN_TOPOLOGIES: dict[str, tuple[str, ...]] = {
@@ -40,6 +41,7 @@ KNOWN_TOPOLOGIES: dict[str, tuple[str, ...]] = {
 }
 _PLATFORMS = ("tpu",)
 _DEFAULT_HOST_BOUNDS = (2, 2, 1)
+_ALLOW_MULTIPLE = "ALLOW_MULTIPLE_LIBTPU_LOAD"
 _GRID = re.compile(r"^\d+(x\d+){1,2}$")
 
 
@@ -100,6 +102,26 @@ class DeviceTarget:
         return Mesh(grid, tuple(name for name, _ in pairs))
 
 
+def compile_only_here() -> None:
+    """Makes the CPU this process's default backend, for a process that compiles only
+    for device targets (``aot warmup --target``): it never needs this host's own
+    accelerator, and on a TPU host whose chip a server holds, JAX would otherwise try to
+    open it (jax.export asks for the default backend). Its worker processes inherit it.
+    Does nothing when ``JAX_PLATFORMS`` is set or a backend is already up."""
+    if os.environ.get("JAX_PLATFORMS"):
+        return
+    from aot.jaxcompat.runtime import backend_started
+
+    if "jax" in sys.modules and backend_started():
+        return
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    if "jax" in sys.modules:
+        import jax
+
+        jax.config.update("jax_platforms", "cpu")
+    log.info("compiling for device targets only: JAX_PLATFORMS=cpu in this process")
+
+
 def parse_target(text: str | DeviceTarget) -> DeviceTarget:
     """``"tpu:v5e:2x2"`` (optionally ``@CHIPS_PER_HOST``) -> :class:`DeviceTarget`;
     :class:`aot.DeviceTargetError` names the known ones for anything else."""
@@ -142,12 +164,14 @@ def parse_target(text: str | DeviceTarget) -> DeviceTarget:
 def _topology_devices(target: DeviceTarget) -> tuple[Any, ...]:
     from jax.experimental import topologies
 
-    from aot.device import device_error, has_tpu_device
+    from aot.device import device_error
 
-    if not has_tpu_device():
-        # libtpu takes a host-wide lock file when it loads, for the chip: with no chip
-        # here, warm-up workers compiling at once must not fail on it.
-        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # libtpu refuses to load while another process holds the host's lock file (a server
+    # on the chip, or another warm-up worker), though a topology opens no chip: allowed
+    # while it loads for one (on the chip host a server kept running, measured); only
+    # for that load, so this process's own backend, if it opens one, stays guarded.
+    allowed = os.environ.get(_ALLOW_MULTIPLE)
+    os.environ[_ALLOW_MULTIPLE] = "1"
     try:
         topology = topologies.get_topology_desc(
             f"{target.chip}:{target.topology}", target.platform,
@@ -163,6 +187,11 @@ def _topology_devices(target: DeviceTarget) -> tuple[Any, ...]:
                 "here; pip install 'jax-aot[tpu]' (libtpu of the version jax[tpu] pins)"
             ) from None
         raise DeviceTargetError(f"cannot compile for {target.name}: {exc}") from None
+    finally:
+        if allowed is None:
+            os.environ.pop(_ALLOW_MULTIPLE, None)
+        else:
+            os.environ[_ALLOW_MULTIPLE] = allowed
     devices = tuple(topology.devices)
     log.info("target %s: %d compile-only %s device(s)", target.name, len(devices), devices[0].device_kind)
     return devices

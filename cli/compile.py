@@ -93,6 +93,10 @@ def compile_command(
         out_shardings=out_shardings, donate=donate, x64=x64,
         origin=RefOrigin("compile", commit=commit or default_commit()), device_target=device_target,
     )
+    if device_target is not None:
+        from aot.targets import compile_only_here
+
+        compile_only_here()
     with state.start_up():  # SQLAlchemy and JAX, whose backend the environment starts
         cache = state.cache(create=True)
         if device_target is None:  # a target's compile never opens this host's device

@@ -126,7 +126,7 @@ def warmup_command(
     from aot.cache.warmup.jobs import resolve_jobs
     from aot.cache.warmup.run import release_run
     from aot.errors import DeviceTargetError, UsageError
-    from aot.targets import parse_target
+    from aot.targets import compile_only_here, parse_target
 
     loaded = load_manifest(manifest)
     if device_targets:
@@ -134,6 +134,8 @@ def warmup_command(
             loaded = loaded.for_targets(tuple(parse_target(t).name for t in device_targets))
         except DeviceTargetError as exc:
             raise click.BadParameter(str(exc), param_hint="'--target'") from None
+    if loaded.targets:
+        compile_only_here()  # before the worker processes start: they inherit it
     items = expand(loaded)
     jobs = resolve_jobs(jobs, entries=len(items))  # "auto": at most one job per entry
     origin = RefOrigin(f"warmup {manifest}", commit=commit or default_commit())

@@ -142,3 +142,29 @@ def test_an_executable_compiled_for_a_target_says_where_it_runs() -> None:
     assert exe.info.device_ids == (0,)
     with pytest.raises(DeviceTargetError, match="compiled for tpu:v5e:1x1 without the device and runs only there"):
         exe(np.ones((8, 128), np.float32), np.ones((128, 128), np.float32))
+
+
+def test_a_target_only_process_makes_the_cpu_its_backend() -> None:
+    """aot warmup --target on a TPU host whose chip a server holds must not open it
+    (jax.export asks for the default backend): the CPU becomes the default, before or
+    after JAX is imported, unless JAX_PLATFORMS says otherwise."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys\n"
+        "if sys.argv[1] == 'after': import jax\n"
+        "from aot.targets import compile_only_here\n"
+        "compile_only_here()\n"
+        "import jax\n"
+        "print(os.environ['JAX_PLATFORMS'], jax.config.jax_platforms)\n"
+        "if os.environ['JAX_PLATFORMS'] == 'cpu': print(jax.default_backend())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    for when in ("before", "after"):
+        done = subprocess.run([sys.executable, "-c", script, when], env=env, capture_output=True, text=True, timeout=120)
+        assert done.stdout.split() == ["cpu", "cpu", "cpu"], done.stderr
+    env["JAX_PLATFORMS"] = "cpu,tpu"  # the user's word stands
+    done = subprocess.run([sys.executable, "-c", script, "before"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["cpu,tpu", "cpu,tpu"], done.stderr
