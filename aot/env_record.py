@@ -29,7 +29,7 @@ backend may have started under the old ones; ``/proc/self/environ`` holds them).
 ``import jax`` sets a few variables itself (``TPU_LIBRARY_PATH``, ``TPU_ML_PLATFORM``, ...:
 :data:`_SET_BY_JAX`); the key takes them as they were when the process started, on
 both sides, so that TPU hosts get records. Without a record, a host with a device
-runtime does not compute the environment (it would open, or wait for, a device another
+(:func:`aot.device.accelerator_runtime`) does not compute the environment (it would open, or wait for, a device another
 process may hold): :func:`aot.fingerprint.known_environment`.
 
 The record only serves listing, filtering, ``why``, ``verify`` and ``doctor``:

@@ -26,6 +26,8 @@ from aot.environment import (
     xla_flags_outside_key,
 )
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "Fingerprint",
     "PartDifference",
@@ -136,7 +138,6 @@ UNKNOWN_ENVIRONMENT_NOTE = (
     "this host's environment is not recorded yet, so no entry is shown as 'this': any aot "
     "command that opens the device while it is free records it (aot doctor, aot.load, a compile)"
 )
-log = logging.getLogger(__name__)
 
 
 def known_environment(compute: Callable[[], Fingerprint]) -> Fingerprint | None:
@@ -144,8 +145,9 @@ def known_environment(compute: Callable[[], Fingerprint]) -> Fingerprint | None:
     only read (listing, verify, why): ``compute()`` (the real one) when this process's
     JAX backend is already up; else the per-host record (:mod:`aot.env_record`); else,
     on a CPU-only host (nothing there can be held), ``compute()``; else None: unknown,
-    because a device runtime (libtpu, a CUDA/ROCm plugin, ``JAX_PLATFORMS``) is
-    installed and starting it could open, or wait for, a device another process holds."""
+    because this host has a device (a TPU's device files, a CUDA/ROCm plugin,
+    ``JAX_PLATFORMS``: :func:`aot.device.accelerator_runtime`), and starting it could
+    open, or wait for, a device another process holds."""
     from aot.jaxcompat.runtime import backend_started
 
     if backend_started():
