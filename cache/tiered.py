@@ -441,10 +441,11 @@ class TieredCache(Cache):
                 return
             index = self.local.index
             origin = RefOrigin(f"tier copy of {self.display_location}", release=label)
-            current = index.release_set(label)  # every name's members
-            set_id = index.open_release(label, origin)  # a new, empty set: keep the other names'
-            keep = [m for m in (current.members if current else ()) if m.name != name]
-            index.add_release_members(set_id, [*keep, *members])
+            # A new set: the other names' members of the current one, and these (one transaction).
+            index.declare_release(
+                label, [(m.name, m.signature, m.env_fp, m.key) for m in members], origin,
+                set_refs=False, keep=lambda m: m.name != name,
+            )
         except AotError as exc:
             log.warning("local tier: could not record release %s of %s: %s", label, name, exc)
 

@@ -119,8 +119,7 @@ def apply_refs(
             outcome = RefsOutcome(problem=_release_problem(carried, missing))
             log_refs(outcome, current_refs)
             return outcome
-        set_id = destination.index.open_release(carried.release, origin)
-        changed = destination.index.set_refs(_targets(targets), origin, release_id=set_id)
+        _, changed = destination.index.declare_release(carried.release, _targets(targets), origin)
         log.info("recorded release %s (%d entries) at %s", carried.release, len(targets),
                  destination.display_location)
         return RefsOutcome(_members(changed), (), carried.release)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -32,7 +32,8 @@ __all__ = ["IndexRefs", "RefTarget"]
 #: (name, signature, env_fp, key): what a ref update names.
 RefTarget = tuple[str, str, str, str]
 
-#: The PostgreSQL advisory lock that serializes :meth:`IndexRefs.set_refs` transactions.
+#: The PostgreSQL advisory lock that serializes ref writers and label moves
+#: (:meth:`IndexRefs.set_refs`, :meth:`IndexRefs.declare_release`, promote, rollback, rm).
 _PG_REFS_LOCK_KEY = 0x616F7472  # "aotr"
 
 _REF_COLUMNS = ("name", "signature", "env_fp", "key", "seq", "set_at", "host", "user", "source", "release", "commit")
@@ -55,33 +56,83 @@ class IndexRefs(IndexEngine):
         """Points each (name, signature, environment) at its key, in one transaction, and
         adds them to the release set ``release_id`` when given. A ref that already names
         its key is left as it is (no history record); with ``keep_existing`` so is any
-        ref that exists (a copy fills only the slots without one). Returns the refs changed."""
+        ref that exists (a copy fills only the slots without one). Returns the refs changed.
+        A labelled declaration uses :meth:`declare_release` (the set and its members in
+        one transaction)."""
+        with self._write("set refs") as conn:
+            self._lock_refs(conn)
+            changed = self._set_refs_in(conn, targets, origin, release_id=release_id, keep_existing=keep_existing)
+        self._log_refs(changed, origin)
+        return changed
+
+    def declare_release(
+        self, label: str, targets: Iterable[RefTarget], origin: RefOrigin, *, run: str | None = None,
+        set_refs: bool = True, keep: Callable[[ReleaseMember], bool] | None = None,
+    ) -> tuple[int, list[Ref]]:
+        """Records ``targets`` as a set of ``label`` and points their refs at them (unless
+        ``set_refs`` is false), in one transaction under the lock of every label move:
+        a writer that fails or is killed leaves the label on its previous set, with its
+        members. The set is new (its ``previous`` the label's current one) unless ``run``
+        is given and the current set was opened by the same run (the shards of one CI
+        job add to one set). ``keep``: the members of the current set carried into a
+        new one (the local tier replaces one name's members). Returns (set id, refs changed)."""
+        check_label(label)
+        with self._write(f"declare release {label}") as conn:
+            self._lock_refs(conn)
+            current = self._current_set(conn, label)
+            if run is not None and current is not None and current["run"] == run:
+                set_id = int(current["id"])
+            else:
+                set_id = self._new_set(conn, label, origin, previous=None if current is None else current["id"],
+                                       run=run)
+                if keep is not None and current is not None:
+                    for member in self._members(conn, int(current["id"])):
+                        if keep(member):
+                            self._add_member(conn, set_id, member)
+            if set_refs:
+                changed = self._set_refs_in(conn, targets, origin, release_id=set_id)
+            else:
+                changed = []
+                for name, signature, env_fp, key in targets:
+                    self._add_member(conn, set_id, ReleaseMember(name, signature, env_fp, key))
+        self._log_refs(changed, origin)
+        return set_id, changed
+
+    def _lock_refs(self, conn: Connection) -> None:
+        """One ref or label writer at a time (SQLite: BEGIN IMMEDIATE already), before
+        any seq is taken or any current ref or set read: each writer's refs land whole
+        and in commit order, a slot filled meanwhile is seen, and label moves (declare,
+        promote, rollback, rm) run in one of their serial orders."""
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_REFS_LOCK_KEY})
+
+    def _set_refs_in(
+        self, conn: Connection, targets: Iterable[RefTarget], origin: RefOrigin, *, release_id: int | None,
+        keep_existing: bool = False,
+    ) -> list[Ref]:
         # One order for every writer (stable: of one slot, the last target wins), so
         # that concurrent transactions lock the rows of the same slots in the same
         # order and cannot deadlock on PostgreSQL.
         targets = sorted(dict.fromkeys(targets), key=lambda t: (t[2], t[0], signature_digest(t[1])))
         changed: list[Ref] = []
-        with self._write("set refs") as conn:
-            if conn.dialect.name == "postgresql":
-                # One ref writer at a time (SQLite: BEGIN IMMEDIATE already), before
-                # any seq is taken or any current ref read: each writer's refs land
-                # whole and in commit order, and a slot filled meanwhile is seen.
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_REFS_LOCK_KEY})
-            now = server_now(conn)
-            for name, signature, env_fp, key in targets:
-                digest = signature_digest(signature)
-                current = conn.execute(
-                    sa.select(REFS.c.key).where(
-                        REFS.c.env_fp == env_fp, REFS.c.name == name, REFS.c.signature_digest == digest
-                    )
-                ).scalar_one_or_none()
-                if current != key and not (keep_existing and current is not None):
-                    changed.append(self._append_ref(conn, name, signature, env_fp, key, origin, now))
-                if release_id is not None:
-                    self._add_member(conn, release_id, ReleaseMember(name, signature, env_fp, key))
+        now = server_now(conn)
+        for name, signature, env_fp, key in targets:
+            digest = signature_digest(signature)
+            current = conn.execute(
+                sa.select(REFS.c.key).where(
+                    REFS.c.env_fp == env_fp, REFS.c.name == name, REFS.c.signature_digest == digest
+                )
+            ).scalar_one_or_none()
+            if current != key and not (keep_existing and current is not None):
+                changed.append(self._append_ref(conn, name, signature, env_fp, key, origin, now))
+            if release_id is not None:
+                self._add_member(conn, release_id, ReleaseMember(name, signature, env_fp, key))
+        return changed
+
+    @staticmethod
+    def _log_refs(changed: list[Ref], origin: RefOrigin) -> None:
         for ref in changed:
             logger.info("ref %s (%s) -> %s (%s)", ref.name, ref.signature, ref.key[:12], origin.source)
-        return changed
 
     def _append_ref(
         self, conn: Connection, name: str, signature: str, env_fp: str, key: str, origin: RefOrigin, now: Any,
@@ -154,9 +205,12 @@ class IndexRefs(IndexEngine):
     def open_release(self, label: str, origin: RefOrigin, *, run: str | None = None) -> int:
         """The id of the set a labelled warm-up adds its refs to: a new set for
         ``label`` (its ``previous`` the current one), or, when ``run`` is given and the
-        label's current set was opened by the same run (shards of one CI job), that set."""
+        label's current set was opened by the same run (shards of one CI job), that set.
+        The set is committed empty: a declaration uses :meth:`declare_release`, which
+        opens it in the transaction of its members."""
         check_label(label)
         with self._write(f"open release {label}") as conn:
+            self._lock_refs(conn)
             current = self._current_set(conn, label)
             if run is not None and current is not None and current["run"] == run:
                 return int(current["id"])
@@ -168,6 +222,7 @@ class IndexRefs(IndexEngine):
         ``target`` with the same members)."""
         check_label(target)
         with self._write(f"promote {source} to {target}") as conn:
+            self._lock_refs(conn)
             current = self._current_set(conn, source)
             if current is None:
                 raise CacheError(f"no release labelled {source!r}; `aot release ls` lists the labels")
@@ -182,6 +237,7 @@ class IndexRefs(IndexEngine):
         """Points ``label`` back at the set it pointed to before its current one. Done
         again, it goes one further step back."""
         with self._write(f"roll back {label}") as conn:
+            self._lock_refs(conn)
             current = self._current_set(conn, label)
             if current is None:
                 raise CacheError(f"no release labelled {label!r}; `aot release ls` lists the labels")
@@ -295,6 +351,7 @@ class IndexRefs(IndexEngine):
         one transaction (the refs' history keeps the label names). A set added to a
         label after the plan (a warm-up or promotion meanwhile) is kept, with a warning."""
         with self._write(f"remove releases {', '.join(plan.labels)}") as conn:
+            self._lock_refs(conn)
             for release in plan.releases:
                 sets = sa.select(RELEASES.c.id).where(
                     RELEASES.c.label == release.label, RELEASES.c.id <= release.current.id
@@ -323,6 +380,10 @@ class IndexRefs(IndexEngine):
             source=origin.source, commit=origin.commit, run=run,
         ).returning(RELEASES.c.id)).scalar_one())
 
+    def _members(self, conn: Connection, set_id: int) -> list[ReleaseMember]:
+        rows = conn.execute(sa.select(RELEASE_MEMBERS).where(RELEASE_MEMBERS.c.release_id == set_id))
+        return [ReleaseMember(m.name, m.signature, m.env_fp, m.key) for m in rows.all()]
+
     def _add_member(self, conn: Connection, set_id: int, member: ReleaseMember) -> None:
         upsert = insert_ignore(conn, RELEASE_MEMBERS).values(
             release_id=set_id, env_fp=member.env_fp, name=member.name,
@@ -344,6 +405,7 @@ class IndexRefs(IndexEngine):
     def add_release_members(self, set_id: int, members: Sequence[ReleaseMember]) -> None:
         """Adds members to a release set (a copy's ``--release``)."""
         with self._write("record release members") as conn:
+            self._lock_refs(conn)
             for member in members:
                 self._add_member(conn, set_id, member)
 

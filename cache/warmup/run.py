@@ -259,8 +259,9 @@ def run_warmup(
     Refs: every item compiled *or hit* becomes the entry served for its (name,
     signature, environment), set in one transaction at the end (``origin``: who sets
     them; default ``warmup`` and the CI commit). ``release=LABEL`` also records them
-    in a release set of that label: ``open_release(label, origin, run=run)``, so the
-    shards of one run (same ``run``) add to one set.
+    in a release set of that label, in the same transaction
+    (:meth:`~aot.cache.index.refs_sql.IndexRefs.declare_release`), so the shards of one
+    run (same ``run``) add to one set and a failed declaration leaves the label as it was.
 
     ``shard=(i, n)`` (or ``"i/n"``, 1 <= i <= n) compiles only this runner's share of
     the items, chosen by :mod:`aot.cache.warmup.shard` (deterministic, balanced by
@@ -374,9 +375,13 @@ def declare(
         targets = [t for t in targets if current.get((t[0], t[1], t[2])) != t[3]]
         if not targets:
             return None
-    set_id = cache.index.open_release(release, origin, run=run) if release is not None else None
-    if targets or set_id is not None:
-        cache.index.set_refs(targets, origin, release_id=set_id)
+    if release is None:
+        cache.index.set_refs(targets, origin)
+        return None
+    # The set and its members in one transaction, under the label lock: a declaration
+    # that fails or is killed leaves the label where it was, and the shards of one run
+    # land in one set whatever their order.
+    set_id, _ = cache.index.declare_release(release, targets, origin, run=run)
     return set_id
 
 
