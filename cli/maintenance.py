@@ -33,8 +33,9 @@ VICTIM_SIGNATURE_WIDTH = 60
 )
 @click.option(
     "--strict", is_flag=True,
-    help="Exit 1 when an entry of the manifest is missing (the manifest defaults to "
-    "AOT_MANIFEST or [tool.aot] manifest).",
+    help="Exit 1 when a ref or a release member names an entry that is not stored and "
+    "intact, or when an entry of the manifest is missing (the manifest defaults to "
+    "AOT_MANIFEST or [tool.aot] manifest; without one, only refs and releases are checked).",
 )
 @click.option(
     "--no-lower", is_flag=True,
@@ -51,16 +52,15 @@ def verify_command(state: State, manifest: str | None, strict: bool, no_lower: b
     entry of the manifest is missing for this environment, and says why (not stored,
     quarantined, or stored for another environment: device_count 8 != 1), and, as it
     lowers every entry (no compile; --no-lower skips this), when the code changed since
-    the served entry was compiled (stale).
+    the served entry was compiled (stale). --strict also fails (with or without a
+    manifest) when a current ref or a member of a release label's current set names an
+    entry that is not stored, quarantined or damaged (dangling: what a strict server
+    refuses).
     """
     from aot.cache.reports.coverage import verify_with_coverage
 
     if strict and manifest is None:
-        manifest = state.settings.manifest.value
-        if manifest is None:
-            raise click.UsageError(
-                "--strict needs --manifest (or AOT_MANIFEST, or manifest in [tool.aot])"
-            )
+        manifest = state.settings.manifest.value  # None: refs and releases only
     cache = state.cache()
     report = verify_with_coverage(cache, manifest, strict=strict, lower=not no_lower)
     if state.json:
@@ -192,21 +192,28 @@ def _finish_gc(state: State, plan: GcPlan) -> None:
     "leaves by path ('x: f32[1,784]'). Repeat for several.",
 )
 @env_option
+@click.option(
+    "--force", is_flag=True,
+    help="Remove entries a release label pins too (the plan names the labels; without "
+    "--force rm refuses them).",
+)
 @click.option("--dry-run", is_flag=True, help="Only print the plan.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation on a terminal.")
 @pass_state
 def rm_command(
-    state: State, target: str, signatures: tuple[str, ...], env: str, dry_run: bool, yes: bool,
+    state: State, target: str, signatures: tuple[str, ...], env: str, force: bool, dry_run: bool, yes: bool,
 ) -> None:
     """Remove the entry KEY (a full key or a unique prefix of 4+ hex digits) or every
     entry whose name matches NAME_GLOB, with their blobs (those no other entry uses).
 
     Prints the plan; on a terminal asks before removing (--yes does not ask; without a
     terminal nothing asks); --dry-run stops after the plan. Exit status 1 when the
-    target matches nothing.
+    target matches nothing, and when a release label pins an entry of the plan (a
+    member of a set the label serves or a rollback could reach): the plan names the
+    labels, and --force removes such entries anyway.
     """
     from aot.cache.admin.removal import SignatureFilter, execute_removal, plan_removal
-    from aot.errors import SpecError
+    from aot.errors import AotError, SpecError
 
     for text in signatures:
         try:
@@ -218,11 +225,14 @@ def rm_command(
     if dry_run or not plan.entries:
         _finish_rm(state, plan)
         return
+    if plan.pinned and not force:
+        _render_rm(plan, err=True)
+        raise AotError(plan.refusal())
     if not yes and stdin_is_tty():
         _render_rm(plan, err=state.json)
         confirm(f"Remove {len(plan.entries)} entr{'y' if len(plan.entries) == 1 else 'ies'} "
                 f"({human_size(plan.bytes_freed)})?", yes=yes)
-    _finish_rm(state, execute_removal(cache, plan))
+    _finish_rm(state, execute_removal(cache, plan, force=force))
 
 
 def _render_rm(plan: RemovalPlan, *, err: bool = False) -> None:
@@ -234,7 +244,10 @@ def _render_rm(plan: RemovalPlan, *, err: bool = False) -> None:
     click.echo(plan.summary() + ("" if plan.executed else " [plan]"), err=err)
     width = terminal_width()
     for victim in plan.entries:
-        extra = [victim.status] if victim.status != "ok" else []
+        if victim.pinned_by:  # what serves it, not what listing calls it ("superseded")
+            extra = [f"pinned by release {', '.join(victim.pinned_by)}"]
+        else:
+            extra = [victim.status] if victim.status != "ok" else []
         if victim.environment != "this" and victim.kind == "aot":
             extra.append(f"env {victim.environment}")
         note = f"  ({', '.join(extra)})" if extra else ""

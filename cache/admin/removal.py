@@ -7,6 +7,11 @@ those entries use and the bytes that frees. :func:`execute_removal` carries it o
 index rows first, then the blobs no remaining row references (re-read after the rows
 are gone, so a blob another entry shares, or that a writer has just referenced, is
 kept). A crash in between leaves only unreferenced blobs, which ``aot gc`` removes.
+
+An entry a release label pins (a member of a set the label serves or a ``rollback``
+could reach) is marked in the plan with the labels (:attr:`RemovalVictim.pinned_by`),
+and :func:`execute_removal` refuses the plan unless ``force``: removing it would take
+down whatever serves, or rolls back to, that label.
 """
 
 from __future__ import annotations
@@ -17,12 +22,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from aot.errors import ArtifactNotFoundError, SpecError
+from aot.errors import ArtifactNotFoundError, CacheError, SpecError
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.jit_records import JitEntry
 from aot.cache.reports.listing import EntryRow, check_env_choice, entry_rows
 from aot.cache.reports.reads import reads_of
-from aot.cache.admin.maintenance import delete_unreferenced_blobs
+from aot.cache.admin.maintenance import delete_unreferenced_blobs, gc_reads_of
 from aot.cache.serving.signatures import Signature
 from aot.cache.units import human_size
 
@@ -110,6 +115,9 @@ class RemovalVictim:
     status: str  # ok, superseded or quarantined
     stored_size: int
     kind: str = "aot"  # or "jit": an entry of JAX's cache (aot.jax_cache)
+    #: The release labels that pin it ("prod", "prod (rollback target)"): rm refuses
+    #: it without force.
+    pinned_by: tuple[str, ...] = ()
 
     def describe(self, width: int | None = None) -> str:
         if self.kind == "jit":
@@ -126,14 +134,15 @@ class RemovalVictim:
             "environment": self.environment,
             "status": self.status,
             "stored_size": self.stored_size,
+            "pinned_by": list(self.pinned_by),
         }
 
     @classmethod
-    def of(cls, row: EntryRow) -> RemovalVictim:
+    def of(cls, row: EntryRow, pinned_by: tuple[str, ...] = ()) -> RemovalVictim:
         e = row.entry
         return cls(
             e.key, e.name, e.signature, row.signature, row.environment.short(), row.status,
-            e.stored_size,
+            e.stored_size, pinned_by=pinned_by,
         )
 
     @classmethod
@@ -153,6 +162,30 @@ class RemovalPlan:
     bytes_freed: int
     executed: bool = False
 
+    @property
+    def pinned(self) -> tuple[RemovalVictim, ...]:
+        """The entries a release label pins (removing them needs ``force``)."""
+        return tuple(v for v in self.entries if v.pinned_by)
+
+    def pinned_labels(self) -> tuple[str, ...]:
+        """The labels (without the rollback notes) that pin an entry of the plan."""
+        labels = (why.split(" (", 1)[0] for v in self.pinned for why in v.pinned_by)
+        return tuple(sorted(set(labels)))
+
+    def refusal(self) -> str:
+        """Why :func:`execute_removal` refuses the plan without force."""
+        pinned = self.pinned
+        shown = "; ".join(f"{v.key[:12]} {v.name}: {', '.join(v.pinned_by)}" for v in pinned[:5])
+        more = f"; and {len(pinned) - 5} more" if len(pinned) > 5 else ""
+        n = len(pinned)
+        return (
+            f"refusing to remove {n} entr{'y' if n == 1 else 'ies'} that release "
+            f"label{'s' if len(self.pinned_labels()) != 1 else ''} {', '.join(self.pinned_labels())} "
+            f"pin{'s' if len(self.pinned_labels()) == 1 else ''} ({shown}{more}): whatever serves or rolls "
+            "back to them would find nothing. Promote or roll the labels elsewhere, or `aot release rm` "
+            "them, first; --force removes the entries anyway"
+        )
+
     def summary(self) -> str:
         verb = "removed" if self.executed else "would remove"
         return (
@@ -170,6 +203,7 @@ class RemovalPlan:
             "entries": [v.to_dict() for v in self.entries],
             "blobs": list(self.blobs),
             "bytes_freed": self.bytes_freed,
+            "pinned": [v.key for v in self.pinned],
         }
 
 
@@ -243,16 +277,37 @@ def plan_removal(
     freed_blobs = sorted(candidates - survivors)
     sizes = reads.blob_sizes()
     freed = sum(sizes.get(d, 0) for d in freed_blobs)
+    pins = _release_pins(cache) if rows else {}
     return RemovalPlan(
         target, tuple(signatures), env,
-        (*(RemovalVictim.of(r) for r in rows), *(RemovalVictim.of_jit(e) for e in jit)),
+        (*(RemovalVictim.of(r, pins.get(r.entry.key, ())) for r in rows), *(RemovalVictim.of_jit(e) for e in jit)),
         tuple(freed_blobs), freed,
     )
 
 
-def execute_removal(cache: Cache, plan: RemovalPlan) -> RemovalPlan:
-    """Deletes the plan's index rows, then its blobs that no row references any more."""
+def _release_pins(cache: Cache) -> dict[str, tuple[str, ...]]:
+    """``{key: labels}`` of the entries a release label pins (as gc keeps them)."""
+    prefix = "release "
+    return {
+        key: tuple(why[len(prefix):] for why in whys if why.startswith(prefix))
+        for key, whys in gc_reads_of(cache).pin_reasons().items()
+        if any(why.startswith(prefix) for why in whys)
+    }
+
+
+def execute_removal(cache: Cache, plan: RemovalPlan, *, force: bool = False) -> RemovalPlan:
+    """Deletes the plan's index rows, then its blobs that no row references any more.
+    Raises :class:`aot.CacheError` naming the labels when a release pins an entry of
+    the plan, unless ``force``."""
     cache._check_writable("remove entries")
+    if not force:
+        # Read again: a label may have been promoted onto an entry since the plan.
+        pins = _release_pins(cache)
+        now = replace(plan, entries=tuple(
+            replace(v, pinned_by=pins.get(v.key, ())) if v.kind == "aot" else v for v in plan.entries
+        ))
+        if now.pinned:
+            raise CacheError(now.refusal())
     aot_keys = [v.key for v in plan.entries if v.kind == "aot"]
     if aot_keys:
         cache.index.delete(aot_keys)
@@ -266,8 +321,8 @@ def execute_removal(cache: Cache, plan: RemovalPlan) -> RemovalPlan:
 
 def remove(
     cache: Cache, target: str, *, signatures: Iterable[str] = (), env: str = "all",
-    dry_run: bool = False,
+    dry_run: bool = False, force: bool = False,
 ) -> RemovalPlan:
     """:func:`plan_removal`, then (unless ``dry_run``) :func:`execute_removal`."""
     plan = plan_removal(cache, target, signatures=tuple(signatures), env=env)
-    return plan if dry_run else execute_removal(cache, plan)
+    return plan if dry_run else execute_removal(cache, plan, force=force)

@@ -8,7 +8,7 @@ Each read here is the SQL index's statement (:mod:`aot.cache.index.queries`,
 :mod:`~aot.cache.index.gc_protocol`, :mod:`~aot.cache.index.state`,
 :mod:`~aot.cache.index.refs_sql`) in SQLite's text, and the rows go through the same
 helpers (:func:`~aot.cache.index.entry.gc_rows_of_sqlite`,
-:func:`~aot.cache.index.entry.sqlite_clock`, :func:`~aot.cache.index.refs.pins_of`):
+:func:`~aot.cache.index.entry.sqlite_clock`, :func:`~aot.cache.index.refs.pin_reasons`):
 tests/cache/admin/test_gc_reads.py checks that both readers plan the same gc.
 Deleting rows and blobs stays with the SQL index and its protocol; a gc whose only
 work is the expired leases of killed writers drops them here
@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aot.cache.index.entry import GC_COLUMNS, GcRow, IndexEntry, gc_rows_of_sqlite, sqlite_clock, sqlite_utc
-from aot.cache.index.refs import Ref, pins_of
+from aot.cache.index.refs import Ref, pin_reasons
 
 if TYPE_CHECKING:  # serving imports this module (the stdlib reader) and never reads jit rows
     from aot.cache.index.jit_records import JitEntry
@@ -69,6 +69,7 @@ class GcReads(Protocol):
     def manifests(self, keys: Collection[str]) -> dict[str, str]: ...
     def now(self) -> datetime: ...
     def pinned_keys(self, *, excluding: Collection[str] = ()) -> dict[str, str]: ...
+    def pin_reasons(self, *, excluding: Collection[str] = ()) -> dict[str, list[str]]: ...
     def leased_digests(self) -> set[str]: ...
     def has_expired_leases(self) -> bool: ...
     def drop_expired_leases(self) -> int: ...
@@ -109,15 +110,17 @@ class SqliteGcReads:
 
     def pinned_keys(self, *, excluding: Collection[str] = ()) -> dict[str, str]:
         """``{key: why}`` of the keys a ref or a live release pins, as the SQL index's."""
+        return {key: whys[0] for key, whys in self.pin_reasons(excluding=excluding).items()}
+
+    def pin_reasons(self, *, excluding: Collection[str] = ()) -> dict[str, list[str]]:
+        """Every reason for each pinned key, as the SQL index's."""
         def members(ids: list[int]) -> list[Any]:
             marks = ", ".join("?" * len(ids))
             return self._execute(f"SELECT key, release_id FROM release_members WHERE release_id IN ({marks})", ids)
 
-        return pins_of(
+        return pin_reasons(
             self._execute("SELECT key, name FROM refs"),
-            self._execute(
-                "SELECT label, id, previous FROM releases WHERE id IN (SELECT max(id) FROM releases GROUP BY label)"
-            ),
+            self._execute("SELECT label, id, previous FROM releases"),
             members, excluding,
         )
 

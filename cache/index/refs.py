@@ -31,7 +31,9 @@ __all__ = [
     "RefOrigin",
     "ReleaseMember",
     "default_commit",
+    "pin_reasons",
     "pins_of",
+    "reachable_sets",
     "signature_digest",
 ]
 
@@ -116,21 +118,61 @@ class ReleaseMember:
         return asdict(self)
 
 
+def reachable_sets(sets: Iterable[tuple[str, int, int | None]], excluding: Collection[str] = ()) -> dict[int, str]:
+    """``{set id: why}`` of every set a label serves or a ``rollback`` could reach:
+    each label's current set (its highest id) and every set down its ``previous``
+    chain (a rollback goes one step back that chain each time). ``sets`` (label, id,
+    previous) are all the index's sets; a label in ``excluding`` counts as gone."""
+    by_id = {set_id: (label, previous) for label, set_id, previous in sets}
+    current: dict[str, int] = {}
+    for set_id, (label, _) in by_id.items():
+        if label not in excluding and set_id > current.get(label, -1):
+            current[label] = set_id
+    reach: dict[int, str] = {}
+    for label, set_id in sorted(current.items()):
+        reach.setdefault(set_id, label)
+        step, seen = 0, {set_id}
+        previous = by_id[set_id][1]
+        while previous is not None and previous in by_id and previous not in seen:
+            step += 1
+            seen.add(previous)
+            reach.setdefault(previous, f"{label} (rollback target)" if step == 1
+                             else f"{label} (rollback target, {step} steps back)")
+            previous = by_id[previous][1]
+    return reach
+
+
+def pin_reasons(
+    refs: Iterable[tuple[str, str]], sets: Iterable[tuple[str, int, int | None]],
+    members: Callable[[list[int]], Iterable[tuple[str, int]]], excluding: Collection[str] = (),
+) -> dict[str, list[str]]:
+    """``{key: [why, ...]}`` of the keys gc must keep, every reason (a served ref first,
+    then each release set that names it): ``refs`` (key, name) of the current refs;
+    ``sets`` (label, id, previous) of every release set; ``members(set ids)`` (key, set
+    id) of those sets' members. A label in ``excluding`` counts as gone."""
+    pins: dict[str, list[str]] = {}
+    for key, name in refs:
+        why = f"served ref of {name}"
+        if why not in pins.setdefault(key, []):
+            pins[key].append(why)
+    live = reachable_sets(sets, excluding)
+    ids = sorted(live)
+    rows: list[tuple[str, int]] = []
+    for i in range(0, len(ids), 500):  # SQLite's variable limit
+        rows.extend((key, set_id) for key, set_id in members(ids[i:i + 500]))
+    for key, set_id in sorted(rows, key=lambda r: r[1], reverse=True):  # the current set first
+        why = f"release {live[set_id]}"
+        if why not in pins.setdefault(key, []):
+            pins[key].append(why)
+    return pins
+
+
 def pins_of(
-    refs: Iterable[tuple[str, str]], current: Iterable[tuple[str, int, int | None]],
+    refs: Iterable[tuple[str, str]], sets: Iterable[tuple[str, int, int | None]],
     members: Callable[[list[int]], Iterable[tuple[str, int]]], excluding: Collection[str] = (),
 ) -> dict[str, str]:
-    """``{key: why}`` of the keys gc must keep, from the index's rows (both readers of
-    the index answer ``pinned_keys`` with it): ``refs`` (key, name) of the current refs;
-    ``current`` (label, id, previous) of each label's current set; ``members(set ids)``
-    (key, set id) of those sets' members. A label in ``excluding`` counts as gone."""
-    pins: dict[str, str] = {}
-    for key, name in refs:
-        pins.setdefault(key, f"served ref of {name}")
-    sets = {label: (set_id, previous) for label, set_id, previous in current if label not in excluding}
-    live = {set_id: label for label, (set_id, _) in sets.items()}
-    live.update({p: f"{label} (rollback target)" for label, (_, p) in sets.items() if p is not None})
-    if live:
-        for key, set_id in members(list(live)):
-            pins.setdefault(key, f"release {live[set_id]}")
-    return pins
+    """``{key: why}`` of the keys gc must keep (both readers of the index answer
+    ``pinned_keys`` with it): the first reason of :func:`pin_reasons`. Every set a
+    rollback could reach is pinned, not only the current one and one step back, so
+    that no rollback lands on collected entries."""
+    return {key: whys[0] for key, whys in pin_reasons(refs, sets, members, excluding).items()}

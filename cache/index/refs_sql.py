@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 
 from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
 from aot.cache.index.globs import glob_to_like
-from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember, pins_of, signature_digest
+from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember, pin_reasons, signature_digest
 from aot.cache.index.releases import CacheDescription, Release, ReleaseRemoval, RemovedRelease
 from aot.cache.pauses import reached
 from aot.cache.index.schema import ARTIFACTS, CACHE_META, REF_HISTORY, REFS, RELEASE_MEMBERS, RELEASES
@@ -294,15 +294,17 @@ class IndexRefs(IndexEngine):
 
     def pinned_keys(self, *, excluding: Collection[str] = ()) -> dict[str, str]:
         """``{key: why}`` for every key gc must keep: named by a current ref, or by a
-        member of a label's current set or of the set a rollback would go back to.
-        ``excluding``: as if those labels were gone (what ``aot release rm`` unpins)."""
+        member of a set a label serves or a rollback could reach (every set down its
+        ``previous`` chain). ``excluding``: as if those labels were gone (what ``aot
+        release rm`` unpins)."""
+        return {key: whys[0] for key, whys in self.pin_reasons(excluding=excluding).items()}
+
+    def pin_reasons(self, *, excluding: Collection[str] = ()) -> dict[str, list[str]]:
+        """Every reason :meth:`pinned_keys` has for each key (``aot rm`` names them all)."""
         with self._read("read what refs and releases pin") as conn:
-            return pins_of(
+            return pin_reasons(
                 conn.execute(sa.select(REFS.c.key, REFS.c.name)).all(),
-                conn.execute(
-                    sa.select(RELEASES.c.label, RELEASES.c.id, RELEASES.c.previous)
-                    .where(RELEASES.c.id.in_(sa.select(sa.func.max(RELEASES.c.id)).group_by(RELEASES.c.label)))
-                ).all(),
+                conn.execute(sa.select(RELEASES.c.label, RELEASES.c.id, RELEASES.c.previous)).all(),
                 lambda ids: conn.execute(
                     sa.select(RELEASE_MEMBERS.c.key, RELEASE_MEMBERS.c.release_id)
                     .where(RELEASE_MEMBERS.c.release_id.in_(ids))
@@ -332,6 +334,14 @@ class IndexRefs(IndexEngine):
             back = None if current.previous is None else self.release_set(label, set_id=current.previous)
             removed.append(RemovedRelease(label, current, back, len(self.release_history(label))))
         members = {m.key: m for r in removed for s in (r.current, r.rollback) if s is not None for m in s.members}
+        for r in removed:  # and every set further down the chain a rollback could reach
+            seen = {r.current.id}
+            deeper = r.rollback
+            while deeper is not None and deeper.id not in seen:
+                seen.add(deeper.id)
+                for m in deeper.members:
+                    members.setdefault(m.key, m)
+                deeper = None if deeper.previous is None else self.release_set(r.label, set_id=deeper.previous)
         after = self.pinned_keys(excluding=labels)
         stored = self._stored_keys(list(members))
         unpinned = tuple(members[k] for k in sorted(stored) if k not in after)

@@ -1,5 +1,10 @@
 """``aot verify [--manifest M --strict]``: integrity plus manifest coverage, one value.
 
+With ``--strict`` it also checks what the cache *declares* served: every current ref
+and every member of each release label's current set must name an entry that is
+stored and intact (:func:`find_dangling`); a dangling one is what a strict server
+refuses.
+
 Coverage asks, for every entry of a warm-up manifest, whether an intact artifact with
 its name and input signature is stored for *this* environment, and when not, why:
 nothing of that name is stored, other signatures are, it is quarantined, or it is
@@ -27,8 +32,8 @@ if TYPE_CHECKING:
     from aot.cache.admin.maintenance import VerifyReport
 
 __all__ = [
-    "CheckReport", "CoverageReport", "MissingItem", "StaleItem", "check_coverage", "find_stale",
-    "verify_with_coverage",
+    "CheckReport", "CoverageReport", "DanglingItem", "MissingItem", "StaleItem", "check_coverage",
+    "find_dangling", "find_stale", "verify_with_coverage",
 ]
 
 
@@ -186,6 +191,58 @@ def check_coverage(
 
 
 @dataclass(frozen=True, slots=True)
+class DanglingItem:
+    """A ref or a release member naming an entry that is not stored or not intact."""
+
+    declared_by: str  # "ref" or "release LABEL"
+    name: str
+    signature: str
+    key: str
+    what: str  # "not stored", "quarantined: ...", "damaged: ..."
+
+    def describe(self) -> str:
+        return f"{self.declared_by} of {self.name} ({self.signature}) names {self.key[:12]}: {self.what}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"declared_by": self.declared_by, "name": self.name, "signature": self.signature,
+                "key": self.key, "problem": self.what}
+
+
+def find_dangling(cache: Cache, integrity: VerifyReport) -> tuple[DanglingItem, ...]:
+    """Every current ref and every member of each label's current set whose entry is
+    not stored, is quarantined, or had a problem in ``integrity`` (this verify's)."""
+    index = cache.index
+    entries = {e.key: e for e in index.entries()}
+    damaged: dict[str, str] = {}
+    for problem in integrity.problems:
+        damaged.setdefault(problem.key, problem.what)
+
+    def what(key: str) -> str | None:
+        entry = entries.get(key)
+        if entry is None:
+            return "not stored"
+        if not entry.ok:
+            return f"{entry.state}: {entry.state_reason or ''}".strip().rstrip(":")
+        if key in damaged:
+            return f"damaged: {damaged[key]}"
+        return None
+
+    found: list[DanglingItem] = []
+    for ref in index.refs():
+        problem = what(ref.key)
+        if problem is not None:
+            found.append(DanglingItem("ref", ref.name, ref.signature, ref.key, problem))
+    for release in index.releases():
+        current = index.release_set(release.label)
+        for member in () if current is None else current.members:
+            problem = what(member.key)
+            if problem is not None:
+                found.append(DanglingItem(f"release {release.label}", member.name, member.signature,
+                                          member.key, problem))
+    return tuple(found)
+
+
+@dataclass(frozen=True, slots=True)
 class CheckReport:
     """``aot verify``'s result: integrity, and coverage with ``--manifest``."""
 
@@ -193,16 +250,19 @@ class CheckReport:
     integrity: VerifyReport
     coverage: CoverageReport | None
     signatures: dict[str, Signature]  # of the entries with problems, by key
+    #: With --strict: refs and release members naming an entry not stored or not intact.
+    dangling: tuple[DanglingItem, ...] = ()
 
     @property
     def ok(self) -> bool:
         # Unreferenced blobs are garbage, not damage (a writer may be between its blob
         # and its index row): reported, but only problems with entries fail the check.
-        damaged = self.integrity.problems or self.integrity.cache_problems
+        damaged = self.integrity.problems or self.integrity.cache_problems or self.dangling
         return not damaged and not (self.coverage is not None and self.coverage.failed)
 
     def summary(self) -> str:
-        status = "PROBLEMS" if self.integrity.problems or self.integrity.cache_problems else "ok"
+        damaged = self.integrity.problems or self.integrity.cache_problems or self.dangling
+        status = "PROBLEMS" if damaged else "ok"
         return (
             f"verified {counted(self.integrity.checked_entries, 'entry')} and "
             f"{counted(self.integrity.checked_blobs, 'blob')} in {self.location}: {status}"
@@ -214,6 +274,7 @@ class CheckReport:
             signature = self.signatures.get(problem.key)
             shown = f" ({signature.compact(60)})" if signature is not None and signature.leaves else ""
             lines.append(f"problem: {problem.name}{shown} {problem.key[:12]}: {problem.what}")
+        lines += [f"dangling: {item.describe()}" for item in self.dangling]
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -221,6 +282,7 @@ class CheckReport:
             "ok": self.ok,
             "integrity": self.integrity.to_dict(),
             "coverage": self.coverage.to_dict() if self.coverage is not None else None,
+            "dangling": [item.to_dict() for item in self.dangling],
         }
 
 
@@ -229,7 +291,8 @@ def verify_with_coverage(
     quarantine: bool = True, lower: bool = True,
 ) -> CheckReport:
     """Parses the manifest first (a bad one fails before anything is checked), then
-    verifies the cache and checks the manifest's coverage."""
+    verifies the cache and checks the manifest's coverage; with ``strict``, also that
+    every ref and release member is stored and intact (:func:`find_dangling`)."""
     items = expand(load_manifest(manifest)) if manifest is not None else None
     integrity = cache.verify(quarantine=quarantine)
     covered = (
@@ -241,4 +304,5 @@ def verify_with_coverage(
         entry = cache.index.get(problem.key)
         if entry is not None:
             signatures[problem.key] = Signature.from_manifest_json(entry.manifest, entry.signature)
-    return CheckReport(cache.display_location, integrity, covered, signatures)
+    dangling = find_dangling(cache, integrity) if strict else ()
+    return CheckReport(cache.display_location, integrity, covered, signatures, dangling)

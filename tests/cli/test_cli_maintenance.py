@@ -10,7 +10,7 @@ import pytest
 import aot
 from tests.cli.helpers import MANIFEST, Invoke, one_line_error, store_for_another_environment
 
-VERIFY_KEYS = {"ok", "integrity", "coverage"}
+VERIFY_KEYS = {"ok", "integrity", "coverage", "dangling"}
 INTEGRITY_KEYS = {
     "ok", "checked_entries", "checked_blobs", "problems", "quarantined", "removed", "orphan_blobs", "cache_problems",
 }
@@ -126,9 +126,10 @@ def test_verify_says_an_entry_is_quarantined(invoke: Invoke, warmed) -> None:
     assert last.endswith("; `aot gc` removes it and `aot warmup` compiles it again")
 
 
-def test_verify_strict_needs_a_manifest(invoke: Invoke) -> None:
-    line = one_line_error(invoke("verify", "--strict"), code=2)
-    assert line == "Error: --strict needs --manifest (or AOT_MANIFEST, or manifest in [tool.aot])"
+def test_verify_strict_without_a_manifest_checks_refs_and_releases(invoke: Invoke, warmed) -> None:
+    result = invoke("verify", "--strict")
+    assert result.exit_code == 0, result.output
+    assert "dangling" not in result.stdout
 
 
 def test_verify_bad_manifest_fails_before_checking(invoke: Invoke, warmed, tmp_path: Path) -> None:

@@ -130,3 +130,23 @@ def test_release_rm_asks_on_a_terminal(invoke: Invoke, labelled, monkeypatch: py
     assert _labels(invoke) == ["canary-2026-11"]
     assert invoke("release", "rm", "canary-2026-11", "--yes").exit_code == 0
     assert _labels(invoke) == []
+
+
+def test_two_rollbacks_after_gc_land_on_stored_entries(invoke: Invoke, warmed, cache_dir) -> None:  # noqa: ANN001
+    """issue 38: gc pinned prod's current set and one step back; a second rollback
+    exited 0 onto a set whose entries gc had removed."""
+    with aot.Cache(cache_dir) as cache:
+        versions = [cache.compile_entry(lambda x, k=k: x * k, "f32[4]", name="roll.g").entry for k in (2.0, 3.0, 4.0)]
+        for entry in versions:
+            set_id = cache.index.open_release("prod", RefOrigin("ci"))
+            cache.set_refs([entry], RefOrigin("ci"), release_id=set_id)
+        cache.index.drop_refs([(versions[0].name, versions[0].signature, versions[0].env_fp)])
+    for expected in (versions[1], versions[0]):
+        assert invoke("gc", "--older-than", "0s", "--yes").exit_code == 0
+        back = invoke("release", "rollback", "prod")
+        assert back.exit_code == 0, back.output
+        shown = json.loads(invoke("release", "show", "prod", "--json").stdout)
+        assert [m["key"] for m in shown["members"]] == [expected.key]
+        stored = [e["key"] for e in json.loads(invoke("ls", "roll.g", "--json").stdout)["entries"]]
+        assert expected.key in stored
+    assert invoke("verify", "--strict").exit_code == 0

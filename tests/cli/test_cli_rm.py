@@ -11,8 +11,8 @@ import pytest
 import aot
 from tests.cli.helpers import MLP_TREE, Invoke, one_line_error, store_for_another_environment
 
-RM_KEYS = {"target", "signatures", "env", "executed", "entries", "blobs", "bytes_freed"}
-VICTIM_KEYS = {"kind", "key", "name", "signature", "arguments", "environment", "status", "stored_size"}
+RM_KEYS = {"target", "signatures", "env", "executed", "entries", "blobs", "bytes_freed", "pinned"}
+VICTIM_KEYS = {"kind", "key", "name", "signature", "arguments", "environment", "status", "stored_size", "pinned_by"}
 
 
 @pytest.fixture
@@ -243,3 +243,75 @@ def test_gc_lists_signatures_by_argument_name_never_cut_inside_an_aval(invoke: I
     ]
     entry = json.loads(invoke("gc", "--max-size", "1", "--dry-run", "--json").stdout)["entries"][0]
     assert entry["arguments"] and all(set(a) == {"path", "aval"} for a in entry["arguments"])
+
+
+# ---------------------------------------------------------------- rm of what a release pins
+
+
+@pytest.fixture
+def prod_on_superseded(warmed, cache_dir) -> str:  # noqa: ANN001
+    """prod names an entry a newer one of its slot supersedes (the ref moved on)."""
+    from aot.cache.index.refs import RefOrigin
+
+    with aot.Cache(cache_dir) as cache:
+        old = cache.compile_entry(lambda x: x + 1.0, "f32[2]", name="pinned.f").entry
+        cache.compile_entry(lambda x: x + 2.0, "f32[2]", name="pinned.f")
+        set_id = cache.index.open_release("prod", RefOrigin("ci"))
+        cache.index.set_refs([(old.name, old.signature, old.env_fp, old.key)], RefOrigin("ci"), release_id=set_id)
+        cache.compile_entry(lambda x: x + 2.0, "f32[2]", name="pinned.f")  # the ref back on the newer one
+    return old.key
+
+
+def test_rm_of_a_release_member_refuses_without_force_naming_the_label(
+    invoke: Invoke, prod_on_superseded: str,
+) -> None:
+    """issue 38: rm deleted what prod serves, and the plan called it "(superseded)"."""
+    key = prod_on_superseded
+    dry = invoke("rm", "pinned.f", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    [line] = [line for line in dry.stdout.splitlines() if key[:12] in line]
+    assert line.endswith("(pinned by release prod)") and "superseded" not in line
+    plan = json.loads(invoke("rm", key, "--dry-run", "--json").stdout)
+    assert plan["pinned"] == [key] and plan["entries"][0]["pinned_by"] == ["prod"]
+    refused = invoke("rm", key)
+    assert refused.exit_code == 1
+    assert "release label prod pins" in refused.output and "--force" in refused.output
+    assert "(pinned by release prod)" in refused.output  # the plan, then why not
+    assert key in [e["key"] for e in json.loads(invoke("ls", "pinned.f", "--json").stdout)["entries"]]
+    forced = invoke("rm", key, "--force")
+    assert forced.exit_code == 0, forced.output
+    assert forced.stdout.startswith("removed 1 entry")
+    assert key not in [e["key"] for e in json.loads(invoke("ls", "pinned.f", "--json").stdout)["entries"]]
+
+
+def test_rm_confirmation_plan_shows_the_label(invoke: Invoke, prod_on_superseded: str, terminal) -> None:  # noqa: ANN001
+    asked = invoke("rm", prod_on_superseded, "--force", input="n\n")
+    assert asked.exit_code == 1
+    assert "(pinned by release prod)" in asked.output and "superseded" not in asked.output
+
+
+def test_verify_strict_fails_on_a_dangling_release_member_and_ref(
+    invoke: Invoke, prod_on_superseded: str, cache_dir: Path,
+) -> None:
+    """issue 38: after rm of the served entry, verify --manifest M --strict said ok
+    while a strict server refuses that signature."""
+    from tests.cli.helpers import MANIFEST
+
+    assert invoke("verify", "--manifest", MANIFEST, "--strict").exit_code == 0
+    assert invoke("rm", prod_on_superseded, "--force").exit_code == 0
+    gate = invoke("verify", "--manifest", MANIFEST, "--strict")
+    assert gate.exit_code == 1, gate.output
+    assert f"dangling: release prod of pinned.f (f32[2]) names {prod_on_superseded[:12]}: not stored" in gate.stdout
+    assert invoke("verify").exit_code == 0  # integrity alone: nothing damaged
+    data = json.loads(invoke("verify", "--strict", "--json").stdout)
+    assert not data["ok"] and [d["declared_by"] for d in data["dangling"]] == ["release prod"]
+    # The served ref's blob goes: the entry is quarantined, and the ref dangles too.
+    with aot.Cache(cache_dir) as cache:
+        served = cache.refs_named("tiny")[0].key
+        entry = cache.index.get(served)
+    digest = entry.exe_digest
+    for path in (cache_dir / "blobs").rglob(f"{digest}*"):
+        path.unlink()
+    strict = invoke("verify", "--strict")
+    assert strict.exit_code == 1
+    assert f"dangling: ref of tiny (f32[8], f32[8]) names {served[:12]}: quarantined" in strict.stdout

@@ -63,3 +63,38 @@ def test_gc_manifest_drops_refs_of_signatures_no_longer_listed(
     assert [e.signature for e in cache.entries("pin.f")] == ["f32[3], f32[3]"]
     assert [r.signature for r in cache.refs_named("pin.f")] == ["f32[3], f32[3]"]
     assert [e.key for e in cache.entries("unlisted")] == [other.key]
+
+
+def _three_releases(cache: aot.Cache) -> list:
+    """prod's sets 1, 2, 3 name versions a, b, c of one slot; no ref pins any of them."""
+    versions = [cache.compile_entry(lambda x, k=k: x + k, "f32[2]", name="roll.f").entry for k in (1.0, 2.0, 3.0)]
+    for entry in versions:
+        set_id = cache.index.open_release("prod", RefOrigin("warmup"))
+        cache.index.set_refs([(entry.name, entry.signature, entry.env_fp, entry.key)], RefOrigin("w"), release_id=set_id)
+    cache.index.drop_refs([(e.name, e.signature, e.env_fp) for e in versions[:1]])
+    return versions
+
+
+def test_gc_keeps_every_set_a_rollback_can_reach(cache: aot.Cache) -> None:
+    """issue 38: gc pinned the current set and one step back; a second rollback landed
+    on collected entries and prod served nothing."""
+    a, b, c = _three_releases(cache)
+    plan = cache.gc(older_than="0s")
+    assert plan.entries == ()
+    assert {(v.key, v.reason) for v in plan.pinned} >= {
+        (a.key, "pinned: release prod (rollback target, 2 steps back) (unused for more than 0s)"),
+        (b.key, "pinned: release prod (rollback target) (unused for more than 0s)"),
+    }
+    for expected in (b, a):  # two rollbacks, with a gc after each: each lands on a stored entry
+        back = cache.index.rollback("prod", RefOrigin("rollback prod"))
+        assert back.keys() == {expected.key}
+        cache.gc(older_than="0s")
+        assert cache.index.get(expected.key) is not None
+    # prod is at a's set now: c (rolled back from) is no longer reachable, and goes.
+    assert cache.index.get(c.key) is None
+
+
+def test_release_rm_unpins_every_set_down_the_chain(cache: aot.Cache) -> None:
+    a, b, c = _three_releases(cache)
+    plan = cache.index.plan_release_removal(["prod"])
+    assert {m.key for m in plan.unpinned} == {a.key, b.key, c.key}

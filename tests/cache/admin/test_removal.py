@@ -85,3 +85,25 @@ def test_superseded_keys(open_folder_cache, compiled, foreign) -> None:  # noqa:
     assert superseded_keys(cache.entries()) == {}
     plan = cache.gc(superseded=True, dry_run=True)
     assert [v.key for v in plan.entries] == [new.key]  # only the quarantined one
+
+
+def test_rm_refuses_an_entry_a_release_pins_without_force(tmp_path) -> None:  # noqa: ANN001
+    """issue 38: ``rm`` deleted what a release serves, without a word."""
+    import aot
+    from aot.cache.admin.removal import execute_removal, plan_removal, remove
+    from aot.cache.index.refs import RefOrigin
+    from aot.errors import CacheError
+
+    with aot.Cache(tmp_path / "cache") as cache:
+        old = cache.compile_entry(lambda x: x + 1.0, "f32[2]", name="pinned.f").entry
+        cache.compile_entry(lambda x: x + 2.0, "f32[2]", name="pinned.f")  # supersedes old
+        set_id = cache.index.open_release("prod", RefOrigin("ci"))
+        cache.index.set_refs([(old.name, old.signature, old.env_fp, old.key)], RefOrigin("ci"), release_id=set_id)
+        plan = plan_removal(cache, old.key)
+        assert [v.pinned_by for v in plan.entries] == [("prod",)]
+        assert plan.to_dict()["pinned"] == [old.key]
+        with pytest.raises(CacheError, match=r"release label prod pins .*--force"):
+            execute_removal(cache, plan)
+        assert cache.index.get(old.key) is not None
+        assert remove(cache, old.key, force=True).executed
+        assert cache.index.get(old.key) is None

@@ -98,8 +98,9 @@ def test_pins_cover_refs_and_live_releases(index: Index) -> None:
     s3 = index.open_release("prod", origin())
     index.add_release_members(s3, [ReleaseMember("m", SIG, ENV, "current")])
     pins = index.pinned_keys()
-    assert set(pins) == {"served", "previous", "current"}
+    assert set(pins) == {"served", "previous", "current", "oldest"}  # every set a rollback reaches
     assert pins["previous"] == "release prod (rollback target)"
+    assert pins["oldest"] == "release prod (rollback target, 2 steps back)"
 
 
 def test_invalid_labels_are_refused(index: Index) -> None:
