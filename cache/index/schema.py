@@ -138,7 +138,9 @@ __all__ = [
     "JIT_ENTRIES",
     "JIT_STATS",
     "JIT_CLAIMS",
+    "NOT_CREATED",
     "ensure_schema",
+    "found_instead",
     "read_version",
 ]
 
@@ -528,16 +530,39 @@ def _too_new(url: str, found: int, supported: int) -> CacheError:
     )
 
 
+#: How an open that must not create (a command that only reads) answers a location
+#: without a cache.
+NOT_CREATED = (
+    "this command creates no cache (aot compile, aot warmup and aot bundle import do): "
+    "check --cache, AOT_CACHE or [tool.aot]"
+)
+
+
+def found_instead(conn: Connection, url: str) -> str:
+    """What a database without a jax-aot schema holds, in words: empty, or the tables
+    of something else (a foreign database is never taken for an empty cache)."""
+    tables = sorted(sa.inspect(conn).get_table_names())
+    if not tables:
+        return f"the database at {url} is empty (no tables)"
+    shown = ", ".join(tables[:5]) + (f", ... ({len(tables)} in all)" if len(tables) > 5 else "")
+    ours = {t.name for t in METADATA.sorted_tables}
+    if ours & set(tables):
+        return f"the database at {url} holds some of jax-aot's tables but no schema version ({shown})"
+    return f"the database at {url} is not a jax-aot cache index: it holds {len(tables)} other table(s) ({shown})"
+
+
 class OutdatedSchemaError(CacheError):
     """A read-only open found an index of an older schema, which only a writer migrates."""
 
 
-def ensure_schema(engine: Engine, *, read_only: bool = False) -> int:
+def ensure_schema(engine: Engine, *, read_only: bool = False, create: bool = True) -> int:
     """Create or migrate the schema of ``engine``'s database; return its version.
 
     Safe to call concurrently from many processes (see the module docstring).
     Read-only callers never write: they get a :class:`CacheError` if the database
-    is missing its schema or needs a migration.
+    is missing its schema or needs a migration. ``create=False`` (the commands that
+    only read, even on a writable connection) neither creates nor migrates either: an
+    empty or foreign database is a :class:`CacheError` saying what it holds.
     """
     target = SCHEMA_VERSION
     migrations = MIGRATIONS
@@ -545,15 +570,25 @@ def ensure_schema(engine: Engine, *, read_only: bool = False) -> int:
     with engine.connect() as conn:
         with conn.begin():
             found = read_version(conn)
+            if found == 0 and not create:
+                raise CacheError(f"no jax-aot cache index: {found_instead(conn, url)}; {NOT_CREATED}")
         if found == target:
             return found
         if found > target:
             raise _too_new(url, found, target)
+        if not create and not read_only:
+            raise OutdatedSchemaError(
+                f"the cache index at {url} has schema version {found} and this jax-aot "
+                f"needs {target}; a command that only reads does not migrate it: run one "
+                f"that stores (aot compile, aot warmup, aot bundle import) to upgrade it"
+            )
         if read_only:
             if found == 0:
+                with conn.begin():
+                    what = found_instead(conn, url)
                 raise CacheError(
-                    f"no jax-aot cache index at {url} (opened read-only, so it was not "
-                    f"created); open it once without read_only or check the location"
+                    f"no jax-aot cache index: {what} (opened read-only, so nothing was "
+                    f"created); check the location, or fill it with a command that stores"
                 )
             raise OutdatedSchemaError(
                 f"the cache index at {url} has schema version {found} and this jax-aot "
