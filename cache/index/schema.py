@@ -135,6 +135,7 @@ __all__ = [
     "RELEASES",
     "RELEASE_MEMBERS",
     "CACHE_META",
+    "DEFAULT_RELEASE",
     "JIT_ENTRIES",
     "JIT_STATS",
     "JIT_CLAIMS",
@@ -386,6 +387,20 @@ CACHE_META = sa.Table(
     CheckConstraint("id = 1", name="ck_cache_meta_single_row"),
 )
 
+#: The release a replica serves when it names none (``aot release default LABEL``):
+#: one row; no row, or ``label`` NULL, and it serves the refs. A label, not a set: it
+#: follows the label's promotions and rollbacks.
+DEFAULT_RELEASE = sa.Table(
+    "default_release",
+    METADATA,
+    _key("id", Integer),
+    _optional("label", String(256)),
+    _required("set_at", UTCDateTime),
+    _required("host", String(256)),
+    _required("user", String(256)),
+    CheckConstraint("id = 1", name="ck_default_release_single_row"),
+)
+
 #: An entry of JAX's persistent compilation cache (KIND ``jit``): JAX's key, the
 #: jitted function's name, the blob of JAX's zstd payload (:mod:`aot.cache.index.jit`).
 JIT_ENTRIES = sa.Table(
@@ -490,6 +505,10 @@ def _migrate_add_jit(conn: Connection) -> None:
         table.create(conn, checkfirst=True)
 
 
+def _migrate_add_default_release(conn: Connection) -> None:
+    DEFAULT_RELEASE.create(conn, checkfirst=True)
+
+
 #: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
 #: database is created from the tables at the current version; migration 1 exists
 #: so that the list is complete and every version has a description.
@@ -501,6 +520,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "index_state: an index emptied by its own deletions", _migrate_add_index_state),
     Migration(6, "refs, ref history, releases and cache_meta: what is served is declared", _migrate_add_refs),
     Migration(7, "jit_entries and jit_stats: JAX's persistent cache through jax-aot", _migrate_add_jit),
+    Migration(8, "default_release: the release a replica serves when it names none", _migrate_add_default_release),
 )
 
 
