@@ -78,6 +78,9 @@ class Declared:
         """The release label a replica serves when it names none (``aot.load`` without
         ``release=`` and without ``AOT_RELEASE``); None: the cache declares no default,
         and such a replica serves the refs (docs/serving.md, "What is served")."""
+        reader = getattr(self, "reader", None)
+        if reader is not None and hasattr(reader, "default_release"):  # a folder: no SQLAlchemy
+            return reader.default_release()
         from aot.cache.index.schema import DEFAULT_RELEASE
 
         with self.index._read("read the default release") as conn:
