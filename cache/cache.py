@@ -136,6 +136,10 @@ class Cache(Declared):
 
     ``timeouts``: an :class:`aot.Timeouts` bounding its network waits, used whole (None:
     the environment's; :mod:`aot.cache.timeouts`).
+
+    ``create=False`` opens an existing cache only (the read commands): a folder or
+    SQLite file that is missing, an empty or foreign database, or an index of an older
+    schema is a :class:`CacheError` saying what was found; nothing is created or migrated.
     """
 
     _background: weakref.WeakSet[BackgroundWork] | None = None
@@ -150,9 +154,11 @@ class Cache(Declared):
         require_signatures: bool = False,
         blob_mirror: bool = False,
         timeouts: Timeouts | None = None,
+        create: bool = True,
     ) -> None:
         location = str(location) if location is not None else default_location()
         self.timeouts = _checked_timeouts(timeouts)
+        self.create = create
         self.blob_mirror = blob_mirror
         self.location = location
         self.read_only = read_only
@@ -173,7 +179,7 @@ class Cache(Declared):
         if where.kind == DATABASE:
             from aot.cache.index.sql import Index
 
-            self._index = Index(location, read_only=read_only, timeouts=self.timeouts)
+            self._index = Index(location, read_only=read_only, timeouts=self.timeouts, create=create)
             described = _described_blobs(self)
             if self.blob_location is None or _same_database(self.blob_location, location):
                 from aot.cache.storage.database import SqlObjectStore
@@ -223,7 +229,7 @@ class Cache(Declared):
             from aot.cache.index.sql import Index
 
             assert self._index_file is not None
-            self._index = Index.for_folder(self._index_file.parent, read_only=self.read_only)
+            self._index = Index.for_folder(self._index_file.parent, read_only=self.read_only, create=self.create)
         return self._index
 
     def entries_named(self, name: str, *, state: str | None = "ok") -> list[IndexEntry]:
@@ -532,6 +538,14 @@ def _open_reader(cache: Cache) -> IndexReader:
 def _open_folder(cache: Cache, folder: Path) -> Any:
     """The blob store of a folder cache; creates the folder, and the index of a new one."""
     cache._index_file = index_file = folder / INDEX_FILE
+    if not cache.create and not cache.read_only:
+        # create=False: a folder without an index is an error; a foreign or older index
+        # is refused by the readers (the SQL index of create=False neither creates nor migrates).
+        require_cache(
+            str(folder), "opened with create=False, so nothing was created",
+            "aot compile, aot warmup and aot bundle import create a cache; check the path or AOT_CACHE",
+        )
+        _refuse_foreign(index_file)
     if not cache.read_only:
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -546,6 +560,34 @@ def _open_folder(cache: Cache, folder: Path) -> Any:
     if not index_file.exists():
         cache.index  # noqa: B018 - creates the schema of a new cache now
     return cache._open_blobs(cache.blob_location or str(folder / "blobs"))
+
+
+def _refuse_foreign(index_file: Path) -> None:
+    """Raises :class:`CacheError` when ``index_file`` is an SQLite database without a
+    jax-aot schema, before anything (blobs folder, WAL) is added next to it; read with
+    the standard library, read-only (an older schema is the readers' to refuse)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    uri = f"file:{quote(index_file.resolve().as_posix())}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+            tables = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise CacheError(
+            f"no jax-aot cache index at {index_file}: not an SQLite database ({exc}); check the path or AOT_CACHE"
+        ) from None
+    if "schema_version" in tables:
+        return
+    shown = ", ".join(tables[:5]) + (f", ... ({len(tables)} in all)" if len(tables) > 5 else "")
+    found = f"it holds {len(tables)} other table(s) ({shown})" if tables else "it holds no tables"
+    raise CacheError(
+        f"no jax-aot cache index: {index_file} is not a jax-aot cache index: {found}; "
+        "aot compile, aot warmup and aot bundle import create a cache; check the path or AOT_CACHE"
+    )
 
 
 def _checked_timeouts(timeouts: Any) -> Timeouts | None:

@@ -163,6 +163,7 @@ class TieredCache(Cache):
         refresh: bool = True,
         blob_mirror: bool = False,
         timeouts: Timeouts | None = None,
+        create: bool = True,
     ) -> None:
         if local is None:
             raise TypeError("TieredCache needs local=FOLDER")
@@ -185,7 +186,7 @@ class TieredCache(Cache):
             super().__init__(
                 location, signing_key=signing_key, read_only=read_only,
                 blob_location=blob_location, require_signatures=require_signatures,
-                blob_mirror=blob_mirror, timeouts=timeouts,
+                blob_mirror=blob_mirror, timeouts=timeouts, create=create,
             )
         except BlobLocationError:  # a misconfiguration, not an outage: never hidden by the tier
             self.local.close()

@@ -86,7 +86,7 @@ class State:
         return Cache(
             location, read_only=self.read_only, blob_location=settings.blobs.value,
             signing_key=settings.signing_key(), local=settings.local.value,
-            blob_mirror=self.mirror, timeouts=settings.timeouts(),
+            blob_mirror=self.mirror, timeouts=settings.timeouts(), create=create,
         )
 
     @property

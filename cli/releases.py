@@ -53,6 +53,35 @@ def release_ls(state: State) -> None:
         click.echo(_release_line(release))
 
 
+@release_group.command("default", short_help="Show or set the release a replica serves when it names none.")
+@click.argument("label", required=False)
+@click.option("--clear", is_flag=True, help="Declare no default: a replica that names no release serves the refs.")
+@pass_state
+def release_default(state: State, label: str | None, clear: bool) -> None:
+    """Show (no LABEL) or set the cache's default release: what `aot.load` serves
+    without `release=` and without AOT_RELEASE, and what `aot why`, `show` and `ls`
+    answer for. A label, not a set: the default follows the label's promotions and
+    rollbacks. With no default declared, such a replica serves the refs (the last
+    warm-up's)."""
+    if label is not None and clear:
+        raise click.UsageError("give a LABEL or --clear, not both")
+    cache = state.cache()
+    if label is None and not clear:
+        current = cache.default_release()
+        if state.json:
+            echo_json({"default_release": current})
+        else:
+            click.echo(current if current is not None else "no default release (a replica that names none serves the refs)")
+        return
+    before = cache.set_default_release(None if clear else label)
+    if state.json:
+        echo_json({"default_release": None if clear else label, "previous": before})
+    elif clear:
+        click.echo(f"no default release (was {before!r}): a replica that names none serves the refs")
+    else:
+        click.echo(f"default release: {label} (was {before!r})")
+
+
 @release_group.command("show", short_help="The members of a label's current set.")
 @click.argument("label")
 @pass_state

@@ -18,6 +18,12 @@ if TYPE_CHECKING:
 __all__ = ["Declared"]
 
 
+def sa_select(*columns: Any) -> Any:
+    import sqlalchemy as sa  # listing a folder cache otherwise needs no SQLAlchemy
+
+    return sa.select(*columns)
+
+
 class Declared:
     """Release and ref-history methods of :class:`aot.Cache`."""
 
@@ -67,6 +73,40 @@ class Declared:
         else:
             plan = self.index.plan_release_removal([labels] if isinstance(labels, str) else list(labels))
         return plan if dry_run else self.index.remove_releases(plan)
+
+    def default_release(self) -> str | None:
+        """The release label a replica serves when it names none (``aot.load`` without
+        ``release=`` and without ``AOT_RELEASE``); None: the cache declares no default,
+        and such a replica serves the refs (docs/serving.md, "What is served")."""
+        reader = getattr(self, "reader", None)
+        if reader is not None and hasattr(reader, "default_release"):  # a folder: no SQLAlchemy
+            return reader.default_release()
+        from aot.cache.index.schema import DEFAULT_RELEASE
+
+        with self.index._read("read the default release") as conn:
+            return conn.execute(sa_select(DEFAULT_RELEASE.c.label).where(DEFAULT_RELEASE.c.id == 1)).scalar_one_or_none()
+
+    def set_default_release(self, label: str | None, origin: RefOrigin | None = None) -> str | None:
+        """Declares ``label`` the release served by a replica that names none (None:
+        the refs again). The label must exist; it is a label, not a set, so the default
+        follows its promotions and rollbacks. Returns the previous default."""
+        self._check_writable("set the default release")
+        import sqlalchemy as sa
+
+        from aot.cache.index.schema import DEFAULT_RELEASE
+
+        if label is not None:
+            self.release(label)  # CacheError naming `aot release ls` for an unknown label
+        origin = origin or RefOrigin("release default")
+        with self.index._write("set the default release") as conn:
+            before = conn.execute(
+                sa.select(DEFAULT_RELEASE.c.label).where(DEFAULT_RELEASE.c.id == 1)
+            ).scalar_one_or_none()
+            conn.execute(sa.delete(DEFAULT_RELEASE).where(DEFAULT_RELEASE.c.id == 1))
+            conn.execute(sa.insert(DEFAULT_RELEASE).values(
+                id=1, label=label, set_at=self.index.now(), host=origin.host, user=origin.user,
+            ))
+        return before
 
     def history(self, name: str, limit: int | None = None) -> list[Ref]:
         """Every change of the refs of ``name``, newest first."""

@@ -52,7 +52,7 @@ from sqlalchemy.pool import StaticPool
 
 from aot.cache.index.advice import advice_for, mask_url, reason_of
 from aot.cache.index.entry import SQLITE_BUSY_TIMEOUT_MS, as_utc, sqlite_clock
-from aot.cache.index.schema import ARTIFACTS, REF_HISTORY, UTCDateTime
+from aot.cache.index.schema import ARTIFACTS, NOT_CREATED, REF_HISTORY, UTCDateTime
 from aot.cache.index.deadlines import bound_round_trips
 from aot.cache.timeouts import DB_CLIENT_GRACE_S, Timeouts, db_client_bound
 from aot.cache.timeouts import timeouts as environment_timeouts
@@ -78,7 +78,22 @@ __all__ = [
 # -------------------------------------------------------------------------- engines
 
 
-def _sqlite_engine(url: URL, read_only: bool) -> Engine:
+def missing_index_file(path: Path) -> str | None:
+    """What is found instead of the SQLite index ``path`` (None: a non-empty file)."""
+    if path.is_file() and path.stat().st_size > 0:
+        return None
+    if path.is_file():
+        found = "an empty file"
+    elif path.exists():
+        found = "not a file"
+    elif not path.parent.is_dir():
+        found = f"no folder {path.parent}"
+    else:
+        found = "no such file"
+    return f"no jax-aot cache index at {path} ({found}); {NOT_CREATED}"
+
+
+def _sqlite_engine(url: URL, read_only: bool, create: bool = True) -> Engine:
     database = url.database
     if not database or database == ":memory:":
         engine = sa.create_engine(
@@ -88,6 +103,10 @@ def _sqlite_engine(url: URL, read_only: bool) -> Engine:
         if database.startswith("file:"):
             raise CacheError(f"SQLite URI filenames are not supported as index URL: {url}")
         path = Path(database).expanduser()
+        if not create and not read_only:
+            missing = missing_index_file(path)
+            if missing:
+                raise CacheError(missing)
         if read_only:
             if not path.is_file():
                 raise CacheError(
@@ -179,7 +198,7 @@ def _read_only_sqlite_engine(url: URL, path: Path) -> Engine:
     return engine
 
 
-def make_engine(url: str | URL, read_only: bool, timeouts: Timeouts | None = None) -> Engine:
+def make_engine(url: str | URL, read_only: bool, timeouts: Timeouts | None = None, *, create: bool = True) -> Engine:
     """An engine for the index database at ``url``: SQLite (pragmas, WAL, busy timeout,
     explicit BEGINs; a read-only file never written) or PostgreSQL (psycopg, connect and
     statement timeouts: ``timeouts``, else the environment's; read-only sessions when
@@ -193,7 +212,7 @@ def make_engine(url: str | URL, read_only: bool, timeouts: Timeouts | None = Non
         ) from e
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        return _sqlite_engine(parsed, read_only)
+        return _sqlite_engine(parsed, read_only, create)
     if backend == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")

@@ -234,6 +234,11 @@ class SqliteReader(SqliteGcReads):
         )
         return tuple(ReleaseMember(*row) for row in rows)
 
+    def default_release(self) -> str | None:
+        """The cache's declared default release (None: none declared)."""
+        rows = self._execute("SELECT label FROM default_release WHERE id = 1", [])
+        return rows[0][0] if rows else None
+
     # The reads of the listing commands (aot ls, show), as the SQL index answers them,
     # so that they import neither SQLAlchemy nor JAX (aot.cache.reports.reads).
 

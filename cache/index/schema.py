@@ -135,10 +135,13 @@ __all__ = [
     "RELEASES",
     "RELEASE_MEMBERS",
     "CACHE_META",
+    "DEFAULT_RELEASE",
     "JIT_ENTRIES",
     "JIT_STATS",
     "JIT_CLAIMS",
+    "NOT_CREATED",
     "ensure_schema",
+    "found_instead",
     "read_version",
 ]
 
@@ -384,6 +387,20 @@ CACHE_META = sa.Table(
     CheckConstraint("id = 1", name="ck_cache_meta_single_row"),
 )
 
+#: The release a replica serves when it names none (``aot release default LABEL``):
+#: one row; no row, or ``label`` NULL, and it serves the refs. A label, not a set: it
+#: follows the label's promotions and rollbacks.
+DEFAULT_RELEASE = sa.Table(
+    "default_release",
+    METADATA,
+    _key("id", Integer),
+    _optional("label", String(256)),
+    _required("set_at", UTCDateTime),
+    _required("host", String(256)),
+    _required("user", String(256)),
+    CheckConstraint("id = 1", name="ck_default_release_single_row"),
+)
+
 #: An entry of JAX's persistent compilation cache (KIND ``jit``): JAX's key, the
 #: jitted function's name, the blob of JAX's zstd payload (:mod:`aot.cache.index.jit`).
 JIT_ENTRIES = sa.Table(
@@ -488,6 +505,10 @@ def _migrate_add_jit(conn: Connection) -> None:
         table.create(conn, checkfirst=True)
 
 
+def _migrate_add_default_release(conn: Connection) -> None:
+    DEFAULT_RELEASE.create(conn, checkfirst=True)
+
+
 #: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
 #: database is created from the tables at the current version; migration 1 exists
 #: so that the list is complete and every version has a description.
@@ -499,6 +520,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "index_state: an index emptied by its own deletions", _migrate_add_index_state),
     Migration(6, "refs, ref history, releases and cache_meta: what is served is declared", _migrate_add_refs),
     Migration(7, "jit_entries and jit_stats: JAX's persistent cache through jax-aot", _migrate_add_jit),
+    Migration(8, "default_release: the release a replica serves when it names none", _migrate_add_default_release),
 )
 
 
@@ -528,16 +550,39 @@ def _too_new(url: str, found: int, supported: int) -> CacheError:
     )
 
 
+#: How an open that must not create (a command that only reads) answers a location
+#: without a cache.
+NOT_CREATED = (
+    "this command creates no cache (aot compile, aot warmup and aot bundle import do): "
+    "check --cache, AOT_CACHE or [tool.aot]"
+)
+
+
+def found_instead(conn: Connection, url: str) -> str:
+    """What a database without a jax-aot schema holds, in words: empty, or the tables
+    of something else (a foreign database is never taken for an empty cache)."""
+    tables = sorted(sa.inspect(conn).get_table_names())
+    if not tables:
+        return f"the database at {url} is empty (no tables)"
+    shown = ", ".join(tables[:5]) + (f", ... ({len(tables)} in all)" if len(tables) > 5 else "")
+    ours = {t.name for t in METADATA.sorted_tables}
+    if ours & set(tables):
+        return f"the database at {url} holds some of jax-aot's tables but no schema version ({shown})"
+    return f"the database at {url} is not a jax-aot cache index: it holds {len(tables)} other table(s) ({shown})"
+
+
 class OutdatedSchemaError(CacheError):
     """A read-only open found an index of an older schema, which only a writer migrates."""
 
 
-def ensure_schema(engine: Engine, *, read_only: bool = False) -> int:
+def ensure_schema(engine: Engine, *, read_only: bool = False, create: bool = True) -> int:
     """Create or migrate the schema of ``engine``'s database; return its version.
 
     Safe to call concurrently from many processes (see the module docstring).
     Read-only callers never write: they get a :class:`CacheError` if the database
-    is missing its schema or needs a migration.
+    is missing its schema or needs a migration. ``create=False`` (the commands that
+    only read, even on a writable connection) neither creates nor migrates either: an
+    empty or foreign database is a :class:`CacheError` saying what it holds.
     """
     target = SCHEMA_VERSION
     migrations = MIGRATIONS
@@ -545,15 +590,25 @@ def ensure_schema(engine: Engine, *, read_only: bool = False) -> int:
     with engine.connect() as conn:
         with conn.begin():
             found = read_version(conn)
+            if found == 0 and not create:
+                raise CacheError(f"no jax-aot cache index: {found_instead(conn, url)}; {NOT_CREATED}")
         if found == target:
             return found
         if found > target:
             raise _too_new(url, found, target)
+        if not create and not read_only:
+            raise OutdatedSchemaError(
+                f"the cache index at {url} has schema version {found} and this jax-aot "
+                f"needs {target}; a command that only reads does not migrate it: run one "
+                f"that stores (aot compile, aot warmup, aot bundle import) to upgrade it"
+            )
         if read_only:
             if found == 0:
+                with conn.begin():
+                    what = found_instead(conn, url)
                 raise CacheError(
-                    f"no jax-aot cache index at {url} (opened read-only, so it was not "
-                    f"created); open it once without read_only or check the location"
+                    f"no jax-aot cache index: {what} (opened read-only, so nothing was "
+                    f"created); check the location, or fill it with a command that stores"
                 )
             raise OutdatedSchemaError(
                 f"the cache index at {url} has schema version {found} and this jax-aot "

@@ -49,12 +49,18 @@ class Index(IndexReads, IndexGc, IndexRefs, IndexJit):
     rows are here.
     """
 
-    def __init__(self, url: str | URL, *, read_only: bool = False, timeouts: Timeouts | None = None) -> None:
+    def __init__(
+        self, url: str | URL, *, read_only: bool = False, timeouts: Timeouts | None = None,
+        create: bool = True,
+    ) -> None:
+        """``create=False``: an index that exists only (the commands that read): a
+        missing file, an empty or foreign database or an older schema is a
+        :class:`CacheError` saying what was found; nothing is created or migrated."""
         self.read_only = read_only
         self.url = mask_url(url)
-        self._engine = make_engine(url, read_only, timeouts)
+        self._engine = make_engine(url, read_only, timeouts, create=create)
         try:
-            self._version = ensure_schema(self._engine, read_only=read_only)
+            self._version = ensure_schema(self._engine, read_only=read_only, create=create)
         except AotError:
             self._engine.dispose()
             raise
@@ -70,10 +76,10 @@ class Index(IndexReads, IndexGc, IndexRefs, IndexJit):
         logger.debug("opened cache index %s (schema v%d, read_only=%s)", self.url, self._version, read_only)
 
     @classmethod
-    def for_folder(cls, path: str | Path, *, read_only: bool = False) -> Index:
+    def for_folder(cls, path: str | Path, *, read_only: bool = False, create: bool = True) -> Index:
         """The SQLite index of a folder cache: ``path/index.sqlite``."""
         db = Path(path).expanduser() / INDEX_FILE
-        return cls(URL.create("sqlite", database=str(db)), read_only=read_only)
+        return cls(URL.create("sqlite", database=str(db)), read_only=read_only, create=create)
 
     def __enter__(self) -> Index:
         return self

@@ -27,9 +27,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RELEASE_ENV", "load", "open_existing"]
+__all__ = ["RELEASE_ENV", "load", "open_existing", "served_release"]
 
-#: The release ``aot.load`` serves when given none (unset or empty: the refs).
+#: The release ``aot.load`` serves when given none (unset or empty: the cache's
+#: declared default, ``aot release default``; none declared: the refs).
 RELEASE_ENV = "AOT_RELEASE"
 
 
@@ -122,6 +123,8 @@ def load(
             cache = open_existing(cache, read_only=read_only, timeouts=timeouts)
         assert isinstance(cache, Cache)
         try:
+            if release is None:  # neither release= nor AOT_RELEASE: the cache's declared default
+                release = served_release(cache, None)
             dispatcher = dispatcher_for(cache, name, strict=strict, fallback=fallback, pad=plan, release=release)
             if release is not None:
                 check_release(dispatcher, release)
@@ -144,6 +147,17 @@ def load(
                 cache.close()
             raise
         return dispatcher
+
+
+def served_release(cache: Cache, release: str | None) -> str | None:
+    """The release a replica of ``cache`` serves: ``release``, else ``$AOT_RELEASE``,
+    else the cache's declared default (``aot release default``); None: the refs. The
+    one rule of ``aot.load``, ``aot why``, ``aot show`` and ``aot ls``."""
+    if release is None:
+        release = os.environ.get(RELEASE_ENV, "").strip() or None
+    if release is None:
+        release = cache.default_release()
+    return release
 
 
 def _on_accelerator() -> bool:

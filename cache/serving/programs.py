@@ -213,10 +213,16 @@ class ProgramTable:
             return self.cache.refs_named(self.name)
         members = self.cache.release_members(self.release, self.name)
         if members is None:
+            import difflib
+
+            labels = [r.label for r in self.cache.releases()]
+            close = difflib.get_close_matches(self.release, labels, n=3)
+            hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
             raise ReleaseNotFoundError(
                 f"aot.load({self.name!r}, release={self.release!r}): no release labelled "
-                f"{self.release!r} in the cache at {self.cache.display_location}; `aot release ls` "
-                "lists the labels (or unset AOT_RELEASE to serve the refs)"
+                f"{self.release!r} in the cache at {self.cache.display_location}; {hint}`aot release ls` "
+                "lists the labels (a replica that names none serves the cache's default, "
+                "`aot release default`)"
             )
         if not members:
             raise ReleaseNotFoundError(

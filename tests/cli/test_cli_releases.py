@@ -150,3 +150,44 @@ def test_two_rollbacks_after_gc_land_on_stored_entries(invoke: Invoke, warmed, c
         stored = [e["key"] for e in json.loads(invoke("ls", "roll.g", "--json").stdout)["entries"]]
         assert expected.key in stored
     assert invoke("verify", "--strict").exit_code == 0
+
+
+# ---------------------------------------------------------------- the default release
+
+
+def test_a_replica_naming_no_release_serves_the_declared_default(
+    invoke: Invoke, warmed, cache_dir, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    """After promote + rollback of prod, a replica without release= serves prod's set
+    (the declared default), not the refs of the last warm-up (issue 38, item 6)."""
+    monkeypatch.delenv("AOT_RELEASE", raising=False)
+    with aot.Cache(cache_dir) as cache:
+        mlp = sorted((e for e in cache.entries() if e.name == "mlp.forward"), key=lambda e: e.key)
+        v1 = cache.index.open_release("prod", RefOrigin("ci"))
+        cache.set_refs(mlp[:1], RefOrigin("ci"), release_id=v1)
+        cand = cache.index.open_release("cand", RefOrigin("ci"))
+        cache.set_refs(mlp, RefOrigin("ci"), release_id=cand)  # the refs: every bucket
+    assert invoke("release", "default").stdout.startswith("no default release")
+    assert invoke("release", "default", "prd").exit_code == 1  # an unknown label is refused
+    assert invoke("release", "default", "prod").exit_code == 0
+    assert invoke("release", "default", "--json").stdout.strip() == '{"default_release": "prod"}' or \
+        json.loads(invoke("release", "default", "--json").stdout) == {"default_release": "prod"}
+    assert invoke("release", "promote", "cand", "prod").exit_code == 0
+    assert len(aot.load("mlp.forward", cache=str(cache_dir)).signatures) == len(mlp)
+    assert invoke("release", "rollback", "prod").exit_code == 0
+    served = aot.load("mlp.forward", cache=str(cache_dir))
+    assert len(served.signatures) == 1  # prod's v1, not the candidate's refs
+    monkeypatch.setenv("AOT_RELEASE", "cand")
+    assert len(aot.load("mlp.forward", cache=str(cache_dir)).signatures) == len(mlp)
+    monkeypatch.delenv("AOT_RELEASE")
+    assert invoke("release", "default", "--clear").exit_code == 0
+    assert len(aot.load("mlp.forward", cache=str(cache_dir)).signatures) == len(mlp)  # the refs
+
+
+def test_a_mistyped_label_says_did_you_mean(warmed, cache_dir) -> None:  # noqa: ANN001
+    with aot.Cache(cache_dir) as cache:
+        entry = next(e for e in cache.entries() if e.name == "mlp.forward")
+        prod = cache.index.open_release("prod", RefOrigin("ci"))
+        cache.set_refs([entry], RefOrigin("ci"), release_id=prod)
+    with pytest.raises(aot.ReleaseNotFoundError, match="did you mean 'prod'"):
+        aot.load("mlp.forward", cache=str(cache_dir), release="prd")
