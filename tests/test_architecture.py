@@ -92,8 +92,9 @@ FACADE_DELEGATIONS: Mapping[tuple[str, str], str] = {
 }
 
 # Entry points, neither core nor cache nor command line: ``python -m aot`` runs the
-# command line.
-ENTRY_POINTS = frozenset({"aot.__main__"})
+# command line; ``import aot.jax_cache`` is the cache's backend of JAX's persistent cache
+# under the name users write (aot/jax_cache.py puts aot.cache.jax_cache in its place).
+ENTRY_POINTS = frozenset({"aot.__main__", "aot.jax_cache"})
 
 
 # ---------------------------------------------------------------- reading the tree
