@@ -13,7 +13,7 @@ import re
 
 from aot.errors import CacheError
 
-__all__ = ["AGE_UNITS", "human_size", "parse_age", "parse_size"]
+__all__ = ["AGE_UNITS", "MAX_AGE_DAYS", "human_size", "parse_age", "parse_size"]
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
@@ -30,6 +30,9 @@ AGE_UNITS: dict[str, int] = {
     **dict.fromkeys(("mo", "mon", "month", "months"), 30 * _DAY),
 }
 _AGE_EXAMPLES = "45s, 15min, 12h, 30d, 2w or 1mo (30 days)"
+#: The largest age accepted (100 years): older than that is older than any entry, and
+#: far larger ages overflow a timedelta or the date ``now - age``.
+MAX_AGE_DAYS = 36500
 
 
 def parse_size(value: int | str | None) -> int | None:
@@ -62,7 +65,13 @@ def parse_age(value: _dt.timedelta | str | None) -> _dt.timedelta | None:
         raise CacheError(
             f"cannot read age {value!r}: unknown unit {match.group(2)!r}; expected e.g. {_AGE_EXAMPLES}"
         )
-    return _dt.timedelta(seconds=float(number) * seconds)
+    total = float(number) * seconds
+    if total > MAX_AGE_DAYS * _DAY:
+        raise CacheError(
+            f"age {value!r} is too large: the largest accepted age is {MAX_AGE_DAYS}d (100 years); "
+            f"write an age up to {MAX_AGE_DAYS}d (every entry is younger than that)"
+        )
+    return _dt.timedelta(seconds=total)
 
 
 def human_size(n: int) -> str:

@@ -208,6 +208,7 @@ def test_gc_older_than_keeps_recent_entries(invoke: Invoke, warmed) -> None:
         ("--older-than", "yesterday", "cannot read age 'yesterday'; expected e.g. 45s, 15min, 12h, 30d, 2w or 1mo (30 days)"),
         ("--older-than", "1m", "age '1m' is ambiguous: 'm' could mean minutes or months; write 1min for 1 minute(s) or 1mo for 1 x 30 days"),
         ("--older-than", "3y", "cannot read age '3y': unknown unit 'y'; expected e.g. 45s, 15min"),
+        ("--older-than", "99999999999d", "age '99999999999d' is too large: the largest accepted age is 36500d"),
     ],
 )
 def test_gc_bad_values_are_usage_errors(invoke: Invoke, option: str, value: str, message: str) -> None:

@@ -234,6 +234,17 @@ def test_bad_age_is_refused(bad: str) -> None:
         parse_age(bad)
 
 
+@pytest.mark.parametrize("huge", ["99999999999d", "1000000000000000000000s", "40000d", "5300w"])
+def test_an_age_past_the_largest_is_refused_not_an_overflow(huge: str) -> None:
+    with pytest.raises(CacheError, match=r"too large: the largest accepted age is 36500d \(100 years\)") as raised:
+        parse_age(huge)
+    assert "\n" not in str(raised.value)
+
+
+def test_the_largest_accepted_age_is_accepted() -> None:
+    assert parse_age("36500d") == dt.timedelta(days=36500)
+
+
 def test_human_size() -> None:
     assert [human_size(n) for n in (0, 1023, 1024, 1536 * 1024, 5 * 1024**4)] == [
         "0 B", "1023 B", "1.0 KiB", "1.5 MiB", "5.0 TiB"
