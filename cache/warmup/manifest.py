@@ -76,6 +76,38 @@ _FUNCTION_KEYS = (
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _TOML_LINE = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+#: How deeply arrays and tables may nest in a manifest (a real one nests 3 or 4 levels:
+#: ``static = { layers = [[1, 2], [3]] }``). Deeper input would exhaust Python's stack
+#: in the TOML reader or in expanding ``vary`` placeholders.
+MAX_NESTING = 64
+
+
+def _nesting_depth(value: Any) -> int:
+    """How deeply lists and dicts nest in ``value`` (a scalar is 0), without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        if depth <= MAX_NESTING:
+            stack.extend((child, depth) for child in children)
+    return deepest
+
+
+def _too_deep(path: str) -> ManifestError:
+    return ManifestError(
+        f"{path}: arrays or tables nest more than {MAX_NESTING} levels deep (the limit); a "
+        "manifest's args, kwargs, static and vary need a few levels: flatten the nesting, or "
+        "build a deep pytree in Python and name it with args_from = \"MODULE:CALLABLE\""
+    )
 _FUNCTION_HEADER = re.compile(r"^\s*\[\[\s*function\s*\]\]")
 _MESH_AXIS = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\d+)\s*$")
 AUTO_SHARDING = "auto"
@@ -272,6 +304,10 @@ def parse_manifest(text: str, path: str = "<manifest>") -> WarmupManifest:
         where = f"{path}:{match.group(1)}" if match else path
         message = _TOML_LINE.sub("", message).strip()
         raise ManifestError(f"{where}: invalid TOML: {message}") from None
+    except RecursionError:  # the TOML reader recurses once per level of nesting
+        raise _too_deep(path) from None
+    if _nesting_depth(data) > MAX_NESTING:
+        raise _too_deep(path)
     unknown = sorted(set(data) - {"function", "target"})
     if unknown:
         raise ManifestError(
