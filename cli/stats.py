@@ -75,6 +75,8 @@ def _render(report: StatsReport, glob: str | None, read_only: bool) -> None:
             ("FUNCTION", "HITS", "MISSES", "SAVED"),
             [[j.name, j.hits, j.misses, _seconds(j.saved_seconds)] for j in report.jit], right=(1, 2, 3),
         ))
+        if report.jit_hint:
+            click.echo(report.jit_hint)
         if not report.rows:
             return
     if not report.rows:

@@ -18,6 +18,15 @@ JIT = "jit"
 AOT = "aot"
 
 
+#: Why a jit backend may store nothing: JAX writes only compiles that took at least its
+#: minimum compile time (1 s by default). Said by install()'s log and by ``aot stats``.
+MIN_COMPILE_TIME_HINT = (
+    "JAX stores only compiles that took at least jax_persistent_cache_min_compile_time_secs "
+    "({seconds:g} s here); to store every compile, set JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 "
+    "in the environment (or jax.config.update('jax_persistent_cache_min_compile_time_secs', 0))"
+)
+
+
 def function_name(jax_key: str) -> str:
     """The jitted function's name from JAX's cache key (``jit_train_step-<hash>`` ->
     ``train_step``; JAX prefixes the module name, ``jit_``/``pmap_`` included)."""

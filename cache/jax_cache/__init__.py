@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.claim_heartbeat import ClaimHeartbeat
 from aot.cache.jax_cache.local_rows import LocalRows
-from aot.cache.index.jit_records import JitEntry, function_name, sign_entry, signature_problem
+from aot.cache.index.jit_records import MIN_COMPILE_TIME_HINT, JitEntry, function_name, sign_entry, signature_problem
 from aot.cache.pauses import reached
 from aot.cache.storage.content import ContentStore, digest_of, inflate_frame
 from aot.cache.storage.locations import open_object_store
@@ -574,7 +574,20 @@ def install(
     if previous is not None:
         previous[0].close()
     log.info("JAX's persistent compilation cache is the jax-aot cache at %s", backend.display_location)
+    min_seconds = _min_compile_seconds()
+    if min_seconds > 0:
+        log.info("jax-aot cache: %s", MIN_COMPILE_TIME_HINT.format(seconds=min_seconds))
     return backend
+
+
+def _min_compile_seconds() -> float:
+    """JAX's ``jax_persistent_cache_min_compile_time_secs`` (0 if it cannot be read)."""
+    import jax
+
+    try:
+        return float(jax.config.jax_persistent_cache_min_compile_time_secs)
+    except (AttributeError, TypeError, ValueError):
+        return 0.0
 
 
 def uninstall() -> bool:

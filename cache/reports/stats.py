@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from aot.cache.index.jit_records import JitStats
+from aot.cache.index.jit_records import MIN_COMPILE_TIME_HINT, JitStats
 from aot.cache.index.entry import fields_to_json, parse_utc
 from aot.cache.reports.environment import this_environment
 from aot.cache.serving.signatures import ArgLeaf, Signature
@@ -96,11 +96,23 @@ class StatsReport:
                 ))
         return flat
 
+    @property
+    def jit_hint(self) -> str | None:
+        """Why jit misses left nothing stored: JAX's minimum compile time (None when
+        something is stored, or nothing was missed)."""
+        if self.jit_stored or not any(j.misses for j in self.jit):
+            return None
+        return "no jit entry is stored: " + MIN_COMPILE_TIME_HINT.format(seconds=1).replace(
+            " (1 s here)", " (1 s by default)"
+        )
+
     def describe(self, row: SignatureStats, width: int | None = SIGNATURE_WIDTH) -> str:
         """The signature column: by argument name, folded to ``width`` (never cut
         inside an aval)."""
         return self.arguments(row).compact(width)
     jit: tuple[JitStats, ...] = ()  # JAX's persistent cache through aot.jax_cache, per function
+    #: How many KIND jit entries are stored (for the names asked about).
+    jit_stored: int = 0
     #: False when this host's environment is unknown (no row is "this").
     environment_known: bool = True
 
@@ -200,7 +212,8 @@ def read_stats(
         rows.append(SignatureStats(this_environment=data["env_fp"] == this, **data))
     return StatsReport(
         reads.url, ordered(rows), env, stored=True, named=named_signatures(cache, rows) if arguments else {},
-        jit=tuple(reads.jit_stats(name_glob)), environment_known=current is not None,
+        jit=tuple(reads.jit_stats(name_glob)), jit_stored=len(reads.jit_entries(name_glob)),
+        environment_known=current is not None,
     )
 
 
