@@ -243,7 +243,10 @@ class IndexRefs(IndexEngine):
                 raise CacheError(f"no release labelled {label!r}; `aot release ls` lists the labels")
             if current["previous"] is None:
                 raise CacheError(
-                    f"release {label!r} has nothing to roll back to: set {current['id']} is its first"
+                    f"cannot roll back release {label!r}: it has no earlier set to go back to (what it "
+                    f"serves now, set {current['id']}, is the first it was given); to serve other "
+                    f"entries, warm them up or promote a label with them (`aot release promote "
+                    f"OTHER {label}`), and `aot release ls` shows the labels"
                 )
             target = conn.execute(sa.select(RELEASES).where(RELEASES.c.id == current["previous"])).first()
             if target is None:

@@ -29,7 +29,7 @@ def test_promote_rollback_and_history(invoke: Invoke, warmed, cache_dir) -> None
     back = invoke("release", "rollback", "candidate")
     assert back.exit_code == 0 and back.stdout.endswith(", 2 members\n"), back.output
     again = invoke("release", "rollback", "candidate")
-    assert again.exit_code == 1 and "nothing to roll back to" in again.output
+    assert again.exit_code == 1 and "it has no earlier set to go back to" in again.output
     missing = invoke("release", "show", "nope")
     assert missing.exit_code == 1 and "no release labelled 'nope'" in missing.output
     name = entries[0].name

@@ -73,8 +73,9 @@ def test_release_promote_and_rollback(index: Index) -> None:
     assert index.rollback("prod", origin("rollback")).keys() == {"k1"}
     assert [r.label for r in index.releases()] == ["candidate", "prod"]
     assert len(index.release_history("prod")) == 3
-    with pytest.raises(CacheError, match="nothing to roll back to"):
+    with pytest.raises(CacheError, match="cannot roll back release .*: it has no earlier set to go back to") as raised:
         index.rollback("prod", origin("rollback"))
+    assert "aot release promote OTHER prod" in str(raised.value)
     with pytest.raises(CacheError, match="no release labelled 'nope'"):
         index.promote("nope", "prod", origin())
 
