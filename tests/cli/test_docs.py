@@ -97,3 +97,16 @@ def test_every_dtype_and_alias_is_in_the_spec_docs() -> None:
     specs_md = (DOCS / "specs.md").read_text()
     for name in (*DTYPES, *_ALIASES):
         assert f"`{name}`" in specs_md, name
+
+
+def test_the_ten_line_example_does_not_reuse_a_name_of_the_readme_main_job() -> None:
+    """README command 1 warms fixtures/warmup.toml into ./aot-cache, the cache the
+    ten-line example compiles into: one name there would mix two programs' buckets."""
+    from aot.cache.warmup.manifest import load_manifest
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    example = readme.split("## In ten lines", 1)[1].split("```", 2)[1]
+    assert './aot-cache' in example and "aot-cache warmup fixtures/warmup.toml" in readme
+    used = set(re.findall(r'name="([^"]+)"', example)) | set(re.findall(r'aot\.load\("([^"]+)"', example))
+    assert used == {"example.forward"}
+    assert used.isdisjoint({f.name for f in load_manifest(REPO / "fixtures" / "warmup.toml").functions})
