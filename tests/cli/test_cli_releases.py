@@ -191,3 +191,21 @@ def test_a_mistyped_label_says_did_you_mean(warmed, cache_dir) -> None:  # noqa:
         cache.set_refs([entry], RefOrigin("ci"), release_id=prod)
     with pytest.raises(aot.ReleaseNotFoundError, match="did you mean 'prod'"):
         aot.load("mlp.forward", cache=str(cache_dir), release="prd")
+
+
+def test_rollback_onto_a_removed_entry_refuses_and_leaves_the_label(invoke: Invoke, warmed, cache_dir) -> None:  # noqa: ANN001
+    """issue 38: `aot rm --force` of what a rollback would serve, then `release
+    rollback` exited 0 onto a set replicas cannot serve."""
+    with aot.Cache(cache_dir) as cache:
+        versions = [cache.compile_entry(lambda x, k=k: x * k, "f32[4]", name="roll.h").entry for k in (2.0, 3.0)]
+        for entry in versions:
+            set_id = cache.index.open_release("prod", RefOrigin("ci"))
+            cache.set_refs([entry], RefOrigin("ci"), release_id=set_id)
+    before = json.loads(invoke("release", "show", "prod", "--json").stdout)
+    assert invoke("rm", versions[0].key, "--force").exit_code == 0
+    refused = invoke("release", "rollback", "prod")
+    assert refused.exit_code == 1, refused.output
+    line = one_line_error(refused)
+    assert versions[0].key[:12] in line and "not stored" in line and "roll.h" in line
+    after = json.loads(invoke("release", "show", "prod", "--json").stdout)
+    assert after == before
