@@ -368,7 +368,7 @@ def served_release_option(fn: F) -> F:
 
 def resolve_served_release(cache: Any, release: str | None) -> str | None:
     """The release a replica of ``cache`` serves (``release`` first): the rule of
-    ``aot.load`` (:func:`aot.cache.serving.load.served_release`); None: the refs."""
-    from aot.cache.serving.load import served_release
+    ``aot.load`` (:func:`aot.cache.serving.release_rule.served_release`); None: the refs."""
+    from aot.cache.serving.release_rule import served_release
 
     return served_release(cache, release)

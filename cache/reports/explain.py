@@ -141,7 +141,7 @@ def explain(
 
     ``release``: explained for a replica of that label, which serves its members and
     nothing else (a signature it lacks is a miss there); None: the refs. Resolve it
-    with :func:`aot.cache.serving.load.served_release`, the rule of ``aot.load``."""
+    with :func:`aot.cache.serving.release_rule.served_release`, the rule of ``aot.load``."""
     from aot.executable import arg_paths
     from aot.statics import StaticArg
 

@@ -274,7 +274,7 @@ def served_state(
 
     ``release``: as a replica serving that label serves (its members, ``"release"``,
     and nothing else); None: the refs. The caller resolves the label with
-    :func:`aot.cache.serving.load.served_release`, the rule of ``aot.load``."""
+    :func:`aot.cache.serving.release_rule.served_release`, the rule of ``aot.load``."""
     names = sorted(set(names))
     refs = ref_map(r for name in names for r in reads_of(cache).refs_named(name))
     superseded = superseded_keys(peers, refs)
