@@ -353,3 +353,22 @@ def unknown_environment_note(known: bool) -> None:
         from aot.cache.reports.environment import UNKNOWN_NOTE
 
         click.echo(f"note: {UNKNOWN_NOTE}", err=True)
+
+
+SERVED_RELEASE_HELP = (
+    "Answer for a replica serving this release label. Default: as aot.load chooses, "
+    "AOT_RELEASE, else the cache's default release (aot release default), else the refs."
+)
+
+
+def served_release_option(fn: F) -> F:
+    """``--release LABEL`` of ``ls``, ``show`` and ``why``: the release they answer for."""
+    return click.option("--release", metavar="LABEL", default=None, help=SERVED_RELEASE_HELP)(fn)
+
+
+def resolve_served_release(cache: Any, release: str | None) -> str | None:
+    """The release a replica of ``cache`` serves (``release`` first): the rule of
+    ``aot.load`` (:func:`aot.cache.serving.release_rule.served_release`); None: the refs."""
+    from aot.cache.serving.release_rule import served_release
+
+    return served_release(cache, release)

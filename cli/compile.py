@@ -12,6 +12,8 @@ from aot.cli.common import (
     parse_kwargs,
     parse_static,
     pass_state,
+    resolve_served_release,
+    served_release_option,
 )
 from aot.cli.params import MESH, complete_entry_names
 
@@ -145,32 +147,36 @@ def compile_command(
     "--static", multiple=True, metavar="NAME=JSON",
     help="A static argument, e.g. act='\"relu\"': compared with the stored statics (with --target, placed as aot compile places it).",
 )
+@served_release_option
 @pass_state
 def why_command(
     state: State, name: str, args: tuple[str, ...], kwargs: tuple[str, ...], args_from: str | None,
-    target: str | None, static: tuple[str, ...],
+    target: str | None, static: tuple[str, ...], release: str | None,
 ) -> None:
     """Explain a miss: the nearest stored entry of NAME and which parts differ.
 
     Compares the input signature argument by argument (and, with --target, every
-    program fingerprint part) and the environment. Exits 0 on a hit, 1 on a miss.
+    program fingerprint part) and the environment. With a release (--release, else
+    AOT_RELEASE, else the cache's default, as aot.load chooses) a signature that the
+    release's set lacks is a miss, naming the label. Exits 0 on a hit, 1 on a miss.
     """
     from aot.cache.warmup.targets import place_statics
     from aot.cache.warmup.run import resolve_args, resolve_target
 
     positional, keywords = resolve_args(args, parse_kwargs(kwargs), args_from)
     cache = state.cache()
+    served = resolve_served_release(cache, release)
     if target is not None:
         fn = resolve_target(target)
         # Where aot compile puts them (by position between dynamic arguments, else by
         # keyword), so that the same command line lowers the same program.
         positional, options = place_statics(fn, positional, dict(parse_static(static)))
-        explanation = cache.explain(name, *positional, fn=fn, **{**keywords, **options})
+        explanation = cache.explain(name, *positional, fn=fn, release=served, **{**keywords, **options})
     else:
         # Without the function the input signature is compared (keyword arguments'
         # leaves follow the positional ones in sorted-name order), and the statics given.
         statics = dict(parse_static(static)) if static else None
-        explanation = cache.explain(name, *positional, statics=statics, **keywords)
+        explanation = cache.explain(name, *positional, statics=statics, release=served, **keywords)
     if state.json:
         echo_json(explanation.to_dict())
     else:

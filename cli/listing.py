@@ -15,6 +15,8 @@ from aot.cli.common import (
     human_size,
     key_value,
     pass_state,
+    resolve_served_release,
+    served_release_option,
     shorten,
     table,
     terminal_width,
@@ -49,8 +51,9 @@ def env_option(fn: F) -> F:
 @click.command("ls", short_help="List entries.")
 @click.argument("glob", required=False, metavar="[NAME_GLOB]", shell_complete=complete_entry_names)
 @env_option
+@served_release_option
 @pass_state
-def ls_command(state: State, glob: str | None, env: str) -> None:
+def ls_command(state: State, glob: str | None, env: str, release: str | None) -> None:
     """List the cache's entries (all, or those whose name matches NAME_GLOB).
 
     SIGNATURE names each argument (params: [{b: f32[512], w: f32[784,512]}, ...],
@@ -60,14 +63,16 @@ def ls_command(state: State, glob: str | None, env: str) -> None:
     `aot gc --superseded` removes it) or quarantined. SERVED is 'ref' for the entry
     aot.load serves because its ref names it, 'newest' where no ref exists (the legacy
     rule: the newest intact entry), '-' otherwise, followed by the release labels
-    naming the entry ([prod,canary]). When the cache holds entries of JAX's persistent
+    naming the entry ([prod,canary]). With a release (--release, else AOT_RELEASE,
+    else the cache's default, as aot.load chooses), SERVED is 'release' for the members
+    of that label, which a replica of it serves, and '-' for every other entry. When the cache holds entries of JAX's persistent
     compilation cache (aot.jax_cache), a KIND column says 'aot' or 'jit'; a jit row's
     NAME is the jitted function's, its KEY the start of JAX's hash, its ENV the platform.
     """
     from aot.cache.reports.listing import list_entries
 
     cache = state.cache()
-    listing = list_entries(cache, glob, env=env)
+    listing = list_entries(cache, glob, env=env, release=resolve_served_release(cache, release))
     if state.json:
         echo_json(listing.to_dict())
         return
@@ -115,6 +120,8 @@ def ls_command(state: State, glob: str | None, env: str) -> None:
         footer += f"; {listing.unknown_environments} for an unknown environment"
     if listing.superseded:
         footer += f"; {listing.superseded} superseded (aot gc --superseded removes them)"
+    if listing.release is not None:
+        footer += f"; SERVED: as a replica of release {listing.release} serves"
     click.echo(footer)
     unknown_environment_note(listing.environment_known)
 
@@ -154,7 +161,11 @@ def _render(details: EntryDetails) -> str:
     arguments = details.arguments
     out = [f"{e.name} ({arguments.compact()})"]
     state = e.state + (f": {e.state_reason}" if e.state_reason else "")
-    if details.superseded_by:
+    if details.served_by == "release":
+        state += f"; served by release {details.release} (its set names it)"
+    elif details.release is not None and e.ok:
+        state += f"; not served by release {details.release} (its set names another entry or none here)"
+    elif details.superseded_by:
         state = (
             f"superseded by {details.superseded_by[:12]} (the entry served for this name, "
             "signature and environment; aot gc --superseded removes this one)"
@@ -241,21 +252,25 @@ def _show_jit(state: State, cache: Cache, key_or_name: str, hlo: bool) -> bool:
 @click.argument("key_or_name", metavar="KEY|NAME", shell_complete=complete_entry_names)
 @click.option("--hlo", is_flag=True, help="Print the StableHLO text of the portable HLO instead.")
 @click.option("--debug-info", is_flag=True, help="With --hlo: keep the source locations.")
+@served_release_option
 @pass_state
-def show_command(state: State, key_or_name: str, hlo: bool, debug_info: bool) -> None:
+def show_command(state: State, key_or_name: str, hlo: bool, debug_info: bool, release: str | None) -> None:
     """Show an entry (a key, or a unique key prefix of 4+ hex digits) or every entry
     of a NAME.
 
     Prints the arguments by pytree path, the manifest, the program and environment
     fingerprint parts, and XLA's cost and memory analysis; --hlo prints the stored
-    StableHLO.
+    StableHLO. Whether an entry is served is said for the release a replica would
+    serve (--release, else AOT_RELEASE, else the cache's default; none: the refs).
     """
     from aot.cache.reports.details import describe_entries
     from aot.errors import ArtifactNotFoundError
 
     cache = state.cache()
     try:
-        details = describe_entries(cache, key_or_name, hlo=hlo, debug_info=debug_info)
+        details = describe_entries(
+            cache, key_or_name, hlo=hlo, debug_info=debug_info, release=resolve_served_release(cache, release),
+        )
     except ArtifactNotFoundError:
         if not _show_jit(state, cache, key_or_name, hlo):  # JAX's key or a jitted function's name
             raise

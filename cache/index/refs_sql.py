@@ -233,9 +233,10 @@ class IndexRefs(IndexEngine):
         assert release is not None
         return release
 
-    def rollback(self, label: str, origin: RefOrigin) -> Release:
+    def rollback(self, label: str, origin: RefOrigin, *, require_stored: bool = True) -> Release:
         """Points ``label`` back at the set it pointed to before its current one. Done
-        again, it goes one further step back."""
+        again, it goes one further step back; refuses a set naming an entry not stored
+        or not intact (``require_stored``), checked under the move's lock."""
         with self._write(f"roll back {label}") as conn:
             self._lock_refs(conn)
             current = self._current_set(conn, label)
@@ -251,6 +252,8 @@ class IndexRefs(IndexEngine):
             target = conn.execute(sa.select(RELEASES).where(RELEASES.c.id == current["previous"])).first()
             if target is None:
                 raise CacheError(f"release {label!r}: its previous set {current['previous']} is gone")
+            if require_stored:
+                _check_members_stored(conn, label, int(current["id"]), int(target._mapping["id"]))
             new = self._new_set(conn, label, origin, previous=target._mapping["previous"])
             self._copy_members(conn, int(target._mapping["id"]), new)
         release = self.release_set(label)
@@ -456,3 +459,24 @@ def _release(row: dict[str, Any], members: tuple[ReleaseMember, ...]) -> Release
         id=int(row["id"]), label=row["label"], previous=row["previous"], created_at=row["created_at"],
         host=row["host"], user=row["user"], source=row["source"], commit=row["commit"], members=members,
     )
+
+
+def _check_members_stored(conn: Connection, label: str, current_id: int, target_id: int) -> None:
+    """Raises :class:`CacheError` naming the members of set ``target_id`` whose key
+    is not stored, or stored but not intact (quarantined)."""
+    rows = conn.execute(
+        sa.select(RELEASE_MEMBERS.c.name, RELEASE_MEMBERS.c.signature, RELEASE_MEMBERS.c.key, ARTIFACTS.c.state)
+        .select_from(RELEASE_MEMBERS.outerjoin(ARTIFACTS, ARTIFACTS.c.key == RELEASE_MEMBERS.c.key))
+        .where(RELEASE_MEMBERS.c.release_id == target_id)
+        .order_by(RELEASE_MEMBERS.c.name, RELEASE_MEMBERS.c.signature)
+    ).all()
+    missing = [
+        f"{r.name} ({r.signature}) {r.key[:12]}: {'not stored' if r.state is None else r.state}"
+        for r in rows if r.state != "ok"
+    ]
+    if missing:
+        shown = "; ".join(missing[:5]) + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise CacheError(
+            f"release {label!r} cannot roll back to set {target_id}: {len(missing)} of its entries "
+            f"cannot be served ({shown}); the label stays on set {current_id}"
+        )

@@ -82,10 +82,12 @@ class EntryDetails:
     hlo: str | None = None
     signature: Signature | None = None
     superseded_by: str | None = None
-    served_by: str | None = None  # "ref" / "newest" (legacy rule) when served, else None
+    served_by: str | None = None  # "ref" / "newest" (legacy rule) / "release" when served, else None
     releases: tuple[str, ...] = ()
     #: False when this host's environment is unknown (:mod:`aot.cache.reports.environment`).
     environment_known: bool = True
+    #: The release "served" is for (a replica of that label); None: the refs.
+    release: str | None = None
 
     @property
     def this_environment(self) -> bool:
@@ -113,6 +115,7 @@ class EntryDetails:
             "served": self.served_by is not None,
             "served_by": self.served_by,
             "releases": list(self.releases),
+            **({} if self.release is None else {"release": self.release}),
             "hlo": self.hlo,
         }
 
@@ -150,13 +153,15 @@ def _without_locations(text: str) -> str:
 
 
 def describe_entries(
-    cache: Cache, key_or_name: str, *, hlo: bool = False, debug_info: bool = False
+    cache: Cache, key_or_name: str, *, hlo: bool = False, debug_info: bool = False,
+    release: str | None = None,
 ) -> list[EntryDetails]:
     """:func:`find_entries`, each with its manifest, environment differences, named
-    arguments, supersession and HLO."""
+    arguments, supersession and HLO. ``release``: whether each is served is said for
+    a replica of that label (:func:`~aot.cache.reports.listing.served_state`)."""
     found = find_entries(cache, key_or_name)
     peers = [p for name in sorted({e.name for e in found}) for p in reads_of(cache).by_name(name)]
-    superseded, served, labels = served_state(cache, peers, {e.name for e in found})
+    superseded, served, labels = served_state(cache, peers, {e.name for e in found}, release)
     details = []
     current = this_environment(cache) if found else None
     for entry in found:
@@ -174,6 +179,6 @@ def describe_entries(
         )
         details.append(EntryDetails(
             entry, manifest, error, diffs, text, signature, superseded.get(entry.key),
-            served.get(entry.key), tuple(labels.get(entry.key, ())), current is not None,
+            served.get(entry.key), tuple(labels.get(entry.key, ())), current is not None, release,
         ))
     return details

@@ -19,8 +19,9 @@ from aot.errors import AotError
 from aot.fingerprint import PartDifference, xla_flags_outside_key
 from aot.lowering import lower
 from aot.specs import format_aval, spec
-from aot.cache.index.served import ref_map, served_key
+from aot.cache.index.served import Slot, ref_map, served_key
 from aot.cache.reports.environment import UNKNOWN_NOTE, this_environment
+from aot.cache.reports.listing import release_slots
 from aot.cache.serving.signatures import ArgLeaf, LeafDifference, Signature, leaf_differences
 from aot.cache.units import counted
 
@@ -52,11 +53,19 @@ class Explanation:
     #: False when this host's environment is unknown (not recorded; finding it out
     #: would open the device): environments are not compared, and nothing is a hit.
     environment_known: bool = True
+    #: The release explained against (a replica of that label serves its members
+    #: only); None: the refs.
+    release: str | None = None
+    #: The nearest entry matches every part, but the release has no member for its
+    #: signature here: a replica of the release misses.
+    not_in_release: bool = False
 
     def _served(self) -> str:
         if self.served_key is None:
             return "; nothing is served for this signature here"
-        why = "its ref names it" if self.served_by == "ref" else "no ref: the newest entry"
+        why = {
+            "ref": "its ref names it", "release": f"release {self.release} names it",
+        }.get(self.served_by or "", "no ref: the newest entry")
         if self.served_key == self.nearest_key:
             return f" (served: {why})"
         return f"; but aot.load serves {self.served_key[:12]} ({why})"
@@ -77,6 +86,12 @@ class Explanation:
             )
         if self.hit:
             return f"{self.name} ({request}): hit, key {self.nearest_key[:12]}{self._served()}"  # type: ignore[index]
+        if self.not_in_release:
+            return (
+                f"{self.name} ({request}): miss; not served by release {self.release}: entry "
+                f"{self.nearest_key[:12]} matches, but the release's set has no member for this "  # type: ignore[index]
+                f"signature here (aot warmup --release {self.release}, or promote a set that has it)"
+            )
         nearest = self._shown(self.nearest_arguments, self.nearest_signature)
         lines = [
             f"{self.name} ({request}): miss; nearest of {counted(self.stored, 'stored entry')} is "
@@ -110,18 +125,23 @@ class Explanation:
             "xla_flags_outside_key": self.xla_flags_outside_key,
             "served_key": self.served_key,
             "served_by": self.served_by,
+            **({} if self.release is None else {"release": self.release, "not_in_release": self.not_in_release}),
             **({} if self.environment_known else {"environment_unknown": True}),
         }
 
 
 def explain(
     cache: Cache, name: str, *args: Any, fn: Callable[..., Any] | None = None,
-    statics: Mapping[str, Any] | None = None, **lower_kwargs: Any,
+    statics: Mapping[str, Any] | None = None, release: str | None = None, **lower_kwargs: Any,
 ) -> Explanation:
     """Compares the request with every entry of ``name``: all program parts when ``fn``
     is given (it is lowered with ``lower_kwargs``), else the input signature of
     ``args`` and the keyword arguments' specs ``lower_kwargs``, and the static values
-    ``statics`` (by parameter name) when given; always the environment."""
+    ``statics`` (by parameter name) when given; always the environment.
+
+    ``release``: explained for a replica of that label, which serves its members and
+    nothing else (a signature it lacks is a miss there); None: the refs. Resolve it
+    with :func:`aot.cache.serving.release_rule.served_release`, the rule of ``aot.load``."""
     from aot.executable import arg_paths
     from aot.statics import StaticArg
 
@@ -154,6 +174,12 @@ def explain(
     best: tuple[tuple[int, int, int, int], Manifest, tuple[PartDifference, ...], Signature, Signature] | None = None
     entries = list(cache.index.by_name(name, state=None))
     refs = ref_map(cache.index.refs_named(name))
+    members = release_slots(cache, release, (name,)) if release is not None else None
+
+    def serves(slot: Slot) -> str | None:
+        """The key served for ``slot`` (by the release's members when one is named)."""
+        return served_key(entries, refs, slot) if members is None else members.get(slot)
+
     here = environment.digest if environment is not None else None
     for entry in entries:
         try:
@@ -181,8 +207,8 @@ def explain(
             mine = Signature(mine.leaves, wanted)
         leaf_diffs = leaf_differences(stored_signature, mine)
         # Among equally near entries, the one served for its signature.
-        serves = served_key(entries, refs, (name, entry.signature, here)) == entry.key
-        score = (len(diffs), len(leaf_diffs), sum(d.distance() for d in leaf_diffs), 0 if serves else 1)
+        served_here = serves((name, entry.signature, here)) == entry.key
+        score = (len(diffs), len(leaf_diffs), sum(d.distance() for d in leaf_diffs), 0 if served_here else 1)
         if best is None or score < best[0]:
             best = (score, manifest, diffs, stored_signature, mine)
     outside = xla_flags_outside_key()
@@ -198,12 +224,18 @@ def explain(
         if any(d.part == "in_avals" for d in diffs) else ()
     )
     slot = (name, manifest.signature, here)
+    served = serves(slot) if here is not None else None
+    if members is not None:
+        served_by = "release" if served is not None else None
+    else:
+        served_by = ("ref" if slot in refs else "newest") if here is not None else None
+    matches = not diffs and environment is not None
+    missing_in_release = matches and members is not None and served is None
     return Explanation(
-        name, signature, not diffs and environment is not None, manifest.key, manifest.signature, diffs,
+        name, signature, matches and not missing_in_release, manifest.key, manifest.signature, diffs,
         len(entries), mine, stored_signature, leaf_diffs, xla_flags_outside_key=outside,
-        served_key=served_key(entries, refs, slot) if here is not None else None,
-        served_by=("ref" if slot in refs else "newest") if here is not None else None,
-        environment_known=environment is not None,
+        served_key=served, served_by=served_by, environment_known=environment is not None,
+        release=release, not_in_release=missing_in_release,
     )
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "environment_statuses",
     "list_entries",
     "release_labels",
+    "release_slots",
     "served_keys",
     "served_state",
     "superseded_keys",
@@ -147,7 +148,9 @@ class EntryRow:
     signature: Signature
     environment: EnvironmentStatus
     superseded_by: str | None = None
-    served_by: str | None = None  # "ref" (declared), "newest" (legacy rule, no ref) or None
+    #: "ref" (declared), "newest" (legacy rule, no ref), "release" (a member of the
+    #: release listed for) or None
+    served_by: str | None = None
     releases: tuple[str, ...] = ()  # labels whose current set names this entry
 
     @property
@@ -195,6 +198,8 @@ class Listing:
 
     #: False when this host's environment is unknown (no ENV says "this").
     environment_known: bool = True
+    #: The release SERVED is for (a replica of that label); None: the refs.
+    release: str | None = None
 
     @property
     def other_environments(self) -> int:
@@ -208,6 +213,7 @@ class Listing:
         out = {
             "cache": self.location,
             "env": self.env,
+            **({} if self.release is None else {"release": self.release}),
             "count": len(self.rows) + len(self.jit),
             "entries": [{"kind": AOT, **row.to_dict()} for row in self.rows] + [e.to_dict() for e in self.jit],
         }
@@ -225,6 +231,7 @@ def check_env_choice(env: str) -> str:
 def entry_rows(
     cache: Cache, entries: Sequence[IndexEntry], *, env: str = "all",
     peers: Sequence[IndexEntry] | None = None, current: Fingerprint | None | str = "ask",
+    release: str | None = None,
 ) -> list[EntryRow]:
     """Rows for ``entries``, filtered by ``env``. Supersession is decided among
     ``peers`` (default: every intact entry of the names in ``entries``). ``current``:
@@ -232,7 +239,7 @@ def entry_rows(
     check_env_choice(env)
     if peers is None:
         peers = [p for name in sorted({e.name for e in entries}) for p in reads_of(cache).by_name(name)]
-    superseded, served, labels = served_state(cache, peers, {e.name for e in entries})
+    superseded, served, labels = served_state(cache, peers, {e.name for e in entries}, release)
     here = this_environment(cache) if isinstance(current, str) else current
     statuses = environment_statuses(entries, here)
     rows = []
@@ -259,14 +266,49 @@ def served_keys(entries: Sequence[IndexEntry], refs: Mapping[Slot, str]) -> dict
 
 
 def served_state(
-    cache: Cache, peers: Sequence[IndexEntry], names: Iterable[str],
+    cache: Cache, peers: Sequence[IndexEntry], names: Iterable[str], release: str | None = None,
 ) -> tuple[dict[str, str], dict[str, str], dict[str, list[str]]]:
     """For the entries of ``names`` (``peers``: every entry of them): which each is
     superseded by, how each served one is served (:func:`served_keys`) and the
-    release labels naming each (:func:`release_labels`), by key."""
+    release labels naming each (:func:`release_labels`), by key.
+
+    ``release``: as a replica serving that label serves (its members, ``"release"``,
+    and nothing else); None: the refs. The caller resolves the label with
+    :func:`aot.cache.serving.release_rule.served_release`, the rule of ``aot.load``."""
     names = sorted(set(names))
     refs = ref_map(r for name in names for r in reads_of(cache).refs_named(name))
-    return superseded_keys(peers, refs), served_keys(peers, refs), release_labels(cache, names)
+    superseded = superseded_keys(peers, refs)
+    if release is None:
+        return superseded, served_keys(peers, refs), release_labels(cache, names)
+    served = {key: "release" for key in release_slots(cache, release, names).values()}
+    # What the release serves is not superseded for its replicas (and its label pins it).
+    superseded = {key: by for key, by in superseded.items() if key not in served}
+    return superseded, served, release_labels(cache, names)
+
+
+def release_slots(cache: Cache, release: str, names: Iterable[str]) -> dict[Slot, str]:
+    """``{(name, signature, environment): key}`` of ``release``'s members of ``names``.
+    Raises :class:`aot.ReleaseNotFoundError` (with close labels) when the cache has no
+    such label, as ``aot.load`` does."""
+    import difflib
+
+    from aot.errors import ReleaseNotFoundError
+
+    reads = reads_of(cache)
+    labels = reads.release_labels()
+    if release not in labels:
+        close = difflib.get_close_matches(release, labels, n=3)
+        hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+        raise ReleaseNotFoundError(
+            f"no release labelled {release!r} in the cache at {cache.display_location}; {hint}"
+            "`aot release ls` lists the labels (the release comes from --release, else AOT_RELEASE, "
+            "else the cache's default: `aot release default`)"
+        )
+    out: dict[Slot, str] = {}
+    for name in sorted(set(names)):
+        for member in reads.release_members(release, name) or ():
+            out[(member.name, member.signature, member.env_fp)] = member.key
+    return out
 
 
 def release_labels(cache: Cache, names: Iterable[str]) -> dict[str, list[str]]:
@@ -283,15 +325,20 @@ def release_labels(cache: Cache, names: Iterable[str]) -> dict[str, list[str]]:
     return out
 
 
-def list_entries(cache: Cache, glob: str | None = None, *, env: str = "all") -> Listing:
+def list_entries(
+    cache: Cache, glob: str | None = None, *, env: str = "all", release: str | None = None,
+) -> Listing:
     """Every entry whose name matches ``glob`` (all without one); ``env="this"``:
-    only those built for this environment."""
+    only those built for this environment. ``release``: SERVED as a replica of that
+    label serves (:func:`served_state`); None: the refs."""
     reads = reads_of(cache)
     entries = reads.entries(glob)
     # A name glob selects every entry of a name or none: they are their own peers.
     current = this_environment(cache)
-    rows = entry_rows(cache, entries, env=env, peers=entries, current=current)
+    if release is not None and not entries:
+        release_slots(cache, release, ())  # a mistyped label is an error even with no entries
+    rows = entry_rows(cache, entries, env=env, peers=entries, current=current, release=release)
     return Listing(
         cache.display_location, glob, env, tuple(rows), tuple(reads.jit_entries(glob)),
-        environment_known=current is not None,
+        environment_known=current is not None, release=release,
     )

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aot.errors import AotError, CacheError, ReleaseNotFoundError, UsageError
 
 from aot.cache.serving import read_ahead
+from aot.cache.serving.release_rule import RELEASE_ENV, served_release
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -28,10 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["RELEASE_ENV", "load", "open_existing", "served_release"]
-
-#: The release ``aot.load`` serves when given none (unset or empty: the cache's
-#: declared default, ``aot release default``; none declared: the refs).
-RELEASE_ENV = "AOT_RELEASE"
 
 
 def load(
@@ -147,17 +144,6 @@ def load(
                 cache.close()
             raise
         return dispatcher
-
-
-def served_release(cache: Cache, release: str | None) -> str | None:
-    """The release a replica of ``cache`` serves: ``release``, else ``$AOT_RELEASE``,
-    else the cache's declared default (``aot release default``); None: the refs. The
-    one rule of ``aot.load``, ``aot why``, ``aot show`` and ``aot ls``."""
-    if release is None:
-        release = os.environ.get(RELEASE_ENV, "").strip() or None
-    if release is None:
-        release = cache.default_release()
-    return release
 
 
 def _on_accelerator() -> bool:

@@ -191,3 +191,87 @@ def test_a_mistyped_label_says_did_you_mean(warmed, cache_dir) -> None:  # noqa:
         cache.set_refs([entry], RefOrigin("ci"), release_id=prod)
     with pytest.raises(aot.ReleaseNotFoundError, match="did you mean 'prod'"):
         aot.load("mlp.forward", cache=str(cache_dir), release="prd")
+
+
+def test_rollback_onto_a_removed_entry_refuses_and_leaves_the_label(invoke: Invoke, warmed, cache_dir) -> None:  # noqa: ANN001
+    """issue 38: `aot rm --force` of what a rollback would serve, then `release
+    rollback` exited 0 onto a set replicas cannot serve."""
+    with aot.Cache(cache_dir) as cache:
+        versions = [cache.compile_entry(lambda x, k=k: x * k, "f32[4]", name="roll.h").entry for k in (2.0, 3.0)]
+        for entry in versions:
+            set_id = cache.index.open_release("prod", RefOrigin("ci"))
+            cache.set_refs([entry], RefOrigin("ci"), release_id=set_id)
+    before = json.loads(invoke("release", "show", "prod", "--json").stdout)
+    assert invoke("rm", versions[0].key, "--force").exit_code == 0
+    refused = invoke("release", "rollback", "prod")
+    assert refused.exit_code == 1, refused.output
+    line = one_line_error(refused)
+    assert versions[0].key[:12] in line and "not stored" in line and "roll.h" in line
+    after = json.loads(invoke("release", "show", "prod", "--json").stdout)
+    assert after == before
+
+
+# ---------------------------------------------------------------- why, show, ls follow the served release
+
+MLP_WHY = ("why", "mlp.forward", "--arg", "@fixtures.models:mlp_param_specs", "--arg")
+
+
+def _served(invoke: Invoke, *options: str) -> dict[str, str | None]:
+    """``{batch: served_by}`` of mlp.forward's entries in `aot ls --json`."""
+    entries = json.loads(invoke("ls", "mlp.forward", "--json", *options).stdout)["entries"]
+    return {e["signature"].rsplit(", ", 1)[1]: e["served_by"] for e in entries}
+
+
+def _shown(invoke: Invoke, *options: str) -> dict[str, str | None]:
+    entries = json.loads(invoke("show", "mlp.forward", "--json", *options).stdout)["entries"]
+    return {e["entry"]["signature"].rsplit(", ", 1)[1]: e["served_by"] for e in entries}
+
+
+@pytest.mark.parametrize("how", ["AOT_RELEASE", "default", "--release"])
+def test_why_show_and_ls_answer_for_the_release_a_replica_serves(
+    invoke: Invoke, warmed, cache_dir, monkeypatch: pytest.MonkeyPatch, how: str,  # noqa: ANN001
+) -> None:
+    """issue 38, item 6: prod's set has mlp.forward's batch-1 bucket only, the refs have
+    all three. `why` for batch 8 is a miss there, naming prod; ls/show mark per prod."""
+    monkeypatch.delenv("AOT_RELEASE", raising=False)
+    with aot.Cache(cache_dir) as cache:
+        [one] = [e for e in cache.entries() if e.name == "mlp.forward" and e.signature.endswith("f32[1,784]")]
+        prod = cache.index.open_release("prod", RefOrigin("ci"))
+        cache.set_refs([one], RefOrigin("ci"), release_id=prod)
+    everything = {"f32[1,784]": "ref", "f32[8,784]": "ref", "f32[32,784]": "ref"}
+    assert _served(invoke) == everything and _shown(invoke) == everything  # as before: the refs
+    assert invoke(*MLP_WHY, "f32[8,784]").exit_code == 0
+    options: tuple[str, ...] = ()
+    if how == "AOT_RELEASE":
+        monkeypatch.setenv("AOT_RELEASE", "prod")
+    elif how == "default":
+        assert invoke("release", "default", "prod").exit_code == 0
+    else:
+        options = ("--release", "prod")
+    per_prod = {"f32[1,784]": "release", "f32[8,784]": None, "f32[32,784]": None}
+    assert _served(invoke, *options) == per_prod
+    assert _shown(invoke, *options) == per_prod
+    listed = invoke("ls", "mlp.forward", *options)
+    assert "release [prod]" in listed.stdout and "as a replica of release prod serves" in listed.stdout
+    shown = invoke("show", "mlp.forward", *options).stdout
+    assert "served by release prod" in shown and "not served by release prod" in shown
+    miss = invoke(*MLP_WHY, "f32[8,784]", *options)
+    assert miss.exit_code == 1, miss.output
+    assert "miss; not served by release prod" in miss.stdout
+    data = json.loads(invoke(*MLP_WHY, "f32[8,784]", "--json", *options).stdout)
+    assert (data["hit"], data["release"], data["not_in_release"], data["served_key"]) == (False, "prod", True, None)
+    hit = invoke(*MLP_WHY, "f32[1,784]", *options)
+    assert hit.exit_code == 0, hit.output
+    assert f"key {one.key[:12]} (served: release prod names it)" in hit.stdout
+    # The loader agrees: a replica of prod serves the one bucket.
+    if how != "--release":
+        assert len(aot.load("mlp.forward", cache=str(cache_dir)).signatures) == 1
+
+
+def test_a_mistyped_release_for_ls_show_why_says_did_you_mean(invoke: Invoke, warmed, cache_dir) -> None:  # noqa: ANN001
+    with aot.Cache(cache_dir) as cache:
+        entry = next(e for e in cache.entries() if e.name == "mlp.forward")
+        cache.set_refs([entry], RefOrigin("ci"), release_id=cache.index.open_release("prod", RefOrigin("ci")))
+    for command in (("ls",), ("show", "mlp.forward"), (*MLP_WHY, "f32[8,784]")):
+        line = one_line_error(invoke(*command, "--release", "prd"))
+        assert "no release labelled 'prd'" in line and "did you mean 'prod'" in line, command

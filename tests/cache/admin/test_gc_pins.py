@@ -98,3 +98,30 @@ def test_release_rm_unpins_every_set_down_the_chain(cache: aot.Cache) -> None:
     a, b, c = _three_releases(cache)
     plan = cache.index.plan_release_removal(["prod"])
     assert {m.key for m in plan.unpinned} == {a.key, b.key, c.key}
+
+
+@pytest.mark.parametrize("damage", ["removed", "quarantined"])
+def test_rollback_refuses_a_set_naming_an_entry_not_stored_or_not_intact(cache: aot.Cache, damage: str) -> None:
+    """issue 38: after `aot rm --force` of a rollback target, `release rollback` exited
+    0 onto a set replicas cannot serve. It refuses now, naming the entry, and the
+    label stays where it was."""
+    from aot.cache.admin.removal import remove
+    from aot.errors import CacheError
+
+    a, b, c = _three_releases(cache)
+    before = cache.index.release_set("prod")
+    assert before is not None and before.keys() == {c.key}
+    if damage == "removed":
+        remove(cache, b.key, force=True)
+        assert cache.index.get(b.key) is None
+    else:
+        cache.index.quarantine(b.key, "test")
+    with pytest.raises(CacheError) as refused:
+        cache.rollback("prod")
+    message = str(refused.value)
+    assert "\n" not in message and b.key[:12] in message
+    assert ("not stored" if damage == "removed" else "quarantined") in message
+    assert f"stays on set {before.id}" in message
+    after = cache.index.release_set("prod")
+    assert after is not None and (after.id, after.keys()) == (before.id, {c.key})
+    assert len(cache.index.release_history("prod")) == 3
