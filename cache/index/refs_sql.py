@@ -243,12 +243,7 @@ class IndexRefs(IndexEngine):
             if current is None:
                 raise CacheError(f"no release labelled {label!r}; `aot release ls` lists the labels")
             if current["previous"] is None:
-                raise CacheError(
-                    f"cannot roll back release {label!r}: it has no earlier set to go back to (what it "
-                    f"serves now, set {current['id']}, is the first it was given); to serve other "
-                    f"entries, warm them up or promote a label with them (`aot release promote "
-                    f"OTHER {label}`), and `aot release ls` shows the labels"
-                )
+                raise CacheError(_no_earlier_set(label, current["id"]))
             target = conn.execute(sa.select(RELEASES).where(RELEASES.c.id == current["previous"])).first()
             if target is None:
                 raise CacheError(f"release {label!r}: its previous set {current['previous']} is gone")
@@ -480,3 +475,12 @@ def _check_members_stored(conn: Connection, label: str, current_id: int, target_
             f"release {label!r} cannot roll back to set {target_id}: {len(missing)} of its entries "
             f"cannot be served ({shown}); the label stays on set {current_id}"
         )
+
+
+def _no_earlier_set(label: str, current: int) -> str:
+    return (
+        f"cannot roll back release {label!r}: it has no earlier set to go back to (what it "
+        f"serves now, set {current}, is the first it was given); to serve other entries, warm "
+        f"them up or promote a label with them (`aot release promote OTHER {label}`), and "
+        "`aot release ls` shows the labels"
+    )
