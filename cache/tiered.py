@@ -240,6 +240,13 @@ class TieredCache(Cache):
             f"{self.local.location} ls` lists it)"
         )
 
+    def default_release(self) -> str | None:
+        """The remote's declared default release; offline, the local tier's (None: the
+        refs it holds, as an offline replica has always served)."""
+        if self.remote_error is not None:
+            return self.local.default_release()
+        return super().default_release()
+
     @property
     def stats_cache(self) -> Cache:
         """Where statistics are kept: the remote when writable, else the local tier."""
