@@ -84,6 +84,22 @@ def refused_for(table: ProgramTable, got: tuple[LeafKey, ...]) -> tuple[str, str
     return None
 
 
+def miss_reason(table: ProgramTable, args: Any, kwargs: Any, structure: str, got: tuple[LeafKey, ...]) -> str:
+    """Why a call missed, as ``aot stats`` files it (under the call's flat signature):
+    a stored row of that signature was refused by the signing checks; the signature is
+    stored but the call's pytree differs (a structure mismatch, not a signature that is
+    not stored); or no stored signature."""
+    if refused_for(table, got) is not None:
+        return "refused: stored but not signed with this key (or altered)"
+    for program in table.concrete.values():
+        if program.leaves == got and program.structure != structure:
+            diffs = structure_differences(program, args, kwargs)
+            return "pytree structure mismatch with the stored signature" + (
+                f": {'; '.join(diffs)[:300]}" if diffs else ""
+            )
+    return "no stored signature"
+
+
 def refused_call(table: ProgramTable, args: Any, kwargs: Any, row: tuple[str, str, str]) -> IntegrityError:
     """A call whose signature is stored, but in a row the signing checks refused: not a
     miss of something not stored."""
