@@ -1,4 +1,4 @@
-"""``aot release ls|show|promote|rollback|rm`` and ``aot history``: what is served, thin
+"""``aot release ls|show|history|promote|rollback|rm`` and ``aot history``: what is served, thin
 over :class:`aot.Cache`'s release and ref methods."""
 
 from __future__ import annotations
@@ -94,6 +94,35 @@ def release_show(state: State, label: str) -> None:
     click.echo(_release_line(release))
     for member in release.members:
         click.echo(f"  {_short(member.key)}  {member.name} ({member.signature})")
+
+
+def _move(release: Release) -> str:
+    """What a set of a label records about the move that made it."""
+    source = release.source
+    if source.startswith("promote "):
+        return f"promoted from {source[len('promote '):]}"
+    if source.startswith("rollback"):
+        return "rolled back"
+    return f"declared by {source}"
+
+
+@release_group.command("history", short_help="Every move of a label: declarations, promotions, rollbacks.")
+@click.argument("label")
+@click.option("--limit", type=click.IntRange(min=1), help="Only the newest N moves.")
+@pass_state
+def release_history(state: State, label: str, limit: int | None) -> None:
+    """Every set LABEL pointed to, newest first: the set, when (the index's clock), who
+    (user@host), the move (declared by a warm-up or push, promoted from another label,
+    rolled back) and the set it replaced. The first line is the current set."""
+    sets = state.cache().release_history(label, limit=limit)
+    if state.json:
+        echo_json({"label": label, "history": [{**r.to_dict(), "move": _move(r)} for r in sets]})
+        return
+    for n, release in enumerate(sets):
+        commit = f"  commit {release.commit}" if release.commit else ""
+        replaced = f"replaced set {release.previous}" if release.previous is not None else "first set"
+        click.echo(f"{'*' if n == 0 else ' '} set {release.id}  {release.created_at:%Y-%m-%d %H:%M:%S}  "
+                   f"{release.user}@{release.host}  {_move(release)}{commit}  ({replaced})")
 
 
 @release_group.command("promote", short_help="Point TARGET at SOURCE's current set.")

@@ -44,6 +44,15 @@ class Declared:
             raise CacheError(f"no release labelled {label!r} in {self.display_location}; `aot release ls` lists them")
         return found
 
+    def release_history(self, label: str, limit: int | None = None) -> list[Release]:
+        """Every set ``label`` pointed to, newest first (without members): each move --
+        a declaration, a promotion (source ``promote SOURCE``), a rollback -- with when,
+        host and user. CacheError when there is no such label."""
+        found = self.index.release_history(label)
+        if not found:
+            raise CacheError(f"no release labelled {label!r} in {self.display_location}; `aot release ls` lists them")
+        return found[:limit] if limit is not None else found
+
     def promote(self, source: str, target: str, origin: RefOrigin | None = None) -> Release:
         """Points label ``target`` at the set ``source`` points to now."""
         self._check_writable("promote a release")

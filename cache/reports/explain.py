@@ -59,6 +59,9 @@ class Explanation:
     #: The nearest entry matches every part, but the release has no member for its
     #: signature here: a replica of the release misses.
     not_in_release: bool = False
+    #: The nearest entry matches, but the signing checks refuse it (unsigned, signed
+    #: with another key, altered): why. None: not refused.
+    refused: str | None = None
 
     def _served(self) -> str:
         if self.served_key is None:
@@ -83,6 +86,13 @@ class Explanation:
             return (
                 f"{self.name} ({request}): entry {self.nearest_key[:12]} matches the program; whether it "  # type: ignore[index]
                 f"is for this host cannot be told: {UNKNOWN_NOTE}"
+            )
+        if self.refused is not None:
+            return (
+                f"{self.name} ({request}): miss; entry {self.nearest_key[:12]} matches but is refused: "  # type: ignore[index]
+                f"expected an artifact signed with this cache's signing key, got {self.refused}. "
+                "Sign it: store it again with the key set (AOT_SIGNING_KEY; aot warmup / aot compile), "
+                "or `aot push` it from a cache that signs"
             )
         if self.hit:
             return f"{self.name} ({request}): hit, key {self.nearest_key[:12]}{self._served()}"  # type: ignore[index]
@@ -127,6 +137,7 @@ class Explanation:
             "served_by": self.served_by,
             **({} if self.release is None else {"release": self.release, "not_in_release": self.not_in_release}),
             **({} if self.environment_known else {"environment_unknown": True}),
+            **({} if self.refused is None else {"refused": self.refused}),
         }
 
 
@@ -173,6 +184,11 @@ def explain(
             signature = ", ".join([signature, *wanted]) if signature else ", ".join(wanted)
     best: tuple[tuple[int, int, int, int], Manifest, tuple[PartDifference, ...], Signature, Signature] | None = None
     entries = list(cache.index.by_name(name, state=None))
+    from aot.cache.serving.selection import checked_rows
+
+    refused = dict(
+        (entry.key, why) for entry, why in checked_rows(entries, cache.signing_key, cache.require_signatures)[1]
+    )
     refs = ref_map(cache.index.refs_named(name))
     members = release_slots(cache, release, (name,)) if release is not None else None
 
@@ -231,11 +247,12 @@ def explain(
         served_by = ("ref" if slot in refs else "newest") if here is not None else None
     matches = not diffs and environment is not None
     missing_in_release = matches and members is not None and served is None
+    refusal = refused.get(manifest.key) if matches else None
     return Explanation(
-        name, signature, matches and not missing_in_release, manifest.key, manifest.signature, diffs,
+        name, signature, matches and not missing_in_release and refusal is None, manifest.key, manifest.signature, diffs,
         len(entries), mine, stored_signature, leaf_diffs, xla_flags_outside_key=outside,
         served_key=served, served_by=served_by, environment_known=environment is not None,
-        release=release, not_in_release=missing_in_release,
+        release=release, not_in_release=missing_in_release, refused=refusal,
     )
 
 

@@ -397,7 +397,8 @@ class Dispatcher:
                 return bound(leaves)
         if self.fallback is not None:
             return self._compile_with_fallback(args, kwargs, structure, keys)
-        self.cache.stats.missed(table.env, self.name, misses.describe_keys(keys), "no stored signature")
+        reason = misses.miss_reason(table, args, kwargs, structure, keys)
+        self.cache.stats.missed(table.env, self.name, misses.describe_keys(keys), reason)
         hint = misses.pad_hint(table, structure, keys) if self.pad is None else None
         raise misses.not_found(table, args, kwargs, structure, keys, [*notes, *([hint] if hint else [])])
 

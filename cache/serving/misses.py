@@ -18,7 +18,7 @@ import jax
 from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
-from aot.errors import AvalMismatchError, SignatureNotFoundError
+from aot.errors import AvalMismatchError, IntegrityError, SignatureNotFoundError
 from aot.specs import format_aval, leaf_aval
 
 from aot.cache.serving.programs import LeafKey, Program, ProgramTable, SymbolicProgram
@@ -72,11 +72,56 @@ def not_a_jax_type(name: str, args: Any, kwargs: Any, names: Sequence[str] = ())
     )
 
 
+def refused_for(table: ProgramTable, got: tuple[LeafKey, ...]) -> tuple[str, str, str] | None:
+    """The (key, signature, why) of a stored row of exactly this call's signature that
+    the signing checks refused (unsigned, another key, altered), if any."""
+    if not got:
+        return None
+    flat = describe_keys(got)
+    for key, signature, reason in getattr(table, "refused", ()):
+        if signature == flat:
+            return key, signature, reason
+    return None
+
+
+def miss_reason(table: ProgramTable, args: Any, kwargs: Any, structure: str, got: tuple[LeafKey, ...]) -> str:
+    """Why a call missed, as ``aot stats`` files it (under the call's flat signature):
+    a stored row of that signature was refused by the signing checks; the signature is
+    stored but the call's pytree differs (a structure mismatch, not a signature that is
+    not stored); or no stored signature."""
+    if refused_for(table, got) is not None:
+        return "refused: stored but not signed with this key (or altered)"
+    for program in table.concrete.values():
+        if program.leaves == got and program.structure != structure:
+            diffs = structure_differences(program, args, kwargs)
+            return "pytree structure mismatch with the stored signature" + (
+                f": {'; '.join(diffs)[:300]}" if diffs else ""
+            )
+    return "no stored signature"
+
+
+def refused_call(table: ProgramTable, args: Any, kwargs: Any, row: tuple[str, str, str]) -> IntegrityError:
+    """A call whose signature is stored, but in a row the signing checks refused: not a
+    miss of something not stored."""
+    key, signature, reason = row
+    return IntegrityError(
+        f"{table.name}: ({describe_the_call(table, args, kwargs)}) is stored ({key[:12]}, {signature}) "
+        f"but was refused: expected an artifact signed with this cache's signing key, got {reason}. "
+        "Sign it: store it again with the key set (AOT_SIGNING_KEY; aot warmup / aot compile), "
+        "or `aot push` it from a cache that signs; or load without a key if this cache is not "
+        "meant to be signed."
+    )
+
+
 def not_found(
     table: ProgramTable, args: Any, kwargs: Any, structure: str, got: tuple[LeafKey, ...],
     notes: Sequence[str] = (),
-) -> SignatureNotFoundError:
-    """No stored program serves the call: what is stored, and the nearest."""
+) -> SignatureNotFoundError | IntegrityError:
+    """No stored program serves the call: what is stored, and the nearest; an
+    :class:`IntegrityError` when the call's signature is stored in a refused row."""
+    row = refused_for(table, got)
+    if row is not None:
+        return refused_call(table, args, kwargs, row)
     stored = table.signatures
     lines = [f"  {s}" for s in stored] or ["  (none: nothing is stored under this name here)"]
     message = (

@@ -275,3 +275,26 @@ def test_a_mistyped_release_for_ls_show_why_says_did_you_mean(invoke: Invoke, wa
     for command in (("ls",), ("show", "mlp.forward"), (*MLP_WHY, "f32[8,784]")):
         line = one_line_error(invoke(*command, "--release", "prd"))
         assert "no release labelled 'prd'" in line and "did you mean 'prod'" in line, command
+
+
+def test_release_history_shows_every_move_of_a_label(invoke: Invoke, warmed, cache_dir) -> None:  # noqa: ANN001
+    with aot.Cache(cache_dir) as cache:
+        entries = cache.entries()
+        for commit, n in (("c1", 1), ("c2", 2)):
+            set_id = cache.index.open_release("candidate", RefOrigin("ci", commit=commit))
+            cache.index.set_refs([(e.name, e.signature, e.env_fp, e.key) for e in entries[:n]],
+                                 RefOrigin("ci"), release_id=set_id)
+    assert invoke("release", "promote", "candidate", "prod").exit_code == 0
+    assert invoke("release", "rollback", "candidate").exit_code == 0
+    assert invoke("release", "promote", "candidate", "prod").exit_code == 0
+    assert invoke("release", "rollback", "prod").exit_code == 0
+    moves = json.loads(invoke("release", "history", "prod", "--json").stdout)["history"]
+    assert [m["move"] for m in moves] == ["rolled back", "promoted from candidate", "promoted from candidate"]
+    assert moves[0]["id"] > moves[1]["id"] > moves[2]["id"] and moves[1]["previous"] == moves[2]["id"]
+    assert all(m["user"] and m["host"] and m["created_at"] for m in moves)
+    text = invoke("release", "history", "candidate").stdout.splitlines()
+    assert text[0].startswith("* set ") and "rolled back" in text[0]
+    assert "declared by ci  commit c2" in text[1] and "(first set)" in text[2]
+    assert len(invoke("release", "history", "candidate", "--limit", "1").stdout.splitlines()) == 1
+    missing = invoke("release", "history", "nope")
+    assert missing.exit_code == 1 and "no release labelled 'nope'" in missing.output

@@ -241,7 +241,7 @@ def test_a_swapped_executable_with_a_matching_manifest_digest_is_refused(
     fn = aot.load(TinyArtifacts.NAME, signed, strict=True)
     assert [reason for key, _, reason in fn.skipped if key == entry.key] != []
     assert "f32[2]" not in fn.signatures
-    with pytest.raises(aot.SignatureNotFoundError):
+    with pytest.raises(aot.IntegrityError, match="refused"):  # stored, but refused: not "not stored"
         fn(np.zeros(2, np.float32))
     assert digest not in deserialize_spy.digests
 
@@ -292,3 +292,23 @@ def test_verify_reports_tampered_and_unsigned_entries(signed: Cache, tiny: TinyA
         signed.get(entries["f32[2]"].key)
     with Cache(signed.location) as keyless:
         assert keyless.verify().problems == ()
+
+
+def test_a_refused_unsigned_signature_is_reported_as_refused_not_as_not_stored(
+    tmp_path: Path, tiny: TinyArtifacts,
+) -> None:
+    with Cache(tmp_path / "cache") as unsigned:
+        unsigned.put_artifact(tiny.by_size[1])
+    with Cache(tmp_path / "cache", signing_key=KEY) as cache:
+        (entry,) = cache.entries()
+        fn = aot.load(TinyArtifacts.NAME, cache, allow_empty=True)
+        with pytest.raises(aot.IntegrityError) as caught:
+            fn(np.arange(1, dtype=np.float32))
+        message = str(caught.value)
+        assert "nothing is stored" not in message and "refused" in message
+        assert entry.key[:12] in message and "not signed" in message
+        assert "expected an artifact signed" in message and "aot push" in message
+        explanation = cache.explain(TinyArtifacts.NAME, aot.spec("f32[1]"))
+        assert not explanation.hit and explanation.refused is not None
+        assert "refused" in explanation.describe() and "not signed" in explanation.describe()
+        assert explanation.to_dict()["refused"]

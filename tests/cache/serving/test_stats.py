@@ -90,6 +90,20 @@ def test_misses_and_recompiles_with_their_signature_and_reason(open_folder_cache
     assert (missed.misses, missed.calls, missed.miss_reason) == (2, 0, "no stored signature")
 
 
+def test_a_wrong_pytree_under_a_stored_signature_is_filed_as_a_structure_mismatch(open_folder_cache, compiled) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    entry = cache.put(compiled.tiny)
+    fn = aot.load(compiled.TINY_NAME, cache=cache)
+    x, y = compiled.tiny_inputs
+    with pytest.raises(SignatureNotFoundError, match="pytree structure"):
+        fn((x, y))  # the stored leaves, in one tuple: the signature is stored, the structure is not
+    cache.stats.flush()
+    (row,) = [r for r in read_stats(cache).rows if r.misses]
+    assert row.signature == entry.signature and row.misses == 1
+    assert row.miss_reason.startswith("pytree structure mismatch with the stored signature")
+    assert "no stored signature" not in row.miss_reason
+
+
 def test_missed_signatures_are_bounded_per_name(open_folder_cache, compiled, monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(stats_mod, "MAX_MISSED_SIGNATURES", 2)
     cache = open_folder_cache()
