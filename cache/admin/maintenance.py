@@ -25,6 +25,7 @@ from aot.errors import AotError, CacheError, DeviceUnavailableError, IntegrityEr
 from aot.jaxcompat.runtime import backend_started
 from aot.signing import check_identity, verify as verify_signature
 from aot.cache.admin.jit_entries import verify_jit_entries
+from aot.cache.index.description import blobs_as_recorded
 from aot.cache.index.entry import GcRow, IndexEntry, collector_paused
 from aot.cache.index.gc_reads import GcReads
 from aot.cache.index.reader import SqliteReader
@@ -128,9 +129,13 @@ def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
 
     entries = cache.index.entries()
     misconfigured = missing_blobs_problem(cache, entries, check)
-    if misconfigured is not None:  # change nothing: the client, not the cache, is wrong
+    if misconfigured is not None:  # change nothing: a wrong location or a lost store
         log.warning("verify: %s", misconfigured)
-        return VerifyReport(len(entries), len({d for d, _ in blob_state}), (), (), (), (misconfigured,))
+        listed = tuple(
+            Problem(entry.key, entry.name, what)
+            for entry in entries if entry.ok for what in _entry_problems(entry, check)
+        )
+        return VerifyReport(len(entries), len({d for d, _ in blob_state}), listed, (), (), (misconfigured,))
     here: list[Any] = []  # this host's environment for the cross-checks, found once
     for entry in entries:
         found = _entry_problems(entry, check)
@@ -174,9 +179,11 @@ MISSING_AT_LEAST = 2
 
 
 def missing_blobs_problem(cache: Cache, entries: Sequence[IndexEntry], check: Any) -> str | None:
-    """A message when most intact rows' blobs are *missing* (not corrupt) at once: the
-    blob location is likely wrong (a forgotten ``--blobs``), and quarantining would
-    condemn every entry for every client. None otherwise."""
+    """A message when most intact rows' blobs are *missing* (not corrupt) at once, and
+    quarantining would condemn every entry for every client. It tells a store that
+    lost its blobs (the location in use is the one the index records: restore or
+    recompile) from a likely wrong location (a ``--blobs`` other than the recorded
+    one, or none recorded). None otherwise."""
     rows = [e for e in entries if e.ok]
     missing = 0
     for entry in rows:
@@ -188,12 +195,23 @@ def missing_blobs_problem(cache: Cache, entries: Sequence[IndexEntry], check: An
             missing += 1
     if missing < MISSING_AT_LEAST or missing <= MISSING_SHARE * len(rows):
         return None
+    where = cache.blobs.location
     described = cache.index.description()
+    if blobs_as_recorded(cache, described):
+        held = len(cache.blobs.digests())
+        state = "is empty" if not held else f"holds {counted(held, 'blob')} but not theirs"
+        return (
+            f"{missing} of {counted(len(rows), 'entry')} have no blobs at {where}, the blob "
+            f"location the cache itself names, and that store {state}: its blobs were deleted or lost (not a "
+            "wrong --blobs). The entries are listed; nothing was quarantined. Restore the "
+            "blobs from a backup, or compile the entries again (aot warmup; stored rows are "
+            "rewritten), then run verify again"
+        )
     recorded = "records no blob location" if described is None else (
         f"records {described.blob_location}" if described.blob_location is not None
         else "records its blobs in its own database")
     return (
-        f"{missing} of {counted(len(rows), 'entry')} have no blobs at {cache.blobs.location}: is --blobs "
+        f"{missing} of {counted(len(rows), 'entry')} have no blobs at {where}: is --blobs "
         f"right? the index {recorded}. Nothing was quarantined; run verify again with the "
         "blob location the cache was written with"
     )

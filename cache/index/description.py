@@ -148,3 +148,20 @@ def record_description(
     if found.blob_location != identity:  # another client recorded first: check against it
         choose_blob_location(found, location, cache_location, mirror=False, shown_cache=shown_cache)
     return found
+
+
+def blobs_as_recorded(cache: Any, described: CacheDescription | None) -> bool:
+    """Whether the blob store in use is the one the cache itself names: the location
+    its index records (a database cache), or a folder cache's own ``blobs`` folder.
+    False for a mirror, another ``--blobs``, or no record to compare with."""
+    location = getattr(cache, "location", None)
+    if described is not None:
+        if getattr(cache, "blob_mirror", False) or not isinstance(location, str):
+            return False
+        return blob_identity(getattr(cache, "blob_location", None), location) == described.blob_location
+    index_file = getattr(cache, "_index_file", None)
+    if index_file is None:
+        return False
+    given = getattr(cache, "blob_location", None)
+    own = str(Path(index_file).parent / "blobs")
+    return given is None or blob_identity(given, own) == blob_identity(own, own)

@@ -147,13 +147,22 @@ def not_found(
 
 def pad_hint(table: ProgramTable, structure: str, got: tuple[LeafKey, ...]) -> str | None:
     """When the call differs from a stored signature only along one axis of some
-    inputs (a batch size), the ``pad=`` that would serve it from that bucket."""
+    inputs (a batch size), the ``pad=`` that would serve it from that bucket.
+
+    Only an axis padding could be right along: every input that differs differs
+    along that same axis only, from one stored size ``B`` to one call size, every
+    other dimension and dtype matches exactly, and every output of the stored
+    program keeps that axis with size ``B`` (so ``pad=`` slices each of them back).
+    A contracting or transposed axis fails the last rule (jax.jit raises on such a
+    call; padding would return a wrong-shaped result), so it gets no suggestion.
+    """
     best: tuple[bool, Program, int, dict[str, int]] | None = None
     for program in table.concrete.values():
         if program.structure != structure or len(program.leaves) != len(got):
             continue
         axes: set[int] = set()
-        sizes: set[int] = set()
+        stored: set[int] = set()
+        called: set[int] = set()
         heads: dict[str, int] = {}
         for path, (want, want_dtype, want_weak), (have, have_dtype, have_weak) in zip(
             program.paths, program.leaves, got
@@ -165,13 +174,18 @@ def pad_hint(table: ProgramTable, structure: str, got: tuple[LeafKey, ...]) -> s
                 break
             if differ:
                 axes.add(differ[0])
-                sizes.add(int(want[differ[0]]) - int(have[differ[0]]))
+                stored.add(int(want[differ[0]]))
+                called.add(int(have[differ[0]]))
                 heads[path_head(path)] = differ[0]
         else:
-            if len(axes) == 1 and heads:
-                fits = all(size > 0 for size in sizes)
-                if best is None or (fits and not best[0]):
-                    best = (fits, program, axes.pop(), heads)
+            if len(axes) != 1 or len(stored) != 1 or len(called) != 1 or not heads:
+                continue
+            axis, size = next(iter(axes)), next(iter(stored))
+            if not _outputs_keep(program, axis, size):
+                continue
+            fits = size > next(iter(called))
+            if best is None or (fits and not best[0]):
+                best = (fits, program, axis, heads)
     if best is None:
         return None
     _, program, axis, heads = best
@@ -181,6 +195,24 @@ def pad_hint(table: ProgramTable, structure: str, got: tuple[LeafKey, ...]) -> s
         f"aot.load({table.name!r}, pad={pad}) pads such calls up to a stored size "
         "(docs/symbolic.md)."
     )
+
+
+def _outputs_keep(program: Program, axis: int, size: int) -> bool:
+    """Whether every output of ``program`` (per its manifest) has ``size`` along
+    ``axis``; False when no stored row says what the outputs are."""
+    for entry in (*program.local, *program.foreign, *program.quarantined):
+        try:
+            outs = entry.manifest_dict().get("out_avals")
+        except (ValueError, TypeError):
+            continue
+        if not isinstance(outs, list) or not outs:
+            continue
+        shapes = [aval.get("shape") if isinstance(aval, dict) else None for aval in outs]
+        return all(
+            isinstance(shape, (list, tuple)) and len(shape) > axis and shape[axis] == size
+            for shape in shapes
+        )
+    return False
 
 
 def strict_symbolic_error(

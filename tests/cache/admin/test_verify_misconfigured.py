@@ -25,7 +25,9 @@ def test_most_blobs_missing_changes_nothing(tmp_path: Path) -> None:
     report = cache.verify()
     assert not report.ok and report.quarantined == ()
     assert report.cache_problems[0].startswith("3 of 3 entries have no blobs at ")
-    assert "is --blobs right?" in report.cache_problems[0]
+    # Its own blobs folder, emptied: a lost store, not a wrong --blobs; entries listed.
+    assert "is empty: its blobs were deleted or lost" in report.cache_problems[0]
+    assert {p.name for p in report.problems} == {"f1", "f2", "f3"}
     assert [e.state for e in cache.entries()] == ["ok", "ok", "ok"]
     cache.close()
 

@@ -92,3 +92,39 @@ def test_a_loaded_name_with_one_signature_says_so(open_folder_cache) -> None:  #
     cache = open_folder_cache()
     cache.compile(step, "f32[2,4]", "f32[4,3]", name="one")
     assert repr(aot.load("one", cache=cache)) == "Dispatcher('one', 1 signature)"
+
+
+def step_t(x, w):  # noqa: ANN001, ANN201
+    return x.T @ w  # x is (features, batch): axis 0 is contracted
+
+
+def test_a_pad_hint_is_only_given_for_an_axis_padding_can_serve(open_folder_cache) -> None:  # noqa: ANN001
+    """Issue 38: a miss along a contracting axis suggested pad= on it, and following
+    the hint returned a wrong-shaped result where jax.jit raises."""
+    import jax
+
+    cache = open_folder_cache()
+    cache.compile(step_t, "f32[4,8]", "f32[4,3]", name="step_t")
+    x, w = np.ones((3, 8), np.float32), np.ones((4, 3), np.float32)
+    with pytest.raises(TypeError):
+        jax.jit(step_t)(x, w)  # the contracting axis differs: no padding can be right
+    fn = aot.load("step_t", cache=cache)
+    with pytest.raises(SignatureNotFoundError) as caught:
+        fn(x, w)
+    assert "pad=" not in str(caught.value)
+    # x's batch axis (1) differs, but the output has the batch on axis 0 (pad= would
+    # slice axis 1): no suggestion either, rather than a wrong one.
+    with pytest.raises(SignatureNotFoundError) as caught:
+        fn(np.ones((4, 5), np.float32), w)
+    assert "pad=" not in str(caught.value)
+
+
+def test_following_the_pad_hint_matches_jit(buckets) -> None:  # noqa: ANN001
+    import jax
+
+    x, w = np.arange(20, dtype=np.float32).reshape(5, 4), np.ones((4, 3), np.float32)
+    with pytest.raises(SignatureNotFoundError) as caught:
+        aot.load("step", cache=buckets)(x, w)
+    assert "pad={'x': 0}" in str(caught.value)
+    got = aot.load("step", cache=buckets, pad={"x": 0})(x, w)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(step)(x, w)))
