@@ -22,7 +22,7 @@ COMMANDS = list(_commands(cli))
 EXPECTED = {
     "compile", "warmup", "ls", "show", "verify", "gc", "rm", "bundle", "bundle export",
     "bundle import", "why", "doctor", "push", "pull", "stats",
-    "release", "release ls", "release show", "release promote", "release rollback", "release default", "release rm",
+    "release", "release ls", "release show", "release promote", "release rollback", "release default", "release history", "release rm",
     "history",
 }
 GLOBAL = ("--cache", "--blobs", "--local", "--read-only", "--json", "--debug")
