@@ -350,9 +350,9 @@ def parse_kwargs(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
 def unknown_environment_note(known: bool) -> None:
     """One line on stderr when this host's environment is unknown (ENV says 'unknown')."""
     if not known:
-        from aot.cache.reports.environment import UNKNOWN_NOTE
+        from aot.fingerprint import UNKNOWN_ENVIRONMENT_NOTE
 
-        click.echo(f"note: {UNKNOWN_NOTE}", err=True)
+        click.echo(f"note: {UNKNOWN_ENVIRONMENT_NOTE}", err=True)
 
 
 SERVED_RELEASE_HELP = (

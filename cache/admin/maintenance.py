@@ -242,7 +242,7 @@ def cross_check_environment(cache: Cache) -> Fingerprint | None:
     return current
 
 
-def consistency_problems(cache: Cache, entry: IndexEntry, current: Fingerprint | None | str = "ask") -> list[str]:
+def consistency_problems(cache: Cache, entry: IndexEntry, current: Fingerprint | None) -> list[str]:
     """What a loader would refuse in the manifest of an entry whose blobs are intact:
     fields that contradict its fingerprints, its portable HLO, or (entries of
     ``current``, this host's environment: :func:`cross_check_environment`) its
@@ -253,8 +253,7 @@ def consistency_problems(cache: Cache, entry: IndexEntry, current: Fingerprint |
         manifest = Manifest.from_json(entry.manifest)
     except AotError as exc:
         return [f"manifest: {exc}"]
-    here = cross_check_environment(cache) if isinstance(current, str) else current
-    local = here is not None and manifest.environment.digest == here.digest
+    local = current is not None and manifest.environment.digest == current.digest
     blobs: dict[str, bytes] = {}
     for role in (PORTABLE_HLO, EXECUTABLE) if local else (PORTABLE_HLO,):
         ref = manifest.blobs.get(role)
@@ -262,7 +261,7 @@ def consistency_problems(cache: Cache, entry: IndexEntry, current: Fingerprint |
         if data is not None:
             blobs[ref.digest] = data
     try:
-        found = stored_artifact_problems(Artifact(manifest, blobs), here if local else manifest.environment)
+        found = stored_artifact_problems(Artifact(manifest, blobs), current if local else manifest.environment)
     except DeviceUnavailableError as exc:  # this process's, not the entry's: never quarantined
         log.warning("verify: %s (%s): executable not deserialized: %s", entry.name, entry.key[:12], exc)
         return []

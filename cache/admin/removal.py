@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from aot.errors import ArtifactNotFoundError, CacheError, SpecError
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.jit_records import JitEntry
+from aot.cache.reports.environment import this_environment
 from aot.cache.reports.listing import EntryRow, check_env_choice, entry_rows
 from aot.cache.reports.reads import reads_of
 from aot.cache.admin.maintenance import delete_unreferenced_blobs, gc_reads_of
@@ -261,7 +262,7 @@ def plan_removal(
         # What is deleted is decided with the real fingerprint, never the listing record
         # (this_environment uses it once JAX is imported).
         cache.environment  # noqa: B018
-    rows = entry_rows(cache, selected, env=env)
+    rows = entry_rows(cache, selected, env=env, current=this_environment(cache))
     if filters:
         rows = [r for r in rows if any(f.matches(r.entry, r.signature) for f in filters)]
     victims = {r.entry.key for r in rows}

@@ -4,20 +4,18 @@ Reports never open a device they do not need (a TPU chip may be held by a server
 :func:`aot.fingerprint.known_environment` gives the real fingerprint when this
 process's backend is up, else the per-host record (:mod:`aot.env_record`), else the
 real one on a CPU-only host, else None: this host's environment is *unknown*, and the
-reports say so (:data:`UNKNOWN_NOTE`). The loader never comes here.
+reports say so (:data:`aot.fingerprint.UNKNOWN_ENVIRONMENT_NOTE`). The loader never comes here.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aot.fingerprint import UNKNOWN_ENVIRONMENT_NOTE, Fingerprint, known_environment
+from aot.fingerprint import Fingerprint, known_environment
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
 
-#: Shown under a listing whose ENV column could not say "this".
-UNKNOWN_NOTE = UNKNOWN_ENVIRONMENT_NOTE
 
 
 def this_environment(cache: Cache) -> Fingerprint | None:
@@ -26,4 +24,4 @@ def this_environment(cache: Cache) -> Fingerprint | None:
     return known_environment(lambda: cache.environment)
 
 
-__all__ = ["UNKNOWN_NOTE", "this_environment"]
+__all__ = ["this_environment"]

@@ -16,11 +16,11 @@ import jax
 
 from aot.artifact import Manifest
 from aot.errors import AotError
-from aot.fingerprint import PartDifference, xla_flags_outside_key
+from aot.fingerprint import UNKNOWN_ENVIRONMENT_NOTE, PartDifference, xla_flags_outside_key
 from aot.lowering import lower
 from aot.specs import format_aval, spec
 from aot.cache.index.served import Slot, ref_map, served_key
-from aot.cache.reports.environment import UNKNOWN_NOTE, this_environment
+from aot.cache.reports.environment import this_environment
 from aot.cache.reports.listing import release_slots
 from aot.cache.serving.signatures import ArgLeaf, LeafDifference, Signature, leaf_differences
 from aot.cache.units import counted
@@ -85,7 +85,7 @@ class Explanation:
         if not self.environment_known and not self.differences:
             return (
                 f"{self.name} ({request}): entry {self.nearest_key[:12]} matches the program; whether it "  # type: ignore[index]
-                f"is for this host cannot be told: {UNKNOWN_NOTE}"
+                f"is for this host cannot be told: {UNKNOWN_ENVIRONMENT_NOTE}"
             )
         if self.refused is not None:
             return (
@@ -113,7 +113,7 @@ class Explanation:
             else:
                 lines.append(f"  {d.describe()}")
         if not self.environment_known:
-            lines.append(f"  (environments not compared: {UNKNOWN_NOTE})")
+            lines.append(f"  (environments not compared: {UNKNOWN_ENVIRONMENT_NOTE})")
         if self.xla_flags_outside_key:
             lines.append(
                 f"  (not compared: XLA flags {self.xla_flags_outside_key}, which cannot change "

@@ -230,18 +230,17 @@ def check_env_choice(env: str) -> str:
 
 def entry_rows(
     cache: Cache, entries: Sequence[IndexEntry], *, env: str = "all",
-    peers: Sequence[IndexEntry] | None = None, current: Fingerprint | None | str = "ask",
+    peers: Sequence[IndexEntry] | None = None, current: Fingerprint | None,
     release: str | None = None,
 ) -> list[EntryRow]:
     """Rows for ``entries``, filtered by ``env``. Supersession is decided among
     ``peers`` (default: every intact entry of the names in ``entries``). ``current``:
-    this host's environment (default: :func:`this_environment`; None: unknown)."""
+    this host's environment (:func:`this_environment`; None: unknown)."""
     check_env_choice(env)
     if peers is None:
         peers = [p for name in sorted({e.name for e in entries}) for p in reads_of(cache).by_name(name)]
     superseded, served, labels = served_state(cache, peers, {e.name for e in entries}, release)
-    here = this_environment(cache) if isinstance(current, str) else current
-    statuses = environment_statuses(entries, here)
+    statuses = environment_statuses(entries, current)
     rows = []
     for entry in entries:
         status = statuses[entry.key]
