@@ -34,7 +34,7 @@ from aot.errors import (
 )
 
 if TYPE_CHECKING:
-    from aot.cache.opening import Cache
+    from aot.cache.cache import Cache
     from aot.cache.serving.load import load
     from aot.cache.timeouts import Timeouts
     from aot.computation import MeshComputation, PmapComputation
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Cache": "aot.cache.opening",
+    "Cache": "aot.cache.cache",
     "load": "aot.cache.serving.load",
     "MeshComputation": "aot.computation",
     "PmapComputation": "aot.computation",

@@ -1,439 +1,65 @@
-"""The Cache facade: an SQL index plus a blob store, holding artifacts by key.
+"""``aot.Cache``: the public cache, at the top of the cache's layers.
 
-:class:`Cache` finds, loads, stores and quarantines entries, delegating the work to
-the modules below it: reading and storing an entry's artifact
-(:mod:`aot.cache.artifacts`), compiling through the cache (:mod:`aot.cache.compiling`).
-The local read-through tier (:mod:`aot.cache.tiered`, chosen by ``aot.Cache(...,
-local=...)`` in :mod:`aot.cache.opening`) and ``aot.load`` (:mod:`aot.cache.serving`)
-build on this module.
+The work is done below: :class:`~aot.cache.store.ArtifactStore` finds, loads, stores
+and quarantines entries (the index and the blob store, wired), and
+:class:`~aot.cache.tiered.TieredStore` reads one through a local folder. This class
+adds what DESIGN.md's public interface puts on a cache and what composes the layers
+above the store: symbolic compiles served by a dispatcher (serving), ``verify`` and
+``gc`` (admin), bundles (admin), ``explain`` (reports). Those modules take an
+``ArtifactStore``, so none of them imports this one: the layers point one way.
+
+``aot.Cache(location, ..., local=DIR)`` is a :class:`TieredCache`, as ``pathlib.Path()``
+is a ``PosixPath``: the choice is made in ``__new__``, and every cache, tiered or not,
+is an instance of ``aot.Cache``.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import time
-import weakref
 from collections.abc import Callable, Iterable
-from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from aot.artifact import EXECUTABLE, Artifact, Manifest
-from aot.errors import ArtifactNotFoundError, CacheError, ReadOnlyCacheError
-from aot.fingerprint import environment_fingerprint
-from aot.signing import key_from
-from aot.cache.storage.content import ContentStore
-from aot.cache.index.entry import INDEX_FILE, IndexEntry
-from aot.cache.index.declared import Declared
-from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
-from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
-from aot.cache.timeouts import Timeouts
+from aot.cache.index.refs import RefOrigin
+from aot.cache.store import ArtifactStore
+from aot.cache.tiered import TieredStore
 
 if TYPE_CHECKING:
-    from aot.executable import MeshExecutable
-    from aot.computation import MeshComputation
+    from aot.artifact import Artifact
     from aot.cache.compiling import CompileResult
-    from aot.cache.index.protocol import IndexReader
-    from aot.cache.index.sql import Index
+    from aot.cache.index.entry import IndexEntry
+    from aot.computation import MeshComputation
+    from aot.executable import MeshExecutable
+    from aot.cache.admin.bundle import BundleReport
+    from aot.cache.admin.maintenance import GcPlan, VerifyReport
+    from aot.cache.reports.explain import Explanation
 
-log = logging.getLogger(__name__)
-
-CACHE_ENV = "AOT_CACHE"
-
-CacheEntry = IndexEntry
-
-
-class BackgroundWork(Protocol):
-    """Work running over a cache in other threads (``aot.load(background=True)``):
-    :meth:`Cache.close` stops it before it closes the stores it reads."""
-
-    def stop(self) -> None: ...
+__all__ = ["Cache", "TieredCache"]
 
 
-def default_location() -> str:
-    """``$AOT_CACHE``, else the user's cache folder (e.g. ``~/.cache/jax-aot``)."""
-    if os.environ.get(CACHE_ENV):
-        return os.environ[CACHE_ENV]
-    import platformdirs  # not needed by a process that names its cache
+class Cache(ArtifactStore):
+    __doc__ = ArtifactStore.__doc__
 
-    return platformdirs.user_cache_dir("jax-aot", appauthor=False)
+    def __new__(cls, location: Any = None, *, local: Any = None, **options: Any) -> Cache:
+        if cls is Cache and local is not None:
+            cls = TieredCache
+        return super().__new__(cls)
 
-
-def is_url(location: str) -> bool:
-    """Whether ``location`` is a URL (a database, or file://), not a plain folder path.
-
-    Recognised by scheme (:func:`aot.cache.storage.locations.classify_location`); an
-    unknown scheme raises :class:`CacheError`.
-    """
-    return classify_location(location).scheme is not None
-
-
-def _lost_index_message(folder: Path) -> str | None:
-    """What to say when a folder's index is missing or empty but its blobs are there."""
-    index_file = folder / INDEX_FILE
-    blobs = _count_blob_files(folder / "blobs")
-    if not blobs:
-        return None
-    state = "is empty (0 bytes)" if index_file.is_file() else "is missing"
-    return (
-        f"the cache index {index_file} {state}, but {folder / 'blobs'} holds {blobs} "
-        "blobs: the index was lost or truncated. Restore index.sqlite from a backup, or "
-        "rebuild it (`aot bundle import` a bundle, or `aot warmup` again: stored blobs are "
-        "reused; `aot gc` will not delete them while the index is empty)"
-    )
-
-
-def _count_blob_files(root: Path) -> int:
-    """Blob files in a folder store, without opening the store (cheap, read-only)."""
-    from aot.cache.storage.folder import FolderObjectStore
-
-    if not root.is_dir():
-        return 0
-    return sum(1 for _ in FolderObjectStore(root, read_only=True).list())
-
-
-def require_cache(
-    location: str, why: str = "nothing was compiled into it yet",
-    advice: str = "check the path or AOT_CACHE",
-) -> None:
-    """Raises :class:`CacheError` when ``location`` is a folder that holds no cache
-    (a database URL is checked when it is opened), so that a mistyped path is never
-    taken for an empty cache; says so when the index is missing or empty but blobs
-    are there (a lost or truncated index)."""
-    if is_url(location):
-        return
-    folder = Path(location).expanduser()
-    index_file = folder / INDEX_FILE
-    if index_file.is_file() and index_file.stat().st_size > 0:
-        return
-    raise CacheError(_lost_index_message(folder) or f"no cache at {folder} ({why}); {advice}")
-
-
-def load_executable(artifact: Artifact, *, current: Any, manifest_checked: bool = False) -> MeshExecutable:
-    """:func:`aot.rehydrate.load_executable`, imported when an executable is loaded:
-    listing and maintenance commands use this module without JAX."""
-    from aot.rehydrate import load_executable as rehydrate
-
-    return rehydrate(artifact, current=current, manifest_checked=manifest_checked)
-
-
-class Cache(Declared):
-    """A fingerprint-keyed artifact cache.
-
-    ``location``: ``None`` -> ``$AOT_CACHE`` or the user cache folder; a folder (or
-    ``file://`` URL) -> SQLite index and zstd blobs there; a SQLAlchemy URL
-    (``postgresql+psycopg://...``, told by its dialect) -> a shared index, with blobs
-    in the same database unless ``blob_location`` names another store: a folder,
-    ``file://``, ``s3://``, ``gs://``, ``az://`` (:func:`~aot.cache.storage.locations.open_object_store`).
-    ``cache.blobs`` is the :class:`~aot.cache.storage.content.ContentStore` over it.
-
-    ``aot.Cache(..., local="/var/cache/aot")`` adds a local read-through tier for
-    serving replicas: the object is then a :class:`~aot.cache.tiered.TieredCache`
-    (see :mod:`aot.cache.tiered`; :mod:`aot.cache.opening` makes the choice).
-
-    ``cache.stats`` records serving statistics (:mod:`aot.cache.serving.stats`).
-
-    ``timeouts``: an :class:`aot.Timeouts` bounding its network waits, used whole (None:
-    the environment's; :mod:`aot.cache.timeouts`).
-
-    ``create=False`` opens an existing cache only (the read commands): a folder or
-    SQLite file that is missing, an empty or foreign database, or an index of an older
-    schema is a :class:`CacheError` saying what was found; nothing is created or migrated.
-    """
-
-    _background: weakref.WeakSet[BackgroundWork] | None = None
-
-    def __init__(
-        self,
-        location: str | os.PathLike[str] | None = None,
-        *,
-        signing_key: str | bytes | None = None,
-        read_only: bool = False,
-        blob_location: str | os.PathLike[str] | None = None,
-        require_signatures: bool = False,
-        blob_mirror: bool = False,
-        timeouts: Timeouts | None = None,
-        create: bool = True,
-    ) -> None:
-        location = str(location) if location is not None else default_location()
-        self.timeouts = _checked_timeouts(timeouts)
-        self.create = create
-        self.blob_mirror = blob_mirror
-        self.location = location
-        self.read_only = read_only
-        self.signing_key = key_from(signing_key)
-        self.require_signatures = require_signatures
-        self.blob_location = str(blob_location) if blob_location is not None else None
-        self._index: Index | None = None
-        self._index_file: Path | None = None
-        where = classify_location(location)
-        described = None
-        if where.kind == OBJECT:
-            raise CacheError(
-                f"{where.scheme}:// cannot hold a cache index: give a folder or a database URL "
-                f"as the cache, and the object store as its blob location, e.g. "
-                f"Cache('postgresql+psycopg://host/db', blob_location={location!r}) "
-                f"(aot --cache URL --blobs {location})"
-            )
-        if where.kind == DATABASE:
-            from aot.cache.index.sql import Index
-
-            self._index = Index(location, read_only=read_only, timeouts=self.timeouts, create=create)
-            described = _described_blobs(self)
-            if self.blob_location is None or _same_database(self.blob_location, location):
-                from aot.cache.storage.database import SqlObjectStore
-
-                store = SqlObjectStore(self._index.engine, read_only=read_only)
-            else:
-                store = self._open_blobs(self.blob_location)
-        else:
-            store = _open_folder(self, Path(where.target))
-        self.blobs = ContentStore(store)
-        if where.kind == DATABASE and described is None and not read_only and not blob_mirror:
-            _record_description(self)
-        try:
-            self.reader: IndexReader = _open_reader(self)
-        except BaseException:
-            self.blobs.close()
-            if self._index is not None:
-                self._index.close()
-            raise
-        self._environment: dict[tuple[bool, str], Any] = {}
-        self._start_stats()
-
-    def _start_stats(self) -> None:
-        """``self.stats``, flushed by :meth:`close` or when this object is collected."""
-        # Lives with what it mostly counts (aot.load's calls); no circle: it never imports this.
-        from aot.cache.serving.stats import recorder_for
-
-        self.stats = recorder_for(self)
-        self._stats_finalizer = weakref.finalize(self, self.stats.close)
-
-    def _open_blobs(self, location: str) -> Any:
-        engine = self._index.engine if self._index is not None and _same_database(location, self.location) else None
-        try:
-            return open_object_store(location, read_only=self.read_only, engine=engine, timeouts=self.timeouts)
-        except CacheError:
-            if self._index is not None:
-                self._index.close()
-            raise
-
-    def __repr__(self) -> str:
-        return f"Cache({self.display_location!r}, read_only={self.read_only})"
-
-    @property
-    def index(self) -> Index:
-        """The SQL index (SQLAlchemy), opened on first use."""
-        if self._index is None:
-            from aot.cache.index.sql import Index
-
-            assert self._index_file is not None
-            self._index = Index.for_folder(self._index_file.parent, read_only=self.read_only, create=self.create)
-        return self._index
-
-    def entries_named(self, name: str, *, state: str | None = "ok") -> list[IndexEntry]:
-        """Every entry stored under ``name`` (all environments)."""
-        return self.reader.by_name(name, state=state)
-
-    def refs_named(self, name: str) -> list[Ref]:
-        """The current refs of ``name``: the key each (signature, environment) serves."""
-        return self.reader.refs_named(name)
-
-    def release_members(self, label: str, name: str) -> tuple[ReleaseMember, ...] | None:
-        """The refs of ``name`` in release ``label`` (None: no such label)."""
-        return self.reader.release_members(label, name)
-
-    def set_refs(
-        self, entries: Iterable[IndexEntry], origin: RefOrigin, *, release_id: int | None = None,
-    ) -> list[Ref]:
-        """Declares each entry the one served for its (name, signature, environment)."""
-        self._check_writable("set refs")
-        targets = [(e.name, e.signature, e.env_fp, e.key) for e in entries]
-        return self.index.set_refs(targets, origin, release_id=release_id) if targets else []
-
-    def lookup(self, key: str) -> IndexEntry | None:
-        """The row of ``key`` (None: not stored)."""
-        return self.reader.get(key)
-
-    def touch(self, key: str) -> None:
-        """Records a use of ``key`` (last-used time for gc, hit count)."""
-        if self.read_only:
-            return
-        self.reader.touch(key)
-
-    @property
-    def display_location(self) -> str:
-        """``location`` for messages and logs: a database URL's password is masked."""
-        if classify_location(self.location).kind == FOLDER:
-            return self.location
-        from aot.cache.index.advice import mask_url
-
-        return mask_url(self.location)
-
-    def hold_background(self, work: BackgroundWork) -> None:
-        """Background loading over this cache: :meth:`close` stops it first."""
-        if self._background is None:
-            self._background = weakref.WeakSet()
-        self._background.add(work)
-
-    def close(self) -> None:
-        # Loads still running read through this cache: cancel the rest, wait for them.
-        for work in list(self._background or ()):
-            work.stop()
-        self._stats_finalizer()  # the last statistics, while the index is open
-        if self.reader is not self._index:
-            self.reader.close()
-        self.blobs.close()
-        if self._index is not None:
-            self._index.close()
-
-    def __enter__(self) -> Cache:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def environment(self):  # type: ignore[no-untyped-def]
-        """This process's environment fingerprint, in the current x64 mode (an entry
-        compiled under ``jax.enable_x64(True)`` is checked against an x64 environment),
-        recomputed when ``XLA_FLAGS`` changes in this process (both are parts)."""
-        import jax
-
-        current = (bool(jax.config.jax_enable_x64), os.environ.get("XLA_FLAGS", ""))
-        if current not in self._environment:
-            self._environment[current] = environment_fingerprint()
-        return self._environment[current]
-
-    # ------------------------------------------------------------------ writing
-
-    def _check_writable(self, what: str) -> None:
-        if self.read_only:
-            raise ReadOnlyCacheError(
-                f"cannot {what}: the cache at {self.display_location} is read-only; open it "
-                "without read_only=True (or compile in CI and ship a bundle)"
-            )
+    def __init__(self, location: str | os.PathLike[str] | None = None, *, local: Any = None, **options: Any) -> None:
+        if local is not None:  # a class derived from Cache that is not a TieredCache
+            raise TypeError(f"{type(self).__name__}() takes no local=: aot.Cache(..., local=DIR) is a TieredCache")
+        super().__init__(location, **options)
 
     def put(self, item: MeshComputation | MeshExecutable | Artifact, *, origin: RefOrigin | None = None) -> IndexEntry:
         """Stores a computation (compiling it), an executable or an artifact, and
         declares it the entry served for its name, signature and environment (its
         ref; ``origin`` says who set it, default ``Cache.put``)."""
-        from aot.cache.compiling import artifact_of  # serving never stores
+        from aot.cache.compiling import artifact_of  # lowering and compiling import JAX
 
         self._check_writable("store an artifact")
         entry = self.put_artifact(artifact_of(item))
         self.set_refs([entry], origin if origin is not None else RefOrigin("Cache.put"))
         return entry
-
-    def put_artifact(self, artifact: Artifact) -> IndexEntry:
-        """Stores an artifact: blobs first (durable), the index row last.
-
-        Safe against a concurrent gc (the protocol is in docs/reliability.md): the
-        blobs are leased in the index before they are checked or written, and the
-        lease is released in the transaction that commits the row.
-        """
-        return self.store_artifact(artifact)[0]
-
-    def store_artifact(self, artifact: Artifact, *, created_at: datetime | None = None) -> tuple[IndexEntry, str]:
-        """:meth:`put_artifact`, and what it did: ``"stored"``, ``"present"`` (stored
-        and intact already: nothing written) or ``"repaired"`` (the stored row's blobs
-        were missing or corrupt; blobs written again and the row replaced).
-        ``created_at``: the compile time to keep (a bundle's entry), else now."""
-        from aot.cache.artifacts import store_artifact  # writers only
-
-        return store_artifact(self, artifact, created_at=created_at)
-
-    def copy_entry_from(self, source: Cache, entry: IndexEntry) -> tuple[IndexEntry, str]:
-        """Stores ``source``'s entry here: its blobs copied as stored (no recompression,
-        each verified), under the same gc protocol as :meth:`put_artifact`. Returns the
-        stored entry and ``"stored"`` / ``"present"`` / ``"repaired"``."""
-        from aot.cache.artifacts import copy_entry  # writers only
-
-        return copy_entry(self, source, entry)
-
-    # ------------------------------------------------------------------ reading
-
-    def resolve_key(self, key_or_prefix: str) -> str:
-        if len(key_or_prefix) == 64 and self.index.get(key_or_prefix) is not None:
-            return key_or_prefix
-        keys = self.index.find_key_prefix(key_or_prefix, limit=3) if len(key_or_prefix) >= 4 else []
-        if len(keys) == 1:
-            return keys[0]
-        if len(keys) > 1:
-            raise ArtifactNotFoundError(
-                f"key prefix {key_or_prefix!r} is ambiguous ({', '.join(k[:16] for k in keys)}, ...); "
-                "give more characters"
-            )
-        raise ArtifactNotFoundError(
-            f"no artifact with key {key_or_prefix!r} in the cache at {self.display_location}; "
-            "`aot ls` lists what is stored"
-        )
-
-    def entry(self, key: str) -> IndexEntry:
-        entry = self.index.get(self.resolve_key(key))
-        assert entry is not None
-        return entry
-
-    def artifact(
-        self, entry: IndexEntry | str, *, roles: Iterable[str] | None = None, manifest: Manifest | None = None,
-    ) -> Artifact:
-        """The manifest and its verified blobs; raises CorruptArtifactError, IntegrityError.
-
-        ``roles`` (e.g. ``("portable_hlo",)``) reads only those blobs, so a corrupt or
-        missing executable does not stop a recompilation from the portable HLO.
-        ``manifest``: ``entry.manifest`` already parsed (still checked against the row).
-        """
-        from aot.cache.artifacts import read_artifact
-
-        if isinstance(entry, str):
-            entry = self.entry(entry)
-        return read_artifact(self, entry, roles, manifest)
-
-    def load(self, entry: IndexEntry | str, *, manifest: Manifest | None = None) -> MeshExecutable:
-        """Rehydrates the executable of one entry (no recompilation).
-
-        Not a use of the entry by itself: :meth:`get` and a :meth:`compile` hit record
-        one (last-used time, hits), an ``aot.load`` dispatcher records its calls
-        (:mod:`aot.cache.serving.stats`), so that an entry loaded at start-up and never called
-        ages (``aot gc --older-than``)."""
-        if isinstance(entry, str):
-            entry = self.entry(entry)
-        start = time.perf_counter()
-        # Only the executable: a damaged portable HLO must not block an intact one.
-        artifact = self.artifact(entry, roles=(EXECUTABLE,), manifest=manifest)
-        checked = manifest is not None and artifact.manifest is manifest  # a tier reads its own
-        executable = load_executable(artifact, current=self.environment, manifest_checked=checked)
-        self.stats.loaded(self.environment.digest, entry, time.perf_counter() - start)
-        return executable
-
-    def get(self, key: str) -> MeshExecutable:
-        """The executable stored under ``key`` (a full key or a unique prefix)."""
-        entry = self.entry(key)
-        executable = self.load(entry)
-        self.touch(entry.key)  # handed out: a use (its calls are not counted)
-        return executable
-
-    def quarantine(self, entry: IndexEntry, reason: str) -> bool:
-        """Marks ``entry`` unusable, only while its row still names the blobs and the
-        manifest of ``entry`` (a stale snapshot must not condemn a rewritten row).
-        False: read-only, or the row changed or is gone (re-read it)."""
-        if self.read_only:
-            log.warning("cannot quarantine %s (read-only cache): %s", entry.key[:12], reason)
-            return False
-        if not self.index.quarantine(entry.key, reason, expect=entry):
-            log.info("not quarantining %s: its row changed since it was read", entry.key[:12])
-            return False
-        log.warning("quarantined %s (%s): %s", entry.name, entry.key[:12], reason)
-        return True
-
-    def reread(self, entry: IndexEntry) -> IndexEntry | None:
-        """The row of ``entry.key`` as it is now (None: deleted)."""
-        return self.reader.get(entry.key)
-
-    def names(self) -> list[str]:
-        """Every name stored (all environments and states)."""
-        return self.reader.names()
 
     def compile_entry(
         self, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
@@ -441,7 +67,7 @@ class Cache(Declared):
     ) -> CompileResult:
         """Lowers ``fn``; on a hit loads the stored executable, on a miss compiles and stores
         it, and sets its ref (:mod:`aot.cache.compiling`)."""
-        from aot.cache.compiling import compile_entry  # serving never compiles
+        from aot.cache.compiling import compile_entry
 
         return compile_entry(self, fn, *args, name=name, pmap=pmap, origin=origin, **lower_kwargs)
 
@@ -461,19 +87,12 @@ class Cache(Declared):
         if lower_kwargs.get("target") is not None:
             return result.entry
         if result.executable is None:
-            # The documented result; no circle: the dispatcher never imports this module.
             from aot.cache.serving.dispatcher import Dispatcher
 
             return Dispatcher(self, result.entry.name)
         return result.executable
 
-    def entries(self, name: str | None = None) -> list[IndexEntry]:
-        """Stored entries, all or those whose name matches a glob."""
-        return self.index.entries(name)
-
-    # ------------------------------------------------------------------ maintenance
-
-    def verify(self, *, quarantine: bool = True) -> Any:
+    def verify(self, *, quarantine: bool = True) -> VerifyReport:
         from aot.cache.admin.maintenance import verify_cache
 
         return verify_cache(self, quarantine=quarantine)
@@ -482,7 +101,7 @@ class Cache(Declared):
         self, max_size: int | str | None = None, older_than: Any = None, *, dry_run: bool = False,
         superseded: bool = False, force: bool = False, manifest: str | os.PathLike[str] | None = None,
         kind: str = "all",
-    ) -> Any:
+    ) -> GcPlan:
         """Plan-then-execute garbage collection; ``force`` deletes blobs even when the
         index is empty (it refuses otherwise: a lost index is not an empty cache).
         Never deletes what a ref or a live release pins; ``manifest`` drops the refs of
@@ -497,7 +116,7 @@ class Cache(Declared):
 
     def export_bundle(
         self, path: str | os.PathLike[str], names: str | Iterable[str] | None = None, *, release: str | None = None,
-    ) -> Any:
+    ) -> BundleReport:
         """Every intact entry whose name matches one of the globs ``names`` (all if None),
         or the members of ``release``, with their compile times and refs."""
         from aot.cache.admin.bundle import export_bundle
@@ -506,135 +125,19 @@ class Cache(Declared):
             names = [names]
         return export_bundle(self, Path(path), list(names) if names else None, release=release)
 
-    def import_bundle(self, path: str | os.PathLike[str], *, refs: bool = False) -> Any:
+    def import_bundle(self, path: str | os.PathLike[str], *, refs: bool = False) -> BundleReport:
         """Stores a bundle's entries; its refs fill the slots without one (``refs``: all)."""
         from aot.cache.admin.bundle import import_bundle
 
         return import_bundle(self, Path(path), refs=refs)
 
-    def explain(self, name: str, *args: Any, fn: Callable[..., Any] | None = None, **lower_kwargs: Any) -> Any:
+    def explain(self, name: str, *args: Any, fn: Callable[..., Any] | None = None, **lower_kwargs: Any) -> Explanation:
         from aot.cache.reports.explain import explain
 
         return explain(self, name, *args, fn=fn, **lower_kwargs)
 
 
-def _open_reader(cache: Cache) -> IndexReader:
-    """The index's read seam (:class:`~aot.cache.index.protocol.IndexReader`), chosen
-    once, here: the SQL index of a database; for a folder cache the standard
-    library's reader, so that serving and a fully cached warm-up never import
-    SQLAlchemy, unless that reader cannot read the file (another schema version, a
-    damaged file): then the SQL index, which migrates it or says what is wrong."""
-    if cache._index_file is None:
-        return cache.index
-    from aot.cache.index.reader import SqliteReader
+class TieredCache(TieredStore, Cache):
+    """``aot.Cache(location, local=DIR)``: a remote cache read through a local folder
+    (:mod:`aot.cache.tiered`), with everything else an ``aot.Cache`` offers."""
 
-    try:
-        return SqliteReader(cache._index_file, read_only=cache.read_only)
-    except CacheError as exc:
-        log.debug("stdlib reader: cannot read %s (%s); using the SQL index", cache._index_file, exc)
-        return cache.index
-
-
-def _open_folder(cache: Cache, folder: Path) -> Any:
-    """The blob store of a folder cache; creates the folder, and the index of a new one."""
-    cache._index_file = index_file = folder / INDEX_FILE
-    if not cache.create and not cache.read_only:
-        # create=False: a folder without an index is an error; a foreign or older index
-        # is refused by the readers (the SQL index of create=False neither creates nor migrates).
-        require_cache(
-            str(folder), "opened with create=False, so nothing was created",
-            "aot compile, aot warmup and aot bundle import create a cache; check the path or AOT_CACHE",
-        )
-        _refuse_foreign(index_file)
-    if not cache.read_only:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CacheError(f"cannot create the cache folder {folder}: {exc}") from exc
-    elif not index_file.is_file() or index_file.stat().st_size == 0:
-        raise CacheError(
-            _lost_index_message(folder)
-            or f"no cache at {folder} (opened read-only, so nothing was created); "
-            "check the path or AOT_CACHE"
-        )
-    if not index_file.exists():
-        cache.index  # noqa: B018 - creates the schema of a new cache now
-    return cache._open_blobs(cache.blob_location or str(folder / "blobs"))
-
-
-def _refuse_foreign(index_file: Path) -> None:
-    """Raises :class:`CacheError` when ``index_file`` is an SQLite database without a
-    jax-aot schema, before anything (blobs folder, WAL) is added next to it; read with
-    the standard library, read-only (an older schema is the readers' to refuse)."""
-    import sqlite3
-    from urllib.parse import quote
-
-    uri = f"file:{quote(index_file.resolve().as_posix())}?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True)
-        try:
-            tables = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError as exc:
-        raise CacheError(
-            f"no jax-aot cache index at {index_file}: not an SQLite database ({exc}); check the path or AOT_CACHE"
-        ) from None
-    if "schema_version" in tables:
-        return
-    shown = ", ".join(tables[:5]) + (f", ... ({len(tables)} in all)" if len(tables) > 5 else "")
-    found = f"it holds {len(tables)} other table(s) ({shown})" if tables else "it holds no tables"
-    raise CacheError(
-        f"no jax-aot cache index: {index_file} is not a jax-aot cache index: {found}; "
-        "aot compile, aot warmup and aot bundle import create a cache; check the path or AOT_CACHE"
-    )
-
-
-def _checked_timeouts(timeouts: Any) -> Timeouts | None:
-    if timeouts is None or isinstance(timeouts, Timeouts):
-        return timeouts
-    raise TypeError(
-        f"timeouts must be an aot.Timeouts (or None: the environment's), got "
-        f"{type(timeouts).__name__}: e.g. timeouts=aot.Timeouts(blob_read_s=2)"
-    )
-
-
-def _same_database(a: str, b: str) -> bool:
-    """Whether two locations are the same database URL (then one engine serves both)."""
-    if classify_location(a).kind != DATABASE or classify_location(b).kind != DATABASE:
-        return False
-    from sqlalchemy.engine import make_url
-
-    return make_url(a) == make_url(b)
-
-
-def _described_blobs(cache: Cache) -> Any:
-    """A database cache's recorded description (None: none yet); sets
-    ``blob_location`` to the recorded one when none was given, refuses another one
-    unless ``blob_mirror`` (:mod:`aot.cache.index.description`)."""
-    from aot.cache.index.description import choose_blob_location
-
-    assert cache._index is not None
-    try:
-        found = cache._index.description()
-        cache.blob_location = choose_blob_location(
-            found, cache.blob_location, cache.location, mirror=cache.blob_mirror,
-            shown_cache=cache.display_location,
-        )
-    except BaseException:
-        cache._index.close()
-        raise
-    return found
-
-
-def _record_description(cache: Cache) -> None:
-    """Records a database cache's blob location (a new cache, or an old one whose blobs
-    are found there: :func:`aot.cache.index.description.record_description`)."""
-    from aot.cache.index.description import record_description
-
-    try:
-        record_description(cache.index, cache.blobs, cache.blob_location, cache.location, cache.display_location)
-    except BaseException:
-        cache.blobs.close()
-        cache.index.close()
-        raise

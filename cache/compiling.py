@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from aot.artifact import Artifact
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, ReadOnlyCacheError
 from aot.build import build_artifact, build_symbolic_artifact
-from aot.cache.artifacts import unstored_entry
+from aot.cache.store import unstored_entry
 from aot.cache.index.refs import RefOrigin
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.index.entry import IndexEntry
     from aot.computation import MeshComputation
     from aot.executable import MeshExecutable
@@ -32,7 +32,7 @@ __all__ = ["CompileResult", "artifact_of", "compile_entry"]
 
 @dataclass(frozen=True, slots=True)
 class CompileResult:
-    """What :meth:`Cache.compile_entry <aot.cache.cache.Cache.compile_entry>` did: the
+    """What :meth:`Cache.compile_entry <aot.cache.store.ArtifactStore.compile_entry>` did: the
     executable, its entry, hit or miss.
 
     ``executable`` is None for a symbolic (shape-polymorphic) program: it is stored
@@ -60,7 +60,7 @@ class CompileResult:
 
 def artifact_of(item: MeshComputation | MeshExecutable | Artifact) -> Artifact:
     """The artifact to store for a computation (compiled now), an executable or an
-    artifact (:meth:`Cache.put <aot.cache.cache.Cache.put>`)."""
+    artifact (:meth:`Cache.put <aot.cache.store.ArtifactStore.put>`)."""
     from aot.computation import MeshComputation
     from aot.executable import MeshExecutable
 
@@ -82,7 +82,7 @@ def artifact_of(item: MeshComputation | MeshExecutable | Artifact) -> Artifact:
 
 
 def compile_entry(
-    cache: Cache, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
+    cache: ArtifactStore, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
     origin: RefOrigin | None = None, **lower_kwargs: Any,
 ) -> CompileResult:
     """Lowers ``fn``; on a hit loads the stored executable, on a miss compiles and
@@ -97,7 +97,7 @@ def compile_entry(
 
 
 def _compile_entry(
-    cache: Cache, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
+    cache: ArtifactStore, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
     **lower_kwargs: Any,
 ) -> CompileResult:
     from aot.lowering import lower, lower_pmap  # serving never lowers
@@ -134,7 +134,7 @@ def _compile_entry(
     return CompileResult(executable, stored, False, time.perf_counter() - start)
 
 
-def _store_symbolic(cache: Cache, computation: MeshComputation, start: float) -> CompileResult:
+def _store_symbolic(cache: ArtifactStore, computation: MeshComputation, start: float) -> CompileResult:
     """Stores a symbolic computation's portable HLO (nothing to compile yet)."""
     entry = cache.index.get(computation.fingerprint)
     if entry is not None and entry.ok:

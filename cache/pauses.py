@@ -1,6 +1,6 @@
 """Named points in the storage protocols, where race tests pause or kill a process.
 
-The writer (:meth:`aot.cache.cache.Cache.put_artifact`) and gc
+The writer (:meth:`aot.cache.store.ArtifactStore.put_artifact`) and gc
 (:func:`aot.cache.admin.maintenance.collect_garbage`) call :func:`reached` at each step of
 the protocol described in docs/reliability.md. Nothing happens unless a test set a
 hook (:func:`set_hook`, in-process) or the environment variable ``AOT_TEST_PAUSE``

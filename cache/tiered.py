@@ -1,8 +1,8 @@
 """A local read-through tier for serving replicas: ``aot.Cache(remote, local=DIR)``.
 
 ``aot.Cache("postgresql+psycopg://reader@db/aot", blob_location="s3://bucket/aot",
-read_only=True, local="/var/cache/aot")`` is a :class:`TieredCache`
-(:mod:`aot.cache.opening` makes the choice):
+read_only=True, local="/var/cache/aot")`` is a :class:`~aot.cache.cache.TieredCache`
+(a :class:`TieredStore` with the public methods of ``aot.Cache``):
 
 * The **remote** (``location`` and ``blob_location``) is the cache of record. Every
   method not listed below (``put``, ``compile``, ``entries``, ``verify``, ``gc``,
@@ -11,12 +11,12 @@ read_only=True, local="/var/cache/aot")`` is a :class:`TieredCache`
   this process writes, whatever ``read_only`` says about the remote: ``aot --cache
   DIR ls`` inspects it, ``aot --cache DIR pull REMOTE`` fills it ahead of time,
   ``aot --cache DIR gc --older-than 30d`` trims it.
-* **Serving reads go through the tier.** :meth:`TieredCache.entries_named` (what
-  ``aot.load`` asks first) and :meth:`TieredCache.artifact` (every executable it
+* **Serving reads go through the tier.** :meth:`TieredStore.entries_named` (what
+  ``aot.load`` asks first) and :meth:`TieredStore.artifact` (every executable it
   loads, every portable HLO it recompiles): an entry the local tier holds intact is
   read there, with no remote round trip; any other entry of this environment is copied
   from the remote (its row, and its blobs as stored, each verified against its digest,
-  under the gc protocol: :meth:`~aot.cache.cache.Cache.copy_entry_from`) and then read
+  under the gc protocol: :meth:`~aot.cache.store.ArtifactStore.copy_entry_from`) and then read
   locally. So a cold start costs one remote round trip per missing blob (fetched in
   parallel), and a warm one none for the blobs. A local copy that fails verification is
   quarantined there and fetched again.
@@ -48,7 +48,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from aot.artifact import EXECUTABLE, Artifact, Manifest
-from aot.cache.cache import Cache, default_location
+from aot.cache.store import ArtifactStore, default_location
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TieredCache", "FETCH_THREADS"]
+__all__ = ["TieredStore", "FETCH_THREADS"]
 
 #: Entries fetched from the remote at once when a name's rows are missing locally.
 FETCH_THREADS = 8
@@ -143,7 +143,7 @@ class _UnreachableIndex:
         pass
 
 
-class TieredCache(Cache):
+class TieredStore(ArtifactStore):
     """A remote cache read through a local folder cache (see the module docstring).
 
     ``local``: the local tier's folder (created if needed; always writable).
@@ -166,7 +166,7 @@ class TieredCache(Cache):
         create: bool = True,
     ) -> None:
         if local is None:
-            raise TypeError("TieredCache needs local=FOLDER")
+            raise TypeError("a tiered cache needs local=FOLDER")
         where = classify_location(local)
         if where.kind != FOLDER:
             raise CacheError(
@@ -179,7 +179,7 @@ class TieredCache(Cache):
         self._held: dict[str, IndexEntry] = {}
         self._warned_offline = False
         self.timeouts = timeouts  # the remote's; the local tier's statistics flush too
-        self.local = Cache(
+        self.local = ArtifactStore(
             where.target, signing_key=signing_key, require_signatures=require_signatures, timeouts=timeouts,
         )
         try:
@@ -221,7 +221,7 @@ class TieredCache(Cache):
 
     def __repr__(self) -> str:
         return (
-            f"TieredCache({self.display_location!r}, local={self.local.location!r}, "
+            f"{type(self).__name__}({self.display_location!r}, local={self.local.location!r}, "
             f"read_only={self.read_only})"
         )
 
@@ -248,13 +248,13 @@ class TieredCache(Cache):
         return super().default_release()
 
     @property
-    def stats_cache(self) -> Cache:
+    def stats_cache(self) -> ArtifactStore:
         """Where statistics are kept: the remote when writable, else the local tier."""
         return self if not self.read_only and self.remote_error is None else self.local
 
     def _start_stats(self) -> None:
         if self.read_only or self.remote_error is not None:
-            from aot.cache.serving.stats import recorder_for  # as Cache._start_stats does
+            from aot.cache.serving.stats import recorder_for  # as ArtifactStore._start_stats does
 
             self.stats = recorder_for(self.local)
             self._stats_finalizer = weakref.finalize(self, self.stats.close)

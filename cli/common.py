@@ -69,8 +69,8 @@ class State:
         return self._cache
 
     def _open(self, create: bool) -> Cache:
-        from aot.cache.cache import require_cache  # imports JAX
-        from aot.cache.opening import Cache  # with --local, a TieredCache
+        from aot.cache.store import require_cache  # imports JAX
+        from aot.cache.cache import Cache  # with --local, a TieredCache
 
         settings = self.settings
         location = settings.cache.value

@@ -64,7 +64,7 @@ def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
     if state.json:
         echo_json(report.to_dict())
         return
-    _render(report, glob, cache.read_only and getattr(cache, "local", None) is None)
+    _render(report, glob, cache.read_only and cache.local is None)
 
 
 def _render(report: StatsReport, glob: str | None, read_only: bool) -> None:

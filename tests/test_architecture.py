@@ -1,13 +1,14 @@
 """The architecture of DESIGN.md, checked on the source tree with ``ast`` alone.
 
 What is checked, each by its own test:
-- no import circles among our modules, function-level imports included (imports
-  under ``if TYPE_CHECKING:`` never run, so they do not count);
+- no import circles among our modules, function-level and type-only imports (under
+  ``if TYPE_CHECKING:``) included: a type names a dependency as an import does;
 - no ``_private`` name imported from another module (dunder names are public);
 - no source file over 800 lines, no class over 400;
 - the layers: the core (``aot.*`` outside ``aot.cache`` and ``aot.cli``) never imports
   the cache or the command line, the cache never imports the command line, and inside
-  the cache a module never imports one of a higher layer (:data:`CACHE_LAYERS`).
+  the cache a module never imports one of a higher layer (:data:`CACHE_LAYERS`), with
+  no exception list: the public ``aot.Cache`` sits at the top and composes the rest.
 
 The source folders are mapped into the ``aot`` namespace as ``pyproject.toml`` installs
 them (``aot/`` -> ``aot.*``, ``cache/`` -> ``aot.cache.*``, ``cli/`` -> ``aot.cli.*``), so
@@ -46,8 +47,10 @@ CACHE = "cache"
 CLI = "cli"
 ENTRY = "entry"
 
-# The layers inside the cache, lowest first. A module may import modules of its own
-# layer or of a lower one, never of a higher one. ``pkg.*`` names a sub-package and all
+# The layers inside the cache, lowest first (DESIGN.md: cli -> admin, reports, warmup ->
+# serving -> index, storage -> aot core). A module may import modules of its own layer
+# or of a lower one, never of a higher one, type-only imports (``if TYPE_CHECKING:``)
+# included: a type names what a module depends on. ``pkg.*`` names a sub-package and all
 # its modules, any other entry one module; a new module at the top of cache/ must be
 # placed here deliberately (the test of unplaced modules fails until it is).
 #
@@ -55,46 +58,31 @@ ENTRY = "entry"
 #   ages, the pauses of the race tests); they import only the core.
 # - index/storage: the SQL index and the blob stores; one layer, because a store kept in
 #   the database shares the index's engine.
-# - facade: the Cache and its local read-through tier over the index and the stores,
-#   what Cache.compile_entry returns, and the settings that say which cache to open
-#   (they mask a database URL with the index's helper, and only the CLI reads them).
+# - store: the ArtifactStore (index and blobs wired), its local read-through tier, what
+#   storing and compiling an entry does, and the settings that say which cache to open.
 # - serving: aot.load, the dispatcher, call statistics.
-# - warmup: compiling a manifest's entries into a cache.
-# - admin/reports: verify, gc, rm, bundles, push/pull, and what the CLI displays.
+# - warmup, admin, reports: the top floor, ordered by what each builds on: admin's gc
+#   reads warm-up manifests (``gc --manifest``), reports show admin's results (verify,
+#   doctor) and the warm-up's coverage.
+# - cache: ``aot.Cache``, whose public methods compose the layers below (verify, gc,
+#   bundles, explain), and ``aot.jax_cache``, JAX's persistent cache over a cache.
 CACHE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("aot.cache", "aot.cache.names", "aot.cache.units", "aot.cache.pauses", "aot.cache.timeouts")),
     ("index/storage", ("aot.cache.index.*", "aot.cache.storage.*")),
-    ("facade", ("aot.cache.cache", "aot.cache.tiered", "aot.cache.artifacts", "aot.cache.compiling",
-                "aot.cache.config")),
+    ("store", ("aot.cache.store", "aot.cache.tiered", "aot.cache.compiling",
+               "aot.cache.config")),
     ("serving", ("aot.cache.serving.*",)),
     ("warmup", ("aot.cache.warmup.*",)),
-    ("admin/reports", ("aot.cache.admin.*", "aot.cache.reports.*")),
-    # ``aot.Cache``: opens a Cache or a TieredCache, so it sits above both.
-    ("opening", ("aot.cache.opening",)),
-    # ``aot.jax_cache``: JAX's persistent cache over a Cache (an entry point for users).
-    ("jax_cache", ("aot.cache.jax_cache", "aot.cache.jax_cache.*")),
+    ("admin", ("aot.cache.admin.*",)),
+    ("reports", ("aot.cache.reports.*",)),
+    ("cache", ("aot.cache.cache", "aot.cache.jax_cache", "aot.cache.jax_cache.*")),
 )
 
-# The public facade's methods that only delegate to a higher layer, importing it when
-# called: ``cache.verify()`` is ``admin.maintenance.verify_cache(cache)``, and
-# ``cache.stats`` is serving's call-statistics recorder for this cache. DESIGN.md's
-# public interface puts these methods on ``aot.Cache``; the layers below never call
-# them. Each pair is allowed only as an import inside a function (never at module
-# level) and only while it forms no circle (test_no_import_circles); a new pair fails.
-FACADE_DELEGATIONS: Mapping[tuple[str, str], str] = {
-    ("aot.cache.cache", "aot.cache.admin.maintenance"): "Cache.verify, Cache.gc",
-    ("aot.cache.cache", "aot.cache.admin.bundle"): "Cache.export_bundle, Cache.import_bundle",
-    ("aot.cache.cache", "aot.cache.reports.explain"): "Cache.explain",
-    ("aot.cache.cache", "aot.cache.serving.stats"): "Cache.stats: the recorder of serving statistics",
-    ("aot.cache.cache", "aot.cache.serving.dispatcher"): "Cache.compile of symbolic specs returns a dispatcher",
-    ("aot.cache.tiered", "aot.cache.serving.stats"): "TieredCache.stats: the recorder, kept in the local tier",
-    ("aot.cache.serving.stats", "aot.cache.reports.stats"): "cache.stats.report(): this process's counts as a report",
-}
-
-# Entry points, neither core nor cache nor command line: ``python -m aot`` runs the
+# Entry points, neither core nor cache nor command line: ``import aot`` names the public
+# classes (``aot.Cache``, ``aot.load``) of the cache; ``python -m aot`` runs the
 # command line; ``import aot.jax_cache`` is the cache's backend of JAX's persistent cache
 # under the name users write (aot/jax_cache.py puts aot.cache.jax_cache in its place).
-ENTRY_POINTS = frozenset({"aot.__main__", "aot.jax_cache"})
+ENTRY_POINTS = frozenset({"aot", "aot.__main__", "aot.jax_cache"})
 
 
 # ---------------------------------------------------------------- reading the tree
@@ -118,6 +106,7 @@ class Import:
     path: Path
     line: int
     names: tuple[str, ...] = ()  # what a from-import takes from ``imported``
+    type_only: bool = False  # under ``if TYPE_CHECKING:``: never runs, still a dependency
 
     def where(self, root: Path) -> str:
         return f"{_relative(self.path, root)}:{self.line}"
@@ -193,16 +182,21 @@ def _known(name: str, modules: Mapping[str, Module]) -> str | None:
 
 
 def imports_of(module: Module, modules: Mapping[str, Module]) -> list[Import]:
-    """The imports of one module that run (function-level ones included) and name one
-    of our modules."""
+    """The imports of one module that name one of our modules: those that run
+    (function-level ones included) and the type-only ones, marked so."""
     tree = ast.parse(module.path.read_text(encoding="utf-8"), filename=str(module.path))
+    runs = {id(node) for node in runtime_nodes(tree)}
     found: list[Import] = []
-    for node in runtime_nodes(tree):
+
+    def edge(target: str, node: ast.stmt | ast.expr, names: tuple[str, ...] = ()) -> Import:
+        return Import(module.name, target, module.path, node.lineno, names, id(node) not in runs)
+
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 target = _known(alias.name, modules)
                 if target is not None:
-                    found.append(Import(module.name, target, module.path, node.lineno))
+                    found.append(edge(target, node))
         elif isinstance(node, ast.ImportFrom):
             source = _absolute(module, node)
             if source is None:
@@ -211,17 +205,17 @@ def imports_of(module: Module, modules: Mapping[str, Module]) -> list[Import]:
             for alias in node.names:
                 submodule = f"{source}.{alias.name}"
                 if alias.name != "*" and submodule in modules:
-                    found.append(Import(module.name, submodule, module.path, node.lineno))
+                    found.append(edge(submodule, node))
                 else:
                     from_package.append(alias.name)
             target = _known(source, modules)
             if from_package and target is not None:
-                found.append(Import(module.name, target, module.path, node.lineno, tuple(from_package)))
+                found.append(edge(target, node, tuple(from_package)))
         elif isinstance(node, ast.Call):
             name = _imported_by_call(node)
             target = _known(name, modules) if name is not None else None
             if target is not None:
-                found.append(Import(module.name, target, module.path, node.lineno))
+                found.append(edge(target, node))
     return found
 
 
@@ -457,30 +451,11 @@ def unplaced_modules(tree: Tree, layers: Sequence[tuple[str, tuple[str, ...]]] =
     )
 
 
-def _function_level_lines(tree: Tree) -> set[tuple[Path, int]]:
-    """``(path, line)`` of every import statement inside a function body."""
-    lines = set()
-    for module in tree.modules.values():
-        for node in ast.walk(ast.parse(module.path.read_text(encoding="utf-8"))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for inner in ast.walk(node):
-                    if isinstance(inner, (ast.Import, ast.ImportFrom)):
-                        lines.add((module.path, inner.lineno))
-    return lines
-
-
-def layer_violations(
-    tree: Tree,
-    layers: Sequence[tuple[str, tuple[str, ...]]] = CACHE_LAYERS,
-    delegations: Mapping[tuple[str, str], str] = FACADE_DELEGATIONS,
-) -> list[str]:
-    """Imports against the layering: core -> cache or cli, cache -> cli, and inside the
-    cache an import of a higher layer."""
+def layer_violations(tree: Tree, layers: Sequence[tuple[str, tuple[str, ...]]] = CACHE_LAYERS) -> list[str]:
+    """Imports against the layering, type-only ones included: core -> cache or cli,
+    cache -> cli, and inside the cache an import of a higher layer."""
     reports = []
-    function_level = _function_level_lines(tree)
     for edge in tree.imports:
-        if (edge.importer, edge.imported) in delegations and (edge.path, edge.line) in function_level:
-            continue
         source, target = part_of(edge.importer), part_of(edge.imported)
         why = None
         if source == CORE and target in (CACHE, CLI):
@@ -517,7 +492,7 @@ def test_the_tree_is_read(source_tree: Tree) -> None:
 
 
 def test_no_import_circles(source_tree: Tree) -> None:
-    _fail("import circles (function-level imports count; TYPE_CHECKING ones do not)", import_circles(source_tree))
+    _fail("import circles (function-level and TYPE_CHECKING imports count)", import_circles(source_tree))
 
 
 def test_no_private_names_across_modules(source_tree: Tree) -> None:
@@ -538,12 +513,6 @@ def test_every_cache_module_has_a_layer(source_tree: Tree) -> None:
 
 def test_layers(source_tree: Tree) -> None:
     _fail("imports against the layers of DESIGN.md", layer_violations(source_tree))
-
-
-def test_every_facade_delegation_is_still_used(source_tree: Tree) -> None:
-    used = {(edge.importer, edge.imported) for edge in source_tree.imports}
-    _fail("facade delegations no longer used (remove them from FACADE_DELEGATIONS)",
-          [f"{a} -> {b}" for a, b in FACADE_DELEGATIONS if (a, b) not in used])
 
 
 # ---------------------------------------------------------------- the checker itself
@@ -609,7 +578,7 @@ def test_checker_counts_importlib_with_a_literal_name(tmp_path: Path) -> None:
     assert "aot.b -> aot.a  (aot/b.py:3)" in report
 
 
-def test_checker_ignores_type_checking_imports(tmp_path: Path) -> None:
+def test_checker_counts_type_checking_imports_as_type_only(tmp_path: Path) -> None:
     tree = _write(tmp_path, {
         "aot/a.py": "import aot.b\n",
         "aot/b.py": (
@@ -619,12 +588,13 @@ def test_checker_ignores_type_checking_imports(tmp_path: Path) -> None:
             "if typing.TYPE_CHECKING:\n    import aot.a\n"
         ),
     })
-    assert import_circles(tree) == []
-    # ... but what runs in the else branch does count.
+    assert [(e.line, e.type_only) for e in tree.imports if e.importer == "aot.b"] == [(4, True), (6, True)]
+    assert len(import_circles(tree)) == 1  # a type names a dependency: a circle all the same
+    # ... and what runs in the else branch runs.
     tree = _write(tmp_path, {
         "aot/b.py": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    pass\nelse:\n    import aot.a\n",
     })
-    assert len(import_circles(tree)) == 1
+    assert [(e.line, e.type_only) for e in tree.imports if e.importer == "aot.b"] == [(5, False)]
 
 
 def test_checker_finds_private_names_across_modules(tmp_path: Path) -> None:
@@ -669,9 +639,9 @@ def test_checker_finds_imports_against_the_layers(tmp_path: Path) -> None:
         "aot/core.py": "def f():\n    from aot.cache import names\n",
         "cache/__init__.py": "",
         "cache/names.py": "",
-        "cache/cache.py": "from aot.cache.names import x\nfrom aot.cache.admin import gc\n",
+        "cache/store.py": "from aot.cache.names import x\nfrom aot.cache.admin import gc\n",
         "cache/admin/__init__.py": "",
-        "cache/admin/gc.py": "import aot.cache.cache\nimport aot.cli.main\n",
+        "cache/admin/gc.py": "import aot.cache.store\nimport aot.cli.main\n",
         "cache/storage/__init__.py": "",
         "cache/storage/folder.py": "from aot.cache.index import sql\n",
         "cache/index/__init__.py": "",
@@ -683,23 +653,28 @@ def test_checker_finds_imports_against_the_layers(tmp_path: Path) -> None:
     assert layer_violations(tree) == [
         "aot/core.py:2: aot.core -> aot.cache.names: the core never imports the cache",
         "cache/admin/gc.py:2: aot.cache.admin.gc -> aot.cli.main: the cache never imports the command line",
-        "cache/cache.py:2: aot.cache.cache -> aot.cache.admin.gc: layer 'facade' never imports the higher layer 'admin/reports'",
+        "cache/store.py:2: aot.cache.store -> aot.cache.admin.gc: layer 'store' never imports the higher layer 'admin'",
     ]
     assert unplaced_modules(tree) == ["cache/stray.py: aot.cache.stray has no layer in CACHE_LAYERS"]
 
 
-def test_a_facade_delegation_is_allowed_only_inside_a_function(tmp_path: Path) -> None:
+def test_a_type_only_import_of_a_higher_layer_is_against_the_layers(tmp_path: Path) -> None:
     tree = _write(tmp_path, {
         "cache/__init__.py": "",
-        "cache/cache.py": "from aot.cache.admin import gc\n\ndef collect():\n    from aot.cache.admin import gc\n",
+        "cache/store.py": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from aot.cache.admin.gc import Plan\n"
+            "def collect():\n    from aot.cache.admin import gc\n"
+        ),
         "cache/admin/__init__.py": "",
-        "cache/admin/gc.py": "",
+        "cache/admin/gc.py": "from aot.cache.store import collect\n",
     })
-    allowed = {("aot.cache.cache", "aot.cache.admin.gc"): "Cache.gc"}
-    assert layer_violations(tree, delegations=allowed) == [
-        "cache/cache.py:1: aot.cache.cache -> aot.cache.admin.gc: layer 'facade' never imports the higher layer 'admin/reports'",
+    assert layer_violations(tree) == [
+        "cache/store.py:3: aot.cache.store -> aot.cache.admin.gc: layer 'store' never imports the higher layer 'admin'",
+        "cache/store.py:5: aot.cache.store -> aot.cache.admin.gc: layer 'store' never imports the higher layer 'admin'",
     ]
-    assert len(layer_violations(tree, delegations={})) == 2
+    (circle,) = import_circles(tree)
+    assert "aot.cache.store -> aot.cache.admin.gc  (cache/store.py:3)" in circle
 
 
 def test_the_checks_fail_with_every_report(tmp_path: Path) -> None:

@@ -48,7 +48,7 @@ from aot.signing import verify
 from aot.cache.units import counted
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class BundleReport:
 
 
 def export_bundle(
-    cache: Cache, path: BundlePath, names: list[str] | None, *, release: str | None = None,
+    cache: ArtifactStore, path: BundlePath, names: list[str] | None, *, release: str | None = None,
 ) -> BundleReport:
     """Writes every intact entry matching ``names`` (globs; all if None), or the
     members of ``release``, to ``path``: a file (mode 0644), an object-store URL,
@@ -326,7 +326,7 @@ def _check_declared(manifests: list[Manifest], blob_list: list[tuple[str, int]],
         raise CorruptArtifactError(f"bundle {path}: blobs {sorted(set(declared) - listed)[:3]} are missing")
 
 
-def import_bundle(cache: Cache, path: BundlePath, *, refs: bool = False) -> BundleReport:
+def import_bundle(cache: ArtifactStore, path: BundlePath, *, refs: bool = False) -> BundleReport:
     """Imports a bundle (a file, an object-store URL, ``"-"`` for stdin, or a stream).
 
     Stores every entry whose name the cache accepts (the others are reported in

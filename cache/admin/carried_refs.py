@@ -29,7 +29,7 @@ from aot.errors import CacheError
 from aot.cache.units import counted
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class RefsOutcome:
         }
 
 
-def release_to_copy(source: Cache, label: str) -> tuple[ReleaseMember, ...]:
+def release_to_copy(source: ArtifactStore, label: str) -> tuple[ReleaseMember, ...]:
     """The members of ``label``'s current set in ``source``; a missing label is an
     error naming it."""
     release = source.index.release_set(label)
@@ -91,7 +91,7 @@ def release_to_copy(source: Cache, label: str) -> tuple[ReleaseMember, ...]:
     return release.members
 
 
-def carried_refs(source: Cache, keys: Collection[str], release: str | None = None) -> CarriedRefs:
+def carried_refs(source: ArtifactStore, keys: Collection[str], release: str | None = None) -> CarriedRefs:
     """The source's current refs that name one of ``keys``, or (``release``) the
     members of that label's current set."""
     if release is not None:
@@ -103,7 +103,7 @@ def carried_refs(source: Cache, keys: Collection[str], release: str | None = Non
 
 
 def apply_refs(
-    destination: Cache, carried: CarriedRefs, present: Iterable[str], *, source: str, overwrite: bool = False,
+    destination: ArtifactStore, carried: CarriedRefs, present: Iterable[str], *, source: str, overwrite: bool = False,
 ) -> RefsOutcome:
     """Writes the carried refs whose key is stored at ``destination`` (``present``:
     the keys the copy left there intact), by the rules of this module. ``source``

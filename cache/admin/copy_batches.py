@@ -8,7 +8,7 @@ Per batch of :data:`BATCH` entries, in this order:
    ``stat`` of their digests, and a blob this run has not verified yet is read and
    verified (each distinct blob once per run, not once per entry); a row there whose
    blobs are not intact (or that is quarantined) is copied alone, as by
-   :meth:`~aot.cache.cache.Cache.copy_entry_from` (repaired);
+   :meth:`~aot.cache.store.ArtifactStore.copy_entry_from` (repaired);
 3. the other entries: one lease on every digest they name, taken before any blob is
    looked at; their blobs copied as stored (:meth:`ContentStore.copy_many
    <aot.cache.storage.content.ContentStore.copy_many>`: one batched ``stat``, each
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from aot.cache.artifacts import LEASE_ATTEMPTS, entry_digests, entry_of, manifest_to_copy
+from aot.cache.store import LEASE_ATTEMPTS, entry_digests, entry_of, manifest_to_copy
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.leases import LeaseLostError
 from aot.cache.pauses import reached
@@ -39,7 +39,7 @@ from aot.errors import AotError, CacheError
 
 if TYPE_CHECKING:
     from aot.artifact import Manifest
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class _Pending:
 
 
 def copy_in_batches(
-    source: Cache, destination: Cache, entries: Sequence[IndexEntry], *, jobs: int = 1,
+    source: ArtifactStore, destination: ArtifactStore, entries: Sequence[IndexEntry], *, jobs: int = 1,
 ) -> list[Result]:
     """Copies ``entries`` of ``source`` into ``destination``, :data:`BATCH` at a time
     (see the module docstring); one result per entry, in their order."""
@@ -75,7 +75,7 @@ def copy_in_batches(
 
 
 def _copy_batch(
-    source: Cache, destination: Cache, batch: Sequence[IndexEntry], jobs: int, verified: dict[str, int],
+    source: ArtifactStore, destination: ArtifactStore, batch: Sequence[IndexEntry], jobs: int, verified: dict[str, int],
 ) -> list[Result]:
     done: dict[str, tuple[str | None, str | None]] = {}
     try:
@@ -121,7 +121,7 @@ def _copy_batch(
 
 
 def _commit_batch(
-    source: Cache, destination: Cache, pending: list[_Pending], jobs: int, verified: dict[str, int],
+    source: ArtifactStore, destination: ArtifactStore, pending: list[_Pending], jobs: int, verified: dict[str, int],
 ) -> dict[str, tuple[str | None, str | None]]:
     """The writer's protocol for a batch: lease, blobs durable, rows committed with the
     lease released in one transaction; started over when gc took the expired lease."""

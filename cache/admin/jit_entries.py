@@ -21,7 +21,7 @@ from aot.cache.index.jit_records import JitEntry, signature_problem
 from aot.errors import AotError
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,13 @@ class JitDetails:
         return {**self.entry.to_dict(), "hmac_state": self.hmac}
 
 
-def _hmac_state(cache: Cache, entry: JitEntry) -> str:
+def _hmac_state(cache: ArtifactStore, entry: JitEntry) -> str:
     if cache.signing_key is None:
         return "not checked (no signing key)" if entry.signature else "unsigned"
     return signature_problem(cache.signing_key, entry) or "ok"
 
 
-def describe_jit_entries(cache: Cache, key_or_name: str) -> list[JitDetails]:
+def describe_jit_entries(cache: ArtifactStore, key_or_name: str) -> list[JitDetails]:
     """The jit entries whose function name matches the glob ``key_or_name`` or whose
     key starts with it (JAX's key, e.g. ``jit_train_step-1f2e...``), with their HMAC's
     state; empty when none does."""
@@ -75,7 +75,7 @@ def describe_jit_entries(cache: Cache, key_or_name: str) -> list[JitDetails]:
 
 
 def verify_jit_entries(
-    cache: Cache, check: Callable[[str, int], str | None], *, remove: bool,
+    cache: ArtifactStore, check: Callable[[str, int], str | None], *, remove: bool,
 ) -> tuple[int, list[JitProblem], list[str]]:
     """``(entries checked, problems, keys removed)``: each jit entry's blob is
     re-hashed (``check(digest, size)``); a damaged one's row is removed with
@@ -101,7 +101,7 @@ def verify_jit_entries(
     return len(entries), problems, removed
 
 
-def copy_jit_entries(source: Cache, destination: Cache, names: Iterable[str] | None = None) -> JitCopy:
+def copy_jit_entries(source: ArtifactStore, destination: ArtifactStore, names: Iterable[str] | None = None) -> JitCopy:
     """Copies the jit entries of ``source`` whose function name matches one of the
     globs ``names`` (all if None): blob as stored (verified), then the row."""
     globs = list(names) if names else None
@@ -132,7 +132,7 @@ def jit_selected(entries: Iterable[JitEntry], globs: list[str] | None) -> list[J
     return [e for e in entries if not globs or any(fnmatch.fnmatchcase(e.name, g) for g in globs)]
 
 
-def jit_stored_intact(destination: Cache, entry: JitEntry, there: JitEntry | None) -> bool:
+def jit_stored_intact(destination: ArtifactStore, entry: JitEntry, there: JitEntry | None) -> bool:
     """Whether the source's jit ``entry`` is stored intact at ``destination`` (``there``:
     its row of the same key there, or None): the same blob, verified against its
     digest and size."""

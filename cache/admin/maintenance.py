@@ -40,7 +40,7 @@ from aot.cache.units import counted, human_size, parse_age, parse_size  # noqa: 
 
 if TYPE_CHECKING:
     from aot.fingerprint import Fingerprint
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class VerifyReport:
         }
 
 
-def empty_index_problem(cache: Cache, digests: Iterable[str] | None = None, reads: GcReads | None = None) -> str | None:
+def empty_index_problem(cache: ArtifactStore, digests: Iterable[str] | None = None, reads: GcReads | None = None) -> str | None:
     """A message when the index has no row but the blob store holds blobs (``digests``,
     listed if not given) that no writer has leased: the index was lost, truncated or
     replaced, and gc would otherwise delete every blob. None for an index that its own
@@ -115,7 +115,7 @@ def empty_index_problem(cache: Cache, digests: Iterable[str] | None = None, read
     )
 
 
-def verify_cache(cache: Cache, *, quarantine: bool = True) -> VerifyReport:
+def verify_cache(cache: ArtifactStore, *, quarantine: bool = True) -> VerifyReport:
     """Re-hashes every blob, parses every manifest, reports and quarantines bad entries."""
     problems: list[Problem] = []
     quarantined: list[str] = []
@@ -178,7 +178,7 @@ MISSING_SHARE = 0.5
 MISSING_AT_LEAST = 2
 
 
-def missing_blobs_problem(cache: Cache, entries: Sequence[IndexEntry], check: Any) -> str | None:
+def missing_blobs_problem(cache: ArtifactStore, entries: Sequence[IndexEntry], check: Any) -> str | None:
     """A message when most intact rows' blobs are *missing* (not corrupt) at once, and
     quarantining would condemn every entry for every client. It tells a store that
     lost its blobs (the location in use is the one the index records: restore or
@@ -217,7 +217,7 @@ def missing_blobs_problem(cache: Cache, entries: Sequence[IndexEntry], check: An
     )
 
 
-def cross_check_environment(cache: Cache) -> Fingerprint | None:
+def cross_check_environment(cache: ArtifactStore) -> Fingerprint | None:
     """The environment whose executables verify deserializes and cross-checks here:
     this host's, found without opening the device (:func:`this_environment`), or None
     (its executables are not deserialized) when it is unknown or another process holds
@@ -242,7 +242,7 @@ def cross_check_environment(cache: Cache) -> Fingerprint | None:
     return current
 
 
-def consistency_problems(cache: Cache, entry: IndexEntry, current: Fingerprint | None) -> list[str]:
+def consistency_problems(cache: ArtifactStore, entry: IndexEntry, current: Fingerprint | None) -> list[str]:
     """What a loader would refuse in the manifest of an entry whose blobs are intact:
     fields that contradict its fingerprints, its portable HLO, or (entries of
     ``current``, this host's environment: :func:`cross_check_environment`) its
@@ -270,7 +270,7 @@ def consistency_problems(cache: Cache, entry: IndexEntry, current: Fingerprint |
     return [f"manifest: {p}" for p in found]
 
 
-def _signature_problem(cache: Cache, entry: IndexEntry) -> str | None:
+def _signature_problem(cache: ArtifactStore, entry: IndexEntry) -> str | None:
     if cache.signing_key is None and not cache.require_signatures:
         return None
     try:
@@ -440,7 +440,7 @@ def _kinds(kind: str) -> frozenset[str]:
 
 
 def plan_gc(
-    cache: Cache, *, max_size: int | str | None = None, older_than: Any = None,
+    cache: ArtifactStore, *, max_size: int | str | None = None, older_than: Any = None,
     superseded: bool = False, force: bool = False, unpinned: frozenset[tuple[str, str]] = frozenset(),
     kind: str = "all", reads: GcReads | None = None,
 ) -> GcPlan:
@@ -468,7 +468,7 @@ def plan_gc(
                         older_than=older_than, superseded=superseded, force=force, unpinned=unpinned, kind=kind)
 
 
-def gc_reads_of(cache: Cache) -> GcReads:
+def gc_reads_of(cache: ArtifactStore) -> GcReads:
     """What gc plans with: the standard library's reader when the cache reads its
     index through it (a folder cache: the same file as its SQL index), else the SQL
     index. Deletions go through the SQL index, but for expired leases alone."""
@@ -484,7 +484,7 @@ REFERENCED_LOOKUP_MAX = 20_000
 
 
 def _plan_gc(
-    cache: Cache, reads: GcReads, *, max_size: int | str | None, older_than: Any, superseded: bool, force: bool,
+    cache: ArtifactStore, reads: GcReads, *, max_size: int | str | None, older_than: Any, superseded: bool, force: bool,
     unpinned: frozenset[tuple[str, str]], kind: str,
 ) -> GcPlan:
     limit = parse_size(max_size)
@@ -688,7 +688,7 @@ def _victim(entry: _Row, reason: str, names: ArgumentNames) -> GcVictim:
 
 
 def stale_signatures(
-    cache: Cache, manifest: str | os.PathLike[str], reads: GcReads | None = None,
+    cache: ArtifactStore, manifest: str | os.PathLike[str], reads: GcReads | None = None,
 ) -> frozenset[tuple[str, str]]:
     """(name, signature) of the refs and entries whose name manifest ``manifest`` lists
     but not with that signature (a changed layer size leaves the old ones behind);
@@ -712,7 +712,7 @@ def _digests(entry: _Row | JitEntry) -> set[str]:
     return {entry.exe_digest, entry.hlo_digest} - {None}  # type: ignore[return-value]
 
 
-def delete_unreferenced_blobs(cache: Cache, digests: Sequence[str]) -> tuple[list[str], int]:
+def delete_unreferenced_blobs(cache: ArtifactStore, digests: Sequence[str]) -> tuple[list[str], int]:
     """Deletes those of ``digests`` that no row references and no writer leases, in
     batches, each re-checked and deleted inside the index's deletion lock (the gc
     protocol of docs/reliability.md); the digests removed and the stored bytes freed.
@@ -737,7 +737,7 @@ def delete_unreferenced_blobs(cache: Cache, digests: Sequence[str]) -> tuple[lis
 
 
 def collect_garbage(
-    cache: Cache, *, max_size: int | str | None = None, older_than: Any = None,
+    cache: ArtifactStore, *, max_size: int | str | None = None, older_than: Any = None,
     dry_run: bool = False, superseded: bool = False, force: bool = False,
     manifest: str | os.PathLike[str] | None = None, kind: str = "all",
 ) -> GcPlan:

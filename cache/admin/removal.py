@@ -33,7 +33,7 @@ from aot.cache.serving.signatures import Signature
 from aot.cache.units import human_size
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class RemovalPlan:
         }
 
 
-def _select(cache: Cache, target: str) -> list[IndexEntry]:
+def _select(cache: ArtifactStore, target: str) -> list[IndexEntry]:
     reads = reads_of(cache)
     entries = reads.entries(target)
     if entries:
@@ -240,7 +240,7 @@ def _digests(entry: IndexEntry) -> set[str]:
 
 
 def plan_removal(
-    cache: Cache, target: str, *, signatures: Sequence[str] = (), env: str = "all",
+    cache: ArtifactStore, target: str, *, signatures: Sequence[str] = (), env: str = "all",
 ) -> RemovalPlan:
     """The entries ``target`` (a key, a unique key prefix, or a name glob) selects,
     narrowed to ``signatures`` (any of them; see :class:`SignatureFilter`) and, with
@@ -286,7 +286,7 @@ def plan_removal(
     )
 
 
-def _release_pins(cache: Cache) -> dict[str, tuple[str, ...]]:
+def _release_pins(cache: ArtifactStore) -> dict[str, tuple[str, ...]]:
     """``{key: labels}`` of the entries a release label pins (as gc keeps them)."""
     prefix = "release "
     return {
@@ -296,7 +296,7 @@ def _release_pins(cache: Cache) -> dict[str, tuple[str, ...]]:
     }
 
 
-def execute_removal(cache: Cache, plan: RemovalPlan, *, force: bool = False) -> RemovalPlan:
+def execute_removal(cache: ArtifactStore, plan: RemovalPlan, *, force: bool = False) -> RemovalPlan:
     """Deletes the plan's index rows, then its blobs that no row references any more.
     Raises :class:`aot.CacheError` naming the labels when a release pins an entry of
     the plan, unless ``force``."""
@@ -321,7 +321,7 @@ def execute_removal(cache: Cache, plan: RemovalPlan, *, force: bool = False) -> 
 
 
 def remove(
-    cache: Cache, target: str, *, signatures: Iterable[str] = (), env: str = "all",
+    cache: ArtifactStore, target: str, *, signatures: Iterable[str] = (), env: str = "all",
     dry_run: bool = False, force: bool = False,
 ) -> RemovalPlan:
     """:func:`plan_removal`, then (unless ``dry_run``) :func:`execute_removal`."""

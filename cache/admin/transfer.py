@@ -45,7 +45,7 @@ from aot.cache.admin.up_to_date import select_entries, up_to_date
 from aot.errors import AotError, CacheError
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class TransferReport:
 
 
 def copy_entries(
-    source: Cache, destination: Cache, names: Iterable[str] | None = None, *, jobs: int = 1,
+    source: ArtifactStore, destination: ArtifactStore, names: Iterable[str] | None = None, *, jobs: int = 1,
     refs: bool = False, release: str | None = None, origin: str | None = None,
 ) -> TransferReport:
     """Copies every intact entry of ``source`` whose name matches one of the globs
@@ -157,7 +157,7 @@ def copy_entries(
 
 
 def _reported(
-    source: Cache, destination: Cache, outcomes: dict[str, list[str]], failed: list[tuple[str, str]],
+    source: ArtifactStore, destination: ArtifactStore, outcomes: dict[str, list[str]], failed: list[tuple[str, str]],
     copied_bytes: int, start: float, ref_outcome: RefsOutcome,
 ) -> TransferReport:
     """The report of a copy (keys by outcome: stored, present, repaired), logged."""
@@ -176,12 +176,12 @@ def _reported(
 
 def open_other(
     location: str | os.PathLike[str], *, blob_location: str | None = None, read_only: bool,
-    like: Cache | None = None,
-) -> Cache:
+    like: ArtifactStore | None = None,
+) -> ArtifactStore:
     """The cache at the other end of a push (``read_only=False``: created if needed) or
     a pull (``read_only=True``: it must exist: a mistyped folder is not an empty
     cache). ``like``: take its signing key, signature policy and network bounds."""
-    from aot.cache.cache import Cache, require_cache
+    from aot.cache.store import ArtifactStore, require_cache
 
     location = os.fspath(location)
     if read_only:
@@ -192,11 +192,11 @@ def open_other(
             "signing_key": like.signing_key, "require_signatures": like.require_signatures,
             "timeouts": getattr(like, "timeouts", None),
         }
-    return Cache(location, read_only=read_only, blob_location=blob_location, **options)
+    return ArtifactStore(location, read_only=read_only, blob_location=blob_location, **options)
 
 
 def push(
-    cache: Cache, destination: str | os.PathLike[str], names: Iterable[str] | None = None, *,
+    cache: ArtifactStore, destination: str | os.PathLike[str], names: Iterable[str] | None = None, *,
     blob_location: str | None = None, jobs: int = 1, refs: bool = False, release: str | None = None,
 ) -> TransferReport:
     """Copies ``cache``'s entries (matching the globs ``names``, or the members of
@@ -211,7 +211,7 @@ def push(
 
 
 def pull(
-    cache: Cache, source: str | os.PathLike[str], names: Iterable[str] | None = None, *,
+    cache: ArtifactStore, source: str | os.PathLike[str], names: Iterable[str] | None = None, *,
     blob_location: str | None = None, jobs: int = 1, refs: bool = False, release: str | None = None,
 ) -> TransferReport:
     """Copies the entries of the cache at ``source`` (blobs at ``blob_location``;

@@ -9,11 +9,11 @@ has them:
 - the same entries of the source: intact, matching the name globs, names the rule
   accepts (:func:`select_entries`; a refused name is a failure either way);
 - the first entry's manifest as the writer's first copy checks it before it looks at
-  the destination (:func:`~aot.cache.artifacts.manifest_to_copy`: its signature, the
+  the destination (:func:`~aot.cache.store.manifest_to_copy`: its signature, the
   destination's key);
 - every entry's row at the destination, intact (state ``ok``), and its blobs there
   and verified as the writer verifies them: the first entry's each read and checked
-  (:func:`~aot.cache.artifacts.stored_intact`), the others' per batch of
+  (:func:`~aot.cache.store.stored_intact`), the others' per batch of
   :data:`~aot.cache.admin.copy_batches.BATCH` through
   :meth:`ContentStore.verified_among <aot.cache.storage.content.ContentStore.verified_among>`,
   each distinct blob once;
@@ -49,14 +49,14 @@ from typing import TYPE_CHECKING
 from aot.cache.admin.carried_refs import CarriedRefs, RefsOutcome, carried_refs, log_refs, unchanged_refs
 from aot.cache.admin.copy_batches import BATCH
 from aot.cache.admin.jit_entries import jit_selected, jit_stored_intact
-from aot.cache.artifacts import entry_digests, manifest_to_copy, stored_intact
+from aot.cache.store import entry_digests, manifest_to_copy, stored_intact
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.reader import SqliteReader
 from aot.cache.names import name_problem
 from aot.errors import AotError
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def select_entries(
 
 
 def up_to_date(
-    source: Cache, destination: Cache, globs: list[str] | None, *, jobs: int = 1, overwrite_refs: bool = False,
+    source: ArtifactStore, destination: ArtifactStore, globs: list[str] | None, *, jobs: int = 1, overwrite_refs: bool = False,
 ) -> UpToDate | None:
     """What a copy of ``source``'s entries matching ``globs`` (all if None) into
     ``destination`` reports when it has nothing to copy, repair or write, decided
@@ -113,7 +113,7 @@ def up_to_date(
 
 
 def _check(
-    source: Cache, reads: SqliteReader, destination: Cache, there: SqliteReader, globs: list[str] | None,
+    source: ArtifactStore, reads: SqliteReader, destination: ArtifactStore, there: SqliteReader, globs: list[str] | None,
     jobs: int, overwrite_refs: bool,
 ) -> UpToDate | None:
     todo, refused = select_entries(reads.entries(), globs)

@@ -4,7 +4,7 @@ Two implementations answer it: :class:`~aot.cache.index.reader.SqliteReader` (th
 standard library's :mod:`sqlite3`, for a folder cache: serving never imports
 SQLAlchemy) and :class:`~aot.cache.index.sql.Index` (SQLAlchemy: a database, or a
 folder whose file the stdlib reader cannot read). A cache picks one when it opens
-(:attr:`aot.cache.cache.Cache.reader`) and reads through it from then on; writes, gc
+(:attr:`aot.cache.store.ArtifactStore.reader`) and reads through it from then on; writes, gc
 and reports use the SQL index itself.
 """
 

@@ -64,7 +64,7 @@ from aot.errors import UsageError
 from aot.jaxcompat import persistent_cache as jaxpc
 
 if TYPE_CHECKING:  # imported when a cache is opened: a warm local start never needs it
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +120,9 @@ class JaxCacheBackend:
     """JAX's ``get``/``put`` over a jax-aot cache (see the module docstring)."""
 
     def __init__(
-        self, cache: Cache | None = None, *, local: str | os.PathLike[str] | None = None, owns: bool = False,
+        self, cache: ArtifactStore | None = None, *, local: str | os.PathLike[str] | None = None, owns: bool = False,
         compile_once: bool | None = None, claim_seconds: float = CLAIM_SECONDS, wait_seconds: float = WAIT_SECONDS,
-        opener: Callable[[], Cache] | None = None, location: str | None = None,
+        opener: Callable[[], ArtifactStore] | None = None, location: str | None = None,
         signing_key: bytes | None = None, read_only: bool = False, timeouts: Timeouts | None = None,
     ) -> None:
         """Over ``cache``, or over the cache ``opener`` opens when first needed (then
@@ -168,7 +168,7 @@ class JaxCacheBackend:
         return self._cache is not None
 
     @property
-    def cache(self) -> Cache:
+    def cache(self) -> ArtifactStore:
         """The jax-aot cache, opened on first use (the first local miss)."""
         if self._cache is None:
             with self._open_lock:
@@ -496,9 +496,9 @@ def _open_index(location: str, timeouts: Timeouts | None = None) -> Any:
         from aot.cache.index.sql import Index
 
         return Index(location, timeouts=timeouts)
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
-    return Cache(location, timeouts=timeouts).index
+    return ArtifactStore(location, timeouts=timeouts).index
 
 
 def _platform() -> str:
@@ -519,7 +519,7 @@ def _compile_done() -> None:
 
 
 def install(
-    target: Cache | str | os.PathLike[str],
+    target: ArtifactStore | str | os.PathLike[str],
     *,
     blob_location: str | os.PathLike[str] | None = None,
     local: str | os.PathLike[str] | None = None,
@@ -530,7 +530,7 @@ def install(
     wait_seconds: float = WAIT_SECONDS,
     timeouts: Timeouts | None = None,
 ) -> JaxCacheBackend:
-    """Makes the jax-aot cache ``target`` (a :class:`~aot.cache.cache.Cache`, a folder
+    """Makes the jax-aot cache ``target`` (a :class:`~aot.cache.store.ArtifactStore`, a folder
     or a database URL) JAX's persistent compilation cache in this process; replaces a
     previous :func:`install`. Returns the backend (``.counts``: this process's hits).
     ``timeouts`` (an :class:`aot.Timeouts`) bound the waits of the cache opened at a
@@ -548,10 +548,10 @@ def install(
     else:
         where = os.fspath(target)
 
-        def opener() -> Cache:
-            from aot.cache.cache import Cache
+        def opener() -> ArtifactStore:
+            from aot.cache.store import ArtifactStore
 
-            return Cache(
+            return ArtifactStore(
                 where, blob_location=blob_location, signing_key=signing_key, read_only=read_only,
                 timeouts=timeouts,
             )

@@ -27,7 +27,7 @@ from aot.cache.warmup.targets import x64_mode
 from aot.cache.warmup.manifest import WarmupItem, expand, load_manifest
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.index.entry import IndexEntry
     from aot.cache.admin.maintenance import VerifyReport
 
@@ -109,7 +109,7 @@ class CoverageReport:
         }
 
 
-def find_stale(cache: Cache, items: Iterable[WarmupItem]) -> tuple[tuple[StaleItem, ...], float]:
+def find_stale(cache: ArtifactStore, items: Iterable[WarmupItem]) -> tuple[tuple[StaleItem, ...], float]:
     """Lowers each item (no compile) and compares its key with the one served for its
     (name, signature, environment): its ref, else the legacy newest intact entry
     (:mod:`aot.cache.index.served`). Items with nothing served are left to coverage.
@@ -148,7 +148,7 @@ def find_stale(cache: Cache, items: Iterable[WarmupItem]) -> tuple[tuple[StaleIt
 
 
 def _reason(
-    cache: Cache, item: WarmupItem, signature: str, entries: Sequence[IndexEntry], env: str
+    cache: ArtifactStore, item: WarmupItem, signature: str, entries: Sequence[IndexEntry], env: str
 ) -> str:
     same = [e for e in entries if e.signature == signature]
     here = [e for e in same if e.env_fp == env]
@@ -172,7 +172,7 @@ def _reason(
 
 
 def check_coverage(
-    cache: Cache, items: Iterable[WarmupItem], *, manifest: str = "", strict: bool = False,
+    cache: ArtifactStore, items: Iterable[WarmupItem], *, manifest: str = "", strict: bool = False,
     lower: bool = False,
 ) -> CoverageReport:
     """Which ``items`` have no intact entry (same name and signature) for this
@@ -208,7 +208,7 @@ class DanglingItem:
                 "key": self.key, "problem": self.what}
 
 
-def find_dangling(cache: Cache, integrity: VerifyReport) -> tuple[DanglingItem, ...]:
+def find_dangling(cache: ArtifactStore, integrity: VerifyReport) -> tuple[DanglingItem, ...]:
     """Every current ref and every member of each label's current set whose entry is
     not stored, is quarantined, or had a problem in ``integrity`` (this verify's)."""
     index = cache.index
@@ -287,14 +287,16 @@ class CheckReport:
 
 
 def verify_with_coverage(
-    cache: Cache, manifest: str | os.PathLike[str] | None = None, *, strict: bool = False,
+    cache: ArtifactStore, manifest: str | os.PathLike[str] | None = None, *, strict: bool = False,
     quarantine: bool = True, lower: bool = True,
 ) -> CheckReport:
     """Parses the manifest first (a bad one fails before anything is checked), then
     verifies the cache and checks the manifest's coverage; with ``strict``, also that
     every ref and release member is stored and intact (:func:`find_dangling`)."""
+    from aot.cache.admin.maintenance import verify_cache
+
     items = expand(load_manifest(manifest)) if manifest is not None else None
-    integrity = cache.verify(quarantine=quarantine)
+    integrity = verify_cache(cache, quarantine=quarantine)
     covered = (
         check_coverage(cache, items, manifest=str(manifest), strict=strict, lower=lower)
         if items is not None else None

@@ -16,7 +16,7 @@ from aot.cache.reports.listing import served_state
 from aot.cache.serving.signatures import Signature
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.index.entry import IndexEntry
 
 _HEX = re.compile(r"^[0-9a-fA-F]{1,64}$")
@@ -26,7 +26,7 @@ MIN_KEY_PREFIX = 4
 _CANDIDATES = 10
 
 
-def _candidates(cache: Cache, keys: list[str]) -> str:
+def _candidates(cache: ArtifactStore, keys: list[str]) -> str:
     shown = []
     for key in keys[:_CANDIDATES]:
         entry = reads_of(cache).get(key)
@@ -35,7 +35,7 @@ def _candidates(cache: Cache, keys: list[str]) -> str:
     return ", ".join(shown) + more
 
 
-def find_entries(cache: Cache, key_or_name: str) -> list[IndexEntry]:
+def find_entries(cache: ArtifactStore, key_or_name: str) -> list[IndexEntry]:
     """Every entry (any environment or state) named ``key_or_name``; else the one entry
     whose key starts with it (at least :data:`MIN_KEY_PREFIX` hex digits). Raises
     :class:`aot.ArtifactNotFoundError`, listing the candidate keys of a prefix that is
@@ -120,7 +120,7 @@ class EntryDetails:
         }
 
 
-def portable_hlo_text(cache: Cache, entry: IndexEntry, *, debug_info: bool = False) -> str:
+def portable_hlo_text(cache: ArtifactStore, entry: IndexEntry, *, debug_info: bool = False) -> str:
     """The StableHLO text of an entry's portable HLO blob (``jax.export`` bytes).
 
     Without ``debug_info`` the source locations (``loc(...)``, which name the files of
@@ -153,7 +153,7 @@ def _without_locations(text: str) -> str:
 
 
 def describe_entries(
-    cache: Cache, key_or_name: str, *, hlo: bool = False, debug_info: bool = False,
+    cache: ArtifactStore, key_or_name: str, *, hlo: bool = False, debug_info: bool = False,
     release: str | None = None,
 ) -> list[EntryDetails]:
     """:func:`find_entries`, each with its manifest, environment differences, named

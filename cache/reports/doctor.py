@@ -88,10 +88,10 @@ def diagnose(
     reported in ``error``, not raised. ``settings`` (:class:`aot.cache.config.Settings`)
     name the cache, blob location, signing key and network bounds, and are reported
     with their sources."""
-    from aot.cache.cache import Cache, default_location
+    from aot.cache.store import ArtifactStore, default_location
     from aot.cache.index.advice import mask_url
     from aot.cache.index.entry import SCHEMA_VERSION
-    from aot.cache.admin.maintenance import empty_index_problem
+    from aot.cache.admin.maintenance import empty_index_problem, verify_cache
     from aot.cache.storage.locations import FOLDER, classify_location
     from aot.fingerprint import UNKNOWN_ENVIRONMENT_NOTE, xla_flags_outside_key
 
@@ -124,12 +124,12 @@ def diagnose(
         if settings is not None:
             options["signing_key"] = settings.signing_key()
             options["timeouts"] = settings.timeouts()
-        cache = Cache(location, read_only=True, **options)
+        cache = ArtifactStore(location, read_only=True, **options)
     except AotError as exc:
         return Diagnosis(**base, error=str(exc))  # type: ignore[arg-type]
     try:
         entries = cache.index.entries()
-        health = cache.verify(quarantine=False) if check else None
+        health = verify_cache(cache, quarantine=False) if check else None
         stats = list(cache.blobs.list())
         empty = empty_index_problem(cache, [s.digest for s in stats]) if not entries else None
         return Diagnosis(
@@ -186,7 +186,7 @@ def devices_and_environment() -> tuple[dict[str, Any], Any]:
 
 def _local_tier(location: str, env: str | None) -> dict[str, Any]:
     """What the local tier holds (opened read-only: doctor creates nothing)."""
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
     out: dict[str, Any] = {"location": location, "entries": None, "entries_this_environment": None,
                            "stored_bytes": None, "error": None}
@@ -198,7 +198,7 @@ def _local_tier(location: str, env: str | None) -> dict[str, Any]:
         out.update(entries=0, entries_this_environment=0, stored_bytes=0)
         return out  # created by the first process that serves through it
     try:
-        with Cache(location, read_only=True) as tier:
+        with ArtifactStore(location, read_only=True) as tier:
             entries = tier.index.entries()
             out["entries"] = len(entries)
             out["entries_this_environment"] = (

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 from aot.fingerprint import Fingerprint, known_environment
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 
 
-def this_environment(cache: Cache) -> Fingerprint | None:
+def this_environment(cache: ArtifactStore) -> Fingerprint | None:
     """This host's environment fingerprint without opening a device, or None when it
     cannot be known so."""
     return known_environment(lambda: cache.environment)

@@ -26,7 +26,7 @@ from aot.cache.serving.signatures import ArgLeaf, LeafDifference, Signature, lea
 from aot.cache.units import counted
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 #: Width of each signature in the first line of :meth:`Explanation.describe`.
 SIGNATURE_WIDTH = 72
@@ -142,7 +142,7 @@ class Explanation:
 
 
 def explain(
-    cache: Cache, name: str, *args: Any, fn: Callable[..., Any] | None = None,
+    cache: ArtifactStore, name: str, *args: Any, fn: Callable[..., Any] | None = None,
     statics: Mapping[str, Any] | None = None, release: str | None = None, **lower_kwargs: Any,
 ) -> Explanation:
     """Compares the request with every entry of ``name``: all program parts when ``fn``

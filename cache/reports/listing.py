@@ -22,7 +22,7 @@ from aot.cache.reports.reads import reads_of
 from aot.cache.serving.signatures import Signature
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.fingerprint import Fingerprint, PartDifference
 
 ENV_CHOICES = ("this", "all")
@@ -229,7 +229,7 @@ def check_env_choice(env: str) -> str:
 
 
 def entry_rows(
-    cache: Cache, entries: Sequence[IndexEntry], *, env: str = "all",
+    cache: ArtifactStore, entries: Sequence[IndexEntry], *, env: str = "all",
     peers: Sequence[IndexEntry] | None = None, current: Fingerprint | None,
     release: str | None = None,
 ) -> list[EntryRow]:
@@ -265,7 +265,7 @@ def served_keys(entries: Sequence[IndexEntry], refs: Mapping[Slot, str]) -> dict
 
 
 def served_state(
-    cache: Cache, peers: Sequence[IndexEntry], names: Iterable[str], release: str | None = None,
+    cache: ArtifactStore, peers: Sequence[IndexEntry], names: Iterable[str], release: str | None = None,
 ) -> tuple[dict[str, str], dict[str, str], dict[str, list[str]]]:
     """For the entries of ``names`` (``peers``: every entry of them): which each is
     superseded by, how each served one is served (:func:`served_keys`) and the
@@ -285,7 +285,7 @@ def served_state(
     return superseded, served, release_labels(cache, names)
 
 
-def release_slots(cache: Cache, release: str, names: Iterable[str]) -> dict[Slot, str]:
+def release_slots(cache: ArtifactStore, release: str, names: Iterable[str]) -> dict[Slot, str]:
     """``{(name, signature, environment): key}`` of ``release``'s members of ``names``.
     Raises :class:`aot.ReleaseNotFoundError` (with close labels) when the cache has no
     such label, as ``aot.load`` does."""
@@ -310,7 +310,7 @@ def release_slots(cache: Cache, release: str, names: Iterable[str]) -> dict[Slot
     return out
 
 
-def release_labels(cache: Cache, names: Iterable[str]) -> dict[str, list[str]]:
+def release_labels(cache: ArtifactStore, names: Iterable[str]) -> dict[str, list[str]]:
     """``{key: [label, ...]}``: the release labels whose current set names each key
     (of ``names``)."""
     wanted = set(names)
@@ -325,7 +325,7 @@ def release_labels(cache: Cache, names: Iterable[str]) -> dict[str, list[str]]:
 
 
 def list_entries(
-    cache: Cache, glob: str | None = None, *, env: str = "all", release: str | None = None,
+    cache: ArtifactStore, glob: str | None = None, *, env: str = "all", release: str | None = None,
 ) -> Listing:
     """Every entry whose name matches ``glob`` (all without one); ``env="this"``:
     only those built for this environment. ``release``: SERVED as a replica of that

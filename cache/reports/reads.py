@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aot.cache.index.reader import SqliteReader
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.index.entry import IndexEntry
     from aot.cache.index.jit_records import JitEntry, JitStats
     from aot.cache.index.refs import Ref, ReleaseMember
@@ -80,7 +80,7 @@ class _IndexReads:
         return [r for r in rows if name_glob is None or fnmatch.fnmatchcase(r["name"], name_glob)]
 
 
-def reads_of(cache: Cache) -> ListingReads:
+def reads_of(cache: ArtifactStore) -> ListingReads:
     """The stdlib reader when the cache reads its index through it (a folder cache, or
     a tiered cache's folder remote: the same file its SQL index opens), else the SQL
     index (a database; a reader that is not the stdlib one)."""

@@ -19,7 +19,7 @@ from aot.cache.reports.environment import this_environment
 from aot.cache.serving.signatures import ArgLeaf, Signature
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.index.sql import Index
 
 __all__ = ["SignatureStats", "StatsReport", "read_stats", "zero_stats"]
@@ -183,14 +183,14 @@ def ordered(rows: Iterable[SignatureStats]) -> tuple[SignatureStats, ...]:
 # ---------------------------------------------------------------- the index side
 
 
-def _stats_index(cache: Cache) -> Index:
+def _stats_index(cache: ArtifactStore) -> Index:
     """The index that holds ``cache``'s statistics: its own, or its local tier's when
-    the remote is read-only (:attr:`aot.cache.tiered.TieredCache.stats_cache`)."""
+    the remote is read-only (:attr:`aot.cache.tiered.TieredStore.stats_cache`)."""
     return getattr(cache, "stats_cache", cache).index  # type: ignore[no-any-return]
 
 
 def read_stats(
-    cache: Cache, name_glob: str | None = None, *, env: str = "all", arguments: bool = True,
+    cache: ArtifactStore, name_glob: str | None = None, *, env: str = "all", arguments: bool = True,
 ) -> StatsReport:
     """The statistics stored in ``cache``'s index (or its local tier's; names matching
     ``name_glob``; ``env="this"``: this environment's only), most called first: what
@@ -218,7 +218,7 @@ def read_stats(
 
 
 def named_signatures(
-    cache: Cache, rows: Iterable[SignatureStats],
+    cache: ArtifactStore, rows: Iterable[SignatureStats],
 ) -> dict[tuple[str, str], Signature]:
     """(name, flat signature) -> the signature by argument name, from the manifests of
     the stored entries of the rows' names (nothing when the index cannot be read).
@@ -249,7 +249,7 @@ def named_signatures(
     return named
 
 
-def zero_stats(cache: Cache, name_glob: str | None = None, *, env: str = "all") -> int:
+def zero_stats(cache: ArtifactStore, name_glob: str | None = None, *, env: str = "all") -> int:
     """Deletes the statistics (matching ``name_glob``, in ``env``); how many rows.
     Entries' ``hits`` and last-used times are left alone (gc needs them)."""
     import sqlalchemy as sa

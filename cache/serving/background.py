@@ -7,7 +7,7 @@ weights) and with each other. The dispatcher makes each task take the signature'
 own lock, so a call of a signature that is still loading waits for exactly that one.
 
 The tasks never outlive their cache badly: :meth:`stop` (called by
-:meth:`aot.cache.cache.Cache.close`) drops the tasks not started and waits for the
+:meth:`aot.cache.store.ArtifactStore.close`) drops the tasks not started and waits for the
 running ones (an XLA deserialization cannot be interrupted), and the threads take no
 task once the main thread has finished (the interpreter is exiting), so an exiting
 process waits for at most the loads already running, not for the queue.

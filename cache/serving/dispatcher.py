@@ -42,7 +42,7 @@ from aot.cache.units import counted
 # symbolic shapes, background loading, and the wording of a miss), and a serving
 # process's start-up is part of what it is measured by.
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.index.entry import IndexEntry
     from aot.cache.serving.padding import PadPlan
     from aot.executable import MeshExecutable
@@ -97,7 +97,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        cache: Cache,
+        cache: ArtifactStore,
         name: str,
         *,
         strict: bool = False,
@@ -453,7 +453,9 @@ class Dispatcher:
             self.name, describe_the_call(self.programs, args, kwargs),
         )
         self.cache.stats.missed(self.programs.env, self.name, describe_keys(keys), "compiled by the fallback")
-        result = self.cache.compile_entry(self.fallback, *args, name=self.name, **kwargs)
+        from aot.cache.compiling import compile_entry  # only a fallback compiles
+
+        result = compile_entry(self.cache, self.fallback, *args, name=self.name, **kwargs)
         executable: MeshExecutable = result.executable
         self.programs.concrete[(structure, keys)] = Program(
             executable.signature, structure, executable.info.in_tree, keys,

@@ -21,9 +21,9 @@ from aot.cache.serving import read_ahead
 from aot.cache.serving.release_rule import RELEASE_ENV, served_release
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.serving.dispatcher import Dispatcher
-    from aot.cache.tiered import TieredCache
+    from aot.cache.tiered import TieredStore
     from aot.cache.timeouts import Timeouts
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ __all__ = ["RELEASE_ENV", "load", "open_existing", "served_release"]
 
 def load(
     name: str,
-    cache: Cache | str | None = None,
+    cache: ArtifactStore | str | None = None,
     *,
     strict: bool = False,
     lazy: bool = False,
@@ -101,7 +101,7 @@ def load(
         )
     with read_ahead.reading_ahead(name, cache, lazy=lazy, background=background, release=release):
         # Imported here, not at the top: aot.load reads ahead while these load (read_ahead).
-        from aot.cache.cache import Cache
+        from aot.cache.store import ArtifactStore
         from aot.cache.serving.statics import dispatcher_for
 
         plan = None
@@ -109,7 +109,7 @@ def load(
             from aot.cache.serving.padding import PadPlan  # only padded serving needs it
 
             plan = PadPlan.of(pad, pad_outputs, pad_value)
-        owned = not isinstance(cache, Cache)
+        owned = not isinstance(cache, ArtifactStore)
         if not owned and timeouts is not None:
             raise UsageError(
                 f"aot.load({name!r}, cache=<an open Cache>, timeouts=...): an open cache keeps "
@@ -118,7 +118,7 @@ def load(
             )
         if owned:
             cache = open_existing(cache, read_only=read_only, timeouts=timeouts)
-        assert isinstance(cache, Cache)
+        assert isinstance(cache, ArtifactStore)
         try:
             if release is None:  # neither release= nor AOT_RELEASE: the cache's declared default
                 release = served_release(cache, None)
@@ -181,13 +181,13 @@ def check_release(dispatcher: Dispatcher, release: str) -> None:
 def open_existing(
     location: str | os.PathLike[str] | None, *, read_only: bool | None = None,
     timeouts: Timeouts | None = None,
-) -> Cache:
+) -> ArtifactStore:
     """Opens the cache at ``location`` for serving; never creates one.
 
     ``read_only=None``: a folder this process cannot write (another user's) is opened
     read-only; a database URL is opened read-write. ``timeouts``: as ``aot.Cache``'s.
     """
-    from aot.cache.cache import Cache, default_location, is_url
+    from aot.cache.store import ArtifactStore, default_location, is_url
     from aot.cache.index.entry import INDEX_FILE
 
     location = str(location) if location is not None else default_location()
@@ -206,7 +206,7 @@ def open_existing(
                 pass  # an index of an older schema: the writable open below migrates it
             except CacheError as exc:
                 raise CacheError(f"{exc}. {advice}") from None
-        return Cache(location, read_only=bool(read_only), timeouts=timeouts)
+        return ArtifactStore(location, read_only=bool(read_only), timeouts=timeouts)
     folder = Path(location).expanduser()
     index = folder / INDEX_FILE
     if not index.is_file():
@@ -216,10 +216,10 @@ def open_existing(
         if not writable:
             log.info("aot.load: %s is not writable by this process; serving it read-only", folder)
         read_only = not writable
-    return Cache(location, read_only=read_only, timeouts=timeouts)
+    return ArtifactStore(location, read_only=read_only, timeouts=timeouts)
 
 
-def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> AotError:
+def nothing_servable(cache: ArtifactStore, name: str, dispatcher: Dispatcher) -> AotError:
     """The start-up error of a name with no servable signature: what is stored and
     why none of it serves here, or the names that are close. An :class:`IntegrityError`
     when every row was refused by the signature checks (nothing signed is servable)."""
@@ -229,7 +229,7 @@ def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> AotErro
     from aot.errors import IntegrityError, SignatureNotFoundError
     from aot.fingerprint import describe_differences
 
-    from aot.cache.tiered import TieredCache
+    from aot.cache.tiered import TieredStore
     from aot.cache.units import counted
 
     where = f"the cache at {cache.display_location}"
@@ -281,7 +281,7 @@ def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> AotErro
         else:
             head += " (the cache is empty)"
         advice = "Compile it in CI (aot warmup / aot compile)"
-        if isinstance(cache, TieredCache) and cache.remote_error is not None:
+        if isinstance(cache, TieredStore) and cache.remote_error is not None:
             head, advice = offline_miss(cache, name, close)
     message = (
         f"{head}\n{advice}, or pass allow_empty=True to start without it "
@@ -293,7 +293,7 @@ def nothing_servable(cache: Cache, name: str, dispatcher: Dispatcher) -> AotErro
     return SignatureNotFoundError(message, tuple(dispatcher.signatures))
 
 
-def offline_miss(cache: TieredCache, name: str, close: list[str]) -> tuple[str, str]:
+def offline_miss(cache: TieredStore, name: str, close: list[str]) -> tuple[str, str]:
     """A replica that opened while its remote was down holds only its local tier: a
     name missing there may well be stored at the remote, so say that, not "nothing is
     stored"."""

@@ -46,7 +46,7 @@ from aot.statics import describe_statics, statics_of_manifest_json
 from aot.cache.units import counted
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.index.entry import IndexEntry
     from aot.cache.serving.background import BackgroundLoad
     from aot.executable import MeshExecutable
@@ -155,7 +155,7 @@ class ProgramTable:
     """
 
     def __init__(
-        self, cache: Cache, name: str, *, strict: bool = False, release: str | None = None,
+        self, cache: ArtifactStore, name: str, *, strict: bool = False, release: str | None = None,
         statics: str | None = None, entries: Sequence[IndexEntry] | None = None,
     ) -> None:
         self.cache = cache

@@ -137,9 +137,9 @@ def start(name: str, location: Any, *, lazy: bool, background: bool, release: st
 
 def _open_folder(cache: Any) -> str | None:
     """The folder of an open folder :class:`Cache` whose blobs are in its own folder."""
-    from aot.cache.cache import Cache  # imported already by whoever opened ``cache``
+    from aot.cache.store import ArtifactStore  # imported already by whoever opened ``cache``
 
-    if type(cache) is not Cache or cache.blob_location is not None or "://" in cache.location:
+    if not isinstance(cache, ArtifactStore) or cache.local is not None or cache.blob_location is not None or "://" in cache.location:
         return None
     if cache.signing_key is not None or cache.require_signatures:
         return None

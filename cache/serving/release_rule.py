@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 __all__ = ["RELEASE_ENV", "served_release"]
 
@@ -16,7 +16,7 @@ __all__ = ["RELEASE_ENV", "served_release"]
 RELEASE_ENV = "AOT_RELEASE"
 
 
-def served_release(cache: Cache, release: str | None) -> str | None:
+def served_release(cache: ArtifactStore, release: str | None) -> str | None:
     """The release a replica of ``cache`` serves: ``release``, else ``$AOT_RELEASE``,
     else the cache's declared default (``aot release default``); None: the refs. The
     one rule of ``aot.load``, ``aot why``, ``aot show`` and ``aot ls``."""

@@ -34,7 +34,7 @@ from aot.cache.serving.dispatcher import Dispatcher
 from aot.cache.units import counted
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.index.entry import IndexEntry
     from aot.cache.serving.padding import PadPlan
 
@@ -44,7 +44,7 @@ __all__ = ["StaticsDispatcher", "dispatcher_for"]
 
 
 def dispatcher_for(
-    cache: Cache, name: str, *, strict: bool = False,
+    cache: ArtifactStore, name: str, *, strict: bool = False,
     fallback: Callable[..., Any] | None = None, pad: PadPlan | None = None, release: str | None = None,
 ) -> Dispatcher | StaticsDispatcher:
     """A :class:`Dispatcher`, or a :class:`StaticsDispatcher` when an entry of ``name``
@@ -84,7 +84,7 @@ class StaticsDispatcher:
     then calls that group's :class:`Dispatcher` with the rest of the call."""
 
     def __init__(
-        self, cache: Cache, name: str, groups: dict[str, tuple[StaticArg, ...]], *,
+        self, cache: ArtifactStore, name: str, groups: dict[str, tuple[StaticArg, ...]], *,
         strict: bool = False, pad: PadPlan | None = None, release: str | None = None,
         entries: Sequence[IndexEntry] | None = None,
     ) -> None:

@@ -7,7 +7,7 @@ What is counted (one row per environment x name x signature in the index's
     calls served by an ``aot.load`` dispatcher (an exact signature, or padded up to
     a stored bucket).
 ``loads``, ``load_seconds``
-    executables rehydrated from the cache (:meth:`~aot.cache.cache.Cache.load`: a
+    executables rehydrated from the cache (:meth:`~aot.cache.store.ArtifactStore.load`: a
     dispatcher's start-up, ``cache.get``, a ``cache.compile`` hit), and the time
     that took (blob reads included).
 ``saved_seconds``
@@ -65,7 +65,7 @@ from aot.cache.timeouts import ENVIRONMENT, Timeouts, timeouts
 from aot.errors import CacheError
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.index.entry import IndexEntry
     from aot.cache.index.sql import Index
     from aot.cache.reports.stats import StatsReport
@@ -543,7 +543,7 @@ def _counts(tally: _Tally) -> dict[str, Any]:
     return {name: getattr(tally, name) for name in (*COUNTERS, *REASONS)}
 
 
-def recorder_for(cache: Cache) -> StatsRecorder:
+def recorder_for(cache: ArtifactStore) -> StatsRecorder:
     """The recorder of a cache: its index when writable, else memory. (It never holds
     the cache itself: the cache's finalizer flushes it.) Its last flush is bounded by
     the cache's ``timeouts`` when it was given some."""

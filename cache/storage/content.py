@@ -325,7 +325,7 @@ class ContentStore:
         :class:`CorruptArtifactError` naming the blob.
 
         Callers copying blobs for index rows hold leases on them in the
-        destination's index (as :meth:`aot.cache.cache.Cache.put_artifact` does).
+        destination's index (as :meth:`aot.cache.store.ArtifactStore.put_artifact` does).
         """
         if other.read_only:
             raise read_only_error("copy blobs", other.location)

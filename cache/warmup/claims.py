@@ -36,7 +36,7 @@ from aot.cache.warmup.records import RecordStore
 from aot.cache.warmup.steps import Deferred, ItemResult, Lowered, load_stored, run_one, task_cache
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ CLAIM_SECONDS = 120.0
 WAIT_SECONDS = 1800.0
 
 
-def claims_default(cache: Cache) -> bool:
+def claims_default(cache: ArtifactStore) -> bool:
     """Claims are on by default for a shared (PostgreSQL) index (a folder cache's
     warm-up does not open SQLAlchemy to find out)."""
     if classify_location(cache.location).kind != DATABASE:
@@ -66,7 +66,7 @@ class WarmupClaims:
     released when its item's result comes back (:meth:`release_key`)."""
 
     def __init__(
-        self, cache: Cache, *, claim_seconds: float = CLAIM_SECONDS, wait_seconds: float = WAIT_SECONDS,
+        self, cache: ArtifactStore, *, claim_seconds: float = CLAIM_SECONDS, wait_seconds: float = WAIT_SECONDS,
     ) -> None:
         self.cache = cache
         self.claim_seconds = claim_seconds

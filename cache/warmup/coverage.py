@@ -19,7 +19,7 @@ from aot.cache.warmup.manifest import WarmupItem
 from aot.cache.warmup.targets import item_signature, x64_mode
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.index.entry import IndexEntry
 
 __all__ = ["Uncovered", "find_uncovered"]
@@ -35,7 +35,7 @@ class Uncovered:
     env: str  # this environment's digest, in the item's x64 mode
 
 
-def find_uncovered(cache: Cache, items: Iterable[WarmupItem]) -> list[Uncovered]:
+def find_uncovered(cache: ArtifactStore, items: Iterable[WarmupItem]) -> list[Uncovered]:
     """The ``items`` with no intact entry (same name and signature) for this
     environment, in manifest order. Raises :class:`aot.ManifestError` naming the item
     whose specs cannot be resolved."""

@@ -36,21 +36,21 @@ from aot.cache.warmup.targets import item_environment, item_signature, x64_mode
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.warmup.claims import WarmupClaims
     from aot.cache.warmup.workers import WorkerPool
 
 __all__ = ["run_parallel"]
 
 
-def _probe(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | None:
+def _probe(cache: ArtifactStore, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | None:
     """Looks ``item`` up here (by its record, else lowered): a hit (or a failure to
     prepare or lower it) needs no worker process. ``None``: it must be compiled."""
     outcome = lower_here(cache, records, index, item)
     return outcome if isinstance(outcome, ItemResult) else None
 
 
-def _maybe_stored(cache: Cache, item: WarmupItem, stored: dict[str, set[str]]) -> bool:
+def _maybe_stored(cache: ArtifactStore, item: WarmupItem, stored: dict[str, set[str]]) -> bool:
     """False when no intact entry of this name and signature exists for this environment."""
     slot = f"{item.name}@{item.device_target or ''}"
     if slot not in stored:
@@ -192,7 +192,7 @@ def _dispatch_loop(
 
 
 def run_parallel(
-    cache: Cache, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None],
+    cache: ArtifactStore, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None],
     records: RecordStore, *, isolate: bool, pool: WorkerPool | None, claims: WarmupClaims | None = None,
 ) -> None:
     """``jobs`` XLA compiles at once: one in this process and ``jobs - 1`` in worker

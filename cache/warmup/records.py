@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.warmup.targets import Prepared
     from aot.cache.warmup.manifest import WarmupItem
 
@@ -379,7 +379,7 @@ class RecordStore:
         self._packages: tuple[tuple[str, ...], str] | None = None
 
     @classmethod
-    def for_cache(cls, cache: Cache, *, enabled: bool = True) -> RecordStore:
+    def for_cache(cls, cache: ArtifactStore, *, enabled: bool = True) -> RecordStore:
         """The records of ``cache`` (off for a database cache, or when not ``enabled``)."""
         from aot.cache.storage.locations import FOLDER, classify_location
 

@@ -66,7 +66,7 @@ from aot.cache.warmup.targets import (
 )
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.warmup.workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class WarmupReport:
 
 
 def _run_pipelined(
-    cache: Cache, items: list[WarmupItem], emit: Callable[[ItemResult], None], records: RecordStore,
+    cache: ArtifactStore, items: list[WarmupItem], emit: Callable[[ItemResult], None], records: RecordStore,
     claims: WarmupClaims | None = None,
 ) -> None:
     """``--jobs 1``: one XLA compile at a time, in a thread (XLA releases the GIL),
@@ -222,7 +222,7 @@ def _run_pipelined(
 
 
 def run_warmup(
-    location: str | os.PathLike[str] | Cache | None,
+    location: str | os.PathLike[str] | ArtifactStore | None,
     items: Iterable[WarmupItem],
     jobs: int | str = 1,
     on_result: Callable[[ItemResult], None] | None = None,
@@ -284,7 +284,7 @@ def run_warmup(
     the executor's workers must reach it. Process pools must not fork a process that
     has JAX loaded: use ``mp_context=multiprocessing.get_context("spawn")``.
     """
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
     items = list(items)
     jobs = resolve_jobs(jobs, entries=len(items))
@@ -299,7 +299,7 @@ def run_warmup(
         )
     start = time.perf_counter()
     try:
-        cache = location if isinstance(location, Cache) else Cache(location)  # fail early
+        cache = location if isinstance(location, ArtifactStore) else ArtifactStore(location)  # fail early
         if cache.read_only:
             from aot.errors import ReadOnlyCacheError
 
@@ -347,7 +347,7 @@ def run_warmup(
     finally:
         if workers is not None:
             workers.close()
-        if not isinstance(location, Cache):
+        if not isinstance(location, ArtifactStore):
             cache.close()
     ordered = tuple(results[i] for i in sorted(results))
     return WarmupReport(
@@ -357,7 +357,7 @@ def run_warmup(
 
 
 def declare(
-    cache: Cache, results: list[ItemResult], origin: RefOrigin, *, release: str | None = None,
+    cache: ArtifactStore, results: list[ItemResult], origin: RefOrigin, *, release: str | None = None,
     run: str | None = None,
 ) -> int | None:
     """Sets the ref of every entry compiled or hit (and adds them to a set of
@@ -408,7 +408,7 @@ def release_run(commit: str | None, manifest_text: str, shard: tuple[int, int] |
 
 
 def _run_on_executor(
-    cache: Cache, items: list[WarmupItem], executor: Executor, emit: Callable[[ItemResult], None],
+    cache: ArtifactStore, items: list[WarmupItem], executor: Executor, emit: Callable[[ItemResult], None],
     records: bool, claims: WarmupClaims | None = None,
 ) -> None:
     """Every item as a task of ``executor``. ``claims``: each task claims its compile
@@ -458,7 +458,7 @@ def _run_on_executor(
 # ---------------------------------------------------------------- coverage
 
 
-def coverage(cache: Cache, items: Iterable[WarmupItem]) -> list[WarmupItem]:
+def coverage(cache: ArtifactStore, items: Iterable[WarmupItem]) -> list[WarmupItem]:
     """The items with no intact entry (same name and signature) for this environment
     (:func:`aot.cache.reports.coverage.check_coverage` also says why each is missing)."""
     return [u.item for u in find_uncovered(cache, items)]

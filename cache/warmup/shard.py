@@ -38,7 +38,7 @@ from aot.errors import AotError
 from aot.cache.warmup.manifest import WarmupItem
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 __all__ = [
     "STATIC_BASE_SECONDS",
@@ -101,7 +101,7 @@ def _inputs(item: WarmupItem) -> tuple[str, int]:
     return signature, size
 
 
-def estimate_costs(cache: Cache | None, items: Sequence[WarmupItem]) -> list[ItemCost]:
+def estimate_costs(cache: ArtifactStore | None, items: Sequence[WarmupItem]) -> list[ItemCost]:
     """The cost of each item by the rule in the module docstring (``cache`` may be None)."""
     from aot.cache.warmup.targets import item_environment
 
@@ -147,7 +147,7 @@ def plan_shards(costs: Sequence[float], count: int) -> list[list[int]]:
 
 
 def select_shard(
-    items: Sequence[WarmupItem], shard: tuple[int, int] | str, cache: Cache | None = None
+    items: Sequence[WarmupItem], shard: tuple[int, int] | str, cache: ArtifactStore | None = None
 ) -> list[tuple[int, WarmupItem]]:
     """This shard's ``(manifest index, item)`` pairs, in manifest order."""
     index, count = parse_shard(shard)

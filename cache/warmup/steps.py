@@ -30,7 +30,7 @@ from aot.cache.warmup.records import RecordStore, record_id
 from aot.cache.warmup.targets import prepare, x64_hint, x64_mode
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def _failed(index: int, item: WarmupItem, exc: BaseException, seconds: float) ->
 
 
 def _load_hit(
-    cache: Cache, index: int, item: WarmupItem, entry: Any, start: float, *, lowered: bool,
+    cache: ArtifactStore, index: int, item: WarmupItem, entry: Any, start: float, *, lowered: bool,
 ) -> ItemResult | None:
     """Loads a stored entry, which checks that it is servable: the hit, or None when
     it did not load (then it is quarantined, and compiled again)."""
@@ -198,7 +198,7 @@ class Deferred:
 
 
 def load_key(
-    cache: Cache, index: int, item: WarmupItem, key: str, seconds: float = 0.0, *, waited: bool = False,
+    cache: ArtifactStore, index: int, item: WarmupItem, key: str, seconds: float = 0.0, *, waited: bool = False,
 ) -> ItemResult | None:
     """The hit of item ``index`` whose key is stored now (another runner compiled it),
     or None. ``seconds``: spent on the item before."""
@@ -212,7 +212,7 @@ def load_key(
     return dataclasses.replace(result, seconds=seconds + result.seconds, waited=waited)
 
 
-def load_stored(cache: Cache, lowered: Lowered, *, waited: bool = False) -> ItemResult | None:
+def load_stored(cache: ArtifactStore, lowered: Lowered, *, waited: bool = False) -> ItemResult | None:
     """The hit of a lowered item whose key is stored now (another runner compiled it),
     or None."""
     return load_key(
@@ -220,7 +220,7 @@ def load_stored(cache: Cache, lowered: Lowered, *, waited: bool = False) -> Item
     )
 
 
-def lower_here(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | Lowered:
+def lower_here(cache: ArtifactStore, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | Lowered:
     """The hit (lowered, and its key found stored), a failure, or the lowered item to
     compile. Every item is lowered: what a trace reads (files, environment variables)
     cannot be proven unchanged without tracing; only the compile is skipped on a hit."""
@@ -264,7 +264,7 @@ def compile_lowered(lowered: Lowered) -> tuple[Any, float]:
 
 
 def store_here(
-    cache: Cache, records: RecordStore, lowered: Lowered, compiled: Future[tuple[Any, float]],
+    cache: ArtifactStore, records: RecordStore, lowered: Lowered, compiled: Future[tuple[Any, float]],
 ) -> ItemResult:
     """Exports, serializes and stores a compiled item; its result."""
     from aot.build import build_artifact
@@ -294,7 +294,7 @@ def _now(fn: Callable[[], Any]) -> Future[Any]:
 
 
 def run_one(
-    cache: Cache, index: int, item: WarmupItem, records: RecordStore | None = None, grant: Grant | None = None,
+    cache: ArtifactStore, index: int, item: WarmupItem, records: RecordStore | None = None, grant: Grant | None = None,
 ) -> ItemResult | Deferred:
     """One item, start to end, in this thread. ``grant``: asked before the compile
     (compile claims); an item it refuses is :class:`Deferred`."""
@@ -315,7 +315,7 @@ def run_one(
 # ---------------------------------------------------------------- any process, any executor
 
 
-def cache_options(cache: Cache) -> dict[str, Any]:
+def cache_options(cache: ArtifactStore) -> dict[str, Any]:
     """How a worker process opens the same cache (signing key and bounds included)."""
     options = {
         "location": cache.location,
@@ -328,7 +328,7 @@ def cache_options(cache: Cache) -> dict[str, Any]:
     return options
 
 
-_TASK_CACHES: dict[tuple[Any, ...], Cache] = {}
+_TASK_CACHES: dict[tuple[Any, ...], ArtifactStore] = {}
 _TASK_LOCK = threading.Lock()
 
 
@@ -351,12 +351,12 @@ def warmup_task(
     return run_one(cache, index, item, RecordStore.for_cache(cache, enabled=records), grant)
 
 
-def task_cache(cache_options: dict[str, Any], x64: bool) -> Cache:
+def task_cache(cache_options: dict[str, Any], x64: bool) -> ArtifactStore:
     """The cache ``cache_options`` names, opened once per process and thread (and
     JAX's x64 mode set to the warm-up's)."""
     import jax
 
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
 
     if bool(jax.config.jax_enable_x64) != x64:
         jax.config.update("jax_enable_x64", x64)
@@ -365,7 +365,7 @@ def task_cache(cache_options: dict[str, Any], x64: bool) -> Cache:
         cache = _TASK_CACHES.get(key)
     if cache is None:
         options = dict(cache_options)
-        cache = Cache(options.pop("location"), **options)
+        cache = ArtifactStore(options.pop("location"), **options)
         with _TASK_LOCK:
             _TASK_CACHES[key] = cache
     return cache

@@ -1,7 +1,7 @@
 """Resolving warmup items: import targets, build specs, meshes and shardings.
 
 Used by ``aot warmup``, ``aot compile`` and ``aot why``: a :class:`WarmupItem` (plain
-data) becomes the function and the arguments :meth:`aot.Cache.compile_entry` takes.
+data) becomes the function and the arguments :func:`aot.cache.compiling.compile_entry` takes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from aot.cache.index.refs import RefOrigin
 from aot.cache.warmup.manifest import AUTO_SHARDING, WarmupItem
 
 if TYPE_CHECKING:
-    from aot.cache.cache import Cache
+    from aot.cache.store import ArtifactStore
     from aot.cache.compiling import CompileResult
 
 __all__ = [
@@ -193,14 +193,14 @@ def _sharding_value(text: str) -> Any:
 
 @dataclass(frozen=True)
 class Prepared:
-    """An item resolved into what :meth:`aot.Cache.compile_entry` takes."""
+    """An item resolved into what :func:`aot.cache.compiling.compile_entry` takes."""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def item_environment(cache: Cache, item: WarmupItem) -> Any:
+def item_environment(cache: ArtifactStore, item: WarmupItem) -> Any:
     """The environment fingerprint ``item`` is compiled for: its device target's, or
     this host's (:attr:`Cache.environment`)."""
     if item.device_target is None:
@@ -357,19 +357,21 @@ def place_statics(
     return tuple(placed), options
 
 
-def compile_item(cache: Cache, item: WarmupItem, *, origin: RefOrigin | None = None) -> CompileResult:
+def compile_item(cache: ArtifactStore, item: WarmupItem, *, origin: RefOrigin | None = None) -> CompileResult:
     """Lowers ``item``; loads it on a hit, compiles and stores it on a miss (under
     :func:`x64_mode`); sets its ref (``origin``: who sets it)."""
+    from aot.cache.compiling import compile_entry
+
     with x64_mode(item):
         prepared = prepare(item)
         try:
-            return cache.compile_entry(prepared.fn, *prepared.args, origin=origin, **prepared.options)
+            return compile_entry(cache, prepared.fn, *prepared.args, origin=origin, **prepared.options)
         except SpecError as exc:  # e.g. a 64-bit dtype refused while lowering
             raise x64_hint(item, exc) from None
 
 
 def compile_target(
-    cache: Cache,
+    cache: ArtifactStore,
     target: str,
     *,
     args: Sequence[str] = (),

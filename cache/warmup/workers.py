@@ -223,7 +223,7 @@ def _worker_main(conn: Connection, env: dict[str, str], log_level: int, parent_p
     # they would start; frozen, later collections walk only what the items make.
     gc.disable()
     try:
-        importlib.import_module("aot.cache.cache")  # imported now, not in the first item
+        importlib.import_module("aot.cache.store")  # imported now, not in the first item
         from aot.cache.warmup.targets import remembering_specs
         from aot.cache.warmup.steps import ItemResult, warmup_task
 

@@ -19,7 +19,7 @@ import aot
 from aot.cache.storage.fsspec_store import FsspecObjectStore
 from aot.cache.storage.objectstore import blob_path
 from aot.cache.reports.stats import read_stats
-from aot.cache.tiered import TieredCache
+from aot.cache.cache import TieredCache
 from aot.errors import CacheError, CorruptArtifactError, SignatureNotFoundError
 
 pytestmark = pytest.mark.postgres

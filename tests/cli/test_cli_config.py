@@ -180,17 +180,17 @@ def test_doctor_shows_each_network_bound_and_where_it_came_from(
 def test_commands_open_the_cache_with_the_configured_bounds(
     invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aot.cache import opening
+    from aot.cache.cache import Cache
 
     aot.Cache(tmp_path / "cache").close()
     opened: list = []
-    real = opening.open_cache
+    real = Cache.__init__
 
-    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         opened.append(kwargs.get("timeouts"))
-        return real(*args, **kwargs)
+        real(self, *args, **kwargs)
 
-    monkeypatch.setattr(opening, "open_cache", spy)
+    monkeypatch.setattr(Cache, "__init__", spy)
     monkeypatch.chdir(_project(tmp_path / "p", "blob_read_timeout = 2.5\nstats_exit_timeout = 1"))
     monkeypatch.setenv("AOT_BLOB_READ_TIMEOUT", "4")  # the environment beats the file
     assert invoke("ls").exit_code == 0

@@ -235,7 +235,7 @@ def test_records_folder_defaults_to_the_user_cache(monkeypatch: pytest.MonkeyPat
 def test_library_modules_of_these_commands_import_no_jax_or_numpy() -> None:
     """Importing them is free of JAX (and NumPy); only what needs a device imports it."""
     modules = (
-        "aot", "aot.cli.main", "aot.cache.opening", "aot.cache.reports.listing", "aot.cache.reports.details",
+        "aot", "aot.cli.main", "aot.cache.cache", "aot.cache.reports.listing", "aot.cache.reports.details",
         "aot.cache.reports.stats", "aot.cache.admin.bundle", "aot.cache.admin.transfer",
         "aot.cache.admin.removal", "aot.cache.admin.maintenance", "aot.artifact", "aot.signing", "aot.fingerprint",
         "aot.device", "aot.cache.reports.environment",

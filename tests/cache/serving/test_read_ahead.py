@@ -229,7 +229,7 @@ def test_xla_starts_before_the_load_imports_its_stores_and_value_objects(folder)
     """The read-ahead runs first: what it needs imports in milliseconds, and the modules
     the load itself needs (the content store, the fingerprint's value objects, the
     index's SQLAlchemy layer) import while XLA already works."""
-    slow = ["aot.fingerprint", "aot.cache.storage.content", "aot.cache.storage.folder", "aot.cache.cache", "sqlalchemy"]
+    slow = ["aot.fingerprint", "aot.cache.storage.content", "aot.cache.storage.folder", "aot.cache.store", "sqlalchemy"]
     proc = subprocess.run(
         [sys.executable, "-c", _WHEN_XLA_STARTS, str(folder), json.dumps(slow)],
         capture_output=True, text=True, timeout=300,
