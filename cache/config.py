@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from aot.cache import timeouts as bounds
+from aot.cache.storage.locations import is_url
 from aot.errors import CacheError
 
 if sys.version_info >= (3, 11):
@@ -76,10 +77,6 @@ TIMEOUT_KEYS = {
 }
 
 
-def _is_url(value: str) -> bool:
-    return "://" in value
-
-
 @dataclass(frozen=True, slots=True)
 class Setting:
     """One setting's value (``None``: unset) and where it came from: ``flag --cache``,
@@ -95,7 +92,7 @@ class Setting:
             return "-"
         if self.name == "signing_key_file" and self.source == f"environment {SIGNING_KEY_ENV}":
             return "(a key, not a file)"
-        if _is_url(self.value):
+        if is_url(self.value):
             from aot.cache.index.advice import mask_url
 
             return mask_url(self.value)
@@ -214,7 +211,7 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
             continue
         if not isinstance(value, str) or not value:
             raise CacheError(f"{path}: [tool.aot] {key} must be a non-empty string, got {value!r}")
-        if not _is_url(value):
+        if not is_url(value):
             value = str((path.parent / Path(value).expanduser()).resolve())
         out[key] = value
     return out

@@ -29,6 +29,7 @@ from aot.signing import key_from, sign, verify
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import INDEX_FILE, IndexEntry
 from aot.cache.index.declared import Declared
+from aot.cache.index.description import same_database
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
 from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
 from aot.cache.timeouts import Timeouts
@@ -59,15 +60,6 @@ def default_location() -> str:
     import platformdirs  # not needed by a process that names its cache
 
     return platformdirs.user_cache_dir("jax-aot", appauthor=False)
-
-
-def is_url(location: str) -> bool:
-    """Whether ``location`` is a URL (a database, or file://), not a plain folder path.
-
-    Recognised by scheme (:func:`aot.cache.storage.locations.classify_location`); an
-    unknown scheme raises :class:`CacheError`.
-    """
-    return classify_location(location).scheme is not None
 
 
 def _lost_index_message(folder: Path) -> str | None:
@@ -102,7 +94,7 @@ def require_cache(
     (a database URL is checked when it is opened), so that a mistyped path is never
     taken for an empty cache; says so when the index is missing or empty but blobs
     are there (a lost or truncated index)."""
-    if is_url(location):
+    if classify_location(location).scheme is not None:  # a URL: checked when opened
         return
     folder = Path(location).expanduser()
     index_file = folder / INDEX_FILE
@@ -184,7 +176,7 @@ class ArtifactStore(Declared):
 
             self._index = Index(location, read_only=read_only, timeouts=self.timeouts, create=create)
             described = _described_blobs(self)
-            if self.blob_location is None or _same_database(self.blob_location, location):
+            if self.blob_location is None or same_database(self.blob_location, location):
                 from aot.cache.storage.database import SqlObjectStore
 
                 store = SqlObjectStore(self._index.engine, read_only=read_only)
@@ -214,7 +206,7 @@ class ArtifactStore(Declared):
         self._stats_finalizer = weakref.finalize(self, self.stats.close)
 
     def _open_blobs(self, location: str) -> Any:
-        engine = self._index.engine if self._index is not None and _same_database(location, self.location) else None
+        engine = self._index.engine if self._index is not None and same_database(location, self.location) else None
         try:
             return open_object_store(location, read_only=self.read_only, engine=engine, timeouts=self.timeouts)
         except CacheError:
@@ -505,15 +497,6 @@ def _checked_timeouts(timeouts: Any) -> Timeouts | None:
         f"timeouts must be an aot.Timeouts (or None: the environment's), got "
         f"{type(timeouts).__name__}: e.g. timeouts=aot.Timeouts(blob_read_s=2)"
     )
-
-
-def _same_database(a: str, b: str) -> bool:
-    """Whether two locations are the same database URL (then one engine serves both)."""
-    if classify_location(a).kind != DATABASE or classify_location(b).kind != DATABASE:
-        return False
-    from sqlalchemy.engine import make_url
-
-    return make_url(a) == make_url(b)
 
 
 def _described_blobs(cache: ArtifactStore) -> Any:

@@ -393,7 +393,7 @@ def _classify(path: Any, *, reading: bool) -> _Where:
     if text == STDIO:
         std = sys.stdin if reading else sys.stdout
         return _Where("stream", "<stdin>" if reading else "<stdout>", stream=std.buffer)
-    from aot.cache.storage.fsspec_store import is_url
+    from aot.cache.storage.locations import is_url
 
     if not is_url(text):
         # pathlib folds "s3://b/x" into "s3:/b/x": read that back as the URL it was,

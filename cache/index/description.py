@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aot.artifact import FORMAT_VERSION, READABLE_FORMAT_VERSIONS
 from aot.errors import BlobLocationError
@@ -43,7 +43,8 @@ COMPRESSION = "zstd"
 EVIDENCE_ENTRIES = 8
 
 
-def _same_database(a: str, b: str) -> bool:
+def same_database(a: str, b: str) -> bool:
+    """Whether two locations are the same database (URLs equal but for the password)."""
     if classify_location(a).kind != DATABASE or classify_location(b).kind != DATABASE:
         return False
     from sqlalchemy.engine import make_url
@@ -55,7 +56,7 @@ def blob_identity(location: str | None, cache_location: str) -> str | None:
     """``location`` as recorded and compared: None for the cache's own store (its
     database), an absolute path for a folder, a database URL without its password,
     an object-store URL without a trailing slash."""
-    if location is None or _same_database(location, cache_location):
+    if location is None or same_database(location, cache_location):
         return None
     where = classify_location(location)
     if where.kind == FOLDER:

@@ -187,7 +187,8 @@ def open_existing(
     ``read_only=None``: a folder this process cannot write (another user's) is opened
     read-only; a database URL is opened read-write. ``timeouts``: as ``aot.Cache``'s.
     """
-    from aot.cache.store import ArtifactStore, default_location, is_url
+    from aot.cache.store import ArtifactStore, default_location
+    from aot.cache.storage.locations import classify_location
     from aot.cache.index.entry import INDEX_FILE
 
     location = str(location) if location is not None else default_location()
@@ -195,7 +196,7 @@ def open_existing(
         "aot.load never creates a cache: check the path (or AOT_CACHE), or fill the "
         "cache first (aot warmup / aot compile / aot bundle import)"
     )
-    if is_url(location):
+    if classify_location(location).scheme is not None:  # a database URL (or file://)
         if not read_only:
             from aot.cache.index.schema import OutdatedSchemaError
             from aot.cache.index.sql import Index  # a folder cache is read without SQLAlchemy

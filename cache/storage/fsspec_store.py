@@ -27,7 +27,6 @@ import errno
 import io
 import logging
 import os
-import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -40,7 +39,7 @@ from aot.cache.storage.objectstore import BlobStat, blob_path, check_digest, dig
 from aot.cache.timeouts import Timeouts, timeouts
 
 __all__ = [
-    "SCHEMES", "FsspecObjectStore", "UrlTarget", "is_url", "open_fsspec_store", "open_url",
+    "SCHEMES", "FsspecObjectStore", "UrlTarget", "open_fsspec_store", "open_url",
     "translate_error",
 ]
 
@@ -201,11 +200,6 @@ class UrlTarget:
     location: str  # the URL for messages: scheme://bucket/key, no user info or query
 
 
-def is_url(value: str | os.PathLike[str]) -> bool:
-    """True for ``scheme://...`` (a two-letter or longer scheme, so never ``C:/``)."""
-    return isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]+://", value) is not None
-
-
 def _default_options(protocol: str, given: Timeouts | None = None) -> dict[str, Any]:
     if protocol == "file":
         return {"auto_mkdir": True}
@@ -231,7 +225,7 @@ def open_url(
     ``memory://``, ``file://``); an unknown scheme is refused, never taken as a path.
     ``timeouts`` bound an S3 store's waits (None: the environment's)."""
     url = os.fspath(url)
-    scheme = urlsplit(url).scheme.lower() if is_url(url) else ""
+    scheme = urlsplit(url).scheme.lower() if "://" in url else ""  # never a drive letter
     if scheme not in _BACKENDS:
         raise CacheError(
             f"unsupported object-store URL {_public_url(url) if scheme else url!r}: expected "

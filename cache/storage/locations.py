@@ -30,6 +30,7 @@ __all__ = [
     "OBJECT_SCHEMES",
     "Location",
     "classify_location",
+    "is_url",
     "open_object_store",
 ]
 
@@ -75,6 +76,12 @@ def _unknown_scheme(location: str, scheme: str) -> CacheError:
 def _shown(location: str) -> str:
     """``location`` without a password, for messages."""
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", location)
+
+
+def is_url(value: str | os.PathLike[str]) -> bool:
+    """Whether ``value`` is written as a URL (``scheme://...``), known scheme or not;
+    :func:`classify_location` says which kind (and refuses an unknown scheme)."""
+    return isinstance(value, str) and re.match(_SCHEME_PATTERN, value) is not None
 
 
 def classify_location(location: str | os.PathLike[str]) -> Location:
