@@ -24,11 +24,11 @@ from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
 from aot.errors import (
     ArtifactNotFoundError, CacheError, CorruptArtifactError, IncompatibleEnvironmentError, ReadOnlyCacheError,
 )
-from aot.fingerprint import environment_fingerprint
+from aot.fingerprint import Fingerprint, environment_fingerprint, known_environment
 from aot.signing import key_from, sign, verify
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import INDEX_FILE, IndexEntry
-from aot.cache.index.declared import Declared
+from aot.cache.index.release_methods import ReleaseMethods
 from aot.cache.index.description import same_database
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
 from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
@@ -111,7 +111,7 @@ def load_executable(artifact: Artifact, *, current: Any, manifest_checked: bool 
     return rehydrate(artifact, current=current, manifest_checked=manifest_checked)
 
 
-class ArtifactStore(Declared):
+class ArtifactStore(ReleaseMethods):
     """A fingerprint-keyed artifact cache.
 
     ``location``: ``None`` -> ``$AOT_CACHE`` or the user cache folder; a folder (or
@@ -300,6 +300,12 @@ class ArtifactStore(Declared):
         if current not in self._environment:
             self._environment[current] = environment_fingerprint()
         return self._environment[current]
+
+    def known_environment(self) -> Fingerprint | None:
+        """This host's environment fingerprint without opening a device (a TPU may be
+        held by a server), or None when it cannot be known so: what the reports compare
+        entries with (:func:`aot.fingerprint.known_environment`)."""
+        return known_environment(lambda: self.environment)
 
     # ------------------------------------------------------------------ writing
 

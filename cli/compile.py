@@ -84,7 +84,7 @@ def compile_command(
       aot compile fixtures.models:allreduce --pmap i --arg f32[8,1024]
       aot compile fixtures.models:tiny --arg f32[8] --arg f32[8] --target tpu:v5e:1x1
     """
-    from aot.cache.serving.signatures import Signature
+    from aot.signatures import Signature
     from aot.cache.index.refs import RefOrigin, default_commit
     from aot.cache.warmup.targets import compile_target
     from aot.errors import ManifestError

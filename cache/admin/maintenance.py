@@ -34,8 +34,7 @@ from aot.cache.index.served import ref_map, superseded_keys
 from aot.cache.storage.content import PROBLEM_MISSING
 from aot.cache.storage.objectstore import BlobStat
 from aot.cache.pauses import reached
-from aot.cache.reports.environment import this_environment
-from aot.cache.serving.signatures import Signature
+from aot.signatures import Signature
 from aot.cache.units import counted, human_size, parse_age, parse_size  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
@@ -219,10 +218,10 @@ def missing_blobs_problem(cache: ArtifactStore, entries: Sequence[IndexEntry], c
 
 def cross_check_environment(cache: ArtifactStore) -> Fingerprint | None:
     """The environment whose executables verify deserializes and cross-checks here:
-    this host's, found without opening the device (:func:`this_environment`), or None
+    this host's, found without opening the device (:meth:`~aot.cache.store.ArtifactStore.known_environment`), or None
     (its executables are not deserialized) when it is unknown or another process holds
     the device: verifying integrity never needs the device."""
-    current = this_environment(cache)
+    current = cache.known_environment()
     if current is None:
         log.info("verify: this host's environment is unknown: executables are not deserialized here")
         return None

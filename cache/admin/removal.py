@@ -25,11 +25,10 @@ from typing import TYPE_CHECKING, Any
 from aot.errors import ArtifactNotFoundError, CacheError, SpecError
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.jit_records import JitEntry
-from aot.cache.reports.environment import this_environment
 from aot.cache.reports.listing import EntryRow, check_env_choice, entry_rows
 from aot.cache.reports.reads import reads_of
 from aot.cache.admin.maintenance import delete_unreferenced_blobs, gc_reads_of
-from aot.cache.serving.signatures import Signature
+from aot.signatures import Signature
 from aot.cache.units import human_size
 
 if TYPE_CHECKING:
@@ -260,9 +259,9 @@ def plan_removal(
         selected = []
     if env == "this":
         # What is deleted is decided with the real fingerprint, never the listing record
-        # (this_environment uses it once JAX is imported).
+        # (known_environment uses it once JAX is imported).
         cache.environment  # noqa: B018
-    rows = entry_rows(cache, selected, env=env, current=this_environment(cache))
+    rows = entry_rows(cache, selected, env=env, current=cache.known_environment())
     if filters:
         rows = [r for r in rows if any(f.matches(r.entry, r.signature) for f in filters)]
     victims = {r.entry.key for r in rows}

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.cache.units import counted
 from aot.cache.reports.listing import environment_statuses
-from aot.cache.serving.signatures import Signature
+from aot.signatures import Signature
 from aot.cache.warmup.coverage import find_uncovered
 from aot.cache.warmup.targets import x64_mode
 from aot.cache.warmup.manifest import WarmupItem, expand, load_manifest

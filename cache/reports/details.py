@@ -10,10 +10,9 @@ from typing import TYPE_CHECKING, Any
 from aot.artifact import PORTABLE_HLO, Manifest
 from aot.errors import AotError, ArtifactNotFoundError, CorruptArtifactError
 from aot.fingerprint import PartDifference
-from aot.cache.reports.environment import this_environment
 from aot.cache.reports.reads import reads_of
 from aot.cache.reports.listing import served_state
-from aot.cache.serving.signatures import Signature
+from aot.signatures import Signature
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
@@ -84,7 +83,7 @@ class EntryDetails:
     superseded_by: str | None = None
     served_by: str | None = None  # "ref" / "newest" (legacy rule) / "release" when served, else None
     releases: tuple[str, ...] = ()
-    #: False when this host's environment is unknown (:mod:`aot.cache.reports.environment`).
+    #: False when this host's environment is unknown (:meth:`~aot.cache.store.ArtifactStore.known_environment`).
     environment_known: bool = True
     #: The release "served" is for (a replica of that label); None: the refs.
     release: str | None = None
@@ -163,7 +162,7 @@ def describe_entries(
     peers = [p for name in sorted({e.name for e in found}) for p in reads_of(cache).by_name(name)]
     superseded, served, labels = served_state(cache, peers, {e.name for e in found}, release)
     details = []
-    current = this_environment(cache) if found else None
+    current = cache.known_environment() if found else None
     for entry in found:
         manifest: Manifest | None
         try:

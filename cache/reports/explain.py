@@ -20,9 +20,8 @@ from aot.fingerprint import UNKNOWN_ENVIRONMENT_NOTE, PartDifference, xla_flags_
 from aot.lowering import lower
 from aot.specs import format_aval, spec
 from aot.cache.index.served import Slot, ref_map, served_key
-from aot.cache.reports.environment import this_environment
 from aot.cache.reports.listing import release_slots
-from aot.cache.serving.signatures import ArgLeaf, LeafDifference, Signature, leaf_differences
+from aot.signatures import ArgLeaf, LeafDifference, Signature, leaf_differences
 from aot.cache.units import counted
 
 if TYPE_CHECKING:
@@ -156,7 +155,7 @@ def explain(
     from aot.executable import arg_paths
     from aot.statics import StaticArg
 
-    environment = this_environment(cache)  # None: unknown here (the device is not opened)
+    environment = cache.known_environment()  # None: unknown here (the device is not opened)
     request: Signature | None
     if fn is not None:
         computation = lower(fn, *args, name=name, **lower_kwargs)
@@ -258,7 +257,7 @@ def explain(
 
 def _names_from_paths(manifest: Manifest) -> tuple[str, ...]:
     """Positional parameter names of a manifest written without ``arg_names``."""
-    from aot.cache.serving.signatures import path_head
+    from aot.signatures import path_head
 
     names: list[str] = []
     for arg in manifest.args:

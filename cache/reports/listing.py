@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.jit_records import AOT, JitEntry
 from aot.cache.index.served import Slot, ref_map, served_key, superseded_keys
-from aot.cache.reports.environment import this_environment
 from aot.cache.reports.reads import reads_of
-from aot.cache.serving.signatures import Signature
+from aot.signatures import Signature
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
@@ -51,7 +50,7 @@ class EnvironmentStatus:
     differences: tuple[PartDifference, ...] = ()
     error: str | None = None  # the manifest could not be read
     #: This host's environment is not known (not recorded, and finding it out would
-    #: open the device: :mod:`aot.cache.reports.environment`).
+    #: open the device: :meth:`~aot.cache.store.ArtifactStore.known_environment`).
     unknown: bool = False
 
     def short(self) -> str:
@@ -235,7 +234,7 @@ def entry_rows(
 ) -> list[EntryRow]:
     """Rows for ``entries``, filtered by ``env``. Supersession is decided among
     ``peers`` (default: every intact entry of the names in ``entries``). ``current``:
-    this host's environment (:func:`this_environment`; None: unknown)."""
+    this host's environment (:meth:`~aot.cache.store.ArtifactStore.known_environment`; None: unknown)."""
     check_env_choice(env)
     if peers is None:
         peers = [p for name in sorted({e.name for e in entries}) for p in reads_of(cache).by_name(name)]
@@ -333,7 +332,7 @@ def list_entries(
     reads = reads_of(cache)
     entries = reads.entries(glob)
     # A name glob selects every entry of a name or none: they are their own peers.
-    current = this_environment(cache)
+    current = cache.known_environment()
     if release is not None and not entries:
         release_slots(cache, release, ())  # a mistyped label is an error even with no entries
     rows = entry_rows(cache, entries, env=env, peers=entries, current=current, release=release)

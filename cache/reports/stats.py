@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.jit_records import MIN_COMPILE_TIME_HINT, JitStats
 from aot.cache.index.entry import fields_to_json, parse_utc
-from aot.cache.reports.environment import this_environment
-from aot.cache.serving.signatures import ArgLeaf, Signature
+from aot.signatures import ArgLeaf, Signature
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
@@ -202,7 +201,7 @@ def read_stats(
     :meth:`StatsReport.to_dict` (``aot stats --json``) never uses them."""
     from aot.cache.reports.reads import reads_of
 
-    current = this_environment(cache)
+    current = cache.known_environment()
     # Unknown here: no row is this environment's, and --env this shows none.
     this = current.digest if current is not None else "unknown"
     reads = reads_of(getattr(cache, "stats_cache", cache))

@@ -22,7 +22,7 @@ from aot.errors import AvalMismatchError, IntegrityError, SignatureNotFoundError
 from aot.specs import format_aval, leaf_aval
 
 from aot.cache.serving.programs import LeafKey, Program, ProgramTable, SymbolicProgram
-from aot.cache.serving.signatures import describe_call, path_head
+from aot.signatures import describe_call, path_head
 from aot.cache.units import counted
 
 WEAK_HINT = (

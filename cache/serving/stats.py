@@ -493,7 +493,7 @@ class StatsRecorder:
         """This process's statistics (written or not), without reading the index: what
         a read-only cache without a local tier counted lives only here."""
         from aot.cache.reports.stats import SignatureStats, StatsReport, ordered
-        from aot.cache.serving.signatures import Signature
+        from aot.signatures import Signature
 
         with self._lock:
             for watch in list(self._watches.values()):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.cache.pauses import reached
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, SpecError
-from aot.cache.serving.signatures import Signature
+from aot.signatures import Signature
 from aot.cache.warmup.failures import Failure
 from aot.cache.warmup.manifest import WarmupItem
 from aot.cache.warmup.records import RecordStore, record_id

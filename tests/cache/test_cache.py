@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import aot
+from aot.signatures import Signature
 from aot.computation import MeshComputation
 from aot.errors import (
     ArtifactNotFoundError,
@@ -459,3 +460,11 @@ def test_put_of_an_executable_that_ran(open_folder_cache) -> None:  # noqa: ANN0
     assert entry.signature == "f32[4]"
     for out, want in zip(cache.get(entry.key)(x), first):
         np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+
+
+def test_from_specs_matches_a_compiled_manifest(compiled) -> None:  # noqa: ANN001
+    manifest = compiled.mlp[2].manifest
+    stored = Signature.from_manifest_args(manifest.args)
+    asked = Signature.from_specs([compiled.param_specs, aot.spec("f32[2,784]")], arg_names=["params", "x"])
+    assert stored == asked
+    assert stored.flat_text == manifest.signature

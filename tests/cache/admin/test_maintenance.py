@@ -424,7 +424,7 @@ def test_a_plan_names_its_victims_arguments_only_when_asked(aged, monkeypatch) -
     """A plan reads no manifest until a victim's arguments are asked for (at a million
     rows, naming half a million victims' arguments took a third of the plan); then all
     of them at once, by argument name, as before."""
-    from aot.cache.serving.signatures import Signature
+    from aot.signatures import Signature
 
     from aot.cache.admin.maintenance import gc_reads_of
 
@@ -446,7 +446,7 @@ def test_a_plan_names_its_victims_arguments_only_when_asked(aged, monkeypatch) -
 
 
 def test_an_executed_gc_names_its_victims_arguments_before_deleting_their_rows(aged) -> None:  # noqa: ANN001
-    from aot.cache.serving.signatures import Signature
+    from aot.signatures import Signature
 
     cache, e = aged
     done = cache.gc(older_than="150min")

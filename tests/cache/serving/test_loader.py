@@ -362,7 +362,7 @@ _SERVER = textwrap.dedent(
             "aot.cache.index.sql",  # the SQLAlchemy index: the stdlib reader serves
             "aot.cache.serving.padding",  # only with pad=
             "aot.symbolic",  # only for symbolic signatures
-            "aot.cache.serving.signatures",  # the wording of a miss
+            "aot.signatures",  # the wording of a miss
             "aot.cache.serving.misses",  # the wording of a miss
             "aot.cache.serving.symbolic",  # only for symbolic signatures
             "aot.cache.reports.stats",  # reading statistics back (aot stats)
@@ -514,3 +514,17 @@ def test_a_fallback_starts_on_an_empty_name(open_folder_cache, compiled) -> None
     cache.put(compiled.tiny)
     fn = aot.load("new.name", cache=cache, fallback=compiled.models.tiny)
     np.testing.assert_array_equal(np.asarray(fn(*compiled.tiny_inputs)), compiled.tiny_expected)
+
+
+def test_the_loaders_error_shows_a_list_in_one_phrase(open_folder_cache, compiled) -> None:  # noqa: ANN001
+    cache = open_folder_cache()
+    cache.put(compiled.mlp[2])
+    fn = aot.load(compiled.MLP_NAME, cache=cache)
+    with pytest.raises(aot.SignatureNotFoundError) as info:
+        fn(compiled.params, [0.5] * 1000)
+    first = str(info.value).splitlines()[0]
+    assert first == (
+        "mlp.forward: no executable compiled for (params: [{b: f32[512], w: f32[784,512]}, "
+        "{b: f32[512], w: f32[512,512]}, {b: f32[10], w: f32[512,10]}], x: a list of 1000 Python floats)."
+    )
+    assert len(str(info.value)) < 1000

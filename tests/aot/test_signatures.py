@@ -1,4 +1,4 @@
-"""Signatures with pytree paths (aot.cache.serving.signatures): lines, compact trees folded to a
+"""Signatures with pytree paths (aot.signatures): lines, compact trees folded to a
 width, leaf differences, and a call's arguments in one line (the loader's errors)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import aot
-from aot.cache.serving.signatures import (
+from aot.signatures import (
     ArgLeaf,
     LeafDifference,
     Signature,
@@ -66,14 +66,6 @@ def test_compact_of_namedtuples_dicts_and_keyword_arguments() -> None:
     assert unnamed.compact() == "args[0]: f32[2], args[1]: {k: f32[1]}"
 
 
-def test_from_specs_matches_a_compiled_manifest(compiled) -> None:  # noqa: ANN001
-    manifest = compiled.mlp[2].manifest
-    stored = Signature.from_manifest_args(manifest.args)
-    asked = Signature.from_specs([compiled.param_specs, aot.spec("f32[2,784]")], arg_names=["params", "x"])
-    assert stored == asked
-    assert stored.flat_text == manifest.signature
-
-
 def test_flat_signature_without_paths() -> None:
     flat = Signature.flat("f32[8], f32[2,3]")
     assert flat.leaves == (ArgLeaf("", "f32[8]"), ArgLeaf("", "f32[2,3]"))
@@ -111,17 +103,3 @@ def test_describe_call_is_one_phrase_per_argument() -> None:
     assert describe_call([None, (), {"a": 1}], {"k": 3}, ["a"]) == (
         "a: None, args[1]: an empty tuple, args[2]: a dict of 1 Python int, k: Python int 3"
     )
-
-
-def test_the_loaders_error_shows_a_list_in_one_phrase(open_folder_cache, compiled) -> None:  # noqa: ANN001
-    cache = open_folder_cache()
-    cache.put(compiled.mlp[2])
-    fn = aot.load(compiled.MLP_NAME, cache=cache)
-    with pytest.raises(aot.SignatureNotFoundError) as info:
-        fn(compiled.params, [0.5] * 1000)
-    first = str(info.value).splitlines()[0]
-    assert first == (
-        "mlp.forward: no executable compiled for (params: [{b: f32[512], w: f32[784,512]}, "
-        "{b: f32[512], w: f32[512,512]}, {b: f32[10], w: f32[512,10]}], x: a list of 1000 Python floats)."
-    )
-    assert len(str(info.value)) < 1000

@@ -1,5 +1,5 @@
 """What a cache serves, as :class:`aot.Cache` methods: release labels (list, show,
-promote, roll back, remove) and the history of refs. A mixin of :class:`aot.Cache`, thin over
+promote, roll back, remove) and the history of refs. A mixin of the ArtifactStore, thin over
 :class:`aot.cache.index.refs_sql.IndexRefs`."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from aot.cache.index.releases import Release, ReleaseRemoval
     from aot.cache.index.sql import Index
 
-__all__ = ["Declared"]
+__all__ = ["ReleaseMethods"]
 
 
 def sa_select(*columns: Any) -> Any:
@@ -24,13 +24,13 @@ def sa_select(*columns: Any) -> Any:
     return sa.select(*columns)
 
 
-class Declared:
-    """Release and ref-history methods of :class:`aot.Cache`."""
+class ReleaseMethods:
+    """Release and ref-history methods of :class:`~aot.cache.store.ArtifactStore`."""
 
     index: Index
     display_location: Any
 
-    def _check_writable(self, what: str) -> None:  # implemented by Cache
+    def _check_writable(self, what: str) -> None:  # implemented by ArtifactStore
         raise NotImplementedError
 
     def releases(self) -> list[Release]:
