@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from aot.cache.index.claim_heartbeat import ClaimHeartbeat
 from aot.cache.storage.locations import DATABASE, classify_location
 from aot.cache.warmup.manifest import WarmupItem
-from aot.cache.warmup.records import RecordStore
 from aot.cache.warmup.steps import Deferred, ItemResult, Lowered, load_stored, run_one, task_cache
 
 if TYPE_CHECKING:
@@ -186,8 +185,7 @@ class WarmupClaims:
 
 
 def claiming_task(
-    cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem, records: bool,
-    claim_seconds: float,
+    cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem, claim_seconds: float,
 ) -> ItemResult | Deferred:
     """:func:`~aot.cache.warmup.steps.warmup_task` that claims its own compile: what
     an executor runs when claims are on. The task is a holder of its own (its claim
@@ -199,4 +197,4 @@ def claiming_task(
     except Exception as exc:  # noqa: BLE001 - reported as the item's failure
         return ItemResult.failed(index, item, exc)
     with WarmupClaims(cache, claim_seconds=claim_seconds) as claims:
-        return run_one(cache, index, item, RecordStore.for_cache(cache, enabled=records), claims.grant)
+        return run_one(cache, index, item, claims.grant)

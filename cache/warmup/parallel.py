@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from aot.cache.timeouts import timeouts
 from aot.cache.warmup.manifest import WarmupItem
-from aot.cache.warmup.records import RecordStore
 from aot.cache.warmup.steps import (
     Deferred,
     ItemResult,
@@ -43,10 +42,10 @@ if TYPE_CHECKING:
 __all__ = ["run_parallel"]
 
 
-def _probe(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | None:
-    """Looks ``item`` up here (by its record, else lowered): a hit (or a failure to
+def _probe(cache: Cache, index: int, item: WarmupItem) -> ItemResult | None:
+    """Looks ``item`` up here (lowered): a hit (or a failure to
     prepare or lower it) needs no worker process. ``None``: it must be compiled."""
-    outcome = lower_here(cache, records, index, item)
+    outcome = lower_here(cache, index, item)
     return outcome if isinstance(outcome, ItemResult) else None
 
 
@@ -193,7 +192,7 @@ def _dispatch_loop(
 
 def run_parallel(
     cache: Cache, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None],
-    records: RecordStore, *, isolate: bool, pool: WorkerPool | None, claims: WarmupClaims | None = None,
+    *, isolate: bool, pool: WorkerPool | None, claims: WarmupClaims | None = None,
 ) -> None:
     """``jobs`` XLA compiles at once: one in this process and ``jobs - 1`` in worker
     processes; with ``isolate``, ``jobs`` workers and none here.
@@ -211,7 +210,7 @@ def run_parallel(
     ``--jobs 1``; a worker that dies fails only its item.
 
     With ``isolate`` this process only looks up the items that are probably stored
-    (by record, or lowered) and sends the others to workers, started when the first
+    (lowered) and sends the others to workers, started when the first
     one is needed: a fully cached manifest starts none.
 
     ``claims``: every compile, here or in a worker, is granted by this process's
@@ -226,7 +225,7 @@ def run_parallel(
 
     from aot.cache.warmup.workers import WorkerPool
 
-    payload = (bool(jax.config.jax_enable_x64), cache_options(cache), records.enabled, claims is not None)
+    payload = (bool(jax.config.jax_enable_x64), cache_options(cache), claims is not None)
     target = jobs if isolate else min(jobs - 1, len(items) - 1)  # worker processes
     if pool is None:
         pool = WorkerPool(0 if isolate else target)
@@ -262,7 +261,7 @@ def run_parallel(
             if lowered is not None:  # this process compiles on while it stores
                 compile_here(lowered)
                 lowered = None
-            finish(store_here(cache, records, item, future))
+            finish(store_here(cache, item, future))
             if claims is not None:
                 claims.release(item)
         elif kind == "crashed":
@@ -319,7 +318,7 @@ def run_parallel(
         if isolate:
             stored: dict[str, set[str]] = {}
             for index, item in enumerate(items):
-                result = _probe(cache, records, index, item) if _maybe_stored(cache, item, stored) else None
+                result = _probe(cache, index, item) if _maybe_stored(cache, item, stored) else None
                 if result is not None:
                     finish(result)
                 else:
@@ -337,7 +336,7 @@ def run_parallel(
             if not isolate and lowered is None:
                 pair = work.take()
                 if pair is not None:
-                    outcome = lower_here(cache, records, *pair)
+                    outcome = lower_here(cache, *pair)
                     if isinstance(outcome, ItemResult):
                         finish(outcome)
                     elif not claimed_here(outcome):

@@ -6,7 +6,7 @@ in worker processes only), and
 :func:`coverage` lists the items a cache is missing for this environment. The
 manifest format lives in :mod:`aot.cache.warmup.manifest`, target resolution in
 :mod:`aot.cache.warmup.targets`, one item's steps in :mod:`aot.cache.warmup.steps`,
-warm-up records in :mod:`aot.cache.warmup.records`, the ``--jobs auto`` rule in
+the ``--jobs auto`` rule in
 :mod:`aot.cache.warmup.jobs`; their public names are re-exported here.
 """
 
@@ -38,7 +38,6 @@ from aot.cache.warmup.manifest import (
     parse_mesh,
 )
 from aot.cache.warmup.parallel import run_parallel
-from aot.cache.warmup.records import RecordStore
 from aot.cache.warmup.shard import parse_shard, select_shard
 from aot.cache.warmup.steps import (
     SIGNATURE_WIDTH,
@@ -170,8 +169,7 @@ class WarmupReport:
 
 
 def _run_pipelined(
-    cache: Cache, items: list[WarmupItem], emit: Callable[[ItemResult], None], records: RecordStore,
-    claims: WarmupClaims | None = None,
+    cache: Cache, items: list[WarmupItem], emit: Callable[[ItemResult], None], claims: WarmupClaims | None = None,
 ) -> None:
     """``--jobs 1``: one XLA compile at a time, in a thread (XLA releases the GIL),
     while this thread lowers the next item and exports and stores the previous one;
@@ -185,13 +183,13 @@ def _run_pipelined(
     deferred: list[Lowered] = []
 
     def finish(lowered: Lowered, compiled: Future[tuple[Any, float]]) -> None:
-        emit(store_here(cache, records, lowered, compiled))
+        emit(store_here(cache, lowered, compiled))
         if claims is not None:
             claims.release(lowered)
 
     try:
         for index, item in enumerate(items):
-            outcome = lower_here(cache, records, index, item)
+            outcome = lower_here(cache, index, item)
             if isinstance(outcome, ItemResult):
                 emit(outcome)
                 continue
@@ -322,8 +320,6 @@ def run_warmup(
         if on_result is not None:
             on_result(result)
 
-    store = RecordStore(None)  # records never skip a lowering any more
-    records = False
     try:
         with remembering_specs():
             if shard is not None:
@@ -337,12 +333,12 @@ def run_warmup(
                 else contextlib.nullcontext()
             ) as held:  # every claim still held is released here, whatever happened
                 if executor is not None:
-                    _run_on_executor(cache, items, executor, emit, records, held)
+                    _run_on_executor(cache, items, executor, emit, held)
                 elif isolate or (jobs > 1 and len(items) > 1):
                     pool, workers = workers, None
-                    run_parallel(cache, items, jobs, emit, store, isolate=isolate, pool=pool, claims=held)
+                    run_parallel(cache, items, jobs, emit, isolate=isolate, pool=pool, claims=held)
                 else:
-                    _run_pipelined(cache, items, emit, store, held)
+                    _run_pipelined(cache, items, emit, held)
         declare(cache, list(results.values()), origin or RefOrigin("warmup"), release=release, run=run)
     finally:
         if workers is not None:
@@ -409,7 +405,7 @@ def release_run(commit: str | None, manifest_text: str, shard: tuple[int, int] |
 
 def _run_on_executor(
     cache: Cache, items: list[WarmupItem], executor: Executor, emit: Callable[[ItemResult], None],
-    records: bool, claims: WarmupClaims | None = None,
+    claims: WarmupClaims | None = None,
 ) -> None:
     """Every item as a task of ``executor``. ``claims``: each task claims its compile
     itself; the items another holder compiles come back deferred and are waited for
@@ -423,8 +419,8 @@ def _run_on_executor(
 
     def submit(index: int, item: WarmupItem, claim: bool) -> Future[Any]:
         if claim and claims is not None:
-            return executor.submit(claiming_task, options, x64, index, item, records, claims.claim_seconds)
-        return executor.submit(warmup_task, options, x64, index, item, records)
+            return executor.submit(claiming_task, options, x64, index, item, claims.claim_seconds)
+        return executor.submit(warmup_task, options, x64, index, item)
 
     def run(futures: dict[Future[Any], tuple[int, WarmupItem]]) -> list[Deferred]:
         deferred = []

@@ -2,10 +2,10 @@
 
 Every way of running a warm-up (one item after another, in parallel with worker
 processes, on any executor) goes through the same three steps: :func:`lower_here`
-(prepare, warm-up record, lower, look up: a hit or a failure ends there), the XLA
+(prepare, lower, look up: a hit or a failure ends there), the XLA
 compile (:func:`compile_lowered`: inline, in a compile thread, or in a worker process's
-own :func:`run_one`), and :func:`store_here` (export the portable HLO, serialize, put,
-write the record). :func:`warmup_task` runs all three for one item of plain data: what
+own :func:`run_one`), and :func:`store_here` (export the portable HLO, serialize,
+put). :func:`warmup_task` runs all three for one item of plain data: what
 a worker process or an executor runs.
 """
 
@@ -26,7 +26,6 @@ from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, SpecE
 from aot.cache.serving.signatures import Signature
 from aot.cache.warmup.failures import Failure
 from aot.cache.warmup.manifest import WarmupItem
-from aot.cache.warmup.records import RecordStore, record_id
 from aot.cache.warmup.targets import prepare, x64_hint, x64_mode
 
 if TYPE_CHECKING:
@@ -82,9 +81,7 @@ class ItemResult:
     source: str | None = None
     traceback: str | None = None  # of a failure (shown by `aot warmup --debug`)
     arguments: Signature | None = None  # the signature with pytree paths
-    # False: a hit found through its warm-up record, without lowering (None: failed
-    # before it was known).
-    lowered: bool | None = None
+    lowered: bool | None = None  # True, but None for a failure (every item is lowered)
     # True: a hit another runner compiled while this one waited for its claim.
     waited: bool = False
 
@@ -136,14 +133,12 @@ class ItemResult:
         }
 
 
-def _done(
-    index: int, item: WarmupItem, entry: Any, status: str, seconds: float, *, lowered: bool = True,
-) -> ItemResult:
+def _done(index: int, item: WarmupItem, entry: Any, status: str, seconds: float) -> ItemResult:
     return ItemResult(
         index, item.name, item.label, status, seconds, key=entry.key, env_fp=entry.env_fp,
         signature=entry.signature, compile_seconds=entry.compile_seconds,
         raw_size=entry.raw_size, stored_size=entry.stored_size, source=item.source,
-        arguments=Signature.from_manifest_json(entry.manifest, entry.signature), lowered=lowered,
+        arguments=Signature.from_manifest_json(entry.manifest, entry.signature), lowered=True,
     )
 
 
@@ -157,7 +152,6 @@ class Lowered:
     index: int
     item: WarmupItem
     computation: Any
-    rid: str | None  # its warm-up record's id
     seconds: float  # spent on it so far (prepare, lower, look up)
 
 
@@ -168,9 +162,7 @@ def _failed(index: int, item: WarmupItem, exc: BaseException, seconds: float) ->
     return ItemResult.failed(index, item, exc, seconds)
 
 
-def _load_hit(
-    cache: Cache, index: int, item: WarmupItem, entry: Any, start: float, *, lowered: bool,
-) -> ItemResult | None:
+def _load_hit(cache: Cache, index: int, item: WarmupItem, entry: Any, start: float) -> ItemResult | None:
     """Loads a stored entry, which checks that it is servable: the hit, or None when
     it did not load (then it is quarantined, and compiled again)."""
     try:
@@ -181,7 +173,7 @@ def _load_hit(
     except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
         cache.quarantine(entry, str(exc))
         return None
-    return _done(index, item, entry, "hit", time.perf_counter() - start, lowered=lowered)
+    return _done(index, item, entry, "hit", time.perf_counter() - start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +198,7 @@ def load_key(
     entry = cache.lookup(key)
     if entry is None or not entry.ok:
         return None
-    result = _load_hit(cache, index, item, entry, start, lowered=True)
+    result = _load_hit(cache, index, item, entry, start)
     if result is None:
         return None
     return dataclasses.replace(result, seconds=seconds + result.seconds, waited=waited)
@@ -220,7 +212,7 @@ def load_stored(cache: Cache, lowered: Lowered, *, waited: bool = False) -> Item
     )
 
 
-def lower_here(cache: Cache, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | Lowered:
+def lower_here(cache: Cache, index: int, item: WarmupItem) -> ItemResult | Lowered:
     """The hit (lowered, and its key found stored), a failure, or the lowered item to
     compile. Every item is lowered: what a trace reads (files, environment variables)
     cannot be proven unchanged without tracing; only the compile is skipped on a hit."""
@@ -231,7 +223,6 @@ def lower_here(cache: Cache, records: RecordStore, index: int, item: WarmupItem)
     with x64_mode(item):
         try:
             prepared = prepare(item)
-            rid = record_id(item, prepared, cache.environment.digest) if records.enabled else None
             options = dict(prepared.options)
             pmap = options.pop("pmap", False)
             computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
@@ -239,19 +230,17 @@ def lower_here(cache: Cache, records: RecordStore, index: int, item: WarmupItem)
             key = computation.fingerprint
             entry = cache.lookup(key)
             if entry is not None and entry.ok:
-                result = _load_hit(cache, index, item, entry, start, lowered=True)
+                result = _load_hit(cache, index, item, entry, start)
                 if result is not None:
-                    records.remember(rid, key)
                     return result
             if computation.symbolic:  # nothing to compile: its portable HLO is stored
                 from aot.build import build_symbolic_artifact
 
                 entry = cache.put_artifact(build_symbolic_artifact(computation))  # the run sets refs
-                records.remember(rid, entry.key)
                 return _done(index, item, entry, "compiled", time.perf_counter() - start)
         except Exception as exc:  # noqa: BLE001 - every item is tried; failures are recorded
             return _failed(index, item, exc, time.perf_counter() - start)
-    return Lowered(index, item, computation, rid, time.perf_counter() - start)
+    return Lowered(index, item, computation, time.perf_counter() - start)
 
 
 def compile_lowered(lowered: Lowered) -> tuple[Any, float]:
@@ -263,9 +252,7 @@ def compile_lowered(lowered: Lowered) -> tuple[Any, float]:
     return executable, time.perf_counter() - start
 
 
-def store_here(
-    cache: Cache, records: RecordStore, lowered: Lowered, compiled: Future[tuple[Any, float]],
-) -> ItemResult:
+def store_here(cache: Cache, lowered: Lowered, compiled: Future[tuple[Any, float]]) -> ItemResult:
     """Exports, serializes and stores a compiled item; its result."""
     from aot.build import build_artifact
 
@@ -278,7 +265,6 @@ def store_here(
         entry = cache.put_artifact(artifact)
     except Exception as exc:  # noqa: BLE001
         return _failed(index, item, exc, lowered.seconds + time.perf_counter() - start)
-    records.remember(lowered.rid, entry.key)
     seconds = lowered.seconds + compile_seconds + time.perf_counter() - start
     return _done(index, item, entry, "compiled", seconds)
 
@@ -293,13 +279,10 @@ def _now(fn: Callable[[], Any]) -> Future[Any]:
     return future
 
 
-def run_one(
-    cache: Cache, index: int, item: WarmupItem, records: RecordStore | None = None, grant: Grant | None = None,
-) -> ItemResult | Deferred:
+def run_one(cache: Cache, index: int, item: WarmupItem, grant: Grant | None = None) -> ItemResult | Deferred:
     """One item, start to end, in this thread. ``grant``: asked before the compile
     (compile claims); an item it refuses is :class:`Deferred`."""
-    records = records if records is not None else RecordStore(None)
-    outcome = lower_here(cache, records, index, item)
+    outcome = lower_here(cache, index, item)
     if isinstance(outcome, ItemResult):
         return outcome
     if grant is not None:
@@ -309,7 +292,7 @@ def run_one(
         stored = load_stored(cache, outcome)  # stored between the look-up and the claim?
         if stored is not None:
             return stored  # whoever granted the claim releases it with the result
-    return store_here(cache, records, outcome, _now(lambda: compile_lowered(outcome)))
+    return store_here(cache, outcome, _now(lambda: compile_lowered(outcome)))
 
 
 # ---------------------------------------------------------------- any process, any executor
@@ -333,14 +316,13 @@ _TASK_LOCK = threading.Lock()
 
 
 def warmup_task(
-    cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem, records: bool = True,
-    grant: Grant | None = None,
+    cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem, grant: Grant | None = None,
 ) -> ItemResult | Deferred:
     """Compiles one item into the cache ``cache_options`` names; what an executor runs.
 
     A module-level function of plain data, so any executor can ship it (pickled by a
     process pool, cloudpickled by dask). Each worker process (and thread) opens the
-    cache once and keeps it. ``records``: use and write warm-up records. ``grant``
+    cache once and keeps it. ``grant``
     (a worker process of ``--jobs N``: its parent's compile claims) is asked before
     the compile; an item it refuses comes back :class:`Deferred`.
     """
@@ -348,7 +330,7 @@ def warmup_task(
         cache = task_cache(cache_options, x64)
     except Exception as exc:  # noqa: BLE001
         return ItemResult.failed(index, item, exc)
-    return run_one(cache, index, item, RecordStore.for_cache(cache, enabled=records), grant)
+    return run_one(cache, index, item, grant)
 
 
 def task_cache(cache_options: dict[str, Any], x64: bool) -> Cache:

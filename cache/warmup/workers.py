@@ -249,10 +249,10 @@ def _serve(conn: Connection, result_type: Any, task: Any) -> None:
             os._exit(0)
         if message[0] == "grant":
             continue  # an answer that came after its wait ran out
-        _, index, item, x64, options, records, claims = message
+        _, index, item, x64, options, claims = message
         grant = (lambda key, label: _ask_grant(conn, key, label)) if claims else None
         try:
-            result = task(options, x64, index, item, records, grant)
+            result = task(options, x64, index, item, grant)
         except Exception as exc:  # noqa: BLE001 - the parent must get an answer
             result = result_type.failed(index, item, exc)
         conn.send(("result", result))
