@@ -19,17 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.cache.timeouts import timeouts
 from aot.cache.warmup.manifest import WarmupItem
-from aot.cache.warmup.steps import (
-    Deferred,
-    ItemResult,
-    Lowered,
-    cache_options,
-    compile_lowered,
-    load_key,
-    load_stored,
-    lower_here,
-    store_here,
-)
+from aot.cache.warmup.steps import Deferred, ItemResult, Lowered, cache_options, compile_lowered, lower_here, store_here
 from aot.cache.warmup.targets import item_environment, item_signature, x64_mode
 
 if TYPE_CHECKING:
@@ -261,9 +251,7 @@ def run_parallel(
             if lowered is not None:  # this process compiles on while it stores
                 compile_here(lowered)
                 lowered = None
-            finish(store_here(cache, item, future))
-            if claims is not None:
-                claims.release(item)
+            finish(store_here(cache, item, future, claims))
         elif kind == "crashed":
             raise RuntimeError(f"the warm-up's worker dispatcher failed: {value!r}") from value
         elif kind == "idle":
@@ -273,7 +261,7 @@ def run_parallel(
                 # lowers it again: a fraction of a compile). Near the end this keeps a
                 # long compile from running alone.
                 if claims is not None:
-                    claims.hand_on(lowered.computation.fingerprint)  # the worker asks again
+                    claims.hand_on(lowered.key)  # the worker asks again
                 work.put((lowered.index, lowered.item), first=True)
                 wake_writer.send("work")
                 lowered = None
@@ -282,36 +270,9 @@ def run_parallel(
         else:
             finish(value)
 
-    def claimed_here(outcome: Lowered) -> bool:
-        """Asks ``claims`` for the compile of an item lowered here: False when it
-        is deferred, or was stored meanwhile (then it is done)."""
-        if claims is None:
-            return True
-        if not claims.grant(outcome.computation.fingerprint, outcome.item.label):
-            deferred.append(Deferred(outcome.index, outcome.item, outcome.computation.fingerprint, outcome.seconds))
-            return False
-        stored = load_stored(cache, outcome)  # stored between the look-up and the claim?
-        if stored is None:
-            return True
-        claims.release(outcome)
-        finish(stored)
-        return False
-
-    def wait_for_deferred() -> None:
-        """Once nothing else is left: each deferred item's entry, stored by its
-        claim's holder, or (the claim expired, or the wait ran out) the item again."""
-        assert claims is not None
-        waiting = list(deferred)
-        deferred.clear()
-        for d in waiting:
-            hit = claims.wait_for_key(
-                d.key, lambda d=d: load_key(cache, d.index, d.item, d.key, d.seconds, waited=True), d.item.label,
-            )
-            if hit is not None:
-                finish(hit)
-            else:  # granted to whoever runs it now
-                work.put((d.index, d.item))
-                wake_writer.send("work")
+    def again(d: Deferred) -> None:  # its claim is ours now: granted to whoever runs it
+        work.put((d.index, d.item))
+        wake_writer.send("work")
 
     dispatcher.start()
     try:
@@ -330,17 +291,19 @@ def run_parallel(
                     handle(*events.get_nowait())
                 except queue.Empty:
                     break
-            if deferred and left == len(deferred):  # nothing else to wait for
-                wait_for_deferred()
+            if claims is not None and deferred and left == len(deferred):  # nothing else to wait for
+                waiting = list(deferred)
+                deferred.clear()
+                claims.settle(waiting, finish, again)
                 continue
             if not isolate and lowered is None:
                 pair = work.take()
                 if pair is not None:
                     outcome = lower_here(cache, *pair)
-                    if isinstance(outcome, ItemResult):
-                        finish(outcome)
-                    elif not claimed_here(outcome):
-                        pass
+                    if claims is not None and isinstance(outcome, Lowered):
+                        outcome = claims.claim(outcome) or outcome  # deferred, or stored meanwhile
+                    if not isinstance(outcome, Lowered):
+                        handle("result", outcome)  # a hit, a failure, or deferred
                     elif compiling:
                         lowered = outcome
                     else:

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 from aot.errors import TargetError
 from aot.cache.index.refs import RefOrigin
 from aot.cache.units import counted
-from aot.cache.warmup.claims import CLAIM_SECONDS, WAIT_SECONDS, WarmupClaims, claiming_task, claims_default
+from aot.cache.warmup.claims import (
+    CLAIM_SECONDS, WAIT_SECONDS, WarmupClaims, claiming_task, claims_default, warmup_task,
+)
 from aot.cache.warmup.coverage import find_uncovered
 from aot.cache.warmup.jobs import JOB_MEMORY, auto_jobs, available_cores, available_memory, resolve_jobs
 from aot.cache.warmup.manifest import (
@@ -46,10 +48,8 @@ from aot.cache.warmup.steps import (
     Lowered,
     cache_options,
     compile_lowered,
-    load_key,
     lower_here,
     store_here,
-    warmup_task,
 )
 from aot.cache.warmup.targets import (
     Prepared,
@@ -183,24 +183,19 @@ def _run_pipelined(
     deferred: list[Lowered] = []
 
     def finish(lowered: Lowered, compiled: Future[tuple[Any, float]]) -> None:
-        emit(store_here(cache, lowered, compiled))
-        if claims is not None:
-            claims.release(lowered)
+        emit(store_here(cache, lowered, compiled, claims))
 
     try:
         for index, item in enumerate(items):
             outcome = lower_here(cache, index, item)
+            claimed = claims.claim(outcome) if claims is not None and isinstance(outcome, Lowered) else None
+            if isinstance(claimed, Deferred):
+                deferred.append(outcome)  # lowered already: compiled here if its claim becomes ours
+                continue
+            outcome = claimed or outcome  # a hit stored meanwhile
             if isinstance(outcome, ItemResult):
                 emit(outcome)
                 continue
-            if claims is not None:
-                claimed = claims.claim(outcome)
-                if isinstance(claimed, ItemResult):
-                    emit(claimed)
-                    continue
-                if not claimed:
-                    deferred.append(outcome)
-                    continue
             compiled = compiler.submit(compile_lowered, outcome)  # starts when the previous ends
             if pending is not None:
                 finish(*pending)
@@ -208,13 +203,8 @@ def _run_pipelined(
         if pending is not None:
             finish(*pending)
             pending = None
-        for lowered in deferred:  # compiled by another runner meanwhile, or ours now
-            assert claims is not None
-            waited = claims.wait_for(lowered)
-            if waited is not None:
-                emit(waited)
-            else:
-                finish(lowered, compiler.submit(compile_lowered, lowered))
+        if claims is not None:  # compiled by another runner meanwhile, or ours now
+            claims.settle(deferred, emit, lambda lowered: finish(lowered, compiler.submit(compile_lowered, lowered)))
     finally:
         compiler.shutdown(wait=True, cancel_futures=True)
 
@@ -436,19 +426,15 @@ def _run_on_executor(
                 emit(result)
         return deferred
 
-    deferred = run({submit(index, item, True): (index, item) for index, item in enumerate(items)})
-    for d in deferred:  # compiled by another holder meanwhile, or ours now
-        assert claims is not None
-        hit = claims.wait_for_key(
-            d.key, lambda d=d: load_key(cache, d.index, d.item, d.key, d.seconds, waited=True), d.item.label,
-        )
-        if hit is not None:
-            emit(hit)
-            continue
+    def again(d: Deferred) -> None:  # its claim is this process's now
         try:
             run({submit(d.index, d.item, False): (d.index, d.item)})
         finally:
             claims.release_key(d.key)
+
+    deferred = run({submit(index, item, True): (index, item) for index, item in enumerate(items)})
+    if claims is not None:  # compiled by another holder meanwhile, or ours now
+        claims.settle(deferred, emit, again)
 
 
 # ---------------------------------------------------------------- coverage

@@ -2,11 +2,12 @@
 
 Every way of running a warm-up (one item after another, in parallel with worker
 processes, on any executor) goes through the same three steps: :func:`lower_here`
-(prepare, lower, look up: a hit or a failure ends there), the XLA
-compile (:func:`compile_lowered`: inline, in a compile thread, or in a worker process's
-own :func:`run_one`), and :func:`store_here` (export the portable HLO, serialize,
-put). :func:`warmup_task` runs all three for one item of plain data: what
-a worker process or an executor runs.
+(prepare, lower, look up: a hit or a failure ends there), the XLA compile
+(:func:`compile_lowered`: in a compile thread, or inline in a worker process or an
+executor's task), and :func:`store_here` (export the portable HLO, serialize, put,
+give up the compile claim). With compile claims, the claim between the first two
+steps, and the runs that put the steps together
+(:func:`~aot.cache.warmup.claims.warmup_task`), live in :mod:`aot.cache.warmup.claims`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,34 +30,25 @@ from aot.cache.warmup.targets import prepare, x64_hint, x64_mode
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
+    from aot.cache.warmup.claims import WarmupClaims
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "SIGNATURE_WIDTH",
     "Deferred",
-    "Grant",
     "ItemResult",
     "Lowered",
     "cache_options",
     "compile_lowered",
-    "load_key",
     "load_stored",
     "lower_here",
-    "run_one",
     "store_here",
     "task_cache",
-    "warmup_task",
 ]
 
 #: Width of the signature in a report line (both ends kept; --json has it whole).
 SIGNATURE_WIDTH = 72
-
-#: Asks for the compile of a key (``grant(key, label)``): True, compile it here (it is
-#: claimed for this warm-up); False, someone else compiles it (another runner, or
-#: another process of this warm-up): the item is :class:`Deferred`.
-Grant = Callable[[str, str], bool]
-
 
 # ---------------------------------------------------------------- results
 
@@ -154,6 +145,10 @@ class Lowered:
     computation: Any
     seconds: float  # spent on it so far (prepare, lower, look up)
 
+    @property
+    def key(self) -> str:
+        return self.computation.fingerprint
+
 
 def _failed(index: int, item: WarmupItem, exc: BaseException, seconds: float) -> ItemResult:
     log.debug("warmup: %s failed", item.label, exc_info=exc)
@@ -180,7 +175,7 @@ def _load_hit(cache: Cache, index: int, item: WarmupItem, entry: Any, start: flo
 class Deferred:
     """An item lowered here whose compile someone else holds a claim on (another
     runner, or another process of this warm-up): the warm-up waits for its entry at
-    the end (:meth:`~aot.cache.warmup.claims.WarmupClaims.wait_for_key`). Plain data:
+    the end (:meth:`~aot.cache.warmup.claims.WarmupClaims.wait_for`). Plain data:
     a worker process sends it back in place of an :class:`ItemResult`."""
 
     index: int
@@ -189,27 +184,17 @@ class Deferred:
     seconds: float  # spent on it so far (prepare, lower, look up)
 
 
-def load_key(
-    cache: Cache, index: int, item: WarmupItem, key: str, seconds: float = 0.0, *, waited: bool = False,
-) -> ItemResult | None:
-    """The hit of item ``index`` whose key is stored now (another runner compiled it),
-    or None. ``seconds``: spent on the item before."""
+def load_stored(cache: Cache, pending: Lowered | Deferred, *, waited: bool = False) -> ItemResult | None:
+    """The hit of an item lowered (here or in another process) whose key is stored now
+    (another runner compiled it), or None."""
     start = time.perf_counter()
-    entry = cache.lookup(key)
+    entry = cache.lookup(pending.key)
     if entry is None or not entry.ok:
         return None
-    result = _load_hit(cache, index, item, entry, start)
+    result = _load_hit(cache, pending.index, pending.item, entry, start)
     if result is None:
         return None
-    return dataclasses.replace(result, seconds=seconds + result.seconds, waited=waited)
-
-
-def load_stored(cache: Cache, lowered: Lowered, *, waited: bool = False) -> ItemResult | None:
-    """The hit of a lowered item whose key is stored now (another runner compiled it),
-    or None."""
-    return load_key(
-        cache, lowered.index, lowered.item, lowered.computation.fingerprint, lowered.seconds, waited=waited,
-    )
+    return dataclasses.replace(result, seconds=pending.seconds + result.seconds, waited=waited)
 
 
 def lower_here(cache: Cache, index: int, item: WarmupItem) -> ItemResult | Lowered:
@@ -252,8 +237,11 @@ def compile_lowered(lowered: Lowered) -> tuple[Any, float]:
     return executable, time.perf_counter() - start
 
 
-def store_here(cache: Cache, lowered: Lowered, compiled: Future[tuple[Any, float]]) -> ItemResult:
-    """Exports, serializes and stores a compiled item; its result."""
+def store_here(
+    cache: Cache, lowered: Lowered, compiled: Future[tuple[Any, float]], claims: WarmupClaims | None = None,
+) -> ItemResult:
+    """Exports, serializes and stores a compiled item; its result. ``claims``: the
+    claim on its key is given up then (stored, or failed)."""
     from aot.build import build_artifact
 
     index, item = lowered.index, lowered.item
@@ -265,34 +253,11 @@ def store_here(cache: Cache, lowered: Lowered, compiled: Future[tuple[Any, float
         entry = cache.put_artifact(artifact)
     except Exception as exc:  # noqa: BLE001
         return _failed(index, item, exc, lowered.seconds + time.perf_counter() - start)
+    finally:
+        if claims is not None:
+            claims.release_key(lowered.key)
     seconds = lowered.seconds + compile_seconds + time.perf_counter() - start
     return _done(index, item, entry, "compiled", seconds)
-
-
-def _now(fn: Callable[[], Any]) -> Future[Any]:
-    """``fn()`` run here, as a finished future."""
-    future: Future[Any] = Future()
-    try:
-        future.set_result(fn())
-    except BaseException as exc:  # noqa: BLE001 - delivered by result()
-        future.set_exception(exc)
-    return future
-
-
-def run_one(cache: Cache, index: int, item: WarmupItem, grant: Grant | None = None) -> ItemResult | Deferred:
-    """One item, start to end, in this thread. ``grant``: asked before the compile
-    (compile claims); an item it refuses is :class:`Deferred`."""
-    outcome = lower_here(cache, index, item)
-    if isinstance(outcome, ItemResult):
-        return outcome
-    if grant is not None:
-        key = outcome.computation.fingerprint
-        if not grant(key, item.label):
-            return Deferred(index, item, key, outcome.seconds)
-        stored = load_stored(cache, outcome)  # stored between the look-up and the claim?
-        if stored is not None:
-            return stored  # whoever granted the claim releases it with the result
-    return store_here(cache, outcome, _now(lambda: compile_lowered(outcome)))
 
 
 # ---------------------------------------------------------------- any process, any executor
@@ -313,24 +278,6 @@ def cache_options(cache: Cache) -> dict[str, Any]:
 
 _TASK_CACHES: dict[tuple[Any, ...], Cache] = {}
 _TASK_LOCK = threading.Lock()
-
-
-def warmup_task(
-    cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem, grant: Grant | None = None,
-) -> ItemResult | Deferred:
-    """Compiles one item into the cache ``cache_options`` names; what an executor runs.
-
-    A module-level function of plain data, so any executor can ship it (pickled by a
-    process pool, cloudpickled by dask). Each worker process (and thread) opens the
-    cache once and keeps it. ``grant``
-    (a worker process of ``--jobs N``: its parent's compile claims) is asked before
-    the compile; an item it refuses comes back :class:`Deferred`.
-    """
-    try:
-        cache = task_cache(cache_options, x64)
-    except Exception as exc:  # noqa: BLE001
-        return ItemResult.failed(index, item, exc)
-    return run_one(cache, index, item, grant)
 
 
 def task_cache(cache_options: dict[str, Any], x64: bool) -> Cache:

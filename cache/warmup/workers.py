@@ -225,7 +225,8 @@ def _worker_main(conn: Connection, env: dict[str, str], log_level: int, parent_p
     try:
         importlib.import_module("aot.cache.cache")  # imported now, not in the first item
         from aot.cache.warmup.targets import remembering_specs
-        from aot.cache.warmup.steps import ItemResult, warmup_task
+        from aot.cache.warmup.claims import warmup_task
+        from aot.cache.warmup.steps import ItemResult
 
         _warm_up()
     finally:
