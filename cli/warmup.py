@@ -105,11 +105,10 @@ def warmup_command(
     """Compile every (function x bucket) listed in MANIFEST.toml into the cache.
 
     MANIFEST.toml defaults to AOT_MANIFEST or [tool.aot] manifest. Entries already in
-    the cache cost no compile, and those whose warm-up record proves them unchanged
-    are not even lowered. Every entry is tried; the exit status is 1 if any
-    failed (--debug prints their tracebacks). Progress goes to stderr when it is a
-    terminal; otherwise one line per entry. The manifest format is in
-    docs/manifest.md.
+    the cache cost no compile (every entry is lowered). Every entry is tried; the exit
+    status is 1 if any failed (--debug prints their tracebacks). Progress goes to
+    stderr when it is a terminal; otherwise one line per entry. The manifest format is
+    in docs/manifest.md.
     """
     from aot.cache.warmup.run import expand, load_manifest, run_warmup
 

@@ -1,1 +1,1 @@
-"""Warm-ups: manifests, targets, the run, workers, jobs, shards, records, failures."""
+"""Warm-ups: manifests, targets, the run, workers, jobs, shards, claims, failures."""

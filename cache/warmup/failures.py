@@ -19,7 +19,7 @@ from functools import lru_cache
 
 from aot.errors import AotError
 
-__all__ = ["Failure", "describe_exception"]
+__all__ = ["Failure"]
 
 
 @lru_cache(maxsize=1)
@@ -95,7 +95,3 @@ class Failure:
         if self.frame is not None:
             text += f"\n  at {self.frame}"
         return text
-
-
-def describe_exception(exc: BaseException) -> str:
-    return Failure.of(exc).describe()

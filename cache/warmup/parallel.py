@@ -19,18 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.cache.timeouts import timeouts
 from aot.cache.warmup.manifest import WarmupItem
-from aot.cache.warmup.records import RecordStore
-from aot.cache.warmup.steps import (
-    Deferred,
-    ItemResult,
-    Lowered,
-    cache_options,
-    compile_lowered,
-    load_key,
-    load_stored,
-    lower_here,
-    store_here,
-)
+from aot.cache.warmup.steps import Deferred, ItemResult, Lowered, cache_options, compile_lowered, lower_here, store_here
 from aot.cache.warmup.targets import item_environment, item_signature, x64_mode
 
 if TYPE_CHECKING:
@@ -43,10 +32,10 @@ if TYPE_CHECKING:
 __all__ = ["run_parallel"]
 
 
-def _probe(cache: ArtifactStore, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | None:
-    """Looks ``item`` up here (by its record, else lowered): a hit (or a failure to
+def _probe(cache: ArtifactStore, index: int, item: WarmupItem) -> ItemResult | None:
+    """Looks ``item`` up here (lowered): a hit (or a failure to
     prepare or lower it) needs no worker process. ``None``: it must be compiled."""
-    outcome = lower_here(cache, records, index, item)
+    outcome = lower_here(cache, index, item)
     return outcome if isinstance(outcome, ItemResult) else None
 
 
@@ -193,7 +182,7 @@ def _dispatch_loop(
 
 def run_parallel(
     cache: ArtifactStore, items: list[WarmupItem], jobs: int, emit: Callable[[ItemResult], None],
-    records: RecordStore, *, isolate: bool, pool: WorkerPool | None, claims: WarmupClaims | None = None,
+    *, isolate: bool, pool: WorkerPool | None, claims: WarmupClaims | None = None,
 ) -> None:
     """``jobs`` XLA compiles at once: one in this process and ``jobs - 1`` in worker
     processes; with ``isolate``, ``jobs`` workers and none here.
@@ -211,7 +200,7 @@ def run_parallel(
     ``--jobs 1``; a worker that dies fails only its item.
 
     With ``isolate`` this process only looks up the items that are probably stored
-    (by record, or lowered) and sends the others to workers, started when the first
+    (lowered) and sends the others to workers, started when the first
     one is needed: a fully cached manifest starts none.
 
     ``claims``: every compile, here or in a worker, is granted by this process's
@@ -226,7 +215,7 @@ def run_parallel(
 
     from aot.cache.warmup.workers import WorkerPool
 
-    payload = (bool(jax.config.jax_enable_x64), cache_options(cache), records.enabled, claims is not None)
+    payload = (bool(jax.config.jax_enable_x64), cache_options(cache), claims is not None)
     target = jobs if isolate else min(jobs - 1, len(items) - 1)  # worker processes
     if pool is None:
         pool = WorkerPool(0 if isolate else target)
@@ -262,9 +251,7 @@ def run_parallel(
             if lowered is not None:  # this process compiles on while it stores
                 compile_here(lowered)
                 lowered = None
-            finish(store_here(cache, records, item, future))
-            if claims is not None:
-                claims.release(item)
+            finish(store_here(cache, item, future, claims.release_key if claims is not None else None))
         elif kind == "crashed":
             raise RuntimeError(f"the warm-up's worker dispatcher failed: {value!r}") from value
         elif kind == "idle":
@@ -274,7 +261,7 @@ def run_parallel(
                 # lowers it again: a fraction of a compile). Near the end this keeps a
                 # long compile from running alone.
                 if claims is not None:
-                    claims.hand_on(lowered.computation.fingerprint)  # the worker asks again
+                    claims.hand_on(lowered.key)  # the worker asks again
                 work.put((lowered.index, lowered.item), first=True)
                 wake_writer.send("work")
                 lowered = None
@@ -283,43 +270,16 @@ def run_parallel(
         else:
             finish(value)
 
-    def claimed_here(outcome: Lowered) -> bool:
-        """Asks ``claims`` for the compile of an item lowered here: False when it
-        is deferred, or was stored meanwhile (then it is done)."""
-        if claims is None:
-            return True
-        if not claims.grant(outcome.computation.fingerprint, outcome.item.label):
-            deferred.append(Deferred(outcome.index, outcome.item, outcome.computation.fingerprint, outcome.seconds))
-            return False
-        stored = load_stored(cache, outcome)  # stored between the look-up and the claim?
-        if stored is None:
-            return True
-        claims.release(outcome)
-        finish(stored)
-        return False
-
-    def wait_for_deferred() -> None:
-        """Once nothing else is left: each deferred item's entry, stored by its
-        claim's holder, or (the claim expired, or the wait ran out) the item again."""
-        assert claims is not None
-        waiting = list(deferred)
-        deferred.clear()
-        for d in waiting:
-            hit = claims.wait_for_key(
-                d.key, lambda d=d: load_key(cache, d.index, d.item, d.key, d.seconds, waited=True), d.item.label,
-            )
-            if hit is not None:
-                finish(hit)
-            else:  # granted to whoever runs it now
-                work.put((d.index, d.item))
-                wake_writer.send("work")
+    def again(d: Deferred) -> None:  # its claim is ours now: granted to whoever runs it
+        work.put((d.index, d.item))
+        wake_writer.send("work")
 
     dispatcher.start()
     try:
         if isolate:
             stored: dict[str, set[str]] = {}
             for index, item in enumerate(items):
-                result = _probe(cache, records, index, item) if _maybe_stored(cache, item, stored) else None
+                result = _probe(cache, index, item) if _maybe_stored(cache, item, stored) else None
                 if result is not None:
                     finish(result)
                 else:
@@ -331,17 +291,19 @@ def run_parallel(
                     handle(*events.get_nowait())
                 except queue.Empty:
                     break
-            if deferred and left == len(deferred):  # nothing else to wait for
-                wait_for_deferred()
+            if claims is not None and deferred and left == len(deferred):  # nothing else to wait for
+                waiting = list(deferred)
+                deferred.clear()
+                claims.settle(waiting, finish, again)
                 continue
             if not isolate and lowered is None:
                 pair = work.take()
                 if pair is not None:
-                    outcome = lower_here(cache, records, *pair)
-                    if isinstance(outcome, ItemResult):
-                        finish(outcome)
-                    elif not claimed_here(outcome):
-                        pass
+                    outcome = lower_here(cache, *pair)
+                    if claims is not None and isinstance(outcome, Lowered):
+                        outcome = claims.claim(outcome) or outcome  # deferred, or stored meanwhile
+                    if not isinstance(outcome, Lowered):
+                        handle("result", outcome)  # a hit, a failure, or deferred
                     elif compiling:
                         lowered = outcome
                     else:

@@ -6,7 +6,7 @@ in worker processes only), and
 :func:`coverage` lists the items a cache is missing for this environment. The
 manifest format lives in :mod:`aot.cache.warmup.manifest`, target resolution in
 :mod:`aot.cache.warmup.targets`, one item's steps in :mod:`aot.cache.warmup.steps`,
-warm-up records in :mod:`aot.cache.warmup.records`, the ``--jobs auto`` rule in
+the ``--jobs auto`` rule in
 :mod:`aot.cache.warmup.jobs`; their public names are re-exported here.
 """
 
@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 from aot.errors import TargetError
 from aot.cache.index.refs import RefOrigin
 from aot.cache.units import counted
-from aot.cache.warmup.claims import CLAIM_SECONDS, WAIT_SECONDS, WarmupClaims, claiming_task, claims_default
+from aot.cache.warmup.claims import (
+    CLAIM_SECONDS, WAIT_SECONDS, WarmupClaims, claiming_task, claims_default, warmup_task,
+)
 from aot.cache.warmup.coverage import find_uncovered
 from aot.cache.warmup.jobs import JOB_MEMORY, auto_jobs, available_cores, available_memory, resolve_jobs
 from aot.cache.warmup.manifest import (
@@ -38,7 +40,6 @@ from aot.cache.warmup.manifest import (
     parse_mesh,
 )
 from aot.cache.warmup.parallel import run_parallel
-from aot.cache.warmup.records import RecordStore
 from aot.cache.warmup.shard import parse_shard, select_shard
 from aot.cache.warmup.steps import (
     SIGNATURE_WIDTH,
@@ -47,10 +48,8 @@ from aot.cache.warmup.steps import (
     Lowered,
     cache_options,
     compile_lowered,
-    load_key,
     lower_here,
     store_here,
-    warmup_task,
 )
 from aot.cache.warmup.targets import (
     Prepared,
@@ -170,8 +169,7 @@ class WarmupReport:
 
 
 def _run_pipelined(
-    cache: ArtifactStore, items: list[WarmupItem], emit: Callable[[ItemResult], None], records: RecordStore,
-    claims: WarmupClaims | None = None,
+    cache: ArtifactStore, items: list[WarmupItem], emit: Callable[[ItemResult], None], claims: WarmupClaims | None = None,
 ) -> None:
     """``--jobs 1``: one XLA compile at a time, in a thread (XLA releases the GIL),
     while this thread lowers the next item and exports and stores the previous one;
@@ -185,24 +183,19 @@ def _run_pipelined(
     deferred: list[Lowered] = []
 
     def finish(lowered: Lowered, compiled: Future[tuple[Any, float]]) -> None:
-        emit(store_here(cache, records, lowered, compiled))
-        if claims is not None:
-            claims.release(lowered)
+        emit(store_here(cache, lowered, compiled, claims.release_key if claims is not None else None))
 
     try:
         for index, item in enumerate(items):
-            outcome = lower_here(cache, records, index, item)
+            outcome = lower_here(cache, index, item)
+            claimed = claims.claim(outcome) if claims is not None and isinstance(outcome, Lowered) else None
+            if isinstance(claimed, Deferred):
+                deferred.append(outcome)  # lowered already: compiled here if its claim becomes ours
+                continue
+            outcome = claimed or outcome  # a hit stored meanwhile
             if isinstance(outcome, ItemResult):
                 emit(outcome)
                 continue
-            if claims is not None:
-                claimed = claims.claim(outcome)
-                if isinstance(claimed, ItemResult):
-                    emit(claimed)
-                    continue
-                if not claimed:
-                    deferred.append(outcome)
-                    continue
             compiled = compiler.submit(compile_lowered, outcome)  # starts when the previous ends
             if pending is not None:
                 finish(*pending)
@@ -210,13 +203,8 @@ def _run_pipelined(
         if pending is not None:
             finish(*pending)
             pending = None
-        for lowered in deferred:  # compiled by another runner meanwhile, or ours now
-            assert claims is not None
-            waited = claims.wait_for(lowered)
-            if waited is not None:
-                emit(waited)
-            else:
-                finish(lowered, compiler.submit(compile_lowered, lowered))
+        if claims is not None:  # compiled by another runner meanwhile, or ours now
+            claims.settle(deferred, emit, lambda lowered: finish(lowered, compiler.submit(compile_lowered, lowered)))
     finally:
         compiler.shutdown(wait=True, cancel_futures=True)
 
@@ -322,8 +310,6 @@ def run_warmup(
         if on_result is not None:
             on_result(result)
 
-    store = RecordStore(None)  # records never skip a lowering any more
-    records = False
     try:
         with remembering_specs():
             if shard is not None:
@@ -337,12 +323,12 @@ def run_warmup(
                 else contextlib.nullcontext()
             ) as held:  # every claim still held is released here, whatever happened
                 if executor is not None:
-                    _run_on_executor(cache, items, executor, emit, records, held)
+                    _run_on_executor(cache, items, executor, emit, held)
                 elif isolate or (jobs > 1 and len(items) > 1):
                     pool, workers = workers, None
-                    run_parallel(cache, items, jobs, emit, store, isolate=isolate, pool=pool, claims=held)
+                    run_parallel(cache, items, jobs, emit, isolate=isolate, pool=pool, claims=held)
                 else:
-                    _run_pipelined(cache, items, emit, store, held)
+                    _run_pipelined(cache, items, emit, held)
         declare(cache, list(results.values()), origin or RefOrigin("warmup"), release=release, run=run)
     finally:
         if workers is not None:
@@ -409,7 +395,7 @@ def release_run(commit: str | None, manifest_text: str, shard: tuple[int, int] |
 
 def _run_on_executor(
     cache: ArtifactStore, items: list[WarmupItem], executor: Executor, emit: Callable[[ItemResult], None],
-    records: bool, claims: WarmupClaims | None = None,
+    claims: WarmupClaims | None = None,
 ) -> None:
     """Every item as a task of ``executor``. ``claims``: each task claims its compile
     itself; the items another holder compiles come back deferred and are waited for
@@ -423,8 +409,8 @@ def _run_on_executor(
 
     def submit(index: int, item: WarmupItem, claim: bool) -> Future[Any]:
         if claim and claims is not None:
-            return executor.submit(claiming_task, options, x64, index, item, records, claims.claim_seconds)
-        return executor.submit(warmup_task, options, x64, index, item, records)
+            return executor.submit(claiming_task, options, x64, index, item, claims.claim_seconds)
+        return executor.submit(warmup_task, options, x64, index, item)
 
     def run(futures: dict[Future[Any], tuple[int, WarmupItem]]) -> list[Deferred]:
         deferred = []
@@ -440,19 +426,15 @@ def _run_on_executor(
                 emit(result)
         return deferred
 
-    deferred = run({submit(index, item, True): (index, item) for index, item in enumerate(items)})
-    for d in deferred:  # compiled by another holder meanwhile, or ours now
-        assert claims is not None
-        hit = claims.wait_for_key(
-            d.key, lambda d=d: load_key(cache, d.index, d.item, d.key, d.seconds, waited=True), d.item.label,
-        )
-        if hit is not None:
-            emit(hit)
-            continue
+    def again(d: Deferred) -> None:  # its claim is this process's now
         try:
             run({submit(d.index, d.item, False): (d.index, d.item)})
         finally:
             claims.release_key(d.key)
+
+    deferred = run({submit(index, item, True): (index, item) for index, item in enumerate(items)})
+    if claims is not None:  # compiled by another holder meanwhile, or ours now
+        claims.settle(deferred, emit, again)
 
 
 # ---------------------------------------------------------------- coverage

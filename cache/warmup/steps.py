@@ -2,11 +2,12 @@
 
 Every way of running a warm-up (one item after another, in parallel with worker
 processes, on any executor) goes through the same three steps: :func:`lower_here`
-(prepare, warm-up record, lower, look up: a hit or a failure ends there), the XLA
-compile (:func:`compile_lowered`: inline, in a compile thread, or in a worker process's
-own :func:`run_one`), and :func:`store_here` (export the portable HLO, serialize, put,
-write the record). :func:`warmup_task` runs all three for one item of plain data: what
-a worker process or an executor runs.
+(prepare, lower, look up: a hit or a failure ends there), the XLA compile
+(:func:`compile_lowered`: in a compile thread, or inline in a worker process or an
+executor's task), and :func:`store_here` (export the portable HLO, serialize, put,
+give up the compile claim). With compile claims, the claim between the first two
+steps, and the runs that put the steps together
+(:func:`~aot.cache.warmup.claims.warmup_task`), live in :mod:`aot.cache.warmup.claims`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, SpecE
 from aot.signatures import Signature
 from aot.cache.warmup.failures import Failure
 from aot.cache.warmup.manifest import WarmupItem
-from aot.cache.warmup.records import RecordStore, record_id
 from aot.cache.warmup.targets import prepare, x64_hint, x64_mode
 
 if TYPE_CHECKING:
@@ -37,28 +37,18 @@ log = logging.getLogger(__name__)
 __all__ = [
     "SIGNATURE_WIDTH",
     "Deferred",
-    "Grant",
     "ItemResult",
     "Lowered",
     "cache_options",
     "compile_lowered",
-    "load_key",
     "load_stored",
     "lower_here",
-    "run_one",
     "store_here",
     "task_cache",
-    "warmup_task",
 ]
 
 #: Width of the signature in a report line (both ends kept; --json has it whole).
 SIGNATURE_WIDTH = 72
-
-#: Asks for the compile of a key (``grant(key, label)``): True, compile it here (it is
-#: claimed for this warm-up); False, someone else compiles it (another runner, or
-#: another process of this warm-up): the item is :class:`Deferred`.
-Grant = Callable[[str, str], bool]
-
 
 # ---------------------------------------------------------------- results
 
@@ -82,9 +72,7 @@ class ItemResult:
     source: str | None = None
     traceback: str | None = None  # of a failure (shown by `aot warmup --debug`)
     arguments: Signature | None = None  # the signature with pytree paths
-    # False: a hit found through its warm-up record, without lowering (None: failed
-    # before it was known).
-    lowered: bool | None = None
+    lowered: bool | None = None  # True, but None for a failure (every item is lowered)
     # True: a hit another runner compiled while this one waited for its claim.
     waited: bool = False
 
@@ -136,14 +124,12 @@ class ItemResult:
         }
 
 
-def _done(
-    index: int, item: WarmupItem, entry: Any, status: str, seconds: float, *, lowered: bool = True,
-) -> ItemResult:
+def _done(index: int, item: WarmupItem, entry: Any, status: str, seconds: float) -> ItemResult:
     return ItemResult(
         index, item.name, item.label, status, seconds, key=entry.key, env_fp=entry.env_fp,
         signature=entry.signature, compile_seconds=entry.compile_seconds,
         raw_size=entry.raw_size, stored_size=entry.stored_size, source=item.source,
-        arguments=Signature.from_manifest_json(entry.manifest, entry.signature), lowered=lowered,
+        arguments=Signature.from_manifest_json(entry.manifest, entry.signature), lowered=True,
     )
 
 
@@ -157,8 +143,11 @@ class Lowered:
     index: int
     item: WarmupItem
     computation: Any
-    rid: str | None  # its warm-up record's id
     seconds: float  # spent on it so far (prepare, lower, look up)
+
+    @property
+    def key(self) -> str:
+        return self.computation.fingerprint
 
 
 def _failed(index: int, item: WarmupItem, exc: BaseException, seconds: float) -> ItemResult:
@@ -168,9 +157,7 @@ def _failed(index: int, item: WarmupItem, exc: BaseException, seconds: float) ->
     return ItemResult.failed(index, item, exc, seconds)
 
 
-def _load_hit(
-    cache: ArtifactStore, index: int, item: WarmupItem, entry: Any, start: float, *, lowered: bool,
-) -> ItemResult | None:
+def _load_hit(cache: ArtifactStore, index: int, item: WarmupItem, entry: Any, start: float) -> ItemResult | None:
     """Loads a stored entry, which checks that it is servable: the hit, or None when
     it did not load (then it is quarantined, and compiled again)."""
     try:
@@ -181,14 +168,14 @@ def _load_hit(
     except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
         cache.quarantine(entry, str(exc))
         return None
-    return _done(index, item, entry, "hit", time.perf_counter() - start, lowered=lowered)
+    return _done(index, item, entry, "hit", time.perf_counter() - start)
 
 
 @dataclass(frozen=True, slots=True)
 class Deferred:
     """An item lowered here whose compile someone else holds a claim on (another
     runner, or another process of this warm-up): the warm-up waits for its entry at
-    the end (:meth:`~aot.cache.warmup.claims.WarmupClaims.wait_for_key`). Plain data:
+    the end (:meth:`~aot.cache.warmup.claims.WarmupClaims.wait_for`). Plain data:
     a worker process sends it back in place of an :class:`ItemResult`."""
 
     index: int
@@ -197,30 +184,20 @@ class Deferred:
     seconds: float  # spent on it so far (prepare, lower, look up)
 
 
-def load_key(
-    cache: ArtifactStore, index: int, item: WarmupItem, key: str, seconds: float = 0.0, *, waited: bool = False,
-) -> ItemResult | None:
-    """The hit of item ``index`` whose key is stored now (another runner compiled it),
-    or None. ``seconds``: spent on the item before."""
+def load_stored(cache: ArtifactStore, pending: Lowered | Deferred, *, waited: bool = False) -> ItemResult | None:
+    """The hit of an item lowered (here or in another process) whose key is stored now
+    (another runner compiled it), or None."""
     start = time.perf_counter()
-    entry = cache.lookup(key)
+    entry = cache.lookup(pending.key)
     if entry is None or not entry.ok:
         return None
-    result = _load_hit(cache, index, item, entry, start, lowered=True)
+    result = _load_hit(cache, pending.index, pending.item, entry, start)
     if result is None:
         return None
-    return dataclasses.replace(result, seconds=seconds + result.seconds, waited=waited)
+    return dataclasses.replace(result, seconds=pending.seconds + result.seconds, waited=waited)
 
 
-def load_stored(cache: ArtifactStore, lowered: Lowered, *, waited: bool = False) -> ItemResult | None:
-    """The hit of a lowered item whose key is stored now (another runner compiled it),
-    or None."""
-    return load_key(
-        cache, lowered.index, lowered.item, lowered.computation.fingerprint, lowered.seconds, waited=waited,
-    )
-
-
-def lower_here(cache: ArtifactStore, records: RecordStore, index: int, item: WarmupItem) -> ItemResult | Lowered:
+def lower_here(cache: ArtifactStore, index: int, item: WarmupItem) -> ItemResult | Lowered:
     """The hit (lowered, and its key found stored), a failure, or the lowered item to
     compile. Every item is lowered: what a trace reads (files, environment variables)
     cannot be proven unchanged without tracing; only the compile is skipped on a hit."""
@@ -231,7 +208,6 @@ def lower_here(cache: ArtifactStore, records: RecordStore, index: int, item: War
     with x64_mode(item):
         try:
             prepared = prepare(item)
-            rid = record_id(item, prepared, cache.environment.digest) if records.enabled else None
             options = dict(prepared.options)
             pmap = options.pop("pmap", False)
             computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
@@ -239,19 +215,17 @@ def lower_here(cache: ArtifactStore, records: RecordStore, index: int, item: War
             key = computation.fingerprint
             entry = cache.lookup(key)
             if entry is not None and entry.ok:
-                result = _load_hit(cache, index, item, entry, start, lowered=True)
+                result = _load_hit(cache, index, item, entry, start)
                 if result is not None:
-                    records.remember(rid, key)
                     return result
             if computation.symbolic:  # nothing to compile: its portable HLO is stored
                 from aot.build import build_symbolic_artifact
 
                 entry = cache.put_artifact(build_symbolic_artifact(computation))  # the run sets refs
-                records.remember(rid, entry.key)
                 return _done(index, item, entry, "compiled", time.perf_counter() - start)
         except Exception as exc:  # noqa: BLE001 - every item is tried; failures are recorded
             return _failed(index, item, exc, time.perf_counter() - start)
-    return Lowered(index, item, computation, rid, time.perf_counter() - start)
+    return Lowered(index, item, computation, time.perf_counter() - start)
 
 
 def compile_lowered(lowered: Lowered) -> tuple[Any, float]:
@@ -264,9 +238,12 @@ def compile_lowered(lowered: Lowered) -> tuple[Any, float]:
 
 
 def store_here(
-    cache: ArtifactStore, records: RecordStore, lowered: Lowered, compiled: Future[tuple[Any, float]],
+    cache: ArtifactStore, lowered: Lowered, compiled: Future[tuple[Any, float]],
+    release: Callable[[str], object] | None = None,
 ) -> ItemResult:
-    """Exports, serializes and stores a compiled item; its result."""
+    """Exports, serializes and stores a compiled item; its result. ``release``: gives
+    up the compile claim on its key then (stored, or failed): the run's
+    :meth:`~aot.cache.warmup.claims.WarmupClaims.release_key`."""
     from aot.build import build_artifact
 
     index, item = lowered.index, lowered.item
@@ -278,38 +255,11 @@ def store_here(
         entry = cache.put_artifact(artifact)
     except Exception as exc:  # noqa: BLE001
         return _failed(index, item, exc, lowered.seconds + time.perf_counter() - start)
-    records.remember(lowered.rid, entry.key)
+    finally:
+        if release is not None:
+            release(lowered.key)
     seconds = lowered.seconds + compile_seconds + time.perf_counter() - start
     return _done(index, item, entry, "compiled", seconds)
-
-
-def _now(fn: Callable[[], Any]) -> Future[Any]:
-    """``fn()`` run here, as a finished future."""
-    future: Future[Any] = Future()
-    try:
-        future.set_result(fn())
-    except BaseException as exc:  # noqa: BLE001 - delivered by result()
-        future.set_exception(exc)
-    return future
-
-
-def run_one(
-    cache: ArtifactStore, index: int, item: WarmupItem, records: RecordStore | None = None, grant: Grant | None = None,
-) -> ItemResult | Deferred:
-    """One item, start to end, in this thread. ``grant``: asked before the compile
-    (compile claims); an item it refuses is :class:`Deferred`."""
-    records = records if records is not None else RecordStore(None)
-    outcome = lower_here(cache, records, index, item)
-    if isinstance(outcome, ItemResult):
-        return outcome
-    if grant is not None:
-        key = outcome.computation.fingerprint
-        if not grant(key, item.label):
-            return Deferred(index, item, key, outcome.seconds)
-        stored = load_stored(cache, outcome)  # stored between the look-up and the claim?
-        if stored is not None:
-            return stored  # whoever granted the claim releases it with the result
-    return store_here(cache, records, outcome, _now(lambda: compile_lowered(outcome)))
 
 
 # ---------------------------------------------------------------- any process, any executor
@@ -330,25 +280,6 @@ def cache_options(cache: ArtifactStore) -> dict[str, Any]:
 
 _TASK_CACHES: dict[tuple[Any, ...], ArtifactStore] = {}
 _TASK_LOCK = threading.Lock()
-
-
-def warmup_task(
-    cache_options: dict[str, Any], x64: bool, index: int, item: WarmupItem, records: bool = True,
-    grant: Grant | None = None,
-) -> ItemResult | Deferred:
-    """Compiles one item into the cache ``cache_options`` names; what an executor runs.
-
-    A module-level function of plain data, so any executor can ship it (pickled by a
-    process pool, cloudpickled by dask). Each worker process (and thread) opens the
-    cache once and keeps it. ``records``: use and write warm-up records. ``grant``
-    (a worker process of ``--jobs N``: its parent's compile claims) is asked before
-    the compile; an item it refuses comes back :class:`Deferred`.
-    """
-    try:
-        cache = task_cache(cache_options, x64)
-    except Exception as exc:  # noqa: BLE001
-        return ItemResult.failed(index, item, exc)
-    return run_one(cache, index, item, RecordStore.for_cache(cache, enabled=records), grant)
 
 
 def task_cache(cache_options: dict[str, Any], x64: bool) -> ArtifactStore:

@@ -202,7 +202,7 @@ class Prepared:
 
 def item_environment(cache: ArtifactStore, item: WarmupItem) -> Any:
     """The environment fingerprint ``item`` is compiled for: its device target's, or
-    this host's (:attr:`Cache.environment`)."""
+    this host's (:attr:`ArtifactStore.environment`)."""
     if item.device_target is None:
         return cache.environment
     from aot.fingerprint import environment_fingerprint

@@ -225,7 +225,8 @@ def _worker_main(conn: Connection, env: dict[str, str], log_level: int, parent_p
     try:
         importlib.import_module("aot.cache.store")  # imported now, not in the first item
         from aot.cache.warmup.targets import remembering_specs
-        from aot.cache.warmup.steps import ItemResult, warmup_task
+        from aot.cache.warmup.claims import warmup_task
+        from aot.cache.warmup.steps import ItemResult
 
         _warm_up()
     finally:
@@ -249,10 +250,10 @@ def _serve(conn: Connection, result_type: Any, task: Any) -> None:
             os._exit(0)
         if message[0] == "grant":
             continue  # an answer that came after its wait ran out
-        _, index, item, x64, options, records, claims = message
+        _, index, item, x64, options, claims = message
         grant = (lambda key, label: _ask_grant(conn, key, label)) if claims else None
         try:
-            result = task(options, x64, index, item, records, grant)
+            result = task(options, x64, index, item, grant)
         except Exception as exc:  # noqa: BLE001 - the parent must get an answer
             result = result_type.failed(index, item, exc)
         conn.send(("result", result))
