@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import click
@@ -49,6 +50,18 @@ def _render(state: State, report: TransferReport, verb: str) -> None:
         click.get_current_context().exit(1)
 
 
+def _copy_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The options push and pull share, and the state."""
+    for option in reversed((
+        click.option("-j", "--jobs", type=click.IntRange(1, 64), default=4, show_default=True, help=JOBS_HELP),
+        click.option("--refs", "overwrite_refs", is_flag=True, help=REFS_HELP),
+        click.option("--release", metavar="LABEL", help=RELEASE_HELP),
+        pass_state,
+    )):
+        command = option(command)
+    return command
+
+
 @click.command("push", short_help="Copy entries (all, or matching NAME_GLOBs) to another cache.")
 @click.argument("destination", metavar="DEST")
 @click.argument("globs", nargs=-1, metavar="[NAME_GLOB]...", shell_complete=complete_entry_names)
@@ -56,10 +69,7 @@ def _render(state: State, report: TransferReport, verb: str) -> None:
     "--to-blobs", metavar="LOCATION",
     help="DEST's blob location, if not inside DEST: a folder or s3://, gs://, az://, file://.",
 )
-@click.option("-j", "--jobs", type=click.IntRange(1, 64), default=4, show_default=True, help=JOBS_HELP)
-@click.option("--refs", "overwrite_refs", is_flag=True, help=REFS_HELP)
-@click.option("--release", metavar="LABEL", help=RELEASE_HELP)
-@pass_state
+@_copy_options
 def push_command(
     state: State, destination: str, globs: tuple[str, ...], to_blobs: str | None, jobs: int,
     overwrite_refs: bool, release: str | None,
@@ -88,10 +98,7 @@ def push_command(
     "--from-blobs", metavar="LOCATION",
     help="SOURCE's blob location, if not inside SOURCE: a folder or s3://, gs://, az://, file://.",
 )
-@click.option("-j", "--jobs", type=click.IntRange(1, 64), default=4, show_default=True, help=JOBS_HELP)
-@click.option("--refs", "overwrite_refs", is_flag=True, help=REFS_HELP)
-@click.option("--release", metavar="LABEL", help=RELEASE_HELP)
-@pass_state
+@_copy_options
 def pull_command(
     state: State, source: str, globs: tuple[str, ...], from_blobs: str | None, jobs: int,
     overwrite_refs: bool, release: str | None,
