@@ -53,7 +53,6 @@ from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
 from aot.cache.storage.locations import FOLDER, classify_location
-from aot.cache.timeouts import Timeouts
 from aot.errors import BlobLocationError, AotError, CacheError, CorruptArtifactError
 from aot.signing import key_from
 
@@ -152,19 +151,11 @@ class TieredStore(ArtifactStore):
     """
 
     def __init__(
-        self,
-        location: str | os.PathLike[str] | None = None,
-        *,
-        signing_key: str | bytes | None = None,
-        read_only: bool = False,
-        blob_location: str | os.PathLike[str] | None = None,
-        require_signatures: bool = False,
-        local: str | os.PathLike[str] | None = None,
-        refresh: bool = True,
-        blob_mirror: bool = False,
-        timeouts: Timeouts | None = None,
-        create: bool = True,
+        self, location: str | os.PathLike[str] | None = None, *, local: str | os.PathLike[str] | None = None,
+        refresh: bool = True, **options: Any,
     ) -> None:
+        """``options``: the remote's, as :class:`~aot.cache.store.ArtifactStore` takes them;
+        the local tier shares its signing key and network bounds."""
         if local is None:
             raise TypeError("a tiered cache needs local=FOLDER")
         where = classify_location(local)
@@ -178,16 +169,11 @@ class TieredStore(ArtifactStore):
         # Intact local rows seen by this process, by key (saves a lookup per load).
         self._held: dict[str, IndexEntry] = {}
         self._warned_offline = False
-        self.timeouts = timeouts  # the remote's; the local tier's statistics flush too
-        self.local = ArtifactStore(
-            where.target, signing_key=signing_key, require_signatures=require_signatures, timeouts=timeouts,
-        )
+        self.timeouts = options.get("timeouts")  # the remote's; the local tier's statistics flush too
+        shared = ("signing_key", "require_signatures", "timeouts")
+        self.local = ArtifactStore(where.target, **{k: options[k] for k in shared if k in options})
         try:
-            super().__init__(
-                location, signing_key=signing_key, read_only=read_only,
-                blob_location=blob_location, require_signatures=require_signatures,
-                blob_mirror=blob_mirror, timeouts=timeouts, create=create,
-            )
+            super().__init__(location, **options)
         except BlobLocationError:  # a misconfiguration, not an outage: never hidden by the tier
             self.local.close()
             raise
@@ -195,11 +181,11 @@ class TieredStore(ArtifactStore):
             if self.local.index.is_empty():
                 self.local.close()
                 raise
-            self._offline(location, read_only, blob_location, signing_key, require_signatures, exc)
+            self._offline(location, exc, **options)
 
     def _offline(
-        self, location: Any, read_only: bool, blob_location: Any, signing_key: Any,
-        require_signatures: bool, exc: CacheError,
+        self, location: Any, exc: CacheError, *, read_only: bool = False, blob_location: Any = None,
+        signing_key: Any = None, require_signatures: bool = False, **_: Any,
     ) -> None:
         """The remote could not be opened: serve the local tier alone."""
         self.location = str(location) if location is not None else default_location()
