@@ -301,6 +301,18 @@ class ArtifactStore(ReleaseMethods):
             self._environment[current] = environment_fingerprint()
         return self._environment[current]
 
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments that open this cache again elsewhere (a warm-up worker,
+        the other end of a push): its signing key, signature policy, blob location and
+        network bounds (absent when the environment's: the other process reads its own)."""
+        options = {
+            "signing_key": self.signing_key, "require_signatures": self.require_signatures,
+            "blob_location": self.blob_location,
+        }
+        if self.timeouts is not None:
+            options["timeouts"] = self.timeouts
+        return options
+
     def known_environment(self) -> Fingerprint | None:
         """This host's environment fingerprint without opening a device (a TPU may be
         held by a server), or None when it cannot be known so: what the reports compare

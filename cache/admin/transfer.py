@@ -186,13 +186,8 @@ def open_other(
     location = os.fspath(location)
     if read_only:
         require_cache(location, "nothing to pull from", "check the SOURCE location")
-    options: dict[str, Any] = {}
-    if like is not None:
-        options = {
-            "signing_key": like.signing_key, "require_signatures": like.require_signatures,
-            "timeouts": getattr(like, "timeouts", None),
-        }
-    return ArtifactStore(location, read_only=read_only, blob_location=blob_location, **options)
+    options = {**(like.options() if like is not None else {}), "blob_location": blob_location}
+    return ArtifactStore(location, read_only=read_only, **options)
 
 
 def push(

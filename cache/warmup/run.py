@@ -46,7 +46,6 @@ from aot.cache.warmup.steps import (
     Deferred,
     ItemResult,
     Lowered,
-    cache_options,
     compile_lowered,
     lower_here,
     store_here,
@@ -404,7 +403,7 @@ def _run_on_executor(
     process holds its claim, released with its result)."""
     import jax
 
-    options = cache_options(cache)
+    options = {"location": cache.location, **cache.options()}
     x64 = bool(jax.config.jax_enable_x64)
 
     def submit(index: int, item: WarmupItem, claim: bool) -> Future[Any]:

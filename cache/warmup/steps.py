@@ -39,7 +39,6 @@ __all__ = [
     "Deferred",
     "ItemResult",
     "Lowered",
-    "cache_options",
     "compile_lowered",
     "load_stored",
     "lower_here",
@@ -265,25 +264,12 @@ def store_here(
 # ---------------------------------------------------------------- any process, any executor
 
 
-def cache_options(cache: ArtifactStore) -> dict[str, Any]:
-    """How a worker process opens the same cache (signing key and bounds included)."""
-    options = {
-        "location": cache.location,
-        "signing_key": cache.signing_key,
-        "require_signatures": cache.require_signatures,
-        "blob_location": cache.blob_location,
-    }
-    if getattr(cache, "timeouts", None) is not None:
-        options["timeouts"] = cache.timeouts
-    return options
-
-
 _TASK_CACHES: dict[tuple[Any, ...], ArtifactStore] = {}
 _TASK_LOCK = threading.Lock()
 
 
 def task_cache(cache_options: dict[str, Any], x64: bool) -> ArtifactStore:
-    """The cache ``cache_options`` names, opened once per process and thread (and
+    """The cache ``cache_options`` (``location`` and :meth:`ArtifactStore.options`) names, opened once per process and thread (and
     JAX's x64 mode set to the warm-up's)."""
     import jax
 

@@ -168,14 +168,12 @@ def test_load_and_install_open_their_cache_with_the_given_timeouts(tmp_path: Pat
 
 def test_warmup_workers_and_the_other_end_of_a_push_keep_the_bounds(tmp_path: Path) -> None:
     from aot.cache.admin.transfer import open_other
-    from aot.cache.warmup.steps import cache_options
-
     with aot.Cache(tmp_path / "c", timeouts=GIVEN) as cache:
-        assert cache_options(cache)["timeouts"] is GIVEN
+        assert cache.options()["timeouts"] is GIVEN
         with open_other(tmp_path / "d", read_only=False, like=cache) as other:
             assert other.timeouts is GIVEN
     with aot.Cache(tmp_path / "c") as cache:
-        assert "timeouts" not in cache_options(cache)  # the worker reads its environment
+        assert "timeouts" not in cache.options()  # the worker reads its environment
 
 
 def test_a_cache_refuses_timeouts_of_another_type(tmp_path: Path) -> None:
