@@ -29,9 +29,8 @@ from aot.signing import key_from, sign, verify
 from aot.cache.storage.content import ContentStore
 from aot.cache.index.entry import INDEX_FILE, IndexEntry
 from aot.cache.index.release_methods import ReleaseMethods
-from aot.cache.index.description import same_database
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
-from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store
+from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store, same_database
 from aot.cache.timeouts import Timeouts
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from aot.artifact import FORMAT_VERSION, READABLE_FORMAT_VERSIONS
 from aot.errors import BlobLocationError
 from aot.cache.index.releases import CacheDescription
-from aot.cache.storage.locations import DATABASE, FOLDER, classify_location
+from aot.cache.storage.locations import DATABASE, FOLDER, classify_location, same_database
 
 if TYPE_CHECKING:
     from aot.cache.index.sql import Index
@@ -41,15 +41,6 @@ __all__ = ["COMPRESSION", "EVIDENCE_ENTRIES", "blob_identity", "check_descriptio
 COMPRESSION = "zstd"
 #: Entries whose executable blob is looked up before describing an existing cache.
 EVIDENCE_ENTRIES = 8
-
-
-def same_database(a: str, b: str) -> bool:
-    """Whether two locations are the same database (URLs equal but for the password)."""
-    if classify_location(a).kind != DATABASE or classify_location(b).kind != DATABASE:
-        return False
-    from sqlalchemy.engine import make_url
-
-    return make_url(a).set(password=None) == make_url(b).set(password=None)
 
 
 def blob_identity(location: str | None, cache_location: str) -> str | None:

@@ -31,6 +31,7 @@ __all__ = [
     "Location",
     "classify_location",
     "is_url",
+    "same_database",
     "open_object_store",
 ]
 
@@ -115,6 +116,15 @@ def classify_location(location: str | os.PathLike[str]) -> Location:
     if backend in DATABASE_BACKENDS:
         return Location(DATABASE, text, scheme)
     raise _unknown_scheme(text, scheme)
+
+
+def same_database(a: str, b: str) -> bool:
+    """Whether two locations are the same database (URLs equal but for the password)."""
+    if classify_location(a).kind != DATABASE or classify_location(b).kind != DATABASE:
+        return False
+    from sqlalchemy.engine import make_url
+
+    return make_url(a).set(password=None) == make_url(b).set(password=None)
 
 
 def open_object_store(
