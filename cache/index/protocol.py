@@ -1,55 +1,85 @@
-"""The one read seam of the index: what the cache and serving read from it.
+"""The one read protocol of the index: every read the cache, serving, the reports, the
+admin commands and gc's plan make of it (and the two writes a reader may make: a use's
+touch, gc's drop of expired leases).
 
 Two implementations answer it: :class:`~aot.cache.index.reader.SqliteReader` (the
-standard library's :mod:`sqlite3`, for a folder cache: serving never imports
-SQLAlchemy) and :class:`~aot.cache.index.sql.Index` (SQLAlchemy: a database, or a
-folder whose file the stdlib reader cannot read). A cache picks one when it opens
-(:attr:`aot.cache.cache.Cache.reader`) and reads through it from then on; writes, gc
-and reports use the SQL index itself.
+standard library's :mod:`sqlite3`, for a folder cache: serving and the listing commands
+never import SQLAlchemy) and :class:`~aot.cache.index.sql.Index` (SQLAlchemy: a
+database, or a folder whose file the stdlib reader cannot read). A cache picks one when
+it opens (:attr:`aot.cache.cache.Cache.reader`) and reads through it from then on;
+writes use the SQL index itself. tests/cache/index/test_read_protocol.py holds both to
+the same answers, on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Collection
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from aot.cache.index.entry import IndexEntry
-from aot.cache.index.refs import Ref, ReleaseMember
+if TYPE_CHECKING:
+    from aot.cache.index.entry import GcRow, IndexEntry
+    from aot.cache.index.jit_records import JitEntry, JitStats
+    from aot.cache.index.refs import Ref, ReleaseMember
 
-__all__ = ["IndexReader"]
+__all__ = ["IndexReader", "open_reader"]
 
 
 @runtime_checkable
 class IndexReader(Protocol):
-    """Reads of artifact rows, and the record of a use."""
+    """Reads of the index; ``by_name``, ``entries`` and ``refs`` are oldest (by name)
+    first, times are UTC, a glob is fnmatch's (case-sensitive)."""
 
     read_only: bool
+    url: str  # the index's SQLAlchemy URL, password masked
 
-    def get(self, key: str) -> IndexEntry | None:
-        """The row of ``key`` as it is now (None: not stored)."""
-        ...
+    # Artifact rows (serving, the cache's lookups, aot ls / show).
+    def get(self, key: str) -> IndexEntry | None: ...
+    def get_many(self, keys: Collection[str]) -> dict[str, IndexEntry]: ...
+    def by_name(self, name: str, env_fp: str | None = None, state: str | None = "ok") -> list[IndexEntry]: ...
+    def names(self) -> list[str]: ...
+    def entries(self, name_glob: str | None = None) -> list[IndexEntry]: ...
+    def find_key_prefix(self, prefix: str, *, limit: int | None = None) -> list[str]: ...
+    def signature_keys(self, names: Collection[str]) -> dict[tuple[str, str], str]: ...
+    def signature_manifests(self, pairs: Collection[tuple[str, str]]) -> dict[tuple[str, str], str]: ...
+    def manifests(self, keys: Collection[str]) -> dict[str, str]: ...
+    # Refs and releases.
+    def refs_named(self, name: str, env_fp: str | None = None) -> list[Ref]: ...
+    def refs(self, name_glob: str | None = None) -> list[Ref]: ...
+    def release_members(self, label: str, name: str) -> tuple[ReleaseMember, ...] | None: ...
+    def release_labels(self) -> list[str]: ...
+    # Statistics, JAX's persistent cache, blobs.
+    def call_stats(self, name_glob: str | None = None, env_fp: str | None = None) -> list[dict[str, Any]]: ...
+    def jit_entries(self, name_glob: str | None = None) -> list[JitEntry]: ...
+    def jit_stats(self, name_glob: str | None = None) -> list[JitStats]: ...
+    def blob_sizes(self) -> dict[str, int]: ...
+    # gc's plan (aot.cache.admin.maintenance.plan_gc).
+    def gc_rows(self) -> list[GcRow]: ...
+    def now(self) -> datetime: ...
+    def pinned_keys(self, *, excluding: Collection[str] = ()) -> dict[str, str]: ...
+    def pin_reasons(self, *, excluding: Collection[str] = ()) -> dict[str, list[str]]: ...
+    def leased_digests(self) -> set[str]: ...
+    def has_expired_leases(self) -> bool: ...
+    def referenced_digests(self) -> set[str]: ...
+    def referenced_among(self, digests: Collection[str]) -> set[str]: ...
+    def emptiness(self) -> tuple[bool, datetime | None]: ...
+    # Writes: a use (nothing when read-only; never fails a load), killed writers' leases.
+    def touch(self, key: str) -> None: ...
+    def drop_expired_leases(self) -> int: ...
+    def close(self) -> None: ...
 
-    def by_name(self, name: str, env_fp: str | None = None, state: str | None = "ok") -> list[IndexEntry]:
-        """Rows stored under ``name`` (for one environment; ``state=None``: any state),
-        oldest first (``created_at``, then key)."""
-        ...
 
-    def refs_named(self, name: str, env_fp: str | None = None) -> list[Ref]:
-        """The current refs of ``name`` (of one environment): which key each
-        (signature, environment) serves."""
-        ...
+def open_reader(location: str) -> IndexReader | None:
+    """A read-only reader of the index at ``location``: a database URL's SQL index, a
+    folder's stdlib reader (None: the folder holds no index; nothing is created)."""
+    if "://" in location:
+        from aot.cache.index.sql import Index
 
-    def release_members(self, label: str, name: str) -> tuple[ReleaseMember, ...] | None:
-        """The refs of ``name`` in release ``label``'s current set (None: no such label)."""
-        ...
+        return Index(location, read_only=True)
+    from pathlib import Path
 
-    def names(self) -> list[str]:
-        """Every name with at least one row, sorted."""
-        ...
+    from aot.cache.index.entry import INDEX_FILE
+    from aot.cache.index.reader import SqliteReader
 
-    def touch(self, key: str) -> None:
-        """Records a use of ``key`` (last-used time, hit count); nothing when read-only,
-        and never fails a load (a database error is logged)."""
-        ...
-
-    def close(self) -> None:
-        ...
+    index_file = Path(location).expanduser() / INDEX_FILE
+    return SqliteReader(index_file, read_only=True) if index_file.is_file() else None

@@ -79,9 +79,9 @@ def _in_lists(keys: Collection[str]) -> Iterator[tuple[list[str], str]]:
 
 
 class SqliteReader(SqliteGcReads):
-    """An :class:`~aot.cache.index.protocol.IndexReader` of a folder cache's
-    ``index.sqlite`` with :mod:`sqlite3`; opened only on an existing, current index.
-    It also answers gc's plan (:class:`~aot.cache.index.gc_reads.GcReads`)."""
+    """The :class:`~aot.cache.index.protocol.IndexReader` of a folder cache's
+    ``index.sqlite`` with :mod:`sqlite3` (gc's reads: :class:`SqliteGcReads`); opened
+    only on an existing, current index."""
 
     def __init__(self, path: Path, *, read_only: bool) -> None:
         self.path = path
@@ -240,7 +240,7 @@ class SqliteReader(SqliteGcReads):
         return rows[0][0] if rows else None
 
     # The reads of the listing commands (aot ls, show), as the SQL index answers them,
-    # so that they import neither SQLAlchemy nor JAX (aot.cache.reports.reads).
+    # so that they import neither SQLAlchemy nor JAX.
 
     def entries(self, name_glob: str | None = None) -> list[IndexEntry]:
         """All rows, or those whose name matches an fnmatch glob, by name, age, key."""

@@ -20,7 +20,6 @@ from aot.cache.index.reader import SqliteReader
 from aot.cache.index.refs import RefOrigin, ReleaseMember
 from aot.cache.index.schema import CALL_STATS
 from aot.cache.index.sql import Index
-from aot.cache.reports.reads import reads_of
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
 GLOBS = (None, "*", "mlp.*", "MLP.*", "a_b%c", "a?b*", "[mt]*", "tiny", "no.such", "*名")
@@ -104,12 +103,7 @@ def test_key_prefixes_release_labels_and_url_match(both: tuple[Index, SqliteRead
 def test_call_stats_match_the_sql_index(both: tuple[Index, SqliteReader]) -> None:
     index, reader = both
 
-    class Folder:  # what reads_of looks at: a cache's reader and its SQL index
-        def __init__(self, reader: object) -> None:
-            self.reader, self.index = reader, index
-
-    via_index = reads_of(Folder(index))  # type: ignore[arg-type]
-    assert reads_of(Folder(reader)) is reader  # type: ignore[arg-type]
+    via_index = index
     key = lambda r: (r["env_fp"], r["name"])  # noqa: E731
     for glob in GLOBS:
         for env in (None, "env-a", "env-b"):
