@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from aot.cache.index.engine import IndexEngine
 from aot.cache.index.entry import GC_COLUMNS, GcRow, IndexEntry, collector_paused, gc_rows_of_sqlite, utc_value
 from aot.cache.index.globs import glob_to_like, like_escape, name_range
-from aot.cache.index.schema import ARTIFACTS, BLOBS, CALL_STATS, JIT_ENTRIES, PROGRAMS, RELEASES
+from aot.cache.index.schema import ARTIFACTS, BLOBS, CALL_STATS, DEFAULT_RELEASE, JIT_ENTRIES, PROGRAMS, RELEASES
 from aot.cache.index.state import emptiness_query
 
 __all__ = ["BlobRow", "IndexReads"]
@@ -287,6 +287,11 @@ class IndexReads(IndexEngine):
         """Every release label, sorted."""
         with self._read("list releases") as conn:
             return list(conn.execute(sa.select(RELEASES.c.label).distinct().order_by(RELEASES.c.label)).scalars())
+
+    def default_release(self) -> str | None:
+        """The cache's declared default release (None: none declared)."""
+        with self._read("read the default release") as conn:
+            return conn.execute(sa.select(DEFAULT_RELEASE.c.label).where(DEFAULT_RELEASE.c.id == 1)).scalar_one_or_none()
 
     def call_stats(self, name_glob: str | None = None, env_fp: str | None = None) -> list[dict[str, Any]]:
         """The serving statistics rows (names matching ``name_glob``; of one environment),

@@ -301,6 +301,14 @@ def test_refs_releases_and_pins_answer_as_specified(backend: Backend, filled: In
     assert {r.key for r in filled.refs("mlp.*")} == {k for n, _, _, k in served if n == "mlp.forward"}
     assert filled.refs("MLP.*") == [] and {r.key for r in filled.refs("*名")} == {k for n, *_, k in served if n.endswith("名")}
     assert filled.release_labels() == ["canary", "prod"]
+    assert filled.default_release() is None
+    import sqlalchemy as sa
+
+    from aot.cache.index.schema import DEFAULT_RELEASE
+
+    with backend.writer.engine.begin() as conn:
+        conn.execute(sa.insert(DEFAULT_RELEASE).values(id=1, label="prod", set_at=T0, host="h", user="u"))
+    assert filled.default_release() == "prod"
     assert set(filled.pinned_keys()) == {k for *_, k in served}
     reasons = filled.pin_reasons(excluding=["prod"])
     assert set(reasons) == {k for *_, k in served} and all(reasons.values())
