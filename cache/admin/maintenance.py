@@ -87,7 +87,9 @@ class VerifyReport:
         }
 
 
-def empty_index_problem(cache: Cache, digests: Iterable[str] | None = None, reads: IndexReader | None = None) -> str | None:
+def empty_index_problem(
+    cache: Cache, digests: Iterable[str] | None = None, reads: IndexReader | None = None,
+) -> str | None:
     """A message when the index has no row but the blob store holds blobs (``digests``,
     listed if not given) that no writer has leased: the index was lost, truncated or
     replaced, and gc would otherwise delete every blob. None for an index that its own

@@ -291,7 +291,7 @@ class IndexReads(IndexEngine):
     def default_release(self) -> str | None:
         """The cache's declared default release (None: none declared)."""
         with self._read("read the default release") as conn:
-            return conn.execute(sa.select(DEFAULT_RELEASE.c.label).where(DEFAULT_RELEASE.c.id == 1)).scalar_one_or_none()
+            return conn.execute(sa.select(DEFAULT_RELEASE.c.label).where(DEFAULT_RELEASE.c.id == 1)).scalar()
 
     def call_stats(self, name_glob: str | None = None, env_fp: str | None = None) -> list[dict[str, Any]]:
         """The serving statistics rows (names matching ``name_glob``; of one environment),

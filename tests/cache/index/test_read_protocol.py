@@ -299,7 +299,8 @@ def test_refs_releases_and_pins_answer_as_specified(backend: Backend, filled: In
     assert {(r.name, r.signature, r.env_fp, r.key) for r in refs} == served
     assert [(r.name, r.signature) for r in refs] == sorted((r.name, r.signature) for r in refs)
     assert {r.key for r in filled.refs("mlp.*")} == {k for n, _, _, k in served if n == "mlp.forward"}
-    assert filled.refs("MLP.*") == [] and {r.key for r in filled.refs("*名")} == {k for n, *_, k in served if n.endswith("名")}
+    assert filled.refs("MLP.*") == []
+    assert {r.key for r in filled.refs("*名")} == {k for n, *_, k in served if n.endswith("名")}
     assert filled.release_labels() == ["canary", "prod"]
     assert filled.default_release() is None
     import sqlalchemy as sa

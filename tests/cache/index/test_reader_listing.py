@@ -19,6 +19,7 @@ from aot.cache.index.reader import SqliteReader
 from aot.cache.index.sql import Index
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
+GLOBS = (None, "*", "mlp.*", "MLP.*", "a_b%c", "a?b*", "[mt]*", "tiny", "no.such", "*名")
 
 
 def _digest(text: str) -> str:
@@ -34,6 +35,13 @@ def _row(name: str, signature: str, env_fp: str, seconds: int) -> IndexEntry:
         raw_size=3000, stored_size=1000, compile_seconds=0.25, created_at=T0 + timedelta(seconds=seconds),
         last_used_at=T0,
     )
+
+
+ROWS = [  # test_name_range.py's too
+    _row("mlp.forward", "f32[8,784]", "env-a", 3), _row("mlp.forward", "f32[1,784]", "env-a", 1),
+    _row("mlp.forward", "f32[1,784]", "env-b", 1), _row("tiny", "f32[8]", "env-a", 2),
+    _row("a_b%c", "f32[8]", "env-a", 0), _row("axbc", "f32[8]", "env-b", 0), _row("ünï/名", "f32[2]", "env-a", 5),
+]
 
 
 def _signature_rows() -> list[IndexEntry]:
