@@ -462,7 +462,9 @@ def _open_folder(cache: ArtifactStore, folder: Path) -> Any:
             str(folder), "opened with create=False, so nothing was created",
             "aot compile, aot warmup and aot bundle import create a cache; check the path or AOT_CACHE",
         )
-        _refuse_foreign(index_file)
+        from aot.cache.index.reader import refuse_foreign
+
+        refuse_foreign(index_file)
     if not cache.read_only:
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -477,34 +479,6 @@ def _open_folder(cache: ArtifactStore, folder: Path) -> Any:
     if not index_file.exists():
         cache.index  # noqa: B018 - creates the schema of a new cache now
     return cache._open_blobs(cache.blob_location or str(folder / "blobs"))
-
-
-def _refuse_foreign(index_file: Path) -> None:
-    """Raises :class:`CacheError` when ``index_file`` is an SQLite database without a
-    jax-aot schema, before anything (blobs folder, WAL) is added next to it; read with
-    the standard library, read-only (an older schema is the readers' to refuse)."""
-    import sqlite3
-    from urllib.parse import quote
-
-    uri = f"file:{quote(index_file.resolve().as_posix())}?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True)
-        try:
-            tables = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError as exc:
-        raise CacheError(
-            f"no jax-aot cache index at {index_file}: not an SQLite database ({exc}); check the path or AOT_CACHE"
-        ) from None
-    if "schema_version" in tables:
-        return
-    shown = ", ".join(tables[:5]) + (f", ... ({len(tables)} in all)" if len(tables) > 5 else "")
-    found = f"it holds {len(tables)} other table(s) ({shown})" if tables else "it holds no tables"
-    raise CacheError(
-        f"no jax-aot cache index: {index_file} is not a jax-aot cache index: {found}; "
-        "aot compile, aot warmup and aot bundle import create a cache; check the path or AOT_CACHE"
-    )
 
 
 def _checked_timeouts(timeouts: Any) -> Timeouts | None:

@@ -120,19 +120,9 @@ class _UnreachableIndex:
     def __init__(self, message: str) -> None:
         self._message = message
 
-    def get(self, key: str) -> IndexEntry | None:
-        raise CacheError(self._message)
-
-    def by_name(self, name: str, env_fp: str | None = None, state: str | None = "ok") -> list[IndexEntry]:
-        raise CacheError(self._message)
-
-    def names(self) -> list[str]:
-        raise CacheError(self._message)
-
-    def refs_named(self, name: str, env_fp: str | None = None) -> list[Any]:
-        raise CacheError(self._message)
-
-    def release_members(self, label: str, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # every read of the protocol
+        if name.startswith("_"):
+            raise AttributeError(name)
         raise CacheError(self._message)
 
     def touch(self, key: str) -> None:

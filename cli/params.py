@@ -75,7 +75,7 @@ def complete_entry_names(ctx: click.Context, param: click.Parameter, incomplete:
     a folder's index is read with the standard library's SQLite reader."""
     try:
         from aot.cache.config import resolve_settings
-        from aot.cache.index.entry import INDEX_FILE
+        from aot.cache.index.protocol import open_reader
 
         from aot.cli.common import State
 
@@ -83,19 +83,9 @@ def complete_entry_names(ctx: click.Context, param: click.Parameter, incomplete:
         flags = {"cache": getattr(state, "location", None), "blobs": None}
         location = resolve_settings(flags).cache.value
         assert location is not None
-        if "://" in location:
-            from aot.cache.index.sql import Index
-
-            index: Any = Index(location, read_only=True)
-        else:
-            from pathlib import Path
-
-            from aot.cache.index.reader import SqliteReader
-
-            index_file = Path(location).expanduser() / INDEX_FILE
-            if not index_file.is_file():  # no cache: never create one
-                return []
-            index = SqliteReader(index_file, read_only=True)
+        index = open_reader(location)
+        if index is None:  # no cache: never create one
+            return []
         try:
             names = [name for name in index.names() if name.startswith(incomplete)]
         finally:

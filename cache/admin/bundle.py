@@ -40,7 +40,6 @@ import zstandard
 from aot.artifact import Artifact, Manifest
 from aot.cache.admin.carried_refs import CarriedRefs, RefsOutcome, apply_refs, carried_refs
 from aot.cache.names import name_problem
-from aot.cache.reports.reads import reads_of
 from aot.cache.storage.frames import FRAME_HEADER_MAX, MAX_BLOB_BYTES, MAX_WINDOW_BYTES
 from aot.errors import AotError, CacheError, CorruptArtifactError
 from aot.fingerprint import sha256_hex
@@ -111,7 +110,7 @@ def export_bundle(
         raise CacheError(f"give either NAME_GLOBs ({' '.join(names)}) or --release {release}: a release is exported whole")
     members = None if release is None else {m.key for m in carried_refs(cache, (), release).refs}
     matching = [
-        e for e in reads_of(cache).entries()
+        e for e in cache.reader.entries()
         if e.ok and (not names or any(fnmatch.fnmatchcase(e.name, g) for g in names))
         and (members is None or e.key in members)
     ]

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
-from aot.cache.reports.reads import reads_of
 from aot.errors import CacheError
 from aot.cache.units import counted
 
@@ -98,7 +97,7 @@ def carried_refs(source: ArtifactStore, keys: Collection[str], release: str | No
         return CarriedRefs(release_to_copy(source, release), release)
     wanted = set(keys)
     return CarriedRefs(tuple(
-        ReleaseMember(r.name, r.signature, r.env_fp, r.key) for r in reads_of(source).refs() if r.key in wanted
+        ReleaseMember(r.name, r.signature, r.env_fp, r.key) for r in source.reader.refs() if r.key in wanted
     ))
 
 

@@ -69,9 +69,7 @@ def describe_jit_entries(cache: ArtifactStore, key_or_name: str) -> list[JitDeta
     """The jit entries whose function name matches the glob ``key_or_name`` or whose
     key starts with it (JAX's key, e.g. ``jit_train_step-1f2e...``), with their HMAC's
     state; empty when none does."""
-    from aot.cache.reports.reads import reads_of  # a folder cache: the stdlib reader
-
-    return [JitDetails(e, _hmac_state(cache, e)) for e in reads_of(cache).jit_entries(key_or_name)]
+    return [JitDetails(e, _hmac_state(cache, e)) for e in cache.reader.jit_entries(key_or_name)]
 
 
 def verify_jit_entries(

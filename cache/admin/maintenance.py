@@ -27,8 +27,7 @@ from aot.signing import check_identity, verify as verify_signature
 from aot.cache.admin.jit_entries import verify_jit_entries
 from aot.cache.index.description import blobs_as_recorded
 from aot.cache.index.entry import GcRow, IndexEntry, collector_paused
-from aot.cache.index.gc_reads import GcReads
-from aot.cache.index.reader import SqliteReader
+from aot.cache.index.protocol import IndexReader
 from aot.cache.index.jit_records import AOT, JIT, JitEntry
 from aot.cache.index.served import ref_map, superseded_keys
 from aot.cache.storage.content import PROBLEM_MISSING
@@ -87,13 +86,15 @@ class VerifyReport:
         }
 
 
-def empty_index_problem(cache: ArtifactStore, digests: Iterable[str] | None = None, reads: GcReads | None = None) -> str | None:
+def empty_index_problem(
+    cache: ArtifactStore, digests: Iterable[str] | None = None, reads: IndexReader | None = None,
+) -> str | None:
     """A message when the index has no row but the blob store holds blobs (``digests``,
     listed if not given) that no writer has leased: the index was lost, truncated or
     replaced, and gc would otherwise delete every blob. None for an index that its own
     deletions emptied (gc's evictions, ``aot rm``; a gc that lost a race to another):
     the index records that in the deleting transaction, and the next row clears it.
-    ``reads``: the index's reads (default: the SQL index; gc's plan: :func:`gc_reads_of`)."""
+    ``reads``: the index's reads (default: the SQL index; gc's plan: the cache's reader)."""
     index = cache.index if reads is None else reads
     empty, emptied = index.emptiness()  # one snapshot: writers and gc run meanwhile
     if not empty:
@@ -441,7 +442,7 @@ def _kinds(kind: str) -> frozenset[str]:
 def plan_gc(
     cache: ArtifactStore, *, max_size: int | str | None = None, older_than: Any = None,
     superseded: bool = False, force: bool = False, unpinned: frozenset[tuple[str, str]] = frozenset(),
-    kind: str = "all", reads: GcReads | None = None,
+    kind: str = "all", reads: IndexReader | None = None,
 ) -> GcPlan:
     """Quarantined entries, entries unused for ``older_than``, superseded entries (with
     ``superseded``: a newer intact entry has the same name, signature and environment),
@@ -459,22 +460,12 @@ def plan_gc(
     last use: when stored, or last hit). ``kind`` (``aot``, ``jit``, ``all``) narrows
     which entries may be selected; every entry's blobs count in the size either way.
 
-    ``reads``: the index's reads to plan with (default :func:`gc_reads_of`: a folder
+    ``reads``: the index's reads to plan with (default the cache's reader: a folder
     cache's through the standard library, without importing SQLAlchemy).
     """
     with collector_paused():  # a million rows: see aot.cache.index.entry
-        return _plan_gc(cache, gc_reads_of(cache) if reads is None else reads, max_size=max_size,
+        return _plan_gc(cache, cache.reader if reads is None else reads, max_size=max_size,
                         older_than=older_than, superseded=superseded, force=force, unpinned=unpinned, kind=kind)
-
-
-def gc_reads_of(cache: ArtifactStore) -> GcReads:
-    """What gc plans with: the standard library's reader when the cache reads its
-    index through it (a folder cache: the same file as its SQL index), else the SQL
-    index. Deletions go through the SQL index, but for expired leases alone."""
-    reader = cache.reader
-    if isinstance(reader, SqliteReader):
-        return reader
-    return cache.index
 
 
 #: Above this many unkept blobs, gc reads every referenced digest in one scan rather
@@ -483,7 +474,7 @@ REFERENCED_LOOKUP_MAX = 20_000
 
 
 def _plan_gc(
-    cache: ArtifactStore, reads: GcReads, *, max_size: int | str | None, older_than: Any, superseded: bool, force: bool,
+    cache: ArtifactStore, reads: IndexReader, *, max_size: int | str | None, older_than: Any, superseded: bool, force: bool,
     unpinned: frozenset[tuple[str, str]], kind: str,
 ) -> GcPlan:
     limit = parse_size(max_size)
@@ -636,7 +627,7 @@ def _program(entry: _Row) -> _Program:
     return (entry.name, entry.signature, entry.program_fp)
 
 
-def _arguments_of(reads: GcReads, entries: Sequence[_Row]) -> dict[_Program, Signature]:
+def _arguments_of(reads: IndexReader, entries: Sequence[_Row]) -> dict[_Program, Signature]:
     """The arguments by name of each program among ``entries``, from one manifest per
     program (its environments' entries name the same arguments): a plan of half a
     million victims parses tens of thousands of manifests, not half a million."""
@@ -661,8 +652,8 @@ class ArgumentNames:
 
     __slots__ = ("_reads", "_entries", "_found", "_lock")
 
-    def __init__(self, reads: GcReads, entries: Sequence[_Row]) -> None:
-        self._reads: GcReads | None = reads
+    def __init__(self, reads: IndexReader, entries: Sequence[_Row]) -> None:
+        self._reads: IndexReader | None = reads
         self._entries = entries
         self._found: dict[_Program, Signature] | None = None
         self._lock = threading.Lock()
@@ -687,18 +678,18 @@ def _victim(entry: _Row, reason: str, names: ArgumentNames) -> GcVictim:
 
 
 def stale_signatures(
-    cache: ArtifactStore, manifest: str | os.PathLike[str], reads: GcReads | None = None,
+    cache: ArtifactStore, manifest: str | os.PathLike[str], reads: IndexReader | None = None,
 ) -> frozenset[tuple[str, str]]:
     """(name, signature) of the refs and entries whose name manifest ``manifest`` lists
     but not with that signature (a changed layer size leaves the old ones behind);
-    read through ``reads`` (default :func:`gc_reads_of`)."""
+    read through ``reads`` (default the cache's reader)."""
     from aot.cache.warmup.manifest import expand, load_manifest
     from aot.cache.warmup.targets import item_signature
 
     wanted: dict[str, set[str]] = {}
     for item in expand(load_manifest(manifest)):
         wanted.setdefault(item.name, set()).add(item_signature(item))
-    reads = gc_reads_of(cache) if reads is None else reads
+    reads = cache.reader if reads is None else reads
     stale = {(r.name, r.signature) for r in reads.refs() if r.name in wanted and r.signature not in wanted[r.name]}
     for name, signatures in wanted.items():
         stale |= {(e.name, e.signature) for e in reads.by_name(name, state=None) if e.signature not in signatures}
@@ -748,12 +739,12 @@ def collect_garbage(
     which the next gc removes. With an empty index beside stored blobs, gc refuses
     (``CacheError``) unless ``force``.
 
-    The plan reads through :func:`gc_reads_of` (a folder cache: the standard library);
+    The plan reads through the cache's reader (a folder cache: the standard library);
     the SQL index is opened only to delete rows, blobs or refs: a dry run, a gc with
     nothing to delete, and one that only drops expired leases (through the standard
     library's reader, under the same lock and statement) never import SQLAlchemy there.
     """
-    reads = gc_reads_of(cache)
+    reads = cache.reader
     stale = stale_signatures(cache, manifest, reads) if manifest is not None else frozenset()
     options = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force, kind=kind)
     plan = plan_gc(cache, unpinned=stale, reads=reads, **options)  # type: ignore[arg-type]

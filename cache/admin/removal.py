@@ -26,8 +26,7 @@ from aot.errors import ArtifactNotFoundError, CacheError, SpecError
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.jit_records import JitEntry
 from aot.cache.reports.listing import EntryRow, check_env_choice, entry_rows
-from aot.cache.reports.reads import reads_of
-from aot.cache.admin.maintenance import delete_unreferenced_blobs, gc_reads_of
+from aot.cache.admin.maintenance import delete_unreferenced_blobs
 from aot.signatures import Signature
 from aot.cache.units import human_size
 
@@ -208,7 +207,7 @@ class RemovalPlan:
 
 
 def _select(cache: ArtifactStore, target: str) -> list[IndexEntry]:
-    reads = reads_of(cache)
+    reads = cache.reader
     entries = reads.entries(target)
     if entries:
         return entries
@@ -250,7 +249,7 @@ def plan_removal(
     # KIND jit entries (by function name glob or key prefix): they have no input
     # signature and no environment of ours, so a --signature or --env this filter
     # leaves them out.
-    jit = reads_of(cache).jit_entries(target) if not filters and env == "all" else []
+    jit = cache.reader.jit_entries(target) if not filters and env == "all" else []
     try:
         selected = _select(cache, target)
     except ArtifactNotFoundError:
@@ -266,7 +265,7 @@ def plan_removal(
         rows = [r for r in rows if any(f.matches(r.entry, r.signature) for f in filters)]
     victims = {r.entry.key for r in rows}
     survivors: set[str] = set()
-    reads = reads_of(cache)  # the plan reads without SQLAlchemy on a folder cache
+    reads = cache.reader  # the plan reads without SQLAlchemy on a folder cache
     for entry in reads.entries():
         if entry.key not in victims:
             survivors |= _digests(entry)
@@ -290,7 +289,7 @@ def _release_pins(cache: ArtifactStore) -> dict[str, tuple[str, ...]]:
     prefix = "release "
     return {
         key: tuple(why[len(prefix):] for why in whys if why.startswith(prefix))
-        for key, whys in gc_reads_of(cache).pin_reasons().items()
+        for key, whys in cache.reader.pin_reasons().items()
         if any(why.startswith(prefix) for why in whys)
     }
 

@@ -1,8 +1,7 @@
-"""What gc plans with, read from the index: :class:`GcReads`, answered by the SQL
-index (:class:`~aot.cache.index.sql.Index`) and, for a folder cache, by the standard
-library's reader (:class:`SqliteGcReads`, a part of
-:class:`~aot.cache.index.reader.SqliteReader`), so that ``aot gc --dry-run``, and a gc
-with nothing to delete, never import SQLAlchemy (0.4-0.6 s of a 0.7 s command).
+"""gc's reads of :class:`~aot.cache.index.protocol.IndexReader` with the standard
+library (:class:`SqliteGcReads`, a part of :class:`~aot.cache.index.reader.SqliteReader`),
+so that ``aot gc --dry-run``, and a gc with nothing to delete, never import SQLAlchemy
+(0.4-0.6 s of a 0.7 s command).
 
 Each read here is the SQL index's statement (:mod:`aot.cache.index.queries`,
 :mod:`~aot.cache.index.gc_protocol`, :mod:`~aot.cache.index.state`,
@@ -22,15 +21,12 @@ import sqlite3
 from collections.abc import Collection
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from aot.cache.index.entry import GC_COLUMNS, GcRow, IndexEntry, gc_rows_of_sqlite, sqlite_clock, sqlite_utc
-from aot.cache.index.refs import Ref, pin_reasons
+from aot.cache.index.entry import GC_COLUMNS, GcRow, gc_rows_of_sqlite, sqlite_clock, sqlite_utc
+from aot.cache.index.refs import pin_reasons
 
-if TYPE_CHECKING:  # serving imports this module (the stdlib reader) and never reads jit rows
-    from aot.cache.index.jit_records import JitEntry
-
-__all__ = ["DROP_EXPIRED_LEASES", "GcReads", "SqliteGcReads"]
+__all__ = ["DROP_EXPIRED_LEASES", "SqliteGcReads"]
 
 #: Values per ``IN (...)`` list, four lists a statement: under SQLite's oldest limit
 #: of 999 bound variables.
@@ -55,32 +51,9 @@ _NOW_SELECT = (
 DROP_EXPIRED_LEASES = "DELETE FROM blob_leases WHERE expires_at <= :now"
 
 
-class GcReads(Protocol):
-    """The index's reads a gc plan needs (:func:`aot.cache.admin.maintenance.plan_gc`),
-    and the one deletion a gc with nothing else to delete makes: expired leases."""
-
-    url: str  # the index's URL, password masked (named in the lost-index warning)
-
-    def gc_rows(self) -> list[GcRow]: ...
-    def entries(self, name_glob: str | None = None) -> list[IndexEntry]: ...
-    def by_name(self, name: str, env_fp: str | None = None, state: str | None = "ok") -> list[IndexEntry]: ...
-    def jit_entries(self, name_glob: str | None = None) -> list[JitEntry]: ...
-    def refs(self, name_glob: str | None = None) -> list[Ref]: ...
-    def manifests(self, keys: Collection[str]) -> dict[str, str]: ...
-    def now(self) -> datetime: ...
-    def pinned_keys(self, *, excluding: Collection[str] = ()) -> dict[str, str]: ...
-    def pin_reasons(self, *, excluding: Collection[str] = ()) -> dict[str, list[str]]: ...
-    def leased_digests(self) -> set[str]: ...
-    def has_expired_leases(self) -> bool: ...
-    def drop_expired_leases(self) -> int: ...
-    def referenced_digests(self) -> set[str]: ...
-    def referenced_among(self, digests: Collection[str]) -> set[str]: ...
-    def emptiness(self) -> tuple[bool, datetime | None]: ...
-
-
 class SqliteGcReads:
-    """:class:`GcReads`' SQLite-only reads with :mod:`sqlite3` (the rest of the
-    protocol is :class:`~aot.cache.index.reader.SqliteReader`'s listing reads)."""
+    """gc's reads with :mod:`sqlite3` (the rest of the protocol is
+    :class:`~aot.cache.index.reader.SqliteReader`'s)."""
 
     def _execute(self, query: str, params: list[object] | tuple[object, ...] = ()) -> list[Any]:
         raise NotImplementedError  # SqliteReader's

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from aot.cache.index.engine import IndexEngine
 from aot.cache.index.entry import GC_COLUMNS, GcRow, IndexEntry, collector_paused, gc_rows_of_sqlite, utc_value
 from aot.cache.index.globs import glob_to_like, like_escape, name_range
-from aot.cache.index.schema import ARTIFACTS, BLOBS, JIT_ENTRIES, PROGRAMS
+from aot.cache.index.schema import ARTIFACTS, BLOBS, CALL_STATS, DEFAULT_RELEASE, JIT_ENTRIES, PROGRAMS, RELEASES
 from aot.cache.index.state import emptiness_query
 
 __all__ = ["BlobRow", "IndexReads"]
@@ -278,6 +278,32 @@ class IndexReads(IndexEngine):
         with self._read("list blob rows") as conn:
             rows = conn.execute(sa.select(BLOBS).order_by(BLOBS.c.digest)).all()
         return [BlobRow(**r._mapping) for r in rows]
+
+    def blob_sizes(self) -> dict[str, int]:
+        """``{digest: stored size}`` of every registered blob."""
+        return {row.digest: row.stored_size for row in self.blob_rows()}
+
+    def release_labels(self) -> list[str]:
+        """Every release label, sorted."""
+        with self._read("list releases") as conn:
+            return list(conn.execute(sa.select(RELEASES.c.label).distinct().order_by(RELEASES.c.label)).scalars())
+
+    def default_release(self) -> str | None:
+        """The cache's declared default release (None: none declared)."""
+        with self._read("read the default release") as conn:
+            return conn.execute(sa.select(DEFAULT_RELEASE.c.label).where(DEFAULT_RELEASE.c.id == 1)).scalar()
+
+    def call_stats(self, name_glob: str | None = None, env_fp: str | None = None) -> list[dict[str, Any]]:
+        """The serving statistics rows (names matching ``name_glob``; of one environment),
+        as the columns of ``call_stats``."""
+        query = sa.select(CALL_STATS)
+        if name_glob is not None and name_glob != "*":
+            query = query.where(CALL_STATS.c.name.like(glob_to_like(name_glob), escape="\\"))
+        if env_fp is not None:
+            query = query.where(CALL_STATS.c.env_fp == env_fp)
+        with self._read("read call statistics") as conn:
+            rows = [dict(row._mapping) for row in conn.execute(query).all()]
+        return [r for r in rows if name_glob is None or fnmatch.fnmatchcase(r["name"], name_glob)]
 
     def total_stored_size(self) -> int:
         """Bytes the registered blobs occupy in the blob store (each digest once)."""

@@ -1,15 +1,19 @@
 """How a reader that may not write opens a folder cache's SQLite index: the URI
 (:func:`read_only_open`), and when an immutable open no longer fits (:func:`stale_immutable`).
 Used by the standard library's reader (:mod:`aot.cache.index.reader`), the SQL index's
-read-only engine and ``aot.load``'s read-ahead, which must not import either.
+read-only engine and ``aot.load``'s read-ahead, which must not import either (its
+reads: :func:`served_manifests`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 log = logging.getLogger(__name__)
@@ -97,3 +101,41 @@ def stale_immutable(path: Path, opened: ReadOnlyOpen) -> bool:
     if opened.watch_shm and path.with_name(path.name + "-shm").exists():
         return True
     return file_stamp(path) != opened.stamp
+
+
+def served_manifests(index_file: Path, name: str, env_fp: str, *, most: int) -> list[str]:
+    """The manifests of the executables an eager load of ``name`` in environment
+    ``env_fp`` is expected to serve (``aot.load``'s read-ahead guess); [] when there are
+    more than ``most``. Opened as the load's own reader opens it: no -wal/-shm file
+    created, no lock taken."""
+    connection = sqlite3.connect(read_only_open(index_file).uri, uri=True, timeout=0.5)
+    try:
+        rows = connection.execute(
+            "SELECT key, signature, created_at FROM artifacts "
+            "WHERE name = ? AND env_fp = ? AND state = 'ok' AND exe_digest IS NOT NULL",
+            (name, env_fp),
+        ).fetchall()
+        referenced = {
+            str(k) for (k,) in connection.execute(
+                "SELECT key FROM refs WHERE name = ? AND env_fp = ?", (name, env_fp)
+            )
+        }
+        keys = _served(rows, referenced)
+        if not keys or len(keys) > most:
+            return []
+        marks = ",".join("?" * len(keys))
+        return [text for (text,) in connection.execute(f"SELECT manifest FROM artifacts WHERE key IN ({marks})", keys)]
+    finally:
+        connection.close()
+
+
+def _served(rows: Sequence[tuple[Any, ...]], referenced: set[str]) -> list[str]:
+    """Per signature, the key its ref names, else the newest row's."""
+    by_signature: dict[str, list[tuple[str, str]]] = {}
+    for key, signature, created_at in rows:
+        by_signature.setdefault(str(signature), []).append((str(created_at), str(key)))
+    keys = []
+    for candidates in by_signature.values():
+        named = [key for _, key in candidates if key in referenced]
+        keys.append(named[0] if len(named) == 1 else max(candidates)[1])
+    return sorted(keys)

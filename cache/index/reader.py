@@ -79,9 +79,9 @@ def _in_lists(keys: Collection[str]) -> Iterator[tuple[list[str], str]]:
 
 
 class SqliteReader(SqliteGcReads):
-    """An :class:`~aot.cache.index.protocol.IndexReader` of a folder cache's
-    ``index.sqlite`` with :mod:`sqlite3`; opened only on an existing, current index.
-    It also answers gc's plan (:class:`~aot.cache.index.gc_reads.GcReads`)."""
+    """The :class:`~aot.cache.index.protocol.IndexReader` of a folder cache's
+    ``index.sqlite`` with :mod:`sqlite3` (gc's reads: :class:`SqliteGcReads`); opened
+    only on an existing, current index."""
 
     def __init__(self, path: Path, *, read_only: bool) -> None:
         self.path = path
@@ -240,7 +240,7 @@ class SqliteReader(SqliteGcReads):
         return rows[0][0] if rows else None
 
     # The reads of the listing commands (aot ls, show), as the SQL index answers them,
-    # so that they import neither SQLAlchemy nor JAX (aot.cache.reports.reads).
+    # so that they import neither SQLAlchemy nor JAX.
 
     def entries(self, name_glob: str | None = None) -> list[IndexEntry]:
         """All rows, or those whose name matches an fnmatch glob, by name, age, key."""
@@ -415,3 +415,28 @@ class SqliteReader(SqliteGcReads):
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def refuse_foreign(index_file: Path) -> None:
+    """Raises :class:`CacheError` when ``index_file`` is an SQLite database without a
+    jax-aot schema, before anything (blobs folder, WAL) is added next to it; read with
+    the standard library, read-only (an older schema is the readers' to refuse)."""
+    uri = f"file:{quote(index_file.resolve().as_posix())}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+            tables = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise CacheError(
+            f"no jax-aot cache index at {index_file}: not an SQLite database ({exc}); check the path or AOT_CACHE"
+        ) from None
+    if "schema_version" in tables:
+        return
+    shown = ", ".join(tables[:5]) + (f", ... ({len(tables)} in all)" if len(tables) > 5 else "")
+    found = f"it holds {len(tables)} other table(s) ({shown})" if tables else "it holds no tables"
+    raise CacheError(
+        f"no jax-aot cache index: {index_file} is not a jax-aot cache index: {found}; "
+        "aot compile, aot warmup and aot bundle import create a cache; check the path or AOT_CACHE"
+    )

@@ -11,6 +11,7 @@ from aot.cache.index.refs import RefOrigin
 from aot.errors import CacheError
 
 if TYPE_CHECKING:
+    from aot.cache.index.protocol import IndexReader
     from aot.cache.index.refs import Ref
     from aot.cache.index.releases import Release, ReleaseRemoval
     from aot.cache.index.sql import Index
@@ -18,16 +19,11 @@ if TYPE_CHECKING:
 __all__ = ["ReleaseMethods"]
 
 
-def sa_select(*columns: Any) -> Any:
-    import sqlalchemy as sa  # listing a folder cache otherwise needs no SQLAlchemy
-
-    return sa.select(*columns)
-
-
 class ReleaseMethods:
     """Release and ref-history methods of :class:`~aot.cache.store.ArtifactStore`."""
 
     index: Index
+    reader: IndexReader
     display_location: Any
 
     def _check_writable(self, what: str) -> None:  # implemented by ArtifactStore
@@ -87,13 +83,7 @@ class ReleaseMethods:
         """The release label a replica serves when it names none (``aot.load`` without
         ``release=`` and without ``AOT_RELEASE``); None: the cache declares no default,
         and such a replica serves the refs (docs/serving.md, "What is served")."""
-        reader = getattr(self, "reader", None)
-        if reader is not None and hasattr(reader, "default_release"):  # a folder: no SQLAlchemy
-            return reader.default_release()
-        from aot.cache.index.schema import DEFAULT_RELEASE
-
-        with self.index._read("read the default release") as conn:
-            return conn.execute(sa_select(DEFAULT_RELEASE.c.label).where(DEFAULT_RELEASE.c.id == 1)).scalar_one_or_none()
+        return self.reader.default_release()
 
     def set_default_release(self, label: str | None, origin: RefOrigin | None = None) -> str | None:
         """Declares ``label`` the release served by a replica that names none (None:

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from aot.artifact import PORTABLE_HLO, Manifest
 from aot.errors import AotError, ArtifactNotFoundError, CorruptArtifactError
 from aot.fingerprint import PartDifference
-from aot.cache.reports.reads import reads_of
 from aot.cache.reports.listing import served_state
 from aot.signatures import Signature
 
@@ -28,7 +27,7 @@ _CANDIDATES = 10
 def _candidates(cache: ArtifactStore, keys: list[str]) -> str:
     shown = []
     for key in keys[:_CANDIDATES]:
-        entry = reads_of(cache).get(key)
+        entry = cache.reader.get(key)
         shown.append(f"{key[:12]} ({entry.name})" if entry is not None else key[:12])
     more = ", ..." if len(keys) > _CANDIDATES else ""
     return ", ".join(shown) + more
@@ -39,12 +38,12 @@ def find_entries(cache: ArtifactStore, key_or_name: str) -> list[IndexEntry]:
     whose key starts with it (at least :data:`MIN_KEY_PREFIX` hex digits). Raises
     :class:`aot.ArtifactNotFoundError`, listing the candidate keys of a prefix that is
     too short or ambiguous, and close names."""
-    entries = reads_of(cache).by_name(key_or_name, state=None)
+    entries = cache.reader.by_name(key_or_name, state=None)
     if entries:
         return entries
     if _HEX.match(key_or_name):
         prefix = key_or_name.lower()
-        keys = reads_of(cache).find_key_prefix(prefix, limit=_CANDIDATES + 1)
+        keys = cache.reader.find_key_prefix(prefix, limit=_CANDIDATES + 1)
         if keys and len(prefix) < MIN_KEY_PREFIX:
             raise ArtifactNotFoundError(
                 f"no entry named {key_or_name!r}, and {key_or_name!r} is too short for a key "
@@ -57,10 +56,10 @@ def find_entries(cache: ArtifactStore, key_or_name: str) -> list[IndexEntry]:
                 "give more characters"
             )
         if keys:
-            entry = reads_of(cache).get(keys[0])
+            entry = cache.reader.get(keys[0])
             if entry is not None:
                 return [entry]
-    names = sorted({e.name for e in reads_of(cache).entries()})
+    names = sorted({e.name for e in cache.reader.entries()})
     close = difflib.get_close_matches(key_or_name, names, n=3)
     hint = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
     raise ArtifactNotFoundError(
@@ -159,7 +158,7 @@ def describe_entries(
     arguments, supersession and HLO. ``release``: whether each is served is said for
     a replica of that label (:func:`~aot.cache.reports.listing.served_state`)."""
     found = find_entries(cache, key_or_name)
-    peers = [p for name in sorted({e.name for e in found}) for p in reads_of(cache).by_name(name)]
+    peers = [p for name in sorted({e.name for e in found}) for p in cache.reader.by_name(name)]
     superseded, served, labels = served_state(cache, peers, {e.name for e in found}, release)
     details = []
     current = cache.known_environment() if found else None

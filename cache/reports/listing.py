@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.jit_records import AOT, JitEntry
 from aot.cache.index.served import Slot, ref_map, served_key, superseded_keys
-from aot.cache.reports.reads import reads_of
 from aot.signatures import Signature
 
 if TYPE_CHECKING:
@@ -237,7 +236,7 @@ def entry_rows(
     this host's environment (:meth:`~aot.cache.store.ArtifactStore.known_environment`; None: unknown)."""
     check_env_choice(env)
     if peers is None:
-        peers = [p for name in sorted({e.name for e in entries}) for p in reads_of(cache).by_name(name)]
+        peers = [p for name in sorted({e.name for e in entries}) for p in cache.reader.by_name(name)]
     superseded, served, labels = served_state(cache, peers, {e.name for e in entries}, release)
     statuses = environment_statuses(entries, current)
     rows = []
@@ -274,7 +273,7 @@ def served_state(
     and nothing else); None: the refs. The caller resolves the label with
     :func:`aot.cache.serving.release_rule.served_release`, the rule of ``aot.load``."""
     names = sorted(set(names))
-    refs = ref_map(r for name in names for r in reads_of(cache).refs_named(name))
+    refs = ref_map(r for name in names for r in cache.reader.refs_named(name))
     superseded = superseded_keys(peers, refs)
     if release is None:
         return superseded, served_keys(peers, refs), release_labels(cache, names)
@@ -292,7 +291,7 @@ def release_slots(cache: ArtifactStore, release: str, names: Iterable[str]) -> d
 
     from aot.errors import ReleaseNotFoundError
 
-    reads = reads_of(cache)
+    reads = cache.reader
     labels = reads.release_labels()
     if release not in labels:
         close = difflib.get_close_matches(release, labels, n=3)
@@ -314,7 +313,7 @@ def release_labels(cache: ArtifactStore, names: Iterable[str]) -> dict[str, list
     (of ``names``)."""
     wanted = set(names)
     out: dict[str, list[str]] = {}
-    reads = reads_of(cache)
+    reads = cache.reader
     for label in reads.release_labels():
         for name in sorted(wanted):
             for member in reads.release_members(label, name) or ():
@@ -329,7 +328,7 @@ def list_entries(
     """Every entry whose name matches ``glob`` (all without one); ``env="this"``:
     only those built for this environment. ``release``: SERVED as a replica of that
     label serves (:func:`served_state`); None: the refs."""
-    reads = reads_of(cache)
+    reads = cache.reader
     entries = reads.entries(glob)
     # A name glob selects every entry of a name or none: they are their own peers.
     current = cache.known_environment()

@@ -7,7 +7,6 @@ import) is :mod:`aot.cache.serving.stats`.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime
@@ -19,7 +18,6 @@ from aot.signatures import ArgLeaf, Signature
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
-    from aot.cache.index.sql import Index
 
 __all__ = ["SignatureStats", "StatsReport", "read_stats", "zero_stats"]
 
@@ -182,12 +180,6 @@ def ordered(rows: Iterable[SignatureStats]) -> tuple[SignatureStats, ...]:
 # ---------------------------------------------------------------- the index side
 
 
-def _stats_index(cache: ArtifactStore) -> Index:
-    """The index that holds ``cache``'s statistics: its own, or its local tier's when
-    the remote is read-only (:attr:`aot.cache.tiered.TieredStore.stats_cache`)."""
-    return getattr(cache, "stats_cache", cache).index  # type: ignore[no-any-return]
-
-
 def read_stats(
     cache: ArtifactStore, name_glob: str | None = None, *, env: str = "all", arguments: bool = True,
 ) -> StatsReport:
@@ -199,12 +191,10 @@ def read_stats(
     ``arguments=False`` leaves :attr:`StatsReport.named` empty (signatures shown flat):
     the entries' manifests are not read, which is most of the work on a large index;
     :meth:`StatsReport.to_dict` (``aot stats --json``) never uses them."""
-    from aot.cache.reports.reads import reads_of
-
     current = cache.known_environment()
     # Unknown here: no row is this environment's, and --env this shows none.
     this = current.digest if current is not None else "unknown"
-    reads = reads_of(getattr(cache, "stats_cache", cache))
+    reads = getattr(cache, "stats_cache", cache).reader
     rows = []
     for data in reads.call_stats(name_glob, this if env == "this" else None):
         data.pop("signature_digest", None)
@@ -224,14 +214,13 @@ def named_signatures(
     One manifest per (name, signature) of the rows (the smallest key's), read through
     the name index; a name with a row that has no entry of its own (a miss) also has
     all its other signatures read, which lend theirs (:meth:`StatsReport.arguments`)."""
-    from aot.cache.reports.reads import reads_of
     from aot.errors import AotError
 
     wanted = {(row.name, row.signature) for row in rows}
     named: dict[tuple[str, str], Signature] = {}
     parse = Signature.from_manifest_json
     try:
-        reads = reads_of(cache)
+        reads = cache.reader
         found = reads.signature_manifests(wanted)
         lending = {name for name, signature in wanted if (name, signature) not in found}
         for pair, manifest in found.items():
@@ -251,31 +240,13 @@ def named_signatures(
 def zero_stats(cache: ArtifactStore, name_glob: str | None = None, *, env: str = "all") -> int:
     """Deletes the statistics (matching ``name_glob``, in ``env``); how many rows.
     Entries' ``hits`` and last-used times are left alone (gc needs them)."""
-    import sqlalchemy as sa
-
-    from aot.cache.index.schema import CALL_STATS
+    from aot.cache.index.call_stats import delete_call_stats
 
     cache.stats.flush()  # what this process counted goes too
     cache.stats.zero(name_glob)
     target = getattr(cache, "stats_cache", cache)
     target._check_writable("reset the call statistics")
-    index = _stats_index(cache)
     # The real fingerprint (never the listing record) decides what is deleted; not needed for all.
     this = cache.environment.digest if env == "this" else None
-    with index._read("read call statistics") as conn:
-        columns = (CALL_STATS.c.env_fp, CALL_STATS.c.name, CALL_STATS.c.signature_digest)
-        rows = conn.execute(sa.select(*columns)).all()
-    doomed = [
-        r for r in rows
-        if (name_glob is None or fnmatch.fnmatchcase(r.name, name_glob)) and (env == "all" or r.env_fp == this)
-    ]
-    if not doomed:
-        return 0
-    with index._write("reset call statistics") as conn:
-        for r in doomed:
-            conn.execute(sa.delete(CALL_STATS).where(
-                CALL_STATS.c.env_fp == r.env_fp, CALL_STATS.c.name == r.name,
-                CALL_STATS.c.signature_digest == r.signature_digest,
-            ))
-    return len(doomed)
+    return delete_call_stats(target.index, name_glob, this)
 

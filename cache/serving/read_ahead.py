@@ -33,9 +33,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ from aot.environment import environment_digest, environment_parts
 from aot.jaxcompat.deserialize import deserialize_xla_executable, ensure_custom_call_targets
 from aot.shardings import device_list, live_devices
 
-from aot.cache.index.read_only import read_only_open
+from aot.cache.index.read_only import served_manifests
 from aot.cache.storage.frames import blob_path, inflate
 
 log = logging.getLogger(__name__)
@@ -191,39 +190,8 @@ def guess(index_file: Path, name: str, env_fp: str) -> list[tuple[str, int, tupl
     """``(digest, size, device ids)`` of the executables an eager load of ``name`` is
     expected to deserialize in environment ``env_fp``; [] when there are more than
     :data:`MAX_AHEAD` or any row is not as expected."""
-    # As the load's own reader opens it: no -wal/-shm file created, no lock taken.
-    connection = sqlite3.connect(read_only_open(index_file).uri, uri=True, timeout=0.5)
-    try:
-        rows = connection.execute(
-            "SELECT key, signature, created_at FROM artifacts "
-            "WHERE name = ? AND env_fp = ? AND state = 'ok' AND exe_digest IS NOT NULL",
-            (name, env_fp),
-        ).fetchall()
-        referenced = {
-            str(k) for (k,) in connection.execute(
-                "SELECT key FROM refs WHERE name = ? AND env_fp = ?", (name, env_fp)
-            )
-        }
-        keys = _served(rows, referenced)
-        if not keys or len(keys) > MAX_AHEAD:
-            return []
-        marks = ",".join("?" * len(keys))
-        manifests = connection.execute(f"SELECT manifest FROM artifacts WHERE key IN ({marks})", keys).fetchall()
-    finally:
-        connection.close()
-    return [found for (text,) in manifests if (found := _executable(text, env_fp)) is not None]
-
-
-def _served(rows: Sequence[tuple[Any, ...]], referenced: set[str]) -> list[str]:
-    """Per signature, the key its ref names, else the newest row's."""
-    by_signature: dict[str, list[tuple[str, str]]] = {}
-    for key, signature, created_at in rows:
-        by_signature.setdefault(str(signature), []).append((str(created_at), str(key)))
-    keys = []
-    for candidates in by_signature.values():
-        named = [key for _, key in candidates if key in referenced]
-        keys.append(named[0] if len(named) == 1 else max(candidates)[1])
-    return sorted(keys)
+    manifests = served_manifests(index_file, name, env_fp, most=MAX_AHEAD)
+    return [found for text in manifests if (found := _executable(text, env_fp)) is not None]
 
 
 def _executable(manifest_text: str, env_fp: str) -> tuple[str, int, tuple[int, ...]] | None:

@@ -43,7 +43,8 @@ Counting is exact for one thread; threads calling one dispatcher concurrently ma
 lose an increment now and then (``+=`` on an attribute is not atomic), never add one.
 
 This module records (every serving process imports it); reading the statistics back
-and ``aot stats``'s value objects are :mod:`aot.cache.reports.stats`.
+and ``aot stats``'s value objects are :mod:`aot.cache.reports.stats`; the statements
+that write them, :mod:`aot.cache.index.call_stats`.
 """
 
 from __future__ import annotations
@@ -52,22 +53,20 @@ import fnmatch
 import hashlib
 import logging
 import os
-import sqlite3
 import threading
 import time
 import weakref
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aot.cache.index.call_stats import COUNTERS, REASONS, IndexSink, SqliteFileSink
 from aot.cache.timeouts import ENVIRONMENT, Timeouts, timeouts
 from aot.errors import CacheError
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
     from aot.cache.index.entry import IndexEntry
-    from aot.cache.index.sql import Index
     from aot.cache.reports.stats import StatsReport
 
 log = logging.getLogger(__name__)
@@ -86,12 +85,6 @@ FLUSH_SECONDS: float | None = 5.0
 MAX_MISSED_SIGNATURES = 100
 OTHER_SIGNATURES = "(other signatures)"
 
-#: The counted columns of ``call_stats`` (added to on every flush), and the reasons
-#: (the last one kept).
-COUNTERS = (
-    "calls", "loads", "load_seconds", "saved_seconds", "misses", "recompiles", "recompile_seconds",
-)
-REASONS = ("miss_reason", "recompile_reason")
 
 def exit_timeout(env: Mapping[str, str] | None = None) -> float:
     """The bound on the last flush (at :meth:`StatsRecorder.close`, :meth:`Cache.close`
@@ -146,105 +139,6 @@ class _Watch:
     env_fp: str
     name: str
     programs: MutableMapping[Any, Any]
-
-
-# ---------------------------------------------------------------- sinks
-
-
-class _IndexSink:
-    """Writes through the SQLAlchemy index (PostgreSQL, SQLite URLs)."""
-
-    def __init__(self, index: Index) -> None:
-        self.index = index
-        self.location = index.url
-
-    def write(self, rows: list[dict[str, Any]], touches: Mapping[str, int]) -> None:
-        import sqlalchemy as sa
-
-        from aot.cache.index.engine import server_now
-        from aot.cache.index.schema import ARTIFACTS, CALL_STATS
-
-        artifacts, call_stats = ARTIFACTS, CALL_STATS
-        with self.index._write("record call statistics") as conn:
-            now = server_now(conn)
-            if rows:
-                stmt = _upsert(conn, call_stats)
-                updates: dict[str, Any] = {
-                    c: call_stats.c[c] + stmt.excluded[c] for c in COUNTERS
-                }
-                for reason in REASONS:
-                    updates[reason] = sa.func.coalesce(stmt.excluded[reason], call_stats.c[reason])
-                updates["updated_at"] = stmt.excluded.updated_at
-                stmt = stmt.on_conflict_do_update(
-                    index_elements=[call_stats.c.env_fp, call_stats.c.name, call_stats.c.signature_digest],
-                    set_=updates,
-                )
-                for row in rows:
-                    conn.execute(stmt, {**row, "created_at": now, "updated_at": now})
-            if touches:
-                conn.execute(
-                    sa.update(artifacts)
-                    .where(artifacts.c.key == sa.bindparam("k"))
-                    .values(hits=artifacts.c.hits + sa.bindparam("n"), last_used_at=now),
-                    [{"k": key, "n": n} for key, n in sorted(touches.items())],
-                )
-
-
-def _upsert(conn: Any, table: Any) -> Any:
-    """An INSERT that takes ``on_conflict_do_update``, in the connection's dialect."""
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table)
-
-
-_SQLITE_UPSERT = (
-    "INSERT INTO call_stats (env_fp, name, signature_digest, signature, "
-    + ", ".join(COUNTERS) + ", " + ", ".join(REASONS) + ", created_at, updated_at) VALUES ("
-    + ", ".join("?" * (4 + len(COUNTERS) + len(REASONS) + 2)) + ") "
-    "ON CONFLICT (env_fp, name, signature_digest) DO UPDATE SET "
-    + ", ".join(f"{c} = {c} + excluded.{c}" for c in COUNTERS) + ", "
-    + ", ".join(f"{r} = coalesce(excluded.{r}, {r})" for r in REASONS)
-    + ", updated_at = excluded.updated_at"
-)
-# The SQL index's own text format for SQLite timestamps (see aot.cache.index.engine.server_now_expr).
-_SQLITE_NOW = "SELECT strftime('%Y-%m-%d %H:%M:%f000', 'now')"
-
-
-class _SqliteFileSink:
-    """Writes a folder cache's ``index.sqlite`` with the standard library, so that a
-    serving process that never imported SQLAlchemy does not import it to count calls."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.location = str(path)
-
-    def write(self, rows: list[dict[str, Any]], touches: Mapping[str, int]) -> None:
-        try:
-            conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise CacheError(f"cannot open {self.path} to record call statistics: {exc}") from exc
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            (now,) = conn.execute(_SQLITE_NOW).fetchone()
-            for row in rows:
-                values = [row["env_fp"], row["name"], row["signature_digest"], row["signature"]]
-                values += [row[c] for c in COUNTERS] + [row[r] for r in REASONS] + [now, now]
-                conn.execute(_SQLITE_UPSERT, values)
-            conn.executemany(
-                "UPDATE artifacts SET hits = hits + ?, last_used_at = ? WHERE key = ?",
-                [(n, now, key) for key, n in sorted(touches.items())],
-            )
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise CacheError(f"cannot record call statistics in {self.path}: {exc}") from exc
-        finally:
-            conn.close()
 
 
 # ---------------------------------------------------------------- the recorder
@@ -553,6 +447,6 @@ def recorder_for(cache: ArtifactStore) -> StatsRecorder:
         return StatsRecorder(cache.display_location, exit_seconds=exit_seconds)
     index_file = getattr(cache, "_index_file", None)
     if index_file is not None:
-        return StatsRecorder(str(index_file), lambda: _SqliteFileSink(index_file), exit_seconds)
+        return StatsRecorder(str(index_file), lambda: SqliteFileSink(index_file), exit_seconds)
     index = cache.index
-    return StatsRecorder(index.url, lambda: _IndexSink(index), exit_seconds)
+    return StatsRecorder(index.url, lambda: IndexSink(index), exit_seconds)

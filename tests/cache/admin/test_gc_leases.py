@@ -64,7 +64,7 @@ def test_both_paths_expire_leases_on_the_index_clock(open_folder_cache: Any, via
     writer.index.lease([_digest("after the mark")], seconds=600)
 
     cache = open_folder_cache()
-    dropping = maintenance.gc_reads_of(cache) if via == "stdlib" else cache.index
+    dropping = cache.reader if via == "stdlib" else cache.index
     assert dropping.drop_expired_leases() == 1
     assert _leases(Path(cache.location)) == {_digest("after the mark")}
     assert (cache._index is None) == (via == "stdlib")
@@ -83,7 +83,7 @@ def test_the_stdlib_path_waits_for_the_write_lock_as_a_lease_does(open_folder_ca
             "INSERT INTO blob_leases (token, digest, expires_at) VALUES (?, ?, ?)",
             ("t" * 32, _digest("killed"), "2000-01-01 00:00:00.000000"),
         )
-        reads = maintenance.gc_reads_of(cache)
+        reads = cache.reader
         dropped: list[int] = []
         gc = threading.Thread(target=lambda: dropped.append(reads.drop_expired_leases()))
         gc.start()

@@ -89,9 +89,9 @@ def _plans(cache: aot.Cache, **options: Any) -> tuple[dict[str, Any], dict[str, 
     """The dry-run plan of ``options`` made through the stdlib reader, then through the
     SQL index, each as ``--json`` shows it plus the rows an executed gc would delete."""
     out = []
-    for reads in (maintenance.gc_reads_of(cache), cache.index):
+    for reads in (cache.reader, cache.index):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(maintenance, "gc_reads_of", lambda c, r=reads: r)
+            mp.setattr(cache, "reader", reads)
             plan = cache.gc(dry_run=True, **options)
             out.append({**plan.to_dict(), "rows": plan._rows, "jit_rows": plan._jit_rows})
     return out[0], out[1]
@@ -110,7 +110,7 @@ def _plans(cache: aot.Cache, **options: Any) -> tuple[dict[str, Any], dict[str, 
 def test_both_readers_plan_the_same_gc(
     busy: aot.Cache, options: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert isinstance(maintenance.gc_reads_of(busy), SqliteReader) and isinstance(busy.index, Index)
+    assert isinstance(busy.reader, SqliteReader) and isinstance(busy.index, Index)
     if "manifest" in options:
         from tests.cli.helpers import REPO
 

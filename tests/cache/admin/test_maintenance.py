@@ -426,11 +426,9 @@ def test_a_plan_names_its_victims_arguments_only_when_asked(aged, monkeypatch) -
     of them at once, by argument name, as before."""
     from aot.signatures import Signature
 
-    from aot.cache.admin.maintenance import gc_reads_of
-
     cache, e = aged
     reads: list[int] = []
-    index = gc_reads_of(cache)  # what the plan reads through (a folder cache: the stdlib reader)
+    index = cache.reader  # what the plan reads through (a folder cache: the stdlib reader)
     manifests = index.manifests
     monkeypatch.setattr(index, "manifests", lambda keys: reads.append(len(keys)) or manifests(keys))
 

@@ -1,6 +1,7 @@
-"""The index's one read seam (aot.cache.index.protocol.IndexReader): the stdlib reader
-and the SQLAlchemy index give the same answers for the same rows, and a cache picks one
-of them when it opens."""
+"""The contract test of the index's one read protocol (aot.cache.index.protocol.IndexReader):
+every read, over the same rows, answers as specified through each implementation (the
+stdlib reader; the SQLAlchemy index on SQLite and on PostgreSQL, skipped with the reason
+when AOT_TEST_POSTGRES_URL is unset), and a cache picks one of them when it opens."""
 
 from __future__ import annotations
 
@@ -219,3 +220,139 @@ def test_a_folder_the_stdlib_reader_cannot_read_is_read_through_the_sql_index(tm
         cache.close()
     with aot.Cache(folder) as migrated:
         assert isinstance(migrated.reader, SqliteReader)
+
+
+# ---------------------------------------------------------------- every read of the protocol
+#
+# The listing, statistics and gc reads, over an index that also holds refs, releases,
+# call statistics, JAX's persistent-cache rows, blob rows and leases.
+
+GLOBS = (None, "*", "mlp.*", "MLP.*", "a_b%c", "a?b*", "[mt]*", "tiny", "no.such", "*名")
+LEASED, EXPIRED = _digest("leased"), _digest("expired")
+
+
+def _jit(key: str, name: str) -> object:
+    from aot.cache.index.jit_records import JitEntry
+
+    return JitEntry(key, name, _digest(f"jit {key}"), 40, 20, 1.5, "cpu")
+
+
+@pytest.fixture
+def filled(backend: Backend) -> Iterator[IndexReader]:
+    from aot.cache.index.call_stats import IndexSink
+    from aot.cache.index.refs import RefOrigin
+
+    writer = backend.writer
+    origin = RefOrigin("test", host="h", user="u", commit=None)
+    served = [e for e in _rows() if e.ok and e.env_fp == ENVS[0]]
+    writer.set_refs([(e.name, e.signature, e.env_fp, e.key) for e in served], origin,
+                    release_id=writer.open_release("prod", origin))
+    writer.open_release("canary", origin)
+    IndexSink(writer).write([
+        {"env_fp": env, "name": name, "signature_digest": _digest(name + env), "signature": "f32[8]", "calls": calls,
+         "loads": 1, "load_seconds": 0.5, "saved_seconds": 1.5, "misses": 0, "recompiles": 0,
+         "recompile_seconds": 0.0, "miss_reason": None, "recompile_reason": "other environment"}
+        for env, name, calls in ((ENVS[0], "mlp.forward", 10), (ENVS[1], "tiny", 3), (ENVS[0], "ünï.cödé/名", 1))
+    ], {})
+    for key, name in (("jit_train-1", "train_step"), ("jit_eval-2", "eval_step")):
+        writer.jit_add(_jit(key, name))  # type: ignore[arg-type]
+    writer.jit_record("train_step", key="jit_train-1", hit=True, saved_seconds=2.0)
+    writer.jit_record("eval_step", hit=False)
+    writer.lease([LEASED], seconds=600)
+    writer.lease([EXPIRED], seconds=-60)
+    opened = backend.open(False)  # type: ignore[operator]
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def test_listing_reads_answer_as_specified(filled: IndexReader) -> None:
+    import fnmatch
+
+    rows = sorted(_rows(), key=lambda e: (e.name, e.created_at, e.key))
+    for glob in GLOBS:
+        expected = [e for e in rows if glob in (None, "*") or fnmatch.fnmatchcase(e.name, glob)]
+        assert filled.entries(glob) == expected, glob
+    keys, keys_sorted = [e.key for e in rows], sorted(e.key for e in rows)
+    assert filled.get_many([]) == {} and filled.get_many([*keys[:3], "no-such-key"]) == {e.key: e for e in rows[:3]}
+    assert filled.manifests([keys[0], "no-such-key"]) == {keys[0]: rows[0].manifest}
+    prefix = keys[0][:3]
+    assert filled.find_key_prefix(prefix) == sorted(k for k in keys if k.startswith(prefix))
+    assert filled.find_key_prefix(prefix, limit=1) == filled.find_key_prefix(prefix)[:1]
+    for wild in ("%", "_", prefix.upper() + "%", "zz"):
+        assert filled.find_key_prefix(wild) == [], wild
+    assert filled.find_key_prefix("", limit=2) == keys_sorted[:2] and filled.find_key_prefix("") == keys_sorted
+    smallest: dict[tuple[str, str], IndexEntry] = {}
+    for e in rows:
+        if (e.name, e.signature) not in smallest or e.key < smallest[e.name, e.signature].key:
+            smallest[e.name, e.signature] = e
+    assert filled.signature_keys(NAMES) == {pair: e.key for pair, e in smallest.items()}
+    pairs = [("mlp.forward", "f32[8,784]"), ("tiny", "f32[b]"), ("tiny", "f32[9]")]
+    assert filled.signature_manifests(pairs) == {p: smallest[p].manifest for p in pairs[:2]}
+
+
+def test_refs_releases_and_pins_answer_as_specified(backend: Backend, filled: IndexReader) -> None:
+    assert filled.url == backend.writer.url  # the SQLAlchemy URL, password masked
+    served = {(e.name, e.signature, e.env_fp, e.key) for e in _rows() if e.ok and e.env_fp == ENVS[0]}
+    refs = filled.refs()
+    assert {(r.name, r.signature, r.env_fp, r.key) for r in refs} == served
+    assert [(r.name, r.signature) for r in refs] == sorted((r.name, r.signature) for r in refs)
+    assert {r.key for r in filled.refs("mlp.*")} == {k for n, _, _, k in served if n == "mlp.forward"}
+    assert filled.refs("MLP.*") == []
+    assert {r.key for r in filled.refs("*名")} == {k for n, *_, k in served if n.endswith("名")}
+    assert filled.release_labels() == ["canary", "prod"]
+    assert filled.default_release() is None
+    import sqlalchemy as sa
+
+    from aot.cache.index.schema import DEFAULT_RELEASE
+
+    with backend.writer.engine.begin() as conn:
+        conn.execute(sa.insert(DEFAULT_RELEASE).values(id=1, label="prod", set_at=T0, host="h", user="u"))
+    assert filled.default_release() == "prod"
+    assert set(filled.pinned_keys()) == {k for *_, k in served}
+    reasons = filled.pin_reasons(excluding=["prod"])
+    assert set(reasons) == {k for *_, k in served} and all(reasons.values())
+
+
+def test_statistics_and_jit_rows_answer_as_specified(filled: IndexReader) -> None:
+    stats = sorted(filled.call_stats(), key=lambda r: r["name"])
+    assert [(r["name"], r["env_fp"], r["calls"], r["recompile_reason"]) for r in stats] == [
+        ("mlp.forward", ENVS[0], 10, "other environment"), ("tiny", ENVS[1], 3, "other environment"),
+        ("ünï.cödé/名", ENVS[0], 1, "other environment"),
+    ]
+    assert all(r["updated_at"].utcoffset() == timedelta(0) for r in stats)
+    assert [r["name"] for r in filled.call_stats("mlp.*")] == ["mlp.forward"] and filled.call_stats("MLP.*") == []
+    assert [r["name"] for r in filled.call_stats(env_fp=ENVS[1])] == ["tiny"]
+    assert filled.call_stats("*名", ENVS[1]) == []
+    assert [(e.key, e.name, e.hits) for e in filled.jit_entries()] == [("jit_eval-2", "eval_step", 0),
+                                                                        ("jit_train-1", "train_step", 1)]
+    assert [e.key for e in filled.jit_entries("train_*")] == ["jit_train-1"]
+    assert [e.key for e in filled.jit_entries("jit_eval")] == ["jit_eval-2"]  # a key prefix
+    assert [(s.name, s.hits, s.misses, s.saved_seconds) for s in filled.jit_stats()] == [
+        ("eval_step", 0, 1, 0.0), ("train_step", 1, 0, 2.0),
+    ]
+    assert filled.blob_sizes() == {_digest(f"jit {k}"): 20 for k in ("jit_train-1", "jit_eval-2")}
+
+
+def test_gc_reads_answer_as_specified(filled: IndexReader) -> None:
+    rows = _rows()
+    got = filled.gc_rows()
+    assert {r.key for r in got} == {e.key for e in rows}
+    for r in got:
+        e = filled.get(r.key)
+        assert e is not None and (r.name, r.signature, r.exe_digest, r.stored_size, r.state) == (
+            e.name, e.signature, e.exe_digest, e.stored_size, e.state)
+        assert (r.created_at, r.last_used_at) == (e.created_at, e.last_used_at)
+    now = filled.now()
+    assert now.utcoffset() == timedelta(0) and abs(now - datetime.now(timezone.utc)) < timedelta(minutes=5)
+    digests = {d for e in rows for d in (e.exe_digest, e.hlo_digest) if d} | {_digest(f"jit {k}") for k in
+                                                                             ("jit_train-1", "jit_eval-2")}
+    assert filled.referenced_digests() == digests
+    some = sorted(digests)[:2]
+    assert filled.referenced_among([*some, LEASED, "0" * 64]) == set(some)
+    assert filled.emptiness() == (False, None)
+    assert filled.leased_digests() == {LEASED}
+    assert filled.has_expired_leases() is True
+    assert filled.drop_expired_leases() == 1
+    assert filled.has_expired_leases() is False and filled.leased_digests() == {LEASED}

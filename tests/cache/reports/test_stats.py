@@ -49,7 +49,7 @@ def _entry(name: str, signature: str, env: str, paths: tuple[str, ...]) -> Index
     )
 
 
-class _Folder:  # what reads_of looks at: a folder cache's stdlib reader
+class _Folder:  # what the reports read through: a cache's reader
     def __init__(self, reader: SqliteReader) -> None:
         self.reader = reader
 
