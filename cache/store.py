@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from aot.executable import MeshExecutable
     from aot.cache.index.protocol import IndexReader
     from aot.cache.index.sql import Index
+    from aot.cache.stats_recorder import StatsRecorder
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class ArtifactStore(ReleaseMethods):
     serving replicas: the object is then a :class:`~aot.cache.cache.TieredCache`
     (see :mod:`aot.cache.tiered`).
 
-    ``cache.stats`` records serving statistics (:mod:`aot.cache.serving.stats`).
+    ``cache.stats`` records serving statistics (:mod:`aot.cache.stats_recorder`).
 
     ``timeouts``: an :class:`aot.Timeouts` bounding its network waits, used whole (None:
     the environment's; :mod:`aot.cache.timeouts`).
@@ -198,11 +199,29 @@ class ArtifactStore(ReleaseMethods):
 
     def _start_stats(self) -> None:
         """``self.stats``, flushed by :meth:`close` or when this object is collected."""
-        # Lives with what it mostly counts (aot.load's calls); no circle: it never imports this.
-        from aot.cache.serving.stats import recorder_for
-
-        self.stats = recorder_for(self)
+        self.stats = self.stats_cache.recorder()
         self._stats_finalizer = weakref.finalize(self, self.stats.close)
+
+    @property
+    def stats_cache(self) -> ArtifactStore:
+        """The cache whose index keeps this one's statistics (a tier's may be its local one)."""
+        return self
+
+    def recorder(self) -> StatsRecorder:
+        """A recorder of serving statistics into this cache's index, in memory when
+        read-only (it never holds the cache: the cache's finalizer flushes it); its last
+        flush is bounded by the cache's ``timeouts`` when it was given some."""
+        from aot.cache.index.call_stats import IndexSink, SqliteFileSink
+        from aot.cache.stats_recorder import StatsRecorder
+
+        exit_seconds = self.timeouts.stats_exit_s if self.timeouts is not None else None
+        if self.read_only:
+            return StatsRecorder(self.display_location, exit_seconds=exit_seconds)
+        index_file = self._index_file
+        if index_file is not None:
+            return StatsRecorder(str(index_file), lambda: SqliteFileSink(index_file), exit_seconds)
+        index = self.index
+        return StatsRecorder(index.url, lambda: IndexSink(index), exit_seconds)
 
     def _open_blobs(self, location: str) -> Any:
         engine = self._index.engine if self._index is not None and same_database(location, self.location) else None
@@ -390,7 +409,7 @@ class ArtifactStore(ReleaseMethods):
 
         Not a use of the entry by itself: :meth:`get` and a :meth:`compile` hit record
         one (last-used time, hits), an ``aot.load`` dispatcher records its calls
-        (:mod:`aot.cache.serving.stats`), so that an entry loaded at start-up and never called
+        (:mod:`aot.cache.stats_recorder`), so that an entry loaded at start-up and never called
         ages (``aot gc --older-than``)."""
         if isinstance(entry, str):
             entry = self.entry(entry)

@@ -35,14 +35,13 @@ read_only=True, local="/var/cache/aot")`` is a :class:`~aot.cache.cache.TieredCa
   serves its local tier (and cannot reach the remote until it is opened again); one
   with an empty local tier fails as it would without a tier.
 * **Statistics** go to the remote index when it is writable, else to the local tier's
-  index (:mod:`aot.cache.serving.stats`): a read-only replica keeps them in its local tier.
+  index (:mod:`aot.cache.stats_recorder`): a read-only replica keeps them in its local tier.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import weakref
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -227,15 +226,6 @@ class TieredStore(ArtifactStore):
     def stats_cache(self) -> ArtifactStore:
         """Where statistics are kept: the remote when writable, else the local tier."""
         return self if not self.read_only and self.remote_error is None else self.local
-
-    def _start_stats(self) -> None:
-        if self.read_only or self.remote_error is not None:
-            from aot.cache.serving.stats import recorder_for  # as ArtifactStore._start_stats does
-
-            self.stats = recorder_for(self.local)
-            self._stats_finalizer = weakref.finalize(self, self.stats.close)
-            return
-        super()._start_stats()
 
     def close(self) -> None:
         super().close()

@@ -12,7 +12,7 @@ from aot.cli.listing import env_option
 from aot.cli.params import complete_entry_names
 
 if TYPE_CHECKING:
-    from aot.cache.reports.stats import SignatureStats, StatsReport
+    from aot.cache.stats_report import SignatureStats, StatsReport
 
 SIGNATURE_WIDTH = 60
 

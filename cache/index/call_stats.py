@@ -2,7 +2,7 @@
 of the called entries): their columns, and the statements that write them, through
 the SQL index (:class:`IndexSink`) or, for a folder cache's serving process that never
 imported SQLAlchemy, with the standard library (:class:`SqliteFileSink`). The recorder
-that batches them is :mod:`aot.cache.serving.stats`; the reads are the index's
+that batches them is :mod:`aot.cache.stats_recorder`; the reads are the index's
 ``call_stats`` (:class:`~aot.cache.index.protocol.IndexReader`)."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ database blob store, those too, in ``blobs_data``):
 ``call_stats``
     serving statistics per (environment, name, signature): calls, loads and load
     time, compile time saved, misses and recompiles with their last reason
-    (:mod:`aot.cache.serving.stats` writes them in batches, never one write per call).
+    (:mod:`aot.cache.stats_recorder` writes them in batches, never one write per call).
 ``ref_history`` and ``refs``
     which key is served for each (environment, name, signature): every change
     appended to ``ref_history`` (its autoincremented ``seq`` orders them: the index's
@@ -71,7 +71,7 @@ Changelog of :data:`SCHEMA_VERSION`:
   (``_migrate_add_blob_leases``).
 * 4 (2026-12-03): call_stats: calls, loads, misses and recompiles per environment,
   name and signature, written in batches off the call path (``_migrate_add_call_stats``,
-  :mod:`aot.cache.serving.stats`).
+  :mod:`aot.cache.stats_recorder`).
 * 5 (2026-12-03): index_state: when a deletion of this index's own (gc, ``aot rm``)
   left it empty, so that gc tells an index it emptied from a lost or replaced one
   (``_migrate_add_index_state``, :mod:`aot.cache.index.state`).
@@ -274,7 +274,7 @@ LEASES = sa.Table(
     SqlIndex("ix_blob_leases_digest", "digest"),
 )
 
-#: Serving statistics of one (environment, name, signature): see :mod:`aot.cache.serving.stats`.
+#: Serving statistics of one (environment, name, signature): see :mod:`aot.cache.stats_recorder`.
 #: ``signature_digest`` (sha256 of ``signature``) is in the key instead of the text,
 #: which can be longer than an index entry may be. A row may hold only misses: the
 #: signature of calls that found no executable.

@@ -6,7 +6,7 @@ which caches each signature it has seen with the executable that served it; the
 Python path runs once per kind of call: it matches the structure by digest,
 canonicalizes NumPy and Python inputs as jax.jit does, checks the avals, loads, and
 remembers the kind of call. Statistics count each program's calls exactly
-(:mod:`aot.cache.serving.stats`), and C++ cannot say which program served a call, so
+(:mod:`aot.cache.stats_recorder`), and C++ cannot say which program served a call, so
 the C++ dispatch serves one program per dispatcher: once a second one is called,
 calls select their program in Python (a tuple of the inputs' avals and one dict
 lookup; a flatten when there are pytrees or keywords).
@@ -242,7 +242,7 @@ class Dispatcher:
         return self._run(hit, leaves)
 
     def _run(self, hit: Kind, leaves: Sequence[Any]) -> Any:
-        hit.program.calls += 1  # the only statistics on the call path (aot.cache.serving.stats)
+        hit.program.calls += 1  # the only statistics on the call path (aot.cache.stats_recorder)
         try:
             return hit.fn(*leaves)
         except AotError:

@@ -71,7 +71,7 @@ class Program:
     quarantined rows (never executed; their portable HLO can still be recompiled).
 
     Mutable and slotted: a call counts itself with ``program.calls += 1``, and the
-    statistics recorder (:mod:`aot.cache.serving.stats`) reads ``calls`` and
+    statistics recorder (:mod:`aot.cache.stats_recorder`) reads ``calls`` and
     ``counted``."""
 
     __slots__ = (
@@ -478,7 +478,7 @@ class ProgramTable:
         while program.local:
             entry = program.local[0]
             try:
-                # Not a use: the calls are (aot.cache.serving.stats).
+                # Not a use: the calls are (aot.cache.stats_recorder).
                 checked = self.checked.take(entry)
                 return self.cache.load(entry) if checked is None else self.cache.load(entry, manifest=checked)
             except PROCESS_LIMITS as exc:

@@ -71,7 +71,7 @@ def test_install_logs_the_minimum_compile_time(tmp_path, caplog) -> None:  # noq
 
 def test_stats_says_why_no_jit_entry_is_stored() -> None:
     from aot.cache.index.jit_records import JitStats
-    from aot.cache.reports.stats import StatsReport
+    from aot.cache.stats_report import StatsReport
 
     missed = (JitStats("f", hits=0, misses=3, saved_seconds=0.0),)
     report = StatsReport("here", (), None, jit=missed, jit_stored=0)

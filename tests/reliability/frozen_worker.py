@@ -44,7 +44,7 @@ def serve(url: str, blob_location: str) -> int:
     import numpy as np
 
     import aot
-    from aot.cache.serving import stats
+    from aot.cache import stats_recorder as stats
 
     stats.FLUSH_SECONDS = 0.2  # the flusher is inside a write when the index freezes
     cache = aot.Cache(url, blob_location=blob_location)

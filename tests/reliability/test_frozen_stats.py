@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from aot.cache.serving import stats as stats_mod
-from aot.cache.serving.stats import StatsRecorder, exit_timeout
+from aot.cache import stats_recorder as stats_mod
+from aot.cache.stats_recorder import StatsRecorder, exit_timeout
 from aot.errors import CacheError
 
 

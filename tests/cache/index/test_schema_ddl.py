@@ -127,7 +127,7 @@ def test_opening_and_writing_an_index_imports_no_orm(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from aot.cache.index.sql import Index\n"
-        "import aot.cache.storage.database, aot.cache.serving.stats\n"
+        "import aot.cache.storage.database, aot.cache.stats_recorder\n"
         f"Index('sqlite:///{tmp_path / 'index.sqlite'}').close()\n"
         "print(sorted(m for m in sys.modules if m.startswith('sqlalchemy.orm')))\n"
     )

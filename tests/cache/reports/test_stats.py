@@ -15,7 +15,8 @@ from aot.cache.index.entry import IndexEntry
 from aot.cache.index.reader import SqliteReader
 from aot.cache.index.schema import CALL_STATS
 from aot.cache.index.sql import Index
-from aot.cache.reports.stats import COUNTERS, SignatureStats, StatsReport, named_signatures
+from aot.cache.reports.stats import named_signatures
+from aot.cache.stats_report import COUNTERS, SignatureStats, StatsReport
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import aot
-from aot.cache.serving import stats as stats_mod
+from aot.cache import stats_recorder as stats_mod
 from aot.cache.reports.stats import read_stats
 from aot.errors import AvalMismatchError, SignatureNotFoundError
 

@@ -365,7 +365,7 @@ _SERVER = textwrap.dedent(
             "aot.signatures",  # the wording of a miss
             "aot.cache.serving.misses",  # the wording of a miss
             "aot.cache.serving.symbolic",  # only for symbolic signatures
-            "aot.cache.reports.stats",  # reading statistics back (aot stats)
+            "aot.cache.reports.stats", "aot.cache.stats_report",  # reading statistics back (aot stats)
             "aot.cache.serving.background",  # only with background=True
             "aot.cache.names", "aot.cache.pauses",  # writers only
             # Value objects defined apart because serving never makes one.

@@ -1,4 +1,4 @@
-"""Serving statistics (aot.cache.serving.stats): a dispatcher counts calls with one increment on
+"""Serving statistics (aot.cache.stats_recorder): a dispatcher counts calls with one increment on
 the program it holds; counts reach the index in batches (never a write per call),
 from any number of processes; HITS and last-used times follow calls, not loads."""
 
@@ -18,10 +18,11 @@ import pytest
 import sqlalchemy as sa
 
 import aot
-from aot.cache.serving import stats as stats_mod
+from aot.cache import stats_recorder as stats_mod
 from aot.cache.index.entry import SCHEMA_VERSION, utcnow
 from aot.cache.index.sql import Index
-from aot.cache.reports.stats import SignatureStats, read_stats, zero_stats
+from aot.cache.reports.stats import read_stats, zero_stats
+from aot.cache.stats_report import SignatureStats
 from aot.errors import CacheError, SignatureNotFoundError
 
 

@@ -43,7 +43,7 @@ Counting is exact for one thread; threads calling one dispatcher concurrently ma
 lose an increment now and then (``+=`` on an attribute is not atomic), never add one.
 
 This module records (every serving process imports it); reading the statistics back
-and ``aot stats``'s value objects are :mod:`aot.cache.reports.stats`; the statements
+and ``aot stats``'s value objects are :mod:`aot.cache.stats_report`; the statements
 that write them, :mod:`aot.cache.index.call_stats`.
 """
 
@@ -60,20 +60,19 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aot.cache.index.call_stats import COUNTERS, REASONS, IndexSink, SqliteFileSink
+from aot.cache.index.call_stats import COUNTERS, REASONS
 from aot.cache.timeouts import ENVIRONMENT, Timeouts, timeouts
 from aot.errors import CacheError
 
 if TYPE_CHECKING:
-    from aot.cache.store import ArtifactStore
     from aot.cache.index.entry import IndexEntry
-    from aot.cache.reports.stats import StatsReport
+    from aot.cache.stats_report import StatsReport
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "FLUSH_SECONDS", "COUNTERS", "REASONS", "StatsRecorder",
-    "exit_timeout", "recorder_for",
+    "exit_timeout",
 ]
 
 #: How often the flusher thread writes pending counts (seconds); None: only at
@@ -386,7 +385,7 @@ class StatsRecorder:
     def report(self, name_glob: str | None = None) -> StatsReport:
         """This process's statistics (written or not), without reading the index: what
         a read-only cache without a local tier counted lives only here."""
-        from aot.cache.reports.stats import SignatureStats, StatsReport, ordered
+        from aot.cache.stats_report import SignatureStats, StatsReport, ordered
         from aot.signatures import Signature
 
         with self._lock:
@@ -435,18 +434,3 @@ def _merge_into(target: dict[_Key, _Tally], source: Mapping[_Key, _Tally], first
 
 def _counts(tally: _Tally) -> dict[str, Any]:
     return {name: getattr(tally, name) for name in (*COUNTERS, *REASONS)}
-
-
-def recorder_for(cache: ArtifactStore) -> StatsRecorder:
-    """The recorder of a cache: its index when writable, else memory. (It never holds
-    the cache itself: the cache's finalizer flushes it.) Its last flush is bounded by
-    the cache's ``timeouts`` when it was given some."""
-    bounds = getattr(cache, "timeouts", None)
-    exit_seconds = bounds.stats_exit_s if bounds is not None else None
-    if cache.read_only:
-        return StatsRecorder(cache.display_location, exit_seconds=exit_seconds)
-    index_file = getattr(cache, "_index_file", None)
-    if index_file is not None:
-        return StatsRecorder(str(index_file), lambda: SqliteFileSink(index_file), exit_seconds)
-    index = cache.index
-    return StatsRecorder(index.url, lambda: IndexSink(index), exit_seconds)
