@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from aot.errors import ArtifactNotFoundError, CacheError, SpecError
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.jit_records import JitEntry
-from aot.cache.reports.listing import EntryRow, check_env_choice, entry_rows
+from aot.cache.rows import EntryRow, check_env_choice, entry_rows
 from aot.cache.admin.maintenance import delete_unreferenced_blobs
 from aot.signatures import Signature
 from aot.cache.units import human_size

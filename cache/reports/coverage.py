@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.units import counted
-from aot.cache.reports.listing import environment_statuses
+from aot.cache.rows import environment_statuses
 from aot.signatures import Signature
 from aot.cache.warmup.coverage import find_uncovered
 from aot.cache.warmup.targets import x64_mode

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from aot.artifact import PORTABLE_HLO, Manifest
 from aot.errors import AotError, ArtifactNotFoundError, CorruptArtifactError
 from aot.fingerprint import PartDifference
-from aot.cache.reports.listing import served_state
+from aot.cache.rows import served_state
 from aot.signatures import Signature
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def describe_entries(
 ) -> list[EntryDetails]:
     """:func:`find_entries`, each with its manifest, environment differences, named
     arguments, supersession and HLO. ``release``: whether each is served is said for
-    a replica of that label (:func:`~aot.cache.reports.listing.served_state`)."""
+    a replica of that label (:func:`~aot.cache.rows.served_state`)."""
     found = find_entries(cache, key_or_name)
     peers = [p for name in sorted({e.name for e in found}) for p in cache.reader.by_name(name)]
     superseded, served, labels = served_state(cache, peers, {e.name for e in found}, release)

@@ -20,7 +20,7 @@ from aot.fingerprint import UNKNOWN_ENVIRONMENT_NOTE, PartDifference, xla_flags_
 from aot.lowering import lower
 from aot.specs import format_aval, spec
 from aot.cache.index.served import Slot, ref_map, served_key
-from aot.cache.reports.listing import release_slots
+from aot.cache.rows import release_slots
 from aot.signatures import ArgLeaf, LeafDifference, Signature, leaf_differences
 from aot.cache.units import counted
 

@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 import aot
-from aot.cache.reports.listing import list_entries, superseded_keys
+from aot.cache.index.served import superseded_keys
+from aot.cache.reports.listing import list_entries
 from aot.cache.admin.removal import SignatureFilter, execute_removal, plan_removal
 
 
