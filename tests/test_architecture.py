@@ -681,3 +681,14 @@ def test_the_checks_fail_with_every_report(tmp_path: Path) -> None:
     tree = _write(tmp_path, {"aot/a.py": "import aot.b\n", "aot/b.py": "import aot.a\n"})
     with pytest.raises(pytest.fail.Exception, match=r"1 import circles.*\n.*aot\.a, aot\.b"):
         _fail("import circles", import_circles(tree))
+
+
+def test_the_readme_layout_names_every_layer_of_the_cache() -> None:
+    """README.md's layout section names each module at the top of cache/ and each of
+    its sub-packages, so that the map a reader gets is the tree there is."""
+    readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout"):].split("```")[1]
+    cache = REPOSITORY / "cache"
+    names = [p.name for p in cache.glob("*.py") if p.name != "__init__.py"]
+    names += [f"{p.name}/" for p in cache.iterdir() if (p / "__init__.py").is_file()]
+    assert [n for n in sorted(names) if n not in layout] == []
