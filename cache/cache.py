@@ -56,7 +56,7 @@ class Cache(ArtifactStore):
         ref; ``origin`` says who set it, default ``Cache.put``)."""
         from aot.cache.compiling import artifact_of  # lowering and compiling import JAX
 
-        self._check_writable("store an artifact")
+        self.check_writable("store an artifact")
         entry = self.put_artifact(artifact_of(item))
         self.set_refs([entry], origin if origin is not None else RefOrigin("Cache.put"))
         return entry

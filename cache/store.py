@@ -261,7 +261,7 @@ class ArtifactStore(ReleaseMethods):
         self, entries: Iterable[IndexEntry], origin: RefOrigin, *, release_id: int | None = None,
     ) -> list[Ref]:
         """Declares each entry the one served for its (name, signature, environment)."""
-        self._check_writable("set refs")
+        self.check_writable("set refs")
         targets = [(e.name, e.signature, e.env_fp, e.key) for e in entries]
         return self.index.set_refs(targets, origin, release_id=release_id) if targets else []
 
@@ -339,7 +339,8 @@ class ArtifactStore(ReleaseMethods):
 
     # ------------------------------------------------------------------ writing
 
-    def _check_writable(self, what: str) -> None:
+    def check_writable(self, what: str) -> None:
+        """Raises :class:`ReadOnlyCacheError` naming ``what`` when the cache is read-only."""
         if self.read_only:
             raise ReadOnlyCacheError(
                 f"cannot {what}: the cache at {self.display_location} is read-only; open it "
@@ -639,7 +640,7 @@ def manifest_to_store(cache: ArtifactStore, manifest: Manifest) -> Manifest:
     """``manifest`` checked (name rule) and signed with ``cache``'s key."""
     from aot.cache.names import check_name  # writers only: serving never imports it
 
-    cache._check_writable("store an artifact")
+    cache.check_writable("store an artifact")
     check_name(manifest.name)  # before any blob is written
     if cache.signing_key is not None:
         if manifest.hmac is None:

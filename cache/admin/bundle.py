@@ -334,7 +334,7 @@ def import_bundle(cache: ArtifactStore, path: BundlePath, *, refs: bool = False)
     missing or corrupt blobs, it is restored from the bundle. Then the bundle's refs
     are written where the cache has none (``refs``: overwriting its own), and a
     release the bundle carries is recorded under its label."""
-    cache._check_writable("import a bundle")
+    cache.check_writable("import a bundle")
     with _open_source(path) as (raw, label, size):
         artifacts, extras = _read_bundle(raw, label)
     for artifact in artifacts:  # check all signatures before writing anything

@@ -750,7 +750,7 @@ def collect_garbage(
     plan = plan_gc(cache, unpinned=stale, reads=reads, **options)  # type: ignore[arg-type]
     if dry_run:
         return dataclasses.replace(plan, dropped_refs=tuple(sorted(stale)))
-    cache._check_writable("collect garbage")
+    cache.check_writable("collect garbage")
     leases_only = not stale and not plan.warnings and not plan.entries and not plan.blobs
     if leases_only and not reads.has_expired_leases():
         log.info("gc: removed 0 entries and 0 blobs, freed %s", human_size(0))  # nothing to delete

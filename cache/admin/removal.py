@@ -298,7 +298,7 @@ def execute_removal(cache: ArtifactStore, plan: RemovalPlan, *, force: bool = Fa
     """Deletes the plan's index rows, then its blobs that no row references any more.
     Raises :class:`aot.CacheError` naming the labels when a release pins an entry of
     the plan, unless ``force``."""
-    cache._check_writable("remove entries")
+    cache.check_writable("remove entries")
     if not force:
         # Read again: a label may have been promoted onto an entry since the plan.
         pins = _release_pins(cache)

@@ -105,7 +105,7 @@ def copy_entries(
         raise CacheError(
             f"give either NAME_GLOBs ({' '.join(globs)}) or --release {release}: a release is copied whole"
         )
-    destination._check_writable("copy entries into it")
+    destination.check_writable("copy entries into it")
     if release is None:  # nothing to do? decided read-only, without SQLAlchemy (up_to_date.py)
         done = up_to_date(source, destination, globs, jobs=jobs, overwrite_refs=refs)
         if done is not None:

@@ -26,7 +26,7 @@ class ReleaseMethods:
     reader: IndexReader
     display_location: Any
 
-    def _check_writable(self, what: str) -> None:  # implemented by ArtifactStore
+    def check_writable(self, what: str) -> None:  # implemented by ArtifactStore
         raise NotImplementedError
 
     def releases(self) -> list[Release]:
@@ -51,12 +51,12 @@ class ReleaseMethods:
 
     def promote(self, source: str, target: str, origin: RefOrigin | None = None) -> Release:
         """Points label ``target`` at the set ``source`` points to now."""
-        self._check_writable("promote a release")
+        self.check_writable("promote a release")
         return self.index.promote(source, target, origin or RefOrigin(f"promote {source}", release=target))
 
     def rollback(self, label: str, origin: RefOrigin | None = None) -> Release:
         """Points ``label`` back at the set it pointed to before."""
-        self._check_writable("roll back a release")
+        self.check_writable("roll back a release")
         return self.index.rollback(label, origin or RefOrigin(f"rollback {label}", release=label))
 
     def remove_release(
@@ -70,7 +70,7 @@ class ReleaseMethods:
         carry out exactly it. CacheError for an unknown label (naming those that exist);
         ReadOnlyCacheError on a read-only cache unless ``dry_run``."""
         if not dry_run:
-            self._check_writable("remove a release")
+            self.check_writable("remove a release")
         from aot.cache.index.releases import ReleaseRemoval  # a release's removal only
 
         if isinstance(labels, ReleaseRemoval):
@@ -89,7 +89,7 @@ class ReleaseMethods:
         """Declares ``label`` the release served by a replica that names none (None:
         the refs again). The label must exist; it is a label, not a set, so the default
         follows its promotions and rollbacks. Returns the previous default."""
-        self._check_writable("set the default release")
+        self.check_writable("set the default release")
         import sqlalchemy as sa
 
         from aot.cache.index.schema import DEFAULT_RELEASE

@@ -82,7 +82,7 @@ def zero_stats(cache: ArtifactStore, name_glob: str | None = None, *, env: str =
     cache.stats.flush()  # what this process counted goes too
     cache.stats.zero(name_glob)
     target = getattr(cache, "stats_cache", cache)
-    target._check_writable("reset the call statistics")
+    target.check_writable("reset the call statistics")
     # The real fingerprint (never the listing record) decides what is deleted; not needed for all.
     this = cache.environment.digest if env == "this" else None
     return delete_call_stats(target.index, name_glob, this)
