@@ -32,7 +32,7 @@ __all__ = ["CompileResult", "artifact_of", "compile_entry"]
 
 @dataclass(frozen=True, slots=True)
 class CompileResult:
-    """What :meth:`Cache.compile_entry <aot.cache.store.ArtifactStore.compile_entry>` did: the
+    """What :meth:`aot.Cache.compile_entry` (:func:`compile_entry`) did: the
     executable, its entry, hit or miss.
 
     ``executable`` is None for a symbolic (shape-polymorphic) program: it is stored
@@ -60,7 +60,7 @@ class CompileResult:
 
 def artifact_of(item: MeshComputation | MeshExecutable | Artifact) -> Artifact:
     """The artifact to store for a computation (compiled now), an executable or an
-    artifact (:meth:`Cache.put <aot.cache.store.ArtifactStore.put>`)."""
+    artifact (:meth:`aot.Cache.put`)."""
     from aot.computation import MeshComputation
     from aot.executable import MeshExecutable
 
