@@ -43,9 +43,6 @@ log = logging.getLogger(__name__)
 
 CACHE_ENV = "AOT_CACHE"
 
-CacheEntry = IndexEntry
-
-
 class BackgroundWork(Protocol):
     """Work running over a cache in other threads (``aot.load(background=True)``):
     :meth:`Cache.close` stops it before it closes the stores it reads."""
