@@ -86,7 +86,7 @@ def compile_command(
     """
     from aot.signatures import Signature
     from aot.cache.index.refs import RefOrigin, default_commit
-    from aot.cache.warmup.targets import compile_target
+    from aot.cache.warmup.functions import compile_target
     from aot.errors import ManifestError
 
     options = dict(
@@ -160,7 +160,7 @@ def why_command(
     AOT_RELEASE, else the cache's default, as aot.load chooses) a signature that the
     release's set lacks is a miss, naming the label. Exits 0 on a hit, 1 on a miss.
     """
-    from aot.cache.warmup.targets import place_statics
+    from aot.cache.warmup.functions import place_statics
     from aot.cache.warmup.run import resolve_args, resolve_target
 
     positional, keywords = resolve_args(args, parse_kwargs(kwargs), args_from)

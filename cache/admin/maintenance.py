@@ -684,7 +684,7 @@ def stale_signatures(
     but not with that signature (a changed layer size leaves the old ones behind);
     read through ``reads`` (default the cache's reader)."""
     from aot.cache.warmup.manifest import expand, load_manifest
-    from aot.cache.warmup.targets import item_signature
+    from aot.cache.warmup.functions import item_signature
 
     wanted: dict[str, set[str]] = {}
     for item in expand(load_manifest(manifest)):

@@ -23,7 +23,7 @@ from aot.cache.units import counted
 from aot.cache.rows import environment_statuses
 from aot.signatures import Signature
 from aot.cache.warmup.coverage import find_uncovered
-from aot.cache.warmup.targets import x64_mode
+from aot.cache.warmup.functions import x64_mode
 from aot.cache.warmup.manifest import WarmupItem, expand, load_manifest
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ def find_stale(cache: ArtifactStore, items: Iterable[WarmupItem]) -> tuple[tuple
     Returns the stale items and the seconds the lowerings took."""
     from aot.artifact import Manifest
     from aot.cache.index.served import ref_map, served_key
-    from aot.cache.warmup.targets import prepare
+    from aot.cache.warmup.functions import prepare
     from aot.lowering import lower, lower_pmap
 
     stale: list[StaleItem] = []

@@ -16,7 +16,7 @@ from aot.errors import AotError, CacheError, ManifestError
 from aot.fingerprint import UNKNOWN_ENVIRONMENT_NOTE, Fingerprint, known_environment
 from aot.jaxcompat.runtime import backend_started
 from aot.cache.warmup.manifest import WarmupItem
-from aot.cache.warmup.targets import item_signature, x64_mode
+from aot.cache.warmup.functions import item_signature, x64_mode
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore

@@ -27,7 +27,7 @@ same, because buckets are signatures of one name.
 :func:`load_manifest` parses and validates a file (raising :class:`aot.ManifestError`
 with the file, the TOML line and the entry) and :func:`expand` turns it into
 :class:`WarmupItem` s. Nothing here imports JAX or the targets: see
-:mod:`aot.cache.warmup.targets` for resolving an item and :mod:`aot.cache.warmup.run` for running.
+:mod:`aot.cache.warmup.functions` for resolving an item and :mod:`aot.cache.warmup.run` for running.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from aot.cache.timeouts import timeouts
 from aot.cache.warmup.manifest import WarmupItem
 from aot.cache.warmup.steps import Deferred, ItemResult, Lowered, compile_lowered, lower_here, store_here
-from aot.cache.warmup.targets import item_environment, item_signature, x64_mode
+from aot.cache.warmup.functions import item_environment, item_signature, x64_mode
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection

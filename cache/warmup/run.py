@@ -5,7 +5,7 @@ and in ``jobs - 1`` worker processes, :mod:`aot.cache.warmup.parallel`; ``isolat
 in worker processes only), and
 :func:`coverage` lists the items a cache is missing for this environment. The
 manifest format lives in :mod:`aot.cache.warmup.manifest`, target resolution in
-:mod:`aot.cache.warmup.targets`, one item's steps in :mod:`aot.cache.warmup.steps`,
+:mod:`aot.cache.warmup.functions`, one item's steps in :mod:`aot.cache.warmup.steps`,
 the ``--jobs auto`` rule in
 :mod:`aot.cache.warmup.jobs`; their public names are re-exported here.
 """
@@ -50,7 +50,7 @@ from aot.cache.warmup.steps import (
     lower_here,
     store_here,
 )
-from aot.cache.warmup.targets import (
+from aot.cache.warmup.functions import (
     Prepared,
     compile_item,
     compile_target,

@@ -87,7 +87,7 @@ def _inputs(item: WarmupItem) -> tuple[str, int]:
     import jax
     import numpy as np
 
-    from aot.cache.warmup.targets import make_mesh, resolve_args
+    from aot.cache.warmup.functions import make_mesh, resolve_args
     from aot.specs import format_aval
 
     mesh = make_mesh(item.mesh, item.device_target) if item.mesh is not None else None
@@ -103,7 +103,7 @@ def _inputs(item: WarmupItem) -> tuple[str, int]:
 
 def estimate_costs(cache: ArtifactStore | None, items: Sequence[WarmupItem]) -> list[ItemCost]:
     """The cost of each item by the rule in the module docstring (``cache`` may be None)."""
-    from aot.cache.warmup.targets import item_environment
+    from aot.cache.warmup.functions import item_environment
 
     envs: dict[str | None, str] = {}  # device target (None: this host) -> environment digest
     previous: dict[tuple[str, str | None], dict[str, float]] = {}  # (name, target) -> signature -> seconds

@@ -27,7 +27,7 @@ from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, SpecE
 from aot.signatures import Signature
 from aot.cache.warmup.failures import Failure
 from aot.cache.warmup.manifest import WarmupItem
-from aot.cache.warmup.targets import prepare, x64_hint, x64_mode
+from aot.cache.warmup.functions import prepare, x64_hint, x64_mode
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore

@@ -224,7 +224,7 @@ def _worker_main(conn: Connection, env: dict[str, str], log_level: int, parent_p
     gc.disable()
     try:
         importlib.import_module("aot.cache.store")  # imported now, not in the first item
-        from aot.cache.warmup.targets import remembering_specs
+        from aot.cache.warmup.functions import remembering_specs
         from aot.cache.warmup.claims import warmup_task
         from aot.cache.warmup.steps import ItemResult
 

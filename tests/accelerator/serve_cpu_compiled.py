@@ -72,7 +72,7 @@ def check(item: Any, cache: str, loaded: dict[str, Any], seed: int) -> tuple[str
     import jax
 
     import aot
-    from aot.cache.warmup.targets import item_signature, prepare, x64_mode
+    from aot.cache.warmup.functions import item_signature, prepare, x64_mode
 
     with x64_mode(item):
         signature = item_signature(item)
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     from aot.cache.warmup.manifest import expand, load_manifest
-    from aot.cache.warmup.targets import item_signature
+    from aot.cache.warmup.functions import item_signature
 
     devices = jax.devices()
     print(f"devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}); "

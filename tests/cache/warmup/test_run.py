@@ -226,7 +226,7 @@ def test_item_validation() -> None:
 
 
 def test_a_64_bit_spec_error_says_how_to_opt_in() -> None:
-    from aot.cache.warmup.targets import x64_hint
+    from aot.cache.warmup.functions import x64_hint
     from aot.errors import SpecError
 
     refused = SpecError("spec 'f64[8]' needs 64-bit types, but x64 is disabled")

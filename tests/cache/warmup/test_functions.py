@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import aot
-from aot.cache.warmup.targets import compile_item, item_signature, place_statics
+from aot.cache.warmup.functions import compile_item, item_signature, place_statics
 from aot.cache.warmup.manifest import WarmupItem
 from aot.errors import TargetError
 
@@ -44,7 +44,7 @@ def targets(tmp_path: Path):
 
 
 def _fn(name: str, folder: str):
-    from aot.cache.warmup.targets import resolve_target
+    from aot.cache.warmup.functions import resolve_target
 
     return resolve_target(f"{MODULE}:{name}", base_dir=folder)
 

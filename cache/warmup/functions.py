@@ -1,4 +1,4 @@
-"""Resolving warmup items: import targets, build specs, meshes and shardings.
+"""Resolving warmup items: import their Python functions, build specs, meshes and shardings.
 
 Used by ``aot warmup``, ``aot compile`` and ``aot why``: a :class:`WarmupItem` (plain
 data) becomes the function and the arguments :func:`aot.cache.compiling.compile_entry` takes.
