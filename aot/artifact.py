@@ -451,9 +451,14 @@ COMMON_DTYPES = {
 def manifest_aval_text(aval: Mapping[str, Any]) -> str:
     """``{"shape": [8, 128], "dtype": "float32"}`` -> ``"f32[8,128]"`` (``~`` when weakly
     typed), as :func:`aot.specs.format_aval` writes it; JAX is imported only for a
-    dtype outside the common ones or a symbolic dimension."""
+    dtype aot.specs does not know or a symbolic dimension."""
+    from aot.signatures import short_dtype
+
     shape, dtype, weak = aval["shape"], aval["dtype"], bool(aval.get("weak_type", False))
-    short = COMMON_DTYPES.get(dtype) if isinstance(dtype, str) else None
+    try:  # every dtype aot.specs knows, typed keys included: `aot show` imports no JAX
+        short = short_dtype(dtype) if isinstance(dtype, str) else None
+    except ValueError:
+        short = None  # JAX's parse says what is wrong with it
     if short is not None and all(type(d) is int for d in shape):
         return f"{'~' if weak else ''}{short}[{','.join(str(d) for d in shape)}]"
     from aot.specs import format_aval  # imports JAX

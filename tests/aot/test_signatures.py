@@ -103,3 +103,24 @@ def test_describe_call_is_one_phrase_per_argument() -> None:
     assert describe_call([None, (), {"a": 1}], {"k": 3}, ["a"]) == (
         "a: None, args[1]: an empty tuple, args[2]: a dict of 1 Python int, k: Python int 3"
     )
+
+
+def test_the_display_dtype_table_says_what_aot_specs_says() -> None:
+    """Listings name dtypes without JAX (aot.signatures.SHORT_DTYPES); every dtype and
+    typed key aot.specs offers reads exactly as aot.specs prints it."""
+    from aot.signatures import short_dtype
+    from aot.jaxcompat.dtypes import prng_key_dtypes
+    from aot.specs import DTYPES, dtype_name, dtype_to_str
+
+    for short, dtype in DTYPES.items():
+        assert short_dtype(dtype_to_str(dtype)) == dtype_name(dtype) == short
+        assert short_dtype(short) == short
+    keys = prng_key_dtypes()
+    assert "key<fry>" in keys
+    for name, dtype in keys.items():
+        assert short_dtype(dtype_to_str(dtype)) == dtype_name(dtype) == name
+    assert short_dtype("pred") == "bool"
+    with pytest.raises(ValueError, match="unknown dtype 'float7'"):
+        short_dtype("float7")
+    args = [{"path": "k", "shape": [2], "dtype": "key<fry>"}, {"path": "w", "shape": [3], "dtype": "int4"}]
+    assert Signature.from_manifest_args(args).compact() == "k: key<fry>[2], w: i4[3]"
