@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -30,7 +31,10 @@ from aot.errors import DeviceTargetError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KNOWN_TOPOLOGIES", "DeviceTarget", "compile_only_here", "parse_target"]
+__all__ = [
+    "CHIP_OF_DEVICE_KIND", "KNOWN_TOPOLOGIES", "DeviceTarget", "compile_only_here", "environment_name", "parse_target",
+    "target_name",
+]
 
 # The chips and grids of Cloud TPU slices jax-aot knows (libtpu accepts these names).
 KNOWN_TOPOLOGIES: dict[str, tuple[str, ...]] = {
@@ -195,3 +199,57 @@ def _topology_devices(target: DeviceTarget) -> tuple[Any, ...]:
     devices = tuple(topology.devices)
     log.info("target %s: %d compile-only %s device(s)", target.name, len(devices), devices[0].device_kind)
     return devices
+
+
+# ---------------------------------------------------------------- naming an environment
+
+# The device kind JAX reports -> the chip of a target name. (A v5e reports "TPU v5 lite".)
+CHIP_OF_DEVICE_KIND: dict[str, str] = {
+    "TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p", "TPU v5p": "v5p",
+    "TPU v6 lite": "v6e", "TPU v6e": "v6e",
+}
+_COORDS = re.compile(r"@\((\d+), (\d+), (\d+)\)")
+
+
+def target_name(parts: Mapping[str, str]) -> str | None:
+    """The device target an environment fingerprint's ``parts`` describe
+    (``tpu:v5e:2x2``), read from its platform, device kind and topology (the device
+    grid spanned by the devices' coordinates, else the known grid of its device count);
+    None when no known target does (a CPU or GPU host, an unknown chip). Pure: listings
+    name targets without JAX or libtpu."""
+    if parts.get("platform") != "tpu":
+        return None
+    chip = CHIP_OF_DEVICE_KIND.get(parts.get("device_kind", ""))
+    grids = KNOWN_TOPOLOGIES.get(chip or "", ())
+    if not grids:
+        return None
+    coords = [tuple(int(v) for v in m.groups()) for m in _COORDS.finditer(parts.get("topology", ""))]
+    if coords:
+        extent = [max(c[i] for c in coords) + 1 for i in range(3)]
+        for grid in grids:
+            if list(_dims(grid)) == extent:
+                return f"tpu:{chip}:{grid}"
+        return None
+    # A topology too long to store whole (a digest): the count picks the grid.
+    count = parts.get("device_count", "")
+    by_count = [g for g in grids if count.isdigit() and _chips(g) == int(count)]
+    return f"tpu:{chip}:{by_count[0]}" if len(by_count) == 1 else None
+
+
+def environment_name(parts: Mapping[str, str]) -> str:
+    """A short name for an environment: its target's (``tpu:v5e:2x2``), else its
+    platform, device kind and count (``cpu x8``, ``gpu NVIDIA H100 x8``)."""
+    named = target_name(parts)
+    if named is not None:
+        return named
+    platform = parts.get("platform") or "unknown"
+    kind = parts.get("device_kind", "")
+    count = parts.get("device_count", "?")
+    # A CPU's device kind is "cpu": the platform says it already.
+    shown = "" if not kind or kind.lower() == platform else f" {kind}"
+    return f"{platform}{shown} x{count}"
+
+
+def _chips(grid: str) -> int:
+    a, b, c = _dims(grid)
+    return a * b * c

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.served import Slot, ref_map, served_key, superseded_keys
 from aot.signatures import Signature
+from aot.targets import environment_name
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
 ENV_CHOICES = ("this", "all")
 
 __all__ = [
-    "ENV_CHOICES", "EntryRow", "EnvironmentStatus", "check_env_choice", "entry_rows", "environment_statuses",
+    "ENV_CHOICES", "EntryRow", "EnvironmentStatus", "check_env_choice", "entry_rows", "environment_names",
+    "environment_statuses",
     "release_labels", "release_slots", "served_keys", "served_state",
 ]
 
@@ -42,6 +44,9 @@ class EnvironmentStatus:
     #: This host's environment is not known (not recorded, and finding it out would
     #: open the device: :meth:`~aot.cache.store.ArtifactStore.known_environment`).
     unknown: bool = False
+    #: What the entry is for (:func:`aot.targets.environment_name`): a device target's
+    #: name (``tpu:v5e:2x2``), else ``cpu x8``; None when the manifest cannot be read.
+    target: str | None = None
 
     def short(self) -> str:
         """``this``, or the first differing part with its stored value
@@ -78,6 +83,7 @@ class EnvironmentStatus:
         out: dict[str, Any] = {
             "this_environment": self.this,
             "environment_differences": [d.to_dict() for d in self.differences],
+            "target": self.target,
         }
         if self.unknown:
             out["environment_unknown"] = True
@@ -114,18 +120,40 @@ def environment_statuses(
     for entry in entries:
         status = by_env.get(entry.env_fp)
         if status is None:
+            stored, error = None, None
+            try:
+                stored = _Fingerprint.from_dict(json.loads(entry.manifest)["environment"])
+            except Exception as exc:  # noqa: BLE001 - verify reports unreadable manifests
+                error = f"unreadable manifest: {exc!r}"[:120]
+            target = environment_name(stored.as_dict()) if stored is not None else None
             if current is None:
-                status = EnvironmentStatus(False, unknown=True)
+                status = EnvironmentStatus(False, unknown=True, target=target)
             elif entry.env_fp == current.digest:
-                status = EnvironmentStatus(True)
+                status = EnvironmentStatus(True, target=target)
+            elif stored is None:
+                status = EnvironmentStatus(False, error=error)
             else:
-                try:
-                    stored = _Fingerprint.from_dict(json.loads(entry.manifest)["environment"])
-                    status = EnvironmentStatus(False, _ordered(stored.diff(current)))
-                except Exception as exc:  # noqa: BLE001 - verify reports unreadable manifests
-                    status = EnvironmentStatus(False, error=f"unreadable manifest: {exc!r}"[:120])
+                status = EnvironmentStatus(False, _ordered(stored.diff(current)), target=target)
             by_env[entry.env_fp] = status
         out[entry.key] = status
+    return out
+
+
+def environment_names(cache: ArtifactStore, keys_by_env: Mapping[str, str]) -> dict[str, str]:
+    """``{env_fp: name}`` (:func:`aot.targets.environment_name`: ``tpu:v5e:2x2``,
+    ``cpu x8``) of each environment digest, read from the manifest of one entry of it
+    (``keys_by_env``: env_fp -> a key); an environment whose manifest cannot be read is
+    left out. Reads the index only: no JAX, no device."""
+    from aot.fingerprint import Fingerprint as _Fingerprint
+
+    manifests = cache.reader.manifests(set(keys_by_env.values()))
+    out: dict[str, str] = {}
+    for env_fp, key in keys_by_env.items():
+        try:
+            parts = _Fingerprint.from_dict(json.loads(manifests[key])["environment"]).as_dict()
+        except Exception:  # noqa: BLE001 - a missing or unreadable manifest names nothing
+            continue
+        out[env_fp] = environment_name(parts)
     return out
 
 

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 PART_WIDTH = 100
 # Narrowest signature column, however narrow the terminal.
 MIN_SIGNATURE_WIDTH = 24
+# Piped output (no terminal, no COLUMNS) folds signatures to this width, as `aot warmup`
+# and `aot stats` do (`params: {41 arrays}`): a row is read by people and grep, and a
+# 41-array pytree in full made it thousands of characters wide. --json keeps every leaf.
+PIPED_SIGNATURE_WIDTH = 72
 
 ENV_OPTION_HELP = (
     "'this': only entries built for this environment; 'all': every entry, "
@@ -58,7 +62,9 @@ def ls_command(state: State, glob: str | None, env: str, release: str | None) ->
 
     SIGNATURE names each argument (params: [{b: f32[512], w: f32[784,512]}, ...],
     x: f32[8,784]), folded to fit the terminal; ENV is 'this' or the first part of the
-    environment that differs (device_count 8: the stored value); STATE is ok,
+    environment that differs (device_count 8: the stored value); TARGET names what the
+    entry is for: a device target (tpu:v5e:2x2), else the platform and device count
+    (cpu x8); STATE is ok,
     superseded (another entry is served for the same name, signature and environment;
     `aot gc --superseded` removes it) or quarantined. SERVED is 'ref' for the entry
     aot.load serves because its ref names it, 'newest' where no ref exists (the legacy
@@ -82,17 +88,18 @@ def ls_command(state: State, glob: str | None, env: str, release: str | None) ->
         click.echo(f"no entries{what}{where} in the cache at {listing.location}")
         unknown_environment_note(listing.environment_known)
         return
-    headers = ("KEY", "NAME", "SIGNATURE", "ENV", "SIZE", "COMPILED", "LAST USED", "HITS", "STATE", "SERVED")
+    headers = ("KEY", "NAME", "SIGNATURE", "ENV", "TARGET", "SIZE", "COMPILED", "LAST USED", "HITS", "STATE", "SERVED")
     rows = [
         [
-            r.entry.key[:12], r.entry.name, "", r.environment.short(), human_size(r.entry.stored_size),
+            r.entry.key[:12], r.entry.name, "", r.environment.short(), r.environment.target or "-",
+            human_size(r.entry.stored_size),
             when(r.entry.created_at), when(r.entry.last_used_at), r.entry.hits, r.status,
             (r.served_by or "-") + (f" [{','.join(r.releases)}]" if r.releases else ""),
         ]
         for r in listing.rows
     ]
     width = terminal_width()
-    signature_width = None
+    signature_width = PIPED_SIGNATURE_WIDTH
     if width is not None:
         others = sum(
             max(len(str(headers[i])), *(len(str(row[i])) for row in rows)) + 2
@@ -101,17 +108,17 @@ def ls_command(state: State, glob: str | None, env: str, release: str | None) ->
         signature_width = max(MIN_SIGNATURE_WIDTH, width - others - 2)
     for row, r in zip(rows, listing.rows):
         row[2] = r.signature.compact(signature_width)
-    right = (4, 7)
+    right = (5, 8)
     if listing.jit:  # KIND: jit beside aot
         rows = [["aot", *row] for row in rows] + [
             [
-                "jit", e.key.rpartition("-")[2][:12], e.name, "-", e.platform, human_size(e.stored_size),
+                "jit", e.key.rpartition("-")[2][:12], e.name, "-", e.platform, "-", human_size(e.stored_size),
                 when(e.created_at), when(e.last_used_at), e.hits, "ok", "-",
             ]
             for e in listing.jit
         ]
         headers = ("KIND", *headers)
-        right = (5, 8)
+        right = (6, 9)
     click.echo(table(headers, rows, right=right))
     footer = f"{counted(len(listing.rows) + len(listing.jit), 'entry')}, {human_size(listing.stored_size)} stored"
     if listing.other_environments:
@@ -159,7 +166,8 @@ def _render(details: EntryDetails) -> str:
     e = details.entry
     m = details.manifest
     arguments = details.arguments
-    out = [f"{e.name} ({arguments.compact()})"]
+    # The arguments section below lists every leaf: the header folds them (one line).
+    out = [f"{e.name} ({arguments.compact(PIPED_SIGNATURE_WIDTH if arguments.has_paths else None)})"]
     state = e.state + (f": {e.state_reason}" if e.state_reason else "")
     if details.served_by == "release":
         state += f"; served by release {details.release} (its set names it)"
@@ -180,13 +188,16 @@ def _render(details: EntryDetails) -> str:
         ("key", e.key),
         ("state", state),
         ("platform", e.platform),
+        ("target", details.target or "unknown (unreadable manifest)"),
         ("size", f"{human_size(e.raw_size)} ({human_size(e.stored_size)} stored)"),
         ("compiled", f"{when(e.created_at)} UTC in {e.compile_seconds:.3f}s"),
         ("last used", f"{when(e.last_used_at)} UTC ({counted(e.hits, 'hit')})"),
     ]
     if m is not None:
         pairs += [
-            ("kind", m.kind),
+            # `ls`'s KIND vocabulary: an aot entry (not `jit`, an entry of JAX's own cache);
+            # the manifest's kind ("jit"/"pmap") is the program's: a mesh or a pmap one.
+            ("kind", f"aot ({'pmap' if m.kind == 'pmap' else 'mesh'} program)"),
             ("devices", ", ".join(map(str, m.device_ids))),
             ("jax", f"{m.jax_version} (jaxlib {m.jaxlib_version}), format v{m.format_version}"),
             ("signed", "yes" if m.hmac else "no"),

@@ -46,7 +46,11 @@ def as_utc(value: datetime, what: str) -> datetime:
     return value.astimezone(timezone.utc)
 
 
-@dataclass(frozen=True, slots=True)
+#: The widest signature an entry's repr shows (folded between avals).
+REPR_SIGNATURE_WIDTH = 60
+
+
+@dataclass(frozen=True, slots=True, repr=False)
 class IndexEntry:
     """One artifact row of the index (the manifest stays a JSON string)."""
 
@@ -73,6 +77,22 @@ class IndexEntry:
             raise ValueError(f"state must be one of {ARTIFACT_STATES}, got {self.state!r}")
         object.__setattr__(self, "created_at", as_utc(self.created_at, "created_at"))
         object.__setattr__(self, "last_used_at", as_utc(self.last_used_at, "last_used_at"))
+
+    def __repr__(self) -> str:
+        # The generated repr printed the whole manifest (~5 KB a row) in logs, tracebacks
+        # and debuggers; these are what tell two entries apart.
+        from aot.signatures import Signature, shorten_tokens
+        from aot.targets import environment_name
+
+        try:
+            target = environment_name(json.loads(self.manifest)["environment"]["parts"])
+        except Exception:  # noqa: BLE001 - a repr never raises
+            target = self.platform
+        signature = shorten_tokens([leaf.aval for leaf in Signature.flat(self.signature).leaves], REPR_SIGNATURE_WIDTH)
+        return (
+            f"IndexEntry(key={self.key[:12]!r}, name={self.name!r}, signature={signature!r}, "
+            f"target={target!r}, env_fp={self.env_fp[:12]!r}, state={self.state!r})"
+        )
 
     @property
     def ok(self) -> bool:

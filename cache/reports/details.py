@@ -12,6 +12,7 @@ from aot.errors import AotError, ArtifactNotFoundError, CorruptArtifactError
 from aot.fingerprint import PartDifference
 from aot.cache.rows import served_state
 from aot.signatures import Signature
+from aot.targets import environment_name
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
@@ -92,6 +93,12 @@ class EntryDetails:
         return self.manifest is not None and self.environment_known and not self.environment_differences
 
     @property
+    def target(self) -> str | None:
+        """What the entry is for (:func:`aot.targets.environment_name`: ``tpu:v5e:2x2``,
+        ``cpu x8``); None when its manifest cannot be read."""
+        return environment_name(self.manifest.environment.as_dict()) if self.manifest is not None else None
+
+    @property
     def arguments(self) -> Signature:
         if self.signature is not None:
             return self.signature
@@ -106,6 +113,7 @@ class EntryDetails:
             "manifest_error": self.manifest_error,
             "this_environment": self.this_environment,
             "environment_differences": [d.to_dict() for d in self.environment_differences],
+            "target": self.target,
             **({} if self.environment_known else {"environment_unknown": True}),
             "arguments": self.arguments.to_list(),
             "statics": list(self.arguments.statics),

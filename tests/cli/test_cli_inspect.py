@@ -134,7 +134,7 @@ def test_show_by_name_and_key_prefix(invoke: Invoke, warmed) -> None:
     key = lines[1].split()[-1]
     text = result.stdout
     for expected in (
-        "  state        ok", "  kind         jit", "  environment  this one",
+        "  state        ok", "  kind         aot (mesh program)", "  environment  this one",
         "arguments\n  x  f32[8]\n  y  f32[8]\n",
         "program fingerprint ", "  stablehlo ", "  in_avals ", "environment fingerprint ",
         "  jaxlib ", "  device_count      8", "cost analysis", "  flops ", "memory analysis",
