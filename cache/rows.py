@@ -21,6 +21,7 @@ from aot.signatures import Signature
 from aot.targets import environment_name
 
 if TYPE_CHECKING:
+    from aot.cache.index.releases import Release
     from aot.cache.store import ArtifactStore
     from aot.fingerprint import Fingerprint, PartDifference
 
@@ -29,7 +30,7 @@ ENV_CHOICES = ("this", "all")
 __all__ = [
     "ENV_CHOICES", "EntryRow", "EnvironmentStatus", "check_env_choice", "entry_rows", "environment_names",
     "environment_statuses",
-    "release_labels", "release_slots", "served_keys", "served_state",
+    "release_labels", "release_slots", "served_keys", "served_state", "set_targets",
 ]
 
 
@@ -137,6 +138,23 @@ def environment_statuses(
             by_env[entry.env_fp] = status
         out[entry.key] = status
     return out
+
+
+def set_targets(cache: ArtifactStore, sets: Iterable[Release]) -> dict[int, dict[str, int]]:
+    """``{set id: {target: members}}``: what each release set serves on
+    (``{"tpu:v5e:1x1": 8, "tpu:v5e:2x2": 1}``), from its members (a label's history
+    lists its sets without them: they are read here)."""
+    from collections import Counter
+
+    members = {}
+    for release in sets:
+        found = cache.index.release_set(release.label, set_id=release.id)
+        members[release.id] = found.members if found is not None else ()
+    names = environment_names(cache, {m.env_fp: m.key for ms in members.values() for m in ms})
+    return {
+        set_id: dict(sorted(Counter(names.get(m.env_fp, "unknown") for m in ms).items()))
+        for set_id, ms in members.items()
+    }
 
 
 def environment_names(cache: ArtifactStore, keys_by_env: Mapping[str, str]) -> dict[str, str]:

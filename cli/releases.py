@@ -86,14 +86,24 @@ def release_default(state: State, label: str | None, clear: bool) -> None:
 @click.argument("label")
 @pass_state
 def release_show(state: State, label: str) -> None:
-    """The members of LABEL's current set: name, signature and key."""
-    release = state.cache().release(label)
+    """The members of LABEL's current set: key, target (tpu:v5e:2x2, or cpu x8 for a
+    host's environment), name and signature."""
+    from aot.cache.rows import environment_names
+
+    cache = state.cache()
+    release = cache.release(label)
+    targets = environment_names(cache, {m.env_fp: m.key for m in release.members})
     if state.json:
-        echo_json(release.to_dict())
+        data = release.to_dict()
+        for member in data["members"]:
+            member["target"] = targets.get(member["env_fp"])
+        echo_json(data)
         return
     click.echo(_release_line(release))
+    width = max((len(targets.get(m.env_fp, "-")) for m in release.members), default=0)
     for member in release.members:
-        click.echo(f"  {_short(member.key)}  {member.name} ({member.signature})")
+        target = targets.get(member.env_fp, "-").ljust(width)
+        click.echo(f"  {_short(member.key)}  {target}  {member.name} ({member.signature})")
 
 
 def _move(release: Release) -> str:
@@ -114,15 +124,26 @@ def release_history(state: State, label: str, limit: int | None) -> None:
     """Every set LABEL pointed to, newest first: the set, when (the index's clock), who
     (user@host), the move (declared by a warm-up or push, promoted from another label,
     rolled back) and the set it replaced. The first line is the current set."""
-    sets = state.cache().release_history(label, limit=limit)
+    from aot.cache.rows import set_targets
+
+    cache = state.cache()
+    sets = cache.release_history(label, limit=limit)
+    targets = set_targets(cache, sets)
     if state.json:
-        echo_json({"label": label, "history": [{**r.to_dict(), "move": _move(r)} for r in sets]})
+        echo_json({"label": label, "history": [
+            {**r.to_dict(), "move": _move(r), "targets": targets[r.id]} for r in sets
+        ]})
         return
     for n, release in enumerate(sets):
         commit = f"  commit {release.commit}" if release.commit else ""
         replaced = f"replaced set {release.previous}" if release.previous is not None else "first set"
         click.echo(f"{'*' if n == 0 else ' '} set {release.id}  {release.created_at:%Y-%m-%d %H:%M:%S}  "
-                   f"{release.user}@{release.host}  {_move(release)}{commit}  ({replaced})")
+                   f"{release.user}@{release.host}  {_move(release)}{commit}  "
+                   f"[{_targets_text(targets[release.id])}]  ({replaced})")
+
+
+def _targets_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{target} x{n}" if n > 1 else target for target, n in counts.items()) or "no members"
 
 
 @release_group.command("promote", short_help="Point TARGET at SOURCE's current set.")
