@@ -12,6 +12,7 @@ import pytest
 import aot
 from aot.cache.index.entry import SCHEMA_VERSION
 from aot.cache.index.refs import RefOrigin
+from tests.aot.test_targets import needs_libtpu
 from tests.cli.helpers import MLP_TREE, Invoke, one_line_error, store_for_another_environment
 
 ENTRY_KEYS = {
@@ -20,10 +21,10 @@ ENTRY_KEYS = {
     "state_reason",
 }
 LS_ENTRY_KEYS = ENTRY_KEYS | {"arguments", "statics", "this_environment", "environment_differences", "superseded_by",
-                                 "served", "served_by", "releases", "kind"}
+                                 "served", "served_by", "releases", "kind", "target"}
 SHOW_KEYS = {
     "entry", "manifest", "manifest_error", "this_environment", "environment_differences", "hlo",
-    "arguments", "superseded_by", "statics", "served", "served_by", "releases",
+    "arguments", "superseded_by", "statics", "served", "served_by", "releases", "target",
 }
 
 
@@ -49,18 +50,18 @@ def test_ls_empty(invoke: Invoke, cache_dir) -> None:
 
 
 def test_ls_table(invoke: Invoke, warmed) -> None:
-    result = invoke("ls")  # not a terminal, no COLUMNS: signatures are not abbreviated
+    result = invoke("ls")  # not a terminal, no COLUMNS: signatures folded to 72 characters, as warmup does
     assert result.exit_code == 0, result.output
     header, *rows, footer = result.stdout.splitlines()
     assert header.split() == [
-        "KEY", "NAME", "SIGNATURE", "ENV", "SIZE", "COMPILED", "LAST", "USED", "HITS", "STATE", "SERVED",
+        "KEY", "NAME", "SIGNATURE", "ENV", "TARGET", "SIZE", "COMPILED", "LAST", "USED", "HITS", "STATE", "SERVED",
     ]
     assert [row.split()[1] for row in rows] == ["allreduce"] + ["mlp.forward"] * 3 + ["tiny"]
     # The warm-up declared each entry it compiled: each is served by its ref.
     assert all(row.split()[-2:] == ["ok", "ref"] for row in rows)
     # Each argument by name, pytrees as trees.
     assert "  x: f32[8,1024]  " in rows[0]
-    assert f"  {MLP_TREE}, x: f32[1,784]   this  " in rows[1]
+    assert "  params: [{2 arrays}, {2 arrays}, {2 arrays}], x: f32[1,784]   this  " in rows[1]
     assert "  x: f32[8], y: f32[8]  " in rows[4]
     assert footer.startswith("5 entries, ") and footer.endswith(" stored")
 
@@ -68,9 +69,9 @@ def test_ls_table(invoke: Invoke, warmed) -> None:
 @pytest.mark.parametrize(
     "columns,mlp_signature",
     [
-        (180, "params: [{2 arrays}, {2 arrays}, {2 arrays}], x: f32[8,784]"),
-        (140, "params: [6 arrays], x: f32[8,784]"),
-        (100, "..., x: f32[8,784]"),
+        (188, "params: [{2 arrays}, {2 arrays}, {2 arrays}], x: f32[8,784]"),  # TARGET (cpu x8) takes 8
+        (148, "params: [6 arrays], x: f32[8,784]"),
+        (108, "..., x: f32[8,784]"),
     ],
 )
 def test_ls_folds_signatures_to_the_terminal_width(
@@ -82,7 +83,7 @@ def test_ls_folds_signatures_to_the_terminal_width(
     assert f"  {mlp_signature}  " in rows[1]
     # Inner levels fold first; the batch argument stays visible. (The signature column
     # is never narrower than 24 characters: a 100-column terminal overflows a little.)
-    if columns >= 140:
+    if columns >= 148:
         assert max(len(row) for row in rows) <= columns
 
 
@@ -370,3 +371,76 @@ def test_completing_a_name_imports_no_jax(warmed, cache_dir, tmp_path) -> None: 
     assert done.stdout.splitlines() == [
         "plain,allreduce", "plain,mlp.forward", "plain,tiny", "JAX-NOT-IMPORTED",
     ]
+
+
+# ---------------------------------------------------------------- issue 43: display
+
+
+def _wide(x: object, params: dict) -> object:
+    return x.sum() + sum(v.sum() for v in params.values())
+
+
+def test_a_wide_pytree_is_folded_in_ls_and_show_headers(invoke: Invoke, cache_dir) -> None:
+    """A 41-array params dict reads `params: {41 arrays}` in piped `ls` and in `show`'s
+    first line, as in `aot warmup`; --json and show's argument list keep every leaf."""
+    import jax
+    import jax.numpy as jnp
+
+    params = {f"layer_{i:02d}": jax.ShapeDtypeStruct((16, 16), jnp.float32) for i in range(41)}
+    with aot.Cache(cache_dir) as cache:
+        cache.compile(_wide, aot.spec("f32[8,16]"), params, name="wide")
+        (entry,) = cache.entries("wide")
+    (row,) = invoke("ls", "wide").stdout.splitlines()[1:-1]
+    assert "  x: f32[8,16], params: {41 arrays}  this  " in row
+    assert len(row) < 200, row
+    (data,) = json.loads(invoke("ls", "wide", "--json").stdout)["entries"]
+    assert len(data["arguments"]) == 42
+    shown = invoke("show", "wide").stdout.splitlines()
+    assert shown[0] == "wide (x: f32[8,16], params: {41 arrays})"
+    assert "  params['layer_40']  f32[16,16]" in shown
+    # E: an entry's repr is a line, not its 5 KB manifest.
+    text = repr(entry)
+    assert text.startswith(f"IndexEntry(key={entry.key[:12]!r}, name='wide', signature='f32[8,16], f32[16,16], ")
+    assert "target='cpu x" in text and len(text) < 200, text
+
+
+def test_target_names_from_environment_parts() -> None:
+    from aot.targets import environment_name, target_name
+    from tests.aot.test_targets import CHIP_PARTS
+
+    assert target_name(CHIP_PARTS) == "tpu:v5e:1x1"  # what a v5e chip itself computes
+    grid = ",".join(f"{i}@({x}, {y}, 0)/0" for i, (x, y) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)]))
+    assert target_name({**CHIP_PARTS, "device_count": "4", "topology": grid}) == "tpu:v5e:2x2"
+    # A topology too long to store is a digest: the device count picks the grid.
+    assert target_name({**CHIP_PARTS, "device_count": "256", "topology": "sha256:00"}) == "tpu:v5e:16x16"
+    assert target_name({**CHIP_PARTS, "device_kind": "TPU v9"}) is None
+    assert environment_name({"platform": "cpu", "device_kind": "cpu", "device_count": "8"}) == "cpu x8"
+    assert environment_name({"platform": "gpu", "device_kind": "NVIDIA H100", "device_count": "8"}) == "gpu NVIDIA H100 x8"
+    assert environment_name({**CHIP_PARTS, "device_kind": "TPU v9"}) == "tpu TPU v9 x1"
+
+
+@needs_libtpu
+def test_ls_and_show_name_each_entry_target(invoke: Invoke, cache_dir) -> None:
+    """Deviceless 1x1 and 2x2 entries and a host entry of one function: TARGET in ls,
+    `target` in --json and in show, so 1x1 and 2x2 no longer look the same."""
+    import jax
+
+    base = ("compile", "fixtures.models:tiny", "--arg", "f32[8]", "--arg", "f32[8]", "--name", "tiny")
+    keys = {}
+    for target in ("tpu:v5e:1x1", "tpu:v5e:2x2", None):
+        result = invoke(*base, *(("--target", target) if target else ()), "--json")
+        assert result.exit_code == 0, result.output
+        keys[target] = json.loads(result.stdout)["key"]
+    host = f"cpu x{jax.device_count()}"
+    header, *rows, _ = invoke("ls", "tiny").stdout.splitlines()
+    assert header.split()[3:5] == ["ENV", "TARGET"]
+    by_key = {row[:12]: row for row in rows}
+    for target in ("tpu:v5e:1x1", "tpu:v5e:2x2"):  # ENV says what differs, TARGET what it is for
+        assert f"  {target}  " in by_key[keys[target][:12]]
+    assert by_key[keys[None][:12]].split()[6:9] == ["this", *host.split()]
+    targets = {e["key"]: e["target"] for e in json.loads(invoke("ls", "tiny", "--json").stdout)["entries"]}
+    assert targets == {keys["tpu:v5e:1x1"]: "tpu:v5e:1x1", keys["tpu:v5e:2x2"]: "tpu:v5e:2x2", keys[None]: host}
+    shown = invoke("show", keys["tpu:v5e:2x2"][:12]).stdout.splitlines()
+    assert "  target       tpu:v5e:2x2" in shown
+    (data,) = json.loads(invoke("show", keys["tpu:v5e:1x1"][:12], "--json").stdout)["entries"]
+    assert data["target"] == "tpu:v5e:1x1"
