@@ -8,6 +8,7 @@ import pytest
 
 import aot
 from aot.cache.index.refs import RefOrigin
+from tests.aot.test_targets import needs_libtpu
 from tests.cli.helpers import Invoke, one_line_error
 
 
@@ -298,3 +299,29 @@ def test_release_history_shows_every_move_of_a_label(invoke: Invoke, warmed, cac
     assert len(invoke("release", "history", "candidate", "--limit", "1").stdout.splitlines()) == 1
     missing = invoke("release", "history", "nope")
     assert missing.exit_code == 1 and "no release labelled 'nope'" in missing.output
+
+
+@needs_libtpu
+def test_release_show_and_history_name_each_member_target(invoke: Invoke, cache_dir) -> None:  # noqa: ANN001
+    """A set holding one function for tpu:v5e:1x1 and tpu:v5e:2x2: the members no longer
+    look the same (issue 43)."""
+    base = ("compile", "fixtures.models:tiny", "--arg", "f32[8]", "--arg", "f32[8]", "--name", "tiny")
+    for target in ("tpu:v5e:1x1", "tpu:v5e:2x2"):
+        assert invoke(*base, "--target", target).exit_code == 0
+    with aot.Cache(cache_dir) as cache:
+        entries = cache.entries()
+        first = cache.index.open_release("prod", RefOrigin("ci", commit="c1"))
+        small = [e for e in entries if json.loads(e.manifest)["environment"]["parts"]["device_count"] == "1"]
+        cache.index.set_refs([(e.name, e.signature, e.env_fp, e.key) for e in small], RefOrigin("ci"), release_id=first)
+        second = cache.index.open_release("prod", RefOrigin("ci", commit="c2"))
+        cache.index.set_refs([(e.name, e.signature, e.env_fp, e.key) for e in entries], RefOrigin("ci"), release_id=second)
+    target = {e.key: "tpu:v5e:1x1" if e in small else "tpu:v5e:2x2" for e in entries}
+    _, *members = invoke("release", "show", "prod").stdout.splitlines()
+    assert sorted(members) == sorted(f"  {key[:12]}  {t}  tiny (f32[8], f32[8])" for key, t in target.items())
+    shown = json.loads(invoke("release", "show", "prod", "--json").stdout)
+    assert {m["key"]: m["target"] for m in shown["members"]} == target
+    now, before = invoke("release", "history", "prod").stdout.splitlines()
+    assert "  declared by ci  commit c2  [tpu:v5e:1x1, tpu:v5e:2x2]  (replaced set " in now
+    assert before.endswith("  declared by ci  commit c1  [tpu:v5e:1x1]  (first set)")
+    history = json.loads(invoke("release", "history", "prod", "--json").stdout)["history"]
+    assert [h["targets"] for h in history] == [{"tpu:v5e:1x1": 1, "tpu:v5e:2x2": 1}, {"tpu:v5e:1x1": 1}]

@@ -262,3 +262,48 @@ def test_an_up_to_date_push_or_pull_imports_no_sqlalchemy(warmed: Path, recorded
         out, imported = run_aot(recorded, "--cache", str(warmed), *command)
         assert "sqlalchemy" not in imported and "jax" not in imported, (command, imported)
         assert "0 entries (0 B)" in out or json.loads(out)["copied"] == 0, out
+
+
+def _every_dtype(params, x, key, c, b, small, u):  # noqa: ANN001, ANN202
+    return x.sum() + sum(v.sum() for v in params.values()).astype(x.dtype)
+
+
+@pytest.fixture(scope="module")
+def dtypes_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One entry whose signature holds bf16, f16, int4, uint4, complex, bool and a typed
+    key (each once imported JAX in `aot ls`: issue 43), in a release."""
+    import jax
+    import jax.numpy as jnp
+
+    import aot
+    from aot.cache.index.refs import RefOrigin
+
+    folder = tmp_path_factory.mktemp("dtypes") / "cache"
+    params = {f"w{i:02d}": jax.ShapeDtypeStruct((4, 4), jnp.bfloat16) for i in range(41)}
+    specs = ("f16[8]", "key<fry>[2]", "c64[4]", "bool[4]", "i4[8]", "u4[8]")
+    with aot.Cache(str(folder)) as cache:
+        cache.compile(_every_dtype, params, *map(aot.spec, specs), name="dtypes")
+        (entry,) = cache.entries()
+        set_id = cache.index.open_release("prod", RefOrigin("test"))
+        cache.index.set_refs([(entry.name, entry.signature, entry.env_fp, entry.key)], RefOrigin("test"), release_id=set_id)
+    return folder
+
+
+@pytest.mark.parametrize("command", [
+    ("ls",), ("ls", "--json"), ("show", "dtypes"), ("show", "dtypes", "--json"), ("stats",), ("release", "show", "prod"),
+])
+def test_listings_of_every_dtype_do_not_import_jax(dtypes_cache: Path, recorded: Path, command: tuple[str, ...]) -> None:
+    out, imported = run_aot(recorded, "--cache", str(dtypes_cache), *command)
+    assert "jax" not in imported and "jaxlib" not in imported, (command, imported)
+    if command == ("ls",):
+        (row,) = out.splitlines()[1:-1]
+        assert "  ..., key: key<fry>[2], c: c64[4], b: bool[4], small: i4[8], u: u4[8]  this  " in row
+    if command == ("ls", "--json"):
+        (entry,) = json.loads(out)["entries"]
+        avals = [a["aval"] for a in entry["arguments"]]
+        assert avals[0] == "bf16[4,4]" and avals[41:] == ["f16[8]", "key<fry>[2]", "c64[4]", "bool[4]", "i4[8]", "u4[8]"]
+    if command == ("show", "dtypes"):
+        lines = [line.split() for line in out.splitlines()]
+        assert ["key", "key<fry>[2]"] in lines and ["small", "i4[8]"] in lines and ["params['w40']", "bf16[4,4]"] in lines
+    if command[:2] == ("release", "show"):
+        assert out.splitlines()[1].endswith(", f16[8], key<fry>[2], c64[4], bool[4], i4[8], u4[8])")
