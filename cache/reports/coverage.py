@@ -216,6 +216,12 @@ def check_coverage(
     host = any(i.device_target is None for i in items)
     if not lower:
         return CoverageReport(manifest, strict, len(items), missing, targets=targets, host=host)
+    if not host:
+        from aot.targets import compile_only_here
+
+        # Lowering asks JAX for a default backend: the CPU, never this host's
+        # accelerator (a server may hold it), as a warm-up for targets does.
+        compile_only_here()
     absent = {id(m.item) for m in missing}
     stale, seconds = find_stale(cache, [i for i in items if id(i) not in absent])
     return CoverageReport(manifest, strict, len(items), missing, stale, seconds, targets, host)
@@ -328,7 +334,7 @@ def verify_with_coverage(
     (:func:`find_dangling`). A target that cannot be compiled for here (no libtpu)
     raises :class:`aot.DeviceTargetError` before anything is checked."""
     from aot.cache.admin.maintenance import verify_cache
-    from aot.targets import compile_only_here, parse_target
+    from aot.targets import parse_target
 
     items = None
     if manifest is not None:
@@ -337,8 +343,6 @@ def verify_with_coverage(
             loaded = loaded.for_targets(tuple(parse_target(t).name for t in targets))
         items = expand(loaded)
         wanted = dict.fromkeys(i.device_target for i in items if i.device_target is not None)
-        if wanted and all(i.device_target is not None for i in items):
-            compile_only_here()  # lowering for targets only: never this host's accelerator
         for target in wanted:  # libtpu missing: said now, not after the integrity check
             parse_target(target).devices()
     integrity = verify_cache(cache, quarantine=quarantine)
