@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 
 from aot.cli.common import (
@@ -140,46 +142,92 @@ def compile_command(
 @click.option("--kwarg", "kwargs", multiple=True, metavar="NAME=SPEC", help="A keyword argument's spec.")
 @click.option("--args-from", metavar="MODULE:CALLABLE", help="A callable returning the argument specs.")
 @click.option(
-    "--target", metavar="MODULE:FUNCTION",
+    "--function", "function", metavar="MODULE:FUNCTION",
     help="Also lower the function and compare every program part (not just the signature).",
 )
 @click.option(
+    "--target", "device_target", metavar="PLATFORM:CHIP:TOPOLOGY",
+    help="Explain for a replica on this accelerator, e.g. tpu:v5e:1x1: compare with its "
+    "environment (needs libtpu, not the device) and lower --function for it. "
+    "(--target MODULE:FUNCTION, the old spelling of --function, still works, with a warning.)",
+)
+@click.option(
     "--static", multiple=True, metavar="NAME=JSON",
-    help="A static argument, e.g. act='\"relu\"': compared with the stored statics (with --target, placed as aot compile places it).",
+    help="A static argument, e.g. act='\"relu\"': compared with the stored statics (with --function, placed as aot compile places it).",
 )
 @served_release_option
 @pass_state
 def why_command(
     state: State, name: str, args: tuple[str, ...], kwargs: tuple[str, ...], args_from: str | None,
-    target: str | None, static: tuple[str, ...], release: str | None,
+    function: str | None, device_target: str | None, static: tuple[str, ...], release: str | None,
 ) -> None:
     """Explain a miss: the nearest stored entry of NAME and which parts differ.
 
-    Compares the input signature argument by argument (and, with --target, every
-    program fingerprint part) and the environment. With a release (--release, else
+    Compares the input signature argument by argument (and, with --function, every
+    program fingerprint part) and the environment: this host's, or with --target that
+    of a replica on that accelerator (would it hit?). With a release (--release, else
     AOT_RELEASE, else the cache's default, as aot.load chooses) a signature that the
     release's set lacks is a miss, naming the label. Exits 0 on a hit, 1 on a miss.
     """
     from aot.cache.warmup.functions import place_statics
     from aot.cache.warmup.run import resolve_args, resolve_target
+    from aot.errors import DeviceTargetError
 
+    function, device_target = _function_and_target(function, device_target)
     positional, keywords = resolve_args(args, parse_kwargs(kwargs), args_from)
     cache = state.cache()
     served = resolve_served_release(cache, release)
-    if target is not None:
-        fn = resolve_target(target)
-        # Where aot compile puts them (by position between dynamic arguments, else by
-        # keyword), so that the same command line lowers the same program.
-        positional, options = place_statics(fn, positional, dict(parse_static(static)))
-        explanation = cache.explain(name, *positional, fn=fn, release=served, **{**keywords, **options})
-    else:
-        # Without the function the input signature is compared (keyword arguments'
-        # leaves follow the positional ones in sorted-name order), and the statics given.
-        statics = dict(parse_static(static)) if static else None
-        explanation = cache.explain(name, *positional, statics=statics, release=served, **keywords)
+    try:
+        if function is not None:
+            fn = resolve_target(function)
+            # Where aot compile puts them (by position between dynamic arguments, else by
+            # keyword), so that the same command line lowers the same program.
+            positional, options = place_statics(fn, positional, dict(parse_static(static)))
+            explanation = cache.explain(
+                name, *positional, fn=fn, release=served, device_target=device_target, **{**keywords, **options}
+            )
+        else:
+            # Without the function the input signature is compared (keyword arguments'
+            # leaves follow the positional ones in sorted-name order), and the statics given.
+            statics = dict(parse_static(static)) if static else None
+            explanation = cache.explain(
+                name, *positional, statics=statics, release=served, device_target=device_target, **keywords
+            )
+    except DeviceTargetError as exc:  # no libtpu here: cannot answer for the target
+        raise click.UsageError(str(exc)) from None
     if state.json:
         echo_json(explanation.to_dict())
     else:
         click.echo(explanation.describe())
     if not explanation.hit:
         click.get_current_context().exit(1)
+
+
+#: ``module.sub:attr``: what the old ``aot why --target`` took (a Python function).
+_FUNCTION_SPELLING = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _function_and_target(function: str | None, device_target: str | None) -> tuple[str | None, str | None]:
+    """``aot why``'s (--function, --target), the target parsed (tpu:v5e:1x1). A
+    --target that is no device target but reads MODULE:FUNCTION is the old spelling of
+    --function (before 'target' meant only an accelerator): accepted with a warning."""
+    from aot.errors import DeviceTargetError
+    from aot.targets import parse_target
+
+    if device_target is None:
+        return function, None
+    try:
+        return function, parse_target(device_target).name
+    except DeviceTargetError as exc:
+        if not _FUNCTION_SPELLING.match(device_target.strip()):
+            raise click.BadParameter(str(exc), param_hint="'--target'") from None
+    if function is not None:
+        raise click.BadParameter(
+            f"expected a device target such as tpu:v5e:1x1, got {device_target!r} with --function "
+            f"{function}; give the function once, with --function", param_hint="'--target'",
+        )
+    click.echo(
+        f"warning: --target MODULE:FUNCTION is now --function MODULE:FUNCTION (--target names a "
+        f"device target, e.g. tpu:v5e:2x2); running as --function {device_target}", err=True,
+    )
+    return device_target.strip(), None

@@ -29,7 +29,8 @@ VICTIM_SIGNATURE_WIDTH = 60
 @click.command("verify", short_help="Check integrity (and manifest coverage).")
 @click.option(
     "--manifest", metavar="MANIFEST.toml", shell_complete=complete_manifests,
-    help="Also check that every entry the manifest lists is stored for this environment.",
+    help="Also check that every entry the manifest lists is stored for the environment it is "
+    "compiled for: its device target's (the manifest's target) or this host's.",
 )
 @click.option(
     "--strict", is_flag=True,
@@ -42,14 +43,23 @@ VICTIM_SIGNATURE_WIDTH = 60
     help="Check the manifest's coverage from its specs only, without lowering (cheap; does "
     "not notice code changes).",
 )
+@click.option(
+    "--target", "device_targets", multiple=True, metavar="PLATFORM:CHIP:TOPOLOGY",
+    help="Check every entry of the manifest for this accelerator instead of the manifest's "
+    "own targets, as aot warmup --target compiles them, e.g. tpu:v5e:2x2 (needs libtpu, not "
+    "the device); repeat for several.",
+)
 @pass_state
-def verify_command(state: State, manifest: str | None, strict: bool, no_lower: bool) -> None:
+def verify_command(
+    state: State, manifest: str | None, strict: bool, no_lower: bool, device_targets: tuple[str, ...],
+) -> None:
     """Check the cache: re-hash every blob, parse every manifest.
 
     Bad entries are quarantined (unless --read-only); exit status 1 on any problem
     with an entry (blobs that no entry references are reported; `aot gc` removes them).
     With --manifest --strict this is the CI coverage check: it also fails when an
-    entry of the manifest is missing for this environment, and says why (not stored,
+    entry of the manifest is missing for the environment it is compiled for (its
+    device target's, computed without the device; else this host's), and says why (not stored,
     quarantined, or stored for another environment: device_count 8 != 1), and, as it
     lowers every entry (no compile; --no-lower skips this), when the code changed since
     the served entry was compiled (stale). --strict also fails (with or without a
@@ -58,11 +68,22 @@ def verify_command(state: State, manifest: str | None, strict: bool, no_lower: b
     refuses).
     """
     from aot.cache.reports.coverage import verify_with_coverage
+    from aot.errors import DeviceTargetError
+    from aot.targets import parse_target
 
-    if strict and manifest is None:
+    if (strict or device_targets) and manifest is None:
         manifest = state.settings.manifest.value  # None: refs and releases only
+    if device_targets and manifest is None:
+        raise click.UsageError("--target checks a manifest's entries for a target: give --manifest MANIFEST.toml")
+    try:
+        targets = tuple(parse_target(t).name for t in device_targets)
+    except DeviceTargetError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--target'") from None
     cache = state.cache()
-    report = verify_with_coverage(cache, manifest, strict=strict, lower=not no_lower)
+    try:
+        report = verify_with_coverage(cache, manifest, strict=strict, lower=not no_lower, targets=targets)
+    except DeviceTargetError as exc:  # no libtpu here: the gate cannot run as asked
+        raise click.UsageError(str(exc)) from None
     if state.json:
         echo_json(report.to_dict())
     else:

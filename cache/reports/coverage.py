@@ -6,29 +6,32 @@ stored and intact (:func:`find_dangling`); a dangling one is what a strict serve
 refuses.
 
 Coverage asks, for every entry of a warm-up manifest, whether an intact artifact with
-its name and input signature is stored for *this* environment, and when not, why:
-nothing of that name is stored, other signatures are, it is quarantined, or it is
-stored for another environment (``device_count 8 != 1``: the stored value first).
+its name and input signature is stored for the environment it is compiled for (its
+device target's, ``tpu:v5e:1x1``, computed without the device; else *this* host's),
+and when not, why: nothing of that name is stored, other signatures are, it is
+quarantined, or it is stored for another environment (``device_count 8 != 1``: the
+stored value first). Stale entries are found the same way, per item's environment.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.units import counted
 from aot.cache.rows import environment_statuses
 from aot.signatures import Signature
-from aot.cache.warmup.coverage import find_uncovered
+from aot.cache.warmup.coverage import find_uncovered, target_environments
 from aot.cache.warmup.functions import x64_mode
 from aot.cache.warmup.manifest import WarmupItem, expand, load_manifest
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
     from aot.cache.index.entry import IndexEntry
+    from aot.fingerprint import Fingerprint
     from aot.cache.admin.maintenance import VerifyReport
 
 __all__ = [
@@ -39,17 +42,20 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class MissingItem:
-    """A manifest entry with no intact artifact for this environment, and why."""
+    """A manifest entry with no intact artifact for its environment, and why (its
+    label names its device target: ``tiny@tpu:v5e:1x1``)."""
 
     item: WarmupItem
     reason: str
+    env: str = ""  # the digest of the environment it was looked up for
 
     def describe(self) -> str:
         where = f" ({self.item.source})" if self.item.source else ""
         return f"{self.item.label}{where}: {self.item.describe_args()}: {self.reason}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.item.to_dict(), "reason": self.reason}
+        return {**self.item.to_dict(), "device_target": self.item.device_target, "environment": self.env,
+                "reason": self.reason}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,7 @@ class StaleItem:
     served: str  # the key served (its ref, else the legacy newest entry)
     lowered: str  # the key the current code lowers to
     parts: tuple[str, ...]  # the program fingerprint's parts that differ
+    env: str = ""  # the digest of the environment it was looked up for (its target's or this host's)
 
     def describe(self) -> str:
         parts = ", ".join(self.parts) or "key"
@@ -69,7 +76,8 @@ class StaleItem:
                 f"(part{'s' if len(self.parts) > 1 else ''} {parts} {verb}); run aot warmup")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.item.to_dict(), "served": self.served, "lowered": self.lowered, "parts": list(self.parts)}
+        return {**self.item.to_dict(), "device_target": self.item.device_target, "environment": self.env,
+                "served": self.served, "lowered": self.lowered, "parts": list(self.parts)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +88,20 @@ class CoverageReport:
     missing: tuple[MissingItem, ...]
     stale: tuple[StaleItem, ...] = ()
     lower_seconds: float | None = None  # what lowering every entry cost (None: --no-lower)
+    #: The device targets the items were checked for, in manifest order, and whether
+    #: any item was checked for this host (one without a target).
+    targets: tuple[str, ...] = ()
+    host: bool = True
 
     @property
     def failed(self) -> bool:
         return self.strict and bool(self.missing or self.stale)
+
+    @property
+    def where(self) -> str:
+        """``this environment``, ``tpu:v5e:1x1``, ``this environment and tpu:v5e:2x2``."""
+        places = (["this environment"] if self.host or not self.targets else []) + list(self.targets)
+        return ", ".join(places[:-1]) + " and " + places[-1] if len(places) > 1 else places[0]
 
     def summary(self) -> str:
         if self.stale and not self.missing:
@@ -91,11 +109,11 @@ class CoverageReport:
                     f"(lowered in {self.lower_seconds or 0.0:.2f}s):")
         if not self.missing:
             stored = "the 1 entry is" if self.items == 1 else f"all {self.items} entries are"
-            return f"{self.manifest}: {stored} stored for this environment"
+            return f"{self.manifest}: {stored} stored for {self.where}"
         note = "" if self.strict else " (not a failure without --strict)"
         return (
-            f"{self.manifest}: {len(self.missing)} of {counted(self.items, 'entry')} missing for this "
-            f"environment{note}:"
+            f"{self.manifest}: {len(self.missing)} of {counted(self.items, 'entry')} missing for "
+            f"{self.where}{note}:"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,12 +124,18 @@ class CoverageReport:
             "missing": [m.to_dict() for m in self.missing],
             "stale": [m.to_dict() for m in self.stale],
             "lower_seconds": None if self.lower_seconds is None else round(self.lower_seconds, 4),
+            "targets": list(self.targets),
+            "host": self.host,
         }
 
 
-def find_stale(cache: ArtifactStore, items: Iterable[WarmupItem]) -> tuple[tuple[StaleItem, ...], float]:
-    """Lowers each item (no compile) and compares its key with the one served for its
-    (name, signature, environment): its ref, else the legacy newest intact entry
+def find_stale(
+    cache: ArtifactStore, items: Iterable[WarmupItem],
+    target_environment: Callable[[WarmupItem], Fingerprint] | None = None,
+) -> tuple[tuple[StaleItem, ...], float]:
+    """Lowers each item (no compile; for its device target as a warm-up lowers it) and
+    compares its key with the one served for its (name, signature, environment: its
+    target's, else this host's): its ref, else the legacy newest intact entry
     (:mod:`aot.cache.index.served`). Items with nothing served are left to coverage.
     Returns the stale items and the seconds the lowerings took."""
     from aot.artifact import Manifest
@@ -121,6 +145,7 @@ def find_stale(cache: ArtifactStore, items: Iterable[WarmupItem]) -> tuple[tuple
 
     stale: list[StaleItem] = []
     seconds = 0.0
+    target_environment = target_environment or target_environments(cache)
     for item in items:
         with x64_mode(item):
             start = time.perf_counter()
@@ -130,7 +155,7 @@ def find_stale(cache: ArtifactStore, items: Iterable[WarmupItem]) -> tuple[tuple
             computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
             key = computation.fingerprint
             seconds += time.perf_counter() - start
-            env = cache.environment.digest
+            env = target_environment(item).digest if item.device_target is not None else cache.environment.digest
         slot = (computation.name, computation.signature, env)
         entries = cache.index.by_name(computation.name)
         served = served_key(entries, ref_map(cache.index.refs_named(computation.name, env)), slot)
@@ -143,13 +168,15 @@ def find_stale(cache: ArtifactStore, items: Iterable[WarmupItem]) -> tuple[tuple
             manifest = Manifest.from_json(entry.manifest)
             parts = tuple(d.part for d in manifest.program.diff(computation.program_fingerprint))
             shown = Signature.from_manifest_json(entry.manifest, entry.signature).compact(None)
-        stale.append(StaleItem(item, shown, served, key, parts))
+        stale.append(StaleItem(item, shown, served, key, parts, env))
     return tuple(stale), seconds
 
 
 def _reason(
-    cache: ArtifactStore, item: WarmupItem, signature: str, entries: Sequence[IndexEntry], env: str
+    cache: ArtifactStore, item: WarmupItem, signature: str, entries: Sequence[IndexEntry], env: str,
+    environment: Fingerprint | None = None,
 ) -> str:
+    """Why ``item`` is missing; ``environment``: its device target's (None: this host's)."""
     same = [e for e in entries if e.signature == signature]
     here = [e for e in same if e.env_fp == env]
     if here:  # only quarantined ones: an intact one would have covered it
@@ -157,7 +184,7 @@ def _reason(
         return f"quarantined ({reasons}); `aot gc` removes it and `aot warmup` compiles it again"
     if same:
         with x64_mode(item):
-            statuses = environment_statuses(same, cache.environment)
+            statuses = environment_statuses(same, environment or cache.environment)
         described = sorted({statuses[e.key].describe() for e in same if e.ok}) or sorted(
             {statuses[e.key].describe() for e in same}
         )
@@ -175,19 +202,29 @@ def check_coverage(
     cache: ArtifactStore, items: Iterable[WarmupItem], *, manifest: str = "", strict: bool = False,
     lower: bool = False,
 ) -> CoverageReport:
-    """Which ``items`` have no intact entry (same name and signature) for this
-    environment, and why (signatures are computed from the specs, without lowering).
-    Raises :class:`aot.ManifestError` naming the item whose specs cannot be resolved."""
+    """Which ``items`` have no intact entry (same name and signature) for the
+    environment each is compiled for (its device target's, else this host's), and why
+    (signatures are computed from the specs, without lowering); with ``lower``, which
+    are stale. Raises :class:`aot.ManifestError` naming the item whose specs cannot be
+    resolved, :class:`aot.DeviceTargetError` when a target cannot be compiled for here."""
     items = list(items)
     missing = tuple(
-        MissingItem(u.item, _reason(cache, u.item, u.signature, u.entries, u.env))
+        MissingItem(u.item, _reason(cache, u.item, u.signature, u.entries, u.env, u.environment), u.env)
         for u in find_uncovered(cache, items)
     )
+    targets = tuple(dict.fromkeys(i.device_target for i in items if i.device_target is not None))
+    host = any(i.device_target is None for i in items)
     if not lower:
-        return CoverageReport(manifest, strict, len(items), missing)
+        return CoverageReport(manifest, strict, len(items), missing, targets=targets, host=host)
+    if not host:
+        from aot.targets import compile_only_here
+
+        # Lowering asks JAX for a default backend: the CPU, never this host's
+        # accelerator (a server may hold it), as a warm-up for targets does.
+        compile_only_here()
     absent = {id(m.item) for m in missing}
     stale, seconds = find_stale(cache, [i for i in items if id(i) not in absent])
-    return CoverageReport(manifest, strict, len(items), missing, stale, seconds)
+    return CoverageReport(manifest, strict, len(items), missing, stale, seconds, targets, host)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,14 +325,26 @@ class CheckReport:
 
 def verify_with_coverage(
     cache: ArtifactStore, manifest: str | os.PathLike[str] | None = None, *, strict: bool = False,
-    quarantine: bool = True, lower: bool = True,
+    quarantine: bool = True, lower: bool = True, targets: Sequence[str] = (),
 ) -> CheckReport:
     """Parses the manifest first (a bad one fails before anything is checked), then
-    verifies the cache and checks the manifest's coverage; with ``strict``, also that
-    every ref and release member is stored and intact (:func:`find_dangling`)."""
+    verifies the cache and checks the manifest's coverage, each item for its device
+    target (``targets``: these instead of the manifest's, as ``aot warmup --target``);
+    with ``strict``, also that every ref and release member is stored and intact
+    (:func:`find_dangling`). A target that cannot be compiled for here (no libtpu)
+    raises :class:`aot.DeviceTargetError` before anything is checked."""
     from aot.cache.admin.maintenance import verify_cache
+    from aot.targets import parse_target
 
-    items = expand(load_manifest(manifest)) if manifest is not None else None
+    items = None
+    if manifest is not None:
+        loaded = load_manifest(manifest)
+        if targets:
+            loaded = loaded.for_targets(tuple(parse_target(t).name for t in targets))
+        items = expand(loaded)
+        wanted = dict.fromkeys(i.device_target for i in items if i.device_target is not None)
+        for target in wanted:  # libtpu missing: said now, not after the integrity check
+            parse_target(target).devices()
     integrity = verify_cache(cache, quarantine=quarantine)
     covered = (
         check_coverage(cache, items, manifest=str(manifest), strict=strict, lower=lower)

@@ -4,6 +4,11 @@ Besides the parts (the input signature, every program part with a function to lo
 the environment, the state), the input signature is compared leaf by leaf, so the
 explanation names the argument that differs (``x: stored f32[1,784], got f32[4,784]``)
 as the loader's own error does, instead of printing two whole signatures.
+
+With a device target (``tpu:v5e:1x1``) the question is whether a replica on that
+accelerator would hit: entries are compared with the target's environment (computed
+without the device, as a warm-up for the target computes it) and the function, when
+given, is lowered for the target.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import jax
 
 from aot.artifact import Manifest
 from aot.errors import AotError
-from aot.fingerprint import UNKNOWN_ENVIRONMENT_NOTE, PartDifference, xla_flags_outside_key
+from aot.fingerprint import (
+    UNKNOWN_ENVIRONMENT_NOTE, Fingerprint, PartDifference, environment_fingerprint, xla_flags_outside_key,
+)
 from aot.lowering import lower
 from aot.specs import format_aval, spec
 from aot.cache.index.served import Slot, ref_map, served_key
@@ -61,6 +68,13 @@ class Explanation:
     #: The nearest entry matches, but the signing checks refuse it (unsigned, signed
     #: with another key, altered): why. None: not refused.
     refused: str | None = None
+    #: The device target explained for (``tpu:v5e:1x1``); None: this host.
+    device_target: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``tiny`` or, for a device target, ``tiny@tpu:v5e:1x1`` (as warm-ups name items)."""
+        return self.name + (f"@{self.device_target}" if self.device_target else "")
 
     def _served(self) -> str:
         if self.served_key is None:
@@ -80,30 +94,30 @@ class Explanation:
     def describe(self) -> str:
         request = self._shown(self.arguments, self.signature)
         if self.stored == 0:
-            return f"{self.name}: nothing is stored under this name; compile it first"
+            return f"{self.label}: nothing is stored under this name; compile it first"
         if not self.environment_known and not self.differences:
             return (
-                f"{self.name} ({request}): entry {self.nearest_key[:12]} matches the program; whether it "  # type: ignore[index]
+                f"{self.label} ({request}): entry {self.nearest_key[:12]} matches the program; whether it "  # type: ignore[index]
                 f"is for this host cannot be told: {UNKNOWN_ENVIRONMENT_NOTE}"
             )
         if self.refused is not None:
             return (
-                f"{self.name} ({request}): miss; entry {self.nearest_key[:12]} matches but is refused: "  # type: ignore[index]
+                f"{self.label} ({request}): miss; entry {self.nearest_key[:12]} matches but is refused: "  # type: ignore[index]
                 f"expected an artifact signed with this cache's signing key, got {self.refused}. "
                 "Sign it: store it again with the key set (AOT_SIGNING_KEY; aot warmup / aot compile), "
                 "or `aot push` it from a cache that signs"
             )
         if self.hit:
-            return f"{self.name} ({request}): hit, key {self.nearest_key[:12]}{self._served()}"  # type: ignore[index]
+            return f"{self.label} ({request}): hit, key {self.nearest_key[:12]}{self._served()}"  # type: ignore[index]
         if self.not_in_release:
             return (
-                f"{self.name} ({request}): miss; not served by release {self.release}: entry "
+                f"{self.label} ({request}): miss; not served by release {self.release}: entry "
                 f"{self.nearest_key[:12]} matches, but the release's set has no member for this "  # type: ignore[index]
                 f"signature here (aot warmup --release {self.release}, or promote a set that has it)"
             )
         nearest = self._shown(self.nearest_arguments, self.nearest_signature)
         lines = [
-            f"{self.name} ({request}): miss; nearest of {counted(self.stored, 'stored entry')} is "
+            f"{self.label} ({request}): miss; nearest of {counted(self.stored, 'stored entry')} is "
             f"{self.nearest_key[:12]} ({nearest})"  # type: ignore[index]
         ]
         for d in self.differences:
@@ -134,6 +148,7 @@ class Explanation:
             "xla_flags_outside_key": self.xla_flags_outside_key,
             "served_key": self.served_key,
             "served_by": self.served_by,
+            "device_target": self.device_target,
             **({} if self.release is None else {"release": self.release, "not_in_release": self.not_in_release}),
             **({} if self.environment_known else {"environment_unknown": True}),
             **({} if self.refused is None else {"refused": self.refused}),
@@ -142,7 +157,8 @@ class Explanation:
 
 def explain(
     cache: ArtifactStore, name: str, *args: Any, fn: Callable[..., Any] | None = None,
-    statics: Mapping[str, Any] | None = None, release: str | None = None, **lower_kwargs: Any,
+    statics: Mapping[str, Any] | None = None, release: str | None = None,
+    device_target: str | None = None, **lower_kwargs: Any,
 ) -> Explanation:
     """Compares the request with every entry of ``name``: all program parts when ``fn``
     is given (it is lowered with ``lower_kwargs``), else the input signature of
@@ -151,11 +167,24 @@ def explain(
 
     ``release``: explained for a replica of that label, which serves its members and
     nothing else (a signature it lacks is a miss there); None: the refs. Resolve it
-    with :func:`aot.cache.serving.release_rule.served_release`, the rule of ``aot.load``."""
+    with :func:`aot.cache.serving.release_rule.served_release`, the rule of ``aot.load``.
+
+    ``device_target`` (``tpu:v5e:1x1``): explained for a replica on that accelerator:
+    its environment (needs libtpu, never this host's device; raises
+    :class:`aot.DeviceTargetError` without it), and ``fn`` lowered for it."""
     from aot.executable import arg_paths
     from aot.statics import StaticArg
 
-    environment = cache.known_environment()  # None: unknown here (the device is not opened)
+    if device_target is not None:
+        from aot.targets import parse_target
+
+        target = parse_target(device_target)
+        device_target = target.name
+        environment: Fingerprint | None = environment_fingerprint(devices=target.devices())
+        if fn is not None:
+            lower_kwargs = {**lower_kwargs, "target": device_target}
+    else:
+        environment = cache.known_environment()  # None: unknown here (the device is not opened)
     request: Signature | None
     if fn is not None:
         computation = lower(fn, *args, name=name, **lower_kwargs)
@@ -232,6 +261,7 @@ def explain(
         return Explanation(
             name, signature, False, None, None, (), len(entries), shown,
             xla_flags_outside_key=outside, environment_known=environment is not None,
+            device_target=device_target,
         )
     _, manifest, diffs, stored_signature, mine = best
     leaf_diffs = (
@@ -251,7 +281,7 @@ def explain(
         name, signature, matches and not missing_in_release and refusal is None, manifest.key, manifest.signature, diffs,
         len(entries), mine, stored_signature, leaf_diffs, xla_flags_outside_key=outside,
         served_key=served, served_by=served_by, environment_known=environment is not None,
-        release=release, not_in_release=missing_in_release, refused=refusal,
+        release=release, not_in_release=missing_in_release, refused=refusal, device_target=device_target,
     )
 
 

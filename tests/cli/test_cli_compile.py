@@ -248,6 +248,7 @@ def test_environment_variable_names_the_cache(invoke: Invoke, tmp_path, monkeypa
 WHY_KEYS = {
     "name", "signature", "hit", "nearest_key", "nearest_signature", "differences", "stored",
     "arguments", "argument_differences", "xla_flags_outside_key", "served_key", "served_by",
+    "device_target",
 }
 
 
@@ -286,18 +287,18 @@ def test_why_hit_and_json(invoke: Invoke, warmed) -> None:
     assert data["arguments"] == [{"path": "x", "aval": "f32[4]"}, {"path": "y", "aval": "f32[8]"}]
 
 
-def test_why_with_target_compares_the_program(invoke: Invoke) -> None:
+def test_why_with_function_compares_the_program(invoke: Invoke) -> None:
     invoke("compile", "tests.cli.models:affine", "--name", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
     result = invoke(
-        "why", "affine", "--target", "tests.cli.models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]",
+        "why", "affine", "--function", "tests.cli.models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]",
         "--static", "double=true", "--json",
     )
     assert result.exit_code == 1, result.output
     parts = {d["part"] for d in json.loads(result.stdout)["differences"]}
     assert "stablehlo" in parts and "in_avals" not in parts
-    same = invoke("why", "affine", "--target", "tests.cli.models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
+    same = invoke("why", "affine", "--function", "tests.cli.models:affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]")
     assert same.exit_code == 0, same.output
-    # Without --target only the flat signature is compared, keyword arguments included.
+    # Without --function only the flat signature is compared, keyword arguments included.
     assert invoke("why", "affine", "--arg", "f32[8]", "--kwarg", "bias=f32[8]").exit_code == 0
 
 
@@ -309,13 +310,13 @@ def test_why_places_a_static_between_dynamic_arguments_as_compile_does(invoke: I
         "--static", "factor=3",
     )
     same = invoke(
-        "why", "between", "--target", "tests.cli.models:scale_between", "--arg", "f32[4]", "--arg", "f32[4]",
+        "why", "between", "--function", "tests.cli.models:scale_between", "--arg", "f32[4]", "--arg", "f32[4]",
         "--static", "factor=3", "--json",
     )
     assert same.exit_code == 0, same.output
     assert json.loads(same.stdout)["nearest_key"] == stored["key"]
     other = invoke(
-        "why", "between", "--target", "tests.cli.models:scale_between", "--arg", "f32[4]", "--arg", "f32[4]",
+        "why", "between", "--function", "tests.cli.models:scale_between", "--arg", "f32[4]", "--arg", "f32[4]",
         "--static", "factor=4", "--json",
     )
     assert other.exit_code == 1 and "stablehlo" in {d["part"] for d in json.loads(other.stdout)["differences"]}

@@ -89,14 +89,17 @@ def test_verify_manifest_coverage(invoke: Invoke, warmed) -> None:
     assert data["ok"] is False and data["integrity"]["problems"] == []
     assert len(data["integrity"]["orphan_blobs"]) == 2  # the deleted entry's blobs: not a failure
     coverage = data["coverage"]
-    assert set(coverage) == {"manifest", "strict", "items", "missing", "stale", "lower_seconds"}
+    assert set(coverage) == {"manifest", "strict", "items", "missing", "stale", "lower_seconds", "targets", "host"}
+    assert coverage["targets"] == [] and coverage["host"] is True  # no device target: this host
     assert coverage["items"] == 5 and coverage["strict"] is True
     assert coverage["stale"] == [] and coverage["lower_seconds"] > 0  # the entries were lowered
     assert [m["label"] for m in coverage["missing"]] == ["mlp.forward[batch=8]"]
     assert set(coverage["missing"][0]) == {
         "name", "label", "target", "args", "args_from", "kwargs", "static", "bucket", "pmap",
-        "mesh", "in_shardings", "out_shardings", "donate", "x64", "source", "reason",
+        "mesh", "in_shardings", "out_shardings", "donate", "x64", "source", "device_target", "environment",
+        "reason",
     }
+    assert coverage["missing"][0]["device_target"] is None
     assert coverage["missing"][0]["reason"] == "not stored (2 other signatures of 'mlp.forward' are)"
 
 
