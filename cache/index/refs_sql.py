@@ -20,10 +20,12 @@ from sqlalchemy.engine import Connection
 from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
 from aot.cache.index.globs import glob_to_like
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember, pin_reasons, signature_digest
-from aot.cache.index.releases import CacheDescription, Release, ReleaseRemoval, RemovedRelease
+from aot.cache.index.releases import (
+    CacheDescription, Release, ReleaseRemoval, RemovedRelease, release_conflict,
+)
 from aot.cache.pauses import reached
 from aot.cache.index.schema import ARTIFACTS, CACHE_META, REF_HISTORY, REFS, RELEASE_MEMBERS, RELEASES
-from aot.errors import CacheError
+from aot.errors import CacheError, ReleaseConflictError
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ class IndexRefs(IndexEngine):
     def declare_release(
         self, label: str, targets: Iterable[RefTarget], origin: RefOrigin, *, run: str | None = None,
         set_refs: bool = True, keep: Callable[[ReleaseMember], bool] | None = None,
+        covered: Callable[[ReleaseMember], bool] | None = None,
     ) -> tuple[int, list[Ref]]:
         """Records ``targets`` as a set of ``label`` and points their refs at them (unless
         ``set_refs`` is false), in one transaction under the lock of every label move:
@@ -75,11 +78,19 @@ class IndexRefs(IndexEngine):
         members. The set is new (its ``previous`` the label's current one) unless ``run``
         is given and the current set was opened by the same run (the shards of one CI
         job add to one set). ``keep``: the members of the current set carried into a
-        new one (the local tier replaces one name's members). Returns (set id, refs changed)."""
+        new one (the local tier replaces one name's members). ``covered``: refuses
+        (:class:`~aot.errors.ReleaseConflictError`, nothing written) a new set that would
+        drop a member of the current one this declaration does not cover (a warm-up:
+        :meth:`release_drops`, checked again here under the lock). Returns (set id,
+        refs changed)."""
         check_label(label)
         with self._write(f"declare release {label}") as conn:
             self._lock_refs(conn)
             current = self._current_set(conn, label)
+            if covered is not None:
+                release, dropped = self._drops(conn, label, run, covered)
+                if release is not None and dropped:
+                    raise ReleaseConflictError(release_conflict(release, dropped, run))
             if run is not None and current is not None and current["run"] == run:
                 set_id = int(current["id"])
             else:
@@ -97,6 +108,25 @@ class IndexRefs(IndexEngine):
                     self._add_member(conn, set_id, ReleaseMember(name, signature, env_fp, key))
         self._log_refs(changed, origin)
         return set_id, changed
+
+    def release_drops(
+        self, label: str, *, run: str | None, covered: Callable[[ReleaseMember], bool],
+    ) -> tuple[Release | None, list[ReleaseMember]]:
+        """What a declaration of ``label`` by ``run`` would drop: the label's current set
+        (with members) and its members ``covered`` rejects, unless the declaration adds
+        to that set (same ``run``) or there is none: then (None, [])."""
+        check_label(label)
+        with self._read(f"read release {label}") as conn:
+            return self._drops(conn, label, run, covered)
+
+    def _drops(
+        self, conn: Connection, label: str, run: str | None, covered: Callable[[ReleaseMember], bool],
+    ) -> tuple[Release | None, list[ReleaseMember]]:
+        current = self._current_set(conn, label)
+        if current is None or (run is not None and current["run"] == run):
+            return None, []
+        members = sorted(self._members(conn, int(current["id"])), key=lambda m: (m.name, m.signature, m.env_fp))
+        return _release(current, tuple(members)), [m for m in members if not covered(m)]
 
     def _lock_refs(self, conn: Connection) -> None:
         """One ref or label writer at a time (SQLite: BEGIN IMMEDIATE already), before
