@@ -328,12 +328,7 @@ def run_warmup(
                     run = release_run(origin.commit if origin is not None else None, shard=shard)
                 if not replace:  # refused before anything compiles; checked again when declared
                     covered = release_cover(cache, items)
-                    current, dropped = cache.index.release_drops(release, run=run, covered=covered)
-                    if current is not None and dropped:
-                        from aot.errors import ReleaseConflictError
-                        from aot.cache.index.releases import release_conflict
-
-                        raise ReleaseConflictError(release_conflict(current, dropped, run))
+                    cache.index.refuse_drops(release, run=run, covered=covered)
             if shard is not None:
                 shard = parse_shard(shard)
                 chosen = select_shard(items, shard, cache)

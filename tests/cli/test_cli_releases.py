@@ -27,9 +27,13 @@ def test_promote_rollback_and_history(invoke: Invoke, warmed, cache_dir) -> None
     shown = json.loads(invoke("release", "show", "prod", "--json").stdout)
     assert sorted(m["key"] for m in shown["members"]) == sorted(e.key for e in entries[:3])
     back = invoke("release", "rollback", "candidate")
-    assert back.exit_code == 0 and back.stdout.endswith(", 2 members\n"), back.output
+    restored = json.loads(invoke("release", "show", "candidate", "--json").stdout)["id"]
+    assert back.exit_code == 0, back.output
+    assert back.stdout == f"rolled back candidate to set {first} (now set {restored}, 2 members); left set {second}\n"
     again = invoke("release", "rollback", "candidate")
-    assert again.exit_code == 1 and "it has no earlier set to go back to" in again.output
+    assert again.exit_code == 1
+    assert (f"it has no earlier set to go back to (what it serves now, set {restored}, the rollback to "
+            f"set {first}, the first set it was given)") in one_line_error(again)
     missing = invoke("release", "show", "nope")
     assert missing.exit_code == 1 and "no release labelled 'nope'" in missing.output
     name = entries[0].name
@@ -289,12 +293,20 @@ def test_release_history_shows_every_move_of_a_label(invoke: Invoke, warmed, cac
     assert invoke("release", "promote", "candidate", "prod").exit_code == 0
     assert invoke("release", "rollback", "prod").exit_code == 0
     moves = json.loads(invoke("release", "history", "prod", "--json").stdout)["history"]
-    assert [m["move"] for m in moves] == ["rolled back", "promoted from candidate", "promoted from candidate"]
-    assert moves[0]["id"] > moves[1]["id"] > moves[2]["id"] and moves[1]["previous"] == moves[2]["id"]
+    left, restored = moves[1]["id"], moves[2]["id"]
+    assert [m["move"] for m in moves] == [
+        f"rolled back to set {restored} from set {left}", "promoted from candidate", "promoted from candidate",
+    ]
+    assert moves[0]["id"] > left > restored and moves[1]["previous"] == restored
     assert all(m["user"] and m["host"] and m["created_at"] for m in moves)
     text = invoke("release", "history", "candidate").stdout.splitlines()
-    assert text[0].startswith("* set ") and "rolled back" in text[0]
-    assert "declared by ci  commit c2" in text[1] and "(first set)" in text[2]
+    sets = [int(line[6:].split()[0]) for line in text]  # "* set 4  ..." / "  set 2  ..."
+    assert text[0].startswith("* set ")
+    # The rollback names the set it restored (the first, c1) and the one it left (c2),
+    # and, having restored the first set, no earlier one to go back to.
+    assert text[0].endswith(f"rolled back to set {sets[2]} from set {sets[1]}  (no earlier set)")
+    assert text[1].endswith(f"declared by ci  commit c2  (replaced set {sets[2]})")
+    assert text[2].endswith("declared by ci  commit c1  (first set)")
     assert len(invoke("release", "history", "candidate", "--limit", "1").stdout.splitlines()) == 1
     missing = invoke("release", "history", "nope")
     assert missing.exit_code == 1 and "no release labelled 'nope'" in missing.output
