@@ -111,9 +111,21 @@ def _move(release: Release) -> str:
     source = release.source
     if source.startswith("promote "):
         return f"promoted from {source[len('promote '):]}"
-    if source.startswith("rollback"):
+    back = release.rolled_back
+    if back is not None:
+        return f"rolled back to set {back[0]} from set {back[1]}"
+    if source.startswith("rollback"):  # recorded before rollbacks named their sets
         return "rolled back"
     return f"declared by {source}"
+
+
+def _before(release: Release) -> str:
+    """What ``previous`` means for this set: the set it replaced, or, for a set a
+    rollback made (a copy of an older set), where the next rollback goes."""
+    if release.source.startswith("rollback"):
+        return (f"a rollback goes to set {release.previous}" if release.previous is not None
+                else "no earlier set")
+    return f"replaced set {release.previous}" if release.previous is not None else "first set"
 
 
 @release_group.command("history", short_help="Every move of a label: declarations, promotions, rollbacks.")
@@ -136,10 +148,9 @@ def release_history(state: State, label: str, limit: int | None) -> None:
         return
     for n, release in enumerate(sets):
         commit = f"  commit {release.commit}" if release.commit else ""
-        replaced = f"replaced set {release.previous}" if release.previous is not None else "first set"
         click.echo(f"{'*' if n == 0 else ' '} set {release.id}  {release.created_at:%Y-%m-%d %H:%M:%S}  "
                    f"{release.user}@{release.host}  {_move(release)}{commit}  "
-                   f"[{_targets_text(targets[release.id])}]  ({replaced})")
+                   f"[{_targets_text(targets[release.id])}]  ({_before(release)})")
 
 
 def _targets_text(counts: dict[str, int]) -> str:
@@ -161,8 +172,15 @@ def release_promote(state: State, source: str, target: str) -> None:
 @pass_state
 def release_rollback(state: State, label: str) -> None:
     """Point LABEL back at the set it pointed to before its current one (again: one more
-    step back)."""
-    _render(state, state.cache().rollback(label), "rolled back")
+    step back). Prints the set whose members it serves again, the new set that holds
+    them and the set it leaves."""
+    release = state.cache().rollback(label)
+    back = release.rolled_back
+    if state.json or back is None:
+        _render(state, release, "rolled back")
+        return
+    click.echo(f"rolled back {release.label} to set {back[0]} (now set {release.id}, "
+               f"{counted(len(release.members), 'member')}); left set {back[1]}")
 
 
 @release_group.command("rm", short_help="Remove labels: what only they pinned becomes collectable.")

@@ -71,13 +71,19 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
 )
 @click.option(
     "--release", metavar="LABEL",
-    help="Also record the refs under release LABEL (e.g. candidate): the shards of one "
-    "run (same commit and manifest, or same --run) add to one set.",
+    help="Also record the refs under release LABEL (e.g. candidate): the warm-ups of one "
+    "run (same --run, default the same commit: shards, several manifests) add to one set; "
+    "one of another run that would drop members of LABEL is refused (see --replace).",
 )
 @click.option(
     "--run", "run_id", metavar="ID",
-    help="The run id the shards of one --release run share (default: the commit and "
-    "the manifest's digest).",
+    help="The run id the warm-ups of one --release set share (default: the commit, "
+    "--commit or GIT_COMMIT, ...).",
+)
+@click.option(
+    "--replace", is_flag=True,
+    help="With --release: start LABEL over with this warm-up's entries, even if that "
+    "drops members another run declared (the warm-ups of this run still add to it).",
 )
 @click.option(
     "--shard", metavar="I/N", callback=_parse_shard, default=None,
@@ -100,7 +106,7 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
 def warmup_command(
     state: State, manifest: str | None, jobs: int | str, shard: tuple[int, int] | None,
     isolate: bool, relower: bool, commit: str | None, release: str | None, run_id: str | None,
-    claims: bool | None, device_targets: tuple[str, ...],
+    claims: bool | None, device_targets: tuple[str, ...], replace: bool,
 ) -> None:
     """Compile every (function x bucket) listed in MANIFEST.toml into the cache.
 
@@ -119,7 +125,6 @@ def warmup_command(
                 "no manifest: give MANIFEST.toml, or set AOT_MANIFEST or manifest in "
                 "[tool.aot] of pyproject.toml"
             )
-    from pathlib import Path
 
     from aot.cache.index.refs import RefOrigin, default_commit
     from aot.cache.warmup.jobs import resolve_jobs
@@ -138,9 +143,11 @@ def warmup_command(
     items = expand(loaded)
     jobs = resolve_jobs(jobs, entries=len(items))  # "auto": at most one job per entry
     origin = RefOrigin(f"warmup {manifest}", commit=commit or default_commit())
+    if replace and release is None:
+        raise click.UsageError("--replace starts a release label over: give --release LABEL with it")
     if release is not None and run_id is None:
         try:
-            run_id = release_run(origin.commit, Path(manifest).read_text(encoding="utf-8"), shard)
+            run_id = release_run(origin.commit, shard=shard)
         except UsageError as exc:
             raise click.UsageError(str(exc)) from None
     # The worker processes start now: they import JAX while this process does (opening
@@ -185,7 +192,7 @@ def warmup_command(
     try:
         report = run_warmup(
             cache, items, jobs=jobs, shard=shard, on_result=on_result, isolate=isolate,
-            workers=workers, origin=origin, release=release, run=run_id, claims=claims,
+            workers=workers, origin=origin, release=release, run=run_id, replace=replace, claims=claims,
         )
     finally:
         if progress is not None:

@@ -20,14 +20,16 @@ from sqlalchemy.engine import Connection
 from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
 from aot.cache.index.globs import glob_to_like
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember, pin_reasons, signature_digest
-from aot.cache.index.releases import CacheDescription, Release, ReleaseRemoval, RemovedRelease
+from aot.cache.index.releases import (
+    CacheDescription, Release, ReleaseRemoval, RemovedRelease, release_conflict, rollback_source,
+)
 from aot.cache.pauses import reached
 from aot.cache.index.schema import ARTIFACTS, CACHE_META, REF_HISTORY, REFS, RELEASE_MEMBERS, RELEASES
-from aot.errors import CacheError
+from aot.errors import CacheError, ReleaseConflictError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["IndexRefs", "RefTarget"]
+__all__ = ["IndexDescription", "IndexRefs", "RefTarget"]
 
 #: (name, signature, env_fp, key): what a ref update names.
 RefTarget = tuple[str, str, str, str]
@@ -44,7 +46,32 @@ def _ref(row: Any) -> Ref:
     return Ref(**{c: m[c] for c in _REF_COLUMNS})
 
 
-class IndexRefs(IndexEngine):
+class IndexDescription(IndexEngine):
+    """What a shared cache records about itself (apart from the refs: one class stays
+    under the size every class keeps)."""
+
+    def description(self) -> CacheDescription | None:
+        """What the cache recorded about itself when created (None: nothing yet)."""
+        with self._read("read the cache's description") as conn:
+            row = conn.execute(sa.select(CACHE_META).where(CACHE_META.c.id == 1)).first()
+        if row is None:
+            return None
+        m = row._mapping
+        return CacheDescription(m["blob_location"], m["compression"], int(m["format_version"]), m["created_at"])
+
+    def describe(self, blob_location: str | None, compression: str, format_version: int) -> CacheDescription:
+        """Records the description unless one exists; returns the one recorded."""
+        with self._write("record the cache's description") as conn:
+            conn.execute(insert_ignore(conn, CACHE_META).values(
+                id=1, blob_location=blob_location, compression=compression, format_version=format_version,
+                created_at=server_now(conn),
+            ).on_conflict_do_nothing())
+        found = self.description()
+        assert found is not None
+        return found
+
+
+class IndexRefs(IndexDescription):
     """Which key is served, per (name, signature, environment), and release labels."""
 
     # ------------------------------------------------------------------ refs
@@ -68,6 +95,7 @@ class IndexRefs(IndexEngine):
     def declare_release(
         self, label: str, targets: Iterable[RefTarget], origin: RefOrigin, *, run: str | None = None,
         set_refs: bool = True, keep: Callable[[ReleaseMember], bool] | None = None,
+        covered: Callable[[ReleaseMember], bool] | None = None,
     ) -> tuple[int, list[Ref]]:
         """Records ``targets`` as a set of ``label`` and points their refs at them (unless
         ``set_refs`` is false), in one transaction under the lock of every label move:
@@ -75,11 +103,17 @@ class IndexRefs(IndexEngine):
         members. The set is new (its ``previous`` the label's current one) unless ``run``
         is given and the current set was opened by the same run (the shards of one CI
         job add to one set). ``keep``: the members of the current set carried into a
-        new one (the local tier replaces one name's members). Returns (set id, refs changed)."""
+        new one (the local tier replaces one name's members). ``covered``: refuses
+        (:class:`~aot.errors.ReleaseConflictError`, nothing written) a new set that would
+        drop a member of the current one this declaration does not cover (a warm-up:
+        :meth:`release_drops`, checked again here under the lock). Returns (set id,
+        refs changed)."""
         check_label(label)
         with self._write(f"declare release {label}") as conn:
             self._lock_refs(conn)
             current = self._current_set(conn, label)
+            if covered is not None:
+                _refuse_drops(conn, current, run, covered)
             if run is not None and current is not None and current["run"] == run:
                 set_id = int(current["id"])
             else:
@@ -97,6 +131,13 @@ class IndexRefs(IndexEngine):
                     self._add_member(conn, set_id, ReleaseMember(name, signature, env_fp, key))
         self._log_refs(changed, origin)
         return set_id, changed
+
+    def refuse_drops(self, label: str, *, run: str | None, covered: Callable[[ReleaseMember], bool]) -> None:
+        """Raises :class:`~aot.errors.ReleaseConflictError` when a declaration of ``label``
+        by ``run`` would open a set dropping members of the current one ``covered`` rejects."""
+        check_label(label)
+        with self._read(f"read release {label}") as conn:
+            _refuse_drops(conn, self._current_set(conn, label), run, covered)
 
     def _lock_refs(self, conn: Connection) -> None:
         """One ref or label writer at a time (SQLite: BEGIN IMMEDIATE already), before
@@ -243,12 +284,14 @@ class IndexRefs(IndexEngine):
             if current is None:
                 raise CacheError(f"no release labelled {label!r}; `aot release ls` lists the labels")
             if current["previous"] is None:
-                raise CacheError(_no_earlier_set(label, current["id"]))
+                raise CacheError(_no_earlier_set(label, _release(current, ())))
             target = conn.execute(sa.select(RELEASES).where(RELEASES.c.id == current["previous"])).first()
             if target is None:
                 raise CacheError(f"release {label!r}: its previous set {current['previous']} is gone")
             if require_stored:
                 _check_members_stored(conn, label, int(current["id"]), int(target._mapping["id"]))
+            # The set restored and the one left: history and the command name both.
+            origin = replace(origin, source=rollback_source(int(target._mapping["id"]), int(current["id"])))
             new = self._new_set(conn, label, origin, previous=target._mapping["previous"])
             self._copy_members(conn, int(target._mapping["id"]), new)
         release = self.release_set(label)
@@ -420,28 +463,6 @@ class IndexRefs(IndexEngine):
             for member in members:
                 self._add_member(conn, set_id, member)
 
-    # ---------------------------------------------------------- description
-
-    def description(self) -> CacheDescription | None:
-        """What the cache recorded about itself when created (None: nothing yet)."""
-        with self._read("read the cache's description") as conn:
-            row = conn.execute(sa.select(CACHE_META).where(CACHE_META.c.id == 1)).first()
-        if row is None:
-            return None
-        m = row._mapping
-        return CacheDescription(m["blob_location"], m["compression"], int(m["format_version"]), m["created_at"])
-
-    def describe(self, blob_location: str | None, compression: str, format_version: int) -> CacheDescription:
-        """Records the description unless one exists; returns the one recorded."""
-        with self._write("record the cache's description") as conn:
-            conn.execute(insert_ignore(conn, CACHE_META).values(
-                id=1, blob_location=blob_location, compression=compression, format_version=format_version,
-                created_at=server_now(conn),
-            ).on_conflict_do_nothing())
-        found = self.description()
-        assert found is not None
-        return found
-
 
 def check_label(label: str) -> None:
     """A release label is a short printable word (it appears in commands and logs)."""
@@ -477,10 +498,30 @@ def _check_members_stored(conn: Connection, label: str, current_id: int, target_
         )
 
 
-def _no_earlier_set(label: str, current: int) -> str:
+def _refuse_drops(
+    conn: Connection, current: dict[str, Any] | None, run: str | None, covered: Callable[[ReleaseMember], bool],
+) -> None:
+    """A new set of ``run`` replaces ``current`` (unless ``current`` is ``run``'s own):
+    refused when it would drop a member ``covered`` rejects."""
+    if current is None or (run is not None and current["run"] == run):
+        return
+    rows = conn.execute(sa.select(RELEASE_MEMBERS).where(RELEASE_MEMBERS.c.release_id == current["id"]))
+    members = sorted((ReleaseMember(m.name, m.signature, m.env_fp, m.key) for m in rows.all()),
+                     key=lambda m: (m.name, m.signature, m.env_fp))
+    dropped = [m for m in members if not covered(m)]
+    if dropped:
+        raise ReleaseConflictError(release_conflict(_release(current, tuple(members)), dropped, run))
+
+
+def _no_earlier_set(label: str, current: Release) -> str:
+    back = current.rolled_back
+    if back is not None:  # a rollback's copy of the first set: not itself the first
+        what = f"set {current.id}, the rollback to set {back[0]}, the first set it was given"
+    else:
+        what = f"set {current.id}, is the first set it was given"
     return (
         f"cannot roll back release {label!r}: it has no earlier set to go back to (what it "
-        f"serves now, set {current}, is the first it was given); to serve other entries, warm "
+        f"serves now, {what}); to serve other entries, warm "
         f"them up or promote a label with them (`aot release promote OTHER {label}`), and "
         "`aot release ls` shows the labels"
     )

@@ -8,13 +8,14 @@ costs a serving process's start-up its creation.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
 from aot.cache.index.refs import ReleaseMember
 
-__all__ = ["CacheDescription", "Release", "ReleaseRemoval", "RemovedRelease"]
+__all__ = ["CacheDescription", "Release", "ReleaseRemoval", "RemovedRelease", "release_conflict", "rollback_source"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +35,28 @@ class Release:
     def keys(self) -> frozenset[str]:
         return frozenset(m.key for m in self.members)
 
+    @property
+    def rolled_back(self) -> tuple[int, int] | None:
+        """(the set restored, the set left) when a rollback made this set; None
+        otherwise (or a rollback recorded before the source named them)."""
+        found = _ROLLBACK.fullmatch(self.source)
+        return None if found is None else (int(found[1]), int(found[2]))
+
     def to_dict(self) -> dict[str, Any]:
         data = {f: getattr(self, f) for f in ("id", "label", "previous", "host", "user", "source", "commit")}
         data["created_at"] = self.created_at.isoformat()
         data["members"] = [m.to_dict() for m in self.members]
         return data
+
+
+#: The source of a set a rollback made (:func:`rollback_source`).
+_ROLLBACK = re.compile(r"rollback to set (\d+) from set (\d+)")
+
+
+def rollback_source(restored: int, left: int) -> str:
+    """The source recorded with the set a rollback makes: the set whose members it
+    serves again, and the set it stops serving."""
+    return f"rollback to set {restored} from set {left}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,3 +138,20 @@ class CacheDescription:
         data = asdict(self)
         data["created_at"] = self.created_at.isoformat()
         return data
+
+
+def release_conflict(current: Release, dropped: list[ReleaseMember], run: str | None) -> str:
+    """Why a labelled warm-up is refused: the members of the label's current set it
+    would drop (a few named), whose run declared that set, and the two ways on."""
+    shown = ", ".join(f"{m.name} ({m.signature})" for m in dropped[:3])
+    more = f" and {len(dropped) - 3} more" if len(dropped) > 3 else ""
+    commit = f" at commit {current.commit}" if current.commit else ""
+    this = f"run {run!r}" if run is not None else "a warm-up with no commit or --run"
+    n = len(current.members)
+    return (
+        f"release {current.label!r} would drop {len(dropped)} of the {n} member{'s' if n != 1 else ''} "
+        f"of its current set {current.id} ({current.source}{commit}, another run than {this}), which "
+        f"this warm-up does not compile: {shown}{more}. The label stays on set {current.id}. To build one "
+        "release from several warm-ups, give them the same --run ID (or run them at one commit: --commit "
+        f"SHA or GIT_COMMIT); to start {current.label!r} over with this warm-up's entries, add --replace"
+    )

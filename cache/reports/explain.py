@@ -113,7 +113,8 @@ class Explanation:
             return (
                 f"{self.label} ({request}): miss; not served by release {self.release}: entry "
                 f"{self.nearest_key[:12]} matches, but the release's set has no member for this "  # type: ignore[index]
-                f"signature here (aot warmup --release {self.release}, or promote a set that has it)"
+                f"signature here (add it in the run that declared the release: aot warmup MANIFEST "
+                f"--release {self.release} with that run's --run ID or commit; or promote a set that has it)"
             )
         nearest = self._shown(self.nearest_arguments, self.nearest_signature)
         lines = [

@@ -173,9 +173,23 @@ def check_release(dispatcher: Dispatcher, release: str) -> None:
         raise ReleaseNotFoundError(
             f"aot.load({dispatcher.name!r}, release={release!r}): {len(problems)} member signature(s) "
             "of the release cannot be served here:\n" + "\n".join(problems)
-            + f"\nWarm the release up for this environment (aot warmup --release {release}) or load "
-            "another label", tuple(dispatcher.signatures),
+            + f"\n{_release_advice(release)}", tuple(dispatcher.signatures),
         )
+
+
+def _release_advice(release: str) -> str:
+    """What to do when a release's members cannot be served here. Never `aot warmup
+    --release LABEL` for this environment: a set is declared for the environments its
+    members were compiled for, and a warm-up of this one into that label would replace
+    (or be refused for dropping) the members the fleet serves."""
+    import jax
+
+    here = jax.default_backend()  # started already: the dispatcher's entries were filed
+    return (
+        f"Serve release {release!r} where its members were compiled (the target or host each "
+        f"reason names), or warm this environment up under a label of its own (aot warmup "
+        f"MANIFEST --release {release}-{here}) and load that label"
+    )
 
 
 def open_existing(

@@ -227,8 +227,9 @@ class ProgramTable:
         if not members:
             raise ReleaseNotFoundError(
                 f"aot.load({self.name!r}, release={self.release!r}): release {self.release!r} has no "
-                f"member named {self.name!r}; warm it up under that label (aot warmup --release "
-                f"{self.release}) or load another label"
+                f"member named {self.name!r}; load a label that has it (`aot release show LABEL`), or "
+                f"add it to this release in the run that declared it (aot warmup MANIFEST --release "
+                f"{self.release} with that run's --run ID or commit)"
             )
         return members
 

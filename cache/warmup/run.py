@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.errors import TargetError
-from aot.cache.index.refs import RefOrigin
+from aot.cache.index.refs import RefOrigin, ReleaseMember
 from aot.cache.units import counted
 from aot.cache.warmup.claims import (
     CLAIM_SECONDS, WAIT_SECONDS, WarmupClaims, claiming_task, claims_default, warmup_task,
@@ -54,6 +54,7 @@ from aot.cache.warmup.functions import (
     Prepared,
     compile_item,
     compile_target,
+    item_environment,
     item_signature,
     make_mesh,
     prepare,
@@ -61,6 +62,7 @@ from aot.cache.warmup.functions import (
     resolve_args,
     resolve_target,
     search_path,
+    x64_mode,
 )
 
 if TYPE_CHECKING:
@@ -96,6 +98,7 @@ __all__ = [
     "resolve_jobs",
     "resolve_target",
     "declare",
+    "release_cover",
     "release_run",
     "run_warmup",
     "search_path",
@@ -222,6 +225,7 @@ def run_warmup(
     origin: RefOrigin | None = None,
     release: str | None = None,
     run: str | None = None,
+    replace: bool = False,
     claims: bool | None = None,
     claim_seconds: float = CLAIM_SECONDS,
     wait_seconds: float = WAIT_SECONDS,
@@ -247,8 +251,15 @@ def run_warmup(
     signature, environment), set in one transaction at the end (``origin``: who sets
     them; default ``warmup`` and the CI commit). ``release=LABEL`` also records them
     in a release set of that label, in the same transaction
-    (:meth:`~aot.cache.index.refs_sql.IndexRefs.declare_release`), so the shards of one
-    run (same ``run``) add to one set and a failed declaration leaves the label as it was.
+    (:meth:`~aot.cache.index.refs_sql.IndexRefs.declare_release`); a failed declaration
+    leaves the label as it was. The warm-ups of one run (same ``run``; default: the
+    origin's commit, :func:`release_run`) add to one set: their shards, and several
+    manifests warmed at one commit; a member of the same (name, signature, environment)
+    is replaced by the newer warm-up's. A warm-up of another run opens a new set, and is
+    refused before anything compiles (:class:`~aot.errors.ReleaseConflictError`) when
+    that set would drop a member of the label's current one that none of ``items``
+    (the whole manifest, whatever ``shard``) covers, unless ``replace`` (start the label
+    over with this warm-up's set).
 
     ``shard=(i, n)`` (or ``"i/n"``, 1 <= i <= n) compiles only this runner's share of
     the items, chosen by :mod:`aot.cache.warmup.shard` (deterministic, balanced by
@@ -309,8 +320,15 @@ def run_warmup(
         if on_result is not None:
             on_result(result)
 
+    covered = None
     try:
         with remembering_specs():
+            if release is not None:
+                if run is None:
+                    run = release_run(origin.commit if origin is not None else None, shard=shard)
+                if not replace:  # refused before anything compiles; checked again when declared
+                    covered = release_cover(cache, items)
+                    cache.index.refuse_drops(release, run=run, covered=covered)
             if shard is not None:
                 shard = parse_shard(shard)
                 chosen = select_shard(items, shard, cache)
@@ -328,7 +346,8 @@ def run_warmup(
                     run_parallel(cache, items, jobs, emit, isolate=isolate, pool=pool, claims=held)
                 else:
                     _run_pipelined(cache, items, emit, held)
-        declare(cache, list(results.values()), origin or RefOrigin("warmup"), release=release, run=run)
+        declare(cache, list(results.values()), origin or RefOrigin("warmup"), release=release, run=run,
+                covered=covered)
     finally:
         if workers is not None:
             workers.close()
@@ -343,10 +362,11 @@ def run_warmup(
 
 def declare(
     cache: ArtifactStore, results: list[ItemResult], origin: RefOrigin, *, release: str | None = None,
-    run: str | None = None,
+    run: str | None = None, covered: Callable[[ReleaseMember], bool] | None = None,
 ) -> int | None:
     """Sets the ref of every entry compiled or hit (and adds them to a set of
-    ``release``); the release set's id, if any."""
+    ``release``); the release set's id, if any. ``covered``: what the warm-up covers
+    (:func:`release_cover`); a new set dropping another member is refused."""
     import dataclasses as dc
 
     if release is not None:
@@ -366,16 +386,43 @@ def declare(
     # The set and its members in one transaction, under the label lock: a declaration
     # that fails or is killed leaves the label where it was, and the shards of one run
     # land in one set whatever their order.
-    set_id, _ = cache.index.declare_release(release, targets, origin, run=run)
+    set_id, _ = cache.index.declare_release(release, targets, origin, run=run, covered=covered)
     return set_id
 
 
-def release_run(commit: str | None, manifest_text: str, shard: tuple[int, int] | None) -> str | None:
-    """The run id shards of one CI run share (one release set for all of them): the
-    commit and the manifest's content; None (a new set) when no commit is known and
-    the warm-up is not sharded. A sharded warm-up without a commit needs ``--run``."""
-    import hashlib
+def release_cover(cache: ArtifactStore, items: Iterable[WarmupItem]) -> Callable[[ReleaseMember], bool]:
+    """Whether a release member is one ``items`` compile (same name, signature with
+    statics, and environment): a warm-up of them may replace it. An item whose
+    signature cannot be resolved (it will fail, and say why) covers its name in its
+    environment."""
+    slots: set[tuple[str, str, str | None]] = set()
+    names: set[tuple[str, str | None]] = set()
+    envs: dict[tuple[str | None, bool], str | None] = {}
+    for item in items:
+        with x64_mode(item):
+            where = (item.device_target, bool(item.x64))
+            if where not in envs:
+                try:
+                    envs[where] = item_environment(cache, item).digest
+                except Exception:  # noqa: BLE001 - no libtpu, say: its items fail and say why
+                    envs[where] = None
+            try:
+                slots.add((item.name, item_signature(item), envs[where]))
+            except Exception:  # noqa: BLE001 - the warm-up reports it with the item
+                names.add((item.name, envs[where]))
+    return lambda m: ((m.name, m.signature, m.env_fp) in slots or (m.name, m.env_fp) in names
+                      or (m.name, None) in names or (m.name, m.signature, None) in slots)
 
+
+def release_run(
+    commit: str | None, manifest_text: str | None = None, shard: tuple[int, int] | None = None,
+) -> str | None:
+    """The run id the warm-ups of one CI run share, so that they declare one release
+    set: the commit (the shards of a manifest, and several manifests warmed at one
+    commit); None (a new set) when no commit is known and the warm-up is not sharded.
+    A sharded warm-up without a commit needs ``--run``. ``manifest_text`` is accepted
+    and ignored (the id used to include the manifest's digest: one set per manifest)."""
+    del manifest_text
     if commit is None:
         if shard is not None:
             from aot.errors import UsageError
@@ -385,8 +432,7 @@ def release_run(commit: str | None, manifest_text: str, shard: tuple[int, int] |
                 "--commit SHA (or set GIT_COMMIT) or --run ID"
             )
         return None
-    digest = hashlib.sha256(manifest_text.encode()).hexdigest()[:16]
-    return f"{commit}:{digest}"
+    return f"commit {commit}"
 
 
 # ---------------------------------------------------------------- any executor

@@ -249,6 +249,9 @@ def store_here(
     start = time.perf_counter()
     try:
         executable, compile_seconds = compiled.result()
+        # The wait for the compile above is not counted: compile_seconds already has
+        # the compile itself (counting both reported 16.6 s for an 8.7 s compile).
+        start = time.perf_counter()
         with x64_mode(item):
             artifact = build_artifact(executable, lowered.computation.portable_hlo(executable))
         entry = cache.put_artifact(artifact)

@@ -23,6 +23,8 @@ HIERARCHY = {
     aot.CacheError: (),
     aot.ReadOnlyCacheError: (aot.CacheError, PermissionError),
     aot.BlobLocationError: (aot.CacheError,),
+    # A labelled warm-up refused: the cache (its label) cannot take what was asked.
+    aot.ReleaseConflictError: (aot.CacheError,),
     aot.ArtifactNotFoundError: (KeyError,),
     aot.ManifestError: (ValueError,),
     aot.TargetError: (LookupError,),

@@ -28,9 +28,13 @@ def test_promote_rollback_and_history(invoke: Invoke, warmed, cache_dir) -> None
     shown = json.loads(invoke("release", "show", "prod", "--json").stdout)
     assert sorted(m["key"] for m in shown["members"]) == sorted(e.key for e in entries[:3])
     back = invoke("release", "rollback", "candidate")
-    assert back.exit_code == 0 and back.stdout.endswith(", 2 members\n"), back.output
+    restored = json.loads(invoke("release", "show", "candidate", "--json").stdout)["id"]
+    assert back.exit_code == 0, back.output
+    assert back.stdout == f"rolled back candidate to set {first} (now set {restored}, 2 members); left set {second}\n"
     again = invoke("release", "rollback", "candidate")
-    assert again.exit_code == 1 and "it has no earlier set to go back to" in again.output
+    assert again.exit_code == 1
+    assert (f"it has no earlier set to go back to (what it serves now, set {restored}, the rollback to "
+            f"set {first}, the first set it was given)") in one_line_error(again)
     missing = invoke("release", "show", "nope")
     assert missing.exit_code == 1 and "no release labelled 'nope'" in missing.output
     name = entries[0].name
@@ -290,17 +294,26 @@ def test_release_history_shows_every_move_of_a_label(invoke: Invoke, warmed, cac
     assert invoke("release", "promote", "candidate", "prod").exit_code == 0
     assert invoke("release", "rollback", "prod").exit_code == 0
     moves = json.loads(invoke("release", "history", "prod", "--json").stdout)["history"]
-    assert [m["move"] for m in moves] == ["rolled back", "promoted from candidate", "promoted from candidate"]
-    assert moves[0]["id"] > moves[1]["id"] > moves[2]["id"] and moves[1]["previous"] == moves[2]["id"]
+    left, restored = moves[1]["id"], moves[2]["id"]
+    assert [m["move"] for m in moves] == [
+        f"rolled back to set {restored} from set {left}", "promoted from candidate", "promoted from candidate",
+    ]
+    assert moves[0]["id"] > left > restored and moves[1]["previous"] == restored
     assert all(m["user"] and m["host"] and m["created_at"] for m in moves)
     text = invoke("release", "history", "candidate").stdout.splitlines()
-    assert text[0].startswith("* set ") and "rolled back" in text[0]
-    assert "declared by ci  commit c2" in text[1] and "(first set)" in text[2]
+    sets = [int(line[6:].split()[0]) for line in text]  # "* set 4  ..." / "  set 2  ..."
+    assert text[0].startswith("* set ")
+    # The rollback names the set it restored (the first, c1) and the one it left (c2),
+    # and, having restored the first set, no earlier one to go back to.
+    assert text[0].endswith(f"rolled back to set {sets[2]} from set {sets[1]}  (no earlier set)")
+    assert text[1].endswith(f"declared by ci  commit c2  (replaced set {sets[2]})")
+    assert text[2].endswith("declared by ci  commit c1  (first set)")
     assert len(invoke("release", "history", "candidate", "--limit", "1").stdout.splitlines()) == 1
     missing = invoke("release", "history", "nope")
     assert missing.exit_code == 1 and "no release labelled 'nope'" in missing.output
 
 
+<<<<<<< HEAD
 @needs_libtpu
 def test_release_show_and_history_name_each_member_target(invoke: Invoke, cache_dir) -> None:  # noqa: ANN001
     """A set holding one function for tpu:v5e:1x1 and tpu:v5e:2x2: the members no longer
@@ -325,3 +338,83 @@ def test_release_show_and_history_name_each_member_target(invoke: Invoke, cache_
     assert before.endswith("  declared by ci  commit c1  [tpu:v5e:1x1]  (first set)")
     history = json.loads(invoke("release", "history", "prod", "--json").stdout)["history"]
     assert [h["targets"] for h in history] == [{"tpu:v5e:1x1": 1, "tpu:v5e:2x2": 1}, {"tpu:v5e:1x1": 1}]
+=======
+# ---------------------------------------------------------------- releases over several warm-ups
+
+SERVE_TOML = '''
+[[function]]
+name = "tiny"
+target = "fixtures.models:tiny"
+args = ["f32[{n}]", "f32[{n}]"]
+vary = { n = SIZES }
+'''
+
+SHARDED_TOML = '''
+[[function]]
+name = "matmul"
+target = "fixtures.models:matmul"
+args = ["f32[2,3]", "f32[3,2]"]
+'''
+
+
+def _members(invoke: Invoke, label: str) -> list[tuple[str, str]]:
+    shown = json.loads(invoke("release", "show", label, "--json").stdout)
+    return sorted((m["name"], m["signature"]) for m in shown["members"])
+
+
+def test_warmups_of_one_commit_build_one_release_and_another_commit_is_refused(
+    invoke: Invoke, tmp_path, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    from aot.cache.index.refs import COMMIT_VARIABLES
+
+    for variable in COMMIT_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    serve, sharded = tmp_path / "serve.toml", tmp_path / "sharded.toml"
+    serve.write_text(SERVE_TOML.replace("SIZES", "[4, 8]"))
+    sharded.write_text(SHARDED_TOML)
+    both = [("matmul", "f32[2,3], f32[3,2]"), ("tiny", "f32[4], f32[4]"), ("tiny", "f32[8], f32[8]")]
+
+    # One CI job, one commit, two manifests: one release with the members of both.
+    for manifest in (serve, sharded):
+        result = invoke("warmup", manifest, "--release", "candidate", "--commit", "c1")
+        assert result.exit_code == 0, result.output
+    assert _members(invoke, "candidate") == both
+    assert len(json.loads(invoke("release", "history", "candidate", "--json").stdout)["history"]) == 1
+
+    # Another commit warming one manifest would drop the other's member: refused before
+    # any compile (f32[16] is new), the label stays where it was.
+    serve.write_text(SERVE_TOML.replace("SIZES", "[4, 8, 16]"))
+    stored = len(json.loads(invoke("ls", "--json").stdout)["entries"])
+    refused = invoke("warmup", serve, "--release", "candidate", "--commit", "c2")
+    assert refused.exit_code == 1
+    message = one_line_error(refused)
+    assert "release 'candidate' would drop 1 of the 3 members of its current set" in message
+    assert "matmul (f32[2,3], f32[3,2])" in message and "--run ID" in message and "--replace" in message
+    assert len(json.loads(invoke("ls", "--json").stdout)["entries"]) == stored
+    assert _members(invoke, "candidate") == both
+
+    # --replace starts the label over with this warm-up's set.
+    replaced = invoke("warmup", serve, "--release", "candidate", "--commit", "c2", "--replace")
+    assert replaced.exit_code == 0, replaced.output
+    assert _members(invoke, "candidate") == [("tiny", f"f32[{n}], f32[{n}]") for n in (16, 4, 8)]
+
+    # Warming the same manifest at a new commit drops nothing: a new set, no refusal.
+    again = invoke("warmup", serve, "--release", "candidate", "--commit", "c3")
+    assert again.exit_code == 0, again.output
+    history = json.loads(invoke("release", "history", "candidate", "--json").stdout)["history"]
+    assert [h["commit"] for h in history] == ["c3", "c2", "c1"]
+
+    # --run joins warm-ups whatever their commits; no commit and no --run: a set of its own.
+    assert invoke("warmup", serve, "--release", "candidate", "--run", "r9").exit_code == 0
+    joined = invoke("warmup", sharded, "--release", "candidate", "--run", "r9", "--commit", "c4")
+    assert joined.exit_code == 0, joined.output
+    assert ("matmul", "f32[2,3], f32[3,2]") in _members(invoke, "candidate")
+    alone = invoke("warmup", sharded, "--release", "candidate")
+    assert alone.exit_code == 1
+    assert "another run than a warm-up with no commit or --run" in one_line_error(alone)
+
+
+def test_replace_needs_a_release(invoke: Invoke) -> None:
+    result = invoke("warmup", "fixtures/warmup.toml", "--replace")
+    assert result.exit_code == 2 and "give --release LABEL with it" in result.output
+>>>>>>> wt4

@@ -1,0 +1,108 @@
+"""Warm-ups that declare releases, as a library: several manifests and shards into one
+set, the load advice for a release declared for another environment, and the seconds a
+warm-up reports per entry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import aot
+from aot.cache.index.refs import RefOrigin
+from aot.cache.warmup.manifest import expand, parse_manifest
+from aot.cache.warmup.run import run_warmup
+from tests.aot.test_targets import needs_libtpu
+
+REPO = Path(__file__).resolve().parents[3]
+
+TINY = """
+[[function]]
+name   = "tiny"
+target = "fixtures.models:tiny"
+args   = ["f32[{n}]", "f32[{n}]"]
+vary   = { n = [4, 8] }
+"""
+
+MATMUL = """
+[[function]]
+name   = "matmul"
+target = "fixtures.models:matmul"
+args   = ["f32[2,3]", "f32[3,2]"]
+"""
+
+
+@pytest.fixture(autouse=True)
+def _at_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+
+
+def _items(text: str) -> list:
+    return expand(parse_manifest(text, str(REPO / "m.toml")))
+
+
+def _names(location: Path, label: str) -> list[tuple[str, str]]:
+    with aot.Cache(location) as cache:
+        return sorted((m.name, m.signature) for m in cache.release(label).members)
+
+
+def test_shards_and_manifests_of_one_commit_make_one_set(tmp_path: Path) -> None:
+    location = tmp_path / "c"
+    origin = RefOrigin("ci", commit="abc")
+    for shard in ((1, 2), (2, 2)):  # the shards of one manifest, then another manifest
+        assert run_warmup(location, _items(TINY), shard=shard, origin=origin, release="rc").ok
+    assert run_warmup(location, _items(MATMUL), origin=origin, release="rc").ok
+    assert _names(location, "rc") == [
+        ("matmul", "f32[2,3], f32[3,2]"), ("tiny", "f32[4], f32[4]"), ("tiny", "f32[8], f32[8]"),
+    ]
+    with aot.Cache(location) as cache:
+        assert len(cache.release_history("rc")) == 1
+    # Another commit of one of them only: refused, the label unchanged; --replace starts over.
+    with pytest.raises(aot.ReleaseConflictError, match=r"would drop 2 of the 3 members .* tiny \(f32\[4\]"):
+        run_warmup(location, _items(MATMUL), origin=RefOrigin("ci", commit="def"), release="rc")
+    assert len(_names(location, "rc")) == 3
+    assert run_warmup(location, _items(MATMUL), origin=RefOrigin("ci", commit="def"), release="rc",
+                      replace=True).ok
+    assert _names(location, "rc") == [("matmul", "f32[2,3], f32[3,2]")]
+
+
+@needs_libtpu
+def test_a_release_for_a_target_loaded_here_advises_no_warmup_into_it(tmp_path: Path) -> None:
+    location = tmp_path / "c"
+    items = _items('target = "tpu:v5e:1x1"\n' + MATMUL)
+    assert run_warmup(location, items, origin=RefOrigin("ci", commit="abc"), release="prod").ok
+    with pytest.raises(aot.ReleaseNotFoundError) as raised:
+        aot.load("matmul", cache=str(location), release="prod")
+    message = str(raised.value)
+    assert "compiled for platform tpu, this process runs cpu" in message
+    advice = message.splitlines()[-1]
+    assert advice == (
+        "Serve release 'prod' where its members were compiled (the target or host each reason "
+        "names), or warm this environment up under a label of its own (aot warmup MANIFEST "
+        "--release prod-cpu) and load that label"
+    )
+    # What it advises leaves prod's set as it was.
+    assert run_warmup(location, _items(MATMUL), origin=RefOrigin("ci", commit="abc"), release="prod-cpu").ok
+    assert aot.load("matmul", cache=str(location), release="prod-cpu") is not None
+    with aot.Cache(location) as cache:
+        (member,) = cache.release("prod").members
+        assert member.key == next(r.key for r in cache.refs_named("matmul") if r.env_fp == member.env_fp)
+        assert len(cache.release_history("prod")) == 1
+
+
+@pytest.mark.slow
+def test_each_entry_reports_its_own_seconds_once(tmp_path: Path) -> None:
+    # A train step of the fixture transformer: a compile that dominates the warm-up, so
+    # counting it twice (its compile, and the wait for it) would exceed the wall time.
+    items = _items("""
+[[function]]
+name   = "train"
+target = "fixtures.models:transformer_train_step"
+args   = ["@fixtures.models:transformer_param_specs", "@fixtures.models:transformer_batch_spec"]
+""")
+    report = run_warmup(tmp_path / "c", items)
+    (result,) = report.results
+    assert result.status == "compiled", result.error
+    assert result.compile_seconds is not None and result.compile_seconds > 0.2
+    assert result.compile_seconds <= result.seconds <= report.seconds
+    assert result.seconds < 2 * result.compile_seconds  # counted twice, it was more
