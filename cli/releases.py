@@ -154,7 +154,7 @@ def release_history(state: State, label: str, limit: int | None) -> None:
 
 
 def _targets_text(counts: dict[str, int]) -> str:
-    return ", ".join(f"{target} x{n}" if n > 1 else target for target, n in counts.items()) or "no members"
+    return ", ".join(f"{target} ({n})" if n > 1 else target for target, n in counts.items()) or "no members"
 
 
 @release_group.command("promote", short_help="Point TARGET at SOURCE's current set.")

@@ -305,15 +305,14 @@ def test_release_history_shows_every_move_of_a_label(invoke: Invoke, warmed, cac
     assert text[0].startswith("* set ")
     # The rollback names the set it restored (the first, c1) and the one it left (c2),
     # and, having restored the first set, no earlier one to go back to.
-    assert text[0].endswith(f"rolled back to set {sets[2]} from set {sets[1]}  (no earlier set)")
-    assert text[1].endswith(f"declared by ci  commit c2  (replaced set {sets[2]})")
-    assert text[2].endswith("declared by ci  commit c1  (first set)")
+    assert text[0].endswith(f"rolled back to set {sets[2]} from set {sets[1]}  [cpu x8]  (no earlier set)")
+    assert text[1].endswith(f"declared by ci  commit c2  [cpu x8 (2)]  (replaced set {sets[2]})")
+    assert text[2].endswith("declared by ci  commit c1  [cpu x8]  (first set)")
     assert len(invoke("release", "history", "candidate", "--limit", "1").stdout.splitlines()) == 1
     missing = invoke("release", "history", "nope")
     assert missing.exit_code == 1 and "no release labelled 'nope'" in missing.output
 
 
-<<<<<<< HEAD
 @needs_libtpu
 def test_release_show_and_history_name_each_member_target(invoke: Invoke, cache_dir) -> None:  # noqa: ANN001
     """A set holding one function for tpu:v5e:1x1 and tpu:v5e:2x2: the members no longer
@@ -338,7 +337,8 @@ def test_release_show_and_history_name_each_member_target(invoke: Invoke, cache_
     assert before.endswith("  declared by ci  commit c1  [tpu:v5e:1x1]  (first set)")
     history = json.loads(invoke("release", "history", "prod", "--json").stdout)["history"]
     assert [h["targets"] for h in history] == [{"tpu:v5e:1x1": 1, "tpu:v5e:2x2": 1}, {"tpu:v5e:1x1": 1}]
-=======
+
+
 # ---------------------------------------------------------------- releases over several warm-ups
 
 SERVE_TOML = '''
@@ -417,4 +417,3 @@ def test_warmups_of_one_commit_build_one_release_and_another_commit_is_refused(
 def test_replace_needs_a_release(invoke: Invoke) -> None:
     result = invoke("warmup", "fixtures/warmup.toml", "--replace")
     assert result.exit_code == 2 and "give --release LABEL with it" in result.output
->>>>>>> wt4
