@@ -22,6 +22,7 @@ from aot.errors import (
     IncompatibleEnvironmentError,
     IntegrityError,
     ManifestError,
+    MetricsError,
     PytreeNodeError,
     ReadOnlyCacheError,
     ReleaseNotFoundError,
@@ -36,6 +37,7 @@ from aot.errors import (
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
     from aot.cache.serving.load import load
+    from aot.cache.serving.metrics import serve_metrics
     from aot.cache.timeouts import Timeouts
     from aot.computation import MeshComputation, PmapComputation
     from aot.executable import MeshExecutable, PmapExecutable
@@ -58,6 +60,7 @@ _LAZY = {
     "DeviceTarget": "aot.targets",
     "parse_target": "aot.targets",
     "Timeouts": "aot.cache.timeouts",
+    "serve_metrics": "aot.cache.serving.metrics",
 }
 
 
@@ -96,6 +99,7 @@ __all__ = [
     "IncompatibleEnvironmentError",
     "IntegrityError",
     "ManifestError",
+    "MetricsError",
     "MeshComputation",
     "DeviceTarget",
     "MeshExecutable",
@@ -115,5 +119,6 @@ __all__ = [
     "lower",
     "lower_pmap",
     "parse_target",
+    "serve_metrics",
     "spec",
 ]
