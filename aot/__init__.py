@@ -22,6 +22,7 @@ from aot.errors import (
     IncompatibleEnvironmentError,
     IntegrityError,
     ManifestError,
+    MetricsError,
     PytreeNodeError,
     ReadOnlyCacheError,
     ReleaseConflictError,
@@ -37,6 +38,7 @@ from aot.errors import (
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
     from aot.cache.serving.load import load
+    from aot.cache.serving.metrics import serve_metrics
     from aot.cache.timeouts import Timeouts
     from aot.computation import MeshComputation, PmapComputation
     from aot.executable import MeshExecutable, PmapExecutable
@@ -59,6 +61,7 @@ _LAZY = {
     "DeviceTarget": "aot.targets",
     "parse_target": "aot.targets",
     "Timeouts": "aot.cache.timeouts",
+    "serve_metrics": "aot.cache.serving.metrics",
 }
 
 
@@ -97,6 +100,7 @@ __all__ = [
     "IncompatibleEnvironmentError",
     "IntegrityError",
     "ManifestError",
+    "MetricsError",
     "MeshComputation",
     "DeviceTarget",
     "MeshExecutable",
@@ -117,5 +121,6 @@ __all__ = [
     "lower",
     "lower_pmap",
     "parse_target",
+    "serve_metrics",
     "spec",
 ]

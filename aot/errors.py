@@ -126,3 +126,9 @@ class DeviceBusyError(DeviceUnavailableError):
     def __init__(self, message: str, pid: int | None = None) -> None:
         super().__init__(message)
         self.pid = pid
+
+
+class MetricsError(AotError, RuntimeError):
+    """The metrics exporter cannot start: ``prometheus_client`` is not installed
+    (``pip install 'jax-aot[metrics]'``), ``AOT_METRICS_PORT`` is not a port, or the
+    port is taken."""

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.call_stats import COUNTERS, REASONS
+from aot.cache.serving_events import StatsEvent, notify
 from aot.cache.timeouts import ENVIRONMENT, Timeouts, timeouts
 from aot.errors import CacheError
 
@@ -71,9 +72,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "FLUSH_SECONDS", "COUNTERS", "REASONS", "StatsRecorder",
-    "exit_timeout",
+    "FALLBACK_REASON", "FLUSH_SECONDS", "COUNTERS", "REASONS", "StatsRecorder",
+    "exit_timeout", "report_calls",
 ]
+
+#: The miss reason of a call compiled by ``aot.load(..., fallback=fn)`` (a fallback, to listeners).
+FALLBACK_REASON = "compiled by the fallback"
 
 #: How often the flusher thread writes pending counts (seconds); None: only at
 #: :meth:`StatsRecorder.flush`, :meth:`Cache.close` and exit.
@@ -199,6 +203,7 @@ class StatsRecorder:
         self._memory: dict[_Key, _Tally] = {}
         self._watches: dict[int, _Watch] = {}
         self._missed: dict[tuple[str, str], set[str]] = {}
+        self._releases: dict[str, str] = {}  # name -> the release its dispatcher serves
         self._pid = os.getpid()
         self._closed = False
         self._warned = False
@@ -224,6 +229,17 @@ class StatsRecorder:
         weakref.finalize(dispatcher, self._unwatch, ident)
         _start_flusher()
 
+    def serves(self, name: str, release: str | None) -> None:
+        """A dispatcher of ``name`` serves ``release`` (None: the name's refs); events
+        of ``name`` carry it (:class:`~aot.cache.serving_events.StatsEvent`)."""
+        with self._lock:
+            self._releases[name] = release or ""
+            event = self._event("serve", name)
+        notify(event)
+
+    def _event(self, kind: str, name: str, **fields: Any) -> StatsEvent:
+        return StatsEvent(kind, name, self._releases.get(name, ""), **fields)
+
     def _unwatch(self, ident: int) -> None:
         with self._lock:
             watch = self._watches.pop(ident, None)
@@ -243,6 +259,11 @@ class StatsRecorder:
             tally.loads += 1
             tally.load_seconds += seconds
             tally.saved_seconds += float(entry.compile_seconds or 0.0)
+            event = self._event(
+                "load", entry.name, seconds=seconds,
+                saved_seconds=None if entry.compile_seconds is None else float(entry.compile_seconds),
+            )
+        notify(event)
         _start_flusher()
 
     def missed(self, env_fp: str, name: str, signature: str, reason: str) -> None:
@@ -257,16 +278,38 @@ class StatsRecorder:
             tally = self._tally((env_fp, name, signature))
             tally.misses += 1
             tally.miss_reason = reason
+            event = self._event("fallback" if reason == FALLBACK_REASON else "miss", name)
+        notify(event)
         _start_flusher()
 
-    def recompiled(self, env_fp: str, name: str, signature: str, reason: str, seconds: float) -> None:
-        """An executable was compiled from stored portable HLO."""
+    def recompiled(
+        self, env_fp: str, name: str, signature: str, reason: str, seconds: float, *, after_miss: bool = False,
+    ) -> None:
+        """An executable was compiled from stored portable HLO. ``after_miss``: the call
+        that caused it was counted as a miss already (a symbolic program bound to a
+        shape), so JAX's miss events are not recorded twice."""
         with self._lock:
             tally = self._tally((env_fp, name, signature))
             tally.recompiles += 1
             tally.recompile_seconds += seconds
             tally.recompile_reason = reason
+            event = self._event("recompile", name, seconds=seconds, counts_miss=not after_miss)
+        notify(event)
         _start_flusher()
+
+    def quarantined(self, entry: IndexEntry) -> None:
+        """An executable of ``entry`` was proven corrupt and refused (not in the index's
+        statistics: the entry's state says it; for listeners)."""
+        with self._lock:
+            event = self._event("quarantine", entry.name)
+        notify(event)
+
+    def report_calls(self) -> None:
+        """Moves the calls counted since the last flush into the pending tallies now,
+        telling listeners (a scrape reads calls fresh, not as of the last flush)."""
+        with self._lock:
+            for watch in list(self._watches.values()):
+                self._collect(watch)
 
     # -- flushing ------------------------------------------------------------------
 
@@ -279,6 +322,8 @@ class StatsRecorder:
                 continue
             program.counted = calls
             self._tally((watch.env_fp, watch.name, program.signature)).calls += delta
+            # Under the lock, as the counts move: each call reaches listeners exactly once.
+            notify(self._event("calls", watch.name, count=delta))
             executable = program.executable
             key = getattr(executable, "key", None)
             if key:
@@ -414,6 +459,12 @@ class StatsRecorder:
             for table in (self._memory, self._pending):
                 for key in [k for k in table if name_glob is None or fnmatch.fnmatchcase(k[1], name_glob)]:
                     del table[key]
+
+
+def report_calls() -> None:
+    """:meth:`StatsRecorder.report_calls` for every recorder of this process."""
+    for recorder in list(_REGISTRY):
+        recorder.report_calls()
 
 
 def _merge_into(target: dict[_Key, _Tally], source: Mapping[_Key, _Tally], first: bool = False) -> None:

@@ -34,8 +34,13 @@ def _env(row: SignatureStats, known: bool = True) -> str:
     "--zero", is_flag=True,
     help="Reset the statistics (matching NAME_GLOB and --env); entries' HITS and last-used times stay.",
 )
+@click.option(
+    "--prometheus", is_flag=True,
+    help="Print the totals in Prometheus's text exposition format (for node_exporter's textfile "
+    "collector or a Pushgateway; needs the metrics extra).",
+)
 @pass_state
-def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
+def stats_command(state: State, glob: str | None, env: str, zero: bool, prometheus: bool) -> None:
     """Serving statistics per name and signature, like `sccache --show-stats`: calls
     served, executables loaded and the time that took, the compile time that loading
     instead of compiling saved (the stored compile time of each load), misses (calls
@@ -60,8 +65,17 @@ def stats_command(state: State, glob: str | None, env: str, zero: bool) -> None:
         else:
             click.echo(f"zeroed the statistics of {counted(count, 'signature')}")
         return
-    report = read_stats(cache, glob, env=env, arguments=not state.json)  # JSON: flat signatures only
-    if state.json:
+    report = read_stats(cache, glob, env=env, arguments=not (state.json or prometheus))
+    if prometheus:
+        from aot.cache.serving.metrics import index_exposition
+        from aot.errors import MetricsError
+
+        try:
+            click.echo(index_exposition(report), nl=False)
+        except MetricsError as exc:
+            raise click.ClickException(str(exc)) from exc
+        return
+    if state.json:  # JSON: flat signatures only
         echo_json(report.to_dict())
         return
     _render(report, glob, cache.read_only and cache.local is None)

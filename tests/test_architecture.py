@@ -70,6 +70,7 @@ CACHE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("aot.cache", "aot.cache.names", "aot.cache.units", "aot.cache.pauses", "aot.cache.timeouts")),
     ("index/storage", ("aot.cache.index.*", "aot.cache.storage.*")),
     ("store", ("aot.cache.store", "aot.cache.tiered", "aot.cache.compiling", "aot.cache.stats_recorder",
+               "aot.cache.serving_events",
                "aot.cache.stats_report", "aot.cache.rows", "aot.cache.config")),
     ("serving", ("aot.cache.serving.*",)),
     ("warmup", ("aot.cache.warmup.*",)),

@@ -36,6 +36,7 @@ from aot.jaxcompat.dispatch import dispatch_function, first_call
 from aot.specs import leaf_aval
 
 from aot.cache.serving.programs import LeafKey, Program, ProgramTable
+from aot.cache.stats_recorder import FALLBACK_REASON
 from aot.cache.units import counted
 
 # Imported where used: serving an exact signature needs none of them (padding,
@@ -123,6 +124,8 @@ class Dispatcher:
         self._cpp_sink: Program | _Uncounted | None = _Uncounted()
         self._structures: dict[PyTreeDef, str] = {}
         self._pad_axes: dict[str, dict[int, int]] = {}
+        # Before the table: an eager load's events carry the release (metrics' label).
+        cache.stats.serves(name, release)
         # statics: serve only the rows of these static values (one group of a
         # StaticsDispatcher, aot.cache.serving.statics); None: every row of the name.
         self.programs = ProgramTable(
@@ -452,7 +455,7 @@ class Dispatcher:
             "aot.load(%r): no stored signature for (%s); compiling with the fallback",
             self.name, describe_the_call(self.programs, args, kwargs),
         )
-        self.cache.stats.missed(self.programs.env, self.name, describe_keys(keys), "compiled by the fallback")
+        self.cache.stats.missed(self.programs.env, self.name, describe_keys(keys), FALLBACK_REASON)
         from aot.cache.compiling import compile_entry  # only a fallback compiles
 
         result = compile_entry(self.cache, self.fallback, *args, name=self.name, **kwargs)

@@ -99,6 +99,12 @@ def load(
             "aot.load: lazy=True loads each signature at its first call, background=True "
             "loads them all now in threads; pass one of them"
         )
+    if os.environ.get("AOT_METRICS_PORT", "").strip():
+        # A serving process exposes its metrics without code (once; before loading, so
+        # the loads are counted). Imported only then: prometheus_client is an extra.
+        from aot.cache.serving.metrics import serve_metrics_from_env
+
+        serve_metrics_from_env()
     with read_ahead.reading_ahead(name, cache, lazy=lazy, background=background, release=release):
         # Imported here, not at the top: aot.load reads ahead while these load (read_ahead).
         from aot.cache.store import ArtifactStore

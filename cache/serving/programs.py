@@ -336,7 +336,9 @@ class ProgramTable:
     def quarantine(self, entry: IndexEntry, reason: str) -> bool:
         """Quarantines ``entry`` while its row is still as read (compare-and-set);
         True when it did. Serving with ``strict=True`` never writes to the cache: the
-        row is logged and not used, and False returned."""
+        row is logged and not used, and False returned. Either way the refusal is told
+        to listeners (a read-only replica cannot mark the row, but refused the copy)."""
+        self.cache.stats.quarantined(entry)
         if self.strict:
             log.warning("aot.load(%r): not using %s: %s", self.name, entry.key[:12], reason)
             return False

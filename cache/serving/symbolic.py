@@ -98,6 +98,7 @@ def _compile(
             cache.stats.recompiled(
                 table.env, name, concrete.manifest.signature,
                 f"symbolic ({program.signature}) with {bound}", time.perf_counter() - start,
+                after_miss=True,  # its miss was counted just before
             )
             stored: list[IndexEntry] = []
             if not cache.read_only:

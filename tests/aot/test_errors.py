@@ -25,6 +25,7 @@ HIERARCHY = {
     aot.BlobLocationError: (aot.CacheError,),
     # A labelled warm-up refused: the cache (its label) cannot take what was asked.
     aot.ReleaseConflictError: (aot.CacheError,),
+    aot.MetricsError: (RuntimeError,),
     aot.ArtifactNotFoundError: (KeyError,),
     aot.ManifestError: (ValueError,),
     aot.TargetError: (LookupError,),

@@ -118,3 +118,19 @@ def test_stats_json_reads_no_manifest(invoke: Invoke, warmed, cache_dir: Path, m
     assert [(r["signature"], r["calls"], r["misses"]) for r in data["rows"]] == [
         ("f32[8], f32[8]", 2, 0), ("f32[4], f32[8]", 0, 1),
     ]
+
+
+def test_stats_prometheus_prints_the_text_format(invoke: Invoke, warmed, cache_dir: Path) -> None:  # noqa: ANN001
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _serve(cache_dir, 3)
+    result = invoke("stats", "--prometheus")
+    assert result.exit_code == 0, result.output
+    samples = {
+        (s.name, s.labels.get("name")): s.value
+        for family in text_string_to_metric_families(result.stdout) for s in family.samples
+    }
+    assert samples[("aot_index_calls_total", "tiny")] == 3
+    assert samples[("aot_index_loads_total", "tiny")] == 1
+    assert samples[("aot_index_misses_total", "tiny")] == 1
+    assert "# TYPE aot_index_calls_total counter" in result.stdout
