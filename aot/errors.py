@@ -72,11 +72,6 @@ class CacheError(AotError):
     """The cache cannot do what was asked (unreachable index, bad location, ...)."""
 
 
-class ReleaseConflictError(CacheError):
-    """A labelled warm-up would drop members of the label's current set that another
-    run declared (give the warm-ups one ``--run``, or ``--replace`` to start over)."""
-
-
 class ReadOnlyCacheError(CacheError, PermissionError):
     """A write was attempted on a cache opened read-only."""
 

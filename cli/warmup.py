@@ -73,7 +73,7 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
     "--release", metavar="LABEL",
     help="Also record the refs under release LABEL (e.g. candidate): the warm-ups of one "
     "run (same --run, default the same commit: shards, several manifests) add to one set; "
-    "one of another run that would drop members of LABEL is refused (see --replace).",
+    "one of another run opens a new set that keeps LABEL's members it does not compile.",
 )
 @click.option(
     "--run", "run_id", metavar="ID",
@@ -82,8 +82,8 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
 )
 @click.option(
     "--replace", is_flag=True,
-    help="With --release: start LABEL over with this warm-up's entries, even if that "
-    "drops members another run declared (the warm-ups of this run still add to it).",
+    help="With --release: start LABEL over with this run's entries, dropping the members "
+    "of its current set that this warm-up does not compile (the warm-ups of this run still add to it).",
 )
 @click.option(
     "--shard", metavar="I/N", callback=_parse_shard, default=None,

@@ -21,11 +21,11 @@ from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
 from aot.cache.index.globs import glob_to_like
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember, pin_reasons, signature_digest
 from aot.cache.index.releases import (
-    CacheDescription, Release, ReleaseRemoval, RemovedRelease, release_conflict, rollback_source,
+    CacheDescription, Release, ReleaseRemoval, RemovedRelease, rollback_source,
 )
 from aot.cache.pauses import reached
 from aot.cache.index.schema import ARTIFACTS, CACHE_META, REF_HISTORY, REFS, RELEASE_MEMBERS, RELEASES
-from aot.errors import CacheError, ReleaseConflictError
+from aot.errors import CacheError
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class IndexRefs(IndexDescription):
     def declare_release(
         self, label: str, targets: Iterable[RefTarget], origin: RefOrigin, *, run: str | None = None,
         set_refs: bool = True, keep: Callable[[ReleaseMember], bool] | None = None,
-        covered: Callable[[ReleaseMember], bool] | None = None,
+        carried: list[ReleaseMember] | None = None,
     ) -> tuple[int, list[Ref]]:
         """Records ``targets`` as a set of ``label`` and points their refs at them (unless
         ``set_refs`` is false), in one transaction under the lock of every label move:
@@ -103,17 +103,13 @@ class IndexRefs(IndexDescription):
         members. The set is new (its ``previous`` the label's current one) unless ``run``
         is given and the current set was opened by the same run (the shards of one CI
         job add to one set). ``keep``: the members of the current set carried into a
-        new one (the local tier replaces one name's members). ``covered``: refuses
-        (:class:`~aot.errors.ReleaseConflictError`, nothing written) a new set that would
-        drop a member of the current one this declaration does not cover (a warm-up:
-        :meth:`release_drops`, checked again here under the lock). Returns (set id,
-        refs changed)."""
+        new one (the local tier replaces one name's members; a warm-up of another run
+        keeps those it does not compile); they are appended to ``carried`` when given.
+        Returns (set id, refs changed)."""
         check_label(label)
         with self._write(f"declare release {label}") as conn:
             self._lock_refs(conn)
             current = self._current_set(conn, label)
-            if covered is not None:
-                _refuse_drops(conn, current, run, covered)
             if run is not None and current is not None and current["run"] == run:
                 set_id = int(current["id"])
             else:
@@ -123,6 +119,8 @@ class IndexRefs(IndexDescription):
                     for member in self._members(conn, int(current["id"])):
                         if keep(member):
                             self._add_member(conn, set_id, member)
+                            if carried is not None:
+                                carried.append(member)
             if set_refs:
                 changed = self._set_refs_in(conn, targets, origin, release_id=set_id)
             else:
@@ -131,13 +129,6 @@ class IndexRefs(IndexDescription):
                     self._add_member(conn, set_id, ReleaseMember(name, signature, env_fp, key))
         self._log_refs(changed, origin)
         return set_id, changed
-
-    def refuse_drops(self, label: str, *, run: str | None, covered: Callable[[ReleaseMember], bool]) -> None:
-        """Raises :class:`~aot.errors.ReleaseConflictError` when a declaration of ``label``
-        by ``run`` would open a set dropping members of the current one ``covered`` rejects."""
-        check_label(label)
-        with self._read(f"read release {label}") as conn:
-            _refuse_drops(conn, self._current_set(conn, label), run, covered)
 
     def _lock_refs(self, conn: Connection) -> None:
         """One ref or label writer at a time (SQLite: BEGIN IMMEDIATE already), before
@@ -496,21 +487,6 @@ def _check_members_stored(conn: Connection, label: str, current_id: int, target_
             f"release {label!r} cannot roll back to set {target_id}: {len(missing)} of its entries "
             f"cannot be served ({shown}); the label stays on set {current_id}"
         )
-
-
-def _refuse_drops(
-    conn: Connection, current: dict[str, Any] | None, run: str | None, covered: Callable[[ReleaseMember], bool],
-) -> None:
-    """A new set of ``run`` replaces ``current`` (unless ``current`` is ``run``'s own):
-    refused when it would drop a member ``covered`` rejects."""
-    if current is None or (run is not None and current["run"] == run):
-        return
-    rows = conn.execute(sa.select(RELEASE_MEMBERS).where(RELEASE_MEMBERS.c.release_id == current["id"]))
-    members = sorted((ReleaseMember(m.name, m.signature, m.env_fp, m.key) for m in rows.all()),
-                     key=lambda m: (m.name, m.signature, m.env_fp))
-    dropped = [m for m in members if not covered(m)]
-    if dropped:
-        raise ReleaseConflictError(release_conflict(_release(current, tuple(members)), dropped, run))
 
 
 def _no_earlier_set(label: str, current: Release) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from aot.cache.index.refs import ReleaseMember
 
-__all__ = ["CacheDescription", "Release", "ReleaseRemoval", "RemovedRelease", "release_conflict", "rollback_source"]
+__all__ = ["CacheDescription", "Release", "ReleaseRemoval", "RemovedRelease", "rollback_source"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,20 +138,3 @@ class CacheDescription:
         data = asdict(self)
         data["created_at"] = self.created_at.isoformat()
         return data
-
-
-def release_conflict(current: Release, dropped: list[ReleaseMember], run: str | None) -> str:
-    """Why a labelled warm-up is refused: the members of the label's current set it
-    would drop (a few named), whose run declared that set, and the two ways on."""
-    shown = ", ".join(f"{m.name} ({m.signature})" for m in dropped[:3])
-    more = f" and {len(dropped) - 3} more" if len(dropped) > 3 else ""
-    commit = f" at commit {current.commit}" if current.commit else ""
-    this = f"run {run!r}" if run is not None else "a warm-up with no commit or --run"
-    n = len(current.members)
-    return (
-        f"release {current.label!r} would drop {len(dropped)} of the {n} member{'s' if n != 1 else ''} "
-        f"of its current set {current.id} ({current.source}{commit}, another run than {this}), which "
-        f"this warm-up does not compile: {shown}{more}. The label stays on set {current.id}. To build one "
-        "release from several warm-ups, give them the same --run ID (or run them at one commit: --commit "
-        f"SHA or GIT_COMMIT); to start {current.label!r} over with this warm-up's entries, add --replace"
-    )

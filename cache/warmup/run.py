@@ -115,6 +115,9 @@ class WarmupReport:
     results: tuple[ItemResult, ...]
     seconds: float
     shard: tuple[int, int] | None = None  # (i, n): this runner's share of the manifest
+    release: str | None = None
+    # Members of the label's previous set this warm-up did not compile, kept in its new set.
+    carried: tuple[ReleaseMember, ...] = ()
 
     def _count(self, status: str) -> int:
         return sum(1 for r in self.results if r.status == status)
@@ -146,9 +149,17 @@ class WarmupReport:
 
     def summary(self) -> str:
         where = f" (shard {self.shard[0]}/{self.shard[1]})" if self.shard else ""
+        kept = ""
+        if self.carried:
+            shown = ", ".join(f"{m.name} ({m.signature})" for m in self.carried[:3])
+            more = f" and {len(self.carried) - 3} more" if len(self.carried) > 3 else ""
+            kept = (f"\nrelease {self.release}: kept {counted(len(self.carried), 'member')} of its previous set "
+                    f"that this warm-up does not compile: {shown}{more} (a later warm-up of this run "
+                    "replaces them; --replace starts the label over)")
         return (
             f"{counted(len(self.results), 'entry')}{where}: {self.compiled} compiled, {self.hit} hit"
             f"{f' ({self.waited} waited for)' if self.waited else ''}, {self.failed} failed in {self.seconds:.1f}s"
+            f"{kept}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -164,6 +175,8 @@ class WarmupReport:
             "seconds": round(self.seconds, 3),
             "ok": self.ok,
             "results": [r.to_dict() for r in self.results],
+            "release": self.release,
+            "carried": [{"name": m.name, "signature": m.signature, "key": m.key} for m in self.carried],
         }
 
 
@@ -255,11 +268,11 @@ def run_warmup(
     leaves the label as it was. The warm-ups of one run (same ``run``; default: the
     origin's commit, :func:`release_run`) add to one set: their shards, and several
     manifests warmed at one commit; a member of the same (name, signature, environment)
-    is replaced by the newer warm-up's. A warm-up of another run opens a new set, and is
-    refused before anything compiles (:class:`~aot.errors.ReleaseConflictError`) when
-    that set would drop a member of the label's current one that none of ``items``
-    (the whole manifest, whatever ``shard``) covers, unless ``replace`` (start the label
-    over with this warm-up's set).
+    is replaced by the newer warm-up's. A warm-up of another run opens a new set that
+    keeps the members of the label's current one that none of ``items`` (the whole
+    manifest, whatever ``shard``) compiles, reported as ``carried``: a second manifest
+    never drops the first's members, and the next run's warm-ups replace them one
+    manifest at a time. ``replace`` starts the label over with this run's entries.
 
     ``shard=(i, n)`` (or ``"i/n"``, 1 <= i <= n) compiles only this runner's share of
     the items, chosen by :mod:`aot.cache.warmup.shard` (deterministic, balanced by
@@ -321,14 +334,14 @@ def run_warmup(
             on_result(result)
 
     covered = None
+    carried: list[ReleaseMember] = []
     try:
         with remembering_specs():
             if release is not None:
                 if run is None:
                     run = release_run(origin.commit if origin is not None else None, shard=shard)
-                if not replace:  # refused before anything compiles; checked again when declared
+                if not replace:  # the whole manifest's, whatever this runner's shard
                     covered = release_cover(cache, items)
-                    cache.index.refuse_drops(release, run=run, covered=covered)
             if shard is not None:
                 shard = parse_shard(shard)
                 chosen = select_shard(items, shard, cache)
@@ -346,8 +359,8 @@ def run_warmup(
                     run_parallel(cache, items, jobs, emit, isolate=isolate, pool=pool, claims=held)
                 else:
                     _run_pipelined(cache, items, emit, held)
-        declare(cache, list(results.values()), origin or RefOrigin("warmup"), release=release, run=run,
-                covered=covered)
+        carried = declare(cache, list(results.values()), origin or RefOrigin("warmup"), release=release,
+                          run=run, covered=covered)
     finally:
         if workers is not None:
             workers.close()
@@ -356,17 +369,18 @@ def run_warmup(
     ordered = tuple(results[i] for i in sorted(results))
     return WarmupReport(
         cache.display_location, jobs, ordered, time.perf_counter() - start,
-        shard=shard if isinstance(shard, tuple) else None,
+        shard=shard if isinstance(shard, tuple) else None, release=release, carried=tuple(carried),
     )
 
 
 def declare(
     cache: ArtifactStore, results: list[ItemResult], origin: RefOrigin, *, release: str | None = None,
     run: str | None = None, covered: Callable[[ReleaseMember], bool] | None = None,
-) -> int | None:
+) -> list[ReleaseMember]:
     """Sets the ref of every entry compiled or hit (and adds them to a set of
-    ``release``); the release set's id, if any. ``covered``: what the warm-up covers
-    (:func:`release_cover`); a new set dropping another member is refused."""
+    ``release``). ``covered``: what the warm-up's manifest compiles
+    (:func:`release_cover`); a new set keeps the label's other members, which are
+    returned (a release is never left without members a warm-up did not mean to drop)."""
     import dataclasses as dc
 
     if release is not None:
@@ -379,15 +393,23 @@ def declare(
         current = {r.slot: r.key for name in {t[0] for t in targets} for r in cache.refs_named(name)}
         targets = [t for t in targets if current.get((t[0], t[1], t[2])) != t[3]]
         if not targets:
-            return None
+            return []
     if release is None:
         cache.index.set_refs(targets, origin)
-        return None
+        return []
     # The set and its members in one transaction, under the label lock: a declaration
     # that fails or is killed leaves the label where it was, and the shards of one run
     # land in one set whatever their order.
-    set_id, _ = cache.index.declare_release(release, targets, origin, run=run, covered=covered)
-    return set_id
+    carried: list[ReleaseMember] = []
+    keep = None if covered is None else (lambda member: not covered(member))
+    cache.index.declare_release(release, targets, origin, run=run, keep=keep, carried=carried)
+    if carried:
+        log.warning(
+            "release %s: kept %d member(s) of its previous set that this warm-up does not compile "
+            "(a later warm-up of this run replaces them; --replace starts the label over): %s",
+            release, len(carried), ", ".join(f"{m.name} ({m.signature})" for m in carried[:3]),
+        )
+    return carried
 
 
 def release_cover(cache: ArtifactStore, items: Iterable[WarmupItem]) -> Callable[[ReleaseMember], bool]:

@@ -23,8 +23,6 @@ HIERARCHY = {
     aot.CacheError: (),
     aot.ReadOnlyCacheError: (aot.CacheError, PermissionError),
     aot.BlobLocationError: (aot.CacheError,),
-    # A labelled warm-up refused: the cache (its label) cannot take what was asked.
-    aot.ReleaseConflictError: (aot.CacheError,),
     aot.MetricsError: (RuntimeError,),
     aot.ArtifactNotFoundError: (KeyError,),
     aot.ManifestError: (ValueError,),

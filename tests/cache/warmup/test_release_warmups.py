@@ -57,11 +57,19 @@ def test_shards_and_manifests_of_one_commit_make_one_set(tmp_path: Path) -> None
     ]
     with aot.Cache(location) as cache:
         assert len(cache.release_history("rc")) == 1
-    # Another commit of one of them only: refused, the label unchanged; --replace starts over.
-    with pytest.raises(aot.ReleaseConflictError, match=r"would drop 2 of the 3 members .* tiny \(f32\[4\]"):
-        run_warmup(location, _items(MATMUL), origin=RefOrigin("ci", commit="def"), release="rc")
+    # Another commit warms one of them: a new set, which keeps the other manifest's
+    # members (reported) until a warm-up of that run replaces them; --replace starts over.
+    report = run_warmup(location, _items(MATMUL), origin=RefOrigin("ci", commit="def"), release="rc")
+    assert report.ok and sorted(m.name for m in report.carried) == ["tiny", "tiny"]
+    assert "release rc: kept 2 members of its previous set that this warm-up does not compile" in report.summary()
     assert len(_names(location, "rc")) == 3
-    assert run_warmup(location, _items(MATMUL), origin=RefOrigin("ci", commit="def"), release="rc",
+    with aot.Cache(location) as cache:
+        assert len(cache.release_history("rc")) == 2
+    again = run_warmup(location, _items(TINY), origin=RefOrigin("ci", commit="def"), release="rc")
+    assert again.ok and not again.carried  # the same run: the set it opened, nothing kept
+    with aot.Cache(location) as cache:
+        assert len(cache.release_history("rc")) == 2
+    assert run_warmup(location, _items(MATMUL), origin=RefOrigin("ci", commit="ghi"), release="rc",
                       replace=True).ok
     assert _names(location, "rc") == [("matmul", "f32[2,3], f32[3,2]")]
 
