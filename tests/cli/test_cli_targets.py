@@ -13,15 +13,15 @@ from tests.cli.helpers import Invoke, one_line_error
 
 SMALL = """
 [[function]]
-name   = "mlp.forward"
-target = "fixtures.models:mlp_forward"
-args   = ["@fixtures.models:mlp_param_specs", "f32[{batch},784]"]
-vary   = { batch = [1, 8] }
+name     = "mlp.forward"
+function = "fixtures.models:mlp_forward"
+args     = ["@fixtures.models:mlp_param_specs", "f32[{batch},784]"]
+vary     = { batch = [1, 8] }
 
 [[function]]
-name   = "tiny"
-target = "fixtures.models:tiny"
-args   = ["f32[8]", "f32[8]"]
+name     = "tiny"
+function = "fixtures.models:tiny"
+args     = ["f32[8]", "f32[8]"]
 """
 
 
@@ -87,7 +87,7 @@ def test_compile_for_a_target(invoke: Invoke) -> None:
 
 @needs_libtpu
 def test_a_pmap_entry_fails_alone_for_a_target(invoke: Invoke, tmp_path: Path) -> None:
-    body = SMALL + '\n[[function]]\nname = "allreduce"\ntarget = "fixtures.models:allreduce"\nargs = ["f32[8,1024]"]\npmap = "i"\n'
+    body = SMALL + '\n[[function]]\nname = "allreduce"\nfunction = "fixtures.models:allreduce"\nargs = ["f32[8,1024]"]\npmap = "i"\n'
     result = invoke("warmup", _manifest(tmp_path, body=body), "--target", "tpu:v5e:1x1")
     assert result.exit_code == 1
     assert "allreduce@tpu:v5e:1x1" in result.stderr and "lower it with a mesh instead" in result.stderr

@@ -18,7 +18,7 @@ def forward(x):
 MANIFEST = '''
 [[function]]
 name = "gate.forward"
-target = "gate_model:forward"
+function = "gate_model:forward"
 args = ["f32[8,784]"]
 '''
 
