@@ -304,3 +304,22 @@ def test_the_line_moves_during_a_long_compile(monkeypatch: pytest.MonkeyPatch) -
     assert "warmup (1 job) [########----------------] 1/3, 0:10 elapsed  tiny" in frames
     assert not any("ETA" in f for f in frames)
     assert not any(t.name == "aot-progress" for t in threading.enumerate())  # stopped by finish
+
+
+def test_a_manifest_in_the_old_spelling_warms_up_and_says_once_what_to_write(invoke: Invoke, tmp_path: Path) -> None:
+    """``target = "module:attr"`` in [[function]] (before ``function`` existed) still
+    compiles; stderr says once which lines to change, and --json stays clean."""
+    old = write(tmp_path, (
+        '[[function]]\nname = "tiny"\ntarget = "fixtures.models:tiny"\nargs = ["f32[8]", "f32[8]"]\n\n'
+        '[[function]]\nname = "tiny"\ntarget = "fixtures.models:tiny"\nargs = ["f32[4]", "f32[4]"]\n'
+    ), "old.toml")
+    result = invoke("warmup", old, "--json")
+    assert result.exit_code == 0, result.output
+    assert [r["status"] for r in json.loads(result.stdout)["results"]] == ["compiled", "compiled"]
+    warnings = [line for line in result.stderr.splitlines() if "old spelling" in line]
+    assert warnings == [
+        f'aot: WARNING: {old}: 2 [[function]] tables name the Python function with target = '
+        f'"MODULE:ATTRIBUTE", the old spelling: {old}:1 (fixtures.models:tiny), {old}:6 '
+        '(fixtures.models:tiny); write function = "fixtures.models:tiny" instead (target now '
+        'names a device target such as "tpu:v5e:2x2"); the old spelling is still read'
+    ]
