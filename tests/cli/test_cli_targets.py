@@ -102,7 +102,7 @@ def test_an_unknown_target_is_a_usage_error(invoke: Invoke, tmp_path: Path) -> N
 
 def test_an_unknown_manifest_target_names_the_file(invoke: Invoke, tmp_path: Path) -> None:
     line = one_line_error(invoke("warmup", _manifest(tmp_path, head='target = "tpu:v7:2x2"\n')))
-    assert "m.toml: unknown target 'tpu:v7:2x2'; known:" in line
+    assert "m.toml: the top-level target: unknown target 'tpu:v7:2x2'; known:" in line
 
 
 def test_without_libtpu_a_target_warmup_fails_in_one_line(tmp_path: Path) -> None:
@@ -182,3 +182,12 @@ def test_one_manifest_with_a_chip_function_and_a_mesh_function(invoke: Invoke, t
         cache.close()
     again = json.loads(invoke("warmup", manifest, "--json").stdout)
     assert {r["status"] for r in again["results"]} == {"hit"}
+
+
+@needs_libtpu
+def test_a_target_given_twice_compiles_once(invoke: Invoke, tmp_path: Path) -> None:
+    body = '[[function]]\nname = "tiny"\nfunction = "fixtures.models:tiny"\nargs = ["f32[8]", "f32[8]"]\ntarget = "tpu:v5e:2x2"\n'
+    result = invoke("warmup", _manifest(tmp_path, body=body), "--target", "tpu:v5e:1x1", "--target", "TPU:v5e:1x1 ", "--json")
+    assert result.exit_code == 0, result.output
+    # --target replaced the function's own 2x2; the two spellings of 1x1 are one target.
+    assert [(r["label"], r["status"]) for r in json.loads(result.stdout)["results"]] == [("tiny@tpu:v5e:1x1", "compiled")]
