@@ -566,13 +566,14 @@ def expand_manifest(path: Path) -> list[tuple[str, Any, list[Any], str | None]]:
 
     from aot.specs import spec  # the core spec parser (no cache, no CLI)
 
-    def resolve(target: str) -> Any:
-        module, _, attr = target.partition(":")
+    def resolve(function: str) -> Any:
+        module, _, attr = function.partition(":")
         return getattr(importlib.import_module(module), attr)
 
     items = []
     for entry in tomllib.loads(path.read_text())["function"]:
-        fn = resolve(entry["target"])
+        # ``function`` names the Python function (``target`` did before: still read).
+        fn = resolve(entry.get("function") or entry["target"])
         vary = entry.get("vary", {})
         keys = sorted(vary)
         for values in itertools.product(*(vary[k] for k in keys)) if keys else [()]:

@@ -26,7 +26,7 @@ SPEC_HELP = (
 
 
 @click.command("compile", short_help="Compile a function for given argument specs into the cache.")
-@click.argument("target", metavar="MODULE:FUNCTION")
+@click.argument("function", metavar="MODULE:FUNCTION")
 @click.option("--arg", "args", multiple=True, metavar="SPEC", help=SPEC_HELP)
 @click.option("--kwarg", "kwargs", multiple=True, metavar="NAME=SPEC", help="A keyword argument's spec.")
 @click.option(
@@ -68,7 +68,7 @@ SPEC_HELP = (
 )
 @pass_state
 def compile_command(
-    state: State, target: str, args: tuple[str, ...], kwargs: tuple[str, ...],
+    state: State, function: str, args: tuple[str, ...], kwargs: tuple[str, ...],
     args_from: str | None, static: tuple[str, ...], name: str | None, pmap_axis: str | None,
     mesh: tuple[tuple[str, int], ...] | None, in_shardings: tuple[str, ...],
     out_shardings: tuple[str, ...], donate: tuple[int, ...], x64: bool, commit: str | None,
@@ -88,7 +88,7 @@ def compile_command(
     """
     from aot.signatures import Signature
     from aot.cache.index.refs import RefOrigin, default_commit
-    from aot.cache.warmup.functions import compile_target
+    from aot.cache.warmup.functions import compile_function
     from aot.errors import ManifestError
 
     options = dict(
@@ -106,7 +106,7 @@ def compile_command(
         if device_target is None:  # a target's compile never opens this host's device
             cache.environment  # noqa: B018 - the compile needs it; computed with the imports
     try:
-        result = compile_target(cache, target, **options)  # type: ignore[arg-type]
+        result = compile_function(cache, function, **options)  # type: ignore[arg-type]
     except ManifestError as exc:  # inconsistent options: a usage error
         raise click.UsageError(getattr(exc, "problem", str(exc))) from None
     if state.json:
@@ -170,7 +170,7 @@ def why_command(
     release's set lacks is a miss, naming the label. Exits 0 on a hit, 1 on a miss.
     """
     from aot.cache.warmup.functions import place_statics
-    from aot.cache.warmup.run import resolve_args, resolve_target
+    from aot.cache.warmup.run import resolve_args, resolve_function
     from aot.errors import DeviceTargetError
 
     function, device_target = _function_and_target(function, device_target)
@@ -179,7 +179,7 @@ def why_command(
     served = resolve_served_release(cache, release)
     try:
         if function is not None:
-            fn = resolve_target(function)
+            fn = resolve_function(function)
             # Where aot compile puts them (by position between dynamic arguments, else by
             # keyword), so that the same command line lowers the same program.
             positional, options = place_statics(fn, positional, dict(parse_static(static)))

@@ -100,7 +100,8 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
     "--target", "device_targets", multiple=True, metavar="PLATFORM:CHIP:TOPOLOGY",
     help="Compile every entry for this accelerator instead of this host's devices, e.g. "
     "tpu:v5e:2x2 (without the device: needs libtpu, pip install 'jax-aot[tpu]'); repeat "
-    "for several. Replaces the manifest's top-level target.",
+    "for several ('host': this host's devices). Replaces every target the manifest names: "
+    "the top-level one and each [[function]]'s own.",
 )
 @pass_state
 def warmup_command(
@@ -132,15 +133,17 @@ def warmup_command(
     from aot.errors import DeviceTargetError, UsageError
     from aot.targets import compile_only_here, parse_target
 
-    loaded = load_manifest(manifest)
+    loaded = load_manifest(manifest)  # logs the old target = "module:attr" spelling once
     if device_targets:
         try:
-            loaded = loaded.for_targets(tuple(parse_target(t).name for t in device_targets))
+            loaded = loaded.for_targets(device_targets)  # each target once
         except DeviceTargetError as exc:
             raise click.BadParameter(str(exc), param_hint="'--target'") from None
-    if loaded.targets:
-        compile_only_here()  # before the worker processes start: they inherit it
     items = expand(loaded)
+    # The device targets the items are compiled for, each once (None: this host's devices).
+    targets = list(dict.fromkeys(item.device_target for item in items))
+    if None not in targets:
+        compile_only_here()  # before the worker processes start: they inherit it
     jobs = resolve_jobs(jobs, entries=len(items))  # "auto": at most one job per entry
     origin = RefOrigin(f"warmup {manifest}", commit=commit or default_commit())
     if replace and release is None:
@@ -160,10 +163,11 @@ def warmup_command(
     try:
         with state.start_up():  # SQLAlchemy and JAX, whose backend the environment starts
             cache = state.cache(create=True)
-            if not loaded.targets:  # entries for device targets never open this host's device
+            if None in targets:  # entries for device targets never open this host's device
                 cache.environment  # noqa: B018 - every warm-up needs it; computed once
-            for target in loaded.targets:  # libtpu missing, or refusing a held chip: one line
-                parse_target(target).devices()
+            for target in targets:  # libtpu missing, or refusing a held chip: one line
+                if target is not None:
+                    parse_target(target).devices()
     except BaseException:
         if workers is not None:
             workers.close()

@@ -54,7 +54,7 @@ class MissingItem:
         return f"{self.item.label}{where}: {self.item.describe_args()}: {self.reason}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.item.to_dict(), "device_target": self.item.device_target, "environment": self.env,
+        return {**self.item.to_dict(), "environment": self.env,
                 "reason": self.reason}
 
 
@@ -76,7 +76,7 @@ class StaleItem:
                 f"(part{'s' if len(self.parts) > 1 else ''} {parts} {verb}); run aot warmup")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.item.to_dict(), "device_target": self.item.device_target, "environment": self.env,
+        return {**self.item.to_dict(), "environment": self.env,
                 "served": self.served, "lowered": self.lowered, "parts": list(self.parts)}
 
 

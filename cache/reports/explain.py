@@ -149,7 +149,7 @@ class Explanation:
             "xla_flags_outside_key": self.xla_flags_outside_key,
             "served_key": self.served_key,
             "served_by": self.served_by,
-            "device_target": self.device_target,
+            "target": self.device_target,
             **({} if self.release is None else {"release": self.release, "not_in_release": self.not_in_release}),
             **({} if self.environment_known else {"environment_unknown": True}),
             **({} if self.refused is None else {"refused": self.refused}),

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Prepared",
     "compile_item",
-    "compile_target",
+    "compile_function",
     "x64_hint",
     "x64_mode",
     "item_environment",
@@ -37,7 +37,7 @@ __all__ = [
     "prepare",
     "remembering_specs",
     "resolve_args",
-    "resolve_target",
+    "resolve_function",
     "search_path",
 ]
 
@@ -58,12 +58,12 @@ def search_path(*folders: str | None) -> Iterator[None]:
                 sys.path.remove(folder)
 
 
-def resolve_target(target: str, *, base_dir: str | None = None) -> Any:
+def resolve_function(function: str, *, base_dir: str | None = None) -> Any:
     """``"package.module:attr.sub"`` -> the object; raises :class:`TargetError`."""
-    module_name, sep, attr_path = target.partition(":")
+    module_name, sep, attr_path = function.partition(":")
     if not sep or not module_name or not attr_path:
         raise TargetError(
-            f"target {target!r} is not MODULE:ATTRIBUTE (e.g. 'fixtures.models:mlp_forward')"
+            f"function {function!r} is not MODULE:ATTRIBUTE (e.g. 'fixtures.models:mlp_forward')"
         )
     with search_path(base_dir):
         try:
@@ -76,20 +76,20 @@ def resolve_target(target: str, *, base_dir: str | None = None) -> Any:
                 else "it is imported by that module; install it"
             )
             raise TargetError(
-                f"cannot import {module_name!r} for {target!r}: no module named {missing!r}; {hint}"
+                f"cannot import {module_name!r} for {function!r}: no module named {missing!r}; {hint}"
             ) from None
         except AotError:
             raise
         except Exception as exc:  # noqa: BLE001 - the module's own import failed
             raise TargetError(
-                f"importing {module_name!r} for {target!r} failed: {type(exc).__name__}: {exc}"
+                f"importing {module_name!r} for {function!r} failed: {type(exc).__name__}: {exc}"
             ) from exc
     for part in attr_path.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise TargetError(
-                f"{target!r}: module {module_name!r} has no attribute {attr_path!r}"
+                f"{function!r}: module {module_name!r} has no attribute {attr_path!r}"
             ) from None
     return obj
 
@@ -111,22 +111,22 @@ def remembering_specs() -> Iterator[None]:
         _SPEC_MEMO.reset(token)
 
 
-def _call_spec_callable(target: str, base_dir: str | None) -> Any:
+def _call_spec_callable(spec_callable: str, base_dir: str | None) -> Any:
     import jax
 
     memo = _SPEC_MEMO.get()
-    key = (target, base_dir, bool(jax.config.jax_enable_x64))
+    key = (spec_callable, base_dir, bool(jax.config.jax_enable_x64))
     if memo is not None and key in memo:
         return memo[key]
-    fn = resolve_target(target, base_dir=base_dir)
+    fn = resolve_function(spec_callable, base_dir=base_dir)
     if not callable(fn):
-        raise TargetError(f"{'@' + target!r} is not callable; '@' names a function returning specs")
+        raise TargetError(f"{'@' + spec_callable!r} is not callable; '@' names a function returning specs")
     try:
         tree = fn()
     except AotError:
         raise
     except Exception as exc:  # noqa: BLE001 - user code
-        raise TargetError(f"calling {target!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise TargetError(f"calling {spec_callable!r} failed: {type(exc).__name__}: {exc}") from exc
     if memo is not None:
         memo[key] = tree
     return tree
@@ -254,7 +254,7 @@ def _positional_names(fn: Callable[..., Any], count: int) -> list[str]:
 
 
 def prepare(item: WarmupItem) -> Prepared:
-    """Imports the target, resolves ``@callable`` specs, builds the mesh and shardings.
+    """Imports the function, resolves ``@callable`` specs, builds the mesh and shardings.
 
     Raises :class:`aot.ManifestError` when ``in_shardings`` does not give one entry per
     positional argument (a usage error, said before JAX sees it)."""
@@ -263,9 +263,9 @@ def prepare(item: WarmupItem) -> Prepared:
             "pmap entries are compiled for this host's devices only, not for "
             "a device target; lower it with a mesh instead (mesh = \"i=N\")"
         )
-    fn = resolve_target(item.target, base_dir=item.base_dir)
+    fn = resolve_function(item.function, base_dir=item.base_dir)
     if not callable(fn):
-        raise TargetError(f"target {item.target!r} is a {type(fn).__name__}, not a function")
+        raise TargetError(f"function {item.function!r} is a {type(fn).__name__}, not a function")
     mesh = make_mesh(item.mesh, item.device_target) if item.mesh is not None else None
     try:
         args, kwargs = resolve_args(item.args, item.kwargs, item.args_from, base_dir=item.base_dir, mesh=mesh)
@@ -370,9 +370,9 @@ def compile_item(cache: ArtifactStore, item: WarmupItem, *, origin: RefOrigin | 
             raise x64_hint(item, exc) from None
 
 
-def compile_target(
+def compile_function(
     cache: ArtifactStore,
-    target: str,
+    function: str,
     *,
     args: Sequence[str] = (),
     kwargs: Iterable[tuple[str, str]] = (),
@@ -390,12 +390,12 @@ def compile_target(
 ) -> CompileResult:
     """``aot compile``: one function for one set of specs, as a warm-up entry would be.
 
-    ``name`` defaults to the target with ``:`` replaced by ``.``; one ``out_shardings``
+    ``name`` defaults to the function with ``:`` replaced by ``.``; one ``out_shardings``
     applies to every output, several form a tuple. Raises :class:`aot.ManifestError`
     for inconsistent options (a usage error) before importing anything."""
     item = WarmupItem(
-        name=name or target.replace(":", "."),
-        target=target,
+        name=name or function.replace(":", "."),
+        function=function,
         args=tuple(args),
         args_from=args_from,
         kwargs=tuple(kwargs),
@@ -416,7 +416,7 @@ def compile_target(
 
 def item_signature(item: WarmupItem) -> str:
     """The input signature ``item`` compiles to (``"f32[8,784], ..., act='relu'"``),
-    without lowering (statics: the target is imported for their positions)."""
+    without lowering (statics: the function is imported for their positions)."""
     from aot.statics import with_statics
 
     import jax
@@ -437,13 +437,13 @@ def item_signature(item: WarmupItem) -> str:
 
 
 def _item_statics(item: WarmupItem) -> tuple[Any, ...]:
-    """The statics an item's entry records (aot.statics): positions from the target."""
+    """The statics an item's entry records (aot.statics): positions from the function."""
     import inspect
 
     from aot.statics import StaticArg, canonical_text, sort_statics
 
     try:
-        params = inspect.signature(resolve_target(item.target, base_dir=item.base_dir)).parameters
+        params = inspect.signature(resolve_function(item.function, base_dir=item.base_dir)).parameters
         positional = [
             n for n, p in params.items()
             if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)

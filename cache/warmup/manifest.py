@@ -3,10 +3,10 @@
 A manifest is TOML with one ``[[function]]`` table per function::
 
     [[function]]
-    name   = "mlp.forward"                      # the name aot.load() serves it under
-    target = "fixtures.models:mlp_forward"      # module:attribute of the function
-    args   = ["@fixtures.models:mlp_param_specs", "f32[{batch},784]"]
-    vary   = { batch = [1, 8, 32] }             # one entry per value (cartesian product)
+    name     = "mlp.forward"                    # the name aot.load() serves it under
+    function = "fixtures.models:mlp_forward"    # module:attribute of the function
+    args     = ["@fixtures.models:mlp_param_specs", "f32[{batch},784]"]
+    vary     = { batch = [1, 8, 32] }           # one entry per value (cartesian product)
 
 Optional keys: ``args_from = "module:callable"`` (its result comes before ``args``: a
 tuple is several positional arguments, anything else one), ``kwargs`` (a table of
@@ -16,7 +16,14 @@ values passed as static keyword arguments), ``pmap = "AXIS"`` (lower with
 partition-spec string per positional argument, ``"auto"`` for unspecified) and
 ``out_shardings`` (a string or a list), ``donate`` (argument indices), ``x64 = true``
 (lower and compile this entry with 64-bit types enabled, as under
-``jax.enable_x64(True)``; without it the process's own mode applies).
+``jax.enable_x64(True)``; without it the process's own mode applies), ``target`` (the
+device target(s) this function is compiled for, ``"tpu:v5e:2x2"`` or a list, instead of
+the top-level ``target``; ``"host"`` is this host's devices).
+
+``target`` always names a device target (:mod:`aot.targets`). Manifests written before
+``function`` existed name the Python function with ``target = "module:attr"``; that is
+still read (a ``target`` that is MODULE:ATTRIBUTE, in a table without ``function``), with
+one warning per manifest naming the lines to change.
 
 A spec string is ``DTYPE[DIMS][@SHARDING]`` (see :mod:`aot.specs`); ``"@module:callable"``
 stands for the pytree of specs that the callable returns (for example
@@ -26,7 +33,7 @@ same, because buckets are signatures of one name.
 
 :func:`load_manifest` parses and validates a file (raising :class:`aot.ManifestError`
 with the file, the TOML line and the entry) and :func:`expand` turns it into
-:class:`WarmupItem` s. Nothing here imports JAX or the targets: see
+:class:`WarmupItem` s. Nothing here imports JAX or the functions: see
 :mod:`aot.cache.warmup.functions` for resolving an item and :mod:`aot.cache.warmup.run` for running.
 """
 
@@ -34,10 +41,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +61,7 @@ else:  # pragma: no cover - Python 3.10
 __all__ = [
     "AUTO_SHARDING",
     "FunctionEntry",
+    "HOST",
     "RESERVED_KWARGS",
     "WarmupItem",
     "WarmupManifest",
@@ -69,12 +78,16 @@ RESERVED_KWARGS = frozenset({
     "in_shardings", "out_shardings", "compiler_options",
 })
 
+log = logging.getLogger(__name__)
+
 _FUNCTION_KEYS = (
-    "name", "target", "args", "args_from", "kwargs", "static", "vary", "pmap", "mesh",
+    "name", "function", "target", "args", "args_from", "kwargs", "static", "vary", "pmap", "mesh",
     "in_shardings", "out_shardings", "donate", "x64",
 )
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # MODULE:ATTRIBUTE
+#: ``target = "host"``: this host's own devices, even where the top level names targets.
+HOST = "host"
 _TOML_LINE = re.compile(r"\(at line (\d+), column (\d+)\)")
 
 #: How deeply arrays and tables may nest in a manifest (a real one nests 3 or 4 levels:
@@ -126,7 +139,7 @@ class WarmupItem:
     """
 
     name: str
-    target: str
+    function: str  # MODULE:ATTRIBUTE of the Python function
     args: tuple[str, ...] = ()
     kwargs: tuple[tuple[str, str], ...] = ()
     args_from: str | None = None
@@ -166,7 +179,8 @@ class WarmupItem:
         return {
             "name": self.name,
             "label": self.label,
-            "target": self.target,
+            "function": self.function,
+            "target": self.device_target,  # None: this host's devices
             "args": list(self.args),
             "args_from": self.args_from,
             "kwargs": dict(self.kwargs),
@@ -188,9 +202,9 @@ class WarmupItem:
 def _item_problem(item: WarmupItem) -> str | None:
     if not item.name:
         return "the name is empty"
-    if not _TARGET.match(item.target):
-        return f"target {item.target!r} is not MODULE:ATTRIBUTE (e.g. 'fixtures.models:tiny')"
-    if item.args_from is not None and not _TARGET.match(item.args_from.lstrip("@")):
+    if not _FUNCTION.match(item.function):
+        return f"function {item.function!r} is not MODULE:ATTRIBUTE (e.g. 'fixtures.models:tiny')"
+    if item.args_from is not None and not _FUNCTION.match(item.args_from.lstrip("@")):
         return f"args_from {item.args_from!r} is not MODULE:CALLABLE"
     clash = sorted(RESERVED_KWARGS & ({k for k, _ in item.kwargs} | {k for k, _ in item.static}))
     if clash:
@@ -231,7 +245,7 @@ class FunctionEntry:
     index: int
     line: int | None
     name: str
-    target: str
+    function: str
     args: tuple[str, ...]
     args_from: str | None
     kwargs: tuple[tuple[str, str], ...]
@@ -243,6 +257,9 @@ class FunctionEntry:
     out_shardings: str | tuple[str, ...] | None
     donate: tuple[int, ...]
     x64: bool = False
+    # Its own ``target``: the device targets it is compiled for (canonical names, "host"
+    # for this host's devices); None: the manifest's top-level targets.
+    targets: tuple[str, ...] | None = None
 
     @property
     def buckets(self) -> int:
@@ -256,13 +273,21 @@ class FunctionEntry:
 class WarmupManifest:
     path: str
     functions: tuple[FunctionEntry, ...]
-    # Top-level ``target``: the device targets every function is compiled for (aot.targets;
-    # empty: this host's devices). A [[function]]'s own ``target`` names the function.
+    # Top-level ``target``: the device targets every function without its own ``target``
+    # is compiled for (aot.targets; empty: this host's devices).
     targets: tuple[str, ...] = ()
+    # What a reader of the file should change (the old ``target = "module:attr"``
+    # spelling); already logged once when the file was parsed.
+    warnings: tuple[str, ...] = ()
 
-    def for_targets(self, targets: tuple[str, ...]) -> WarmupManifest:
-        """The same functions for other device targets (``--target`` over the file's)."""
-        return dataclasses.replace(self, targets=tuple(targets))
+    def for_targets(self, targets: Iterable[str]) -> WarmupManifest:
+        """The same functions for other device targets (``aot warmup --target``): they
+        replace the file's targets, the top-level ones and every function's own.
+        Raises :class:`aot.DeviceTargetError` for an unknown target."""
+        return dataclasses.replace(
+            self, targets=canonical_targets(targets),
+            functions=tuple(dataclasses.replace(f, targets=None) for f in self.functions),
+        )
 
     @property
     def base_dir(self) -> str:
@@ -272,8 +297,8 @@ class WarmupManifest:
         return {
             "path": self.path,
             "functions": [
-                {"name": f.name, "target": f.target, "line": f.line, "buckets": f.buckets,
-                 "x64": f.x64}
+                {"name": f.name, "function": f.function, "line": f.line, "buckets": f.buckets,
+                 "x64": f.x64, "targets": list(f.targets) if f.targets is not None else None}
                 for f in self.functions
             ],
             "targets": list(self.targets),
@@ -314,7 +339,10 @@ def parse_manifest(text: str, path: str = "<manifest>") -> WarmupManifest:
             f"{path}: unknown top-level key(s) {unknown}; a manifest holds [[function]] tables "
             "(and optionally a top-level target = \"tpu:v5e:2x2\" or a list of them)"
         )
-    targets = _device_targets(data.get("target"), path)
+    try:
+        targets = _device_targets(data.get("target"))
+    except ManifestError as exc:
+        raise ManifestError(f"{path}: the top-level target: {exc}") from None
     tables = data.get("function")
     if tables is None:
         raise ManifestError(f"{path}: no [[function]] tables; nothing to compile")
@@ -324,32 +352,97 @@ def parse_manifest(text: str, path: str = "<manifest>") -> WarmupManifest:
     if len(lines) != len(tables):
         lines = []  # inline tables: no line numbers to give
     functions = []
+    old_spelling: list[tuple[str, str]] = []  # (where, function) written as target = "m:f"
     for index, table in enumerate(tables):
         line = lines[index] if lines else None
-        functions.append(_parse_function(table, index, line, path))
-    return WarmupManifest(path, tuple(functions), targets)
+        functions.append(_parse_function(table, index, line, path, old_spelling))
+    warnings = ()
+    if old_spelling:
+        warnings = (_old_spelling_warning(path, old_spelling),)
+        log.warning("%s", warnings[0])
+    return WarmupManifest(path, tuple(functions), targets, warnings)
 
 
-def _device_targets(value: Any, path: str) -> tuple[str, ...]:
-    """A manifest's top-level ``target``: a device target string or a list of them,
-    checked here (no JAX, no libtpu): an unknown one names the known ones."""
+def _old_spelling_warning(path: str, old: list[tuple[str, str]]) -> str:
+    shown = ", ".join(f"{where} ({function})" for where, function in old[:5])
+    more = f" and {len(old) - 5} more" if len(old) > 5 else ""
+    first = old[0][1]
+    return (
+        f"{path}: {len(old)} [[function]] table{'s' if len(old) != 1 else ''} name the Python "
+        f"function with target = \"MODULE:ATTRIBUTE\", the old spelling: {shown}{more}; write "
+        f"function = \"{first}\" instead (target now names a device target such as "
+        "\"tpu:v5e:2x2\"); the old spelling is still read"
+    )
+
+
+def canonical_targets(values: Iterable[str]) -> tuple[str, ...]:
+    """Device target names (or ``"host"``) -> their canonical names, each once, in order:
+    ``tpu:v5e:2x2`` and ``tpu:v5e:2x2@2x2`` are one target, compiled once. Raises
+    :class:`aot.DeviceTargetError` for an unknown target."""
     from aot.targets import parse_target
 
+    names: dict[str, None] = {}
+    for value in values:
+        name = HOST if value.strip().lower() == HOST else parse_target(value).name
+        names.setdefault(name, None)
+    return tuple(names)
+
+
+def _device_targets(value: Any) -> tuple[str, ...]:
+    """A ``target`` value: a device target string (or ``"host"``) or a list of them,
+    checked here (no JAX, no libtpu): an unknown one names the known ones."""
     if value is None:
         return ()
     values = [value] if isinstance(value, str) else value
     if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
         raise ManifestError(
-            f"{path}: the top-level target is a device target string (\"tpu:v5e:2x2\") or a "
-            f"non-empty list of them, got {value!r}"
+            "a device target string (\"tpu:v5e:2x2\", or \"host\" for this host's devices) "
+            f"or a non-empty list of them is expected, got {value!r}"
         )
     try:
-        return tuple(parse_target(v).name for v in values)
+        return canonical_targets(values)
     except AotError as exc:
-        raise ManifestError(f"{path}: {exc}") from None
+        raise ManifestError(str(exc)) from None
 
 
-def _parse_function(table: dict[str, Any], index: int, line: int | None, path: str) -> FunctionEntry:
+def _function_and_targets(
+    table: dict[str, Any], fail: Callable[[str], ManifestError],
+) -> tuple[str, tuple[str, ...] | None, bool]:
+    """A table's Python function and own device targets (None: the top level's), and
+    whether the function was given with the old spelling ``target = "module:attr"``."""
+    function = table.get("function")
+    target = table.get("target")
+    old = False
+    if function is None and isinstance(target, str) and _FUNCTION.match(target):
+        function, target, old = target, None, True  # before ``function`` existed
+    if function is None:
+        raise fail(
+            "no 'function': name the Python function to compile as function = "
+            "\"MODULE:ATTRIBUTE\" (e.g. 'fixtures.models:tiny')"
+            + (f"; target = {target!r} is not MODULE:ATTRIBUTE (and 'target' names device "
+               "targets now)" if target is not None else "")
+        )
+    if not isinstance(function, str) or not _FUNCTION.match(function):
+        raise fail(
+            f"'function' must be 'MODULE:ATTRIBUTE' (e.g. 'fixtures.models:tiny'), got {function!r}"
+        )
+    if isinstance(target, str) and _FUNCTION.match(target):
+        raise fail(
+            f"target = {target!r} looks like a Python function, but 'function' already names "
+            f"{function!r}; target is a device target (\"tpu:v5e:2x2\", a list, or \"host\")"
+        )
+    if target is None:
+        return function, None, old
+    try:
+        return function, _device_targets(target), old
+    except ManifestError as exc:
+        raise fail(f"'target': {exc}") from None
+
+
+def _parse_function(
+    table: dict[str, Any], index: int, line: int | None, path: str,
+    old_spelling: list[tuple[str, str]] | None = None,
+) -> FunctionEntry:
     label = table.get("name") if isinstance(table.get("name"), str) else None
     where = f"{path}:{line}" if line is not None else path
     entry_desc = f"[[function]] #{index + 1}" + (f" ({label!r})" if label else "")
@@ -360,19 +453,17 @@ def _parse_function(table: dict[str, Any], index: int, line: int | None, path: s
     unknown = sorted(set(table) - set(_FUNCTION_KEYS))
     if unknown:
         raise fail(f"unknown key(s) {unknown}; expected some of {list(_FUNCTION_KEYS)}")
-    target = table.get("target")
-    if not isinstance(target, str) or not _TARGET.match(target):
-        raise fail(
-            f"'target' must be 'MODULE:ATTRIBUTE' (e.g. 'fixtures.models:tiny'), got {target!r}"
-        )
-    name = table.get("name", target.replace(":", "."))
+    function, targets, old = _function_and_targets(table, fail)
+    if old and old_spelling is not None:
+        old_spelling.append((where, function))
+    name = table.get("name", function.replace(":", "."))
     if not isinstance(name, str) or not name:
         raise fail(f"'name' must be a non-empty string, got {name!r}")
     args = table.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise fail(f"'args' must be a list of spec strings, got {args!r}")
     args_from = table.get("args_from")
-    if args_from is not None and (not isinstance(args_from, str) or not _TARGET.match(args_from.lstrip("@"))):
+    if args_from is not None and (not isinstance(args_from, str) or not _FUNCTION.match(args_from.lstrip("@"))):
         raise fail(f"'args_from' must be 'MODULE:CALLABLE', got {args_from!r}")
     kwargs = table.get("kwargs", {})
     if not isinstance(kwargs, dict) or not all(isinstance(v, str) for v in kwargs.values()):
@@ -432,10 +523,10 @@ def _parse_function(table: dict[str, Any], index: int, line: int | None, path: s
     if unused:
         raise fail(f"vary key(s) {unused} are not used as '{{key}}' in args, kwargs or static")
     entry = FunctionEntry(
-        index=index, line=line, name=name, target=target, args=tuple(args), args_from=args_from,
+        index=index, line=line, name=name, function=function, args=tuple(args), args_from=args_from,
         kwargs=tuple(sorted(kwargs.items())), static=tuple(sorted(static.items())),
         vary=tuple(vary_items), pmap=pmap, mesh=mesh, in_shardings=in_shardings,
-        out_shardings=out_shardings, donate=tuple(donate), x64=x64,
+        out_shardings=out_shardings, donate=tuple(donate), x64=x64, targets=targets,
     )
     try:  # check the combination once, with the first bucket
         next(_expand_function(entry, None, path))
@@ -494,7 +585,7 @@ def _expand_function(
         bucket = dict(zip(keys, values))
         yield WarmupItem(
             name=str(_substitute(entry.name, bucket)),
-            target=entry.target,
+            function=entry.function,
             args=tuple(str(_substitute(a, bucket)) for a in entry.args),
             args_from=entry.args_from,
             kwargs=tuple((k, str(_substitute(v, bucket))) for k, v in entry.kwargs),
@@ -512,10 +603,20 @@ def _expand_function(
 
 
 def expand(manifest: WarmupManifest) -> list[WarmupItem]:
-    """Every (function x ``vary`` bucket) of a manifest, in file order."""
-    items: list[WarmupItem] = []
+    """Every (function x ``vary`` bucket x device target) of a manifest.
+
+    A function's own ``target`` replaces the top-level one for it (``"host"``: this
+    host's devices, ``device_target`` None). Items come target by target, in the order
+    the targets are first named, each in file order: the file's order when every
+    function has the top level's targets."""
+    by_target: dict[str | None, list[WarmupItem]] = {}
     for entry in manifest.functions:
-        items.extend(_expand_function(entry, manifest.base_dir, manifest.path))
-    if not manifest.targets:
-        return items
-    return [dataclasses.replace(item, device_target=t) for t in manifest.targets for item in items]
+        targets = entry.targets if entry.targets is not None else (manifest.targets or (HOST,))
+        items = list(_expand_function(entry, manifest.base_dir, manifest.path))
+        for target in targets:
+            device_target = None if target == HOST else target
+            by_target.setdefault(device_target, []).extend(
+                dataclasses.replace(item, device_target=device_target) if device_target else item
+                for item in items
+            )
+    return [item for items in by_target.values() for item in items]

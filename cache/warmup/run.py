@@ -4,7 +4,7 @@
 and in ``jobs - 1`` worker processes, :mod:`aot.cache.warmup.parallel`; ``isolate=True``:
 in worker processes only), and
 :func:`coverage` lists the items a cache is missing for this environment. The
-manifest format lives in :mod:`aot.cache.warmup.manifest`, target resolution in
+manifest format lives in :mod:`aot.cache.warmup.manifest`, function resolution in
 :mod:`aot.cache.warmup.functions`, one item's steps in :mod:`aot.cache.warmup.steps`,
 the ``--jobs auto`` rule in
 :mod:`aot.cache.warmup.jobs`; their public names are re-exported here.
@@ -53,14 +53,14 @@ from aot.cache.warmup.steps import (
 from aot.cache.warmup.functions import (
     Prepared,
     compile_item,
-    compile_target,
+    compile_function,
     item_environment,
     item_signature,
     make_mesh,
     prepare,
     remembering_specs,
     resolve_args,
-    resolve_target,
+    resolve_function,
     search_path,
     x64_mode,
 )
@@ -85,7 +85,7 @@ __all__ = [
     "available_cores",
     "available_memory",
     "compile_item",
-    "compile_target",
+    "compile_function",
     "coverage",
     "expand",
     "item_signature",
@@ -96,7 +96,7 @@ __all__ = [
     "prepare",
     "resolve_args",
     "resolve_jobs",
-    "resolve_target",
+    "resolve_function",
     "declare",
     "release_cover",
     "release_run",

@@ -128,7 +128,7 @@ def test_compile_into_a_read_only_cache_stores_nothing(invoke: Invoke, warmed) -
          "Error: cannot import 'nosuch.module' for 'nosuch.module:f': no module named 'nosuch'"),
         (["fixtures.models:nope", "--arg", "f32[8]"],
          "Error: 'fixtures.models:nope': module 'fixtures.models' has no attribute 'nope'"),
-        (["tests.cli.models:NOT_A_FUNCTION"], "Error: target 'tests.cli.models:NOT_A_FUNCTION' is a int, not a function"),
+        (["tests.cli.models:NOT_A_FUNCTION"], "Error: function 'tests.cli.models:NOT_A_FUNCTION' is a int, not a function"),
         (["fixtures.models:tiny", "--arg", "f32[8", "--arg", "f32[8]"], "Error: malformed spec 'f32[8'"),
         (["fixtures.models:tiny", "--arg", "q32[8]", "--arg", "f32[8]"], "Error: malformed spec 'q32[8]': unknown dtype 'q32'"),
         (["fixtures.models:tiny", "--arg", "@tests.cli.models:not_callable_specs"],
@@ -248,7 +248,7 @@ def test_environment_variable_names_the_cache(invoke: Invoke, tmp_path, monkeypa
 WHY_KEYS = {
     "name", "signature", "hit", "nearest_key", "nearest_signature", "differences", "stored",
     "arguments", "argument_differences", "xla_flags_outside_key", "served_key", "served_by",
-    "device_target",
+    "target",
 }
 
 

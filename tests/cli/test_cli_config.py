@@ -95,7 +95,7 @@ def test_warmup_uses_the_configured_manifest(invoke: Invoke, tmp_path: Path, mon
         "of pyproject.toml"
     )
     (tmp_path / "warmup.toml").write_text(
-        '[[function]]\nname = "mm"\ntarget = "tests.cli.models:matmul"\nargs = ["f32[2,2]", "f32[2,2]"]\n'
+        '[[function]]\nname = "mm"\nfunction = "tests.cli.models:matmul"\nargs = ["f32[2,2]", "f32[2,2]"]\n'
     )
     monkeypatch.chdir(_project(tmp_path, 'manifest = "warmup.toml"'))
     result = invoke("warmup")

@@ -95,11 +95,10 @@ def test_verify_manifest_coverage(invoke: Invoke, warmed) -> None:
     assert coverage["stale"] == [] and coverage["lower_seconds"] > 0  # the entries were lowered
     assert [m["label"] for m in coverage["missing"]] == ["mlp.forward[batch=8]"]
     assert set(coverage["missing"][0]) == {
-        "name", "label", "target", "args", "args_from", "kwargs", "static", "bucket", "pmap",
-        "mesh", "in_shardings", "out_shardings", "donate", "x64", "source", "device_target", "environment",
-        "reason",
+        "name", "label", "function", "target", "args", "args_from", "kwargs", "static", "bucket", "pmap",
+        "mesh", "in_shardings", "out_shardings", "donate", "x64", "source", "environment", "reason",
     }
-    assert coverage["missing"][0]["device_target"] is None
+    assert coverage["missing"][0]["target"] is None
     assert coverage["missing"][0]["reason"] == "not stored (2 other signatures of 'mlp.forward' are)"
 
 
@@ -137,7 +136,7 @@ def test_verify_strict_without_a_manifest_checks_refs_and_releases(invoke: Invok
 
 def test_verify_bad_manifest_fails_before_checking(invoke: Invoke, warmed, tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
-    bad.write_text("[[function]]\nname = 'x'\ntarget = 'm:f'\nargs = ['f32[{b}]']\n")
+    bad.write_text("[[function]]\nname = 'x'\nfunction = 'm:f'\nargs = ['f32[{b}]']\n")
     line = one_line_error(invoke("verify", "--manifest", bad, "--strict"))
     assert line.startswith(f"Error: {bad}:1: [[function]] #1 ('x'): placeholder(s)")
 

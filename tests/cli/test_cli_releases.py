@@ -344,7 +344,7 @@ def test_release_show_and_history_name_each_member_target(invoke: Invoke, cache_
 SERVE_TOML = '''
 [[function]]
 name = "tiny"
-target = "fixtures.models:tiny"
+function = "fixtures.models:tiny"
 args = ["f32[{n}]", "f32[{n}]"]
 vary = { n = SIZES }
 '''
@@ -352,7 +352,7 @@ vary = { n = SIZES }
 SHARDED_TOML = '''
 [[function]]
 name = "matmul"
-target = "fixtures.models:matmul"
+function = "fixtures.models:matmul"
 args = ["f32[2,3]", "f32[3,2]"]
 '''
 

@@ -13,15 +13,15 @@ from tests.cli.helpers import Invoke, one_line_error
 
 SMALL = """
 [[function]]
-name   = "mlp.forward"
-target = "fixtures.models:mlp_forward"
-args   = ["@fixtures.models:mlp_param_specs", "f32[{batch},784]"]
-vary   = { batch = [1, 8] }
+name     = "mlp.forward"
+function = "fixtures.models:mlp_forward"
+args     = ["@fixtures.models:mlp_param_specs", "f32[{batch},784]"]
+vary     = { batch = [1, 8] }
 
 [[function]]
-name   = "tiny"
-target = "fixtures.models:tiny"
-args   = ["f32[8]", "f32[8]"]
+name     = "tiny"
+function = "fixtures.models:tiny"
+args     = ["f32[8]", "f32[8]"]
 """
 
 
@@ -87,7 +87,7 @@ def test_compile_for_a_target(invoke: Invoke) -> None:
 
 @needs_libtpu
 def test_a_pmap_entry_fails_alone_for_a_target(invoke: Invoke, tmp_path: Path) -> None:
-    body = SMALL + '\n[[function]]\nname = "allreduce"\ntarget = "fixtures.models:allreduce"\nargs = ["f32[8,1024]"]\npmap = "i"\n'
+    body = SMALL + '\n[[function]]\nname = "allreduce"\nfunction = "fixtures.models:allreduce"\nargs = ["f32[8,1024]"]\npmap = "i"\n'
     result = invoke("warmup", _manifest(tmp_path, body=body), "--target", "tpu:v5e:1x1")
     assert result.exit_code == 1
     assert "allreduce@tpu:v5e:1x1" in result.stderr and "lower it with a mesh instead" in result.stderr
@@ -102,7 +102,7 @@ def test_an_unknown_target_is_a_usage_error(invoke: Invoke, tmp_path: Path) -> N
 
 def test_an_unknown_manifest_target_names_the_file(invoke: Invoke, tmp_path: Path) -> None:
     line = one_line_error(invoke("warmup", _manifest(tmp_path, head='target = "tpu:v7:2x2"\n')))
-    assert "m.toml: unknown target 'tpu:v7:2x2'; known:" in line
+    assert "m.toml: the top-level target: unknown target 'tpu:v7:2x2'; known:" in line
 
 
 def test_without_libtpu_a_target_warmup_fails_in_one_line(tmp_path: Path) -> None:
@@ -135,3 +135,59 @@ def test_without_libtpu_a_target_warmup_fails_in_one_line(tmp_path: Path) -> Non
         "pip install 'jax-aot[tpu]' (libtpu of the version jax[tpu] pins)"
     ], done.stderr
     assert "compiled" not in done.stdout and "FAILED" not in done.stdout
+
+
+SERVE_AND_MESH = """
+[[function]]
+name     = "tiny"
+function = "fixtures.models:tiny"
+args     = ["f32[8]", "f32[8]"]
+target   = "tpu:v5e:1x1"
+
+[[function]]
+name         = "sharded.matmul"
+function     = "fixtures.models:matmul"
+args         = ["f32[8,128]", "f32[128,128]"]
+mesh         = "data=4"
+in_shardings = ["data,None", ""]
+target       = ["tpu:v5e:2x2", "tpu:v5e:2x2@2x2"]
+"""
+
+
+@needs_libtpu
+def test_one_manifest_with_a_chip_function_and_a_mesh_function(invoke: Invoke, tmp_path: Path, cache_dir: Path) -> None:
+    """Serving entries for one chip and a mesh entry for a 2x2 slice, from one manifest,
+    on this CPU host: each stored with its own target's environment (the mesh over the
+    slice's 4 chips), the 2x2 named twice compiled once."""
+    import aot
+
+    manifest = _manifest(tmp_path, body=SERVE_AND_MESH)
+    result = invoke("warmup", manifest, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [(r["label"], r["status"]) for r in report["results"]] == [
+        ("tiny@tpu:v5e:1x1", "compiled"), ("sharded.matmul@tpu:v5e:2x2", "compiled"),
+    ]
+    cache = aot.Cache(cache_dir)
+    try:
+        parts = {
+            e.name: cache.artifact(e).manifest.environment.as_dict() for e in cache.entries()
+        }
+        assert {name: (p["platform"], p["device_kind"], p["device_count"]) for name, p in parts.items()} == {
+            "tiny": ("tpu", "TPU v5 lite", "1"), "sharded.matmul": ("tpu", "TPU v5 lite", "4"),
+        }
+        (mesh_entry,) = cache.entries("sharded.matmul")
+        assert cache.artifact(mesh_entry).manifest.device_ids == (0, 1, 2, 3)
+    finally:
+        cache.close()
+    again = json.loads(invoke("warmup", manifest, "--json").stdout)
+    assert {r["status"] for r in again["results"]} == {"hit"}
+
+
+@needs_libtpu
+def test_a_target_given_twice_compiles_once(invoke: Invoke, tmp_path: Path) -> None:
+    body = '[[function]]\nname = "tiny"\nfunction = "fixtures.models:tiny"\nargs = ["f32[8]", "f32[8]"]\ntarget = "tpu:v5e:2x2"\n'
+    result = invoke("warmup", _manifest(tmp_path, body=body), "--target", "tpu:v5e:1x1", "--target", "TPU:v5e:1x1 ", "--json")
+    assert result.exit_code == 0, result.output
+    # --target replaced the function's own 2x2; the two spellings of 1x1 are one target.
+    assert [(r["label"], r["status"]) for r in json.loads(result.stdout)["results"]] == [("tiny@tpu:v5e:1x1", "compiled")]

@@ -62,18 +62,18 @@ def test_warmup_tries_every_entry_and_names_failures(invoke: Invoke, tmp_path: P
     manifest = write(tmp_path, """
 [[function]]
 name = "broken"
-target = "tests.cli.models:broken"
+function = "tests.cli.models:broken"
 args = ["f32[{n}]"]
 vary = { n = [1, 2] }
 
 [[function]]
 name = "missing"
-target = "no_such_module_anywhere:f"
+function = "no_such_module_anywhere:f"
 args = ["f32[8]"]
 
 [[function]]
 name = "tiny"
-target = "fixtures.models:tiny"
+function = "fixtures.models:tiny"
 args = ["f32[8]", "f32[8]"]
 """)
     result = invoke("warmup", manifest)
@@ -102,7 +102,7 @@ args = ["f32[8]", "f32[8]"]
 
 
 def test_warmup_debug_prints_the_traceback_of_a_failed_entry(invoke: Invoke, tmp_path: Path) -> None:
-    manifest = write(tmp_path, '[[function]]\nname = "broken"\ntarget = "tests.cli.models:broken"\nargs = ["f32[8]"]\n')
+    manifest = write(tmp_path, '[[function]]\nname = "broken"\nfunction = "tests.cli.models:broken"\nargs = ["f32[8]"]\n')
     result = invoke("warmup", manifest, "--debug")
     assert result.exit_code == 1
     assert "traceback of broken:\nTraceback (most recent call last):\n" in result.stderr
@@ -162,24 +162,30 @@ def test_warmup_warns_when_jobs_exceed_the_cores(invoke: Invoke, warmed, monkeyp
     "text,message",
     [
         ('[[function]]\nname = "x"\ntarget = fixtures.models:tiny\n', "{path}:3: invalid TOML: Invalid value"),
-        ('\n\n[[function]]\nname = "x"\ntarget = "fixtures.models:tiny"\narg = ["f32[8]"]\n',
+        ('\n\n[[function]]\nname = "x"\nfunction = "fixtures.models:tiny"\narg = ["f32[8]"]\n',
          "{path}:3: [[function]] #1 ('x'): unknown key(s) ['arg']"),
-        ('[[function]]\ntarget = "fixtures.models:tiny"\nargs = ["f32[8]"]\n'
-         '[[function]]\nname = "y"\ntarget = "tiny"\n',
-         "{path}:4: [[function]] #2 ('y'): 'target' must be 'MODULE:ATTRIBUTE'"),
-        ('[[function]]\nname = "x"\ntarget = "m:f"\nargs = ["f32[{b}]"]\n',
+        ('[[function]]\nfunction = "fixtures.models:tiny"\nargs = ["f32[8]"]\n'
+         '[[function]]\nname = "y"\nfunction = "tiny"\n',
+         "{path}:4: [[function]] #2 ('y'): 'function' must be 'MODULE:ATTRIBUTE'"),
+        ('[[function]]\nname = "y"\ntarget = "tiny"\n',
+         "{path}:1: [[function]] #1 ('y'): no 'function': name the Python function to compile as "
+         "function = \"MODULE:ATTRIBUTE\" (e.g. 'fixtures.models:tiny'); target = 'tiny' is not "
+         "MODULE:ATTRIBUTE"),
+        ('[[function]]\nname = "y"\nfunction = "m:f"\ntarget = "tpu:v9:2x2"\n',
+         "{path}:1: [[function]] #1 ('y'): 'target': unknown target 'tpu:v9:2x2'; known: tpu:v4:"),
+        ('[[function]]\nname = "x"\nfunction = "m:f"\nargs = ["f32[{b}]"]\n',
          "{path}:1: [[function]] #1 ('x'): placeholder(s) ['{b}'] have no values in 'vary'"),
-        ('[[function]]\nname = "x"\ntarget = "m:f"\nargs = ["f32[8]"]\nvary = { b = [1, 2] }\n',
+        ('[[function]]\nname = "x"\nfunction = "m:f"\nargs = ["f32[8]"]\nvary = { b = [1, 2] }\n',
          "{path}:1: [[function]] #1 ('x'): vary key(s) ['b'] are not used"),
-        ('[[function]]\nname = "x"\ntarget = "m:f"\nargs = ["f32[{b}]"]\nvary = { b = [] }\n',
+        ('[[function]]\nname = "x"\nfunction = "m:f"\nargs = ["f32[{b}]"]\nvary = { b = [] }\n',
          "{path}:1: [[function]] #1 ('x'): vary.b must be a non-empty list"),
-        ('[[function]]\nname = "x"\ntarget = "m:f"\nargs = "f32[8]"\n',
+        ('[[function]]\nname = "x"\nfunction = "m:f"\nargs = "f32[8]"\n',
          "{path}:1: [[function]] #1 ('x'): 'args' must be a list of spec strings"),
-        ('[[function]]\nname = "x"\ntarget = "m:f"\nmesh = "data=two"\n',
+        ('[[function]]\nname = "x"\nfunction = "m:f"\nmesh = "data=two"\n',
          "{path}:1: [[function]] #1 ('x'): malformed mesh 'data=two'"),
-        ('[[function]]\nname = "x"\ntarget = "m:f"\npmap = "i"\nkwargs = { y = "f32[8]" }\n',
+        ('[[function]]\nname = "x"\nfunction = "m:f"\npmap = "i"\nkwargs = { y = "f32[8]" }\n',
          "{path}:1: [[function]] #1 ('x'): pmap entries take positional args only; remove kwargs"),
-        ('[[function]]\nname = "x"\ntarget = "m:f"\ndonate = [-1]\n',
+        ('[[function]]\nname = "x"\nfunction = "m:f"\ndonate = [-1]\n',
          "{path}:1: [[function]] #1 ('x'): 'donate' must be a list of argument indices"),
         ('[functions]\nname = "x"\n', "{path}: unknown top-level key(s) ['functions']"),
         ('# nothing\n', "{path}: no [[function]] tables; nothing to compile"),
@@ -210,7 +216,7 @@ def test_manifest_x64_key(invoke: Invoke, tmp_path: Path) -> None:
     manifest = write(tmp_path, """
 [[function]]
 name = "tiny64"
-target = "fixtures.models:tiny"
+function = "fixtures.models:tiny"
 args = ["f64[8]", "f64[8]"]
 x64 = true
 """)
@@ -224,7 +230,7 @@ x64 = true
     verified = invoke("verify", "--manifest", manifest, "--strict")
     assert verified.exit_code == 0, verified.output
     assert verified.stdout.splitlines()[-1] == f"{manifest}: the 1 entry is stored for this environment"
-    bad = write(tmp_path, '[[function]]\nname = "x"\ntarget = "m:f"\nx64 = "yes"\n', "bad.toml")
+    bad = write(tmp_path, '[[function]]\nname = "x"\nfunction = "m:f"\nx64 = "yes"\n', "bad.toml")
     line = one_line_error(invoke("warmup", bad))
     assert line == f"Error: {bad}:1: [[function]] #1 ('x'): 'x64' must be true or false, got 'yes'"
 
@@ -298,3 +304,22 @@ def test_the_line_moves_during_a_long_compile(monkeypatch: pytest.MonkeyPatch) -
     assert "warmup (1 job) [########----------------] 1/3, 0:10 elapsed  tiny" in frames
     assert not any("ETA" in f for f in frames)
     assert not any(t.name == "aot-progress" for t in threading.enumerate())  # stopped by finish
+
+
+def test_a_manifest_in_the_old_spelling_warms_up_and_says_once_what_to_write(invoke: Invoke, tmp_path: Path) -> None:
+    """``target = "module:attr"`` in [[function]] (before ``function`` existed) still
+    compiles; stderr says once which lines to change, and --json stays clean."""
+    old = write(tmp_path, (
+        '[[function]]\nname = "tiny"\ntarget = "fixtures.models:tiny"\nargs = ["f32[8]", "f32[8]"]\n\n'
+        '[[function]]\nname = "tiny"\ntarget = "fixtures.models:tiny"\nargs = ["f32[4]", "f32[4]"]\n'
+    ), "old.toml")
+    result = invoke("warmup", old, "--json")
+    assert result.exit_code == 0, result.output
+    assert [r["status"] for r in json.loads(result.stdout)["results"]] == ["compiled", "compiled"]
+    warnings = [line for line in result.stderr.splitlines() if "old spelling" in line]
+    assert warnings == [
+        f'aot: WARNING: {old}: 2 [[function]] tables name the Python function with target = '
+        f'"MODULE:ATTRIBUTE", the old spelling: {old}:1 (fixtures.models:tiny), {old}:6 '
+        '(fixtures.models:tiny); write function = "fixtures.models:tiny" instead (target now '
+        'names a device target such as "tpu:v5e:2x2"); the old spelling is still read'
+    ]

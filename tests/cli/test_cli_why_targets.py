@@ -23,7 +23,7 @@ def test_why_answers_for_a_target(invoke: Invoke) -> None:
     # Lowered for the target too: every program part matches what the warm-up stored.
     lowered = invoke("why", "tiny", *TINY, "--function", "fixtures.models:tiny", "--target", "tpu:v5e:1x1", "--json")
     assert lowered.exit_code == 0, lowered.output
-    assert json.loads(lowered.stdout)["device_target"] == "tpu:v5e:1x1"
+    assert json.loads(lowered.stdout)["target"] == "tpu:v5e:1x1"
 
     other = invoke("why", "tiny", *TINY, "--target", "tpu:v5e:2x2")
     assert other.exit_code == 1, other.output
@@ -35,7 +35,7 @@ def test_why_answers_for_a_target(invoke: Invoke) -> None:
     here = invoke("why", "tiny", *TINY, "--json")
     assert here.exit_code == 1
     data = json.loads(here.stdout)
-    assert data["device_target"] is None and "platform" in {d["part"] for d in data["differences"]}
+    assert data["target"] is None and "platform" in {d["part"] for d in data["differences"]}
 
 
 def test_the_old_target_spelling_of_the_function_warns_and_works(invoke: Invoke) -> None:

@@ -22,7 +22,7 @@ def forward(x):
 MANIFEST = '''
 [[function]]
 name = "gate.forward"
-target = "gate_model:forward"
+function = "gate_model:forward"
 args = ["f32[8,784]"]
 '''
 
@@ -60,12 +60,12 @@ TARGET_MANIFEST = '''target = "tpu:v5e:1x1"
 
 [[function]]
 name = "gate.forward"
-target = "gate_model:forward"
+function = "gate_model:forward"
 args = ["f32[8]"]
 
 [[function]]
 name = "gate.other"
-target = "gate_model:other"
+function = "gate_model:other"
 args = ["f32[8]"]
 '''
 
@@ -96,7 +96,7 @@ def test_the_gate_checks_entries_for_their_target_on_a_cpu_host(tmp_path: Path) 
                  "--target", "tpu:v5e:2x2", "--json")
     assert other.returncode == 1, other.stdout + other.stderr
     coverage = json.loads(other.stdout)["coverage"]
-    assert [(m["label"], m["device_target"]) for m in coverage["missing"]] == [
+    assert [(m["label"], m["target"]) for m in coverage["missing"]] == [
         ("gate.forward@tpu:v5e:2x2", "tpu:v5e:2x2"), ("gate.other@tpu:v5e:2x2", "tpu:v5e:2x2"),
     ]
     assert "device_count 1 != 4" in coverage["missing"][0]["reason"]

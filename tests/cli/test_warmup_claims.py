@@ -28,7 +28,7 @@ _START_SECONDS = 300.0  # a runner's JAX imports on a loaded CI machine
 def _manifest(tmp_path: Path) -> Path:
     path = tmp_path / "claims.toml"
     path.write_text(
-        '[[function]]\nname = "tiny"\ntarget = "fixtures.models:tiny"\n'
+        '[[function]]\nname = "tiny"\nfunction = "fixtures.models:tiny"\n'
         f'args = ["f32[{{n}}]", "f32[{{n}}]"]\nvary = {{ n = {list(SIZES)} }}\n',
         encoding="utf-8",
     )

@@ -20,7 +20,7 @@ from tests.cli.helpers import REPO, Invoke
 MANIFEST = """
 [[function]]
 name = "recorder"
-target = "tests.cli.models:records_the_collector"
+function = "tests.cli.models:records_the_collector"
 args = ["f32[4]"]
 """
 

@@ -48,10 +48,10 @@ def test_a_stopped_worker_is_killed_after_the_bound_and_only_its_entry_fails(tmp
     manifest = tmp_path / "warmup.toml"
     manifest.write_text(textwrap.dedent('''
         [[function]]
-        name   = "stop"
-        target = "stopmod:traced"
-        args   = ["f32[{n}]"]
-        vary   = { n = [1, 2, 3, 4, 5, 6, 7, 8] }
+        name     = "stop"
+        function = "stopmod:traced"
+        args     = ["f32[{n}]"]
+        vary     = { n = [1, 2, 3, 4, 5, 6, 7, 8] }
     '''))
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

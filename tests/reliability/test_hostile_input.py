@@ -140,7 +140,7 @@ toml_values = st.recursive(
     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(min_size=1, max_size=6), c, max_size=3),
     max_leaves=8,
 )
-FUNCTION_KEYS = ["name", "target", "args", "args_from", "kwargs", "static", "vary", "pmap",
+FUNCTION_KEYS = ["name", "function", "target", "args", "args_from", "kwargs", "static", "vary", "pmap",
                  "mesh", "in_shardings", "out_shardings", "donate", "bogus"]
 function_tables = st.dictionaries(st.sampled_from(FUNCTION_KEYS), toml_values, max_size=7)
 

@@ -61,10 +61,10 @@ def test_workers_and_the_resource_tracker_exit_when_the_warmup_is_killed(tmp_pat
     manifest = tmp_path / "warmup.toml"
     manifest.write_text(textwrap.dedent('''
         [[function]]
-        name   = "slow"
-        target = "slowmod:slow"
-        args   = ["f32[{n}]"]
-        vary   = { n = [1, 2] }
+        name     = "slow"
+        function = "slowmod:slow"
+        args     = ["f32[{n}]"]
+        vary     = { n = [1, 2] }
     '''))
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

@@ -13,7 +13,7 @@ from aot.cache.index.refs import RefOrigin
 MANIFEST = '''
 [[function]]
 name = "pin.f"
-target = "fixtures.models:tiny"
+function = "fixtures.models:tiny"
 args = ["f32[{n}]", "f32[{n}]"]
 vary = { n = [SIZES] }
 '''

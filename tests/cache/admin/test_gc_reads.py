@@ -22,7 +22,7 @@ from aot.cache.index.sql import Index
 MANIFEST = '''
 [[function]]
 name = "m.tiny"
-target = "fixtures.models:tiny"
+function = "fixtures.models:tiny"
 args = ["f32[{n}]", "f32[{n}]"]
 vary = { n = [3] }
 '''

@@ -34,9 +34,9 @@ def forward(x):
 
 MANIFEST = """
 [[function]]
-name   = "clock.forward"
-target = "clockmodel:forward"
-args   = ["f32[8]"]
+name     = "clock.forward"
+function = "clockmodel:forward"
+args     = ["f32[8]"]
 """
 
 SERVE = textwrap.dedent("""

@@ -17,7 +17,7 @@ from tests.cli.helpers import REPO
 MANIFEST = '''
 [[function]]
 name = "tiny"
-target = "fixtures.models:tiny"
+function = "fixtures.models:tiny"
 args = ["f32[8]", "f32[8]"]
 '''
 
@@ -41,7 +41,7 @@ def test_host_and_target_items_each_checked_in_their_environment(tmp_path: Path,
         assert report.summary() == "m.toml: 1 of 3 entries missing for this environment, tpu:v5e:1x1 and tpu:v5e:2x2:"
         data = report.to_dict()
         assert data["targets"] == ["tpu:v5e:1x1", "tpu:v5e:2x2"] and data["host"] is True
-        assert data["missing"][0]["device_target"] == "tpu:v5e:2x2"
+        assert data["missing"][0]["target"] == "tpu:v5e:2x2"
 
         covered = check_coverage(cache, [on_1x1], manifest="m.toml", strict=True, lower=True)
         assert not covered.failed and covered.summary() == "m.toml: the 1 entry is stored for tpu:v5e:1x1"

@@ -39,7 +39,7 @@ def _at_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _items() -> list[WarmupItem]:
     return expand(parse_manifest(
-        '[[function]]\nname = "tiny"\ntarget = "fixtures.models:tiny"\n'
+        '[[function]]\nname = "tiny"\nfunction = "fixtures.models:tiny"\n'
         'args = ["f32[{n}]", "f32[{n}]"]\nvary = { n = [2, 3, 5, 7] }\n'
     ))
 
@@ -148,7 +148,7 @@ def test_the_entries_of_a_runner_killed_mid_compile_are_compiled_once_its_claims
     items = _items()
     keys = _keys(tmp_path, items)
     location = str(tmp_path / "cache") if backend == "folder" else request.getfixturevalue("postgres_url")
-    text = '[[function]]\nname = "tiny"\ntarget = "fixtures.models:tiny"\nargs = ["f32[{n}]", "f32[{n}]"]\nvary = { n = [2, 3, 5, 7] }\n'
+    text = '[[function]]\nname = "tiny"\nfunction = "fixtures.models:tiny"\nargs = ["f32[{n}]", "f32[{n}]"]\nvary = { n = [2, 3, 5, 7] }\n'
     # Runner A claims, reaches its first compile and is killed there (kill -9): it
     # leaves its claims, which last 8 s past its last heartbeat.
     env = dict(os.environ, AOT_TEST_PAUSE="warmup.compiling=kill")

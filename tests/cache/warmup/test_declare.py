@@ -31,7 +31,7 @@ def forward(x):
 MANIFEST = '''
 [[function]]
 name = "cfg.forward"
-target = "declare_model:forward"
+function = "declare_model:forward"
 args = ["f32[4]"]
 '''
 

@@ -18,15 +18,15 @@ MANIFEST = """
 target = "tpu:v5e:1x1"
 
 [[function]]
-name   = "mlp.forward"
-target = "fixtures.models:mlp_forward"
-args   = ["@fixtures.models:mlp_param_specs", "f32[{batch},784]"]
-vary   = { batch = [1, 8, 32] }
+name     = "mlp.forward"
+function = "fixtures.models:mlp_forward"
+args     = ["@fixtures.models:mlp_param_specs", "f32[{batch},784]"]
+vary     = { batch = [1, 8, 32] }
 
 [[function]]
-name   = "tiny"
-target = "fixtures.models:tiny"
-args   = ["f32[8]", "f32[8]"]
+name     = "tiny"
+function = "fixtures.models:tiny"
+args     = ["f32[8]", "f32[8]"]
 """
 
 

@@ -83,7 +83,7 @@ def test_cli_jobs_auto_uses_the_documented_count(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(warmup_jobs, "available_cores", lambda: 30)
     monkeypatch.setattr(warmup_jobs, "available_memory", lambda: 64 * GiB)
     manifest = tmp_path / "warmup.toml"
-    manifest.write_text('[[function]]\nname = "tiny"\ntarget = "fixtures.models:tiny"\n'
+    manifest.write_text('[[function]]\nname = "tiny"\nfunction = "fixtures.models:tiny"\n'
                         'args = ["f32[{n}]", "f32[{n}]"]\nvary = { n = [3, 5] }\n')
     runner = CliRunner()
     result = runner.invoke(cli, ["--cache", str(tmp_path / "c"), "warmup", str(manifest), "--jobs", "auto", "--json"])

@@ -9,7 +9,7 @@ import pytest
 from aot.cache.warmup.manifest import MAX_NESTING, load_manifest, parse_manifest
 from aot.errors import ManifestError
 
-FUNCTION = '[[function]]\nname = "f"\ntarget = "m:f"\nargs = ["f32[2]"]\n'
+FUNCTION = '[[function]]\nname = "f"\nfunction = "m:f"\nargs = ["f32[2]"]\n'
 
 
 def _nested_static(levels: int) -> str:

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[3]
 TINY = """
 [[function]]
 name   = "tiny"
-target = "fixtures.models:tiny"
+function = "fixtures.models:tiny"
 args   = ["f32[{n}]", "f32[{n}]"]
 vary   = { n = [4, 8] }
 """
@@ -27,7 +27,7 @@ vary   = { n = [4, 8] }
 MATMUL = """
 [[function]]
 name   = "matmul"
-target = "fixtures.models:matmul"
+function = "fixtures.models:matmul"
 args   = ["f32[2,3]", "f32[3,2]"]
 """
 
@@ -105,7 +105,7 @@ def test_each_entry_reports_its_own_seconds_once(tmp_path: Path) -> None:
     items = _items("""
 [[function]]
 name   = "train"
-target = "fixtures.models:transformer_train_step"
+function = "fixtures.models:transformer_train_step"
 args   = ["@fixtures.models:transformer_param_specs", "@fixtures.models:transformer_batch_spec"]
 """)
     report = run_warmup(tmp_path / "c", items)

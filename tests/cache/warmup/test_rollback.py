@@ -19,7 +19,7 @@ from aot.cache.warmup.run import expand, load_manifest, run_warmup
 MANIFEST = '''
 [[function]]
 name = "act.layer"
-target = "rollback_model:layer"
+function = "rollback_model:layer"
 args = ["f32[16]"]
 '''
 

@@ -49,7 +49,7 @@ def test_vary_is_a_cartesian_product_and_keeps_static_types() -> None:
     manifest = parse_manifest("""
 [[function]]
 name = "f"
-target = "m:f"
+function = "m:f"
 args = ["f32[{b},{d}]"]
 static = { depth = "{d}", tag = "d{d}" }
 vary = { b = [1, 2], d = [16, 32, 64] }
@@ -63,7 +63,7 @@ vary = { b = [1, 2], d = [16, 32, 64] }
 
 
 def test_inline_tables_have_no_line_numbers() -> None:
-    manifest = parse_manifest('function = [{ name = "f", target = "m:f", args = ["f32[2]"] }]', "x.toml")
+    manifest = parse_manifest('function = [{ name = "f", function = "m:f", args = ["f32[2]"] }]', "x.toml")
     assert manifest.functions[0].line is None
     assert expand(manifest)[0].source == "x.toml"
 
@@ -178,7 +178,7 @@ def test_a_spec_callable_is_called_once_per_warmup(tmp_path: Path) -> None:
     import tests.cli.models
 
     items = expand(parse_manifest(
-        '[[function]]\nname = "scaled"\ntarget = "tests.cli.models:add3"\n'
+        '[[function]]\nname = "scaled"\nfunction = "tests.cli.models:add3"\n'
         'args = ["@tests.cli.models:counted_specs", "@tests.cli.models:counted_specs", "f32[{n}]"]\n'
         'vary = { n = [1, 4] }\n'
     ))
