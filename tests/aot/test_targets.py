@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import aot
 from aot.errors import DeviceTargetError, SpecError
-from aot.targets import parse_target
+from aot.targets import filter_libtpu_stderr, parse_target, quiet_libtpu_load
 
 needs_libtpu = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None,
@@ -287,3 +287,65 @@ def test_one_chip_or_a_mesh_over_all_chips_is_not_warned_about(caplog) -> None:
         aot.lower(_tanh_matmul, "f32[8,128]", "f32[128,128]", name="t.f", target="tpu:v5e:1x1")
         aot.lower(_tanh_matmul, x, "f32[128,128]", name="t.f", mesh=mesh, target=target)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+# ---------------------------------------------------------------- libtpu's start-up noise
+
+_NOISE = (
+    "Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type, "
+    "please set env var `TPU_ACCELERATOR_TYPE` manually, otherwise libtpu.so may not properly initialize.\n"
+    "WARNING: Logging before InitGoogle() is written to STDERR\n"
+    "E0000 00:00:1796565107.633362    2049 common_lib.cc:554] INVALID_ARGUMENT: Error: unexpected worker "
+    "hostname 'WARNING: could not determine TPU worker hostnames or IP addresses' from env var "
+    "TPU_WORKER_HOSTNAMES. Expecting a valid hostname\n"
+    "=== Source Location Trace: === \n"
+    "learning/45eac/tfrc/runtime/libtpu_init_utils.cc:327\n"
+)
+
+
+@needs_libtpu
+def test_loading_a_target_prints_none_of_libtpus_start_up_noise() -> None:
+    """A CI log of a deviceless compile shows no 'E0000 ... INVALID_ARGUMENT' line; the
+    lines are still there for whoever asks for DEBUG logs."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, sys\n"
+        "if sys.argv[1] == 'debug': logging.basicConfig(level=logging.WARNING); logging.getLogger('aot.targets').setLevel(logging.DEBUG)\n"
+        "import aot\n"
+        "print(len(aot.parse_target('tpu:v5e:1x1').devices()), len(aot.parse_target('tpu:v5e:2x2').devices()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
+    env["JAX_PLATFORMS"] = "cpu"
+    done = subprocess.run([sys.executable, "-c", script, "quiet"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "4"]
+    for text in ("Failed to find host bounds", "Logging before InitGoogle", "E0000", "INVALID_ARGUMENT",
+                 "Source Location Trace", "libtpu_init_utils.cc"):
+        assert text not in done.stderr
+    debug = subprocess.run([sys.executable, "-c", script, "debug"], env=env, capture_output=True, text=True, timeout=300)
+    assert "DEBUG:aot.targets:libtpu: WARNING: Logging before InitGoogle()" in debug.stderr
+
+
+def test_the_libtpu_filter_drops_only_the_known_noise() -> None:
+    unknown = "E0000 00:00:1796565107.1    2049 tpu_compiler.cc:12] INTERNAL: ran out of memory\n"
+    trace = "=== Source Location Trace: ===\nthird_party/tpu/compiler.cc:99\n"
+    kept, dropped = filter_libtpu_stderr(_NOISE + unknown + trace + "a line of our own\n")
+    assert kept == unknown + trace + "a line of our own\n"  # unchanged, trace with its line
+    assert len(dropped) == 5 and dropped[-1] == "learning/45eac/tfrc/runtime/libtpu_init_utils.cc:327"
+    assert filter_libtpu_stderr("W0000 00:00:1.0 1 x.cc:1] something new\n")[0] == "W0000 00:00:1.0 1 x.cc:1] something new\n"
+
+
+def test_a_failed_load_writes_every_line_and_keeps_its_error(capfd) -> None:
+    import os
+
+    with pytest.raises(RuntimeError, match="^the load failed$"):
+        with quiet_libtpu_load():
+            os.write(2, _NOISE.encode())
+            raise RuntimeError("the load failed")
+    assert capfd.readouterr().err == _NOISE
+    with quiet_libtpu_load():
+        os.write(2, (_NOISE + "something else\n").encode())
+    assert capfd.readouterr().err == "something else\n"
