@@ -33,6 +33,7 @@ TPU_DEVICE_FILES = ("/dev/vfio/[0-9]*", "/dev/accel*")
 _ACCELERATOR_DISTRIBUTIONS = ("jax_cuda", "jax_rocm", "jax-cuda", "jax-rocm", "jax_plugins")
 _PID = re.compile(r"in use by process with pid (\d+)")
 _BACKEND = re.compile(r"Unable to initialize backend '([\w-]+)'")
+_COMMAND_WIDTH = 120  # a holder's command line, shortened: the busy error stays one line
 _TARGET_HINT = "compile without the device with --target (e.g. --target tpu:v5e:1x1; see docs/cli.md)"
 
 
@@ -86,8 +87,10 @@ def _command_line(pid: int) -> str | None:
             raw = f.read()
     except OSError:
         return None
-    text = " ".join(p.decode(errors="replace") for p in raw.split(b"\0") if p)
-    return (text if len(text) <= 120 else text[:117] + "...") or None
+    # One line, whatever the arguments hold (``python -c "...multi-line script..."``):
+    # it is printed inside a one-line error.
+    text = " ".join(" ".join(p.decode(errors="replace").split()) for p in raw.split(b"\0") if p.strip())
+    return (text if len(text) <= _COMMAND_WIDTH else text[:_COMMAND_WIDTH - 3] + "...") or None
 
 
 def device_holder(patterns: Sequence[str] = TPU_DEVICE_FILES, *, proc: str = "/proc") -> Holder | None:
