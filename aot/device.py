@@ -163,8 +163,16 @@ def default_devices(backend: str | None = None) -> list[Any]:
     :class:`aot.DeviceUnavailableError`, in one line."""
     import jax
 
+    from aot.jaxcompat.runtime import backend_started
+    from aot.libtpu_log import quiet_libtpu_load
+
     try:
-        return list(jax.devices(backend))
+        if backend_started():
+            return list(jax.devices(backend))
+        # The first start may load libtpu (installed for target compiles on a CPU host
+        # too), which writes its start-up noise to stderr.
+        with quiet_libtpu_load():
+            return list(jax.devices(backend))
     except RuntimeError as exc:
         error = device_error(exc)
         if error is None:

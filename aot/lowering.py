@@ -14,6 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from aot.callbacks import bindable
 from aot.callbacks import refusal as callback_refusal
 from aot.computation import MeshComputation, PmapComputation
+from aot.device import default_devices
 from aot.errors import SpecError, SymbolicShapeError, UnsupportedComputationError
 from aot.jaxcompat.callbacks import pure_callback_function
 from aot.jaxcompat.lowering import jit_settings, no_traceback_locations
@@ -330,6 +331,10 @@ def lower(
     computation's environment is the target's.
     """
     device_target = parse_target(target) if target is not None else None
+    if device_target is None:
+        # This host's backend, started here rather than somewhere inside JAX's tracing:
+        # quietly (libtpu's start-up noise) and, for a held chip, as DeviceBusyError.
+        default_devices()
     name = name or default_name(fn)
     fn, static_argnums, static_argnames, donate_argnums, donate_argnames = _unwrap_jit(
         name, fn, static_argnums, static_argnames, donate_argnums
@@ -424,6 +429,7 @@ def lower_pmap(
     compiler_options: dict[str, Any] | None = None,
 ) -> PmapComputation:
     """Traces and lowers ``jax.pmap(fn)`` (wrapped in ``jax.jit``) against explicit avals."""
+    default_devices()  # as lower() does
     name = name or default_name(fn)
     static = set(_as_tuple(static_broadcasted_argnums))
     pmapped = jax.pmap(

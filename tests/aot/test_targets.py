@@ -20,7 +20,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import aot
 from aot.errors import DeviceTargetError, SpecError
-from aot.targets import filter_libtpu_stderr, parse_target, quiet_libtpu_load
+from aot.libtpu_log import filter_libtpu_stderr, quiet_libtpu_load
+from aot.targets import parse_target
 
 needs_libtpu = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None,
@@ -313,7 +314,7 @@ def test_loading_a_target_prints_none_of_libtpus_start_up_noise() -> None:
 
     script = (
         "import logging, sys\n"
-        "if sys.argv[1] == 'debug': logging.basicConfig(level=logging.WARNING); logging.getLogger('aot.targets').setLevel(logging.DEBUG)\n"
+        "if sys.argv[1] == 'debug': logging.basicConfig(level=logging.WARNING); logging.getLogger('aot.libtpu_log').setLevel(logging.DEBUG)\n"
         "import aot\n"
         "print(len(aot.parse_target('tpu:v5e:1x1').devices()), len(aot.parse_target('tpu:v5e:2x2').devices()))\n"
     )
@@ -326,7 +327,13 @@ def test_loading_a_target_prints_none_of_libtpus_start_up_noise() -> None:
                  "Source Location Trace", "libtpu_init_utils.cc"):
         assert text not in done.stderr
     debug = subprocess.run([sys.executable, "-c", script, "debug"], env=env, capture_output=True, text=True, timeout=300)
-    assert "DEBUG:aot.targets:libtpu: WARNING: Logging before InitGoogle()" in debug.stderr
+    assert "DEBUG:aot.libtpu_log:libtpu: WARNING: Logging before InitGoogle()" in debug.stderr
+    # A host compile where JAX tries the TPU backend (libtpu installed, no JAX_PLATFORMS): as quiet.
+    host = "import aot\nprint(aot.lower(lambda x: x + 1, 'f32[4]', name='t.host').environment_fingerprint.as_dict()['platform'])\n"
+    env.pop("JAX_PLATFORMS")
+    done = subprocess.run([sys.executable, "-c", host], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["cpu"], done.stderr
+    assert "E0000" not in done.stderr and "Logging before InitGoogle" not in done.stderr
 
 
 def test_the_libtpu_filter_drops_only_the_known_noise() -> None:
