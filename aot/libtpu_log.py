@@ -44,7 +44,7 @@ LIBTPU_NOISE: tuple[re.Pattern[str], ...] = (
 _TRACE_LINE = re.compile(r"^(=== Source Location Trace: ===|[\w./-]+\.cc:\d+)$")
 # fd 2 is the process's: one capture at a time (another thread's writes to stderr
 # during a load are held back until it ends, then written, never dropped).
-_CAPTURE_LOCK = threading.Lock()
+_CAPTURE_LOCK = threading.RLock()  # re-entrant: a nested capture writes into the outer one
 
 
 def filter_libtpu_stderr(text: str) -> tuple[str, list[str]]:
@@ -66,29 +66,33 @@ def quiet_libtpu_load() -> Iterator[None]:
     """Captures fd 2 while libtpu loads; afterwards logs its start-up noise at DEBUG and
     writes every other line to the real stderr. When the load fails, every line is
     written (never hide what explains a failure); the exception passes unchanged."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):  # no fd 2 (or no sys.stderr): nothing to quiet
-        yield
-        return
-    with _CAPTURE_LOCK, tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        failed = True
+    with _CAPTURE_LOCK:  # fd 2 is saved under the lock too: never another capture's file
         try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no fd 2 (or no sys.stderr): nothing to quiet
+            saved = None
+        if saved is None:
             yield
-            failed = False
-        finally:
+            return
+        with tempfile.TemporaryFile() as captured:
+            os.dup2(captured.fileno(), 2)
+            failed = True
             try:
-                sys.stderr.flush()
-            except (OSError, ValueError, AttributeError):
-                pass
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            text = captured.read().decode(errors="replace")
-            kept, dropped = (text, []) if failed else filter_libtpu_stderr(text)
-            for line in dropped:
-                log.debug("libtpu: %s", line)
-            if kept:
-                os.write(2, kept.encode())
+                yield
+                failed = False
+            finally:
+                try:
+                    sys.stderr.flush()
+                except (OSError, ValueError, AttributeError):
+                    pass
+                os.dup2(saved, 2)
+                os.close(saved)
+                captured.seek(0)
+                text = captured.read().decode(errors="replace")
+                kept, dropped = (text, []) if failed else filter_libtpu_stderr(text)
+                for line in dropped:
+                    log.debug("libtpu: %s", line)
+                if kept:
+                    sys.stderr.flush()
+                    os.write(2, kept.encode())
