@@ -33,6 +33,7 @@ TPU_DEVICE_FILES = ("/dev/vfio/[0-9]*", "/dev/accel*")
 _ACCELERATOR_DISTRIBUTIONS = ("jax_cuda", "jax_rocm", "jax-cuda", "jax-rocm", "jax_plugins")
 _PID = re.compile(r"in use by process with pid (\d+)")
 _BACKEND = re.compile(r"Unable to initialize backend '([\w-]+)'")
+_COMMAND_WIDTH = 120  # a holder's command line, shortened: the busy error stays one line
 _TARGET_HINT = "compile without the device with --target (e.g. --target tpu:v5e:1x1; see docs/cli.md)"
 
 
@@ -86,8 +87,10 @@ def _command_line(pid: int) -> str | None:
             raw = f.read()
     except OSError:
         return None
-    text = " ".join(p.decode(errors="replace") for p in raw.split(b"\0") if p)
-    return (text if len(text) <= 120 else text[:117] + "...") or None
+    # One line, whatever the arguments hold (``python -c "...multi-line script..."``):
+    # it is printed inside a one-line error.
+    text = " ".join(" ".join(p.decode(errors="replace").split()) for p in raw.split(b"\0") if p.strip())
+    return (text if len(text) <= _COMMAND_WIDTH else text[:_COMMAND_WIDTH - 3] + "...") or None
 
 
 def device_holder(patterns: Sequence[str] = TPU_DEVICE_FILES, *, proc: str = "/proc") -> Holder | None:
@@ -160,8 +163,16 @@ def default_devices(backend: str | None = None) -> list[Any]:
     :class:`aot.DeviceUnavailableError`, in one line."""
     import jax
 
+    from aot.jaxcompat.runtime import backend_started
+    from aot.libtpu_log import quiet_libtpu_load
+
     try:
-        return list(jax.devices(backend))
+        if backend_started():
+            return list(jax.devices(backend))
+        # The first start may load libtpu (installed for target compiles on a CPU host
+        # too), which writes its start-up noise to stderr.
+        with quiet_libtpu_load():
+            return list(jax.devices(backend))
     except RuntimeError as exc:
         error = device_error(exc)
         if error is None:

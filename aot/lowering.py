@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from aot.callbacks import bindable
 from aot.callbacks import refusal as callback_refusal
 from aot.computation import MeshComputation, PmapComputation
+from aot.device import default_devices
 from aot.errors import SpecError, SymbolicShapeError, UnsupportedComputationError
 from aot.jaxcompat.callbacks import pure_callback_function
 from aot.jaxcompat.lowering import jit_settings, no_traceback_locations
@@ -216,12 +217,18 @@ def _specs_for(args: Sequence[Any], static: set[int], mesh: Mesh | None) -> list
     return [a if i in static else spec(a, mesh=mesh) for i, a in enumerate(args)]
 
 
-def _on_target(specs: Any, target: DeviceTarget | None, mesh: Mesh | None) -> Any:
-    """Places the specs on a device target's first device (without a mesh), as
-    ``jax.jit`` places uncommitted inputs on the default device: JAX compiles for the
-    devices the inputs' shardings name. With a mesh, it must be over the target's devices."""
+def _target_device(target: DeviceTarget | None, mesh: Mesh | None) -> Any:
+    """The device a program lowered for ``target`` without a mesh is placed on (the
+    target's first, as ``jax.jit`` places uncommitted inputs on the default device), or
+    None (no target, or a mesh, which must then be over the target's devices).
+
+    The specs are not given that device as a sharding: lowering under it as the default
+    device leaves the in-shardings unspecified, so the StableHLO, the shardings and the
+    program fingerprint are exactly those of the same program lowered on the chip itself
+    (explicit ``SingleDeviceSharding``s add ``sdy.sharding`` attributes: one program,
+    two keys, issue 43)."""
     if target is None:
-        return specs
+        return None
     devices = target.devices()
     if mesh is not None:
         ids = {int(d.id) for d in devices}
@@ -230,15 +237,28 @@ def _on_target(specs: Any, target: DeviceTarget | None, mesh: Mesh | None) -> An
                 f"the mesh's devices ({mesh.devices.flat[0].platform}) are not the target {target.name}'s; "
                 f"build it over the target: aot.parse_target({target.name!r}).mesh({{...}})"
             )
-        return specs
-    single = SingleDeviceSharding(devices[0])
+        return None
+    return devices[0]
 
-    def place(leaf: Any) -> Any:
-        if not isinstance(leaf, jax.ShapeDtypeStruct) or leaf.sharding is not None:
-            return leaf
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=single, weak_type=leaf.weak_type)
 
-    return jax.tree_util.tree_map(place, specs)
+def _on_device(device: Any) -> Any:
+    """``jax.default_device(device)``, or nothing to do for None."""
+    return jax.default_device(device) if device is not None else _nullcontext()
+
+
+def _warn_one_chip(name: str, target: DeviceTarget | None, devices: Sequence[Any]) -> None:
+    """A multi-chip target compiled without a mesh runs on one of its chips: say so,
+    and how to use them all (nothing else tells the user before the chips sit idle)."""
+    if target is None or target.chip_count <= 1 or len(devices) != 1:
+        return
+    log.warning(
+        "%s: target %s has %d chips but no mesh was given: the program will run on one chip "
+        "(device 0); to use all %d, lower it over a mesh of the target "
+        "(mesh=aot.parse_target(%r).mesh({'data': %d}) with in_shardings) or give the manifest "
+        "entry mesh = \"data=%d\" and in_shardings",
+        name, target.name, target.chip_count, target.chip_count, target.name,
+        target.chip_count, target.chip_count,
+    )
 
 
 def _export_flat(
@@ -311,6 +331,10 @@ def lower(
     computation's environment is the target's.
     """
     device_target = parse_target(target) if target is not None else None
+    if device_target is None:
+        # This host's backend, started here rather than somewhere inside JAX's tracing:
+        # quietly (libtpu's start-up noise) and, for a held chip, as DeviceBusyError.
+        default_devices()
     name = name or default_name(fn)
     fn, static_argnums, static_argnames, donate_argnums, donate_argnames = _unwrap_jit(
         name, fn, static_argnums, static_argnames, donate_argnums
@@ -321,8 +345,6 @@ def lower(
     arg_specs = _specs_for(args, static_nums, mesh)
     kwarg_specs = {k: v if k in static_names else spec(v, mesh=mesh) for k, v in kwargs.items()}
     arg_specs, kwarg_specs = _unify_symbolic(name, arg_specs, kwarg_specs, static_nums, static_names)
-    arg_specs = [a if i in static_nums else _on_target(a, device_target, mesh) for i, a in enumerate(arg_specs)]
-    kwarg_specs = {k: v if k in static_names else _on_target(v, device_target, mesh) for k, v in kwarg_specs.items()}
     jitted = jax.jit(
         fn,
         static_argnums=tuple(sorted(static_nums)),
@@ -334,10 +356,12 @@ def lower(
     )
     arg_names = [n for i, n in enumerate(_positional_names(fn, len(args))) if i not in static_nums]
     statics = _record_statics(name, fn, args, kwargs, static_nums, static_names)
-    return _trace_and_lower(
+    computation = _trace_and_lower(
         MeshComputation, name, jitted, arg_specs, kwarg_specs, static_nums, static_names,
         mesh, arg_names, {"compiler_options": compiler_options}, statics, device_target,
     )
+    _warn_one_chip(name, device_target, computation.devices)
+    return computation
 
 
 def _unwrap_jit(
@@ -405,6 +429,7 @@ def lower_pmap(
     compiler_options: dict[str, Any] | None = None,
 ) -> PmapComputation:
     """Traces and lowers ``jax.pmap(fn)`` (wrapped in ``jax.jit``) against explicit avals."""
+    default_devices()  # as lower() does
     name = name or default_name(fn)
     static = set(_as_tuple(static_broadcasted_argnums))
     pmapped = jax.pmap(
@@ -447,8 +472,9 @@ def _trace_and_lower(
     statics: tuple[StaticArg, ...] = (),
     target: DeviceTarget | None = None,
 ) -> MeshComputation:
+    device = _target_device(target, mesh)
     context = jax.set_mesh(mesh) if mesh is not None else _nullcontext()
-    with context:
+    with context, _on_device(device):
         try:
             traced = jitted.trace(*arg_specs, **kwarg_specs)
             _check_servable(name, traced.jaxpr, pmap=cls.kind == "pmap")
@@ -468,10 +494,12 @@ def _trace_and_lower(
     def export(
         in_shardings: Sequence[Any], out_shardings: Sequence[Any], *, mesh_context: bool = True
     ) -> bytes:
-        return _export_flat(
-            jitted, in_tree, arg_specs, kwarg_specs, static_nums, static_names,
-            mesh if mesh_context else None, in_shardings, out_shardings,
-        )
+        # Traced again by jax.export: on the target's device too, as lowered above.
+        with _on_device(device):
+            return _export_flat(
+                jitted, in_tree, arg_specs, kwarg_specs, static_nums, static_names,
+                mesh if mesh_context else None, in_shardings, out_shardings,
+            )
 
     log.debug("lowered %s", name)
     return cls(name, lowered, arg_names=arg_names, export=export, options=options, statics=statics, target=target)

@@ -28,6 +28,7 @@ from functools import lru_cache
 from typing import Any
 
 from aot.errors import DeviceTargetError
+from aot.libtpu_log import quiet_libtpu_load
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,6 @@ _PLATFORMS = ("tpu",)
 _DEFAULT_HOST_BOUNDS = (2, 2, 1)
 _ALLOW_MULTIPLE = "ALLOW_MULTIPLE_LIBTPU_LOAD"
 _GRID = re.compile(r"^\d+(x\d+){1,2}$")
-
 
 def _known() -> str:
     return "; ".join(
@@ -177,10 +177,11 @@ def _topology_devices(target: DeviceTarget) -> tuple[Any, ...]:
     allowed = os.environ.get(_ALLOW_MULTIPLE)
     os.environ[_ALLOW_MULTIPLE] = "1"
     try:
-        topology = topologies.get_topology_desc(
-            f"{target.chip}:{target.topology}", target.platform,
-            chips_per_host_bounds=target.host_bounds, num_slices=1,
-        )
+        with quiet_libtpu_load():
+            topology = topologies.get_topology_desc(
+                f"{target.chip}:{target.topology}", target.platform,
+                chips_per_host_bounds=target.host_bounds, num_slices=1,
+            )
     except RuntimeError as exc:  # JaxRuntimeError is one
         busy = device_error(exc) if "in use by process" in str(exc) else None
         if busy is not None:  # a chip here, held by a server: libtpu refuses to load

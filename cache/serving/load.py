@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aot.device import device_error
 from aot.errors import AotError, CacheError, ReleaseNotFoundError, UsageError
 
 from aot.cache.serving import read_ahead
@@ -92,6 +93,29 @@ def load(
     """
     if release is None:
         release = os.environ.get(RELEASE_ENV, "").strip() or None
+    try:
+        return _load(
+            name, cache, strict=strict, lazy=lazy, fallback=fallback, read_only=read_only, pad=pad,
+            pad_outputs=pad_outputs, pad_value=pad_value, allow_empty=allow_empty,
+            background=background, release=release, timeouts=timeouts,
+        )
+    except RuntimeError as exc:
+        # JAX's backend failing to start (the chip held by another process: "Unable to
+        # initialize backend 'tpu': ABORTED: The TPU is already in use by process with
+        # pid N") is DeviceBusyError / DeviceUnavailableError, naming the holder, as for
+        # a compile (aot.device); wherever the load first touched the backend.
+        error = None if isinstance(exc, AotError) else device_error(exc)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _load(
+    name: str, cache: ArtifactStore | str | None, *, strict: bool, lazy: bool,
+    fallback: Callable[..., Any] | None, read_only: bool | None, pad: Mapping[str, int] | None,
+    pad_outputs: int | Mapping[str, int] | None, pad_value: Any, allow_empty: bool,
+    background: bool | None, release: str | None, timeouts: Timeouts | None,
+) -> Dispatcher:
     if background is None:
         background = not lazy and _on_accelerator()
     if lazy and background:

@@ -197,3 +197,95 @@ def test_a_named_sharding_over_a_mesh_of_the_devices(tmp_path: Path) -> None:
     want = jax.jit(affine, in_shardings=(rows, replicated))(x, w)
     assert_identical(got, want)
     assert got.sharding.is_equivalent_to(want.sharding, got.ndim)
+
+
+# ---------------------------------------------------------------- one program, one key (issue 43)
+
+PARITY_TARGET = "tpu:v5e:1x1"
+
+
+def parity_programs() -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """name -> (function, specs, lower keywords): bf16, a pytree, a donated argument.
+    Also imported by the deviceless compile below, in a process of its own."""
+    bf16 = jnp.bfloat16
+    vector = jax.ShapeDtypeStruct((1024,), jnp.float32)
+    return {
+        "parity.affine": (affine, (jax.ShapeDtypeStruct((128, 256), bf16), jax.ShapeDtypeStruct((256, 128), bf16)), {}),
+        "parity.mlp": (mlp, mlp_specs(8), {}),
+        "parity.accumulate": (accumulate, (vector, vector), {"donate_argnums": (0,)}),
+    }
+
+
+# Run by a process of its own that never opens the chip (JAX_PLATFORMS=cpu, no TPU_*
+# variable: a CPU CI runner's environment): compiles every parity program for the
+# target into the cache, prints each one's fingerprints as JSON.
+_DEVICELESS = """
+import importlib.util, json, sys
+import aot
+spec = importlib.util.spec_from_file_location("on_chip_programs", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+cache = aot.Cache(sys.argv[2])
+found = {}
+for name, (fn, specs, kwargs) in module.parity_programs().items():
+    comp = aot.lower(fn, *specs, name=name, target=sys.argv[3], **kwargs)
+    entry = cache.put(comp)
+    found[name] = {"key": comp.fingerprint, "stored": entry.key, "platform": entry.platform,
+                   "program": comp.program_fingerprint.as_dict(),
+                   "environment": comp.environment_fingerprint.as_dict()}
+cache.close()
+print(json.dumps(found))
+"""
+
+
+def _compile_deviceless(folder: Path) -> dict[str, Any]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    # The chip host carries TPU_* variables (and import jax here set more); a CPU runner has none.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_") and k != "LIBTPU_INIT_ARGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", _DEVICELESS, str(Path(__file__).resolve()), str(folder), PARITY_TARGET],
+        env=env, cwd=str(folder.parent), capture_output=True, text=True, timeout=540,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def test_a_program_compiled_deviceless_and_on_the_chip_has_one_key(tmp_path: Path) -> None:
+    """The same program compiled for tpu:v5e:1x1 on a CPU (deviceless, in a process that
+    never opens the chip) and on the chip itself: one program fingerprint, one key, and
+    the chip's compile finds the deviceless entry; served, both give the same bits (TPU
+    executables are not byte-deterministic, so outputs are compared, not bytes)."""
+    folder = tmp_path / "cache"
+    deviceless = _compile_deviceless(folder)
+    cache = aot.Cache(str(folder))
+    try:
+        for seed, (name, (fn, specs, kwargs)) in enumerate(parity_programs().items()):
+            stored = deviceless[name]
+            assert stored["platform"] == "tpu" and stored["stored"] == stored["key"]
+            on_chip = aot.lower(fn, *specs, name=name, **kwargs)
+            program = on_chip.program_fingerprint.as_dict()
+            assert {k: (v, stored["program"].get(k)) for k, v in program.items() if stored["program"].get(k) != v} == {}
+            assert program == stored["program"]
+            environment = on_chip.environment_fingerprint.as_dict()
+            assert {k: (v, stored["environment"].get(k)) for k, v in environment.items()
+                    if stored["environment"].get(k) != v} == {}
+            assert on_chip.fingerprint == stored["key"]
+            # Compiling here is a hit on the entry the CPU compiled: one key, one entry.
+            result = cache.compile_entry(fn, *specs, name=name, **kwargs)
+            assert result.hit and result.entry.key == stored["key"]
+            assert [e.key for e in cache.entries(name)] == [stored["key"]]
+
+            served = aot.load(name, cache=str(folder), strict=True)
+            chip_exe = on_chip.compile_fresh()  # compiled on the chip itself
+            inputs = random_like(specs, 10 + seed)
+            want = chip_exe(*jax.tree_util.tree_map(jnp.copy, inputs))
+            assert_identical(served(*jax.tree_util.tree_map(jnp.copy, inputs)), want)
+            assert_identical(jax.jit(fn)(*inputs), want)
+    finally:
+        cache.close()

@@ -113,3 +113,22 @@ def test_jax_failure_to_start_becomes_the_typed_error() -> None:
     name, _, message = done.stdout.strip().partition(" | ")
     assert name in ("DeviceUnavailableError", "DeviceBusyError"), done.stdout
     assert "\n" not in message and "this command needs the device" in message
+
+
+def test_a_holders_multi_line_command_is_one_short_line(tmp_path: Path) -> None:
+    """A server started with ``python -c "<a script>"`` has newlines in its command line;
+    the busy error names it on one line, shortened."""
+    script = "import sys\n\nprint('ready', flush=True)\n" + "# padding\n" * 30 + "sys.stdin.read()\n"
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        error = device_error(RuntimeError(HELD.replace("1612", str(child.pid))), patterns=(str(tmp_path / "none*"),))
+        text = str(error)
+        assert isinstance(error, aot.DeviceBusyError) and error.pid == child.pid
+        assert "\n" not in text
+        assert f"held by process {child.pid} ({sys.executable} -c import sys print('ready', flush=True) # padding" in text
+        command = text.split(f"held by process {child.pid} (", 1)[1].split("): this command", 1)[0]
+        assert len(command) == 120 and command.endswith("...")
+    finally:
+        child.stdin.close()  # type: ignore[union-attr]
+        child.wait(timeout=10)

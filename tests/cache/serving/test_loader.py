@@ -108,6 +108,33 @@ def test_load_by_location_string(served, compiled) -> None:  # noqa: ANN001
     _check_buckets(fn, compiled)
 
 
+@pytest.mark.parametrize("how", ["default", "lazy"])
+def test_a_held_chip_is_a_device_busy_error_naming_the_holder(
+    served, compiled, monkeypatch: pytest.MonkeyPatch, how: str,  # noqa: ANN001
+) -> None:
+    """A second process loading while a server holds the chip gets aot.DeviceBusyError
+    naming the holder, not JAX's RuntimeError: JAX's backend start fails here as it does
+    there (the exact message JAX 0.10.2 gives on a TPU v5e, measured)."""
+    held = (
+        "Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process with pid 4242. "
+        "Not attempting to load libtpu.so in this process. (set JAX_PLATFORMS='' to automatically choose "
+        "an available backend)"
+    )
+
+    def busy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError(held)
+
+    monkeypatch.setattr(jax, "default_backend", busy)
+    if how == "lazy":  # no start-up probe of the backend: the environment's devices touch it
+        monkeypatch.setattr(jax, "devices", busy)
+        monkeypatch.setattr(jax, "local_devices", busy)
+    with pytest.raises(aot.DeviceBusyError) as info:
+        aot.load(compiled.MLP_NAME, cache=served.location, read_only=True, lazy=how == "lazy")
+    assert info.value.pid == 4242
+    assert str(info.value).startswith("the TPU is held by process 4242")
+    assert "\n" not in str(info.value) and "--target" in str(info.value)
+
+
 # ---------------------------------------------------------------- misses
 
 

@@ -1,0 +1,98 @@
+"""libtpu's start-up noise on stderr, kept out of CI logs without hiding a real error.
+
+libtpu writes from C++ straight to file descriptor 2, so Python's logging cannot route
+it: :func:`quiet_libtpu_load` captures fd 2 while libtpu loads (for a device target's
+topology, :mod:`aot.targets`, or as this host's backend, :func:`aot.device.default_devices`),
+then logs the lines known to be start-up noise at DEBUG and writes every other line
+to the real stderr unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LIBTPU_NOISE", "filter_libtpu_stderr", "quiet_libtpu_load"]
+
+# What libtpu (0.0.42.1, under jax 0.10.2) writes to stderr, from C++ on fd 2, whenever a
+# process loads it (for a target's topology, or as a backend JAX tries) on a host that is
+# not a TPU VM (a CPU CI runner, a laptop): it looks for this host's accelerator type and
+# TPU workers (GCE metadata, TPU_* variables), finds none, and carries on; a deviceless
+# compile needs neither (seen on this project's CPU machines and quoted in issue 43). An
+# "E0000 ... INVALID_ARGUMENT" line reads as a failure in CI logs, so these lines are
+# logged at DEBUG instead. Only these: any other line is written to stderr unchanged.
+# Do not silence them by setting TPU_* variables: libtpu reads every one, and they
+# enter the environment record's key (aot.env_record).
+LIBTPU_NOISE: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type"),
+    re.compile(r"^WARNING: Logging before InitGoogle\(\) is written to STDERR$"),
+    re.compile(
+        r"^E\d{4} [\d:.]+\s+\d+ common_lib\.cc:\d+\] INVALID_ARGUMENT: Error: unexpected worker "
+        r"hostname 'WARNING: could not determine TPU worker hostnames"
+    ),
+    re.compile(r"^I\d{4} [\d:.]+\s+\d+ \S+\] "),  # glog INFO lines: never a failure
+)
+# The lines of a source-location trace that follow a glog line: they go where it goes.
+_TRACE_LINE = re.compile(r"^(=== Source Location Trace: ===|[\w./-]+\.cc:\d+)$")
+# fd 2 is the process's: one capture at a time (another thread's writes to stderr
+# during a load are held back until it ends, then written, never dropped).
+_CAPTURE_LOCK = threading.RLock()  # re-entrant: a nested capture writes into the outer one
+
+
+def filter_libtpu_stderr(text: str) -> tuple[str, list[str]]:
+    """Splits what libtpu wrote to stderr while loading into the text to write on
+    (every line that is not :data:`LIBTPU_NOISE`, unchanged) and the noise lines."""
+    kept: list[str] = []
+    dropped: list[str] = []
+    noise = False
+    for line in text.splitlines(keepends=True):
+        bare = line.strip()
+        if not (_TRACE_LINE.match(bare) and kept + dropped):
+            noise = any(p.match(bare) for p in LIBTPU_NOISE)
+        (dropped if noise else kept).append(line)
+    return "".join(kept), [line.rstrip("\n") for line in dropped]
+
+
+@contextmanager
+def quiet_libtpu_load() -> Iterator[None]:
+    """Captures fd 2 while libtpu loads; afterwards logs its start-up noise at DEBUG and
+    writes every other line to the real stderr. When the load fails, every line is
+    written (never hide what explains a failure); the exception passes unchanged."""
+    with _CAPTURE_LOCK:  # fd 2 is saved under the lock too: never another capture's file
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no fd 2 (or no sys.stderr): nothing to quiet
+            saved = None
+        if saved is None:
+            yield
+            return
+        with tempfile.TemporaryFile() as captured:
+            os.dup2(captured.fileno(), 2)
+            failed = True
+            try:
+                yield
+                failed = False
+            finally:
+                try:
+                    sys.stderr.flush()
+                except (OSError, ValueError, AttributeError):
+                    pass
+                os.dup2(saved, 2)
+                os.close(saved)
+                captured.seek(0)
+                text = captured.read().decode(errors="replace")
+                kept, dropped = (text, []) if failed else filter_libtpu_stderr(text)
+                for line in dropped:
+                    log.debug("libtpu: %s", line)
+                if kept:
+                    sys.stderr.flush()
+                    os.write(2, kept.encode())
