@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aot.dtype_names import short_dtype
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError
 from aot.fingerprint import (
     Fingerprint,
@@ -438,22 +439,10 @@ def check_environment(manifest: Manifest, current: Fingerprint | None = None) ->
         )
 
 
-# The numpy names of the dtypes every jax has -> their short names (aot.specs.DTYPES),
-# so that reading a manifest (aot ls, show, bundle, push) needs no JAX for them.
-COMMON_DTYPES = {
-    "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
-    "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
-    "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
-    "bool": "bool", "complex64": "c64", "complex128": "c128",
-}
-
-
 def manifest_aval_text(aval: Mapping[str, Any]) -> str:
     """``{"shape": [8, 128], "dtype": "float32"}`` -> ``"f32[8,128]"`` (``~`` when weakly
     typed), as :func:`aot.specs.format_aval` writes it; JAX is imported only for a
     dtype aot.specs does not know or a symbolic dimension."""
-    from aot.signatures import short_dtype
-
     shape, dtype, weak = aval["shape"], aval["dtype"], bool(aval.get("weak_type", False))
     try:  # every dtype aot.specs knows, typed keys included: `aot show` imports no JAX
         short = short_dtype(dtype) if isinstance(dtype, str) else None

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from aot.artifact import COMMON_DTYPES
+from aot.dtype_names import SHORT_DTYPES
 
 if TYPE_CHECKING:
     from aot.artifact import Manifest
@@ -39,7 +39,7 @@ __all__ = ["CheckedManifests", "PendingRows", "leaf_keys_of"]
 #: (shape, dtype, weak_type) of one input, as a call's leaves give it.
 Keys = tuple[tuple[tuple[int, ...], Any, bool], ...]
 
-_LONG = {short: long for long, short in COMMON_DTYPES.items()}
+_LONG = {short: long for long, short in SHORT_DTYPES.items() if long != "pred"}
 
 
 @lru_cache(maxsize=None)

@@ -106,7 +106,7 @@ def test_describe_call_is_one_phrase_per_argument() -> None:
 
 
 def test_the_display_dtype_table_says_what_aot_specs_says() -> None:
-    """Listings name dtypes without JAX (aot.signatures.SHORT_DTYPES); every dtype and
+    """Listings name dtypes without JAX (aot.dtype_names.SHORT_DTYPES); every dtype and
     typed key aot.specs offers reads exactly as aot.specs prints it."""
     from aot.signatures import short_dtype
     from aot.jaxcompat.dtypes import prng_key_dtypes
