@@ -42,8 +42,15 @@ VICTIM_SIGNATURE_WIDTH = 60
     help="Check the manifest's coverage from its specs only, without lowering (cheap; does "
     "not notice code changes).",
 )
+@click.option(
+    "--recompile", is_flag=True,
+    help="Also compile each entry of this host's environment from its stored portable HLO and "
+    "compare it with the stored executable (equal bytes, else the same optimized HLO and "
+    "bit-identical outputs on generated inputs): OK, DIFFERS (what) or SKIPPED (why) per entry; "
+    "exit 1 on any DIFFERS. Needs the device; on the chip it proves a deviceless compile.",
+)
 @pass_state
-def verify_command(state: State, manifest: str | None, strict: bool, no_lower: bool) -> None:
+def verify_command(state: State, manifest: str | None, strict: bool, no_lower: bool, recompile: bool) -> None:
     """Check the cache: re-hash every blob, parse every manifest.
 
     Bad entries are quarantined (unless --read-only); exit status 1 on any problem
@@ -61,10 +68,21 @@ def verify_command(state: State, manifest: str | None, strict: bool, no_lower: b
 
     if strict and manifest is None:
         manifest = state.settings.manifest.value  # None: refs and releases only
+    from aot.cache.admin.aging import aged_entries
+
     cache = state.cache()
     report = verify_with_coverage(cache, manifest, strict=strict, lower=not no_lower)
+    aging = aged_entries(cache, deep=True)
+    parity = None
+    if recompile:
+        from aot.cache.admin.parity import verify_recompile
+
+        parity = verify_recompile(cache)
     if state.json:
-        echo_json(report.to_dict())
+        echo_json({
+            **report.to_dict(), "aging": aging.to_dict(),
+            **({"recompile": parity.to_dict()} if parity is not None else {}),
+        })
     else:
         click.echo(report.summary())
         for line in report.problem_lines():
@@ -85,7 +103,13 @@ def verify_command(state: State, manifest: str | None, strict: bool, no_lower: b
                 click.echo(f"  {missing.describe()}")
             for stale in report.coverage.stale:
                 click.echo(stale.describe())
-    if not report.ok:
+        for line in aging.lines():
+            click.echo(line)
+        if parity is not None:
+            click.echo(parity.summary())
+            for line in parity.lines():
+                click.echo(line)
+    if not report.ok or (parity is not None and not parity.ok):
         click.get_current_context().exit(1)
 
 
