@@ -3,12 +3,14 @@ executable compared with what this host compiles from the stored portable HLO.""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import pytest
 from click.testing import CliRunner
 
 import aot
@@ -113,3 +115,15 @@ def test_canonical_hlo_ignores_names_and_locations_only() -> None:
     assert canonical_hlo(a.as_text()) == canonical_hlo(b.as_text())
     assert canonical_hlo(a.as_text()) != canonical_hlo(c.as_text())
     assert PORTABLE_HLO  # the blob role the recompile reads
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu not installed: needed to compile for a TPU target")
+def test_an_entry_compiled_for_a_target_is_skipped_on_this_cpu(tmp_path: Path) -> None:
+    cache = aot.Cache(tmp_path / "c")
+    cache.compile(mlp, *SPECS, name="p.tpu", target="tpu:v5e:1x1")
+    (item,) = verify_recompile(cache).items
+    here = cache.environment.as_dict()
+    assert (item.status, item.detail) == (
+        SKIPPED, f"compiled for tpu (TPU v5 lite x1), this host is cpu (cpu x{here['device_count']})",
+    )
+    cache.close()
