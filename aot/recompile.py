@@ -142,7 +142,8 @@ def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Art
         ))
     donated = tuple(i for i, a in enumerate(manifest.args) if a["donated"])
     start = time.perf_counter()
-    compiled = jax.jit(exported.call, donate_argnums=donated).trace(*specs).lower().compile()
+    jitted = jax.jit(exported.call, donate_argnums=donated)
+    compiled = jitted.trace(*specs).lower().compile(stored_compiler_options(manifest) or None)
     seconds = time.perf_counter() - start
     unloaded = unloaded_executable(compiled)
     kept = set(unloaded.kept_var_idx)
