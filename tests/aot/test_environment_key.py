@@ -125,3 +125,32 @@ def test_an_entry_compiled_with_flags_is_refused_where_they_are_not_set(tmp_path
         check_environment(manifest, environment_fingerprint(devices=aot.parse_target("tpu:v5e:1x1").devices()))
     finally:
         cache.close()
+
+
+def test_aot_why_names_the_libtpu_part(tmp_path: Path) -> None:
+    """An entry stored under flags this process lacks (its environment as a TPU host
+    with LIBTPU_INIT_ARGS records it; here on this host's other parts): `aot why` says
+    the libtpu_init_args part differs, stored value first."""
+    from dataclasses import replace
+
+    from click.testing import CliRunner
+
+    from aot.artifact import Artifact
+    from aot.build import build_artifact
+    from aot.cli.main import cli
+    from aot.fingerprint import Fingerprint, combined_key
+
+    comp = aot.lower(lambda x: x * 2.0, "f32[8]", name="libtpu.why")
+    artifact = build_artifact(comp.compile(), comp.portable_hlo(comp.compile()))
+    parts = dict(artifact.manifest.environment.as_dict(), libtpu_init_args=relevant_libtpu_init_args(FLAGS))
+    environment = Fingerprint.of("environment", parts)
+    manifest = replace(artifact.manifest, environment=environment,
+                       key=combined_key(artifact.manifest.program, environment))
+    cache = aot.Cache(tmp_path / "c")
+    cache.put_artifact(Artifact(manifest, artifact.blobs))
+    cache.close()
+    out = CliRunner().invoke(cli, ["--cache", str(tmp_path / "c"), "why", "libtpu.why", "--arg", "f32[8]"])
+    assert (
+        "  libtpu_init_args --xla_enable_async_all_gather=true --xla_tpu_enable_latency_hiding_scheduler=... "
+        "!= (absent)"
+    ) in out.output.splitlines(), out.output
