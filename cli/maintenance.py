@@ -45,8 +45,8 @@ VICTIM_SIGNATURE_WIDTH = 60
 @click.option(
     "--recompile", is_flag=True,
     help="Also compile each entry of this host's environment from its stored portable HLO and "
-    "compare it with the stored executable (equal bytes, else the same optimized HLO and "
-    "bit-identical outputs on generated inputs): OK, DIFFERS (what) or SKIPPED (why) per entry; "
+    "compare it with the stored executable (equal bytes, else bit-identical outputs on "
+    "generated inputs, the optimized HLO compared too): OK, DIFFERS (what) or SKIPPED (why) per entry; "
     "exit 1 on any DIFFERS. Needs the device; on the chip it proves a deviceless compile.",
 )
 @pass_state

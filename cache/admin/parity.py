@@ -42,7 +42,7 @@ class RecompileItem:
     name: str
     signature: str
     status: str
-    method: str = ""  # how it was compared: "bytes", "hlo+outputs", "hlo", ""
+    method: str = ""  # how it was compared: "bytes", "hlo+outputs", "outputs", "hlo", ""
     detail: str = ""
     seconds: float = 0.0  # the recompilation and comparison
 
@@ -51,7 +51,7 @@ class RecompileItem:
         if self.status == OK:
             how = {"bytes": "executable bytes equal", "hlo+outputs": "optimized HLO and outputs equal",
                    "hlo": "optimized HLO equal"}.get(self.method, self.method)
-            return f"{what}: {how} ({self.seconds:.2f}s)"
+            return f"{what}: {self.detail or how} ({self.seconds:.2f}s)"
         return f"{what}: {self.detail}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -150,9 +150,10 @@ def _check(
     start = time.perf_counter()
     try:
         artifact = cache.artifact(entry, manifest=manifest)
-        stored = load_executable(artifact, current=current)
+        # Flat outputs: compared leaf by leaf, no pytree node has to be rebuilt here.
+        stored = load_executable(artifact, current=current, flat_outputs=True)
         rebuilt = recompile(artifact)
-        mine = load_executable(rebuilt, current=current)
+        mine = load_executable(rebuilt, current=current, flat_outputs=True)
         comparison = compare_executables(
             stored, mine, stored_bytes=artifact.blob(EXECUTABLE), recompiled_bytes=rebuilt.blob(EXECUTABLE), run=run,
         )
@@ -161,7 +162,7 @@ def _check(
         return item(ERROR, f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - start)
     seconds = time.perf_counter() - start
     if comparison.same:
-        return item(OK, method=comparison.method, seconds=seconds)
+        return item(OK, comparison.detail, comparison.method, seconds)
     return item(
         DIFFERS,
         f"{comparison.detail}; the stored executable is not what this host compiles from the stored HLO: "

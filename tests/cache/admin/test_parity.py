@@ -63,8 +63,11 @@ def test_an_executable_compiled_with_other_options_under_the_same_key_differs(tm
     _forge(cache, good, other)
     assert cache.entries()[0].key == good.manifest.key
     (item,) = verify_recompile(cache).items
-    assert item.status == DIFFERS and item.method == "hlo+outputs"
-    assert item.detail.startswith("output 0 differs on generated inputs (seed 0); the stored executable is not")
+    # Fast math changes the code XLA generates, not the optimized HLO: the outputs tell.
+    assert item.status == DIFFERS and item.method == "outputs"
+    assert item.detail.startswith(
+        "output 0 differs on generated inputs (seed 0) (the optimized HLO is the same); the stored executable is not"
+    )
     cache.close()
 
     out = CliRunner().invoke(cli, ["--cache", str(tmp_path / "c"), "verify", "--recompile"])
@@ -82,6 +85,10 @@ def test_a_different_optimized_program_is_named_as_such(tmp_path: Path) -> None:
     cache = aot.Cache(tmp_path / "c")
     _forge(cache, good, other)
     (item,) = verify_recompile(cache).items
+    assert item.status == DIFFERS and item.method == "outputs"
+    assert item.detail.startswith("output 0 differs on generated inputs (seed 0); optimized HLO differs: line ")
+    # Without running, the optimized HLO alone decides.
+    (item,) = verify_recompile(cache, run=False).items
     assert item.status == DIFFERS and item.method == "hlo" and item.detail.startswith("optimized HLO differs: line ")
     cache.close()
 
@@ -106,6 +113,21 @@ def test_entries_of_another_environment_are_skipped_with_why(tmp_path: Path) -> 
     data = json.loads(out.output)
     assert data["recompile"]["counts"] == {"OK": 1, "DIFFERS": 0, "ERROR": 0, "SKIPPED": 1}
     assert data["recompile"]["ok"] is True
+
+
+def test_a_pruned_argument_and_typed_keys_still_verify(tmp_path: Path) -> None:
+    """The original compile prunes an unused argument, the recompile from the export
+    keeps it: the optimized HLO differs in form, the outputs are equal: OK, saying so.
+    Typed PRNG keys are generated as keys."""
+    cache = aot.Cache(tmp_path / "c")
+    cache.compile(lambda x, unused: x * 2.0, "f32[8,4]", "f32[4,3]", name="p.unused")
+    cache.compile(lambda k, x: jax.random.normal(k, (3,)) + x, jax.ShapeDtypeStruct((), jax.random.key(0).dtype),
+                  "f32[3]", name="p.key")
+    items = {i.name: i for i in verify_recompile(cache).items}
+    assert (items["p.key"].status, items["p.key"].method) == (OK, "hlo+outputs")
+    assert (items["p.unused"].status, items["p.unused"].method) == (OK, "outputs")
+    assert items["p.unused"].detail.startswith("outputs equal; optimized HLO differs: line 1: stored 'HloModule (f32[8,4]")
+    cache.close()
 
 
 def test_canonical_hlo_ignores_names_and_locations_only() -> None:
