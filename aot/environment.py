@@ -1,6 +1,7 @@
 """The environment's parts: what decides whether an executable can run here (jax and
-jaxlib versions, platform, devices and their topology, x64, the XLA flags that can
-change an executable, the CPU's instruction set), asked of JAX and the host.
+jaxlib versions, platform, devices and their topology, x64, the XLA flags and, on TPU,
+the ``LIBTPU_INIT_ARGS`` compiler flags that can change an executable, the CPU's
+instruction set), asked of JAX and the host.
 
 :func:`aot.fingerprint.environment_fingerprint` makes them a :class:`Fingerprint`;
 :func:`environment_digest` is its digest without the value objects, for ``aot.load``'s
@@ -83,6 +84,26 @@ def relevant_xla_flags(flags: str | None = None) -> str:
     return " ".join(sorted(kept))
 
 
+# Appended to LIBTPU_INIT_ARGS by `import jax` on every Cloud TPU VM
+# (jax/_src/cloud_tpu_init.py): a runtime launch option, not a compiler one. A deviceless
+# compile on a CPU host never gets it, and the chip served those executables bit for bit
+# (docs/accelerators.md), so keeping it would make every TPU host miss every target entry.
+_LIBTPU_ARGS_OUTSIDE_KEY = frozenset({"--xla_tpu_use_enhanced_launch_barrier"})
+
+
+def relevant_libtpu_init_args(args: str | None = None) -> str:
+    """The TPU compiler flags of ``LIBTPU_INIT_ARGS`` that can change the executable
+    (the ``libtpu_init_args`` part), sorted as JAX's persistent-cache key sorts them
+    (jax/_src/cache_key.py, _hash_xla_flags), with the same flags left out as from
+    ``XLA_FLAGS`` and JAX's own launch-barrier flag; empty when none is set."""
+    args = os.environ.get("LIBTPU_INIT_ARGS", "") if args is None else args
+    kept = [
+        f for f in args.split()
+        if _flag_name(f) not in _FLAGS_OUTSIDE_KEY and _flag_name(f) not in _LIBTPU_ARGS_OUTSIDE_KEY
+    ]
+    return " ".join(sorted(kept))
+
+
 _COVERED_BY_PARTS = frozenset({"--xla_force_host_platform_device_count"})
 
 
@@ -139,6 +160,13 @@ def environment_parts(backend: str | None = None, devices: Sequence[Any] | None 
     }
     if first.platform == "cpu":
         parts["cpu_isa"] = cpu_isa_features()
+    if first.platform == "tpu":
+        # libtpu compiles with the flags of the process that compiles: this host's for a
+        # device target too (aot.targets). Only when set, so that entries stored before
+        # this part existed keep their keys; only on TPU, the one platform libtpu builds for.
+        libtpu_args = relevant_libtpu_init_args()
+        if libtpu_args:
+            parts["libtpu_init_args"] = libtpu_args
     return parts
 
 

@@ -65,7 +65,9 @@ def recompile(artifact: Artifact) -> Artifact:
     # would silently stop donating (and keep twice the memory alive).
     donated = tuple(i for i, a in enumerate(trusted.args) if a.donated)
     jitted = jax.jit(exported.call, donate_argnums=donated, **options)
-    compiled = jitted.trace(*specs).lower().compile()
+    # The compiler options are part of the program (its fingerprint's compile_options):
+    # compiled without them, the executable would be another program under the same key.
+    compiled = jitted.trace(*specs).lower().compile(stored_compiler_options(manifest) or None)
     seconds = time.perf_counter() - start
     unloaded = unloaded_executable(compiled)
     kept = set(unloaded.kept_var_idx)
@@ -140,7 +142,8 @@ def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Art
         ))
     donated = tuple(i for i, a in enumerate(manifest.args) if a["donated"])
     start = time.perf_counter()
-    compiled = jax.jit(exported.call, donate_argnums=donated).trace(*specs).lower().compile()
+    jitted = jax.jit(exported.call, donate_argnums=donated)
+    compiled = jitted.trace(*specs).lower().compile(stored_compiler_options(manifest) or None)
     seconds = time.perf_counter() - start
     unloaded = unloaded_executable(compiled)
     kept = set(unloaded.kept_var_idx)
@@ -273,6 +276,16 @@ def trusted_inputs(manifest: Manifest, exported: Any) -> TrustedInputs:
         out_shardings=out_shardings,
         pinned=any(isinstance(s, dict) for s in [*pinned_in.values(), *pinned_out]),
     )
+
+
+def stored_compiler_options(manifest: Manifest) -> dict[str, Any]:
+    """The XLA compiler options the entry was compiled with (``compiler_options=`` of
+    :func:`aot.lower`), from its program fingerprint."""
+    try:
+        value = json.loads(manifest.program.as_dict().get("compile_options") or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _json_list(parts: dict[str, str], name: str, default: Any) -> list[Any]:

@@ -191,7 +191,7 @@ class ArtifactStore(ReleaseMethods):
             if self._index is not None:
                 self._index.close()
             raise
-        self._environment: dict[tuple[bool, str], Any] = {}
+        self._environment: dict[tuple[bool, str, str], Any] = {}
         self._start_stats()
 
     def _start_stats(self) -> None:
@@ -308,10 +308,13 @@ class ArtifactStore(ReleaseMethods):
     def environment(self):  # type: ignore[no-untyped-def]
         """This process's environment fingerprint, in the current x64 mode (an entry
         compiled under ``jax.enable_x64(True)`` is checked against an x64 environment),
-        recomputed when ``XLA_FLAGS`` changes in this process (both are parts)."""
+        recomputed when ``XLA_FLAGS`` or ``LIBTPU_INIT_ARGS`` changes in this process
+        (all are parts)."""
         import jax
 
-        current = (bool(jax.config.jax_enable_x64), os.environ.get("XLA_FLAGS", ""))
+        current = (
+            bool(jax.config.jax_enable_x64), os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
+        )
         if current not in self._environment:
             self._environment[current] = environment_fingerprint()
         return self._environment[current]

@@ -101,5 +101,8 @@ def doctor_command(state: State, no_verify: bool) -> None:
                     f"environment), {human_size(tier['stored_bytes'])} stored",
                 ))
             click.echo(key_value(tier_pairs))
+        if d.aging is not None:
+            for line in d.aging.lines():
+                click.echo(line)
     if not d.ok:
         click.get_current_context().exit(1)

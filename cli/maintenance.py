@@ -49,9 +49,17 @@ VICTIM_SIGNATURE_WIDTH = 60
     "own targets, as aot warmup --target compiles them, e.g. tpu:v5e:2x2 (needs libtpu, not "
     "the device); repeat for several.",
 )
+@click.option(
+    "--recompile", is_flag=True,
+    help="Also compile each entry of this host's environment from its stored portable HLO and "
+    "compare it with the stored executable (equal bytes, else bit-identical outputs on "
+    "generated inputs, the optimized HLO compared too): OK, DIFFERS (what) or SKIPPED (why) per entry; "
+    "exit 1 on any DIFFERS. Needs the device; on the chip it proves a deviceless compile.",
+)
 @pass_state
 def verify_command(
     state: State, manifest: str | None, strict: bool, no_lower: bool, device_targets: tuple[str, ...],
+    recompile: bool,
 ) -> None:
     """Check the cache: re-hash every blob, parse every manifest.
 
@@ -79,13 +87,24 @@ def verify_command(
         targets = tuple(parse_target(t).name for t in device_targets)
     except DeviceTargetError as exc:
         raise click.BadParameter(str(exc), param_hint="'--target'") from None
+    from aot.cache.admin.aging import aged_entries
+
     cache = state.cache()
     try:
         report = verify_with_coverage(cache, manifest, strict=strict, lower=not no_lower, targets=targets)
     except DeviceTargetError as exc:  # no libtpu here: the gate cannot run as asked
         raise click.UsageError(str(exc)) from None
+    aging = aged_entries(cache, deep=True)
+    parity = None
+    if recompile:
+        from aot.cache.admin.parity import verify_recompile
+
+        parity = verify_recompile(cache)
     if state.json:
-        echo_json(report.to_dict())
+        echo_json({
+            **report.to_dict(), "aging": aging.to_dict(),
+            **({"recompile": parity.to_dict()} if parity is not None else {}),
+        })
     else:
         click.echo(report.summary())
         for line in report.problem_lines():
@@ -106,7 +125,13 @@ def verify_command(
                 click.echo(f"  {missing.describe()}")
             for stale in report.coverage.stale:
                 click.echo(stale.describe())
-    if not report.ok:
+        for line in aging.lines():
+            click.echo(line)
+        if parity is not None:
+            click.echo(parity.summary())
+            for line in parity.lines():
+                click.echo(line)
+    if not report.ok or (parity is not None and not parity.ok):
         click.get_current_context().exit(1)
 
 

@@ -46,6 +46,9 @@ class Diagnosis:
     blobs: str | None = None
     #: The local read-through tier, when one is configured: location, entries, error.
     local: dict[str, Any] | None = None
+    #: Entries whose portable HLO is past or near jax.export's compatibility window
+    #: (aot.cache.admin.aging.AgingReport); a warning, not a failure: they still serve.
+    aging: Any = None
 
     @property
     def ok(self) -> bool:
@@ -76,6 +79,7 @@ class Diagnosis:
             },
             "health": self.health.to_dict() if self.health is not None else None,
             "local": self.local,
+            "aging": self.aging.to_dict() if self.aging is not None else None,
             "settings": self.settings.to_dict() if self.settings is not None else None,
         }
 
@@ -91,6 +95,7 @@ def diagnose(
     from aot.cache.store import ArtifactStore, default_location
     from aot.cache.index.advice import mask_url
     from aot.cache.index.entry import SCHEMA_VERSION
+    from aot.cache.admin.aging import aged_entries
     from aot.cache.admin.maintenance import empty_index_problem, verify_cache
     from aot.cache.storage.locations import FOLDER, classify_location
     from aot.fingerprint import UNKNOWN_ENVIRONMENT_NOTE, xla_flags_outside_key
@@ -133,6 +138,7 @@ def diagnose(
         stats = list(cache.blobs.list())
         empty = empty_index_problem(cache, [s.digest for s in stats]) if not entries else None
         return Diagnosis(
+            aging=aged_entries(cache, entries=entries),  # by compile date: no blob read
             **base,  # type: ignore[arg-type]
             blobs=cache.blobs.location,
             index=cache.index.url,

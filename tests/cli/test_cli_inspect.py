@@ -273,7 +273,7 @@ def test_entries_of_other_environments_do_not_supersede(invoke: Invoke, warmed) 
 
 # ---------------------------------------------------------------- doctor
 
-DOCTOR_KEYS = {"ok", "versions", "devices", "environment", "cache", "health", "settings", "local"}
+DOCTOR_KEYS = {"ok", "versions", "devices", "environment", "cache", "health", "settings", "local", "aging"}
 DOCTOR_CACHE_KEYS = {
     "location", "index", "blobs", "schema_version", "supported_schema_version", "entries",
     "entries_this_environment", "quarantined", "stored_bytes", "error", "problems",
