@@ -43,6 +43,7 @@ from aot.rehydrate import load_executable, manifest_args
 from aot.cache.serving.pending import CheckedManifests, PendingRows, leaf_keys_of
 from aot.cache.serving.selection import Declared, checked_rows, select_rows, trusted_refs
 from aot.statics import describe_statics, statics_of_manifest_json
+from aot.targets import environment_name
 from aot.cache.units import counted
 
 if TYPE_CHECKING:
@@ -632,7 +633,8 @@ def cannot_serve_here(manifest: Manifest, here: dict[str, str]) -> str | None:
         )
     stored_platform = manifest.environment.as_dict().get("platform")
     if stored_platform is not None and stored_platform != here.get("platform"):
-        return f"compiled for platform {stored_platform}, this process runs {here.get('platform')}"
+        return (f"compiled for {environment_name(manifest.environment.as_dict())}, this process runs "
+                f"{environment_name(here)}")
     live = {int(d.id) for d in jax.devices()}
     # The devices the program fingerprint pins (the manifest's device_ids field is not
     # covered by the key: a wrong one is corruption, quarantined and healed, not a

@@ -82,7 +82,7 @@ def test_a_release_for_a_target_loaded_here_advises_no_warmup_into_it(tmp_path: 
     with pytest.raises(aot.ReleaseNotFoundError) as raised:
         aot.load("matmul", cache=str(location), release="prod")
     message = str(raised.value)
-    assert "compiled for platform tpu, this process runs cpu" in message
+    assert "compiled for tpu:v5e:1x1, this process runs cpu x8" in message
     advice = message.splitlines()[-1]
     assert advice == (
         "Serve release 'prod' where its members were compiled (the target or host each reason "
