@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import aot
 from aot.cache import stats_recorder as stats_mod
+from aot.cache.index.refs import RefOrigin
 from aot.cache.reports.stats import read_stats
 from aot.cache.serving import metrics
 from aot.errors import MetricsError
@@ -67,6 +68,37 @@ def test_a_scrape_counts_loads_hits_and_latency_per_name(registry, open_folder_c
     assert cache.stats.flush()
     assert read_stats(cache, name).rows[0].calls == 15  # the index counts the same calls, once
     assert value(registry, "aot_hits_total", name) == 15
+
+
+@pytest.mark.parametrize("how", ["argument", "AOT_RELEASE"])
+def test_a_process_serving_a_release_labels_its_series_with_it(  # noqa: ANN001
+    registry, open_folder_cache, compiled, how: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cache = open_folder_cache()
+    entry = cache.put(compiled.tiny)
+    name = compiled.TINY_NAME
+    # Declared as `aot warmup --release prod` declares it: a set of the label, the ref pointing at it.
+    cache.index.declare_release("prod", [(entry.name, entry.signature, entry.env_fp, entry.key)],
+                                RefOrigin("test", release="prod"))
+    if how == "AOT_RELEASE":
+        monkeypatch.setenv("AOT_RELEASE", "prod")
+        fn = aot.load(name, cache=cache)
+    else:
+        fn = aot.load(name, cache=cache, release="prod")
+    for _ in range(5):
+        fn(*compiled.tiny_inputs)
+    assert value(registry, "aot_hits_total", name, "prod") == 5
+    assert value(registry, "aot_loads_total", name, "prod") == 1
+    assert value(registry, "aot_load_seconds_count", name, "prod") == 1
+    assert value(registry, "aot_compile_saved_seconds_total", name, "prod") == pytest.approx(entry.compile_seconds)
+    assert registry.get_sample_value("aot_release_info", {"name": name, "release": "prod"}) == 1
+    # Nothing of it is counted as served by refs.
+    for series in ("aot_hits_total", "aot_loads_total", "aot_load_seconds_count"):
+        assert value(registry, series, name) is None, series
+    assert registry.get_sample_value("aot_release_info", {"name": name, "release": ""}) is None
+    text = generate_latest(registry).decode()
+    assert 'aot_hits_total{name="tiny",release="prod"} 5.0' in text
+    assert 'aot_release_info{name="tiny",release="prod"} 1.0' in text
 
 
 def test_misses_fallbacks_and_recompiles(registry, open_folder_cache, compiled, foreign) -> None:  # noqa: ANN001
