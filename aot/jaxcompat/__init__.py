@@ -107,6 +107,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src:compilation_cache._cache_used",
     "jax._src:compilation_cache._cache_initialized_mutex",
     "jax._src:compilation_cache.extract_executable_and_time",
+    "jax._src:cache_key._hash_accelerator_config",
     # export
     "jax._src.export:_export._export_lowered",
     "jax._src.interpreters.pxla:MeshComputation",

@@ -168,3 +168,20 @@ def test_a_wrong_process_count_fails_every_process_within_the_bound(tmp_path) ->
     for r in results:
         assert r.returncode not in (0, None), r.stderr
         assert "DEADLINE_EXCEEDED" in r.stderr and "RegisterTask" in r.stderr
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_the_jit_backend_compiles_once_for_the_slice_and_every_process_hits_next_run(
+    tmp_path, processes: int,
+) -> None:
+    cache = str(tmp_path / "cache")
+    first = values(run_job(f"{WORKERS}:jit_step", {"cache": cache}, processes=processes))
+    # Process 0 compiled and stored; the others missed and took its binary (JAX's share).
+    assert [v["counts"]["puts"] for v in first] == [1] + [0] * (processes - 1)
+    assert [v["counts"]["hits"] for v in first] == [0] * processes
+    assert [v["jax_said"] for v in first] == [["compiled"]] + [["waited"]] * (processes - 1)
+    second = values(run_job(f"{WORKERS}:jit_step", {"cache": cache}, processes=processes))
+    assert [v["counts"]["hits"] for v in second] == [1] * processes, second
+    assert [v["counts"]["misses"] for v in second] == [0] * processes
+    assert [v["jax_said"] for v in second] == [[]] * processes  # nobody compiled
+    assert [v["got"] for v in second] == [v["got"] for v in first]  # the same shards

@@ -155,10 +155,26 @@ def jit_step(payload: dict[str, Any]) -> dict[str, Any]:
     import aot
     from tests.distributed import model
 
+    import logging
+
+    # JAX says at debug level which process compiles a shared program and which wait.
+    said: list[str] = []
+
+    class Heard(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if "compiling and sharing module" in message:
+                said.append("compiled")
+            elif "Waiting for module" in message:
+                said.append("waited")
+
+    compiler_log = logging.getLogger("jax._src.compiler")
+    compiler_log.setLevel(logging.DEBUG)
+    compiler_log.addHandler(Heard())
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     backend = aot.jax_cache.install(payload["cache"])
     m = model.mesh()
     args = model.inputs(m)
     got = jax.jit(model.train_step)(*args)
-    return {"counts": backend.counts.to_dict(), "got": shard_digests(got)}
+    return {"counts": backend.counts.to_dict(), "got": shard_digests(got), "jax_said": said}

@@ -164,8 +164,16 @@ def test_the_signatures_we_call_are_unchanged() -> None:
         ]
         return f"changed: {moved}" if moved else None
 
+    def accelerator_hash() -> str | None:
+        from jax._src import cache_key
+
+        fn = getattr(cache_key._hash_accelerator_config, "_aot_original", cache_key._hash_accelerator_config)
+        names = list(inspect.signature(fn).parameters)
+        return None if names == ["hash_obj", "accelerators"] else f"parameters are {names}"
+
     problems = _moved({
         "_jax.DistributedRuntimeClient key-value store": distributed_client,
+        "cache_key._hash_accelerator_config": accelerator_hash,
         "_export._export_lowered and pxla.MeshComputation": export_lowered,
         "pxla.UnloadedMeshExecutable fields": unloaded_fields,
         "stages.Compiled.__init__": compiled_init,
