@@ -73,6 +73,17 @@ def test_the_fallback_ladder_recompiles_in_every_process_and_heals(tmp_path) -> 
     assert [v["eager"] for v in served] == [v["want"] for v in first]
 
 
+def test_pmap_within_each_process_works_and_across_processes_is_refused(tmp_path) -> None:
+    cache = str(tmp_path / "cache")
+    local = values(run_job(f"{WORKERS}:pmap_step", {"cache": cache, "local": True}))
+    # Each process's own devices: its own program (no slice to share), jax.pmap's shards.
+    assert local == [{"hit": False, "equal": True}] * 2
+    # Across the job, aot's jit(pmap) would psum over one process: refused, every process.
+    for r in run_job(f"{WORKERS}:pmap_step", {"cache": cache}):
+        assert r.error is not None and r.error["type"] == "UnsupportedComputationError", r.stderr
+        assert "a pmap across the 2 processes of this job is not supported" in r.error["message"]
+
+
 def test_a_leader_that_fails_to_compile_fails_the_others_at_once_with_its_error(tmp_path) -> None:
     cache = str(tmp_path / "cache")
     started = time.monotonic()

@@ -178,3 +178,25 @@ def jit_step(payload: dict[str, Any]) -> dict[str, Any]:
     args = model.inputs(m)
     got = jax.jit(model.train_step)(*args)
     return {"counts": backend.counts.to_dict(), "got": shard_digests(got), "jax_said": said}
+
+
+def pmap_step(payload: dict[str, Any]) -> dict[str, Any]:
+    """A pmap through the cache against jax.pmap: over this process's devices
+    (``local``), or across the job (refused: see the test)."""
+    import aot
+    import jax.numpy as jnp
+
+    def step(x):
+        return jax.lax.psum(jnp.sin(x), "i") * x
+
+    cache = aot.Cache(payload["cache"])
+    local = jax.local_device_count()
+    devices = jax.local_devices() if payload.get("local") else None
+    result = cache.compile_entry(
+        step, f"f32[{local},8]", name="dist.pmap", pmap=True, axis_name="i", devices=devices,
+    )
+    full = np.arange(jax.device_count() * 8, dtype=np.float32).reshape(-1, 8) / 7.0
+    mine = full[jax.process_index() * local:(jax.process_index() + 1) * local]
+    got = result.executable(mine)
+    want = jax.pmap(step, axis_name="i", devices=devices)(mine)
+    return {"hit": result.hit, "equal": shard_digests(got) == shard_digests(want)}
