@@ -103,12 +103,14 @@ def _request_key(key: str) -> str:
 
 
 def once_per_slice(
-    key: str, devices: Iterable[Any], *, lead: Callable[[], T], follow: Callable[[], T],
-    ready: Callable[[], T | None] = lambda: None, what: str = "",
+    key: str, devices: Iterable[Any], *, lead: Callable[[], T], follow: Callable[[str], T],
+    ready: Callable[[], T | None] = lambda: None, publish: Callable[[T], str] = lambda _: "",
+    what: str = "",
 ) -> T:
-    """``lead()`` in the leader (publishing its outcome); in the others ``ready()`` (what
-    is stored already; None: nothing), else ``follow()`` once the leader succeeded.
-    Outside a slice, just ``lead()``. ``what`` names the program in messages."""
+    """``lead()`` in the leader (publishing its outcome: ``publish(result)``, a string);
+    in the others ``ready()`` (what is stored already; None: nothing), else
+    ``follow(published)`` once the leader succeeded. Outside a slice, just ``lead()``.
+    ``what`` names the program in messages."""
     found = slice_of(devices)
     if found is None:
         return lead()
@@ -124,7 +126,7 @@ def once_per_slice(
         except BaseException as exc:
             _publish(token, f"{_ERROR}{type(exc).__name__}: {exc}")
             raise
-        _publish(token, _OK)
+        _publish(token, _OK + publish(result))
         return result
     bound = wait_seconds()
     started = time.perf_counter()
@@ -152,7 +154,7 @@ def once_per_slice(
         )
     log.info("process %d: %s stored by process %d after %.3f s", found.process, label, found.leader,
              time.perf_counter() - started)
-    return follow()
+    return follow(outcome[len(_OK):])
 
 
 def _publish(token: str, value: str) -> None:

@@ -121,7 +121,7 @@ def _compile_entry(
         key, computation.devices, what=computation.name,
         lead=lambda: _hit_or_compile(cache, computation, start),
         ready=lambda: _hit(cache, computation, start),
-        follow=lambda: _stored_by_leader(cache, computation, start),
+        follow=lambda _: _stored_by_leader(cache, computation, start),
     )
 
 

@@ -120,7 +120,15 @@ def serve_step(payload: dict[str, Any]) -> dict[str, Any]:
     args = (_global(m, 0, (rows, 16), P("data", None)), _global(m, 1, (16, 16), P(None, "model")),
             _global(m, 2, (rows, 16), P("data", None)))
     modes = {"eager": {"background": False}, "lazy": {"lazy": True}, "background": {"background": True}}
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"recompiled": 0}
+    import logging
+
+    class Heard(logging.Handler):  # the ladder's warning, once per recompile
+        def emit(self, record: logging.LogRecord) -> None:
+            if "recompiled from portable HLO" in record.getMessage():
+                out["recompiled"] += 1
+
+    logging.getLogger("aot.cache.serving").addHandler(Heard())
     for mode in payload.get("modes", ["eager"]):
         fn = aot.load("dist.step", cache=payload["cache"], strict=payload.get("strict", True), **modes[mode])
         out[mode] = shard_digests(fn(*args))
