@@ -107,11 +107,28 @@ def _global(m: Any, i: int, shape: tuple[int, ...], spec: Any) -> jax.Array:
     return jax.make_array_from_callback(shape, NamedSharding(m, spec), lambda index: full[index])
 
 
+def _die_mid_load() -> None:
+    """This process is killed (SIGKILL) as it starts reading an entry's blobs."""
+    import os
+    import signal
+
+    from aot.cache.store import ArtifactStore
+
+    def load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    ArtifactStore.load = load  # type: ignore[method-assign]
+
+
 def serve_step(payload: dict[str, Any]) -> dict[str, Any]:
     """aot.load of the train step in a process that cannot import the model, each mode
-    in ``payload["modes"]`` (eager, lazy, background); shard digests of each result."""
+    in ``payload["modes"]`` (eager, lazy, background); shard digests of each result.
+    ``die_mid_load``: that process is killed while loading."""
     block_model_import()
     import aot
+
+    if payload.get("die_mid_load") == jax.process_index():
+        _die_mid_load()
     from jax.sharding import Mesh, PartitionSpec as P
 
     devices = np.array(jax.devices())
@@ -133,11 +150,6 @@ def serve_step(payload: dict[str, Any]) -> dict[str, Any]:
         fn = aot.load("dist.step", cache=payload["cache"], strict=payload.get("strict", True), **modes[mode])
         out[mode] = shard_digests(fn(*args))
     out["model_imported"] = MODEL in sys.modules
-    if payload.get("kill_after_load") is not None and jax.process_index() == payload["kill_after_load"]:
-        import os
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)  # between loading and the first call
     return out
 
 
