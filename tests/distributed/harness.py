@@ -29,8 +29,16 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-#: The most one test's job may take (the tests' own bound stays well under a minute).
-JOB_SECONDS = 50.0
+#: The most one test may spend in its jobs, all together (tests/distributed/conftest.py
+#: starts the clock for each test): whatever hangs is killed at this bound.
+TEST_SECONDS = 50.0
+_deadline: float | None = None
+
+
+def start_test_clock(seconds: float | None = TEST_SECONDS) -> None:
+    """Every job from now on ends by ``seconds`` from now (None: each its own ``timeout``)."""
+    global _deadline
+    _deadline = None if seconds is None else time.monotonic() + seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +82,7 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_job(
-    worker: str, payload: dict[str, Any] | None = None, *, processes: int = 2, timeout: float = JOB_SECONDS,
+    worker: str, payload: dict[str, Any] | None = None, *, processes: int = 2, timeout: float = TEST_SECONDS,
     env: dict[str, str] | None = None, env_per_process: dict[int, dict[str, str]] | None = None,
     num_processes: int | None = None,
 ) -> list[ProcessResult]:
@@ -103,6 +111,8 @@ def run_job(
                     start_new_session=True,
                 ))
             deadline = time.monotonic() + timeout
+            if _deadline is not None:
+                deadline = min(deadline, _deadline)
             codes: list[int | None] = []
             for child in children:
                 try:
