@@ -127,3 +127,20 @@ class MetricsError(AotError, RuntimeError):
     """The metrics exporter cannot start: ``prometheus_client`` is not installed
     (``pip install 'jax-aot[metrics]'``), ``AOT_METRICS_PORT`` is not a port, or the
     port is taken."""
+
+
+class SliceError(AotError, RuntimeError):
+    """A process of a multi-process job (a pod slice under ``jax.distributed``) could not
+    get the entry another process was compiling for the slice: that process failed
+    (its error is quoted), died, or did not finish within ``AOT_SLICE_WAIT_SECONDS``.
+    ``key`` is the entry's artifact key, ``process`` the compiling process."""
+
+    def __init__(self, message: str, key: str = "", process: int | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.process = process
+
+
+class SliceTimeoutError(SliceError, TimeoutError):
+    """The compiling process of the slice did not publish the entry within
+    ``AOT_SLICE_WAIT_SECONDS`` (it froze, or its compile is longer than the bound)."""

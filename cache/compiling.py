@@ -18,6 +18,8 @@ from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, ReadO
 from aot.build import build_artifact, build_symbolic_artifact
 from aot.cache.store import unstored_entry
 from aot.cache.index.refs import RefOrigin
+from aot.cache.pauses import reached
+from aot.slices import once_per_slice
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
@@ -110,8 +112,23 @@ def _compile_entry(
         from aot.cache.names import check_name
 
         check_name(computation.name)  # before an XLA compile that could not be stored
+    if cache.read_only or computation.target is not None:
+        # A read-only cache stores nothing another process could load; a target's
+        # compile is deviceless: every process may do it (warm-ups run it in one).
+        return _hit_or_compile(cache, computation, start)
     key = computation.fingerprint
-    entry = cache.index.get(key)
+    return once_per_slice(
+        key, computation.devices, what=computation.name,
+        lead=lambda: _hit_or_compile(cache, computation, start),
+        ready=lambda: _hit(cache, computation, start),
+        follow=lambda _: _stored_by_leader(cache, computation, start),
+    )
+
+
+def _hit(cache: ArtifactStore, computation: MeshComputation, start: float) -> CompileResult | None:
+    """The stored entry of ``computation``, loaded (None: none usable; a corrupt one is
+    quarantined)."""
+    entry = cache.index.get(computation.fingerprint)
     if entry is not None and entry.ok and computation.target is not None:
         # Stored for an accelerator this host does not have: nothing to load here.
         cache.touch(entry.key)
@@ -123,6 +140,14 @@ def _compile_entry(
             return CompileResult(executable, entry, True, time.perf_counter() - start)
         except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
             cache.quarantine(entry, str(exc))
+    return None
+
+
+def _hit_or_compile(cache: ArtifactStore, computation: MeshComputation, start: float) -> CompileResult:
+    hit = _hit(cache, computation, start)
+    if hit is not None:
+        return hit
+    reached("slice.compiling")
     executable = computation.compile()
     if cache.read_only:
         log.info("read-only cache: compiled %s without storing it", computation.name)
@@ -132,6 +157,20 @@ def _compile_entry(
         artifact = build_artifact(executable, computation.portable_hlo(executable))
         stored = cache.put_artifact(artifact)
     return CompileResult(executable, stored, False, time.perf_counter() - start)
+
+
+def _stored_by_leader(cache: ArtifactStore, computation: MeshComputation, start: float) -> CompileResult:
+    """What the slice's leader stored (it said so); compiled here when this process
+    cannot see it (a cache per host instead of one shared by the slice)."""
+    hit = _hit(cache, computation, start)
+    if hit is not None:
+        return hit  # a hit here: this process compiled nothing
+    log.warning(
+        "%s (%s): the slice's leader stored it, but the cache at %s does not have it: the hosts of a "
+        "slice should share one cache (a PostgreSQL index, or one folder); compiling it here",
+        computation.name, computation.fingerprint, cache.display_location,
+    )
+    return _hit_or_compile(cache, computation, start)
 
 
 def _store_symbolic(cache: ArtifactStore, computation: MeshComputation, start: float) -> CompileResult:

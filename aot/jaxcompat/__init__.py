@@ -30,6 +30,7 @@ Modules:
   runtime      the state of JAX's distributed runtime and whether a backend started
   callbacks    the Python functions a lowered program calls back; loading with them
   persistent_cache  plugging a backend into JAX's persistent compilation cache
+  distributed  the key-value store of a multi-process job (``jax.distributed``)
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     # runtime
     "jax._src.distributed:global_state",
     "jax._src.xla_bridge:backends_are_initialized",
+    # distributed (the key-value store of a multi-process job)
+    "jax._src.distributed:global_state.client",
+    "jax._src.distributed:global_state.process_id",
+    "jax._src.lib:_jax.DistributedRuntimeClient.key_value_set",
+    "jax._src.lib:_jax.DistributedRuntimeClient.blocking_key_value_get",
     # persistent_cache
     "jax._src.compilation_cache_interface:CacheInterface",
     "jax._src:compilation_cache._cache",
@@ -101,6 +107,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src:compilation_cache._cache_used",
     "jax._src:compilation_cache._cache_initialized_mutex",
     "jax._src:compilation_cache.extract_executable_and_time",
+    "jax._src:cache_key._hash_accelerator_config",
     # export
     "jax._src.export:_export._export_lowered",
     "jax._src.interpreters.pxla:MeshComputation",

@@ -115,3 +115,43 @@ def on_compile_done(callback: Callable[[], None]) -> None:
             callback()
 
     jax.monitoring.register_event_duration_secs_listener(listener)
+
+
+def slice_invariant_keys(enable: bool = True) -> bool:
+    """Makes JAX's persistent-cache key of a CPU program whose devices span processes the
+    same in every process of the job (``enable=False``: JAX's own again); returns
+    whether it was on before.
+
+    JAX hashes ``xla_client.get_topology_for_devices(devices).fingerprint()`` into the
+    key (``jax._src.cache_key._hash_accelerator_config``); on CPU that fingerprint is
+    each process's own (measured with jax 0.10.2: two processes of one job, one device
+    list, two fingerprints), so a process other than 0, which JAX never lets write, can
+    never hit, and ``jax_share_binary_between_hosts`` waits on a key that its compiling
+    process never sets. For those device lists the devices themselves are hashed
+    instead (platform, kind, id, process index: what the job's processes agree on). Other
+    platforms and single-process device lists keep JAX's hash.
+
+    Private: ``jax._src.cache_key._hash_accelerator_config`` (looked up by name when a
+    key is computed, so replacing the module attribute is enough).
+    """
+    from jax._src import cache_key
+
+    current = cache_key._hash_accelerator_config
+    original = getattr(current, "_aot_original", None)
+    was_on = original is not None
+    if enable and not was_on:
+        jax_hash = current
+
+        def hash_accelerator_config(hash_obj: Any, accelerators: Any) -> None:
+            devices = list(accelerators.flat)
+            if devices and devices[0].platform == "cpu" and len({d.process_index for d in devices}) > 1:
+                for d in devices:
+                    hash_obj.update(f"{d.platform}|{d.device_kind}|{d.id}|{d.process_index};".encode())
+                return
+            jax_hash(hash_obj, accelerators)
+
+        hash_accelerator_config._aot_original = jax_hash  # type: ignore[attr-defined]
+        cache_key._hash_accelerator_config = hash_accelerator_config
+    elif not enable and was_on:
+        cache_key._hash_accelerator_config = original
+    return was_on

@@ -31,6 +31,12 @@ at the top of the script). See docs/jax-cache.md.
   holder killed mid-compile: within the lease) or the bound is reached. A claim is
   given up when its compile returns (JAX's compile event, on the compiling thread), and
   renewed for at most ``wait_seconds``.
+* A multi-process job (a pod slice under ``jax.distributed``; ``slice_share``, on by
+  default): one process compiles each program for the job and hands the binary to the
+  others (JAX's ``jax_share_binary_between_hosts``, bounded by
+  ``AOT_SLICE_WAIT_SECONDS``); JAX writes from process 0 only, so only process 0 claims
+  keys, and the key is made the same in every process (on CPU JAX's is not), so that
+  every process hits in the next run.
 * A warm start from the local tier pays nothing for the remote: :func:`install` opens
   neither the index nor the blob store; a key is first looked up in the local tier's
   own rows (:mod:`aot.cache.jax_cache.local_rows`) and served after its blob's digest
@@ -61,7 +67,9 @@ from aot.cache.storage.content import ContentStore, digest_of, inflate_frame
 from aot.cache.storage.locations import open_object_store
 from aot.cache.timeouts import Timeouts
 from aot.errors import UsageError
+from aot.jaxcompat import distributed as jaxdist
 from aot.jaxcompat import persistent_cache as jaxpc
+from aot.slices import wait_seconds as slice_wait_seconds
 
 if TYPE_CHECKING:  # imported when a cache is opened: a warm local start never needs it
     from aot.cache.store import ArtifactStore
@@ -80,6 +88,7 @@ __all__ = [
     "install",
     "install_from_env",
     "installed",
+    "share_between_hosts",
     "uninstall",
 ]
 
@@ -220,7 +229,7 @@ class JaxCacheBackend:
             if local is not None:
                 return local
             found = self._read(key)
-            if found is not None or not self.compile_once or self.read_only:
+            if found is not None or not self.compile_once or self.read_only or _not_the_writer():
                 return self._counted(key, found)
             reached("jit.missed")
             return self._counted(key, self._claim_or_wait(key))
@@ -529,12 +538,16 @@ def install(
     claim_seconds: float = CLAIM_SECONDS,
     wait_seconds: float = WAIT_SECONDS,
     timeouts: Timeouts | None = None,
+    slice_share: bool = True,
 ) -> JaxCacheBackend:
     """Makes the jax-aot cache ``target`` (a :class:`~aot.cache.store.ArtifactStore`, a folder
     or a database URL) JAX's persistent compilation cache in this process; replaces a
     previous :func:`install`. Returns the backend (``.counts``: this process's hits).
     ``timeouts`` (an :class:`aot.Timeouts`) bound the waits of the cache opened at a
-    location (None: the environment's); a :class:`Cache` target keeps its own."""
+    location (None: the environment's); a :class:`Cache` target keeps its own.
+    ``slice_share`` (default on): in a multi-process job (``jax.distributed``), one
+    process compiles each program for the job and every process hits in the next run
+    (:func:`share_between_hosts`)."""
     if not isinstance(target, (str, os.PathLike)):  # a Cache
         if timeouts is not None:
             raise UsageError(
@@ -573,6 +586,8 @@ def install(
         _installed = (backend, state if state is not None else new_state)
     if previous is not None:
         previous[0].close()
+    if slice_share:
+        share_between_hosts()
     log.info("JAX's persistent compilation cache is the jax-aot cache at %s", backend.display_location)
     min_seconds = _min_compile_seconds()
     if min_seconds > 0:
@@ -590,6 +605,50 @@ def _min_compile_seconds() -> float:
         return 0.0
 
 
+def _not_the_writer() -> bool:
+    """True in a process of a multi-process job other than process 0: JAX writes the
+    persistent cache from process 0 only, so a claim here would never be fulfilled
+    (its slice shares process 0's binary instead: :func:`share_between_hosts`)."""
+    if jaxdist.client() is None:
+        return False
+    import jax
+
+    return jax.process_index() != 0
+
+
+#: JAX's settings before :func:`install` shared binaries (what :func:`uninstall` puts back).
+_shared_before: tuple[bool, bool, int] | None = None
+
+
+def share_between_hosts(enable: bool = True) -> None:
+    """Compile once per slice for ``jax.jit`` in a multi-process job: JAX's own
+    ``jax_share_binary_between_hosts`` (the process of a program's lowest device
+    compiles, writes the cache and hands the binary to the others through the job's
+    key-value store), bounded by ``AOT_SLICE_WAIT_SECONDS``; and a persistent-cache key
+    that every process of the job computes alike (on CPU JAX's is each process's own:
+    :func:`aot.jaxcompat.persistent_cache.slice_invariant_keys`), so that in the next
+    run every process hits. Single-process programs are untouched."""
+    import jax
+
+    global _shared_before
+    if enable and _shared_before is None:
+        _shared_before = (
+            jaxpc.slice_invariant_keys(True), jax.config.jax_share_binary_between_hosts,
+            jax.config.jax_share_binary_between_hosts_timeout_ms,
+        )
+    elif not enable and _shared_before is not None:
+        keys, flag, timeout_ms = _shared_before
+        _shared_before = None
+        jaxpc.slice_invariant_keys(keys)
+        jax.config.update("jax_share_binary_between_hosts", flag)
+        jax.config.update("jax_share_binary_between_hosts_timeout_ms", timeout_ms)
+        return
+    jaxpc.slice_invariant_keys(enable)
+    jax.config.update("jax_share_binary_between_hosts", enable)
+    if enable:
+        jax.config.update("jax_share_binary_between_hosts_timeout_ms", int(slice_wait_seconds() * 1000))
+
+
 def uninstall() -> bool:
     """Restores JAX's own persistent cache object and state; False if nothing was installed."""
     global _installed
@@ -600,6 +659,8 @@ def uninstall() -> bool:
             jaxpc.restore(found[1])
     if found is None:
         return False
+    if _shared_before is not None:
+        share_between_hosts(False)
     found[0].close()
     return True
 

@@ -19,6 +19,7 @@ environment, or of a quarantined row) and store the result; else a clear error.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -40,6 +41,7 @@ from aot.errors import (
 )
 from aot.fingerprint import describe_differences
 from aot.rehydrate import load_executable, manifest_args
+from aot.slices import once_per_slice
 from aot.cache.serving.pending import CheckedManifests, PendingRows, leaf_keys_of
 from aot.cache.serving.selection import Declared, checked_rows, select_rows, trusted_refs
 from aot.statics import describe_statics, statics_of_manifest_json
@@ -574,7 +576,48 @@ def recompile_program(
     table: ProgramTable, program: Program, candidates: Sequence[IndexEntry],
 ) -> MeshExecutable:
     """Step two: compiles the first candidate's portable HLO that compiles here,
-    and stores the result (unless the cache is read-only)."""
+    and stores the result (unless the cache is read-only). In a multi-process job whose
+    program spans processes, once for the slice (:mod:`aot.slices`): the leader
+    recompiles and stores, the others load what it stored."""
+    if table.cache.read_only:
+        return _recompile(table, program, candidates)[0]
+    first = candidates[0]
+    by_id = {int(d.id): d for d in jax.devices()}
+    try:
+        devices = [by_id[i] for i in json.loads(first.manifest).get("device_ids", ()) if i in by_id]
+    except ValueError:  # an unreadable manifest: the ladder says so in this process
+        devices = []
+    return once_per_slice(
+        f"{first.key}/recompiled/{table.cache.environment.digest}", devices,
+        what=f"{table.name} ({program.signature})",
+        lead=lambda: _recompile(table, program, candidates),
+        publish=lambda done: done[1] or "",
+        follow=lambda key: _recompiled_by_leader(table, program, candidates, key),
+    )[0]
+
+
+def _recompiled_by_leader(
+    table: ProgramTable, program: Program, candidates: Sequence[IndexEntry], key: str,
+) -> tuple[MeshExecutable, str | None]:
+    """What the slice's leader recompiled and stored under ``key``; recompiled here when
+    this process cannot load it."""
+    entry = table.cache.index.get(key) if key else None
+    if entry is not None and entry.ok:
+        try:
+            executable = table.cache.load(entry)
+            program.local.append(entry)
+            return executable, key
+        except AotError as exc:
+            log.warning("%s (%s): could not load %s, recompiled by the slice's leader (%s); recompiling it "
+                        "here", table.name, program.signature, key[:12], exc)
+    return _recompile(table, program, candidates)
+
+
+def _recompile(
+    table: ProgramTable, program: Program, candidates: Sequence[IndexEntry],
+) -> tuple[MeshExecutable, str | None]:
+    """:func:`recompile_program` in this process: the executable and the key it was
+    stored under (None: not stored)."""
     errors: list[str] = []
     environment = table.cache.environment
     pending = list(candidates)
@@ -599,7 +642,7 @@ def recompile_program(
                 rereads += 1  # a stale snapshot: try the row as it is now, first
                 if fresh.ok and fresh.env_fp == environment.digest:
                     try:
-                        return table.cache.load(fresh)
+                        return table.cache.load(fresh), fresh.key
                     except AotError as again:
                         errors.append(f"{fresh.key[:12]}: {again}")
                 pending.insert(0, fresh)
@@ -615,7 +658,8 @@ def recompile_program(
             # Replaces a quarantined row of the same key; rewrites corrupt blobs.
             stored = table.cache.put_artifact(rebuilt)
             program.local.append(stored)
-        return executable
+            return executable, stored.key
+        return executable, None
     raise CorruptArtifactError(
         f"{table.name} ({program.signature}): cannot recompile from portable HLO: "
         + "; ".join(errors)

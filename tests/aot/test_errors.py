@@ -32,6 +32,9 @@ HIERARCHY = {
     aot.DeviceUnavailableError: (RuntimeError,),
     aot.DeviceBusyError: (aot.DeviceUnavailableError, RuntimeError),
     aot.DeviceTargetError: (ValueError,),
+    # A process of a multi-process job that could not get its slice's entry.
+    aot.SliceError: (RuntimeError,),
+    aot.SliceTimeoutError: (aot.SliceError, TimeoutError),
 }
 
 

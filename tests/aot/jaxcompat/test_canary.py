@@ -151,7 +151,29 @@ def test_the_signatures_we_call_are_unchanged() -> None:
             return f"_export_lowered parameters are {names}"
         return None if computation[: len(expected)] == expected else f"MeshComputation parameters are {computation}"
 
+    def distributed_client() -> str | None:
+        # nanobind methods: the signature is the first line of the docstring.
+        client = _jax.DistributedRuntimeClient
+        wanted = {
+            "key_value_set": "key_value_set(self, key: str, value: str, allow_overwrite: bool = False)",
+            "blocking_key_value_get": "blocking_key_value_get(self, key: str, timeout_in_ms: int)",
+        }
+        moved = [
+            name for name, head in wanted.items()
+            if not (getattr(client, name).__doc__ or "").startswith(head)
+        ]
+        return f"changed: {moved}" if moved else None
+
+    def accelerator_hash() -> str | None:
+        from jax._src import cache_key
+
+        fn = getattr(cache_key._hash_accelerator_config, "_aot_original", cache_key._hash_accelerator_config)
+        names = list(inspect.signature(fn).parameters)
+        return None if names == ["hash_obj", "accelerators"] else f"parameters are {names}"
+
     problems = _moved({
+        "_jax.DistributedRuntimeClient key-value store": distributed_client,
+        "cache_key._hash_accelerator_config": accelerator_hash,
         "_export._export_lowered and pxla.MeshComputation": export_lowered,
         "pxla.UnloadedMeshExecutable fields": unloaded_fields,
         "stages.Compiled.__init__": compiled_init,
