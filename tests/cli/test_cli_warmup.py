@@ -10,7 +10,10 @@ import pytest
 
 from tests.cli.helpers import MANIFEST, MANIFEST_LABELS, Invoke, one_line_error
 
-REPORT_KEYS = {"cache", "jobs", "shard", "total", "compiled", "hit", "waited", "failed", "seconds", "ok", "results"}
+REPORT_KEYS = {
+    "cache", "jobs", "shard", "total", "compiled", "hit", "waited", "failed", "seconds", "ok", "results",
+    "release", "carried",
+}
 RESULT_KEYS = {
     "name", "label", "status", "key", "signature", "seconds", "compile_seconds", "raw_size",
     "stored_size", "error", "source", "arguments", "lowered", "waited", "traceback",
