@@ -15,6 +15,18 @@ MANIFEST_LABELS = [
     "mlp.forward[batch=1]", "mlp.forward[batch=8]", "mlp.forward[batch=32]", "tiny", "allreduce",
 ]
 MLP_PARAMS = "f32[512], f32[784,512], f32[512], f32[512,512], f32[10], f32[512,10]"
+# `aot ...` in a process where JAX's topology API fails as it does without libtpu
+# (python -c WITHOUT_LIBTPU ARGS...).
+WITHOUT_LIBTPU = (
+    "import sys\n"
+    "from jax.experimental import topologies\n"
+    "def missing(*args, **kwargs):\n"
+    "    raise RuntimeError('JAX TPU support not installed; cannot generate TPU topology.')\n"
+    "topologies.get_topology_desc = missing\n"
+    "from aot.cli.main import main\n"
+    "sys.argv = ['aot', *sys.argv[1:]]\n"
+    "main()\n"
+)
 MLP_TREE = "params: [{b: f32[512], w: f32[784,512]}, {b: f32[512], w: f32[512,512]}, {b: f32[10], w: f32[512,10]}]"
 
 Invoke = Callable[..., Result]

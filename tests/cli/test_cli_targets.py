@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.aot.test_targets import CHIP_PARTS, needs_libtpu
-from tests.cli.helpers import Invoke, one_line_error
+from tests.cli.helpers import WITHOUT_LIBTPU, Invoke, one_line_error
 
 SMALL = """
 [[function]]
@@ -113,16 +113,7 @@ def test_without_libtpu_a_target_warmup_fails_in_one_line(tmp_path: Path) -> Non
 
     from tests.cli.helpers import REPO
 
-    script = (
-        "import sys\n"
-        "from jax.experimental import topologies\n"
-        "def missing(*args, **kwargs):\n"
-        "    raise RuntimeError('JAX TPU support not installed; cannot generate TPU topology.')\n"
-        "topologies.get_topology_desc = missing\n"
-        "from aot.cli.main import main\n"
-        "sys.argv = ['aot', *sys.argv[1:]]\n"
-        "main()\n"
-    )
+    script = WITHOUT_LIBTPU
     manifest = _manifest(tmp_path, head='target = "tpu:v5e:1x1"\n')
     done = subprocess.run(
         [sys.executable, "-c", script, "--cache", str(tmp_path / "c"), "warmup", str(manifest)],

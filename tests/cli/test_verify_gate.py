@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.aot.test_targets import needs_libtpu
-from tests.cli.helpers import REPO
+from tests.cli.helpers import REPO, WITHOUT_LIBTPU
 
 MODEL = '''
 import jax
@@ -162,16 +162,7 @@ def test_without_libtpu_the_target_gate_is_a_usage_error(tmp_path: Path) -> None
     gate cannot answer for the target; one line saying what to install, exit 2."""
     (tmp_path / "gate_model.py").write_text(TARGET_MODEL.format(act="gelu"))
     (tmp_path / "warmup.toml").write_text(TARGET_MANIFEST)
-    script = (
-        "import sys\n"
-        "from jax.experimental import topologies\n"
-        "def missing(*args, **kwargs):\n"
-        "    raise RuntimeError('JAX TPU support not installed; cannot generate TPU topology.')\n"
-        "topologies.get_topology_desc = missing\n"
-        "from aot.cli.main import main\n"
-        "sys.argv = ['aot', *sys.argv[1:]]\n"
-        "main()\n"
-    )
+    script = WITHOUT_LIBTPU
     import aot
 
     aot.Cache(tmp_path / "cache").close()  # an empty cache: reading never creates one
