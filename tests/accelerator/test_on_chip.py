@@ -238,15 +238,23 @@ print(json.dumps(found))
 """
 
 
+def _cpu_runner_environment() -> dict[str, str]:
+    """This process's environment as a CPU-only CI runner's: the chip host carries TPU_*
+    variables (and import jax here set more), a CPU runner has none, and JAX sees no chip."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_") and k != "LIBTPU_INIT_ARGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
 def _compile_deviceless(folder: Path) -> dict[str, Any]:
     import json
     import os
     import subprocess
     import sys
 
-    # The chip host carries TPU_* variables (and import jax here set more); a CPU runner has none.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_") and k != "LIBTPU_INIT_ARGS"}
-    env["JAX_PLATFORMS"] = "cpu"
+    env = _cpu_runner_environment()
     done = subprocess.run(
         [sys.executable, "-P", "-c", _DEVICELESS, str(Path(__file__).resolve()), str(folder), PARITY_TARGET],
         env=env, cwd=str(folder.parent), capture_output=True, text=True, timeout=540,
@@ -330,7 +338,7 @@ def test_a_deviceless_compile_is_what_the_chip_compiles(tmp_path: Path) -> None:
 
     script = tmp_path / "deviceless_compile.py"
     script.write_text(DEVICELESS_COMPILE)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = {**_cpu_runner_environment()}
     env.pop("AOT_CACHE", None)
     done = subprocess.run([sys.executable, "-P", str(script), str(tmp_path / "c")], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -343,3 +351,59 @@ def test_a_deviceless_compile_is_what_the_chip_compiles(tmp_path: Path) -> None:
     assert all(status == "OK" for status, _, _ in statuses.values()), statuses
     assert result.exit_code == 0, result.output
     print("deviceless == on chip:", json.dumps(data["recompile"]["entries"]))  # the figures for the README
+
+
+# ---------------------------------------------------------------- the CI flow, served (issue 43)
+
+RELEASE_MANIFEST = """
+target = "tpu:v5e:1x1"
+
+[[function]]
+name     = "flow.tiny"
+function = "fixtures.models:tiny"
+args     = ["f32[8]", "f32[8]"]
+
+[[function]]
+name     = "flow.matmul"
+function = "fixtures.models:matmul"
+args     = ["bf16[256,512]", "bf16[512,256]"]
+"""
+
+
+def test_a_release_declared_on_a_cpu_runner_is_what_the_chip_serves(tmp_path: Path) -> None:
+    """The new-user flow of issue 43 (tests/cli/test_target_flow.py on CPU), ended on the
+    chip: a CPU-only runner warms a manifest for tpu:v5e:1x1 into release prod and gates
+    it; the chip, naming prod, serves exactly prod's members (strict: no compile here),
+    bit-identical to jax.jit on the chip."""
+    import json
+    import subprocess
+    import sys
+
+    from fixtures import models
+
+    repo = Path(__file__).resolve().parents[2]
+    manifest = tmp_path / "serve.toml"
+    manifest.write_text(RELEASE_MANIFEST)
+    folder = tmp_path / "cache"
+    run_aot = "import sys; from aot.cli.main import main; sys.argv[0] = 'aot'; main()"
+    env = {**_cpu_runner_environment(), "GIT_COMMIT": "1" * 40}
+    for args in (("warmup", str(manifest), "--release", "prod"), ("verify", "--manifest", str(manifest), "--strict")):
+        done = subprocess.run([sys.executable, "-P", "-c", run_aot, "--cache", str(folder), *args], env=env,
+                              cwd=repo, capture_output=True, text=True, timeout=540)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    cache = aot.Cache(str(folder))
+    try:
+        members = {(m.name, m.key) for m in cache.release("prod").members}
+    finally:
+        cache.close()
+    assert {name for name, _ in members} == {"flow.tiny", "flow.matmul"}
+    bf16 = jnp.bfloat16
+    for seed, (name, fn, specs) in enumerate((
+        ("flow.tiny", models.tiny, models.tiny_specs()),
+        ("flow.matmul", models.matmul, (jax.ShapeDtypeStruct((256, 512), bf16), jax.ShapeDtypeStruct((512, 256), bf16))),
+    )):
+        served = aot.load(name, cache=str(folder), release="prod", strict=True)
+        inputs = random_like(specs, 20 + seed)
+        assert_identical(served(*inputs), jax.jit(fn)(*inputs))
+    shown = json.dumps(sorted(members))
+    print("served on the chip from release prod:", shown)
