@@ -127,3 +127,9 @@ class MetricsError(AotError, RuntimeError):
     """The metrics exporter cannot start: ``prometheus_client`` is not installed
     (``pip install 'jax-aot[metrics]'``), ``AOT_METRICS_PORT`` is not a port, or the
     port is taken."""
+
+
+class DistributedJobError(AotError, RuntimeError):
+    """A multi-process job (``jax.distributed``) could not start, or one of its
+    processes failed, died or gave no answer within the bound
+    (``AOT_DISTRIBUTED_TIMEOUT``): every process of the job reports it."""

@@ -6,6 +6,7 @@ Read through ``sys.modules`` only: asking must not import the module (nor JAX).
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 
 def distributed_client_active() -> bool:
@@ -22,3 +23,22 @@ def backend_started() -> bool:
     bridge = sys.modules.get("jax._src.xla_bridge")
     started = getattr(bridge, "backends_are_initialized", None)
     return bool(started()) if callable(started) else False
+
+
+def distributed_client() -> Any | None:
+    """The client of JAX's distributed runtime (its key-value store and barriers, what
+    ``jax_share_binary_between_hosts`` uses), or None when this process has not joined
+    a multi-process job."""
+    distributed = sys.modules.get("jax._src.distributed")
+    state = getattr(distributed, "global_state", None)
+    return getattr(state, "client", None)
+
+
+def distributed_process() -> tuple[int, int] | None:
+    """(process id, process count) given to ``jax.distributed.initialize``, without
+    starting a backend; None when this process has not joined a job."""
+    distributed = sys.modules.get("jax._src.distributed")
+    state = getattr(distributed, "global_state", None)
+    if getattr(state, "client", None) is None:
+        return None
+    return int(state.process_id), int(state.num_processes)

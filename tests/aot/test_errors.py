@@ -32,6 +32,8 @@ HIERARCHY = {
     aot.DeviceUnavailableError: (RuntimeError,),
     aot.DeviceBusyError: (aot.DeviceUnavailableError, RuntimeError),
     aot.DeviceTargetError: (ValueError,),
+    # A multi-process job that cannot start, or whose process failed (RuntimeError, as JAX raises).
+    aot.DistributedJobError: (RuntimeError,),
 }
 
 
