@@ -96,8 +96,8 @@ def compile_command(
         name=name, pmap=pmap_axis, mesh=mesh, in_shardings=in_shardings,
         out_shardings=out_shardings, donate=donate, x64=x64, device_target=device_target,
     )
-    with job_command(state, distributed, "compile") as reports:
-        _compile(state, function, commit, reports=reports, **options)
+    with job_command(state, distributed, "compile") as role:
+        _compile(state, function, commit, reports=role.reports, **options)
 
 
 def _compile(state: State, function: str, commit: str | None, *, reports: bool, **options: object) -> None:

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import click
 
@@ -41,16 +42,27 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
+@dataclass
+class JobRole:
+    """What the command's body learns from :func:`job_command`, and tells it back."""
+
+    #: This process prints the report (always, outside a job; process 0 in one).
+    reports: bool = True
+    #: Why this process fails, in one line, for the other processes' messages (a
+    #: warm-up whose entries failed exits 1 after printing them here only).
+    failure: str | None = None
+
+
 @contextmanager
-def job_command(state: State, flag: bool, step: str) -> Iterator[bool]:
+def job_command(state: State, flag: bool, step: str) -> Iterator[JobRole]:
     """Runs the command's body as one process of a job when ``--distributed`` (or
-    ``AOT_DISTRIBUTED``) asks; yields whether this process prints the report (always,
-    outside a job). Must be entered before JAX's backend starts."""
+    ``AOT_DISTRIBUTED``) asks; yields its :class:`JobRole`. Must be entered before
+    JAX's backend starts."""
     from aot.distributed_job import join, requested
     from aot.errors import DistributedJobError
 
     if not requested(flag):
-        yield True
+        yield JobRole()
         return
     try:
         job = join()
@@ -62,8 +74,9 @@ def job_command(state: State, flag: bool, step: str) -> Iterator[bool]:
         # Registered before the cache is opened: closed after it (last in, first out).
         ctx.call_on_close(lambda: shutil.rmtree(state.scratch or "", ignore_errors=True))
     own: BaseException | None = None
+    role = JobRole(reports=job.primary)
     try:
-        yield job.primary
+        yield role
     except click.exceptions.Exit as exc:
         if exc.exit_code == 0:
             own = None
@@ -73,7 +86,7 @@ def job_command(state: State, flag: bool, step: str) -> Iterator[bool]:
         own = exc
     ok = own is None
     try:
-        job.publish(step, ok, "" if ok else _one_line(own))  # type: ignore[arg-type]
+        job.publish(step, ok, "" if ok else role.failure or _one_line(own))  # type: ignore[arg-type]
         outcomes = job.gather(step)
     except Exception as exc:  # noqa: BLE001 - the coordinator itself is gone
         outcomes = []

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from aot.cli.common import State, echo_json, pass_state, stderr_is_tty, stdout_is_tty
-from aot.cli.distributed import DISTRIBUTED_HELP, job_command
+from aot.cli.distributed import DISTRIBUTED_HELP, JobRole, job_command
 from aot.cli.params import complete_manifests
 from aot.cli.progress import Progress
 
@@ -122,22 +122,23 @@ def warmup_command(
     With --distributed, start it in every process of a multi-process job (a manifest
     whose meshes span the processes): process 0 stores and reports for the job.
     """
-    with job_command(state, distributed, "warmup") as reports:
+    with job_command(state, distributed, "warmup") as role:
         _warmup(
             state, manifest, jobs, shard, isolate, commit, release, run_id, claims, device_targets,
-            replace, reports=reports, distributed=distributed,
+            replace, role=role, distributed=distributed,
         )
 
 
 def _warmup(
     state: State, manifest: str | None, jobs: int | str, shard: tuple[int, int] | None,
     isolate: bool, commit: str | None, release: str | None, run_id: str | None,
-    claims: bool | None, device_targets: tuple[str, ...], replace: bool, *, reports: bool,
+    claims: bool | None, device_targets: tuple[str, ...], replace: bool, *, role: JobRole,
     distributed: bool,
 ) -> None:
     from aot.cache.warmup.run import expand, load_manifest, run_warmup
     from aot.distributed_job import requested
 
+    reports = role.reports
     if manifest is None:
         manifest = state.settings.manifest.value
         if manifest is None:
@@ -235,4 +236,6 @@ def _warmup(
         for failure in report.failures:
             click.echo(f"traceback of {failure.label}:\n{(failure.traceback or '').rstrip()}", err=True)
     if not report.ok:
+        first = report.failures[0] if report.failures else None
+        role.failure = f"{len(report.failures)} failed" + (f", first {first.label}: {first.error}" if first else "")
         click.get_current_context().exit(1)

@@ -157,7 +157,9 @@ def test_a_failure_in_one_process_fails_every_process(tmp_path: Path, manifest: 
     argv = ["warmup", str(manifest), "--distributed", "--cache", str(cache)]
     runs = run_job(argv, 2, per_process={1: ["warmup", str(bad), "--distributed", "--cache", str(cache)]})
     assert [r.returncode for r in runs] == [1, 1], [(r.stdout, r.stderr[-2000:]) for r in runs]
-    assert "process 1:" in runs[0].stderr, runs[0].stderr  # process 0 names who failed
+    # Process 0 names who failed and why; process 1 printed its own failure.
+    assert "Error: process 1: 1 failed, first slice.matmul" in runs[0].stderr, runs[0].stderr
+    assert "no_such_function" in runs[0].stderr and "no_such_function" in runs[1].stderr
     assert "Traceback" not in runs[0].stderr + runs[1].stderr
 
 
