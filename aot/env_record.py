@@ -22,9 +22,19 @@ unreadable JSON) is "no record", and the caller computes the real fingerprint.
 Honesty on the writing side: a process records only what a fresh process with the same
 key would compute. It does not when its configuration differs from what the
 environment variables say (``jax.config.update`` of x64, platforms or the CPU device
-count), when it runs several processes (``jax.distributed``), when it asked for a
-non-default backend, or when the key's variables changed since it started (the
-backend may have started under the old ones; ``/proc/self/environ`` holds them).
+count), when it asked for a non-default backend, or when the key's variables changed
+since it started (the backend may have started under the old ones; ``/proc/self/environ``
+holds them).
+
+A host of a slice: a process of a multi-process job (``jax.distributed``,
+``process_count > 1``) computes the slice's environment (every process's devices, the
+process count: the same in every process of the job), which is what that host serves.
+The same key can also give a single-process answer (the job's code calls
+``jax.distributed.initialize``, which no environment variable shows), so the slice's
+parts go to a record of their own (:func:`slice_record_path`), never over the host's.
+A reader takes the slice's record when there is one under its key: a host that has run
+as part of a slice, with these versions, variables and boot, serves the slice's entries,
+and ``aot ls`` / ``why`` label those ``this`` without opening the device.
 
 ``import jax`` sets a few variables itself (``TPU_LIBRARY_PATH``, ``TPU_ML_PLATFORM``, ...:
 :data:`_SET_BY_JAX`); the key takes them as they were when the process started, on
@@ -187,13 +197,28 @@ def record_path(key: Mapping[str, Any], folder: Path | None = None) -> Path:
     return folder / f"{digest[:40]}.json"
 
 
+def slice_record_path(key: Mapping[str, Any], folder: Path | None = None) -> Path:
+    """The file of the slice's record of ``key``: what a process of a multi-process job
+    computed (``process_count > 1``), next to the host's own."""
+    path = record_path(key, folder)
+    return path.with_name(path.stem + ".slice.json")
+
+
 def read_parts() -> dict[str, str] | None:
-    """The environment parts recorded under this process's key, or None."""
+    """The environment parts recorded under this process's key, or None: the slice's
+    (a process of a multi-process job wrote them) when there are, else the host's."""
     folder = record_folder()
     key = record_key() if folder is not None else None
     if folder is None or key is None:
         return None
-    path = record_path(key, folder)
+    for path in (slice_record_path(key, folder), record_path(key, folder)):
+        parts = _read(path, key)
+        if parts is not None:
+            return parts
+    return None
+
+
+def _read(path: Path, key: Mapping[str, Any]) -> dict[str, str] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -264,7 +289,7 @@ def remember(parts: Mapping[str, str]) -> None:
 
 def _remember(parts: Mapping[str, str]) -> None:
     folder = record_folder()
-    if folder is None or parts.get("process_count") != "1":
+    if folder is None or not parts.get("process_count", "").isdigit():
         return
     initial = _initial_environment()
     if initial is None:
@@ -281,7 +306,8 @@ def _remember(parts: Mapping[str, str]) -> None:
         return
     if not _config_matches_environment(parts):
         return
-    path = record_path(key, folder)
+    # A process of a multi-process job: the slice's parts, in a record of their own.
+    path = record_path(key, folder) if parts["process_count"] == "1" else slice_record_path(key, folder)
     body = json.dumps({"key": key, "parts": dict(sorted(parts.items()))}, indent=1, sort_keys=True)
     if (str(path), body) in _written:
         return

@@ -118,8 +118,11 @@ def xla_flags_outside_key(flags: str | None = None) -> str:
 
 
 def _topology(devices: Sequence[Any]) -> str:
+    # By device id: the same text in every process of a slice, whatever order its runtime
+    # lists the devices in (libtpu's topology of a multi-host target lists them host by
+    # host: 0,1,4,5,2,3,... for tpu:v5e:4x4). Single-host lists are already by id.
     parts = []
-    for d in devices:
+    for d in sorted(devices, key=lambda d: d.id):
         coords = getattr(d, "coords", None)
         core = getattr(d, "core_on_chip", None)
         extra = f"@{tuple(coords)}" if coords is not None else ""

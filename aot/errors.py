@@ -144,3 +144,9 @@ class SliceError(AotError, RuntimeError):
 class SliceTimeoutError(SliceError, TimeoutError):
     """The compiling process of the slice did not publish the entry within
     ``AOT_SLICE_WAIT_SECONDS`` (it froze, or its compile is longer than the bound)."""
+
+
+class DistributedJobError(AotError, RuntimeError):
+    """A multi-process job (``jax.distributed``) could not start, or one of its
+    processes failed, died or gave no answer within the bound
+    (``AOT_DISTRIBUTED_TIMEOUT``): every process of the job reports it."""

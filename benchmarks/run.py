@@ -1,6 +1,7 @@
 """Driver: runs each scenario in fresh worker processes and prints ratio tables.
 
     python -m benchmarks [--quick] [--only NAME[,NAME]] [--runs N] [--json OUT.json] [--keep]
+    python -m benchmarks --processes 2,4     a slice's start-up (benchmarks/bench_slice.py)
 
 Scenarios (``--only`` names):
 
@@ -839,8 +840,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="also write the printed report here (with --platform: default "
                              "$OUT/benchmarks-PLATFORM.txt, and the --json beside it, when "
                              "$OUT is set)")
+    parser.add_argument("--processes", default=None, metavar="N[,N]",
+                        help="a slice's start-up with N processes x 2 CPU devices on loopback "
+                             "(jax.distributed, gloo): benchmarks/bench_slice.py; runs 3 unless --runs")
     args = parser.parse_args(argv)
 
+    slices: list[str] = []
+    if args.processes:
+        from benchmarks import bench_slice
+
+        counts = [int(n) for n in args.processes.split(",") if n.strip()]
+        SCENARIOS.update(bench_slice.scenarios(counts))
+        slices = [f"slice_{n}" for n in counts]
     if args.platform:
         from benchmarks import bench_platform
 
@@ -849,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("OUT"):
             args.out = args.out or Path(os.environ["OUT"]) / f"benchmarks-{args.platform}.txt"
             args.json = args.json or Path(os.environ["OUT"]) / f"benchmarks-{args.platform}.json"
-    default = list(bench_platform.SCENARIOS) if args.platform else list(SCENARIOS)
+    default = list(bench_platform.SCENARIOS) if args.platform else (slices or list(SCENARIOS))
     names = [n.strip() for n in args.only.split(",") if n.strip()] or default
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:

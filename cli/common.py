@@ -42,6 +42,9 @@ class State:
     #: The command runs in the ``aot`` process (:func:`aot.cli.main.main`), not inside
     #: a caller's (``CliRunner``, a program calling ``cli.main``): see :meth:`start_up`.
     owns_process: bool = False
+    #: A process other than 0 of a multi-process job (``--distributed``) compiles into
+    #: this throwaway folder: process 0 alone writes the cache (:mod:`aot.cli.distributed`).
+    scratch: str | None = None
     _settings: Settings | None = field(default=None, repr=False)
     _cache: Cache | None = field(default=None, repr=False)
 
@@ -72,6 +75,8 @@ class State:
         from aot.cache.store import require_cache  # imports JAX
         from aot.cache.cache import Cache  # with --local, a TieredCache
 
+        if self.scratch is not None:
+            return Cache(self.scratch, create=True)
         settings = self.settings
         location = settings.cache.value
         assert location is not None

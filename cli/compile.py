@@ -17,6 +17,7 @@ from aot.cli.common import (
     resolve_served_release,
     served_release_option,
 )
+from aot.cli.distributed import DISTRIBUTED_HELP, job_command
 from aot.cli.params import MESH, complete_entry_names
 
 SPEC_HELP = (
@@ -66,13 +67,14 @@ SPEC_HELP = (
     "(without the device: needs libtpu, pip install 'jax-aot[tpu]'); --mesh is then over "
     "the target's devices.",
 )
+@click.option("--distributed", is_flag=True, help=DISTRIBUTED_HELP)
 @pass_state
 def compile_command(
     state: State, function: str, args: tuple[str, ...], kwargs: tuple[str, ...],
     args_from: str | None, static: tuple[str, ...], name: str | None, pmap_axis: str | None,
     mesh: tuple[tuple[str, int], ...] | None, in_shardings: tuple[str, ...],
     out_shardings: tuple[str, ...], donate: tuple[int, ...], x64: bool, commit: str | None,
-    device_target: str | None,
+    device_target: str | None, distributed: bool,
 ) -> None:
     """Compile MODULE:FUNCTION for the given argument specs into the cache.
 
@@ -85,18 +87,27 @@ def compile_command(
           --arg @fixtures.models:mlp_param_specs --arg f32[32,784]
       aot compile fixtures.models:allreduce --pmap i --arg f32[8,1024]
       aot compile fixtures.models:tiny --arg f32[8] --arg f32[8] --target tpu:v5e:1x1
+
+    With --distributed, start it in every process of a multi-process job (--mesh over
+    every process's devices): process 0 stores and reports.
     """
+    options = dict(
+        args=args, kwargs=parse_kwargs(kwargs), args_from=args_from, static=parse_static(static),
+        name=name, pmap=pmap_axis, mesh=mesh, in_shardings=in_shardings,
+        out_shardings=out_shardings, donate=donate, x64=x64, device_target=device_target,
+    )
+    with job_command(state, distributed, "compile") as role:
+        _compile(state, function, commit, reports=role.reports, **options)
+
+
+def _compile(state: State, function: str, commit: str | None, *, reports: bool, **options: object) -> None:
     from aot.signatures import Signature
     from aot.cache.index.refs import RefOrigin, default_commit
     from aot.cache.warmup.functions import compile_function
     from aot.errors import ManifestError
 
-    options = dict(
-        args=args, kwargs=parse_kwargs(kwargs), args_from=args_from, static=parse_static(static),
-        name=name, pmap=pmap_axis, mesh=mesh, in_shardings=in_shardings,
-        out_shardings=out_shardings, donate=donate, x64=x64,
-        origin=RefOrigin("compile", commit=commit or default_commit()), device_target=device_target,
-    )
+    device_target = options["device_target"]
+    options["origin"] = RefOrigin("compile", commit=commit or default_commit())
     if device_target is not None:
         from aot.targets import compile_only_here
 
@@ -109,6 +120,8 @@ def compile_command(
         result = compile_function(cache, function, **options)  # type: ignore[arg-type]
     except ManifestError as exc:  # inconsistent options: a usage error
         raise click.UsageError(getattr(exc, "problem", str(exc))) from None
+    if not reports:  # another process of a multi-process job: process 0 reports
+        return
     if state.json:
         echo_json(result.to_dict())
         return

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from aot.cli.common import State, echo_json, pass_state, stderr_is_tty, stdout_is_tty
+from aot.cli.distributed import DISTRIBUTED_HELP, JobRole, job_command
 from aot.cli.params import complete_manifests
 from aot.cli.progress import Progress
 
@@ -103,11 +104,12 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
     "for several ('host': this host's devices). Replaces every target the manifest names: "
     "the top-level one and each [[function]]'s own.",
 )
+@click.option("--distributed", is_flag=True, help=DISTRIBUTED_HELP)
 @pass_state
 def warmup_command(
     state: State, manifest: str | None, jobs: int | str, shard: tuple[int, int] | None,
     isolate: bool, relower: bool, commit: str | None, release: str | None, run_id: str | None,
-    claims: bool | None, device_targets: tuple[str, ...], replace: bool,
+    claims: bool | None, device_targets: tuple[str, ...], replace: bool, distributed: bool,
 ) -> None:
     """Compile every (function x bucket) listed in MANIFEST.toml into the cache.
 
@@ -116,9 +118,27 @@ def warmup_command(
     status is 1 if any failed (--debug prints their tracebacks). Progress goes to
     stderr when it is a terminal; otherwise one line per entry. The manifest format is
     in docs/manifest.md.
-    """
-    from aot.cache.warmup.run import expand, load_manifest, run_warmup
 
+    With --distributed, start it in every process of a multi-process job (a manifest
+    whose meshes span the processes): process 0 stores and reports for the job.
+    """
+    with job_command(state, distributed, "warmup") as role:
+        _warmup(
+            state, manifest, jobs, shard, isolate, commit, release, run_id, claims, device_targets,
+            replace, role=role, distributed=distributed,
+        )
+
+
+def _warmup(
+    state: State, manifest: str | None, jobs: int | str, shard: tuple[int, int] | None,
+    isolate: bool, commit: str | None, release: str | None, run_id: str | None,
+    claims: bool | None, device_targets: tuple[str, ...], replace: bool, *, role: JobRole,
+    distributed: bool,
+) -> None:
+    from aot.cache.warmup.run import expand, load_manifest, run_warmup
+    from aot.distributed_job import requested
+
+    reports = role.reports
     if manifest is None:
         manifest = state.settings.manifest.value
         if manifest is None:
@@ -145,6 +165,9 @@ def warmup_command(
     if None not in targets:
         compile_only_here()  # before the worker processes start: they inherit it
     jobs = resolve_jobs(jobs, entries=len(items))  # "auto": at most one job per entry
+    if requested(distributed) and (jobs > 1 or isolate):
+        # Worker processes are not in the job: they would not see the other processes' devices.
+        raise click.UsageError("--distributed compiles in this process: give no --jobs above 1 and no --isolate")
     origin = RefOrigin(f"warmup {manifest}", commit=commit or default_commit())
     if replace and release is None:
         raise click.UsageError("--replace starts a release label over: give --release LABEL with it")
@@ -179,11 +202,11 @@ def warmup_command(
     else:
         total = len(items)
     progress = None
-    if stderr_is_tty():
+    if stderr_is_tty() and reports:
         progress = Progress(total, f"warmup ({jobs} job{'s' if jobs > 1 else ''})")
     # One line per entry, unless --json, or a progress bar already shows it on the
     # terminal the lines would go to.
-    lines = not state.json and not (progress is not None and stdout_is_tty())
+    lines = reports and not state.json and not (progress is not None and stdout_is_tty())
 
     def on_result(result: ItemResult) -> None:
         if progress is not None:
@@ -201,10 +224,11 @@ def warmup_command(
     finally:
         if progress is not None:
             progress.finish()
-    if state.json:
+    if reports and state.json:
         echo_json(report.to_dict())
-    else:
+    elif reports:
         click.echo(report.summary())
+    if not state.json or not reports:  # another process of the job: its own failures, on stderr
         for failure in report.failures:
             where = f" ({failure.source})" if failure.source else ""
             click.echo(f"failed: {failure.label}{where}: {failure.error}", err=True)
@@ -212,4 +236,6 @@ def warmup_command(
         for failure in report.failures:
             click.echo(f"traceback of {failure.label}:\n{(failure.traceback or '').rstrip()}", err=True)
     if not report.ok:
+        first = report.failures[0] if report.failures else None
+        role.failure = f"{len(report.failures)} failed" + (f", first {first.label}: {first.error}" if first else "")
         click.get_current_context().exit(1)

@@ -22,3 +22,13 @@ def backend_started() -> bool:
     bridge = sys.modules.get("jax._src.xla_bridge")
     started = getattr(bridge, "backends_are_initialized", None)
     return bool(started()) if callable(started) else False
+
+
+def distributed_process() -> tuple[int, int] | None:
+    """(process id, process count) given to ``jax.distributed.initialize``, without
+    starting a backend; None when this process has not joined a job."""
+    distributed = sys.modules.get("jax._src.distributed")
+    state = getattr(distributed, "global_state", None)
+    if getattr(state, "client", None) is None:
+        return None
+    return int(state.process_id), int(state.num_processes)

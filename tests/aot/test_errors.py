@@ -35,6 +35,8 @@ HIERARCHY = {
     # A process of a multi-process job that could not get its slice's entry.
     aot.SliceError: (RuntimeError,),
     aot.SliceTimeoutError: (aot.SliceError, TimeoutError),
+    # A multi-process job that cannot start, or whose process failed (RuntimeError, as JAX raises).
+    aot.DistributedJobError: (RuntimeError,),
 }
 
 

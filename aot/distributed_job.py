@@ -1,0 +1,165 @@
+"""Joining a multi-process job (``jax.distributed``) from a command, and agreeing on
+its outcome: every process of a slice runs the command, one writes and reports.
+
+:func:`join` calls :func:`jax.distributed.initialize` before JAX's backend starts,
+with JAX's own cluster detection (SLURM, Open MPI, Kubernetes, Cloud TPU, mpi4py) or
+``JAX_COORDINATOR_ADDRESS`` (read by JAX) with ``JAX_NUM_PROCESSES`` and
+``JAX_PROCESS_ID`` (read here: JAX itself reads neither). The returned
+:class:`JobProcess` publishes this process's outcome in JAX's distributed key-value
+store (the one ``jax_share_binary_between_hosts`` uses) and gathers everyone's, each
+wait bounded by ``AOT_DISTRIBUTED_TIMEOUT`` seconds: a process that fails, dies or
+freezes makes every other one fail with its name within the bound, never hang.
+
+``AOT_DISTRIBUTED=1`` asks the same as ``--distributed`` (a launcher that sets the
+environment of every process once: a SLURM script, a Kubernetes JobSet).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from aot.errors import DistributedJobError
+from aot.jaxcompat import distributed as kv
+
+log = logging.getLogger(__name__)
+
+DISTRIBUTED_ENV = "AOT_DISTRIBUTED"
+TIMEOUT_ENV = "AOT_DISTRIBUTED_TIMEOUT"
+#: Seconds: long enough for the slowest process's imports and a large compile on a busy
+#: host, short enough that a CI job whose process died fails within minutes.
+DEFAULT_TIMEOUT = 600.0
+_TRUE = ("1", "true", "yes", "on")
+_PREFIX = "aot/job"
+
+
+def requested(flag: bool) -> bool:
+    """``--distributed``, else ``AOT_DISTRIBUTED`` (1, true, yes, on)."""
+    return flag or os.environ.get(DISTRIBUTED_ENV, "").strip().lower() in _TRUE
+
+
+def job_timeout() -> float:
+    """``AOT_DISTRIBUTED_TIMEOUT`` in seconds (default 600): the bound of every wait."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise DistributedJobError(
+            f"{TIMEOUT_ENV} must be a number of seconds > 0, got {text!r}; unset it for "
+            f"the default ({DEFAULT_TIMEOUT:.0f} s)"
+        )
+    return value
+
+
+def _int_variable(name: str) -> int | None:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise DistributedJobError(f"{name} must be an integer, got {text!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One process's outcome of a step: ``ok``, and a one-line ``message`` otherwise."""
+
+    process_id: int
+    ok: bool
+    message: str = ""
+
+    def describe(self) -> str:
+        return f"process {self.process_id}: {'ok' if self.ok else self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobProcess:
+    """This process in a multi-process job: its id, the job's size, the wait bound."""
+
+    process_id: int
+    process_count: int
+    timeout: float
+
+    @property
+    def primary(self) -> bool:
+        """Process 0: the one that writes the cache and reports for the job."""
+        return self.process_id == 0
+
+    def describe(self) -> str:
+        return f"process {self.process_id} of {self.process_count}"
+
+    def publish(self, step: str, ok: bool, message: str = "") -> None:
+        """Tells every process this one's outcome of ``step`` (once per step)."""
+        value = "ok" if ok else "failed:" + " ".join(message.split())[:2000]
+        try:
+            kv.put(f"{_PREFIX}/{step}/{self.process_id}", value)
+        except kv.KeyValueUnavailable as exc:
+            raise DistributedJobError(f"cannot tell the job this process's outcome of {step}: {exc}") from None
+
+    def gather(self, step: str) -> list[Outcome]:
+        """Every process's outcome of ``step`` (this one's published first), waiting at
+        most :attr:`timeout` seconds in all; a process that gave none in time is a
+        failure that says so (it died, froze or is still compiling)."""
+        import time
+
+        deadline = time.monotonic() + self.timeout
+        out = []
+        for pid in range(self.process_count):
+            try:
+                value = kv.get(f"{_PREFIX}/{step}/{pid}", max(0.001, deadline - time.monotonic()))
+            except (kv.KeyValueTimeout, kv.KeyValueUnavailable) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                out.append(Outcome(pid, False, (
+                    f"no outcome of {step} within {self.timeout:g} s ({TIMEOUT_ENV}): the process "
+                    f"died, froze or is still working ({first[:200]})"
+                )))
+                continue
+            ok = value == "ok"
+            out.append(Outcome(pid, ok, "" if ok else value.removeprefix("failed:")))
+        return out
+
+
+def join(timeout: float | None = None) -> JobProcess:
+    """Initialises ``jax.distributed`` for this process (before the backend starts) and
+    returns it as a :class:`JobProcess`. JAX's cluster detection fills in what the
+    environment leaves unset; an error says what was missing and how to give it."""
+    import jax
+
+    from aot.jaxcompat.runtime import backend_started, distributed_process
+
+    timeout = job_timeout() if timeout is None else timeout
+    joined = distributed_process()
+    if joined is not None:  # the manifest's code, or a caller, joined already
+        return JobProcess(joined[0], joined[1], timeout)
+    if backend_started():
+        raise DistributedJobError(
+            "cannot join the multi-process job: JAX's backend already started in this process; "
+            "jax.distributed.initialize must come first (run the command in a fresh process)"
+        )
+    num_processes = _int_variable("JAX_NUM_PROCESSES")
+    process_id = _int_variable("JAX_PROCESS_ID")
+    seconds = max(1, int(timeout))
+    try:
+        jax.distributed.initialize(
+            num_processes=num_processes, process_id=process_id, initialization_timeout=seconds,
+            heartbeat_timeout_seconds=min(100, seconds), shutdown_timeout_seconds=seconds,
+        )
+    except (ValueError, TypeError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DistributedJobError(
+            f"cannot join the multi-process job: {first[:300]}. Expected a cluster JAX detects "
+            "(SLURM, Open MPI, Kubernetes, Cloud TPU) or JAX_COORDINATOR_ADDRESS=HOST:PORT with "
+            "JAX_NUM_PROCESSES and JAX_PROCESS_ID set in every process"
+        ) from None
+    # Read without starting the backend: a warm-up for device targets only keeps this
+    # host's accelerator closed (aot.targets.compile_only_here).
+    process_id, num_processes = distributed_process() or (0, 1)
+    job = JobProcess(process_id, num_processes, timeout)
+    log.info("joined the multi-process job as %s", job.describe())
+    return job
