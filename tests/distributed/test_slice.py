@@ -198,10 +198,13 @@ def test_the_jit_backend_compiles_once_for_the_slice_and_every_process_hits_next
 ) -> None:
     cache = str(tmp_path / "cache")
     first = values(run_job(f"{WORKERS}:jit_step", {"cache": cache}, processes=processes))
-    # Process 0 compiled and stored; the others missed and took its binary (JAX's share).
+    # Process 0 compiled and stored, once for the slice; each other process took its
+    # binary (JAX's share: it waited), or, when it looked later than process 0 stored,
+    # hit the stored entry. Never a second compile.
     assert [v["counts"]["puts"] for v in first] == [1] + [0] * (processes - 1)
-    assert [v["counts"]["hits"] for v in first] == [0] * processes
-    assert [v["jax_said"] for v in first] == [["compiled"]] + [["waited"]] * (processes - 1)
+    assert first[0]["counts"]["hits"] == 0 and first[0]["jax_said"] == ["compiled"]
+    for v in first[1:]:
+        assert (v["counts"]["hits"], v["jax_said"]) in ((0, ["waited"]), (1, [])), first
     second = values(run_job(f"{WORKERS}:jit_step", {"cache": cache}, processes=processes))
     assert [v["counts"]["hits"] for v in second] == [1] * processes, second
     assert [v["counts"]["misses"] for v in second] == [0] * processes
