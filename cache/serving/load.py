@@ -210,8 +210,8 @@ def check_release(dispatcher: Dispatcher, release: str) -> None:
 def _release_advice(release: str) -> str:
     """What to do when a release's members cannot be served here. Never `aot warmup
     --release LABEL` for this environment: a set is declared for the environments its
-    members were compiled for, and a warm-up of this one into that label would replace
-    (or be refused for dropping) the members the fleet serves."""
+    members were compiled for, and a warm-up of this one into that label would open a
+    set mixing this host's entries into what the fleet serves."""
     import jax
 
     here = jax.default_backend()  # started already: the dispatcher's entries were filed
