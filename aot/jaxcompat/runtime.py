@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import sys
 
+from aot.jaxcompat.distributed import client
+
 
 def distributed_client_active() -> bool:
     """True when ``jax.distributed.initialize`` has connected this process."""
-    distributed = sys.modules.get("jax._src.distributed")
-    state = getattr(distributed, "global_state", None)
-    return getattr(state, "client", None) is not None
+    return client() is not None
 
 
 def backend_started() -> bool:
@@ -27,8 +27,7 @@ def backend_started() -> bool:
 def distributed_process() -> tuple[int, int] | None:
     """(process id, process count) given to ``jax.distributed.initialize``, without
     starting a backend; None when this process has not joined a job."""
-    distributed = sys.modules.get("jax._src.distributed")
-    state = getattr(distributed, "global_state", None)
-    if getattr(state, "client", None) is None:
+    if client() is None:
         return None
+    state = sys.modules["jax._src.distributed"].global_state
     return int(state.process_id), int(state.num_processes)

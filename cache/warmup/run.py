@@ -436,15 +436,11 @@ def release_cover(cache: ArtifactStore, items: Iterable[WarmupItem]) -> Callable
                       or (m.name, None) in names or (m.name, m.signature, None) in slots)
 
 
-def release_run(
-    commit: str | None, manifest_text: str | None = None, shard: tuple[int, int] | None = None,
-) -> str | None:
+def release_run(commit: str | None, shard: tuple[int, int] | None = None) -> str | None:
     """The run id the warm-ups of one CI run share, so that they declare one release
     set: the commit (the shards of a manifest, and several manifests warmed at one
     commit); None (a new set) when no commit is known and the warm-up is not sharded.
-    A sharded warm-up without a commit needs ``--run``. ``manifest_text`` is accepted
-    and ignored (the id used to include the manifest's digest: one set per manifest)."""
-    del manifest_text
+    A sharded warm-up without a commit needs ``--run``."""
     if commit is None:
         if shard is not None:
             from aot.errors import UsageError
