@@ -100,8 +100,8 @@ def test_a_release_for_a_target_loaded_here_advises_no_warmup_into_it(tmp_path: 
 
 @pytest.mark.slow
 def test_each_entry_reports_its_own_seconds_once(tmp_path: Path) -> None:
-    # A train step of the fixture transformer: a compile that dominates the warm-up, so
-    # counting it twice (its compile, and the wait for it) would exceed the wall time.
+    # A train step of the fixture transformer: a compile long enough that counting it twice
+    # (its compile, and the wait for it) would exceed the wall time.
     items = _items("""
 [[function]]
 name   = "train"
@@ -112,5 +112,7 @@ args   = ["@fixtures.models:transformer_param_specs", "@fixtures.models:transfor
     (result,) = report.results
     assert result.status == "compiled", result.error
     assert result.compile_seconds is not None and result.compile_seconds > 0.2
+    # Counted twice, the item's seconds were lowering + 2 x compile + store: more than the
+    # run's wall time, which holds each once. (A ratio to compile_seconds alone is not a
+    # bound: under CI load, tracing this train step's grad took longer than its compile.)
     assert result.compile_seconds <= result.seconds <= report.seconds
-    assert result.seconds < 2 * result.compile_seconds  # counted twice, it was more
