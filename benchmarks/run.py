@@ -112,6 +112,24 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+# Byte-compiles every module of the installed jax-aot into PYCACHE, as pip does when it
+# installs a wheel (JAX's modules have theirs): otherwise the first worker of each way
+# compiled the modules it imports (the serving ones are imported by no populate step).
+_PRECOMPILE = """
+import compileall, os, sys
+import aot, aot.cache, aot.cli
+folders = {os.path.dirname(m.__file__) for m in (aot, aot.cache, aot.cli)}
+sys.exit(0 if all(compileall.compile_dir(f, quiet=1) for f in sorted(folders)) else 1)
+"""
+
+
+def precompile() -> None:
+    done = subprocess.run([sys.executable, *python_flags(), "-c", _PRECOMPILE], env=worker_env(),
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"byte-compiling jax-aot failed: {done.stderr.strip()[-2000:]}")
+
+
 def spawn(cmd: list[str], *, timeout: float = 900) -> Proc:
     """Runs ``cmd`` from the repo root; times the JSON line and the exit from outside."""
     with tempfile.TemporaryFile("w+") as err:
@@ -887,7 +905,8 @@ def main(argv: list[str] | None = None) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="aot-bench-"))
     global PYCACHE
-    PYCACHE = root / "pycache"  # the first worker (a populate) writes it
+    PYCACHE = root / "pycache"
+    precompile()
     ctx = Context(root, args.runs, args.quick)
     report: dict[str, Any] = {"command": command.strip(), "machine": info, "scenarios": {}}
     started = time.perf_counter()
