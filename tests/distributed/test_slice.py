@@ -210,3 +210,25 @@ def test_the_jit_backend_compiles_once_for_the_slice_and_every_process_hits_next
     assert [v["counts"]["misses"] for v in second] == [0] * processes
     assert [v["jax_said"] for v in second] == [[]] * processes  # nobody compiled
     assert [v["got"] for v in second] == [v["got"] for v in first]  # the same shards
+
+
+def test_a_slice_shares_a_postgresql_index_and_object_store_blobs(postgres_url: str, s3_url: str) -> None:
+    """The layout docs/accelerators.md gives a slice's hosts: one PostgreSQL index, the
+    blobs on an S3-compatible store (moto). One process compiles for the slice, the
+    next job compiles nothing, and every process serves the entry strictly, naming only
+    the database (the blobs' location is recorded in it)."""
+    first = values(run_job(f"{WORKERS}:compile_step", {"cache": postgres_url, "blob_location": s3_url}))
+    assert [v["hit"] for v in first] == [False, True]
+    assert len({v["key"] for v in first}) == 1 and [v["entries"] for v in first] == [1, 1]
+    _digests_equal(first)
+    again = values(run_job(f"{WORKERS}:compile_step", {"cache": postgres_url, "blob_location": s3_url}))
+    assert [v["hit"] for v in again] == [True, True]
+    served = values(run_job(f"{WORKERS}:serve_step", {"cache": postgres_url, "modes": ["eager"]}))
+    for i, value in enumerate(served):
+        assert value["model_imported"] is False and value["recompiled"] == 0
+        assert value["eager"] == first[i]["want"], f"process {i}: not jax.jit's shards"
+    with aot.Cache(postgres_url) as cache:
+        (entry,) = cache.entries()
+        assert cache.blobs.check(entry.exe_digest) is None  # the executable is on the object store
+        assert cache.blobs.location.rstrip("/") == s3_url, cache.blobs.location
+
