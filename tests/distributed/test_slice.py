@@ -231,4 +231,3 @@ def test_a_slice_shares_a_postgresql_index_and_object_store_blobs(postgres_url: 
         (entry,) = cache.entries()
         assert cache.blobs.check(entry.exe_digest) is None  # the executable is on the object store
         assert cache.blobs.location.rstrip("/") == s3_url, cache.blobs.location
-
