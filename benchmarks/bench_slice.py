@@ -11,7 +11,10 @@ A slice waits for its slowest host: the figure is the slowest process's time to 
 first result (the loss, fetched), each way
 side by side in one run, interleaved, median of ``--runs`` (default 3). The clock
 starts at a barrier of the distributed runtime that every process reaches after its
-imports, ``jax.distributed.initialize`` and its inputs (the same for every way):
+imports, ``jax.distributed.initialize`` and its inputs (the same for every way). Each
+process also reports its CPU seconds (every thread) from there to its executable and
+to its first result: with N processes on this machine's cores, the slice's time follows
+their sum.
 
   jax.jit cold               every process compiles
   jax.jit + persistent cache JAX's cache filled by an earlier job (process 0 writes it)
@@ -137,6 +140,7 @@ def run_worker(folder: Path, variant: str) -> dict[str, Any]:
 
     client().wait_at_barrier(f"bench-{variant}", 120_000)
     start = time.perf_counter()
+    cpu_start = time.process_time()
     extra: dict[str, float] = {}
     if variant == "populate":
         from jax.experimental import serialize_executable
@@ -169,8 +173,10 @@ def run_worker(folder: Path, variant: str) -> dict[str, Any]:
     else:
         raise ValueError(variant)
     ready_s = time.perf_counter() - start
+    extra["ready_cpu_s"] = time.process_time() - cpu_start
     _, loss = fn(params, x)
     value = float(loss)  # replicated: every process holds it
+    extra["cpu_s"] = time.process_time() - cpu_start  # every thread of this process
     return {"import_s": import_s, "ready_s": ready_s, "first_s": time.perf_counter() - start, "loss": value,
             "result_epoch": time.time(), "first_result_s": time.perf_counter() - T0, **extra}
 
@@ -234,7 +240,9 @@ def slice_scenario(count: int) -> Any:
             f"{count} processes x 2 CPU devices (gloo, loopback), {_model()} train step on a "
             f"{count}x2 ('data', 'model') mesh spanning them: the slowest process's first result",
             {"first_s": "slice ready: slowest first result", "ready_s": "load/compile returned, slowest",
-             "import_s": "import jax + distributed init, slowest", "wall_s": "spawn to slowest first result"},
+             "import_s": "import jax + distributed init, slowest", "wall_s": "spawn to slowest first result",
+             "ready_cpu_s": "CPU seconds to load/compile returned, mean per process",
+             "cpu_s": "CPU seconds to first result, mean per process"},
             ["first_s"],
             pairs=[("aot.load", label) for _, label, side in VARIANTS if side == "jax"],
         )
@@ -252,7 +260,9 @@ def slice_scenario(count: int) -> Any:
                     continue
                 row.add({"wall_s": wall, "first_s": max(r["first_s"] for r in results),
                          "ready_s": max(r["ready_s"] for r in results),
-                         "import_s": max(r["import_s"] for r in results), "loss": results[0]["loss"]})
+                         "import_s": max(r["import_s"] for r in results), "loss": results[0]["loss"],
+                         "ready_cpu_s": sum(r["ready_cpu_s"] for r in results) / len(results),
+                         "cpu_s": sum(r["cpu_s"] for r in results) / len(results)})
         losses = {v for row in s.rows for v in row.samples.get("loss", [])}
         s.notes.append("every way computed the same loss" if len(losses) == 1 else f"losses differ: {sorted(losses)}")
         mine = s.row("aot.load", "aot").samples.get("first_s", [])
@@ -261,6 +271,15 @@ def slice_scenario(count: int) -> Any:
             per_run = [a / b for a, b in zip(mine, theirs)]
             s.notes.append("slice ready, aot.load / deserialize_and_load per run: "
                            + ", ".join(f"{r:.2f}x" for r in per_run) + f" (median {statistics.median(per_run):.2f}x)")
+        for metric, what in (("ready_cpu_s", "to load returned"), ("cpu_s", "to first result")):
+            mine_cpu = s.row("aot.load", "aot").samples.get(metric, [])
+            theirs_cpu = s.row("deserialize_and_load", "jax").samples.get(metric, [])
+            if mine_cpu and theirs_cpu:
+                extra_ms = (statistics.median(mine_cpu) - statistics.median(theirs_cpu)) * 1e3
+                s.notes.append(f"CPU {what}, aot.load minus deserialize_and_load: {extra_ms:+.0f} ms per "
+                               "process (medians)")
+        s.notes.append(f"{count} process(es) share this machine's {os.cpu_count()} cores: the CPU each spends "
+                       "adds to the slice's time, where hosts of a real slice have cores of their own")
         s.notes.append("'slice ready' runs from a barrier every process reaches after importing JAX, "
                        "joining the job and building its inputs, to the slowest process's loss; "
                        "'spawn to ...' adds the imports, which a loaded 2-core machine makes noisy")
