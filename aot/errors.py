@@ -150,3 +150,12 @@ class DistributedJobError(AotError, RuntimeError):
     """A multi-process job (``jax.distributed``) could not start, or one of its
     processes failed, died or gave no answer within the bound
     (``AOT_DISTRIBUTED_TIMEOUT``): every process of the job reports it."""
+
+
+class UnsupportedJaxError(AotError, RuntimeError):
+    """The installed jax or jaxlib is not a release jax-aot supports (raised at
+    ``import aot``; :mod:`aot.jaxcompat.versions` holds the range)."""
+
+    def __init__(self, message: str, installed: tuple[tuple[str, str | None], ...] = ()) -> None:
+        super().__init__(message)
+        self.installed = installed
