@@ -12,6 +12,9 @@ import numpy as np
 from aot.jaxcompat.build import serialize_compiled
 from aot.jaxcompat.callbacks import deserialize_with_callbacks, lowered_callbacks
 
+# Runs on every supported JAX release (.ci/version-suite.sh).
+pytestmark = pytest.mark.version_suite
+
 
 def first(x):
     return np.asarray(x) + 1

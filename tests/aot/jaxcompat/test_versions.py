@@ -25,6 +25,9 @@ import aot
 from aot.jaxcompat import versions
 from aot.jax_support import check_installed_jax
 
+# Runs on every supported JAX release (.ci/version-suite.sh).
+pytestmark = pytest.mark.version_suite
+
 REPO = Path(__file__).resolve().parents[3]
 
 
