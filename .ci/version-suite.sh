@@ -19,6 +19,10 @@ cd "$(dirname "$0")/.."
 RELEASE=${1:?usage: .ci/version-suite.sh RELEASE [--build|--test]}
 STEP=${2:-all}
 PYTHON=${PYTHON:-python3}
+# The extras installed: EXTRAS=test,tpu adds libtpu (~700 MB installed, the version
+# jax[tpu]==RELEASE pins; the constraints file must pin it too), so that the suite's TPU
+# target tests run instead of skipping. .ci/run asks for it on the oldest release only.
+EXTRAS=${EXTRAS:-test}
 VENV=${VENV:-.venvs/jax-$RELEASE}
 CONSTRAINTS=.ci/constraints/jax-$RELEASE.txt
 
@@ -32,9 +36,7 @@ if [ "$STEP" != "--test" ]; then
     rm -rf "$VENV"
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    # No tpu extra: libtpu is ~700 MB a release; the full suite compiles for TPU targets
-    # on the newest release.
-    "$VENV/bin/python" -m pip install --quiet -c "$CONSTRAINTS" -e '.[test]'
+    "$VENV/bin/python" -m pip install --quiet -c "$CONSTRAINTS" -e ".[$EXTRAS]"
     installed=$("$VENV/bin/python" -c "import jax, jaxlib; print(jax.__version__, jaxlib.__version__)")
     if [ "$installed" != "$RELEASE $RELEASE" ]; then
         echo "error: $VENV holds jax/jaxlib $installed, not $RELEASE" >&2

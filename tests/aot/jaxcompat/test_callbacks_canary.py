@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from aot.jaxcompat.build import serialize_compiled
 from aot.jaxcompat.callbacks import deserialize_with_callbacks, lowered_callbacks
