@@ -13,7 +13,7 @@ import aot
 from aot.cache.index.entry import SCHEMA_VERSION
 from aot.cache.index.refs import RefOrigin
 from tests.aot.test_targets import needs_libtpu
-from tests.cli.helpers import MLP_TREE, Invoke, one_line_error, store_for_another_environment
+from tests.cli.helpers import Invoke, one_line_error, store_for_another_environment
 
 ENTRY_KEYS = {
     "key", "name", "program_fp", "env_fp", "signature", "platform", "exe_digest", "hlo_digest",
