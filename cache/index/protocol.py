@@ -31,7 +31,9 @@ class IndexReader(Protocol):
     first, times are UTC, a glob is fnmatch's (case-sensitive)."""
 
     read_only: bool
-    url: str  # the index's SQLAlchemy URL, password masked
+    @property
+    def url(self) -> str:  # the index's SQLAlchemy URL, password masked
+        ...
 
     # Artifact rows (serving, the cache's lookups, aot ls / show).
     def get(self, key: str) -> IndexEntry | None: ...

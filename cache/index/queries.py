@@ -69,7 +69,7 @@ def _driver_rows(conn: sa.Connection, q: sa.Select[Any]) -> list[tuple[Any, ...]
 
 
 def _entry(row: sa.Row[Any]) -> IndexEntry:
-    return IndexEntry(*row)  # _ENTRY_COLUMNS are in field order
+    return IndexEntry(*tuple(row))  # _ENTRY_COLUMNS are in field order
 
 
 # The lookups on every load, built once: a statement built per call costs SQLAlchemy

@@ -22,9 +22,12 @@ __all__ = ["ReleaseMethods"]
 class ReleaseMethods:
     """Release and ref-history methods of :class:`~aot.cache.store.ArtifactStore`."""
 
-    index: Index
     reader: IndexReader
     display_location: Any
+
+    @property
+    def index(self) -> Index:  # ArtifactStore's
+        raise NotImplementedError
 
     def check_writable(self, what: str) -> None:  # implemented by ArtifactStore
         raise NotImplementedError

@@ -251,8 +251,8 @@ def find_dangling(cache: ArtifactStore, integrity: VerifyReport) -> tuple[Dangli
     index = cache.index
     entries = {e.key: e for e in index.entries()}
     damaged: dict[str, str] = {}
-    for problem in integrity.problems:
-        damaged.setdefault(problem.key, problem.what)
+    for damage in integrity.problems:
+        damaged.setdefault(damage.key, damage.what)
 
     def what(key: str) -> str | None:
         entry = entries.get(key)

@@ -24,6 +24,7 @@ from aot.cache.serving.release_rule import RELEASE_ENV, served_release
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
     from aot.cache.serving.dispatcher import Dispatcher
+    from aot.cache.serving.statics import StaticsDispatcher
     from aot.cache.tiered import TieredStore
     from aot.cache.timeouts import Timeouts
 
@@ -47,7 +48,7 @@ def load(
     background: bool | None = None,
     release: str | None = None,
     timeouts: Timeouts | None = None,
-) -> Dispatcher:
+) -> Dispatcher | StaticsDispatcher:
     """A callable over every signature stored for ``name`` in this environment.
 
     ``background=False`` loads every signature now, in parallel, so the first request
@@ -115,7 +116,7 @@ def _load(
     fallback: Callable[..., Any] | None, read_only: bool | None, pad: Mapping[str, int] | None,
     pad_outputs: int | Mapping[str, int] | None, pad_value: Any, allow_empty: bool,
     background: bool | None, release: str | None, timeouts: Timeouts | None,
-) -> Dispatcher:
+) -> Dispatcher | StaticsDispatcher:
     if background is None:
         background = not lazy and _on_accelerator()
     if lazy and background:
@@ -146,9 +147,8 @@ def _load(
                 "the bounds it was opened with; pass timeouts= to aot.Cache(...) instead, or "
                 "give load a location"
             )
-        if owned:
+        if not isinstance(cache, ArtifactStore):
             cache = open_existing(cache, read_only=read_only, timeouts=timeouts)
-        assert isinstance(cache, ArtifactStore)
         try:
             if release is None:  # neither release= nor AOT_RELEASE: the cache's declared default
                 release = served_release(cache, None)
@@ -184,7 +184,7 @@ def _on_accelerator() -> bool:
     return jax.default_backend() != "cpu"
 
 
-def check_release(dispatcher: Dispatcher, release: str) -> None:
+def check_release(dispatcher: Dispatcher | StaticsDispatcher, release: str) -> None:
     """Raises :class:`ReleaseNotFoundError` unless every member signature of ``release``
     can be served here (stored, checked, and loadable or recompilable)."""
     # A name with statics has one table per static value; each selected every member.
@@ -264,7 +264,9 @@ def open_existing(
     return ArtifactStore(location, read_only=read_only, timeouts=timeouts)
 
 
-def nothing_servable(cache: ArtifactStore, name: str, dispatcher: Dispatcher) -> AotError:
+def nothing_servable(
+    cache: ArtifactStore, name: str, dispatcher: Dispatcher | StaticsDispatcher
+) -> AotError:
     """The start-up error of a name with no servable signature: what is stored and
     why none of it serves here, or the names that are close. An :class:`IntegrityError`
     when every row was refused by the signature checks (nothing signed is servable)."""

@@ -356,7 +356,7 @@ def parse_manifest(text: str, path: str = "<manifest>") -> WarmupManifest:
     for index, table in enumerate(tables):
         line = lines[index] if lines else None
         functions.append(_parse_function(table, index, line, path, old_spelling))
-    warnings = ()
+    warnings: tuple[str, ...] = ()
     if old_spelling:
         warnings = (_old_spelling_warning(path, old_spelling),)
         log.warning("%s", warnings[0])
