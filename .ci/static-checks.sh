@@ -9,6 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${1:-${PYTHON:-.venv/bin/python}}
+# Absolute (mypy runs from another folder below), without resolving the venv's link.
+case "$PYTHON" in */*) PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")" ;; esac
 
 "$PYTHON" -m ruff check --select F,E9 aot cache cli tests benchmarks fixtures
 
