@@ -459,14 +459,16 @@ def test_what_jax_0_11_changed_resolves_either_way() -> None:
 
     def traced_jaxpr() -> str | None:
         # 0.11 merged ClosedJaxpr into Jaxpr (``.jaxpr`` is a legacy accessor to itself):
-        # aot.lowering reads .jaxpr.eqns, .consts, .effects and the sub-jaxprs in params.
-        inner = jax.jit(jnp.sin)
-        jaxpr = jax.jit(lambda x: inner(x) * 2).trace(jnp.ones(3, np.float32)).jaxpr
+        # aot.lowering reads .jaxpr.eqns, .consts, .effects and the sub-jaxprs in params
+        # (a cond's branches: a tuple of them).
+        program = jax.jit(lambda x: jax.lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x) * 2)
+        jaxpr = program.trace(jnp.ones(3, np.float32)).jaxpr
         subs = [
-            p for eqn in jaxpr.jaxpr.eqns for p in eqn.params.values()
-            if hasattr(getattr(p, "jaxpr", p), "eqns")
+            item for eqn in jaxpr.jaxpr.eqns for value in eqn.params.values()
+            for item in (value if isinstance(value, (tuple, list)) else (value,))
+            if hasattr(getattr(item, "jaxpr", item), "eqns")
         ]
-        ok = hasattr(jaxpr, "consts") and not jaxpr.effects and len(subs) == 1
+        ok = hasattr(jaxpr, "consts") and not jaxpr.effects and len(subs) == 2  # the branches
         return None if ok else f"{type(jaxpr).__name__}: sub-jaxprs {subs}"
 
     def portable_round_trip() -> str | None:
