@@ -77,6 +77,8 @@ if path.exists():
         path.write_text(widened)
         print(f"installed copy only: SUPPORTED_JAX's ceiling set to {ceiling} for this run")
 PY
+"$PYTHON" -m pip list 2>/dev/null | grep -iE '^(jax|jaxlib|jax-cuda[0-9]*-(plugin|pjrt)|numpy|flax|equinox|optax|diffrax) ' \
+    | tr -s ' ' | paste -sd ',' | sed 's/^/installed: /' >>"$summary"
 if ! "$PYTHON" -c 'import aot, aot.cache, jax; print("aot from", aot.__file__); print("devices", jax.devices())' \
         >>"$summary" 2>&1; then
     say "import aot failed:"; tail -5 "$summary"; exit 2
