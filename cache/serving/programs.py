@@ -42,6 +42,7 @@ from aot.errors import (
 from aot.fingerprint import describe_differences
 from aot.rehydrate import load_executable, manifest_args
 from aot.slices import once_per_slice
+from aot.cache.pauses import reached
 from aot.cache.serving.pending import CheckedManifests, PendingRows, leaf_keys_of
 from aot.cache.serving.selection import Declared, checked_rows, select_rows, trusted_refs
 from aot.statics import describe_statics, statics_of_manifest_json
@@ -477,6 +478,7 @@ class ProgramTable:
     def _load(self, program: Program) -> MeshExecutable:
         """Step one: the newest intact executable of this environment; else step two
         (:func:`recompile_program`), unless strict; else an error naming what was tried."""
+        reached("serve.loading")
         problems: list[str] = []
         unusable: list[IndexEntry] = []  # rows of this environment that failed to load
         limits: list[BaseException] = []  # failures of this process (PROCESS_LIMITS)
