@@ -39,10 +39,10 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from aot.cache.serving_events import StatsEvent, add_listener, remove_listener
 from aot.cache.stats_recorder import report_calls
