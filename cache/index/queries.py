@@ -215,6 +215,21 @@ class IndexReads(IndexEngine):
                 out.update((k, m) for k, m in conn.execute(q).all())
         return out
 
+    def environment_keys(self, env_fps: Collection[str]) -> dict[str, str]:
+        """One key (the smallest) per environment digest of ``env_fps`` with a stored
+        entry, without reading a manifest: whose manifest names the environment."""
+        ordered = sorted(set(env_fps))
+        out: dict[str, str] = {}
+        with self._read("find an entry of each environment") as conn:
+            for i in range(0, len(ordered), _IN_CHUNK):
+                q = (
+                    sa.select(ARTIFACTS.c.env_fp, sa.func.min(ARTIFACTS.c.key))
+                    .where(ARTIFACTS.c.env_fp.in_(ordered[i : i + _IN_CHUNK]))
+                    .group_by(ARTIFACTS.c.env_fp)
+                )
+                out.update((e, k) for e, k in conn.execute(q).all())
+        return out
+
     def names(self) -> list[str]:
         """Every name with at least one artifact row."""
         with self._read("list names") as conn:

@@ -366,6 +366,15 @@ class SqliteReader(SqliteGcReads):
             out.update(rows)  # (key, manifest) pairs of TEXT columns: str already
         return out
 
+    def environment_keys(self, env_fps: Collection[str]) -> dict[str, str]:
+        """One key (the smallest) per environment digest with a stored entry, as the
+        SQL index's."""
+        out: dict[str, str] = {}
+        for chunk, marks in _in_lists(env_fps):
+            query = f"SELECT env_fp, MIN(key) FROM artifacts WHERE env_fp IN ({marks}) GROUP BY env_fp"
+            out.update(self._execute(query, chunk))
+        return out
+
     def jit_entries(self, name_glob: str | None = None) -> list[JitEntry]:
         """The entries of JAX's persistent cache (KIND ``jit``), as the SQL index's."""
         from aot.cache.index.jit_records import JitEntry  # aot ls / gc only: serving never reads them

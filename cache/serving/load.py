@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aot.device import device_error
 from aot.errors import AotError, CacheError, ReleaseNotFoundError, UsageError
 
-from aot.cache.serving import read_ahead
+from aot.cache.serving import read_ahead, readiness
 from aot.cache.serving.release_rule import RELEASE_ENV, served_release
 
 if TYPE_CHECKING:
@@ -94,13 +94,15 @@ def load(
     """
     if release is None:
         release = os.environ.get(RELEASE_ENV, "").strip() or None
+    progress = readiness.started(name)  # /ready: not ready until this load has returned
     try:
-        return _load(
+        dispatcher = _load(
             name, cache, strict=strict, lazy=lazy, fallback=fallback, read_only=read_only, pad=pad,
             pad_outputs=pad_outputs, pad_value=pad_value, allow_empty=allow_empty,
             background=background, release=release, timeouts=timeouts,
         )
     except RuntimeError as exc:
+        progress.failed()
         # JAX's backend failing to start (the chip held by another process: "Unable to
         # initialize backend 'tpu': ABORTED: The TPU is already in use by process with
         # pid N") is DeviceBusyError / DeviceUnavailableError, naming the holder, as for
@@ -109,6 +111,11 @@ def load(
         if error is None:
             raise
         raise error from None
+    except BaseException:
+        progress.failed()
+        raise
+    progress.finished(dispatcher, lazy=lazy)
+    return dispatcher
 
 
 def _load(
