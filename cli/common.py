@@ -267,9 +267,10 @@ def when(value: datetime | str | None) -> str:
         return "-"
     if isinstance(value, str):
         try:
-            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            when = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
             return value
+        return when.strftime("%Y-%m-%d %H:%M")
     return value.strftime("%Y-%m-%d %H:%M")
 
 

@@ -154,6 +154,7 @@ def _warmup(
     from aot.targets import compile_only_here, parse_target
 
     loaded = load_manifest(manifest)  # logs the old target = "module:attr" spelling once
+    loaded.check_fleet()  # another libtpu than the fleet's: fail here, not at the deploy
     if device_targets:
         try:
             loaded = loaded.for_targets(device_targets)  # each target once

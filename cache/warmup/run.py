@@ -203,11 +203,14 @@ def _run_pipelined(
     try:
         for index, item in enumerate(items):
             outcome = lower_here(cache, index, item)
-            claimed = claims.claim(outcome) if claims is not None and isinstance(outcome, Lowered) else None
-            if isinstance(claimed, Deferred):
-                deferred.append(outcome)  # lowered already: compiled here if its claim becomes ours
-                continue
-            outcome = claimed or outcome  # a hit stored meanwhile
+            if claims is not None and isinstance(outcome, Lowered):
+                claimed = claims.claim(outcome)
+                if isinstance(claimed, Deferred):
+                    deferred.append(outcome)  # lowered already: compiled here if its claim becomes ours
+                    continue
+                if claimed is not None:  # a hit stored meanwhile
+                    emit(claimed)
+                    continue
             if isinstance(outcome, ItemResult):
                 emit(outcome)
                 continue
@@ -436,7 +439,7 @@ def release_cover(cache: ArtifactStore, items: Iterable[WarmupItem]) -> Callable
                       or (m.name, None) in names or (m.name, m.signature, None) in slots)
 
 
-def release_run(commit: str | None, shard: tuple[int, int] | None = None) -> str | None:
+def release_run(commit: str | None, shard: tuple[int, int] | str | None = None) -> str | None:
     """The run id the warm-ups of one CI run share, so that they declare one release
     set: the commit (the shards of a manifest, and several manifests warmed at one
     commit); None (a new set) when no commit is known and the warm-up is not sharded.
@@ -468,7 +471,7 @@ def _run_on_executor(
     import jax
 
     options = {"location": cache.location, **cache.options()}
-    x64 = bool(jax.config.jax_enable_x64)
+    x64 = bool(getattr(jax.config, "jax_enable_x64"))
 
     def submit(index: int, item: WarmupItem, claim: bool) -> Future[Any]:
         if claim and claims is not None:
@@ -490,6 +493,7 @@ def _run_on_executor(
         return deferred
 
     def again(d: Deferred) -> None:  # its claim is this process's now
+        assert claims is not None  # only claims defer
         try:
             run({submit(d.index, d.item, False): (d.index, d.item)})
         finally:

@@ -278,7 +278,7 @@ def task_cache(cache_options: dict[str, Any], x64: bool) -> ArtifactStore:
 
     from aot.cache.store import ArtifactStore
 
-    if bool(jax.config.jax_enable_x64) != x64:
+    if bool(getattr(jax.config, "jax_enable_x64")) != x64:
         jax.config.update("jax_enable_x64", x64)
     key = (os.getpid(), threading.get_ident(), repr(sorted(cache_options.items())))
     with _TASK_LOCK:

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-import aot
 from aot.jaxcompat import versions
 from aot.jax_support import check_installed_jax
 
