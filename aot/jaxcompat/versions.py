@@ -27,7 +27,7 @@ SUPPORTED_JAX: tuple[str, str] = ("0.9.0", "0.10.3")
 
 #: The releases CI runs (.ci/run reads this list): the last one the full suite, every
 #: other one the version suite (.ci/version-suite.sh).
-TESTED_RELEASES: tuple[str, ...] = ("0.9.0", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.10.2")
+TESTED_RELEASES: tuple[str, ...] = ("0.9.0", "0.9.0.1", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.10.2")
 
 _VERSION_LINE = re.compile(r'^_version(?:\s*:\s*str)?\s*=\s*["\']([^"\']+)["\']', re.MULTILINE)
 

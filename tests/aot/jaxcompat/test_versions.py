@@ -148,3 +148,12 @@ def test_other_errors_keep_their_traceback(tmp_path: Path) -> None:
     done = _run(root, "-c", "try:\n    import aot\nexcept Exception:\n    pass\nraise KeyError('other')")
     assert done.returncode == 1
     assert done.stderr.startswith("Traceback") and done.stderr.endswith("KeyError: 'other'\n")
+
+
+def test_every_release_of_the_version_suite_has_its_constraints() -> None:
+    """.ci/version-suite.sh installs each release from its frozen constraints file."""
+    for release in versions.TESTED_RELEASES[:-1]:
+        path = REPO / ".ci" / "constraints" / f"jax-{release}.txt"
+        assert path.exists(), f"no {path.name}: .ci/version-suite.sh {release} cannot build its venv"
+        pins = set(path.read_text().split())
+        assert {f"jax=={release}", f"jaxlib=={release}"} <= pins, path.name
