@@ -16,7 +16,6 @@ jax-aot, bypasses pip's pins, never this check.
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import re
 from pathlib import Path
@@ -74,9 +73,12 @@ def installed_version(package: str) -> str | None:
             continue
         if found:
             return found.group(1)
+    # Only here: importlib.metadata costs milliseconds of imports that `import aot` spares.
+    from importlib import metadata
+
     try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
         return "unknown"
 
 
