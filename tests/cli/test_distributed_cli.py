@@ -182,21 +182,38 @@ def test_compile_distributed_mesh_over_both_processes(tmp_path: Path) -> None:
 
 
 def test_a_process_that_never_joins_is_a_bounded_error(tmp_path: Path, manifest: Path) -> None:
-    # One process of a 2-process job: initialize waits for the other, then gives up
-    # within AOT_DISTRIBUTED_TIMEOUT. (JAX's coordination client ends the process itself
-    # when the registration's deadline passes: an abort with its DEADLINE_EXCEEDED line,
-    # which no Python code can turn into an exception; what matters is: no hang, nothing stored.)
-    port = _free_port()
-    env = job_env(0, 2, port, {"AOT_DISTRIBUTED_TIMEOUT": "5"})
+    # Process 0 of a 2-process job whose process 1 never starts, and process 1 of another
+    # whose process 0 (the coordinator) never starts: each ends within
+    # AOT_DISTRIBUTED_TIMEOUT with one aot line naming who did not join, exit 1, and no
+    # abort of JAX's coordination client (its deadline is past ours).
+    bound = 5
+    alone = {}
     start = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "aot", "warmup", str(manifest), "--distributed", "--cache", str(tmp_path / "c")],
-        cwd=REPO, env=env, text=True, capture_output=True, timeout=120,
-    )
-    assert done.returncode != 0, done.stderr
-    assert time.monotonic() - start < 90
-    assert "DEADLINE_EXCEEDED" in done.stderr or "cannot join the multi-process job" in done.stderr, done.stderr
-    assert not (tmp_path / "c").exists()
+    for pid in (0, 1):
+        env = job_env(pid, 2, _free_port(), {"AOT_DISTRIBUTED_TIMEOUT": str(bound)})
+        alone[pid] = subprocess.Popen(
+            [sys.executable, "-m", "aot", "warmup", str(manifest), "--distributed", "--cache", str(tmp_path / f"c{pid}")],
+            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+    try:
+        done = {pid: p.communicate(timeout=120) for pid, p in alone.items()}
+    finally:
+        for p in alone.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    elapsed = time.monotonic() - start
+    assert elapsed < bound + 25, elapsed  # the start-up (imports) and the bound, not JAX's deadline
+    for pid, (stdout, stderr) in done.items():
+        assert alone[pid].returncode == 1, stderr
+        assert stdout == ""
+        (line,) = [x for x in stderr.splitlines() if x.strip()]
+        assert line.startswith(f"Error: process {pid} of 2 waited 5 s (AOT_DISTRIBUTED_TIMEOUT) for the "
+                               "multi-process job to start: "), stderr
+        assert "Start every process of the job (JAX_PROCESS_ID 0 to 1)" in line
+        assert not (tmp_path / f"c{pid}").exists()
+    assert "process 1 did not connect to this process, the job's coordinator at 127.0.0.1:" in done[0][1]
+    assert "the coordinator at 127.0.0.1:" in done[1][1] and "(process 0) or another process" in done[1][1]
 
 
 def test_a_job_without_its_variables_says_what_to_set(tmp_path: Path, manifest: Path) -> None:
