@@ -103,6 +103,20 @@ class JobProcess:
         except kv.KeyValueUnavailable as exc:
             raise DistributedJobError(f"cannot tell the job this process's outcome of {step}: {exc}") from None
 
+    def outcome_of(self, step: str, process_id: int) -> Outcome:
+        """``process_id``'s outcome of ``step``, waiting at most :attr:`timeout` seconds
+        (a process that gave none in time is a failure that says so)."""
+        try:
+            value = kv.get(f"{_PREFIX}/{step}/{process_id}", self.timeout)
+        except (kv.KeyValueTimeout, kv.KeyValueUnavailable) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return Outcome(process_id, False, (
+                f"no outcome of {step} within {self.timeout:g} s ({TIMEOUT_ENV}): the process "
+                f"died, froze or is still working ({first[:200]})"
+            ))
+        ok = value == "ok"
+        return Outcome(process_id, ok, "" if ok else value.removeprefix("failed:"))
+
     def gather(self, step: str) -> list[Outcome]:
         """Every process's outcome of ``step`` (this one's published first), waiting at
         most :attr:`timeout` seconds in all; a process that gave none in time is a
