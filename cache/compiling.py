@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CompileResult", "artifact_of", "compile_entry"]
+__all__ = ["CompileResult", "artifact_of", "compile_entry", "put_entry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +80,37 @@ def artifact_of(item: MeshComputation | MeshExecutable | Artifact) -> Artifact:
     raise TypeError(
         f"Cache.put takes a MeshComputation, MeshExecutable or Artifact, got "
         f"{type(item).__name__}"
+    )
+
+
+def put_entry(cache: ArtifactStore, item: MeshComputation | MeshExecutable | Artifact) -> IndexEntry:
+    """Stores ``item`` (:meth:`aot.Cache.put`; :func:`artifact_of`). A computation whose
+    devices span the processes of a job is compiled once for the slice, as
+    :func:`compile_entry` does: its leader compiles and stores it, the others wait
+    (bounded) and return the entry it stored."""
+    from aot.computation import MeshComputation
+
+    if not isinstance(item, MeshComputation) or item.symbolic or item.target is not None:
+        return cache.put_artifact(artifact_of(item))  # nothing to compile, or deviceless
+    computation = item
+    key = computation.fingerprint
+
+    def stored() -> IndexEntry | None:
+        entry = cache.index.get(key)
+        return entry if entry is not None and entry.ok else None
+
+    def put_here() -> IndexEntry:
+        log.warning(
+            "%s (%s): the slice's leader stored it, but the cache at %s does not have it: the hosts of a "
+            "slice should share one cache (a PostgreSQL index, or one folder); compiling it here",
+            computation.name, key, cache.display_location,
+        )
+        return cache.put_artifact(artifact_of(computation))
+
+    return once_per_slice(
+        key, computation.devices, what=computation.name,
+        lead=lambda: cache.put_artifact(artifact_of(computation)), ready=stored,
+        follow=lambda _: stored() or put_here(),
     )
 
 

@@ -53,6 +53,17 @@ def test_compiled_once_for_the_slice_then_served_strict_without_the_model(tmp_pa
             assert value[mode] == first[i]["want"], f"process {i}, {mode}: not jax.jit's shards"
 
 
+def test_cache_put_of_a_computation_compiles_once_for_the_slice(tmp_path) -> None:
+    cache = str(tmp_path / "cache")
+    first = values(run_job(f"{WORKERS}:put_step", {"cache": cache}))
+    # Process 0 compiled and stored; process 1 waited and returned its entry.
+    assert [v["compiles"] for v in first] == [1, 0]
+    assert len({v["key"] for v in first}) == 1
+    (entry,) = aot.Cache(cache).entries("dist.put")
+    assert entry.key == first[0]["key"]
+    assert [r.slot[0] for r in aot.Cache(cache).refs_named("dist.put")] == ["dist.put"]
+
+
 def test_statics_donation_and_padding_in_every_process(tmp_path) -> None:
     cache = str(tmp_path / "cache")
     first = values(run_job(

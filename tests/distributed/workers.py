@@ -221,3 +221,28 @@ def pmap_step(payload: dict[str, Any]) -> dict[str, Any]:
     got = result.executable(mine)
     want = jax.pmap(step, axis_name="i", devices=devices)(mine)
     return {"hit": result.hit, "equal": shard_digests(got) == shard_digests(want)}
+
+
+def put_step(payload: dict[str, Any]) -> dict[str, Any]:
+    """Cache.put of the lowered train step in every process: the key each returned and
+    how many XLA compiles each ran (JAX logs each one with jax_log_compiles)."""
+    import logging
+
+    import aot
+    from tests.distributed import model
+
+    compiles: list[str] = []
+
+    class Heard(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "Finished XLA compilation" in record.getMessage():
+                compiles.append(record.getMessage())
+
+    logging.getLogger("jax._src.dispatch").addHandler(Heard())
+    jax.config.update("jax_log_compiles", True)
+    computation = aot.lower(
+        model.train_step, *specs(model.batch_rows()), name="dist.put", mesh=model.mesh(),
+        in_shardings=model.IN_SPECS,
+    )
+    entry = aot.Cache(payload["cache"]).put(computation)
+    return {"key": entry.key, "compiles": len(compiles)}
