@@ -201,6 +201,11 @@ def test_compile_distributed_mesh_over_both_processes(tmp_path: Path) -> None:
 
     (entry,) = aot.Cache(cache).entries("slice.compiled")
     assert entry.manifest is not None
+    # Again: process 1 loads the entry from the shared cache too; nobody compiles.
+    again = run_job(argv, 2, extra={"JAX_LOG_COMPILES": "1"})
+    assert [r.returncode for r in again] == [0, 0], [r.stderr[-2000:] for r in again]
+    assert again[0].stdout.startswith("hit: slice.compiled was in the cache (no compile)"), again[0].stdout
+    assert [_compiles(r) for r in again] == [0, 0], [r.stderr[-2000:] for r in again]
 
 
 def test_a_process_that_never_joins_is_a_bounded_error(tmp_path: Path, manifest: Path) -> None:
