@@ -192,10 +192,12 @@ def test_compile_distributed_mesh_over_both_processes(tmp_path: Path) -> None:
         "--mesh", "data=4", "--in-sharding", "data,None", "--in-sharding", "", "--distributed",
         "--cache", str(cache), "--name", "slice.compiled",
     ]
-    runs = run_job(argv, 2)
+    runs = run_job(argv, 2, extra={"JAX_LOG_COMPILES": "1"})
     assert [r.returncode for r in runs] == [0, 0], [r.stderr[-2000:] for r in runs]
     assert runs[0].stdout.startswith("miss: compiled and stored slice.compiled"), runs[0].stdout
     assert runs[1].stdout == ""
+    # Once for the slice: process 1 (the cache read-only) waited and loaded process 0's entry.
+    assert [_compiles(r) for r in runs] == [1, 0], [r.stderr[-2000:] for r in runs]
 
     import aot
 

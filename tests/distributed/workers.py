@@ -64,7 +64,8 @@ def compile_step(payload: dict[str, Any]) -> dict[str, Any]:
     _pause_leader_compile(payload)
     m = model.mesh()
     # blob_location: a fleet's layout, the index in PostgreSQL and the blobs on an object store.
-    cache = aot.Cache(payload["cache"], blob_location=payload.get("blob_location"))
+    cache = aot.Cache(payload["cache"], blob_location=payload.get("blob_location"),
+                      read_only=payload.get("read_only", False))
     rows = model.batch_rows()
     result = cache.compile_entry(
         model.train_step, *specs(rows), name="dist.step", mesh=m, in_shardings=model.IN_SPECS,
