@@ -210,10 +210,10 @@ def _connect(jax: Any, num_processes: int | None, process_id: int | None, timeou
     found_id, found_count, address = kv.joining()
     pid = found_id if found_id is not None else process_id
     count = found_count if found_count is not None else num_processes
-    raise DistributedJobError(_not_joined(pid, count, address, timeout))
+    raise DistributedJobError(not_joined(pid, count, address, timeout))
 
 
-def _not_joined(process_id: int | None, count: int | None, address: str | None, timeout: float) -> str:
+def not_joined(process_id: int | None, count: int | None, address: str | None, timeout: float) -> str:
     """One line: who did not join within ``timeout``, and what to do."""
     me = f"process {process_id}" if process_id is not None else "this process"
     of = f" of {count}" if count is not None else ""
