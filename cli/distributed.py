@@ -4,11 +4,12 @@ of a multi-process job (a slice's hosts, a SLURM or Kubernetes job).
 Every process joins ``jax.distributed`` (:func:`aot.distributed_job.join`) before its
 backend starts, then lowers and compiles what the command names: a program whose mesh
 spans the processes needs every process's devices to be known, and each process checks
-that it lowers what process 0 lowers. Process 0 alone writes the cache and prints the
-report; the others open the cache read-only once process 0 has it open (one shared
-by the slice's hosts: a folder or a PostgreSQL index), load what it stores, and print
-nothing unless the job failed. At the end every process publishes its outcome and reads everyone's (bounded
-waits): a failure anywhere is exit status 1 everywhere, process 0 naming who failed.
+that it lowers what process 0 lowers. Process 0 alone compiles, writes the cache and
+prints the report; the others open the cache read-only once process 0 has it open (one
+shared by the slice's hosts: a folder or a PostgreSQL index), load what it stores, and
+print nothing unless the job failed. At the end every process publishes its outcome and
+reads everyone's (bounded waits): a failure anywhere is exit status 1 everywhere,
+process 0 naming who failed.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ DISTRIBUTED_HELP = (
     "start the command in every process; JAX's cluster detection (SLURM, Open MPI, "
     "Kubernetes, Cloud TPU) or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and "
     "JAX_PROCESS_ID connect them. Process 0 compiles, writes the cache and reports; the "
-    "others lower the same programs and load its entries from the shared cache; a failure in any process fails all (waits bounded by AOT_DISTRIBUTED_TIMEOUT "
-    "seconds). For TPU slices from a CPU-only CI runner, use --target (e.g. tpu:v5e:4x4) "
-    "instead: deviceless, one process."
+    "others lower the same programs and load its entries from the shared cache; a failure "
+    "in any process fails all (waits bounded by AOT_DISTRIBUTED_TIMEOUT seconds). For TPU "
+    "slices from a CPU-only CI runner, use --target (e.g. tpu:v5e:4x4) instead: deviceless, "
+    "one process."
 )
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Iterable
 
 from aot.errors import SliceError, SliceTimeoutError
