@@ -52,13 +52,14 @@ class Cache(ArtifactStore):
         super().__init__(location, **options)
 
     def put(self, item: MeshComputation | MeshExecutable | Artifact, *, origin: RefOrigin | None = None) -> IndexEntry:
-        """Stores a computation (compiling it), an executable or an artifact, and
-        declares it the entry served for its name, signature and environment (its
-        ref; ``origin`` says who set it, default ``Cache.put``)."""
-        from aot.cache.compiling import artifact_of  # lowering and compiling import JAX
+        """Stores a computation (compiling it: once per slice under ``jax.distributed``,
+        as :meth:`compile` does), an executable or an artifact, and declares it the
+        entry served for its name, signature and environment (its ref; ``origin`` says
+        who set it, default ``Cache.put``)."""
+        from aot.cache.compiling import put_entry  # lowering and compiling import JAX
 
         self.check_writable("store an artifact")
-        entry = self.put_artifact(artifact_of(item))
+        entry = put_entry(self, item)
         self.set_refs([entry], origin if origin is not None else RefOrigin("Cache.put"))
         return entry
 
