@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -485,7 +486,7 @@ def follow_warmup(
     with remembering_specs():
         for position in follower.plan():
             item = items[position]
-            result = follow_here(cache, position, item, lambda p=position, i=item: follower.key_of(p, i.label))
+            result = follow_here(cache, position, item, functools.partial(follower.key_of, position, item.label))
             log.info("warmup: %s %s", result.status, result.describe())
             results.append(result)
             if on_result is not None:
