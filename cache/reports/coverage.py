@@ -339,8 +339,8 @@ def verify_with_coverage(
     items = None
     if manifest is not None:
         loaded = load_manifest(manifest)
-        if targets:
-            loaded = loaded.for_targets(tuple(parse_target(t).name for t in targets))
+        if targets:  # device target names, or "host": this host's environment
+            loaded = loaded.for_targets(targets)
         items = expand(loaded)
         wanted = dict.fromkeys(i.device_target for i in items if i.device_target is not None)
         for target in wanted:  # libtpu missing: said now, not after the integrity check
