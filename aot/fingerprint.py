@@ -9,6 +9,7 @@ say *why* they differ (``aot why``).
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -99,15 +100,29 @@ class PartDifference:
                 f"cpu_isa: stored artifact needs {missing or 'nothing more'}, "
                 f"this CPU adds {extra or 'nothing'}"
             )
-        return f"{self.part} {_short(expected)} != {_short(actual)}"
+        # Long values that share a long beginning (shardings' JSON over one mesh) are
+        # shown from a little before where they part, else both would read the same.
+        start = 0
+        if expected is not None and actual is not None and max(len(expected), len(actual)) > _LIMIT:
+            common = len(os.path.commonprefix([expected, actual]))
+            start = max(0, common - 20) if common > _LIMIT // 2 else 0
+        return f"{self.part} {_short(expected, start)} != {_short(actual, start)}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"part": self.part, "expected": self.expected, "actual": self.actual}
 
 
-def _short(value: str | None, limit: int = 80) -> str:
+_LIMIT = 80
+
+
+def _short(value: str | None, start: int = 0, limit: int = _LIMIT) -> str:
+    """One line (libtpu's platform version has several) of at most ``limit``
+    characters, from ``start`` (then led by ``...``)."""
     if value is None:
         return "(absent)"
+    value = "; ".join(value.splitlines()) if "\n" in value else value
+    if start:
+        value = "..." + value[start:]
     return value if len(value) <= limit else value[: limit - 3] + "..."
 
 

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from aot.artifact import Manifest
-from aot.errors import AotError
+from aot.errors import AotError, SpecError
 from aot.fingerprint import (
     UNKNOWN_ENVIRONMENT_NOTE, Fingerprint, PartDifference, environment_fingerprint, xla_flags_outside_key,
 )
-from aot.lowering import lower
+from aot.lowering import lower, lower_pmap
 from aot.specs import format_aval, spec
 from aot.cache.index.served import Slot, ref_map, served_key
 from aot.cache.rows import release_slots
@@ -33,6 +33,7 @@ from aot.cache.units import counted
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
+    from aot.cache.warmup.manifest import WarmupItem
 
 #: Width of each signature in the first line of :meth:`Explanation.describe`.
 SIGNATURE_WIDTH = 72
@@ -188,7 +189,8 @@ def explain(
         environment = cache.known_environment()  # None: unknown here (the device is not opened)
     request: Signature | None
     if fn is not None:
-        computation = lower(fn, *args, name=name, **lower_kwargs)
+        pmap = lower_kwargs.pop("pmap", False)  # a pmap item of a manifest (explain_item)
+        computation = (lower_pmap if pmap else lower)(fn, *args, name=name, **lower_kwargs)
         program_parts = computation.program_fingerprint.as_dict()
         signature = computation.signature
         paths = arg_paths(computation.in_tree, computation.arg_names)
@@ -284,6 +286,27 @@ def explain(
         served_key=served, served_by=served_by, environment_known=environment is not None,
         release=release, not_in_release=missing_in_release, refused=refusal, device_target=device_target,
     )
+
+
+def explain_item(cache: ArtifactStore, item: WarmupItem, *, release: str | None = None) -> Explanation:
+    """Explains ``item`` (a warm-up manifest's entry, or the one ``aot why``'s options
+    describe) lowered exactly as the warm-up lowers it (:func:`prepare`: the same mesh
+    over the same devices, shardings, donation, statics, x64 mode and device target), so
+    that its key is the one the warm-up stored: every program part and the environment
+    of its target (else this host's) are compared."""
+    from aot.cache.warmup.functions import prepare, x64_hint, x64_mode
+
+    with x64_mode(item):
+        prepared = prepare(item)
+        options = {k: v for k, v in prepared.options.items() if k not in ("name", "target")}
+        try:
+            explanation = explain(
+                cache, item.name, *prepared.args, fn=prepared.fn, release=release,
+                device_target=item.device_target, **options,
+            )
+        except SpecError as exc:  # e.g. a 64-bit dtype refused while lowering
+            raise x64_hint(item, exc) from None
+    return explanation
 
 
 def _names_from_paths(manifest: Manifest) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ __all__ = [
     "Prepared",
     "compile_item",
     "compile_function",
+    "function_item",
     "x64_hint",
     "x64_mode",
     "item_environment",
@@ -370,8 +371,7 @@ def compile_item(cache: ArtifactStore, item: WarmupItem, *, origin: RefOrigin | 
             raise x64_hint(item, exc) from None
 
 
-def compile_function(
-    cache: ArtifactStore,
+def function_item(
     function: str,
     *,
     args: Sequence[str] = (),
@@ -385,15 +385,15 @@ def compile_function(
     out_shardings: Sequence[str] = (),
     donate: Sequence[int] = (),
     x64: bool = False,
-    origin: RefOrigin | None = None,
     device_target: str | None = None,
-) -> CompileResult:
-    """``aot compile``: one function for one set of specs, as a warm-up entry would be.
+) -> WarmupItem:
+    """The warm-up item a command line describes (``aot compile``, ``aot why
+    --function``): one function for one set of specs, as a manifest's entry would be.
 
     ``name`` defaults to the function with ``:`` replaced by ``.``; one ``out_shardings``
     applies to every output, several form a tuple. Raises :class:`aot.ManifestError`
     for inconsistent options (a usage error) before importing anything."""
-    item = WarmupItem(
+    return WarmupItem(
         name=name or function.replace(":", "."),
         function=function,
         args=tuple(args),
@@ -411,6 +411,14 @@ def compile_function(
         x64=x64,
         device_target=device_target,
     )
+
+
+def compile_function(
+    cache: ArtifactStore, function: str, *, origin: RefOrigin | None = None, **options: Any,
+) -> CompileResult:
+    """``aot compile``: the item :func:`function_item` makes of ``options``, compiled
+    as a warm-up compiles it."""
+    item = function_item(function, **options)
     return compile_item(cache, item, origin=origin if origin is not None else RefOrigin("compile"))
 
 

@@ -66,6 +66,7 @@ __all__ = [
     "WarmupItem",
     "WarmupManifest",
     "expand",
+    "items_named",
     "load_manifest",
     "parse_manifest",
     "parse_mesh",
@@ -620,3 +621,20 @@ def expand(manifest: WarmupManifest) -> list[WarmupItem]:
                 for item in items
             )
     return [item for items in by_target.values() for item in items]
+
+
+def items_named(items: Iterable[WarmupItem], name: str, path: str = "<manifest>") -> list[WarmupItem]:
+    """The items of ``name`` (every bucket and target), or of the one label ``name``
+    (``mlp.forward[batch=8]``, ``train.step@tpu:v5e:2x2``), in manifest order. Raises
+    :class:`aot.ManifestError` naming the close names when none matches."""
+    import difflib
+
+    items = list(items)
+    named = [item for item in items if name in (item.name, item.label)]
+    if named:
+        return named
+    names = list(dict.fromkeys(n for item in items for n in (item.name, item.label)))
+    close = difflib.get_close_matches(name, names, n=3)
+    hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+    shown = list(dict.fromkeys(item.name for item in items))
+    raise ManifestError(f"{path}: no entry named {name!r}{hint}; its names: {', '.join(shown)}")
