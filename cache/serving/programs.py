@@ -23,6 +23,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import replace
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -520,6 +521,9 @@ class ProgramTable:
                         rereads += 1
                         self.place(program, changed, front=True)
                         continue
+                # What was refused, and why: the recompile says it (the row as read
+                # knows no reason yet).
+                entry = replace(entry, state_reason=str(exc))
                 if isinstance(exc, CorruptArtifactError):
                     program.quarantined.append(entry)
                     if self.strict:
@@ -649,7 +653,7 @@ def _recompile(
                 continue
             errors.append(f"{entry.key[:12]}: {exc}")
             continue
-        reason = describe_differences(diffs) or f"stored executable unusable: {entry.state_reason}"
+        reason = describe_differences(diffs) or f"stored executable unusable: {_why_unusable(entry)}"
         log.warning("%s (%s): recompiled from portable HLO (%s)", table.name, program.signature, reason)
         table.cache.stats.recompiled(
             table.env, table.name, program.signature, reason, time.perf_counter() - start
@@ -664,6 +668,13 @@ def _recompile(
         f"{table.name} ({program.signature}): cannot recompile from portable HLO: "
         + "; ".join(errors)
     )
+
+
+def _why_unusable(entry: IndexEntry) -> str:
+    """What made ``entry`` unusable, without its name (the line names the program) nor
+    the advice (what to run): the recompile that follows is the remedy."""
+    reason = (entry.state_reason or "quarantined").removeprefix(f"{entry.name} ({entry.key[:12]}): ")
+    return reason.split("; ")[0]
 
 
 def cannot_serve_here(manifest: Manifest, here: dict[str, str]) -> str | None:

@@ -273,8 +273,15 @@ def test_corrupt_executable_blob_is_quarantined_and_recompiled(
     with caplog.at_level(logging.WARNING):
         fn = aot.load(compiled.MLP_NAME, cache=cache)
     _check_buckets(fn, compiled)
-    messages = " ".join(r.getMessage() for r in caplog.records)
-    assert "quarantined" in messages and "recompiled from portable HLO" in messages
+    # Told once each: the quarantine (with what to run), then the recompile (with why).
+    told = [r.getMessage() for r in caplog.records if r.name.startswith("aot") and r.levelno >= logging.WARNING]
+    assert len(told) == 2, told
+    blob = f"executable blob {bad.exe_digest} at "
+    assert told[0].startswith(f"quarantined {bad.name} ({bad.key[:12]}): {blob}"), told
+    assert told[0].count(bad.key[:12]) == 1 and "is corrupt (digest mismatch); run `aot verify`" in told[0]
+    assert told[1].startswith(f"{bad.name} (") and (
+        f"): recompiled from portable HLO (stored executable unusable: {blob}") in told[1], told
+    assert told[1].endswith(" is corrupt (digest mismatch))"), told
     healed = cache.index.get(bad.key)  # the quarantined row was replaced
     assert healed.ok and cache.blobs.check(healed.exe_digest) is None
     report = cache.verify()
