@@ -521,8 +521,7 @@ class ProgramTable:
                         rereads += 1
                         self.place(program, changed, front=True)
                         continue
-                # What was refused, and why: the recompile says it (the row as read
-                # knows no reason yet).
+                # Why it was refused, for the recompile to say (the row as read has none).
                 entry = replace(entry, state_reason=str(exc))
                 if isinstance(exc, CorruptArtifactError):
                     program.quarantined.append(entry)
