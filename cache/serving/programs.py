@@ -272,8 +272,7 @@ class ProgramTable:
             self.unusable.append((entry, f"unreadable manifest: {exc}"))
             return None
         if reason is not None:
-            log.warning("aot.load(%r): skipping %s (%s): %s", self.name, entry.key[:12], entry.signature, reason)
-            self.skipped.append((entry.key, entry.signature, reason))
+            self.skipped.append(skipped(self, entry, reason, here))
             return None
         if manifest.is_symbolic:
             self._add_symbolic(entry, manifest, structure, treedef, dtypes)
@@ -674,6 +673,23 @@ def _why_unusable(entry: IndexEntry) -> str:
     the advice (what to run): the recompile that follows is the remedy."""
     reason = (entry.state_reason or "quarantined").removeprefix(f"{entry.name} ({entry.key[:12]}): ")
     return reason.split("; ")[0]
+
+
+def skipped(table: ProgramTable, entry: IndexEntry, reason: str, here: dict[str, str]) -> tuple[str, str, str]:
+    """Logs why ``entry`` is not served in this process; returns (key, signature, why).
+
+    A row of another platform (a TPU entry, on a CPU replica) whose signature a row of
+    this environment serves is nothing to this host: said at the info level only. Any
+    other skipped row is a warning (it leaves its signature unserved, or without the
+    row declared for it)."""
+    try:
+        platform = json.loads(entry.manifest).get("environment", {}).get("parts", {}).get("platform")
+    except (ValueError, AttributeError):
+        platform = None
+    elsewhere = platform is not None and platform != here.get("platform")
+    level = logging.INFO if elsewhere and table.selection.served.get(entry.signature) else logging.WARNING
+    log.log(level, "aot.load(%r): skipping %s (%s): %s", table.name, entry.key[:12], entry.signature, reason)
+    return (entry.key, entry.signature, reason)
 
 
 def cannot_serve_here(manifest: Manifest, here: dict[str, str]) -> str | None:
