@@ -71,6 +71,10 @@ class Fingerprint:
         """Parts of ``self`` (expected) that differ in ``actual``."""
         mine, theirs = self.as_dict(), actual.as_dict()
         names = sorted(name for name in set(mine) | set(theirs) if mine.get(name) != theirs.get(name))
+        if "platform" in names and "cpu_isa" in names:
+            # Another platform (a TPU entry, a CPU host): the CPU's features, recorded
+            # for CPU executables only, say nothing more.
+            names.remove("cpu_isa")
         if not names:
             return ()
         return tuple(PartDifference(name, mine.get(name), theirs.get(name)) for name in names)
