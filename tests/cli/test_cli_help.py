@@ -25,8 +25,8 @@ EXPECTED = {
     "bundle import", "why", "doctor", "push", "pull", "stats",
     "release", "release ls", "release show", "release promote", "release rollback", "release default", "release history", "release rm",
     "history",
+}
 GLOBAL = ("--cache", "--blobs", "--local", "--read-only", "--json", "--debug", "-v")
-GLOBAL = ("--cache", "--blobs", "--local", "--read-only", "--json", "--debug")
 
 
 def test_every_documented_command_exists() -> None:
