@@ -71,6 +71,8 @@ class Explanation:
     refused: str | None = None
     #: The device target explained for (``tpu:v5e:1x1``); None: this host.
     device_target: str | None = None
+    #: Nothing stored under the name: the stored names close to it (a typo?).
+    similar: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -95,7 +97,8 @@ class Explanation:
     def describe(self) -> str:
         request = self._shown(self.arguments, self.signature)
         if self.stored == 0:
-            return f"{self.label}: nothing is stored under this name; compile it first"
+            close = f" (did you mean {' or '.join(map(repr, self.similar))}?)" if self.similar else ""
+            return f"{self.label}: nothing is stored under this name{close}; compile it first"
         if not self.environment_known and not self.differences:
             return (
                 f"{self.label} ({request}): entry {self.nearest_key[:12]} matches the program; whether it "  # type: ignore[index]
@@ -154,6 +157,7 @@ class Explanation:
             **({} if self.release is None else {"release": self.release, "not_in_release": self.not_in_release}),
             **({} if self.environment_known else {"environment_unknown": True}),
             **({} if self.refused is None else {"refused": self.refused}),
+            **({"did_you_mean": list(self.similar)} if self.similar else {}),
         }
 
 
@@ -260,11 +264,14 @@ def explain(
             best = (score, manifest, diffs, stored_signature, mine)
     outside = xla_flags_outside_key()
     if best is None:
+        import difflib
+
         shown = request if request is not None else Signature.from_specs(positional, keywords)
+        similar = tuple(difflib.get_close_matches(name, cache.names(), n=3)) if not entries else ()
         return Explanation(
             name, signature, False, None, None, (), len(entries), shown,
             xla_flags_outside_key=outside, environment_known=environment is not None,
-            device_target=device_target,
+            device_target=device_target, similar=similar,
         )
     _, manifest, diffs, stored_signature, mine = best
     leaf_diffs = (

@@ -76,8 +76,9 @@ def resolve_function(function: str, *, base_dir: str | None = None) -> Any:
                 if missing == module_name.split(".")[0] or missing == module_name
                 else "it is imported by that module; install it"
             )
+            close = _close(missing, _local_modules(base_dir)) if missing == module_name.split(".")[0] else ""
             raise TargetError(
-                f"cannot import {module_name!r} for {function!r}: no module named {missing!r}; {hint}"
+                f"cannot import {module_name!r} for {function!r}: no module named {missing!r}{close}; {hint}"
             ) from None
         except AotError:
             raise
@@ -89,10 +90,35 @@ def resolve_function(function: str, *, base_dir: str | None = None) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
+            names = [n for n in dir(obj) if not n.startswith("_")]
             raise TargetError(
-                f"{function!r}: module {module_name!r} has no attribute {attr_path!r}"
+                f"{function!r}: module {module_name!r} has no attribute {attr_path!r}{_close(part, names)}"
             ) from None
     return obj
+
+
+def _close(name: str, names: Iterable[str]) -> str:
+    """`` (did you mean 'forward'?)`` when a name of ``names`` is close to ``name``."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(names), n=3)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
+def _local_modules(base_dir: str | None) -> list[str]:
+    """The modules and packages in the folders :func:`search_path` puts first."""
+    names: list[str] = []
+    for folder in (base_dir, os.getcwd()):
+        try:
+            entries = os.listdir(folder) if folder else []
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.endswith(".py"):
+                names.append(entry[:-3])
+            elif os.path.isfile(os.path.join(folder, entry, "__init__.py")):  # type: ignore[arg-type]
+                names.append(entry)
+    return names
 
 
 # ``@module:callable`` results remembered for the length of one warm-up: the callable

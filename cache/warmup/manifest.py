@@ -337,7 +337,8 @@ def parse_manifest(text: str, path: str = "<manifest>") -> WarmupManifest:
     unknown = sorted(set(data) - {"function", "target"})
     if unknown:
         raise ManifestError(
-            f"{path}: unknown top-level key(s) {unknown}; a manifest holds [[function]] tables "
+            f"{path}: unknown top-level key(s) {unknown}{_did_you_mean(unknown, ('function', 'target'))}; "
+            "a manifest holds [[function]] tables "
             "(and optionally a top-level target = \"tpu:v5e:2x2\" or a list of them)"
         )
     try:
@@ -362,6 +363,15 @@ def parse_manifest(text: str, path: str = "<manifest>") -> WarmupManifest:
         warnings = (_old_spelling_warning(path, old_spelling),)
         log.warning("%s", warnings[0])
     return WarmupManifest(path, tuple(functions), targets, warnings)
+
+
+def _did_you_mean(unknown: Iterable[str], known: Iterable[str]) -> str:
+    """`` (did you mean 'function'?)`` for the unknown keys close to a known one."""
+    import difflib
+
+    known = list(known)
+    close = [match for key in unknown for match in difflib.get_close_matches(key, known, n=1)]
+    return f" (did you mean {' or '.join(map(repr, dict.fromkeys(close)))}?)" if close else ""
 
 
 def _old_spelling_warning(path: str, old: list[tuple[str, str]]) -> str:
@@ -453,7 +463,7 @@ def _parse_function(
 
     unknown = sorted(set(table) - set(_FUNCTION_KEYS))
     if unknown:
-        raise fail(f"unknown key(s) {unknown}; expected some of {list(_FUNCTION_KEYS)}")
+        raise fail(f"unknown key(s) {unknown}{_did_you_mean(unknown, _FUNCTION_KEYS)}; expected some of {list(_FUNCTION_KEYS)}")
     function, targets, old = _function_and_targets(table, fail)
     if old and old_spelling is not None:
         old_spelling.append((where, function))
