@@ -126,3 +126,26 @@ def test_a_tpu_mesh_entry_is_a_hit_for_its_target(invoke: Invoke, tmp_path: Path
     lines = here.stdout.splitlines()
     assert lines[0].startswith("team.train_step (x: f32[8,4], y: f32[4]): miss; nearest of 1 stored entry is ")
     assert "  device_count 4 != 8" in lines and "  platform tpu != cpu" in lines
+
+
+def test_why_manifest_explains_every_bucket_and_a_pmap_entry(invoke: Invoke, warmed: Path) -> None:
+    from tests.cli.helpers import MANIFEST
+
+    with aot.Cache(warmed) as cache:
+        keys = {e.signature: e.key[:12] for e in cache.entries("mlp.forward")}
+        (allreduce,) = cache.entries("allreduce")
+    params = "params: [{2 arrays}, {2 arrays}, {2 arrays}]"
+    every = invoke("why", "--manifest", str(MANIFEST), "mlp.forward")
+    assert every.exit_code == 0, every.output
+    shown = [
+        f"mlp.forward ({params}, x: f32[{n},784]): hit, key "
+        f"{next(k for s, k in keys.items() if s.endswith(f'f32[{n},784]'))} (served: its ref names it)"
+        for n in (1, 8, 32)
+    ]
+    assert every.stdout.splitlines() == shown
+    one = invoke("why", "--manifest", str(MANIFEST), "mlp.forward[batch=8]")
+    assert (one.exit_code, one.stdout.splitlines()) == (0, shown[1:2]), one.output
+    pmap = invoke("why", "--manifest", str(MANIFEST), "allreduce")
+    assert (pmap.exit_code, pmap.stdout) == (
+        0, f"allreduce (x: f32[8,1024]): hit, key {allreduce.key[:12]} (served: its ref names it)\n"
+    ), pmap.output
