@@ -14,6 +14,7 @@ given, is lowered for the target.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -73,11 +74,14 @@ class Explanation:
     device_target: str | None = None
     #: Nothing stored under the name: the stored names close to it (a typo?).
     similar: tuple[str, ...] = ()
+    #: A manifest item's bucket (``[batch=8]``), named in the label.
+    bucket: str = ""
 
     @property
     def label(self) -> str:
-        """``tiny`` or, for a device target, ``tiny@tpu:v5e:1x1`` (as warm-ups name items)."""
-        return self.name + (f"@{self.device_target}" if self.device_target else "")
+        """``tiny`` or, for a device target, ``tiny@tpu:v5e:1x1``; a manifest item's
+        with its bucket, ``mlp.forward[batch=8]`` (as warm-ups name items)."""
+        return self.name + self.bucket + (f"@{self.device_target}" if self.device_target else "")
 
     def _served(self) -> str:
         if self.served_key is None:
@@ -142,6 +146,7 @@ class Explanation:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "label": self.label,
             "signature": self.signature,
             "hit": self.hit,
             "nearest_key": self.nearest_key,
@@ -313,7 +318,8 @@ def explain_item(cache: ArtifactStore, item: WarmupItem, *, release: str | None 
             )
         except SpecError as exc:  # e.g. a 64-bit dtype refused while lowering
             raise x64_hint(item, exc) from None
-    return explanation
+    bucket = f"[{','.join(f'{k}={v}' for k, v in item.bucket)}]" if item.bucket else ""
+    return dataclasses.replace(explanation, bucket=bucket)
 
 
 def _names_from_paths(manifest: Manifest) -> tuple[str, ...]:

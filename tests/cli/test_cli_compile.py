@@ -246,7 +246,7 @@ def test_environment_variable_names_the_cache(invoke: Invoke, tmp_path, monkeypa
 # ---------------------------------------------------------------- why
 
 WHY_KEYS = {
-    "name", "signature", "hit", "nearest_key", "nearest_signature", "differences", "stored",
+    "name", "label", "signature", "hit", "nearest_key", "nearest_signature", "differences", "stored",
     "arguments", "argument_differences", "xla_flags_outside_key", "served_key", "served_by",
     "target",
 }

@@ -138,7 +138,7 @@ def test_why_manifest_explains_every_bucket_and_a_pmap_entry(invoke: Invoke, war
     every = invoke("why", "--manifest", str(MANIFEST), "mlp.forward")
     assert every.exit_code == 0, every.output
     shown = [
-        f"mlp.forward ({params}, x: f32[{n},784]): hit, key "
+        f"mlp.forward[batch={n}] ({params}, x: f32[{n},784]): hit, key "
         f"{next(k for s, k in keys.items() if s.endswith(f'f32[{n},784]'))} (served: its ref names it)"
         for n in (1, 8, 32)
     ]
