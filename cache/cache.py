@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from aot.cache.admin.maintenance import GcPlan, VerifyReport
     from aot.cache.reports.explain import Explanation
     from aot.cache.reports.release_diff import ReleaseDiff
+    from aot.cache.warmup.manifest import WarmupItem
 
 __all__ = ["Cache", "TieredCache"]
 
@@ -144,6 +145,13 @@ class Cache(ArtifactStore):
         from aot.cache.reports.release_diff import release_diff
 
         return release_diff(self, a, b)
+
+    def explain_item(self, item: WarmupItem, *, release: str | None = None) -> Explanation:
+        """Explains a warm-up item (a manifest's entry) lowered as the warm-up lowers it:
+        would the entry it stored be served?"""
+        from aot.cache.reports.explain import explain_item
+
+        return explain_item(self, item, release=release)
 
 
 class TieredCache(TieredStore, Cache):

@@ -135,7 +135,11 @@ def ls_command(state: State, glob: str | None, env: str, release: str | None) ->
 
 def _parts(title: str, fingerprint: Fingerprint) -> str:
     lines = [f"{title} {fingerprint.digest}"]
-    lines.append(key_value([(k, shorten(v, PART_WIDTH)) for k, v in sorted(fingerprint.as_dict().items())]))
+    # One line each: libtpu's platform version has several (--json has it as it is).
+    lines.append(key_value([
+        (k, shorten("; ".join(v.splitlines()) if "\n" in v else v, PART_WIDTH))
+        for k, v in sorted(fingerprint.as_dict().items())
+    ]))
     return "\n".join(lines)
 
 

@@ -47,7 +47,7 @@ VICTIM_SIGNATURE_WIDTH = 60
     "--target", "device_targets", multiple=True, metavar="PLATFORM:CHIP:TOPOLOGY",
     help="Check every entry of the manifest for this accelerator instead of the manifest's "
     "own targets, as aot warmup --target compiles them, e.g. tpu:v5e:2x2 (needs libtpu, not "
-    "the device); repeat for several.",
+    "the device), or 'host' (this host's environment); repeat for several.",
 )
 @click.option(
     "--recompile", is_flag=True,
@@ -76,15 +76,15 @@ def verify_command(
     refuses).
     """
     from aot.cache.reports.coverage import verify_with_coverage
+    from aot.cache.warmup.manifest import canonical_targets
     from aot.errors import DeviceTargetError
-    from aot.targets import parse_target
 
     if (strict or device_targets) and manifest is None:
         manifest = state.settings.manifest.value  # None: refs and releases only
     if device_targets and manifest is None:
         raise click.UsageError("--target checks a manifest's entries for a target: give --manifest MANIFEST.toml")
     try:
-        targets = tuple(parse_target(t).name for t in device_targets)
+        targets = canonical_targets(device_targets)  # "host": this host's environment
     except DeviceTargetError as exc:
         raise click.BadParameter(str(exc), param_hint="'--target'") from None
     from aot.cache.admin.aging import aged_entries

@@ -18,7 +18,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -92,6 +92,7 @@ __all__ = [
     "coverage",
     "expand",
     "item_signature",
+    "kept_notice",
     "load_manifest",
     "make_mesh",
     "parse_manifest",
@@ -152,18 +153,12 @@ class WarmupReport:
         return tuple(r for r in self.results if r.status == "failed")
 
     def summary(self) -> str:
+        """One line; the members a release kept are a warning, logged once when it was
+        declared (:func:`kept_notice`), not repeated here."""
         where = f" (shard {self.shard[0]}/{self.shard[1]})" if self.shard else ""
-        kept = ""
-        if self.carried:
-            shown = ", ".join(f"{m.name} ({m.signature})" for m in self.carried[:3])
-            more = f" and {len(self.carried) - 3} more" if len(self.carried) > 3 else ""
-            kept = (f"\nrelease {self.release}: kept {counted(len(self.carried), 'member')} of its previous set "
-                    f"that this warm-up does not compile: {shown}{more} (a later warm-up of this run "
-                    "replaces them; --replace starts the label over)")
         return (
             f"{counted(len(self.results), 'entry')}{where}: {self.compiled} compiled, {self.hit} hit"
             f"{f' ({self.waited} waited for)' if self.waited else ''}, {self.failed} failed in {self.seconds:.1f}s"
-            f"{kept}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -420,12 +415,17 @@ def declare(
     keep = None if covered is None else (lambda member: not covered(member))
     cache.index.declare_release(release, targets, origin, run=run, keep=keep, carried=carried)
     if carried:
-        log.warning(
-            "release %s: kept %d member(s) of its previous set that this warm-up does not compile "
-            "(a later warm-up of this run replaces them; --replace starts the label over): %s",
-            release, len(carried), ", ".join(f"{m.name} ({m.signature})" for m in carried[:3]),
-        )
+        log.warning("%s", kept_notice(release, carried))
     return carried
+
+
+def kept_notice(release: str, carried: Sequence[ReleaseMember]) -> str:
+    """What a warm-up says of the members of the release's previous set it kept."""
+    shown = ", ".join(f"{m.name} ({m.signature})" for m in carried[:3])
+    more = f" and {len(carried) - 3} more" if len(carried) > 3 else ""
+    return (f"release {release}: kept {counted(len(carried), 'member')} of its previous set that this "
+            f"warm-up does not compile: {shown}{more} (a later warm-up of this run replaces them; "
+            "--replace starts the label over)")
 
 
 def release_cover(cache: ArtifactStore, items: Iterable[WarmupItem]) -> Callable[[ReleaseMember], bool]:
