@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -118,6 +119,9 @@ class WarmupReport:
     release: str | None = None
     # Members of the label's previous set this warm-up did not compile, kept in its new set.
     carried: tuple[ReleaseMember, ...] = ()
+    # Those of them another JAX release compiled (docs/jax-releases.md), and those releases.
+    other_releases: tuple[ReleaseMember, ...] = ()
+    carried_releases: tuple[str, ...] = ()
 
     def _count(self, status: str) -> int:
         return sum(1 for r in self.results if r.status == status)
@@ -150,12 +154,19 @@ class WarmupReport:
     def summary(self) -> str:
         where = f" (shard {self.shard[0]}/{self.shard[1]})" if self.shard else ""
         kept = ""
-        if self.carried:
-            shown = ", ".join(f"{m.name} ({m.signature})" for m in self.carried[:3])
-            more = f" and {len(self.carried) - 3} more" if len(self.carried) > 3 else ""
-            kept = (f"\nrelease {self.release}: kept {counted(len(self.carried), 'member')} of its previous set "
+        # Another JAX release's members serve its hosts during a rolling upgrade: kept,
+        # and said apart from those a later warm-up of this run replaces.
+        stale = [m for m in self.carried if m not in self.other_releases]
+        others = len(self.other_releases)
+        if stale:
+            shown = ", ".join(f"{m.name} ({m.signature})" for m in stale[:3])
+            more = f" and {len(stale) - 3} more" if len(stale) > 3 else ""
+            kept = (f"\nrelease {self.release}: kept {counted(len(stale), 'member')} of its previous set "
                     f"that this warm-up does not compile: {shown}{more} (a later warm-up of this run "
                     "replaces them; --replace starts the label over)")
+        if others:
+            kept += (f"\nrelease {self.release}: kept {counted(others, 'member')} of other JAX releases "
+                     f"({', '.join(sorted(self.carried_releases))}), which hosts of those releases serve")
         return (
             f"{counted(len(self.results), 'entry')}{where}: {self.compiled} compiled, {self.hit} hit"
             f"{f' ({self.waited} waited for)' if self.waited else ''}, {self.failed} failed in {self.seconds:.1f}s"
@@ -335,6 +346,7 @@ def run_warmup(
 
     covered = None
     carried: list[ReleaseMember] = []
+    releases: dict[str, str] = {}
     try:
         with remembering_specs():
             if release is not None:
@@ -361,6 +373,7 @@ def run_warmup(
                     _run_pipelined(cache, items, emit, held)
         carried = declare(cache, list(results.values()), origin or RefOrigin("warmup"), release=release,
                           run=run, covered=covered)
+        releases = _other_releases(cache, carried)
     finally:
         if workers is not None:
             workers.close()
@@ -370,7 +383,26 @@ def run_warmup(
     return WarmupReport(
         cache.display_location, jobs, ordered, time.perf_counter() - start,
         shard=shard if isinstance(shard, tuple) else None, release=release, carried=tuple(carried),
+        other_releases=tuple(m for m in carried if m.key in releases),
+        carried_releases=tuple(sorted(set(releases.values()))),
     )
+
+
+def _other_releases(cache: ArtifactStore, members: list[ReleaseMember]) -> dict[str, str]:
+    """``{key: jax release}`` of the ``members`` another JAX release compiled (their
+    manifests' environment ``jax`` part)."""
+    import jax
+
+    out: dict[str, str] = {}
+    manifests = cache.reader.manifests({m.key for m in members}) if members else {}
+    for key, text in manifests.items():
+        try:
+            version = json.loads(text)["environment"]["parts"]["jax"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(version, str) and version != jax.__version__:
+            out[key] = version
+    return out
 
 
 def declare(
