@@ -47,6 +47,10 @@ def _served_own(result: dict[str, object], *, stored: bool = False) -> None:
         assert result["entries_after"] == result["entries_before"]
 
 
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
+
+
 def _jax_of(location: str) -> dict[str, str]:
     """{key: jax release} of the cache's entries, as `aot ls --json` names them."""
     with aot.Cache(location) as cache:
@@ -59,6 +63,9 @@ def test_another_releases_entry_is_served_here_through_the_ladder(
     other_python: tuple[str, str], this_python: str, manifest: str, tmp_path: Path,
 ) -> None:
     python, other = other_python
+    if _release(other) > _release(jax.__version__):
+        pytest.skip(f"the ladder serves an older release's entry on a newer one: {other} is newer than "
+                    f"{jax.__version__}; this test runs on the newer release")
     location = str(tmp_path / "cache")
     aot_cli(python, "--cache", location, "warmup", manifest)
     assert sorted(_jax_of(location).values()) == [other, other]
