@@ -95,6 +95,10 @@ def test_one_postgres_cache_through_an_upgrade_of_the_fleet(
     # Before: the fleet runs the other release and serves label prod.
     aot_cli(old_python, "--cache", url, "warmup", manifest, "--release", "prod", "--commit", "c1")
     _served_own(worker(old_python, "serve", url, "--release", "prod", "--strict"))
+    # The gate on the new release fails until it is warmed: nothing of its own is stored.
+    cold = aot_cli(this_python, "--cache", url, "verify", "--manifest", manifest, "--strict", check=False)
+    assert cold.returncode == 1 and "stored for another environment" in cold.stdout, cold.stdout + cold.stderr
+    assert f"{old} != {new}" in cold.stdout, cold.stdout
     # Warm before the flip: a CI job on the new release warms the same manifest into
     # prod; the old release's members stay, for the hosts not flipped yet.
     warm = aot_cli(this_python, "--cache", url, "warmup", manifest, "--release", "prod", "--commit", "c2")

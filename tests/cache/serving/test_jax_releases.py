@@ -22,11 +22,14 @@ from aot.errors import CorruptArtifactError, ExportWindowError, IncompatibleEnvi
 from aot.export_window import calling_convention_window
 from aot.fingerprint import combined_key
 
+#: Another release than this one (what a host of it records in its environment).
+OTHER = "0.9.2" if jax.__version__ != "0.9.2" else "0.9.1"
+
 
 def _only_as(cache, artifact):  # noqa: ANN001, ANN202
     """Stores ``artifact`` as the one entry of its name, declared by a warm-up there."""
     entry = cache.put_artifact(artifact)
-    cache.set_refs([entry], RefOrigin("warm-up on a host of jax 0.9.2"))
+    cache.set_refs([entry], RefOrigin(f"warm-up on a host of jax {OTHER}"))
     assert entry.env_fp != cache.environment.digest
     return entry
 
@@ -48,24 +51,24 @@ def _outside_window(artifact: Artifact) -> Artifact:
 
 def test_another_releases_entry_is_recompiled_bit_identical(open_folder_cache, compiled, foreign, caplog) -> None:  # noqa: ANN001
     cache = open_folder_cache()
-    other = _only_as(cache, foreign(compiled.tiny, jax="0.9.2", jaxlib="0.9.2"))
+    other = _only_as(cache, foreign(compiled.tiny, jax=OTHER, jaxlib=OTHER))
     with caplog.at_level("WARNING", logger="aot.cache.serving"):
         fn = aot.load(compiled.TINY_NAME, cache=cache)
         out = fn(*compiled.tiny_inputs)
     np.testing.assert_array_equal(np.asarray(out), compiled.tiny_expected)
     messages = " ".join(r.getMessage() for r in caplog.records)
-    assert f"recompiled from portable HLO (jax 0.9.2 != {jax.__version__}; jaxlib 0.9.2" in messages
+    assert f"recompiled from portable HLO (jax {OTHER} != {jax.__version__}; jaxlib {OTHER}" in messages
     envs = {e.env_fp for e in cache.entries(compiled.TINY_NAME)}
     assert envs == {other.env_fp, cache.environment.digest}  # stored for this release beside it
 
 
 def test_strict_refuses_another_releases_entry_naming_both(open_folder_cache, compiled, foreign) -> None:  # noqa: ANN001
     cache = open_folder_cache()
-    _only_as(cache, foreign(compiled.tiny, jax="0.9.2", jaxlib="0.9.2"))
+    _only_as(cache, foreign(compiled.tiny, jax=OTHER, jaxlib=OTHER))
     with pytest.raises(aot.SignatureNotFoundError) as info:
         aot.load(compiled.TINY_NAME, cache=cache, strict=True)
     assert "can be served here with strict=True (it never compiles)" in str(info.value)
-    assert f"compiled for another environment: jax 0.9.2 != {jax.__version__}" in str(info.value)
+    assert f"compiled for another environment: jax {OTHER} != {jax.__version__}" in str(info.value)
     assert len(cache.entries(compiled.TINY_NAME)) == 1  # nothing compiled, nothing stored
 
 
