@@ -506,7 +506,7 @@ def _plan_gc(
         if (ref.name, ref.signature) in unpinned and pins.get(ref.key, "").startswith("served ref"):
             pins.pop(ref.key)  # its ref is dropped first (a dry run assumes so)
     dropped_names = {name for name, _ in unpinned}
-    retired = release_environments(entries, jax_release) if jax_release else frozenset()  # type: ignore[arg-type]
+    retired = release_environments(entries, jax_release) if jax_release and AOT in kinds else frozenset()  # type: ignore[arg-type]
     unpins = reads.pin_reasons() if retired else {}
 
     chosen: dict[str, tuple[_Row, str]] = {}  # key -> (entry, reason): victims

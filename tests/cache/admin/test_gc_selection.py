@@ -53,6 +53,11 @@ def test_a_retired_release_goes_with_its_refs_and_members(cache: aot.Cache, comp
     assert plan.jax_release == OTHER and plan.retired_environments == tuple(sorted({old.env_fp, other.env_fp}))
     assert len(cache.entries()) == 3 and list(cache.blobs.list()) == list(before)  # a dry run changes nothing
 
+    # Entries of JAX's own cache only (--kind jit): the release's aot entries, refs and
+    # members are not touched.
+    assert cache.gc(jax_release=OTHER, kind="jit").retired_environments == ()
+    assert {m.key for m in cache.release_members("prod", "tiny")} == {here.key, old.key}
+
     done = cache.gc(jax_release=OTHER)
     assert done.executed and sorted(v.key for v in done.entries) == sorted([old.key, other.key])
     assert {e.key for e in cache.entries()} == {here.key}
