@@ -1,4 +1,4 @@
-"""A process of one JAX release, run by tests/jax_releases under this release's Python or
+"""A process of one JAX release, run by tests/jax_upgrade under this release's Python or
 another's (``AOT_TEST_OTHER_JAX_PYTHON``): ``python release_worker.py COMMAND LOCATION
 [OPTIONS]``, from the repository root; prints one JSON line.
 

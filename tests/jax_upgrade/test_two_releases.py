@@ -14,7 +14,7 @@ import jax
 import pytest
 
 import aot
-from tests.jax_releases.conftest import aot_cli, worker
+from tests.jax_upgrade.helpers import release_tuple, aot_cli, worker
 
 pytestmark = [pytest.mark.version_suite, pytest.mark.slow]
 
@@ -47,10 +47,6 @@ def _served_own(result: dict[str, object], *, stored: bool = False) -> None:
         assert result["entries_after"] == result["entries_before"]
 
 
-def _release(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
-
-
 def _jax_of(location: str) -> dict[str, str]:
     """{key: jax release} of the cache's entries, as `aot ls --json` names them."""
     with aot.Cache(location) as cache:
@@ -63,7 +59,7 @@ def test_another_releases_entry_is_served_here_through_the_ladder(
     other_python: tuple[str, str], this_python: str, manifest: str, tmp_path: Path,
 ) -> None:
     python, other = other_python
-    if _release(other) > _release(jax.__version__):
+    if release_tuple(other) > release_tuple(jax.__version__):
         pytest.skip(f"the ladder serves an older release's entry on a newer one: {other} is newer than "
                     f"{jax.__version__}; this test runs on the newer release")
     location = str(tmp_path / "cache")
