@@ -11,12 +11,15 @@ from pathlib import Path
 
 import jax
 import jaxlib
+import pytest
 
 import aot
 from aot.artifact import Artifact
 from aot.cache.index.refs import RefOrigin
 from aot.fingerprint import Fingerprint, combined_key
 from tests.cli.helpers import Invoke
+
+pytestmark = pytest.mark.version_suite  # cross-release: on every supported JAX release
 
 OLD = "0.9.2" if jax.__version__ != "0.9.2" else "0.9.1"  # a release other than this one
 

@@ -15,6 +15,8 @@ import aot
 from aot.cache.index.refs import RefOrigin
 from tests.cache.conftest import Compiled, with_environment
 
+pytestmark = pytest.mark.version_suite  # cross-release: on every supported JAX release
+
 #: Another release than this one (what a host of it records in its environment).
 OTHER = "0.9.2" if jax.__version__ != "0.9.2" else "0.9.1"
 

@@ -22,6 +22,8 @@ from aot.errors import CorruptArtifactError, ExportWindowError, IncompatibleEnvi
 from aot.export_window import calling_convention_window
 from aot.fingerprint import combined_key
 
+pytestmark = pytest.mark.version_suite  # cross-release: on every supported JAX release
+
 #: Another release than this one (what a host of it records in its environment).
 OTHER = "0.9.2" if jax.__version__ != "0.9.2" else "0.9.1"
 
