@@ -198,7 +198,7 @@ def _check_servable(name: str, jaxpr: Any, *, pmap: bool = False) -> None:
 def _all_eqns(jaxpr: Any) -> Iterable[Any]:
     for eqn in jaxpr.eqns:
         yield eqn
-        for sub in _subjaxprs(eqn.params):  # jax.core.subjaxprs takes a jaxpr before 0.10
+        for sub in jax.core.subjaxprs(eqn.params) if hasattr(jax.core, "subjaxprs") else _subjaxprs(eqn.params):
             yield from _all_eqns(sub)
 
 

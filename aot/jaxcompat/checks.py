@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax._src import core
-from jax._src import lib as _lib
+from jax._src.lib import hlo as _hlo
 from jax._src.lib import xla_client as xc
 
 # What the module's text need not show: only its first line (the entry computation's
@@ -31,8 +31,7 @@ UNPRINTED_OPTIONS = (
 
 
 def _print_options() -> Any:
-    # jax._src.lib.hlo is absent before 0.10: the module is then printed in full.
-    options_class = getattr(getattr(_lib, "hlo", None), "HloPrintOptions", None)
+    options_class = getattr(_hlo, "HloPrintOptions", None)
     if options_class is None:
         return None
     options = options_class.short_parsable()

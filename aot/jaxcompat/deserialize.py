@@ -10,8 +10,6 @@ public API to load an executable without the Python function it was traced from.
 
 from __future__ import annotations
 
-import dataclasses
-
 import logging
 import threading
 from collections.abc import Sequence
@@ -81,17 +79,9 @@ def load_compiled(
         xla_out_layouts=[None] * len(out_avals),
         all_args_info=None,
         pgle_profiler=None,
-        **_release_fields(),
     )
     args_info = in_tree.unflatten(arg_infos(args))
     return stages.Compiled(unloaded.load(), [], args_info, out_tree, no_kwargs=False)
-
-
-def _release_fields() -> dict[str, Any]:
-    """Fields of ``UnloadedMeshExecutable`` that only some releases have: before 0.10 it
-    takes ``auto_spmd_lowering`` (False: an artifact's shardings are fixed)."""
-    names = {f.name for f in dataclasses.fields(pxla.UnloadedMeshExecutable)}
-    return {"auto_spmd_lowering": False} if "auto_spmd_lowering" in names else {}
 
 
 _custom_calls_ready: set[str] = set()
