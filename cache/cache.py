@@ -103,18 +103,20 @@ class Cache(ArtifactStore):
     def gc(
         self, max_size: int | str | None = None, older_than: Any = None, *, dry_run: bool = False,
         superseded: bool = False, force: bool = False, manifest: str | os.PathLike[str] | None = None,
-        kind: str = "all",
+        kind: str = "all", jax_release: str | None = None,
     ) -> GcPlan:
         """Plan-then-execute garbage collection; ``force`` deletes blobs even when the
         index is empty (it refuses otherwise: a lost index is not an empty cache).
         Never deletes what a ref or a live release pins; ``manifest`` drops the refs of
         signatures of its names it no longer lists, and collects their entries.
-        ``kind`` (``aot``, ``jit`` or ``all``) narrows the entries it may select."""
+        ``kind`` (``aot``, ``jit`` or ``all``) narrows the entries it may select.
+        ``jax_release`` retires a JAX release: every entry compiled by it goes, and the
+        refs and release members of its environments with them (the plan names them)."""
         from aot.cache.admin.maintenance import collect_garbage
 
         return collect_garbage(
             self, max_size=max_size, older_than=older_than, dry_run=dry_run,
-            superseded=superseded, force=force, manifest=manifest, kind=kind,
+            superseded=superseded, force=force, manifest=manifest, kind=kind, jax_release=jax_release,
         )
 
     def export_bundle(

@@ -134,6 +134,13 @@ class Explanation:
                 lines += [f"  {leaf.describe()}" for leaf in self.argument_differences]
             else:
                 lines.append(f"  {d.describe()}")
+        parts = {d.part for d in self.differences}
+        if parts & {"jax", "jaxlib"} and parts <= {"jax", "jaxlib", "platform_version"}:
+            lines.append(
+                "  (another JAX release's entry: aot.load recompiles its portable HLO here within "
+                "jax.export's compatibility window, never with strict=True; warm this release up to "
+                "serve it strict: docs/jax-releases.md)"
+            )
         if not self.environment_known:
             lines.append(f"  (environments not compared: {UNKNOWN_ENVIRONMENT_NOTE})")
         if self.xla_flags_outside_key:

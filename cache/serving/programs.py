@@ -37,6 +37,7 @@ from aot.artifact import PORTABLE_HLO, Manifest, json_part, manifest_problems, p
 from aot.errors import (
     AotError,
     CorruptArtifactError,
+    ExportWindowError,
     IncompatibleEnvironmentError,
     IntegrityError,
     ReleaseNotFoundError,
@@ -624,6 +625,7 @@ def _recompile(
     """:func:`recompile_program` in this process: the executable and the key it was
     stored under (None: not stored)."""
     errors: list[str] = []
+    window: list[ExportWindowError] = []
     environment = table.cache.environment
     pending = list(candidates)
     rereads = 0
@@ -653,6 +655,8 @@ def _recompile(
                 pending.insert(0, fresh)
                 continue
             errors.append(f"{entry.key[:12]}: {exc}")
+            if isinstance(exc, ExportWindowError):
+                window.append(exc)
             continue
         reason = describe_differences(diffs) or f"stored executable unusable: {_why_unusable(entry)}"
         log.warning("%s (%s): recompiled from portable HLO (%s)", table.name, program.signature, reason)
@@ -665,6 +669,12 @@ def _recompile(
             program.local.append(stored)
             return executable, stored.key
         return executable, None
+    if window and len(window) == len(errors):  # another release's entries, none callable here
+        raise ExportWindowError(
+            f"{table.name} ({program.signature}): no executable for this JAX release, and no stored "
+            f"portable HLO it can call: {'; '.join(errors)}",
+            tuple(d for exc in window for d in exc.differences),
+        )
     raise CorruptArtifactError(
         f"{table.name} ({program.signature}): cannot recompile from portable HLO: "
         + "; ".join(errors)

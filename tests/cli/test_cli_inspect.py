@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import jax
+import jaxlib
 import pytest
 
 import aot
@@ -22,7 +24,7 @@ ENTRY_KEYS = {
     "state_reason",
 }
 LS_ENTRY_KEYS = ENTRY_KEYS | {"arguments", "statics", "this_environment", "environment_differences", "superseded_by",
-                                 "served", "served_by", "releases", "kind", "target"}
+                                 "served", "served_by", "releases", "kind", "target", "jax", "jaxlib"}
 SHOW_KEYS = {
     "entry", "manifest", "manifest_error", "this_environment", "environment_differences", "hlo",
     "arguments", "superseded_by", "statics", "served", "served_by", "releases", "target",
@@ -119,6 +121,7 @@ def test_ls_glob_and_json(invoke: Invoke, warmed, cache_dir) -> None:
     for entry in data["entries"]:
         assert set(entry) == LS_ENTRY_KEYS
         assert entry["this_environment"] is True and entry["superseded_by"] is None
+        assert (entry["jax"], entry["jaxlib"]) == (jax.__version__, jaxlib.__version__)
         assert entry["arguments"][0] == {"path": "params[0]['b']", "aval": "f32[512]"}
         assert entry["arguments"][-1]["path"] == "x"
         assert entry["name"] == "mlp.forward" and entry["state"] == "ok" and entry["platform"] == "cpu"
