@@ -57,7 +57,8 @@ class ReadOnlyOpen:
     watch_shm: bool = True  # a -shm appearing means a writer: reopen through it
 
 
-def _read_only_file_system(path: Path) -> bool:
+def read_only_file_system(path: Path) -> bool:
+    """Whether ``path`` lies on a file system mounted read-only (statvfs)."""
     try:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except (OSError, AttributeError):  # no statvfs (Windows)
@@ -70,7 +71,7 @@ def read_only_open(path: Path) -> ReadOnlyOpen:
     path = Path(path)
     base = f"file:{quote(path.resolve().as_posix())}?mode=ro"
     wal = _side(path, "-wal")
-    if _read_only_file_system(path):
+    if read_only_file_system(path):
         return ReadOnlyOpen(base + "&immutable=1", True, "read-only file system")
     if _side(path, "-shm").exists():
         return ReadOnlyOpen(base, False, "WAL with a live -shm: read through it")
