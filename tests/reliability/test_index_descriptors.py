@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,9 +32,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: Calls that open a file by name (or copy, map or truncate one), by attribute name.
 _OPENING_ATTRIBUTES = {
-    "open", "read_bytes", "read_text", "write_bytes", "write_text", "copy", "copy2",
-    "copyfile", "copytree", "move", "mmap", "truncate", "backup", "file_digest",
+    "open", "read_bytes", "read_text", "write_bytes", "write_text", "mmap", "truncate",
+    "backup", "file_digest", "fdopen",
 }
+#: shutil's, which open the files they copy or move (``dict.copy`` does not).
+_SHUTIL = {"copy", "copy2", "copyfile", "copytree", "move"}
 
 _USER_FILE = "a file the user names (never the index: a manifest, a bundle, a config, a key)"
 _BLOB = "a blob (blobs/ab/<digest>.zst) or its temporary file, never the index"
@@ -104,9 +105,10 @@ class _Opens(ast.NodeVisitor):
         func = node.func
         if isinstance(func, ast.Name) and func.id == "open":
             self.found.append((self.file, ".".join(self.scope) or "<module>", "open"))
-        elif isinstance(func, ast.Attribute) and (func.attr in _OPENING_ATTRIBUTES or func.attr == "fdopen"):
-            if ast.unparse(func) != "shutil.copyfileobj":  # file objects, opened above
-                self.found.append((self.file, ".".join(self.scope) or "<module>", ast.unparse(func)))
+        elif isinstance(func, ast.Attribute) and (
+            func.attr in _OPENING_ATTRIBUTES or (func.attr in _SHUTIL and ast.unparse(func.value) == "shutil")
+        ):
+            self.found.append((self.file, ".".join(self.scope) or "<module>", ast.unparse(func)))
         self.generic_visit(node)
 
 
