@@ -18,7 +18,6 @@ the new one takes its name. Run it while no process uses the cache.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -27,13 +26,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from aot.cache.index.entry import INDEX_FILE
+from aot.cache.index.entry import INDEX_FILE, SCHEMA_VERSION
 from aot.cache.index.salvage import SalvagedTable, damage_of, salvage, write_index
 from aot.errors import CacheError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RepairPlan", "plan_repair", "repair_index"]
+__all__ = ["RepairPlan", "describe", "plan_repair", "repair_index"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +77,11 @@ def plan_repair(folder: str | os.PathLike[str], *, blob_store: Any = None) -> Re
     if damage is None:
         return RepairPlan(str(index_file), None, str(aside), (), (), (), 0, busy)
     version, salvaged, error = salvage(index_file)
+    if version is not None and version != SCHEMA_VERSION:
+        raise CacheError(
+            f"the damaged index {index_file} has schema version {version}; this jax-aot "
+            f"repairs version {SCHEMA_VERSION}: repair it with the jax-aot that wrote it"
+        )
     by_name = {t.name: t for t in salvaged}
     lost: list[str] = []
     if error is not None:
@@ -93,14 +97,6 @@ def plan_repair(folder: str | os.PathLike[str], *, blob_store: Any = None) -> Re
     if orphans:
         lost.append(f"{orphans} stored blob(s) belong to no recovered entry (their entries were not readable; "
                     "`aot warmup` stores them again, `aot gc` removes the blobs)")
-    if version is not None and salvaged:
-        from aot.cache.index.entry import SCHEMA_VERSION
-
-        if version != SCHEMA_VERSION:
-            raise CacheError(
-                f"the damaged index {index_file} has schema version {version}; this jax-aot "
-                f"repairs version {SCHEMA_VERSION}: repair it with the jax-aot that wrote it"
-            )
     return RepairPlan(
         str(index_file), damage, str(aside), tuple((n, len(rows)) for n, _, rows in tables),
         tuple(kept.entries), tuple(lost), orphans, busy, tables=tuple(tables),
@@ -269,7 +265,3 @@ def describe(plan: RepairPlan) -> str:
     verb = "moved aside to" if plan.done else "to be moved aside to"
     lines.append(f"  the damaged file {verb} {plan.aside} (never deleted)")
     return "\n".join(lines)
-
-
-def plan_json(plan: RepairPlan) -> str:
-    return json.dumps(plan.to_dict(), indent=2, sort_keys=True)
