@@ -12,7 +12,7 @@
 # The venv is .venvs/jax-RELEASE (VENV overrides it). To add a test to the suite, mark it
 # (`@pytest.mark.version_suite`, or `pytestmark = pytest.mark.version_suite` for a module):
 # it then runs on every supported release. A test that needs another release's Python
-# reads AOT_TEST_JAX_PYTHONS (tests/jax_releases.py), which .ci/run exports.
+# reads AOT_TEST_JAX_PYTHONS (tests/jax_upgrade/helpers.py), which .ci/run exports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -342,6 +342,14 @@ class ArtifactStore(ReleaseMethods):
     def check_writable(self, what: str) -> None:
         """Raises :class:`ReadOnlyCacheError` naming ``what`` when the cache is read-only."""
         if self.read_only:
+            if self._index_file is not None:
+                from aot.cache.index.read_only import read_only_file_system
+
+                if read_only_file_system(self._index_file.parent):
+                    raise ReadOnlyCacheError(
+                        f"cannot {what}: the cache at {self.display_location} is on a read-only "
+                        "file system; copy it to a writable one (or compile in CI and ship a bundle)"
+                    )
             raise ReadOnlyCacheError(
                 f"cannot {what}: the cache at {self.display_location} is read-only; open it "
                 "without read_only=True (or compile in CI and ship a bundle)"
@@ -439,7 +447,7 @@ class ArtifactStore(ReleaseMethods):
         if not self.index.quarantine(entry.key, reason, expect=entry):
             log.info("not quarantining %s: its row changed since it was read", entry.key[:12])
             return False
-        log.warning("quarantined %s (%s): %s", entry.name, entry.key[:12], reason)
+        log.warning("quarantined %s", described(entry, reason))
         return True
 
     def reread(self, entry: IndexEntry) -> IndexEntry | None:
@@ -453,6 +461,13 @@ class ArtifactStore(ReleaseMethods):
     def entries(self, name: str | None = None) -> list[IndexEntry]:
         """Stored entries, all or those whose name matches a glob."""
         return self.index.entries(name)
+
+
+def described(entry: IndexEntry, reason: str) -> str:
+    """``tiny (e8c40d8df0dc): why``, naming the entry once (a library error's message
+    often starts with the same words)."""
+    head = f"{entry.name} ({entry.key[:12]})"
+    return f"{head}: {reason.removeprefix(head + ': ')}"
 
 
 def _open_reader(cache: ArtifactStore) -> IndexReader:

@@ -24,6 +24,7 @@ import click
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
     from aot.cache.config import Settings
+    from aot.distributed_job import JobProcess
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,12 +40,16 @@ class State:
     read_only: bool = False
     json: bool = False
     debug: bool = False
+    verbose: int = 0  # -v (INFO), -vv (DEBUG): before and after the command add up
     #: The command runs in the ``aot`` process (:func:`aot.cli.main.main`), not inside
     #: a caller's (``CliRunner``, a program calling ``cli.main``): see :meth:`start_up`.
     owns_process: bool = False
-    #: A process other than 0 of a multi-process job (``--distributed``) compiles into
-    #: this throwaway folder: process 0 alone writes the cache (:mod:`aot.cli.distributed`).
-    scratch: str | None = None
+    #: This process's place in a multi-process job (``--distributed``): process 0 opens
+    #: the cache and writes it; the others open it read-only once process 0 has it open,
+    #: and load what process 0 stores (:mod:`aot.cli.distributed`).
+    job: JobProcess | None = None
+    #: Process 0 told the others whether the cache opened (:meth:`tell_job_cache`).
+    job_cache_told: bool = False
     _settings: Settings | None = field(default=None, repr=False)
     _cache: Cache | None = field(default=None, repr=False)
 
@@ -72,11 +77,39 @@ class State:
         return self._cache
 
     def _open(self, create: bool) -> Cache:
+        read_only = self.read_only
+        if self.job is not None and not self.job.primary:
+            self._wait_for_job_cache()
+            read_only, create = True, False  # process 0 created it, and alone writes it
+        try:
+            cache = self._open_settings(create, read_only)
+        except BaseException as exc:
+            self.tell_job_cache(False, f"{type(exc).__name__}: {exc}")
+            raise
+        self.tell_job_cache(True)
+        return cache
+
+    def _wait_for_job_cache(self) -> None:
+        assert self.job is not None
+        outcome = self.job.outcome_of("cache", 0)
+        if not outcome.ok:
+            raise click.ClickException(f"{self.job.describe()}: process 0 did not open the cache: {outcome.message}")
+
+    def tell_job_cache(self, ok: bool, message: str = "") -> None:
+        """Process 0 of a job tells the others whether the cache opened (once): they
+        wait for it before they open it read-only."""
+        if self.job is None or not self.job.primary or self.job_cache_told:
+            return
+        self.job_cache_told = True
+        try:
+            self.job.publish("cache", ok, message)
+        except Exception as exc:  # noqa: BLE001 - the others find out at the job's end, bounded
+            logging.getLogger(__name__).warning("could not tell the job that the cache opened: %s", exc)
+
+    def _open_settings(self, create: bool, read_only: bool) -> Cache:
         from aot.cache.store import require_cache  # imports JAX
         from aot.cache.cache import Cache  # with --local, a TieredCache
 
-        if self.scratch is not None:
-            return Cache(self.scratch, create=True)
         settings = self.settings
         location = settings.cache.value
         assert location is not None
@@ -89,7 +122,8 @@ class State:
                 f"{settings.cache.source})",
             )
         return Cache(
-            location, read_only=self.read_only, blob_location=settings.blobs.value,
+            location, read_only=read_only or (not create and _read_only_volume(location)),
+            blob_location=settings.blobs.value,
             signing_key=settings.signing_key(), local=settings.local.value,
             blob_mirror=self.mirror, timeouts=settings.timeouts(), create=create,
         )
@@ -129,6 +163,21 @@ class State:
             gc.enable()
 
 
+def _read_only_volume(location: str) -> bool:
+    """Whether ``location`` is a folder cache on a file system mounted read-only: the
+    commands that only read open it read-only (SQLite could not open it otherwise), and
+    one that writes says the cache is read-only."""
+    from pathlib import Path
+
+    from aot.cache.index.read_only import read_only_file_system
+    from aot.cache.storage.locations import classify_location
+
+    if classify_location(location).scheme is not None:
+        return False
+    folder = Path(location).expanduser()
+    return folder.is_dir() and read_only_file_system(folder)
+
+
 pass_state = click.make_pass_decorator(State, ensure=True)
 
 
@@ -154,9 +203,21 @@ def _setter(attribute: str, flag: bool) -> Callable[[click.Context, click.Parame
     return callback
 
 
+def _more_verbose(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    if value:
+        state = state_of(ctx)
+        state.verbose += value
+        configure_logging(state.verbose)
+    return value
+
+
 def global_options() -> list[click.Option]:
     """Fresh instances of the global options (one set per command)."""
     return [
+        click.Option(
+            ["-v", "--verbose"], count=True, expose_value=False, callback=_more_verbose,
+            help="Log what the library does (-vv: debug).",
+        ),
         click.Option(
             ["--cache"], metavar="LOCATION", expose_value=False, callback=_setter("location", False),
             help="Cache folder or SQLAlchemy URL (env AOT_CACHE, [tool.aot] cache).",

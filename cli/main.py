@@ -28,30 +28,28 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 
 
 @click.group("aot", cls=AotGroup, context_settings=CONTEXT_SETTINGS)
-@click.option("-v", "--verbose", count=True, help="Log what the library does (-vv: debug).")
 @click.version_option(package_name="jax-aot", prog_name="aot")
 @click.pass_context
-def cli(ctx: click.Context, verbose: int) -> None:
+def cli(ctx: click.Context) -> None:
     """Ahead-of-time compilation of JAX programs into a fingerprint-keyed cache.
 
     Compile in CI (`aot warmup manifest.toml`), ship the cache or a bundle, and serve
     with `aot.load(name)` without tracing or compiling.
 
-    The options --cache, --blobs, --local, --read-only, --json and --debug go before or
-    after the command. Settings come from flags, then the environment (AOT_CACHE,
+    The options --cache, --blobs, --local, --read-only, --json, --debug and -v go before
+    or after the command. Settings come from flags, then the environment (AOT_CACHE,
     AOT_BLOBS, AOT_LOCAL, AOT_SIGNING_KEY[_FILE], AOT_MANIFEST), then [tool.aot] in
     pyproject.toml.
     """
-    ctx.ensure_object(State)
-    configure_logging(verbose)
+    configure_logging(ctx.ensure_object(State).verbose)  # -v after the command raises it
 
 
-# The group's own copies of the global options, before -v and --version.
+# The group's own copies of the global options (-v among them), before --version.
 cli.params[:0] = global_options()
 
 
 def _register() -> None:
-    from aot.cli import bundle, compile, doctor, listing, maintenance, releases, stats, transfer, warmup
+    from aot.cli import bundle, compile, doctor, listing, maintenance, releases, repair, stats, transfer, warmup
 
     cli.add_command(compile.compile_command)
     cli.add_command(warmup.warmup_command)
@@ -60,6 +58,7 @@ def _register() -> None:
     cli.add_command(maintenance.verify_command)
     cli.add_command(maintenance.gc_command)
     cli.add_command(maintenance.rm_command)
+    cli.add_command(repair.repair_command)
     cli.add_command(bundle.bundle_group)
     cli.add_command(transfer.push_command)
     cli.add_command(transfer.pull_command)

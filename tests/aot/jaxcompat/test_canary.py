@@ -429,18 +429,6 @@ def test_custom_call_targets_register(platform: str, caplog: pytest.LogCaptureFi
     assert not caplog.records, [r.getMessage() for r in caplog.records]
 
 
-def test_every_release_difference_is_named_where_it_is_decided() -> None:
-    """Each entry of RELEASE_DIFFERENCES marks its feature detection in aot/jaxcompat
-    (``Release difference "NAME"``), and each marked one is listed: the list is what a
-    reviewer of the next JAX release reads first."""
-    from aot.jaxcompat import RELEASE_DIFFERENCES
-
-    marked = set()
-    for path in sorted(JAXCOMPAT.glob("*.py")):
-        marked |= set(re.findall(r"Release difference \"([^\"]+)\"", path.read_text())) - {"NAME"}
-    assert marked == set(RELEASE_DIFFERENCES)
-
-
 def test_what_jax_0_11_changed_resolves_either_way() -> None:
     """Each difference JAX 0.11's source shows for what jax-aot uses (docs/jax-releases.md,
     "JAX 0.11"), checked so that it passes on 0.10.2 and on 0.11: either spelling
@@ -528,3 +516,15 @@ def test_what_jax_0_11_changed_resolves_either_way() -> None:
         "jax.export serialization": portable_round_trip,
     })
     assert not problems, f"jax {jax.__version__}: a 0.11 difference unhandled:\n  " + "\n  ".join(problems)
+
+
+def test_every_release_difference_is_named_where_it_is_decided() -> None:
+    """Each entry of RELEASE_DIFFERENCES marks its feature detection in aot/jaxcompat
+    (``Release difference "NAME"``), and each marked one is listed: the list is what a
+    reviewer of the next JAX release reads first."""
+    from aot.jaxcompat import RELEASE_DIFFERENCES
+
+    marked = set()
+    for path in sorted(JAXCOMPAT.glob("*.py")):
+        marked |= set(re.findall(r"Release difference \"([^\"]+)\"", path.read_text())) - {"NAME"}
+    assert marked == set(RELEASE_DIFFERENCES)
