@@ -163,6 +163,12 @@ def environment_parts(backend: str | None = None, devices: Sequence[Any] | None 
     }
     if first.platform == "cpu":
         parts["cpu_isa"] = cpu_isa_features()
+    if first.platform == "gpu":
+        # What a GPU executable depends on besides these: its config, CUDA's libraries,
+        # the plugin (aot.gpu_targets), read alike from a target's devices and a GPU's own.
+        from aot.gpu_targets import gpu_parts
+
+        parts.update(gpu_parts(devices))
     if first.platform == "tpu":
         # libtpu compiles with the flags of the process that compiles: this host's for a
         # device target too (aot.targets). Only when set, so that entries stored before
