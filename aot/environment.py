@@ -43,6 +43,9 @@ _FLAGS_OUTSIDE_KEY = frozenset({
     "--xla_dump_compress_protos",
     "--xla_dump_include_timestamp",
     "--xla_dump_disable_metadata",
+    # Where a GPU writes the autotune results it measured (aot target capture --autotune
+    # reads them); loading results (--xla_gpu_load_autotune_results_from) stays in the key.
+    "--xla_gpu_dump_autotune_results_to",
     # Covered by the `device_count` and `topology` parts.
     "--xla_force_host_platform_device_count",
     # Reporting of TPU silent-data-corruption checks (metrics, callbacks, logging);

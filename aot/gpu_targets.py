@@ -286,6 +286,74 @@ def live_versions() -> dict[str, str]:
     return versions
 
 
+def capture_here() -> tuple[str, dict[str, str]]:
+    """This host's GPU: its target config (text) and the versions the key and the
+    record need (CUDA runtime and driver, cuDNN, cuBLAS, NCCL, the plugin, jaxlib).
+    :class:`aot.TargetCaptureError` in one line on a host without a GPU (it opens no
+    device there), or where this jaxlib does not expose the config."""
+    from aot.device import accelerator_runtime
+    from aot.errors import TargetCaptureError
+
+    runtime = accelerator_runtime()
+    if runtime is None or not plugin_installed():
+        raise TargetCaptureError(
+            "aot target capture records this host's GPU, and this host has none (no CUDA plugin of JAX, "
+            f"{runtime or 'no accelerator'}); run it on a GPU host of the fleet, or record a config written "
+            "elsewhere with --from-file CONFIG"
+        )
+    import jax
+    import jaxlib
+
+    from aot.device import default_devices
+    from aot.jaxcompat.gpu import gpu_target_config
+
+    devices = default_devices()
+    if devices[0].platform != "gpu":
+        raise TargetCaptureError(
+            f"aot target capture records this host's GPU, and JAX's backend here is {devices[0].platform!r}; "
+            "run it on a GPU host (JAX_PLATFORMS unset or cuda), or give --from-file CONFIG"
+        )
+    config = gpu_target_config(devices[:1])
+    if config is None:
+        raise TargetCaptureError(
+            f"jaxlib {jaxlib.__version__} does not give a GPU's target config (get_topology_for_devices(...)."
+            "target_config); capture with jaxlib 0.11 or later, or give --from-file CONFIG"
+        )
+    if isinstance(config, bytes):
+        raise TargetCaptureError(
+            f"jaxlib {jaxlib.__version__} gives the GPU's target config as a serialized proto, not text; "
+            "give it as text with --from-file CONFIG"
+        )
+    versions = live_versions()
+    versions.update(plugin=plugin_versions(), jax=jax.__version__, jaxlib=jaxlib.__version__,
+                    device_kind=devices[0].device_kind, gpus=str(len(devices)))
+    return config, versions
+
+
+def check_config(text: str, source: str) -> str:
+    """``text`` when it reads as a GPU target config; :class:`aot.TargetCaptureError` else."""
+    from aot.errors import TargetCaptureError
+
+    if "gpu_device_info" not in text or "device_description_str" not in text:
+        raise TargetCaptureError(
+            f"{source} is not a GPU target config (a stream_executor.GpuTargetConfigProto in text format, "
+            "with gpu_device_info and device_description_str); aot target capture NAME on the GPU host writes one"
+        )
+    return text
+
+
+def check_autotune(text: str, source: str) -> str:
+    """``text`` when it reads as XLA's autotune results (text format, with a version)."""
+    from aot.errors import TargetCaptureError
+
+    if not re.search(r"^\s*version:\s*\d+", text, re.MULTILINE):
+        raise TargetCaptureError(
+            f"{source} is not XLA's autotune results (text format, starting with 'version: N'); write them on "
+            "the GPU with XLA_FLAGS=--xla_gpu_dump_autotune_results_to=FILE.textproto"
+        )
+    return text
+
+
 def _as_text(config: bytes) -> str:
     return "bytes:" + hashlib.sha256(config).hexdigest()
 
@@ -307,6 +375,59 @@ def autotune_options(config: GpuConfig, folder: Path) -> tuple[dict[str, Any], s
         "xla_gpu_load_autotune_results_from": str(path),
         "xla_gpu_require_complete_aot_autotune_results": True,
     }, digest
+
+
+def _autotune_folder() -> Path:
+    folder = _captured_folder()
+    if folder is not None:
+        return folder
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"jax-aot-autotune-{os.getuid() if hasattr(os, 'getuid') else 0}"
+
+
+def missing_results(exc: BaseException) -> bool:
+    """Whether XLA refused a compile because the loaded autotune results lack some of
+    the program's fusions (``--xla_gpu_require_complete_aot_autotune_results``)."""
+    text = str(exc)
+    return text.startswith("NOT_FOUND") and ("cached config" in text or "autotun" in text.lower())
+
+
+def compile_tuned(
+    devices: Any, options: dict[str, Any] | None, compile_fn: Any, name: str,
+) -> tuple[Any, str | None]:
+    """``compile_fn(options)`` for a program lowered on ``devices``, with the captured
+    autotune results of their GPU when there are, and what it was compiled with:
+    ``tuned sha256:...`` (every fusion found in the GPU's results), ``defaults`` (XLA's
+    default configs: no results for this GPU, or some of the program's fusions missing
+    from them, said in a warning), ``measured`` (compiled on the GPU itself, which
+    autotunes as it compiles), None (not a GPU)."""
+    if not len(devices) or devices[0].platform != "gpu":
+        return compile_fn(options), None
+    config = config_of_devices(devices)
+    if config is None:
+        return compile_fn(options), "measured"
+    tuned = autotune_options(config, _autotune_folder())
+    if tuned is None:
+        return compile_fn(options), "defaults"
+    extra, digest = tuned
+    try:
+        return compile_fn({**(options or {}), **extra}), f"tuned {digest}"
+    except RuntimeError as exc:  # JaxRuntimeError is one
+        if not missing_results(exc):
+            first = (str(exc).splitlines() or [""])[0]
+            raise DeviceTargetError(
+                f"{name}: XLA refused the autotune results captured for cuda:{config.name} ({first[:200]}); "
+                f"capture them again on the GPU (aot target capture {config.name} --autotune FILE)"
+            ) from None
+        first = (str(exc).splitlines() or [""])[0]
+        log.warning(
+            "%s: the autotune results captured for cuda:%s lack some of its fusions (%s); compiled with "
+            "XLA's default configs instead (the entry says 'defaults'); to tune it, warm it up on the GPU "
+            "with --xla_gpu_dump_autotune_results_to and capture the results again",
+            name, config.name, first[:160],
+        )
+        return compile_fn(options), "defaults"
 
 
 def gpu_name(parts: dict[str, str] | Any) -> str | None:

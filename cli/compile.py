@@ -108,6 +108,7 @@ def _compile(state: State, function: str, commit: str | None, *, reports: bool, 
 
     device_target = options["device_target"]
     options["origin"] = RefOrigin("compile", commit=commit or default_commit())
+    state.use_gpu_targets(device_target, create=True)  # type: ignore[arg-type]  # a fleet's captured GPUs
     if device_target is not None:
         from aot.targets import compile_only_here
 
@@ -186,6 +187,7 @@ def why_command(
     from aot.cache.warmup.run import resolve_args, resolve_function
     from aot.errors import DeviceTargetError
 
+    state.use_gpu_targets(device_target)  # a fleet's captured GPUs
     function, device_target = _function_and_target(function, device_target)
     positional, keywords = resolve_args(args, parse_kwargs(kwargs), args_from)
     cache = state.cache()
