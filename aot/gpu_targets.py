@@ -60,6 +60,8 @@ SHIPPED = ("h100", "h200")
 CONFIGS_ENV = "AOT_TARGET_CONFIGS"
 #: A GPU's name in a target: lower-case letters, digits, '-' and '_' (``h200``, ``fleet-a``).
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+# A '#' outside double quotes, and the rest of its line: a text-format comment.
+_COMMENT = re.compile(r'#(?=(?:[^"]*"[^"]*")*[^"]*$).*$')
 _SHAPE = re.compile(r"^(?:(\d+)x)?(\d+)$")
 _INSTALL = "pip install 'jax-aot[cuda12]' (jax-cuda12-plugin and jax-cuda12-pjrt of this jax, and ptxas)"
 #: Versions a datasheet cannot know: what a shipped config's key says for them.
@@ -93,7 +95,7 @@ class GpuConfig:
 def config_digest(text: str) -> str:
     """The digest of a target config's text: comments and layout left out, so that the
     same config written by hand or printed by XLA has one digest."""
-    lines = [line.split("#", 1)[0].strip() if '"' not in line else line.strip() for line in text.splitlines()]
+    lines = [_COMMENT.sub("", line).strip() for line in text.splitlines()]
     canonical = " ".join(" ".join(line.split()) for line in lines if line)
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 

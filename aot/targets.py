@@ -143,6 +143,11 @@ def parse_target(text: str | DeviceTarget) -> DeviceTarget:
         raise DeviceTargetError(f"a target is a string like 'tpu:v5e:2x2', got {type(text).__name__}")
     spec, _, hosts = text.strip().partition("@")
     fields = spec.split(":")
+    if fields[0].strip().lower() == "gpu":
+        fixed = ":".join(["cuda", *fields[1:]])
+        raise DeviceTargetError(
+            f"target {text!r}: a GPU target's platform is 'cuda', not 'gpu' (as JAX's topology call names it): {fixed}"
+        )
     if fields[0].strip().lower() == "cuda" and len(fields) in (2, 3) and all(fields) and not hosts:
         return _gpu_target(text, fields)
     if len(fields) != 3 or not all(fields):
@@ -186,12 +191,16 @@ def _gpu_target(text: str, fields: list[str]) -> DeviceTarget:
     return DeviceTarget("cuda", chip, f"{hosts}x{per_host}", (hosts, per_host, 1))
 
 
-@lru_cache(maxsize=None)
 def _topology_devices(target: DeviceTarget) -> tuple[Any, ...]:
-    if target.platform == "cuda":
+    if target.platform == "cuda":  # cached by config there: a new capture of a name is new devices
         from aot.gpu_targets import topology_devices
 
         return topology_devices(target.chip, target.host_bounds[0], target.host_bounds[1], target.name)
+    return _tpu_topology_devices(target)
+
+
+@lru_cache(maxsize=None)
+def _tpu_topology_devices(target: DeviceTarget) -> tuple[Any, ...]:
     from jax.experimental import topologies
 
     from aot.device import device_error
