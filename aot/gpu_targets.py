@@ -432,6 +432,19 @@ def compile_tuned(
         return compile_fn(options), "defaults"
 
 
+def cudnn_error(name: str, target: str, exc: BaseException) -> DeviceTargetError:
+    """The one-line error for a program JAX lowers through cuDNN (cuDNN attention:
+    ``jax.nn.dot_product_attention(..., implementation="cudnn")``), which JAX checks
+    against the cuDNN loaded in the compiling process: none on a CPU runner."""
+    first = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return DeviceTargetError(
+        f"{name}: cannot be compiled for {target} here: it calls cuDNN (cuDNN attention, for one), which JAX "
+        f"looks up in the compiling process when it lowers ({first[:160]}); install cuDNN beside the CUDA plugin "
+        "(pip install nvidia-cudnn-cu12) or compile this program on the GPU, or use "
+        "implementation='xla' for a deviceless compile"
+    )
+
+
 def gpu_name(parts: dict[str, str] | Any) -> str | None:
     """The GPU name of an environment's parts: a captured or shipped config whose digest
     is the parts' (``h200``), else None."""

@@ -230,3 +230,20 @@ def test_a_capture_on_a_host_without_a_gpu_is_refused_in_one_line(tmp_path: Path
         "aot target capture records this host's GPU, and this host has none (no CUDA plugin of JAX, no "
         "accelerator); run it on a GPU host of the fleet, or record a config written elsewhere with --from-file CONFIG"
     )
+
+
+@needs_plugin
+def test_cudnn_attention_without_cudnn_is_refused_in_one_line() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    if gpu_targets.live_versions().get("cudnn"):
+        pytest.skip("cuDNN loads here")
+    qkv = jax.ShapeDtypeStruct((2, 128, 4, 64), jnp.bfloat16)
+    with pytest.raises(aot.DeviceTargetError) as info:
+        aot.lower(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"),
+                  qkv, qkv, qkv, name="attention", target="cuda:h200")
+    assert str(info.value).startswith(
+        "attention: cannot be compiled for cuda:h200 here: it calls cuDNN (cuDNN attention, for one), which JAX "
+        "looks up in the compiling process when it lowers (cuDNN not found.)"
+    )
