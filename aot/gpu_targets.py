@@ -412,17 +412,28 @@ def compile_tuned(
     tuned = autotune_options(config, _autotune_folder())
     if tuned is None:
         return compile_fn(options), "defaults"
+    from aot.libtpu_log import held_stderr, write_stderr
+
     extra, digest = tuned
+    held: list[str] = []
     try:
-        return compile_fn({**(options or {}), **extra}), f"tuned {digest}"
+        with held_stderr() as held:
+            compiled = compile_fn({**(options or {}), **extra})
+        write_stderr("".join(held))
+        return compiled, f"tuned {digest}"
     except RuntimeError as exc:  # JaxRuntimeError is one
         if not missing_results(exc):
+            write_stderr("".join(held))
             first = (str(exc).splitlines() or [""])[0]
             raise DeviceTargetError(
                 f"{name}: XLA refused the autotune results captured for cuda:{config.name} ({first[:200]}); "
                 f"capture them again on the GPU (aot target capture {config.name} --autotune FILE)"
             ) from None
-        first = (str(exc).splitlines() or [""])[0]
+        # XLA logged each missing fusion with its HLO (a line per fusion, a train step's
+        # hundreds): kept at DEBUG; the warning says it once.
+        for line in "".join(held).splitlines():
+            log.debug("xla: %s", line)
+        first = (str(exc).splitlines() or [""])[0].split(" See logs")[0]
         log.warning(
             "%s: the autotune results captured for cuda:%s lack some of its fusions (%s); compiled with "
             "XLA's default configs instead (the entry says 'defaults'); to tune it, warm it up on the GPU "
