@@ -231,8 +231,16 @@ def _devices(config: GpuConfig, hosts: int, per_host: int, name: str) -> tuple[A
         topology = topologies.get_topology_desc(
             platform=PLATFORM, target_config=config.text, topology=f"1x{hosts}x{per_host}",
         )
-    except RuntimeError as exc:  # JaxRuntimeError is one
+    except (RuntimeError, NotImplementedError) as exc:  # JaxRuntimeError is a RuntimeError
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        if "not implemented for cuda" in first:
+            # The plugin registers its deviceless topologies when it initialises, which
+            # fails without a CUDA driver unless JAX_PLATFORMS keeps it from checking.
+            raise GpuCompilerMissingError(
+                f"cannot compile for {name}: JAX's CUDA plugin did not start in this process (a host without "
+                f"a CUDA driver needs JAX_PLATFORMS=cpu, here {os.environ.get('JAX_PLATFORMS') or 'unset'}); set "
+                "JAX_PLATFORMS=cpu before importing jax (aot warmup/compile --target set it themselves)"
+            ) from None
         if "Unknown backend" in first or "not found" in first.lower() and "plugin" in first.lower():
             raise GpuCompilerMissingError(f"cannot compile for {name}: {first}; {_INSTALL}") from None
         raise DeviceTargetError(

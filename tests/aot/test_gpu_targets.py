@@ -247,3 +247,28 @@ def test_cudnn_attention_without_cudnn_is_refused_in_one_line() -> None:
         "attention: cannot be compiled for cuda:h200 here: it calls cuDNN (cuDNN attention, for one), which JAX "
         "looks up in the compiling process when it lowers (cuDNN not found.)"
     )
+
+
+@needs_plugin
+def test_without_jax_platforms_cpu_the_plugin_cannot_start_and_says_so(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    if gpu_targets.live_versions().get("driver"):
+        pytest.skip("a CUDA driver is here: the plugin starts")
+    script = (
+        "import aot\n"
+        "try:\n"
+        "    aot.lower(lambda x: x * 2, 'f32[8]', name='double', target='cuda:h200')\n"
+        "except aot.GpuCompilerMissingError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[2], timeout=300)
+    assert done.stdout.strip() == (
+        "cannot compile for cuda:h200: JAX's CUDA plugin did not start in this process (a host without a CUDA "
+        "driver needs JAX_PLATFORMS=cpu, here unset); set JAX_PLATFORMS=cpu before importing jax (aot "
+        "warmup/compile --target set it themselves)"
+    ), done.stderr[-2000:]
