@@ -17,7 +17,7 @@ from aot.artifact import EXECUTABLE, PORTABLE_HLO, UNSPECIFIED_SHARDING, Artifac
 from aot.errors import UnsupportedComputationError
 from aot.executable import ArgAval, MeshExecutable, arg_paths
 from aot.fingerprint import combined_key, sha256_hex
-from aot.jaxcompat.build import compile_args, serialize_compiled, unloaded_executable
+from aot.jaxcompat.build import built_unloaded_executable, compile_args, serialize_compiled
 from aot.shardings import aval_to_json, sharding_to_json
 from aot.specs import dtype_to_str
 
@@ -84,7 +84,7 @@ def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
         blobs[digest] = data
         refs[role] = BlobRef(digest, len(data))
     kept_args = [a for a in info.args if a.kept]
-    unloaded = unloaded_executable(exe.compiled)
+    unloaded = built_unloaded_executable(exe.compiled)
     manifest = Manifest(
         name=info.name,
         kind=info.kind,

@@ -127,7 +127,8 @@ def _encode(value: Any) -> Any:
 def _decode(data: Any) -> Any:
     if not isinstance(data, dict):
         return data
-    tag, items = data.get("$"), data.get("items")
+    tag = data.get("$")
+    items: Any = data.get("items")  # a list or a dict, by tag
     if tag == "bytes":
         return bytes.fromhex(str(data["hex"]))
     if tag in ("list", "tuple"):

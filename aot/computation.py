@@ -25,6 +25,7 @@ from aot.fingerprint import (
 )
 from aot.jaxcompat.callbacks import lowered_callbacks
 from aot.jaxcompat.build import (
+    built_unloaded_executable,
     compile_args,
     compile_uncached,
     hoisted_constants,
@@ -51,7 +52,7 @@ class MeshComputation:
         lowered: jax.stages.Lowered,
         *,
         arg_names: Sequence[str],
-        export: Callable[[Sequence[Any], Sequence[Any]], bytes],
+        export: Callable[..., bytes],  # (in_shardings, out_shardings, *, mesh_context=True)
         options: dict[str, Any],
         statics: Sequence[StaticArg] = (),
         target: DeviceTarget | None = None,
@@ -71,7 +72,7 @@ class MeshComputation:
         # The fingerprints are computed lazily, but must describe the configuration
         # the program was lowered under (x64, XLA flags), not the one current when
         # they are first read.
-        self._x64 = bool(jax.config.jax_enable_x64)
+        self._x64 = bool(getattr(jax.config, "jax_enable_x64"))
         self._environment = environment_fingerprint(devices=target.devices() if target is not None else None)
 
     # -- structure
@@ -399,7 +400,7 @@ def _sharding_data(sharding: Any, ndim: int) -> Any:
 def executable_info(
     computation: MeshComputation, compiled: jax.stages.Compiled, seconds: float
 ) -> ExecutableInfo:
-    unloaded = unloaded_executable(compiled)
+    unloaded = built_unloaded_executable(compiled)
     paths = arg_paths(computation.in_tree, computation.arg_names)
     kept = computation.kept
     args = tuple(

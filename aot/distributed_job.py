@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from aot.errors import DistributedJobError
 from aot.jaxcompat import distributed as kv
@@ -102,6 +103,20 @@ class JobProcess:
         except kv.KeyValueUnavailable as exc:
             raise DistributedJobError(f"cannot tell the job this process's outcome of {step}: {exc}") from None
 
+    def outcome_of(self, step: str, process_id: int) -> Outcome:
+        """``process_id``'s outcome of ``step``, waiting at most :attr:`timeout` seconds
+        (a process that gave none in time is a failure that says so)."""
+        try:
+            value = kv.get(f"{_PREFIX}/{step}/{process_id}", self.timeout)
+        except (kv.KeyValueTimeout, kv.KeyValueUnavailable) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return Outcome(process_id, False, (
+                f"no outcome of {step} within {self.timeout:g} s ({TIMEOUT_ENV}): the process "
+                f"died, froze or is still working ({first[:200]})"
+            ))
+        ok = value == "ok"
+        return Outcome(process_id, ok, "" if ok else value.removeprefix("failed:"))
+
     def gather(self, step: str) -> list[Outcome]:
         """Every process's outcome of ``step`` (this one's published first), waiting at
         most :attr:`timeout` seconds in all; a process that gave none in time is a
@@ -144,14 +159,9 @@ def join(timeout: float | None = None) -> JobProcess:
         )
     num_processes = _int_variable("JAX_NUM_PROCESSES")
     process_id = _int_variable("JAX_PROCESS_ID")
-    seconds = max(1, int(timeout))
-    try:
-        jax.distributed.initialize(
-            num_processes=num_processes, process_id=process_id, initialization_timeout=seconds,
-            heartbeat_timeout_seconds=min(100, seconds), shutdown_timeout_seconds=seconds,
-        )
-    except (ValueError, TypeError, RuntimeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    failure = _connect(jax, num_processes, process_id, timeout)
+    if failure is not None:
+        first = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
         raise DistributedJobError(
             f"cannot join the multi-process job: {first[:300]}. Expected a cluster JAX detects "
             "(SLURM, Open MPI, Kubernetes, Cloud TPU) or JAX_COORDINATOR_ADDRESS=HOST:PORT with "
@@ -163,3 +173,61 @@ def join(timeout: float | None = None) -> JobProcess:
     job = JobProcess(process_id, num_processes, timeout)
     log.info("joined the multi-process job as %s", job.describe())
     return job
+
+
+def _connect(jax: Any, num_processes: int | None, process_id: int | None, timeout: float) -> BaseException | None:
+    """``jax.distributed.initialize``, bounded by ``timeout``: its error (None: joined).
+
+    JAX's client cannot be cancelled while it connects, and at its own deadline it ends
+    the process with a fatal error (a native stack, exit 134). So it connects in a
+    thread, with JAX's deadline well past ``timeout``; when ``timeout`` passes first, the
+    client is abandoned (:func:`aot.jaxcompat.distributed.abandon`) and a
+    :class:`DistributedJobError` names who did not join: the process must end then
+    (the command line does), before JAX's deadline."""
+    import threading
+
+    seconds = max(1, int(timeout))
+    outcome: list[BaseException | None] = []
+
+    def initialize() -> None:
+        try:
+            jax.distributed.initialize(
+                num_processes=num_processes, process_id=process_id,
+                # Past this process's own bound: that one ends the join, with a message.
+                initialization_timeout=seconds + max(60, seconds),
+                heartbeat_timeout_seconds=min(100, seconds), shutdown_timeout_seconds=seconds,
+            )
+            outcome.append(None)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            outcome.append(exc)
+
+    joining = threading.Thread(target=initialize, name="aot-join", daemon=True)
+    joining.start()
+    joining.join(timeout)
+    if outcome:
+        return outcome[0]
+    kv.abandon()
+    found_id, found_count, address = kv.joining()
+    pid = found_id if found_id is not None else process_id
+    count = found_count if found_count is not None else num_processes
+    raise DistributedJobError(not_joined(pid, count, address, timeout))
+
+
+def not_joined(process_id: int | None, count: int | None, address: str | None, timeout: float) -> str:
+    """One line: who did not join within ``timeout``, and what to do."""
+    me = f"process {process_id}" if process_id is not None else "this process"
+    of = f" of {count}" if count is not None else ""
+    at = f" at {address}" if address else ""
+    if process_id == 0 and count is not None:
+        others = [str(i) for i in range(1, count)]
+        missing = (f"process {others[0]}" if len(others) == 1
+                   else f"one or more of processes {', '.join(others)}")
+        who = f"{missing} did not connect to this process, the job's coordinator{at}"
+    else:
+        who = f"the coordinator{at} (process 0) or another process of the job did not join"
+    ids = f" (JAX_PROCESS_ID 0 to {count - 1})" if count is not None else ""
+    return (
+        f"{me}{of} waited {timeout:g} s ({TIMEOUT_ENV}) for the multi-process job to start: {who}. "
+        f"Start every process of the job{ids} with the same JAX_COORDINATOR_ADDRESS and "
+        f"JAX_NUM_PROCESSES (or under one cluster JAX detects), or raise {TIMEOUT_ENV} if they start later"
+    )

@@ -161,7 +161,7 @@ def environment_parts(backend: str | None = None, devices: Sequence[Any] | None 
         "device_count": str(len(devices)),
         "process_count": str(process_count),
         "topology": _topology(devices),
-        "x64": str(bool(jax.config.jax_enable_x64)).lower(),
+        "x64": str(bool(getattr(jax.config, "jax_enable_x64"))).lower(),
         "xla_flags": relevant_xla_flags(),
     }
     if first.platform == "cpu":

@@ -457,8 +457,9 @@ def _compare(expected: PyTreeDef, value: Any, path: str, args: Sequence[ArgAval]
             for arg, leaf in zip(args, leaves)
             if not _leaf_matches(leaf, arg.shape, arg.dtype)
         ]
-    node = expected.node_data()
-    got_node = got.node_data()
+    # PyTreeDef.node_data: in jaxlib's pytree module since 0.4, not in its type stubs.
+    node = expected.node_data()  # type: ignore[attr-defined]
+    got_node = got.node_data()  # type: ignore[attr-defined]
     mismatch = [f"{path}: expected {_expected(expected, args)}, got {_got(value, got)}"]
     if node is None or got_node is None or node[0] is not got_node[0]:
         return mismatch

@@ -245,7 +245,7 @@ def portable_hlo_problems(manifest: Manifest, hlo: bytes) -> list[str]:
         try:
             # Dimensions as text: a symbolic entry's are expressions ("b", "2*b").
             mine = [
-                (tuple(check_dim_text(d) if isinstance(d, str) else int(d) for d in shape), parse_manifest_dtype(dtype))
+                (tuple(check_dim_text(d) if isinstance(d, str) else int(d) for d in _dims(shape)), parse_manifest_dtype(dtype))
                 for shape, dtype in stored
             ]
         except (AotError, TypeError, ValueError) as exc:
@@ -303,3 +303,9 @@ def hlo_avals(manifest: Manifest, exported: Any) -> tuple[list[Any], list[Any]]:
 def avals_text(avals: Any) -> str:
     return ", ".join(format_aval(shape, dtype) for shape, dtype in avals) or "nothing"
 
+
+def _dims(shape: Any) -> list[Any] | tuple[Any, ...]:
+    """A stored shape: a JSON list (a tuple when built in this process)."""
+    if not isinstance(shape, (list, tuple)):
+        raise TypeError(f"the shape {shape!r} is not a list of dimensions")
+    return shape

@@ -12,6 +12,6 @@ from __future__ import annotations
 
 import sys
 
-from aot.cache import jax_cache as backend
+import aot.cache.jax_cache as backend
 
 sys.modules[__name__] = backend

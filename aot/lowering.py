@@ -6,7 +6,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
@@ -36,6 +36,8 @@ _HOST_CALLBACK_PRIMITIVES = {
     "outside_call": "a host callback",
 }
 
+
+_Computation = TypeVar("_Computation", bound=MeshComputation)  # or PmapComputation
 
 def default_name(fn: Callable[..., Any]) -> str:
     target = inspect.unwrap(fn) if callable(fn) else fn
@@ -383,7 +385,7 @@ def _unwrap_jit(
     if found is None:
         return fn, static_argnums, static_argnames, donate_argnums, ()
     wrapped, settings = found
-    given = {
+    given: dict[str, tuple[Any, ...]] = {
         "static_argnums": _as_tuple(static_argnums),
         "static_argnames": _as_name_tuple(static_argnames),
         "donate_argnums": _as_tuple(donate_argnums),
@@ -487,7 +489,7 @@ def lower_pmap(
 
 
 def _trace_and_lower(
-    cls: type[MeshComputation],
+    cls: type[_Computation],
     name: str,
     jitted: Any,
     arg_specs: list[Any],
@@ -499,7 +501,7 @@ def _trace_and_lower(
     options: dict[str, Any],
     statics: tuple[StaticArg, ...] = (),
     target: DeviceTarget | None = None,
-) -> MeshComputation:
+) -> _Computation:
     device = _target_device(target, mesh)
     context = jax.set_mesh(mesh) if mesh is not None else _nullcontext()
     with context, _on_device(device):

@@ -21,7 +21,7 @@ from aot.errors import AotError, CorruptArtifactError
 from aot.executable import ArgAval, ExecutableInfo, executable_class
 from aot.executable_checks import avals_text, hlo_avals
 from aot.fingerprint import Fingerprint, canonical_json, environment_fingerprint
-from aot.jaxcompat.build import unloaded_executable
+from aot.jaxcompat.build import built_unloaded_executable
 from aot.jaxcompat.shardings import hlo_sharding, hlo_shardings_equal
 from aot.shardings import live_devices, sharding_from_json, sharding_to_json
 
@@ -69,7 +69,7 @@ def recompile(artifact: Artifact) -> Artifact:
     # compiled without them, the executable would be another program under the same key.
     compiled = jitted.trace(*specs).lower().compile(stored_compiler_options(manifest) or None)
     seconds = time.perf_counter() - start
-    unloaded = unloaded_executable(compiled)
+    unloaded = built_unloaded_executable(compiled)
     kept = set(unloaded.kept_var_idx)
     info = ExecutableInfo(
         name=trusted.name,
@@ -145,7 +145,7 @@ def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Art
     jitted = jax.jit(exported.call, donate_argnums=donated)
     compiled = jitted.trace(*specs).lower().compile(stored_compiler_options(manifest) or None)
     seconds = time.perf_counter() - start
-    unloaded = unloaded_executable(compiled)
+    unloaded = built_unloaded_executable(compiled)
     kept = set(unloaded.kept_var_idx)
     args = tuple(
         ArgAval(str(a["path"]), tuple(s.shape), s.dtype, bool(a["donated"]), i in kept, bool(s.weak_type))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -57,11 +57,12 @@ def sharding_to_json(sharding: Any, ndim: int) -> dict[str, Any]:
     memory_kind = getattr(sharding, "memory_kind", None)
     if isinstance(sharding, SingleDeviceSharding):
         (device,) = sharding.device_set
-        return {"type": "single", "device": int(device.id), "memory_kind": memory_kind}
+        return {"type": "single", "device": int(getattr(device, "id")), "memory_kind": memory_kind}
     if isinstance(sharding, NamedSharding):
         return {
             "type": "named",
-            "mesh": mesh_to_json(sharding.mesh),
+            # A compiled or lowered program's NamedSharding holds a concrete Mesh.
+            "mesh": mesh_to_json(cast(Mesh, sharding.mesh)),
             "spec": spec_to_json(sharding.spec),
             "memory_kind": memory_kind,
         }

@@ -256,8 +256,8 @@ class Signature:
         """A tree per argument; inner levels fold into ``[N arrays]`` until it fits
         ``width`` (then both ends are kept). Without paths: the flat signature."""
         if not self.has_paths:
-            parts = [*(leaf.aval for leaf in self.leaves), *self.statics]
-            return ", ".join(parts) if width is None else shorten_tokens(parts, width)
+            flat = [*(leaf.aval for leaf in self.leaves), *self.statics]
+            return ", ".join(flat) if width is None else shorten_tokens(flat, width)
         roots = self._tree()
         deepest = max((node.depth() for _, node in roots), default=0)
         parts: list[str] = []
@@ -266,6 +266,7 @@ class Signature:
             text = ", ".join(parts)
             if width is None or len(text) <= width:
                 return text
+        assert width is not None  # the loop above returned otherwise (limit 0 always renders)
         # Still too wide: drop leading arguments (the last one is usually the batch).
         for start in range(1, len(parts)):
             text = "..., " + ", ".join(parts[start:])

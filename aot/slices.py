@@ -105,12 +105,14 @@ def _request_key(key: str) -> str:
 def once_per_slice(
     key: str, devices: Iterable[Any], *, lead: Callable[[], T], follow: Callable[[str], T],
     ready: Callable[[], T | None] = lambda: None, publish: Callable[[T], str] = lambda _: "",
-    what: str = "",
+    what: str = "", announce: Callable[[], str | None] = lambda: None,
 ) -> T:
     """``lead()`` in the leader (publishing its outcome: ``publish(result)``, a string);
     in the others ``ready()`` (what is stored already; None: nothing), else
     ``follow(published)`` once the leader succeeded. Outside a slice, just ``lead()``.
-    ``what`` names the program in messages."""
+    ``what`` names the program in messages. ``announce()``, in the leader before
+    ``lead()``: a string is published at once as its outcome (the others need not wait
+    for it: a leader that will store nothing), and ``lead()``'s is not."""
     found = slice_of(devices)
     if found is None:
         return lead()
@@ -121,6 +123,10 @@ def once_per_slice(
             return stored
     label = f"{what} ({key})" if what else key
     if found.leads:
+        early = announce()
+        if early is not None:
+            _publish(token, _OK + early)
+            return lead()
         try:
             result = lead()
         except BaseException as exc:

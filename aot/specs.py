@@ -195,7 +195,7 @@ def _format_dim(dim: Any) -> str:
 
 def check_x64(dtype: Any, what: str) -> None:
     """Refuses a 64-bit dtype the user named while x64 is off (never truncated)."""
-    if not is_key_dtype(dtype) and np.dtype(dtype) in X64_DTYPES and not jax.config.jax_enable_x64:
+    if not is_key_dtype(dtype) and np.dtype(dtype) in X64_DTYPES and not getattr(jax.config, "jax_enable_x64"):
         raise SpecError(
             f"{what} names {np.dtype(dtype).name}, which needs 64-bit mode, and "
             f"jax_enable_x64 is off (jax.jit would silently use {jax.dtypes.canonicalize_dtype(dtype).name}); "

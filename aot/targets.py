@@ -233,7 +233,7 @@ def _tpu_topology_devices(target: DeviceTarget) -> tuple[Any, ...]:
         else:
             os.environ[_ALLOW_MULTIPLE] = allowed
     devices = tuple(topology.devices)
-    log.info("target %s: %d compile-only %s device(s)", target.name, len(devices), devices[0].device_kind)
+    log.info("target %s: %d compile-only %s device(s)", target.name, len(devices), getattr(devices[0], "device_kind", "?"))
     return devices
 
 

@@ -118,20 +118,20 @@ _CONSTANTS: dict[str, dict[int, str]] = {}
 def _constant_name(value: Any) -> str | None:
     """``"module:NAME"`` when ``value`` is a module-level constant of its type's module
     (a sentinel such as Equinox's ``MISSING``): stable in every process."""
-    module_name = getattr(type(value), "__module__", None)
-    module = sys.modules.get(module_name or "")
+    module_name: str = getattr(type(value), "__module__", None) or ""
+    module = sys.modules.get(module_name)
     if module is None:
         return None
-    table = _CONSTANTS.get(module_name)  # type: ignore[arg-type]
+    table = _CONSTANTS.get(module_name)
     if table is None or id(value) not in table:
         table = {}
         for name, attr in list(vars(module).items()):
             if not name.startswith("__") and not isinstance(attr, (type, types.ModuleType, types.FunctionType)):
                 table.setdefault(id(attr), name)
-        _CONSTANTS[module_name] = table  # type: ignore[index]
-    name = table.get(id(value))
-    if name is not None and getattr(module, name, None) is value:
-        return f"{module_name}:{name}"
+        _CONSTANTS[module_name] = table
+    found = table.get(id(value))
+    if found is not None and getattr(module, found, None) is value:
+        return f"{module_name}:{found}"
     return None
 
 
@@ -195,7 +195,7 @@ class _Encoder:
         if _is_namedtuple_class(t):
             return {
                 "$": "namedtuple", "v": _type_path(v),
-                "fields": [[f, self.encode(getattr(v, f), depth)] for f in t._fields],
+                "fields": [[f, self.encode(getattr(v, f), depth)] for f in getattr(t, "_fields")],
             }
         if isinstance(v, (np.dtype, ExtendedDType)):
             return {"$": "dtype", "v": _dtype_str(v)}
@@ -294,7 +294,7 @@ def decode(data: Any) -> Any:
     if "$" not in data:  # format 1: a JSON object was a dict with string keys
         return {str(k): decode(v) for k, v in data.items()}
     kind = data["$"]
-    v = data.get("v")
+    v: Any = data.get("v")  # its type depends on kind; each branch checks what it needs
     if kind == "tuple":
         return tuple(decode(x) for x in v)
     if kind == "dict":

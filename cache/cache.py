@@ -5,7 +5,7 @@ and quarantines entries (the index and the blob store, wired), and
 :class:`~aot.cache.tiered.TieredStore` reads one through a local folder. This class
 adds what DESIGN.md's public interface puts on a cache and what composes the layers
 above the store: symbolic compiles served by a dispatcher (serving), ``verify`` and
-``gc`` (admin), bundles (admin), ``explain`` (reports). Those modules take an
+``gc`` (admin), bundles (admin), ``explain`` and ``release_diff`` (reports). Those modules take an
 ``ArtifactStore``, so none of them imports this one: the layers point one way.
 
 ``aot.Cache(location, ..., local=DIR)`` is a :class:`TieredCache`, as ``pathlib.Path()``
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from aot.cache.admin.bundle import BundleReport
     from aot.cache.admin.maintenance import GcPlan, VerifyReport
     from aot.cache.reports.explain import Explanation
+    from aot.cache.reports.release_diff import ReleaseDiff
 
 __all__ = ["Cache", "TieredCache"]
 
@@ -52,13 +53,14 @@ class Cache(ArtifactStore):
         super().__init__(location, **options)
 
     def put(self, item: MeshComputation | MeshExecutable | Artifact, *, origin: RefOrigin | None = None) -> IndexEntry:
-        """Stores a computation (compiling it), an executable or an artifact, and
-        declares it the entry served for its name, signature and environment (its
-        ref; ``origin`` says who set it, default ``Cache.put``)."""
-        from aot.cache.compiling import artifact_of  # lowering and compiling import JAX
+        """Stores a computation (compiling it: once per slice under ``jax.distributed``,
+        as :meth:`compile` does), an executable or an artifact, and declares it the
+        entry served for its name, signature and environment (its ref; ``origin`` says
+        who set it, default ``Cache.put``)."""
+        from aot.cache.compiling import put_entry  # lowering and compiling import JAX
 
         self.check_writable("store an artifact")
-        entry = self.put_artifact(artifact_of(item))
+        entry = put_entry(self, item)
         self.set_refs([entry], origin if origin is not None else RefOrigin("Cache.put"))
         return entry
 
@@ -167,6 +169,13 @@ class Cache(ArtifactStore):
 
         self.use_targets_for(lower_kwargs.get("target"))
         return explain(self, name, *args, fn=fn, **lower_kwargs)
+
+    def release_diff(self, a: str, b: str) -> ReleaseDiff:
+        """The members that differ from release ``a``'s current set to ``b``'s (added,
+        removed, changed) and, for a changed one, the fingerprint parts that differ."""
+        from aot.cache.reports.release_diff import release_diff
+
+        return release_diff(self, a, b)
 
 
 class TieredCache(TieredStore, Cache):

@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CompileResult", "artifact_of", "compile_entry"]
+#: What a slice's leader publishes when it will store nothing (a read-only cache).
+_UNSTORED = "unstored"
+
+__all__ = ["CompileResult", "artifact_of", "compile_entry", "put_entry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,37 @@ def artifact_of(item: MeshComputation | MeshExecutable | Artifact) -> Artifact:
     )
 
 
+def put_entry(cache: ArtifactStore, item: MeshComputation | MeshExecutable | Artifact) -> IndexEntry:
+    """Stores ``item`` (:meth:`aot.Cache.put`; :func:`artifact_of`). A computation whose
+    devices span the processes of a job is compiled once for the slice, as
+    :func:`compile_entry` does: its leader compiles and stores it, the others wait
+    (bounded) and return the entry it stored."""
+    from aot.computation import MeshComputation
+
+    if not isinstance(item, MeshComputation) or item.symbolic or item.target is not None:
+        return cache.put_artifact(artifact_of(item))  # nothing to compile, or deviceless
+    computation = item
+    key = computation.fingerprint
+
+    def stored() -> IndexEntry | None:
+        entry = cache.index.get(key)
+        return entry if entry is not None and entry.ok else None
+
+    def put_here() -> IndexEntry:
+        log.warning(
+            "%s (%s): the slice's leader stored it, but the cache at %s does not have it: the hosts of a "
+            "slice should share one cache (a PostgreSQL index, or one folder); compiling it here",
+            computation.name, key, cache.display_location,
+        )
+        return cache.put_artifact(artifact_of(computation))
+
+    return once_per_slice(
+        key, computation.devices, what=computation.name,
+        lead=lambda: cache.put_artifact(artifact_of(computation)), ready=stored,
+        follow=lambda _: stored() or put_here(),
+    )
+
+
 def compile_entry(
     cache: ArtifactStore, fn: Callable[..., Any], *args: Any, name: str | None = None, pmap: bool = False,
     origin: RefOrigin | None = None, **lower_kwargs: Any,
@@ -112,16 +146,20 @@ def _compile_entry(
         from aot.cache.names import check_name
 
         check_name(computation.name)  # before an XLA compile that could not be stored
-    if cache.read_only or computation.target is not None:
-        # A read-only cache stores nothing another process could load; a target's
-        # compile is deviceless: every process may do it (warm-ups run it in one).
+    if computation.target is not None:
+        # A target's compile is deviceless: every process may do it (warm-ups run it in one).
         return _hit_or_compile(cache, computation, start)
     key = computation.fingerprint
+    # A leader whose cache is read-only stores nothing another process could load: it
+    # says so before it compiles, and the others compile at the same time. A follower's
+    # read-only cache (aot compile --distributed: process 0 alone writes) loads the
+    # leader's entry.
     return once_per_slice(
         key, computation.devices, what=computation.name,
         lead=lambda: _hit_or_compile(cache, computation, start),
         ready=lambda: _hit(cache, computation, start),
-        follow=lambda _: _stored_by_leader(cache, computation, start),
+        announce=lambda: _UNSTORED if cache.read_only else None,
+        follow=lambda said: _stored_by_leader(cache, computation, start, stored=said != _UNSTORED),
     )
 
 
@@ -159,9 +197,14 @@ def _hit_or_compile(cache: ArtifactStore, computation: MeshComputation, start: f
     return CompileResult(executable, stored, False, time.perf_counter() - start)
 
 
-def _stored_by_leader(cache: ArtifactStore, computation: MeshComputation, start: float) -> CompileResult:
+def _stored_by_leader(
+    cache: ArtifactStore, computation: MeshComputation, start: float, *, stored: bool = True,
+) -> CompileResult:
     """What the slice's leader stored (it said so); compiled here when this process
-    cannot see it (a cache per host instead of one shared by the slice)."""
+    cannot see it (a cache per host instead of one shared by the slice), or when the
+    leader stores nothing (``stored=False``: its cache is read-only)."""
+    if not stored:
+        return _hit_or_compile(cache, computation, start)
     hit = _hit(cache, computation, start)
     if hit is not None:
         return hit  # a hit here: this process compiled nothing

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from aot.cache import timeouts as bounds
+from aot.cache.timeouts import Timeouts  # annotations: `bounds` is also a field name below
 from aot.cache.storage.locations import is_url
 from aot.errors import CacheError
 
@@ -116,7 +117,7 @@ class Settings:
     def all(self) -> tuple[Setting, ...]:
         return (self.cache, self.blobs, self.local, self.signing_key_file, self.manifest)
 
-    def timeouts(self) -> bounds.Timeouts:
+    def timeouts(self) -> Timeouts:
         """The bounds the command line opens its caches with; a malformed environment
         variable is a :class:`CacheError` naming it (the file's were checked when read)."""
         values: dict[str, Any] = {}

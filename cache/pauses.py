@@ -43,6 +43,7 @@ POINTS = (
     "gc.done",  # every batch committed
     "jit.missed",  # aot.jax_cache: a jit key missed in the index; its compile not claimed yet
     "jit.claimed",  # aot.jax_cache: this process claimed a jit key's compile; not compiled yet
+    "serve.loading",  # aot.load: one signature's executable about to load (eager or background)
     "warmup.compiling",
     "slice.compiling",  # Cache.compile: a miss, about to compile (in a slice: the leader, the others waiting)  # aot warmup: an entry's XLA compile starts (its compile claim, if any, taken)
 )

@@ -106,6 +106,16 @@ class _Tally:
     """Counts not written yet, for one (environment, name, signature)."""
 
     __slots__ = (*COUNTERS, *REASONS)
+    # The slots, typed (each name of COUNTERS and REASONS; set in __init__).
+    calls: int
+    loads: int
+    load_seconds: float
+    saved_seconds: float
+    misses: int
+    recompiles: int
+    recompile_seconds: float
+    miss_reason: str | None
+    recompile_reason: str | None
 
     def __init__(self) -> None:
         for name in COUNTERS:

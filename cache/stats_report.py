@@ -105,6 +105,13 @@ class StatsReport:
     jit_stored: int = 0
     #: False when this host's environment is unknown (no row is "this").
     environment_known: bool = True
+    #: env_fp -> what the environment is for (``tpu:v5e:2x2``, ``cpu x8``:
+    #: :func:`aot.targets.environment_name`); an environment left out is unknown here.
+    targets: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def target(self, row: SignatureStats) -> str | None:
+        """What ``row``'s environment is for; None when no entry of it is stored."""
+        return self.targets.get(row.env_fp)
 
     @property
     def totals(self) -> dict[str, Any]:
@@ -159,7 +166,7 @@ class StatsReport:
             "location": self.location,
             "env": self.env,
             "stored": self.stored,
-            "rows": [r.to_dict() for r in self.rows],
+            "rows": [{**r.to_dict(), "target": self.target(r)} for r in self.rows],
             "totals": {k: round(v, 6) if isinstance(v, float) else v for k, v in totals.items()},
             "jit": [j.to_dict() for j in self.jit],
         }

@@ -313,7 +313,7 @@ class ArtifactStore(ReleaseMethods):
         import jax
 
         current = (
-            bool(jax.config.jax_enable_x64), os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
+            bool(getattr(jax.config, "jax_enable_x64")), os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
         )
         if current not in self._environment:
             self._environment[current] = environment_fingerprint()
@@ -323,7 +323,7 @@ class ArtifactStore(ReleaseMethods):
         """The keyword arguments that open this cache again elsewhere (a warm-up worker,
         the other end of a push): its signing key, signature policy, blob location and
         network bounds (absent when the environment's: the other process reads its own)."""
-        options = {
+        options: dict[str, Any] = {
             "signing_key": self.signing_key, "require_signatures": self.require_signatures,
             "blob_location": self.blob_location,
         }

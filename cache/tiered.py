@@ -139,6 +139,8 @@ class TieredStore(ArtifactStore):
     some (the default; see "Freshness").
     """
 
+    local: ArtifactStore  # always set: the tier is what this class adds
+
     def __init__(
         self, location: str | os.PathLike[str] | None = None, *, local: str | os.PathLike[str] | None = None,
         refresh: bool = True, **options: Any,

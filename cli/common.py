@@ -24,6 +24,7 @@ import click
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
     from aot.cache.config import Settings
+    from aot.distributed_job import JobProcess
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,9 +43,12 @@ class State:
     #: The command runs in the ``aot`` process (:func:`aot.cli.main.main`), not inside
     #: a caller's (``CliRunner``, a program calling ``cli.main``): see :meth:`start_up`.
     owns_process: bool = False
-    #: A process other than 0 of a multi-process job (``--distributed``) compiles into
-    #: this throwaway folder: process 0 alone writes the cache (:mod:`aot.cli.distributed`).
-    scratch: str | None = None
+    #: This process's place in a multi-process job (``--distributed``): process 0 opens
+    #: the cache and writes it; the others open it read-only once process 0 has it open,
+    #: and load what process 0 stores (:mod:`aot.cli.distributed`).
+    job: JobProcess | None = None
+    #: Process 0 told the others whether the cache opened (:meth:`tell_job_cache`).
+    job_cache_told: bool = False
     _settings: Settings | None = field(default=None, repr=False)
     _cache: Cache | None = field(default=None, repr=False)
 
@@ -86,11 +90,39 @@ class State:
             self.cache(create=create).use_targets()
 
     def _open(self, create: bool) -> Cache:
+        read_only = self.read_only
+        if self.job is not None and not self.job.primary:
+            self._wait_for_job_cache()
+            read_only, create = True, False  # process 0 created it, and alone writes it
+        try:
+            cache = self._open_settings(create, read_only)
+        except BaseException as exc:
+            self.tell_job_cache(False, f"{type(exc).__name__}: {exc}")
+            raise
+        self.tell_job_cache(True)
+        return cache
+
+    def _wait_for_job_cache(self) -> None:
+        assert self.job is not None
+        outcome = self.job.outcome_of("cache", 0)
+        if not outcome.ok:
+            raise click.ClickException(f"{self.job.describe()}: process 0 did not open the cache: {outcome.message}")
+
+    def tell_job_cache(self, ok: bool, message: str = "") -> None:
+        """Process 0 of a job tells the others whether the cache opened (once): they
+        wait for it before they open it read-only."""
+        if self.job is None or not self.job.primary or self.job_cache_told:
+            return
+        self.job_cache_told = True
+        try:
+            self.job.publish("cache", ok, message)
+        except Exception as exc:  # noqa: BLE001 - the others find out at the job's end, bounded
+            logging.getLogger(__name__).warning("could not tell the job that the cache opened: %s", exc)
+
+    def _open_settings(self, create: bool, read_only: bool) -> Cache:
         from aot.cache.store import require_cache  # imports JAX
         from aot.cache.cache import Cache  # with --local, a TieredCache
 
-        if self.scratch is not None:
-            return Cache(self.scratch, create=True)
         settings = self.settings
         location = settings.cache.value
         assert location is not None
@@ -103,7 +135,7 @@ class State:
                 f"{settings.cache.source})",
             )
         return Cache(
-            location, read_only=self.read_only, blob_location=settings.blobs.value,
+            location, read_only=read_only, blob_location=settings.blobs.value,
             signing_key=settings.signing_key(), local=settings.local.value,
             blob_mirror=self.mirror, timeouts=settings.timeouts(), create=create,
         )
@@ -281,9 +313,10 @@ def when(value: datetime | str | None) -> str:
         return "-"
     if isinstance(value, str):
         try:
-            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            when = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
             return value
+        return when.strftime("%Y-%m-%d %H:%M")
     return value.strftime("%Y-%m-%d %H:%M")
 
 

@@ -4,16 +4,16 @@ of a multi-process job (a slice's hosts, a SLURM or Kubernetes job).
 Every process joins ``jax.distributed`` (:func:`aot.distributed_job.join`) before its
 backend starts, then lowers and compiles what the command names: a program whose mesh
 spans the processes needs every process's devices to be known, and each process checks
-that it lowers what process 0 lowers. Process 0 alone writes the cache and prints the
-report; the others compile into a throwaway folder and print nothing unless the job
-failed. At the end every process publishes its outcome and reads everyone's (bounded
-waits): a failure anywhere is exit status 1 everywhere, process 0 naming who failed.
+that it lowers what process 0 lowers. Process 0 alone compiles, writes the cache and
+prints the report; the others open the cache read-only once process 0 has it open (one
+shared by the slice's hosts: a folder or a PostgreSQL index), load what it stores, and
+print nothing unless the job failed. At the end every process publishes its outcome and
+reads everyone's (bounded waits): a failure anywhere is exit status 1 everywhere,
+process 0 naming who failed.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,10 +26,11 @@ DISTRIBUTED_HELP = (
     "Run as one process of a multi-process job (jax.distributed; also AOT_DISTRIBUTED=1): "
     "start the command in every process; JAX's cluster detection (SLURM, Open MPI, "
     "Kubernetes, Cloud TPU) or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and "
-    "JAX_PROCESS_ID connect them. Every process compiles; process 0 writes the cache and "
-    "reports; a failure in any process fails all (waits bounded by AOT_DISTRIBUTED_TIMEOUT "
-    "seconds). For TPU slices from a CPU-only CI runner, use --target (e.g. tpu:v5e:4x4) "
-    "instead: deviceless, one process."
+    "JAX_PROCESS_ID connect them. Process 0 compiles, writes the cache and reports; the "
+    "others lower the same programs and load its entries from the shared cache; a failure "
+    "in any process fails all (waits bounded by AOT_DISTRIBUTED_TIMEOUT seconds). For TPU "
+    "slices from a CPU-only CI runner, use --target (e.g. tpu:v5e:4x4) instead: deviceless, "
+    "one process."
 )
 
 
@@ -69,10 +70,7 @@ def job_command(state: State, flag: bool, step: str) -> Iterator[JobRole]:
     except DistributedJobError as exc:
         raise click.ClickException(str(exc)) from None
     ctx = click.get_current_context()
-    if not job.primary:
-        state.scratch = tempfile.mkdtemp(prefix="aot-job-")
-        # Registered before the cache is opened: closed after it (last in, first out).
-        ctx.call_on_close(lambda: shutil.rmtree(state.scratch or "", ignore_errors=True))
+    state.job = job
     own: BaseException | None = None
     role = JobRole(reports=job.primary)
     try:
@@ -85,6 +83,11 @@ def job_command(state: State, flag: bool, step: str) -> Iterator[JobRole]:
     except BaseException as exc:  # noqa: BLE001 - published, then raised again below
         own = exc
     ok = own is None
+    # The others may wait for a cache process 0 never opened (it failed first).
+    if own is not None:
+        state.tell_job_cache(False, f"it failed first: {role.failure or _one_line(own)}")
+    else:
+        state.tell_job_cache(False, "it ended without opening it")
     try:
         job.publish(step, ok, "" if ok else role.failure or _one_line(own))  # type: ignore[arg-type]
         outcomes = job.gather(step)

@@ -88,7 +88,7 @@ def ls_command(state: State, glob: str | None, env: str, release: str | None) ->
         click.echo(f"no entries{what}{where} in the cache at {listing.location}")
         unknown_environment_note(listing.environment_known)
         return
-    headers = ("KEY", "NAME", "SIGNATURE", "ENV", "TARGET", "SIZE", "COMPILED", "LAST USED", "HITS", "STATE", "SERVED")
+    headers: tuple[str, ...] = ("KEY", "NAME", "SIGNATURE", "ENV", "TARGET", "SIZE", "COMPILED", "LAST USED", "HITS", "STATE", "SERVED")
     rows = [
         [
             r.entry.key[:12], r.entry.name, "", r.environment.short(),

@@ -96,7 +96,7 @@ def leave(code: object) -> NoReturn:
     user's code (a manifest's module)."""
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's own exit step
     if run_exit_handlers is None or _teardown_needed():
-        sys.exit(code)
+        sys.exit(code if code is None or isinstance(code, (int, str)) else str(code))
     if code is None:
         status = 0
     elif isinstance(code, int):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -216,7 +216,7 @@ def gc_command(
     --dry-run stops after the plan.
     """
     cache = state.cache()
-    options = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force,
+    options: dict[str, Any] = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force,
                    manifest=gc_manifest, kind=gc_kind)
     if not dry_run and not yes and stdin_is_tty():
         plan = cache.gc(dry_run=True, **options)

@@ -1,4 +1,4 @@
-"""``aot release ls|show|history|promote|rollback|rm`` and ``aot history``: what is served, thin
+"""``aot release ls|show|history|diff|promote|rollback|rm`` and ``aot history``: what is served, thin
 over :class:`aot.Cache`'s release and ref methods."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ def _short(key: str) -> str:
 
 def _release_line(release: Release) -> str:
     previous = f"previous set {release.previous}" if release.previous is not None else "no previous set"
-    commit = f" commit {release.commit}" if release.commit else ""
+    commit = f"  commit {release.commit}" if release.commit else ""
     return (f"{release.label}  set {release.id}  {release.created_at:%Y-%m-%d %H:%M:%S}  "
-            f"{release.user}@{release.host}  {release.source}{commit}  ({previous})")
+            f"{release.user}@{release.host}  {release.move()}{commit}  ({previous})")
 
 
 def _render(state: State, release: Release, verb: str) -> None:
@@ -106,19 +106,6 @@ def release_show(state: State, label: str) -> None:
         click.echo(f"  {_short(member.key)}  {target}  {member.name} ({member.signature})")
 
 
-def _move(release: Release) -> str:
-    """What a set of a label records about the move that made it."""
-    source = release.source
-    if source.startswith("promote "):
-        return f"promoted from {source[len('promote '):]}"
-    back = release.rolled_back
-    if back is not None:
-        return f"rolled back to set {back[0]} from set {back[1]}"
-    if source.startswith("rollback"):  # recorded before rollbacks named their sets
-        return "rolled back"
-    return f"declared by {source}"
-
-
 def _before(release: Release) -> str:
     """What ``previous`` means for this set: the set it replaced, or, for a set a
     rollback made (a copy of an older set), where the next rollback goes."""
@@ -143,18 +130,35 @@ def release_history(state: State, label: str, limit: int | None) -> None:
     targets = set_targets(cache, sets)
     if state.json:
         echo_json({"label": label, "history": [
-            {**r.to_dict(), "move": _move(r), "targets": targets[r.id]} for r in sets
+            {**r.to_dict(), "move": r.move(), "targets": targets[r.id]} for r in sets
         ]})
         return
     for n, release in enumerate(sets):
         commit = f"  commit {release.commit}" if release.commit else ""
         click.echo(f"{'*' if n == 0 else ' '} set {release.id}  {release.created_at:%Y-%m-%d %H:%M:%S}  "
-                   f"{release.user}@{release.host}  {_move(release)}{commit}  "
+                   f"{release.user}@{release.host}  {release.move()}{commit}  "
                    f"[{_targets_text(targets[release.id])}]  ({_before(release)})")
 
 
 def _targets_text(counts: dict[str, int]) -> str:
     return ", ".join(f"{target} ({n})" if n > 1 else target for target, n in counts.items()) or "no members"
+
+
+@release_group.command("diff", short_help="The members that differ between two labels, and why.")
+@click.argument("a")
+@click.argument("b")
+@pass_state
+def release_diff(state: State, a: str, b: str) -> None:
+    """The members that differ from label A's current set to B's: + added (in B only),
+    - removed (in A only), ~ changed (another key for the same name and signature),
+    each with its key(s), target, name and signature; under a changed member, the
+    fingerprint parts that differ (A's value first), as `aot why` names them. `aot
+    release diff prod candidate` says what promoting candidate to prod changes."""
+    diff = state.cache().release_diff(a, b)
+    if state.json:
+        echo_json(diff.to_dict())
+    else:
+        click.echo(diff.describe())
 
 
 @release_group.command("promote", short_help="Point TARGET at SOURCE's current set.")

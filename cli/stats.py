@@ -67,11 +67,12 @@ def stats_command(state: State, glob: str | None, env: str, zero: bool, promethe
         return
     report = read_stats(cache, glob, env=env, arguments=not (state.json or prometheus))
     if prometheus:
+        from aot.cache.reports.stats import release_memberships
         from aot.cache.serving.metrics import index_exposition
         from aot.errors import MetricsError
 
         try:
-            click.echo(index_exposition(report), nl=False)
+            click.echo(index_exposition(report, release_memberships(cache, report.rows)), nl=False)
         except MetricsError as exc:
             raise click.ClickException(str(exc)) from exc
         return
@@ -103,13 +104,13 @@ def _render(report: StatsReport, glob: str | None, read_only: bool) -> None:
             )
         return
     if served:
-        headers = ("NAME", "SIGNATURE", "ENV", "CALLS", "LOADS", "LOAD TIME", "SAVED", "RECOMPILES")
+        headers = ("NAME", "SIGNATURE", "TARGET", "ENV", "CALLS", "LOADS", "LOAD TIME", "SAVED", "RECOMPILES")
         rows = [
-            [r.name, report.describe(r, SIGNATURE_WIDTH), _env(r, report.environment_known), r.calls, r.loads,
-             _seconds(r.load_seconds), _seconds(r.saved_seconds), r.recompiles]
+            [r.name, report.describe(r, SIGNATURE_WIDTH), report.target(r) or "-", _env(r, report.environment_known),
+             r.calls, r.loads, _seconds(r.load_seconds), _seconds(r.saved_seconds), r.recompiles]
             for r in served
         ]
-        click.echo(table(headers, rows, right=(3, 4, 5, 6, 7)))
+        click.echo(table(headers, rows, right=(4, 5, 6, 7, 8)))
     if report.misses:
         click.echo("misses (calls with no stored executable for their signature):")
         for r in report.misses:

@@ -12,6 +12,7 @@ from aot.cli.params import complete_manifests
 from aot.cli.progress import Progress
 
 if TYPE_CHECKING:
+    from aot.cache.warmup.following import WarmupLeader
     from aot.cache.warmup.steps import ItemResult
 
 
@@ -135,7 +136,26 @@ def _warmup(
     claims: bool | None, device_targets: tuple[str, ...], replace: bool, *, role: JobRole,
     distributed: bool,
 ) -> None:
-    from aot.cache.warmup.run import expand, load_manifest, run_warmup
+    from aot.cache.warmup.following import WarmupLeader
+
+    # Process 0 of a job tells the others what it warms up, item by item (they follow).
+    leader = WarmupLeader() if state.job is not None and state.job.primary else None
+    try:
+        _warm(state, manifest, jobs, shard, isolate, commit, release, run_id, claims, device_targets, replace,
+              role=role, distributed=distributed, leader=leader)
+    except BaseException as exc:
+        if leader is not None and not (isinstance(exc, click.exceptions.Exit) and exc.exit_code == 0):
+            leader.abort(role.failure or f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def _warm(
+    state: State, manifest: str | None, jobs: int | str, shard: tuple[int, int] | None,
+    isolate: bool, commit: str | None, release: str | None, run_id: str | None,
+    claims: bool | None, device_targets: tuple[str, ...], replace: bool, *, role: JobRole,
+    distributed: bool, leader: WarmupLeader | None,
+) -> None:
+    from aot.cache.warmup.run import expand, follow_warmup, load_manifest, run_warmup
     from aot.distributed_job import requested
 
     reports = role.reports
@@ -155,6 +175,7 @@ def _warmup(
 
     state.use_gpu_targets(*device_targets, manifest=manifest, create=True)  # a fleet's captured GPUs
     loaded = load_manifest(manifest)  # logs the old target = "module:attr" spelling once
+    loaded.check_fleet()  # another libtpu than the fleet's: fail here, not at the deploy
     if device_targets:
         try:
             loaded = loaded.for_targets(device_targets)  # each target once
@@ -218,10 +239,14 @@ def _warmup(
     if progress is not None:
         progress.start()
     try:
-        report = run_warmup(
-            cache, items, jobs=jobs, shard=shard, on_result=on_result, isolate=isolate,
-            workers=workers, origin=origin, release=release, run=run_id, replace=replace, claims=claims,
-        )
+        if state.job is not None and not state.job.primary:  # loads what process 0 stores
+            report = follow_warmup(cache, items, on_result=on_result)
+        else:
+            report = run_warmup(
+                cache, items, jobs=jobs, shard=shard, on_result=on_result, isolate=isolate,
+                workers=workers, origin=origin, release=release, run=run_id, replace=replace, claims=claims,
+                leader=leader,
+            )
     finally:
         if progress is not None:
             progress.finish()

@@ -98,6 +98,9 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     # distributed (the key-value store of a multi-process job)
     "jax._src.distributed:global_state.client",
     "jax._src.distributed:global_state.process_id",
+    "jax._src.distributed:global_state.service",
+    "jax._src.distributed:global_state.num_processes",
+    "jax._src.distributed:global_state.coordinator_address",
     "jax._src.lib:_jax.DistributedRuntimeClient.key_value_set",
     "jax._src.lib:_jax.DistributedRuntimeClient.blocking_key_value_get",
     # persistent_cache

@@ -23,6 +23,15 @@ def unloaded_executable(compiled: Any) -> Any | None:
     return getattr(getattr(compiled, "_executable", None), "_unloaded_executable", None)
 
 
+def built_unloaded_executable(compiled: Any) -> Any:
+    """:func:`unloaded_executable` of a ``Compiled`` that ``jit(...).lower(...).compile()``
+    built in this process, where JAX always keeps it (never None)."""
+    unloaded = unloaded_executable(compiled)
+    if unloaded is None:
+        raise TypeError(f"{type(compiled).__name__} was not built by jit's lower().compile() in this process")
+    return unloaded
+
+
 def hoisted_constants(compiled: Any) -> Sequence[Any]:
     """The constants JAX hoisted out of the program into extra arguments."""
     return compiled._params.const_args

@@ -33,7 +33,7 @@ def flat_call(compiled: Any, args: Sequence[Any], out_tree: Any) -> Any:
     loaded structure may hold stand-ins, and the caller's was matched by digest
     already). It is JAX's C++ dispatch function itself (``Compiled._call``), built
     now rather than on the first call."""
-    args_info = (tuple(arg_infos(args)), {})
+    args_info: tuple[tuple[Any, ...], dict[str, Any]] = (tuple(arg_infos(args)), {})
     flat = stages.Compiled(compiled._executable, [], args_info, out_tree, no_kwargs=True)
     try:
         fn = flat._executable.create_cpp_call(flat._params)

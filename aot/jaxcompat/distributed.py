@@ -10,6 +10,13 @@ client's ``key_value_set(key, value, allow_overwrite)`` and
 ``blocking_key_value_get(key, timeout_in_ms)``. A get that times out raises XLA's
 ``DEADLINE_EXCEEDED``; a service that is gone (process 0 died) raises another status:
 both are told apart here, so callers never parse XLA's messages.
+
+A join that does not complete in time (a process of the job never started) cannot be
+cancelled: the client's ``connect`` blocks in C++ and, at its own deadline, ends the
+process with a fatal error. :func:`abandon` takes the connecting client (and the
+service process 0 hosts) out of JAX's state, holding them until the process ends, so
+that JAX's exit handler does not shut down a client that is still connecting.
+Also private: ``global_state.service``, ``coordinator_address``, ``num_processes``.
 """
 
 from __future__ import annotations
@@ -17,7 +24,11 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["KeyValueTimeout", "KeyValueUnavailable", "client", "get", "put"]
+__all__ = ["KeyValueTimeout", "KeyValueUnavailable", "abandon", "client", "get", "joining", "put"]
+
+#: Clients and services that never connected, kept alive until the process ends:
+#: dropping process 0's service would end its connecting client with a fatal error.
+_abandoned: list[Any] = []
 
 
 class KeyValueTimeout(Exception):
@@ -34,6 +45,31 @@ def client() -> Any | None:
     distributed = sys.modules.get("jax._src.distributed")
     state = getattr(distributed, "global_state", None)
     return getattr(state, "client", None)
+
+
+def joining() -> tuple[int | None, int | None, str | None]:
+    """(process id, process count, coordinator address) as ``jax.distributed.initialize``
+    has set them so far (None: not yet, or JAX not imported)."""
+    state = getattr(sys.modules.get("jax._src.distributed"), "global_state", None)
+    if state is None or getattr(state, "coordinator_address", None) is None:
+        return None, None, None
+    count = vars(state).get("num_processes")  # set on the instance once initialize knows it
+    return int(state.process_id), (None if count is None else int(count)), str(state.coordinator_address)
+
+
+def abandon() -> None:
+    """Takes a client that has not connected (and process 0's service) out of JAX's
+    state: :func:`client` is None again and JAX's exit handler leaves them alone. They
+    are held, not shut down: the process must end soon (the client's own deadline ends
+    it otherwise)."""
+    state = getattr(sys.modules.get("jax._src.distributed"), "global_state", None)
+    if state is None:
+        return
+    for name in ("client", "service"):
+        found = getattr(state, name, None)
+        if found is not None:
+            _abandoned.append(found)
+            setattr(state, name, None)
 
 
 def put(key: str, value: str) -> None:

@@ -55,17 +55,17 @@ def _portable_copy(module: Any) -> Any:
         copy = ir.Module.parse(bytecode)
         passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(copy.operation)
         main = ir.SymbolTable(copy.operation)["main"]
-        arg_attrs = getattr(main, "arg_attrs", None)
+        arg_attrs: Any = getattr(main, "arg_attrs", None)  # an ArrayAttr of DictAttrs
         if arg_attrs is not None:
             rewritten = []
             changed = False
             for attrs in arg_attrs:
-                entries = {a.name: a.attr for a in ir.DictAttr(attrs)}
+                entries = {a.name: a.attr for a in ir.DictAttr(attrs)}  # type: ignore[attr-defined]  # iterable; not in the stubs
                 kept = {k: v for k, v in entries.items() if k not in _DONATION_ATTRIBUTES}
                 changed = changed or len(kept) != len(entries)
                 rewritten.append(ir.DictAttr.get(kept))
             if changed:
-                main.arg_attrs = ir.ArrayAttr.get(rewritten)
+                setattr(main, "arg_attrs", ir.ArrayAttr.get(rewritten))  # a FuncOp's; not in OpView's stubs
     return copy
 
 

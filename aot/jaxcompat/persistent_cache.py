@@ -54,7 +54,7 @@ def make_backend(get: Callable[[str], bytes | None], put: Callable[[str, bytes],
 
     class AotBackend(CacheInterface):
         def __init__(self) -> None:
-            self._path = path  # JAX logs it
+            self._path = path  # type: ignore[assignment]  # JAX types it Path; it only logs it
 
         def get(self, key: str) -> bytes | None:
             return get(key)
@@ -110,7 +110,7 @@ def on_compile_done(callback: Callable[[], None]) -> None:
     (for the rest of the process: ``jax.monitoring`` cannot forget a listener)."""
     import jax.monitoring
 
-    def listener(event: str, duration: float, **_: Any) -> None:
+    def listener(event: str, duration_secs: float, **_: str | int) -> None:
         if event == COMPILE_DONE_EVENT:
             callback()
 
@@ -151,7 +151,7 @@ def slice_invariant_keys(enable: bool = True) -> bool:
             jax_hash(hash_obj, accelerators)
 
         hash_accelerator_config._aot_original = jax_hash  # type: ignore[attr-defined]
-        cache_key._hash_accelerator_config = hash_accelerator_config
+        setattr(cache_key, "_hash_accelerator_config", hash_accelerator_config)  # replaces JAX's
     elif not enable and was_on:
-        cache_key._hash_accelerator_config = original
+        setattr(cache_key, "_hash_accelerator_config", original)
     return was_on

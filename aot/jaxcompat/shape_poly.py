@@ -32,4 +32,5 @@ def all_dim_vars(avals: Sequence[Any]) -> tuple[str, ...]:
 
 def shape_evaluator(env: Mapping[str, int]) -> Any:
     """An evaluator of dimension expressions (``.evaluate(dim)``) under ``env``."""
-    return shape_poly.ShapeEvaluator(dict(env))
+    values: dict[str, Any] = dict(env)  # JAX annotates the values as arrays; ints evaluate too
+    return shape_poly.ShapeEvaluator(values)

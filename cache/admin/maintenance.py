@@ -257,7 +257,9 @@ def consistency_problems(cache: ArtifactStore, entry: IndexEntry, current: Finge
     blobs: dict[str, bytes] = {}
     for role in (PORTABLE_HLO, EXECUTABLE) if local else (PORTABLE_HLO,):
         ref = manifest.blobs.get(role)
-        data = cache.blobs.get(ref.digest, ref.size) if ref is not None else None
+        if ref is None:
+            continue
+        data = cache.blobs.get(ref.digest, ref.size)
         if data is not None:
             blobs[ref.digest] = data
     try:
@@ -569,8 +571,10 @@ def _plan_gc(
                     live -= blob_sizes.get(d, 0)
             evicted += 1
         survivors = [e for e in lru if e.key not in victims]
-    keep: set[str] = {d for e in survivors if not isinstance(e, JitEntry) for d in (e.exe_digest, e.hlo_digest)}
-    keep.discard(None)  # type: ignore[arg-type] # no executable digest for a symbolic entry
+    keep: set[str] = {
+        d for e in survivors if not isinstance(e, JitEntry) for d in (e.exe_digest, e.hlo_digest)
+        if d is not None  # no executable digest for a symbolic entry
+    }
     keep.update(e.digest for e in survivors if isinstance(e, JitEntry))
     # Programs rows keep their HLO only while an artifact of the program survives.
     unkept = [d for d in stored if d not in keep]

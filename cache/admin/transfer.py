@@ -134,12 +134,12 @@ def copy_entries(
     # blob looked at once (cache/admin/copy_batches.py).
     results += copy_in_batches(source, destination, todo[1:], jobs=jobs)
     copied_bytes = 0
-    for entry, outcome, error in results:  # in the source's order, whatever finished first
-        if outcome is None:
+    for entry, copied, error in results:  # in the source's order, whatever finished first
+        if copied is None:
             failed.append((entry.key, error or "?"))
             continue
-        outcomes[outcome].append(entry.key)
-        if outcome != "present":
+        outcomes[copied].append(entry.key)
+        if copied != "present":
             copied_bytes += entry.stored_size
     # Refs last, once every entry's row and blobs are committed at the destination.
     present = [key for keys in outcomes.values() for key in keys]

@@ -70,10 +70,12 @@ class IndexSink:
 def _upsert(conn: Any, table: Any) -> Any:
     """An INSERT that takes ``on_conflict_do_update``, in the connection's dialect."""
     if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table)
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert(table)
+    from sqlalchemy.dialects import sqlite
+
+    return sqlite.insert(table)
 
 
 _SQLITE_UPSERT = (

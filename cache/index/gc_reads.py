@@ -18,7 +18,7 @@ work is the expired leases of killed writers drops them here
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
@@ -55,7 +55,7 @@ class SqliteGcReads:
     """gc's reads with :mod:`sqlite3` (the rest of the protocol is
     :class:`~aot.cache.index.reader.SqliteReader`'s)."""
 
-    def _execute(self, query: str, params: list[object] | tuple[object, ...] = ()) -> list[Any]:
+    def _execute(self, query: str, params: Sequence[object] = ()) -> list[Any]:
         raise NotImplementedError  # SqliteReader's
 
     def _write(self, what: str) -> AbstractContextManager[sqlite3.Connection]:

@@ -69,7 +69,7 @@ def _driver_rows(conn: sa.Connection, q: sa.Select[Any]) -> list[tuple[Any, ...]
 
 
 def _entry(row: sa.Row[Any]) -> IndexEntry:
-    return IndexEntry(*row)  # _ENTRY_COLUMNS are in field order
+    return IndexEntry(*tuple(row))  # _ENTRY_COLUMNS are in field order
 
 
 # The lookups on every load, built once: a statement built per call costs SQLAlchemy
@@ -213,6 +213,21 @@ class IndexReads(IndexEngine):
                     ARTIFACTS.c.key.in_(ordered[i : i + _IN_CHUNK])
                 )
                 out.update((k, m) for k, m in conn.execute(q).all())
+        return out
+
+    def environment_keys(self, env_fps: Collection[str]) -> dict[str, str]:
+        """One key (the smallest) per environment digest of ``env_fps`` with a stored
+        entry, without reading a manifest: whose manifest names the environment."""
+        ordered = sorted(set(env_fps))
+        out: dict[str, str] = {}
+        with self._read("find an entry of each environment") as conn:
+            for i in range(0, len(ordered), _IN_CHUNK):
+                q = (
+                    sa.select(ARTIFACTS.c.env_fp, sa.func.min(ARTIFACTS.c.key))
+                    .where(ARTIFACTS.c.env_fp.in_(ordered[i : i + _IN_CHUNK]))
+                    .group_by(ARTIFACTS.c.env_fp)
+                )
+                out.update((e, k) for e, k in conn.execute(q).all())
         return out
 
     def names(self) -> list[str]:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -142,7 +142,7 @@ class SqliteReader(SqliteGcReads):
             raise CacheError(f"cannot read the cache index {self.path}: {exc}") from exc
         return conn, int(row[0]) if row else 0
 
-    def _execute(self, query: str, params: list[object] | tuple[object, ...] = ()) -> list[Any]:
+    def _execute(self, query: str, params: Sequence[object] = ()) -> list[Any]:
         with self._lock:
             if self._opened is not None and stale_immutable(self.path, self._opened):
                 log.info("%s: a writer opened the cache; reading through its -shm from now on", self.path)
@@ -220,8 +220,7 @@ class SqliteReader(SqliteGcReads):
             query += " AND env_fp = ?"
             params.append(env_fp)
         rows = self._execute(query + " ORDER BY signature, env_fp", params)
-        at = _REF_COLUMNS.index("set_at")
-        return [Ref(*row[:at], _time(row[at]), *row[at + 1:]) for row in rows]
+        return [_ref(row) for row in rows]
 
     def release_members(self, label: str, name: str) -> tuple[ReleaseMember, ...] | None:
         """The members of ``name`` in ``label``'s current set (None: no such label)."""
@@ -275,7 +274,7 @@ class SqliteReader(SqliteGcReads):
             query += " WHERE name LIKE ? ESCAPE '\\'"
             params.append(glob_to_like(name_glob))
         rows = self._execute(query + " ORDER BY name, signature", params)
-        found = [Ref(*(_time(v) if c == "set_at" else v for c, v in zip(_REF_COLUMNS, row))) for row in rows]
+        found = [_ref(row) for row in rows]
         return [r for r in found if name_glob in (None, "*") or fnmatch.fnmatchcase(r.name, name_glob)]
 
     def blob_sizes(self) -> dict[str, int]:
@@ -344,10 +343,10 @@ class SqliteReader(SqliteGcReads):
         out: dict[tuple[str, str], str] = {}
         rowids = sorted(smallest)
         for i in range(0, len(rowids), _IN_CHUNK):
-            chunk = rowids[i : i + _IN_CHUNK]
-            marks = ", ".join("?" * len(chunk))
+            some = rowids[i : i + _IN_CHUNK]
+            marks = ", ".join("?" * len(some))
             for rowid, key, manifest in self._execute(
-                f"SELECT rowid, key, manifest FROM artifacts WHERE rowid IN ({marks})", chunk
+                f"SELECT rowid, key, manifest FROM artifacts WHERE rowid IN ({marks})", some
             ):
                 pair, expected = smallest.pop(rowid)
                 if key == expected:
@@ -367,16 +366,22 @@ class SqliteReader(SqliteGcReads):
             out.update(rows)  # (key, manifest) pairs of TEXT columns: str already
         return out
 
+    def environment_keys(self, env_fps: Collection[str]) -> dict[str, str]:
+        """One key (the smallest) per environment digest with a stored entry, as the
+        SQL index's."""
+        out: dict[str, str] = {}
+        for chunk, marks in _in_lists(env_fps):
+            query = f"SELECT env_fp, MIN(key) FROM artifacts WHERE env_fp IN ({marks}) GROUP BY env_fp"
+            out.update(self._execute(query, chunk))
+        return out
+
     def jit_entries(self, name_glob: str | None = None) -> list[JitEntry]:
         """The entries of JAX's persistent cache (KIND ``jit``), as the SQL index's."""
         from aot.cache.index.jit_records import JitEntry  # aot ls / gc only: serving never reads them
 
         columns = JitEntry.__slots__
         rows = self._execute(f"SELECT {', '.join(columns)} FROM jit_entries ORDER BY name, key")
-        entries = [
-            JitEntry(**{c: _time(v) if c in ("created_at", "last_used_at") else v for c, v in zip(columns, row)})
-            for row in rows
-        ]
+        entries = [JitEntry(**_with_times(dict(zip(columns, row)), "created_at", "last_used_at")) for row in rows]
         if name_glob is None:
             return entries
         return [e for e in entries if fnmatch.fnmatchcase(e.name, name_glob) or e.key.startswith(name_glob)]
@@ -389,7 +394,7 @@ class SqliteReader(SqliteGcReads):
         stats = [JitStats(name, int(hits), int(misses), float(saved)) for name, hits, misses, saved in rows]
         return [s for s in stats if name_glob is None or fnmatch.fnmatchcase(s.name, name_glob)]
 
-    def _rows(self, query: str, params: list[object]) -> list[IndexEntry]:
+    def _rows(self, query: str, params: Sequence[object]) -> list[IndexEntry]:
         # Per row, only the time columns are converted (aot.load reads every row of a
         # name at start-up: 1,000 signatures are 1,000 rows).
         entries = []
@@ -440,3 +445,15 @@ def refuse_foreign(index_file: Path) -> None:
         f"no jax-aot cache index: {index_file} is not a jax-aot cache index: {found}; "
         "aot compile, aot warmup and aot bundle import create a cache; check the path or AOT_CACHE"
     )
+
+
+def _with_times(values: dict[str, Any], *columns: str) -> dict[str, Any]:
+    """``values`` with the named columns read as times."""
+    for column in columns:
+        values[column] = _time(values[column])
+    return values
+
+
+def _ref(row: Sequence[Any]) -> Ref:
+    """A ``refs`` row of :data:`_REF_COLUMNS`."""
+    return Ref(**_with_times(dict(zip(_REF_COLUMNS, row)), "set_at"))

@@ -21,7 +21,7 @@ from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
 from aot.cache.index.globs import glob_to_like
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember, pin_reasons, signature_digest
 from aot.cache.index.releases import (
-    CacheDescription, Release, ReleaseRemoval, RemovedRelease, rollback_source,
+    CacheDescription, Release, ReleaseRemoval, RemovedRelease, credit_source, promote_source, rollback_source,
 )
 from aot.cache.pauses import reached
 from aot.cache.index.schema import ARTIFACTS, CACHE_META, REF_HISTORY, REFS, RELEASE_MEMBERS, RELEASES
@@ -112,6 +112,8 @@ class IndexRefs(IndexDescription):
             current = self._current_set(conn, label)
             if run is not None and current is not None and current["run"] == run:
                 set_id = int(current["id"])
+                targets = list(targets)
+                self._credit(conn, current, targets, origin)
             else:
                 set_id = self._new_set(conn, label, origin, previous=None if current is None else current["id"],
                                        run=run)
@@ -129,6 +131,15 @@ class IndexRefs(IndexDescription):
                     self._add_member(conn, set_id, ReleaseMember(name, signature, env_fp, key))
         self._log_refs(changed, origin)
         return set_id, changed
+
+    def _credit(self, conn: Connection, joined: dict[str, Any], targets: list[RefTarget], origin: RefOrigin) -> None:
+        """Credits ``origin``'s source in the run's set ``joined`` when it declares
+        members (another manifest of the run, or its warm-up that hits members carried
+        from the previous set): ``release history`` names each manifest that declared
+        the set, not only the first."""
+        credited = credit_source(joined["source"], origin.source)
+        if targets and credited != joined["source"]:
+            conn.execute(sa.update(RELEASES).where(RELEASES.c.id == joined["id"]).values(source=credited))
 
     def _lock_refs(self, conn: Connection) -> None:
         """One ref or label writer at a time (SQLite: BEGIN IMMEDIATE already), before
@@ -259,6 +270,10 @@ class IndexRefs(IndexDescription):
             if current is None:
                 raise CacheError(f"no release labelled {source!r}; `aot release ls` lists the labels")
             before = self._current_set(conn, target)
+            # The new set keeps the promoted set's provenance: which set it was, and the
+            # commit its members were built from (the promoter's only when it has none).
+            origin = replace(origin, source=promote_source(source, int(current["id"])),
+                             commit=current["commit"] or origin.commit)
             new = self._new_set(conn, target, origin, previous=None if before is None else before["id"])
             self._copy_members(conn, int(current["id"]), new)
         release = self.release_set(target)
@@ -282,7 +297,8 @@ class IndexRefs(IndexDescription):
             if require_stored:
                 _check_members_stored(conn, label, int(current["id"]), int(target._mapping["id"]))
             # The set restored and the one left: history and the command name both.
-            origin = replace(origin, source=rollback_source(int(target._mapping["id"]), int(current["id"])))
+            origin = replace(origin, source=rollback_source(int(target._mapping["id"]), int(current["id"])),
+                             commit=target._mapping["commit"] or origin.commit)
             new = self._new_set(conn, label, origin, previous=target._mapping["previous"])
             self._copy_members(conn, int(target._mapping["id"]), new)
         release = self.release_set(label)

@@ -22,9 +22,12 @@ __all__ = ["ReleaseMethods"]
 class ReleaseMethods:
     """Release and ref-history methods of :class:`~aot.cache.store.ArtifactStore`."""
 
-    index: Index
     reader: IndexReader
     display_location: Any
+
+    @property
+    def index(self) -> Index:  # ArtifactStore's
+        raise NotImplementedError
 
     def check_writable(self, what: str) -> None:  # implemented by ArtifactStore
         raise NotImplementedError
@@ -42,15 +45,17 @@ class ReleaseMethods:
 
     def release_history(self, label: str, limit: int | None = None) -> list[Release]:
         """Every set ``label`` pointed to, newest first (without members): each move --
-        a declaration, a promotion (source ``promote SOURCE``), a rollback -- with when,
-        host and user. CacheError when there is no such label."""
+        a declaration (crediting each manifest of the run that added members), a
+        promotion (source ``promote SOURCE set ID``, with that set's commit), a rollback
+        -- with when, host and user. CacheError when there is no such label."""
         found = self.index.release_history(label)
         if not found:
             raise CacheError(f"no release labelled {label!r} in {self.display_location}; `aot release ls` lists them")
         return found[:limit] if limit is not None else found
 
     def promote(self, source: str, target: str, origin: RefOrigin | None = None) -> Release:
-        """Points label ``target`` at the set ``source`` points to now."""
+        """Points label ``target`` at the set ``source`` points to now: a new set of
+        ``target`` that records the set promoted and its commit."""
         self.check_writable("promote a release")
         return self.index.promote(source, target, origin or RefOrigin(f"promote {source}", release=target))
 

@@ -15,7 +15,10 @@ from typing import Any
 
 from aot.cache.index.refs import ReleaseMember
 
-__all__ = ["CacheDescription", "Release", "ReleaseRemoval", "RemovedRelease", "rollback_source"]
+__all__ = [
+    "CacheDescription", "Release", "ReleaseRemoval", "RemovedRelease", "credit_source", "promote_source",
+    "rollback_source",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,15 +45,62 @@ class Release:
         found = _ROLLBACK.fullmatch(self.source)
         return None if found is None else (int(found[1]), int(found[2]))
 
+    @property
+    def promoted_from(self) -> tuple[str, int | None] | None:
+        """(the label promoted, its set) when a promotion made this set; the set is
+        None for a promotion recorded before the source named it. None otherwise."""
+        found = _PROMOTE.fullmatch(self.source)
+        if found is None:
+            return None
+        return found[1], None if found[2] is None else int(found[2])
+
+    def move(self) -> str:
+        """The move that made this set, in words: ``promoted from candidate set 5``,
+        ``rolled back to set 3 from set 4`` or ``declared by warmup serve.toml``."""
+        promoted = self.promoted_from
+        if promoted is not None:
+            return f"promoted from {promoted[0]}" + (f" set {promoted[1]}" if promoted[1] is not None else "")
+        back = self.rolled_back
+        if back is not None:
+            return f"rolled back to set {back[0]} from set {back[1]}"
+        if self.source.startswith("rollback"):  # recorded before rollbacks named their sets
+            return "rolled back"
+        return f"declared by {self.source}"
+
     def to_dict(self) -> dict[str, Any]:
-        data = {f: getattr(self, f) for f in ("id", "label", "previous", "host", "user", "source", "commit")}
+        data: dict[str, Any] = {
+            f: getattr(self, f) for f in ("id", "label", "previous", "host", "user", "source", "commit")
+        }
         data["created_at"] = self.created_at.isoformat()
+        promoted = self.promoted_from
+        data["promoted_from"] = None if promoted is None else {"label": promoted[0], "set": promoted[1]}
         data["members"] = [m.to_dict() for m in self.members]
         return data
 
 
 #: The source of a set a rollback made (:func:`rollback_source`).
 _ROLLBACK = re.compile(r"rollback to set (\d+) from set (\d+)")
+
+
+#: The source of a set a promotion made (:func:`promote_source`); labels have no spaces.
+_PROMOTE = re.compile(r"promote (\S+)(?: set (\d+))?")
+
+#: Between the sources of the manifests that added members to one run's set.
+_CREDIT_SEPARATOR = ", "
+
+
+def promote_source(label: str, set_id: int) -> str:
+    """The source recorded with the set a promotion makes: the label promoted and the
+    set it pointed to then (the set's provenance, after the label has moved on)."""
+    return f"promote {label} set {set_id}"
+
+
+def credit_source(recorded: str, source: str) -> str:
+    """The source of a run's set after ``source`` (a warm-up of another manifest of
+    the run) added members to it: every manifest that did is credited, once."""
+    if source in recorded.split(_CREDIT_SEPARATOR):
+        return recorded
+    return f"{recorded}{_CREDIT_SEPARATOR}{source}"
 
 
 def rollback_source(restored: int, left: int) -> str:

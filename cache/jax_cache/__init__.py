@@ -600,7 +600,7 @@ def _min_compile_seconds() -> float:
     import jax
 
     try:
-        return float(jax.config.jax_persistent_cache_min_compile_time_secs)
+        return float(getattr(jax.config, "jax_persistent_cache_min_compile_time_secs"))
     except (AttributeError, TypeError, ValueError):
         return 0.0
 
@@ -633,8 +633,8 @@ def share_between_hosts(enable: bool = True) -> None:
     global _shared_before
     if enable and _shared_before is None:
         _shared_before = (
-            jaxpc.slice_invariant_keys(True), jax.config.jax_share_binary_between_hosts,
-            jax.config.jax_share_binary_between_hosts_timeout_ms,
+            jaxpc.slice_invariant_keys(True), getattr(jax.config, "jax_share_binary_between_hosts"),
+            getattr(jax.config, "jax_share_binary_between_hosts_timeout_ms"),
         )
     elif not enable and _shared_before is not None:
         keys, flag, timeout_ms = _shared_before

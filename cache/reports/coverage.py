@@ -251,8 +251,8 @@ def find_dangling(cache: ArtifactStore, integrity: VerifyReport) -> tuple[Dangli
     index = cache.index
     entries = {e.key: e for e in index.entries()}
     damaged: dict[str, str] = {}
-    for problem in integrity.problems:
-        damaged.setdefault(problem.key, problem.what)
+    for damage in integrity.problems:
+        damaged.setdefault(damage.key, damage.what)
 
     def what(key: str) -> str | None:
         entry = entries.get(key)
@@ -336,13 +336,15 @@ def verify_with_coverage(
     target (``targets``: these instead of the manifest's, as ``aot warmup --target``);
     with ``strict``, also that every ref and release member is stored and intact
     (:func:`find_dangling`). A target that cannot be compiled for here (no libtpu)
-    raises :class:`aot.DeviceTargetError` before anything is checked."""
+    raises :class:`aot.DeviceTargetError`, and versions other than the manifest's
+    ``[fleet]`` pins :class:`aot.IncompatibleEnvironmentError`, before anything is checked."""
     from aot.cache.admin.maintenance import verify_cache
     from aot.targets import parse_target
 
     items = None
     if manifest is not None:
         loaded = load_manifest(manifest)
+        loaded.check_fleet()  # the gate of a runner with another libtpu than the fleet's fails
         if targets:
             loaded = loaded.for_targets(tuple(parse_target(t).name for t in targets))
         items = expand(loaded)

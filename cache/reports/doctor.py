@@ -9,7 +9,9 @@ from typing import Any
 
 from aot.errors import AotError
 
-_DISTRIBUTIONS = ("jax-aot", "jax", "jaxlib", "numpy", "sqlalchemy", "zstandard", "click", "psycopg")
+# libtpu: the TPU compiler, from its package metadata (importing it would load it);
+# "not installed" on a runner without the tpu extra.
+_DISTRIBUTIONS = ("jax-aot", "jax", "jaxlib", "libtpu", "numpy", "sqlalchemy", "zstandard", "click", "psycopg")
 
 
 def versions() -> dict[str, str]:

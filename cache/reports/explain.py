@@ -252,7 +252,7 @@ def explain(
             mine = Signature(mine.leaves, wanted)
         leaf_diffs = leaf_differences(stored_signature, mine)
         # Among equally near entries, the one served for its signature.
-        served_here = serves((name, entry.signature, here)) == entry.key
+        served_here = here is not None and serves((name, entry.signature, here)) == entry.key
         score = (len(diffs), len(leaf_diffs), sum(d.distance() for d in leaf_diffs), 0 if served_here else 1)
         if best is None or score < best[0]:
             best = (score, manifest, diffs, stored_signature, mine)
@@ -270,7 +270,7 @@ def explain(
         if any(d.part == "in_avals" for d in diffs) else ()
     )
     slot = (name, manifest.signature, here)
-    served = serves(slot) if here is not None else None
+    served = serves((name, manifest.signature, here)) if here is not None else None
     if members is not None:
         served_by = "release" if served is not None else None
     else:

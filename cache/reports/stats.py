@@ -12,9 +12,11 @@ from aot.cache.stats_report import SignatureStats, StatsReport, ordered
 from aot.signatures import Signature
 
 if TYPE_CHECKING:
+    from aot.cache.index.served import Slot
     from aot.cache.store import ArtifactStore
+    from aot.fingerprint import Fingerprint
 
-__all__ = ["named_signatures", "read_stats", "zero_stats"]
+__all__ = ["environment_targets", "named_signatures", "read_stats", "release_memberships", "zero_stats"]
 
 
 def read_stats(
@@ -39,8 +41,46 @@ def read_stats(
     return StatsReport(
         reads.url, ordered(rows), env, stored=True, named=named_signatures(cache, rows) if arguments else {},
         jit=tuple(reads.jit_stats(name_glob)), jit_stored=len(reads.jit_entries(name_glob)),
-        environment_known=current is not None,
+        environment_known=current is not None, targets=environment_targets(cache, rows, current),
     )
+
+
+def environment_targets(
+    cache: ArtifactStore, rows: Iterable[SignatureStats], current: Fingerprint | None = None,
+) -> dict[str, str]:
+    """env_fp -> what each row's environment is for (``tpu:v5e:2x2``, ``cpu x8``): this
+    host's from its fingerprint, any other's from the manifest of one entry stored for
+    it (one manifest per environment, never per signature); an environment with no
+    entry is left out (nothing when the index cannot be read)."""
+    from aot.cache.rows import environment_names
+    from aot.errors import AotError
+    from aot.targets import environment_name
+
+    out: dict[str, str] = {}
+    wanted = {row.env_fp for row in rows}
+    if current is not None and current.digest in wanted:
+        out[current.digest] = environment_name(current.as_dict())
+        wanted.discard(current.digest)
+    if wanted:
+        try:
+            out.update(environment_names(cache, cache.reader.environment_keys(wanted)))
+        except AotError:
+            pass
+    return out
+
+
+def release_memberships(cache: ArtifactStore, rows: Iterable[SignatureStats]) -> dict[Slot, str]:
+    """(name, signature, env_fp) -> the release labels whose current set has that
+    signature, comma-separated and sorted (``candidate,prod``); a signature in no
+    release is left out. ``aot stats --prometheus``'s ``release`` label."""
+    reads = cache.reader
+    names = sorted({row.name for row in rows})
+    found: dict[Slot, list[str]] = {}
+    for label in sorted(reads.release_labels()):
+        for name in names:
+            for member in reads.release_members(label, name) or ():
+                found.setdefault(member.slot, []).append(label)
+    return {slot: ",".join(labels) for slot, labels in found.items()}
 
 
 def named_signatures(

@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
     from aot.cache.index.entry import IndexEntry
     from aot.cache.serving.padding import PadPlan
-    from aot.executable import MeshExecutable
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +335,7 @@ class Dispatcher:
 
         from aot.keywords import layout_of, permutations
 
-        layouts = {}
+        layouts: dict[Any, None] = {}  # an ordered set
         for stored in self.programs.concrete.values():
             layout = layout_of(stored.treedef, stored.names)
             if layout is not None:
@@ -458,8 +457,10 @@ class Dispatcher:
         self.cache.stats.missed(self.programs.env, self.name, describe_keys(keys), FALLBACK_REASON)
         from aot.cache.compiling import compile_entry  # only a fallback compiles
 
+        assert self.fallback is not None  # a miss compiles only with a fallback (the caller checked)
         result = compile_entry(self.cache, self.fallback, *args, name=self.name, **kwargs)
-        executable: MeshExecutable = result.executable
+        executable = result.executable
+        assert executable is not None  # compile_entry compiled it in this process
         self.programs.concrete[(structure, keys)] = Program(
             executable.signature, structure, executable.info.in_tree, keys,
             tuple(a.path for a in executable.info.args), [result.entry], [], [], executable,

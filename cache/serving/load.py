@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 from aot.device import device_error
 from aot.errors import AotError, CacheError, ReleaseNotFoundError, UsageError
 
-from aot.cache.serving import read_ahead
+from aot.cache.serving import read_ahead, readiness
 from aot.cache.serving.release_rule import RELEASE_ENV, served_release
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
     from aot.cache.serving.dispatcher import Dispatcher
+    from aot.cache.serving.statics import StaticsDispatcher
     from aot.cache.tiered import TieredStore
     from aot.cache.timeouts import Timeouts
 
@@ -47,7 +48,7 @@ def load(
     background: bool | None = None,
     release: str | None = None,
     timeouts: Timeouts | None = None,
-) -> Dispatcher:
+) -> Dispatcher | StaticsDispatcher:
     """A callable over every signature stored for ``name`` in this environment.
 
     ``background=False`` loads every signature now, in parallel, so the first request
@@ -93,13 +94,15 @@ def load(
     """
     if release is None:
         release = os.environ.get(RELEASE_ENV, "").strip() or None
+    progress = readiness.started(name)  # /ready: not ready until this load has returned
     try:
-        return _load(
+        dispatcher = _load(
             name, cache, strict=strict, lazy=lazy, fallback=fallback, read_only=read_only, pad=pad,
             pad_outputs=pad_outputs, pad_value=pad_value, allow_empty=allow_empty,
             background=background, release=release, timeouts=timeouts,
         )
     except RuntimeError as exc:
+        progress.failed()
         # JAX's backend failing to start (the chip held by another process: "Unable to
         # initialize backend 'tpu': ABORTED: The TPU is already in use by process with
         # pid N") is DeviceBusyError / DeviceUnavailableError, naming the holder, as for
@@ -108,6 +111,11 @@ def load(
         if error is None:
             raise
         raise error from None
+    except BaseException:
+        progress.failed()
+        raise
+    progress.finished(dispatcher, lazy=lazy)
+    return dispatcher
 
 
 def _load(
@@ -115,7 +123,7 @@ def _load(
     fallback: Callable[..., Any] | None, read_only: bool | None, pad: Mapping[str, int] | None,
     pad_outputs: int | Mapping[str, int] | None, pad_value: Any, allow_empty: bool,
     background: bool | None, release: str | None, timeouts: Timeouts | None,
-) -> Dispatcher:
+) -> Dispatcher | StaticsDispatcher:
     if background is None:
         background = not lazy and _on_accelerator()
     if lazy and background:
@@ -146,9 +154,8 @@ def _load(
                 "the bounds it was opened with; pass timeouts= to aot.Cache(...) instead, or "
                 "give load a location"
             )
-        if owned:
+        if not isinstance(cache, ArtifactStore):
             cache = open_existing(cache, read_only=read_only, timeouts=timeouts)
-        assert isinstance(cache, ArtifactStore)
         try:
             if release is None:  # neither release= nor AOT_RELEASE: the cache's declared default
                 release = served_release(cache, None)
@@ -184,7 +191,7 @@ def _on_accelerator() -> bool:
     return jax.default_backend() != "cpu"
 
 
-def check_release(dispatcher: Dispatcher, release: str) -> None:
+def check_release(dispatcher: Dispatcher | StaticsDispatcher, release: str) -> None:
     """Raises :class:`ReleaseNotFoundError` unless every member signature of ``release``
     can be served here (stored, checked, and loadable or recompilable)."""
     # A name with statics has one table per static value; each selected every member.
@@ -264,7 +271,9 @@ def open_existing(
     return ArtifactStore(location, read_only=read_only, timeouts=timeouts)
 
 
-def nothing_servable(cache: ArtifactStore, name: str, dispatcher: Dispatcher) -> AotError:
+def nothing_servable(
+    cache: ArtifactStore, name: str, dispatcher: Dispatcher | StaticsDispatcher
+) -> AotError:
     """The start-up error of a name with no servable signature: what is stored and
     why none of it serves here, or the names that are close. An :class:`IntegrityError`
     when every row was refused by the signature checks (nothing signed is servable)."""

@@ -23,6 +23,10 @@ serves for it, "" when it serves the name's refs):
 - ``aot_quarantines_total``: stored executables proven corrupt and refused;
 - ``aot_release_info{name, release}``: 1 for each name the process serves.
 
+Every series of a name is exported from the moment the process serves it (0 until its
+first event), so that ``rate()`` counts a first miss or quarantine; the names served
+before the exporter was enabled get theirs at their first event.
+
 The metrics go to ``prometheus_client``'s default registry, so a process that already
 exposes its own metrics (``start_http_server``) exposes these on the same endpoint once
 :func:`enable_metrics` is called. ``prometheus_client`` is the ``metrics`` extra.
@@ -32,10 +36,13 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from aot.cache.serving_events import StatsEvent, add_listener, remove_listener
 from aot.cache.stats_recorder import report_calls
@@ -168,6 +175,12 @@ class MetricsExporter:
             self.quarantines.labels(*labels).inc()
         elif kind == "serve":
             self.release.labels(event.name).info({"release": event.release})
+            # Every series of the name from the first scrape on, at 0: rate() and
+            # increase() need a sample before a counter's first event to count it.
+            for metric in (self.loads, self.load_seconds, self.saved, self.misses, self.fallbacks,
+                           self.recompiles, self.recompile_seconds, self.quarantines):
+                metric.labels(*labels)
+            self.hits.add(event.name, event.release, 0)
 
     def close(self) -> None:
         """Stops listening and takes the series off the registry."""
@@ -201,7 +214,7 @@ def enable_metrics(registry: Any = None) -> MetricsExporter:
 
 @dataclass(frozen=True, slots=True)
 class MetricsServer:
-    """An HTTP endpoint serving ``/metrics`` (:func:`serve_metrics`)."""
+    """An HTTP endpoint serving ``/metrics`` and ``/ready`` (:func:`serve_metrics`)."""
 
     addr: str
     port: int
@@ -212,6 +225,11 @@ class MetricsServer:
     def url(self) -> str:
         host = f"[{self.addr}]" if ":" in self.addr else self.addr
         return f"http://{host}:{self.port}/metrics"
+
+    @property
+    def ready_url(self) -> str:
+        """The readiness endpoint beside ``/metrics`` (:mod:`aot.cache.serving.readiness`)."""
+        return self.url.removesuffix("/metrics") + "/ready"
 
     def close(self) -> None:
         """Stops serving (the metrics keep counting)."""
@@ -227,8 +245,9 @@ _SERVERS: dict[tuple[str, int], MetricsServer] = {}
 
 
 def serve_metrics(port: int, addr: str = DEFAULT_ADDR, *, registry: Any = None) -> MetricsServer:
-    """Serves this process's metrics at ``http://ADDR:PORT/metrics`` from a daemon
-    thread (``port=0``: a free port, see ``.port``); the same server when asked twice
+    """Serves this process's metrics at ``http://ADDR:PORT/metrics``, and its readiness
+    at ``/ready`` (:mod:`aot.cache.serving.readiness`), from a daemon thread
+    (``port=0``: a free port, see ``.port``); the same server when asked twice
     for one address and port. Raises :class:`~aot.errors.MetricsError` without
     prometheus_client or when the port is taken."""
     client = _client()
@@ -238,9 +257,7 @@ def serve_metrics(port: int, addr: str = DEFAULT_ADDR, *, registry: Any = None) 
         if running is not None:
             return running
         try:
-            server, thread = client.start_http_server(
-                port, addr=addr, registry=registry if registry is not None else client.REGISTRY,
-            )
+            server, thread = _start_server(client, port, addr, registry if registry is not None else client.REGISTRY)
         except OSError as exc:
             raise MetricsError(
                 f"cannot serve metrics on {addr}:{port}: {exc}; choose a free port "
@@ -252,6 +269,44 @@ def serve_metrics(port: int, addr: str = DEFAULT_ADDR, *, registry: Any = None) 
             _SERVERS[(addr, started.port)] = started
     log.info("serving Prometheus metrics at %s", started.url)
     return started
+
+
+def _app(client: Any, registry: Any) -> Callable[..., Any]:
+    """prometheus_client's WSGI app, with ``/ready``: 200 when this process serves
+    everything it declared, else 503, with the state of each name in the body."""
+    metrics_app = client.make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/ready":
+            return metrics_app(environ, start_response)
+        from aot.cache.serving.readiness import readiness
+
+        state = readiness()
+        body = (state.describe() + "\n").encode()
+        start_response("200 OK" if state.ready else "503 Service Unavailable",
+                       [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        """Not a line on stderr per scrape and probe (prometheus_client's server is silent too)."""
+
+
+def _start_server(client: Any, port: int, addr: str, registry: Any) -> tuple[WSGIServer, threading.Thread]:
+    """What ``prometheus_client.start_http_server`` starts (a threading WSGI server on a
+    daemon thread), serving :func:`_app`: its own server has no room for ``/ready``."""
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+    server = make_server(addr, port, _app(client, registry), Server, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="aot-metrics", daemon=True)
+    thread.start()
+    return server, thread
 
 
 def serve_metrics_from_env(environ: Mapping[str, str] | None = None) -> MetricsServer | None:
@@ -275,8 +330,10 @@ def serve_metrics_from_env(environ: Mapping[str, str] | None = None) -> MetricsS
 
 # ---------------------------------------------------------------- the index's totals
 
-#: ``aot stats --prometheus``: counter -> (series, help). Labels ``name`` and ``env``
-#: (the environment digest's first 12 characters), summed over signatures.
+#: ``aot stats --prometheus``: counter -> (series, help). Labels ``name``, ``env`` (the
+#: environment digest's first 12 characters), ``target`` (what the environment is for:
+#: ``tpu:v5e:2x2``, ``cpu x8``; "" unknown) and ``release`` (the labels whose current set
+#: has the signature, comma-separated; "" none), summed over signatures.
 INDEX_METRICS = {
     "calls": ("aot_index_calls", "Calls served, as recorded in the cache's index."),
     "loads": ("aot_index_loads", "Executables loaded from the cache."),
@@ -293,22 +350,28 @@ JIT_METRICS = {
 }
 
 
+INDEX_LABELS = ("name", "env", "target", "release")
+
+
 class _IndexTotals:
-    def __init__(self, report: StatsReport) -> None:
+    def __init__(self, report: StatsReport, releases: Mapping[tuple[str, str, str], str]) -> None:
         self.report = report
+        self.releases = releases
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily
 
-        sums: dict[tuple[str, str], dict[str, float]] = {}
+        sums: dict[tuple[str, str, str, str], dict[str, float]] = {}
         for row in self.report.rows:
-            totals = sums.setdefault((row.name, row.env_fp[:12]), dict.fromkeys(INDEX_METRICS, 0.0))
+            labels = (row.name, row.env_fp[:12], self.report.target(row) or "",
+                      self.releases.get((row.name, row.signature, row.env_fp), ""))
+            totals = sums.setdefault(labels, dict.fromkeys(INDEX_METRICS, 0.0))
             for counter in INDEX_METRICS:
                 totals[counter] += getattr(row, counter)
         for counter, (series, text) in INDEX_METRICS.items():
-            family = CounterMetricFamily(series, text, labels=("name", "env"))
-            for (name, env), totals in sorted(sums.items()):
-                family.add_metric([name, env], totals[counter])
+            family = CounterMetricFamily(series, text, labels=INDEX_LABELS)
+            for labels, totals in sorted(sums.items()):
+                family.add_metric(list(labels), totals[counter])
             yield family
         for counter, (series, text) in JIT_METRICS.items():
             family = CounterMetricFamily(series, text, labels=("name",))
@@ -317,10 +380,11 @@ class _IndexTotals:
             yield family
 
 
-def index_exposition(report: StatsReport) -> str:
+def index_exposition(report: StatsReport, releases: Mapping[tuple[str, str, str], str] | None = None) -> str:
     """``report``'s totals in Prometheus's text exposition format (for node_exporter's
-    textfile collector or a Pushgateway)."""
+    textfile collector or a Pushgateway). ``releases``: (name, signature, env_fp) -> the
+    ``release`` label (:func:`aot.cache.reports.stats.release_memberships`)."""
     client = _client()
     registry = client.CollectorRegistry(auto_describe=False)
-    registry.register(_IndexTotals(report))
+    registry.register(_IndexTotals(report, releases or {}))
     return client.generate_latest(registry).decode()

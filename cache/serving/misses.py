@@ -334,7 +334,8 @@ def describe_tree(tree: PyTreeDef) -> str:
 
 def describe_value(value: Any) -> str:
     """One short phrase for one argument: its aval, or what kind of pytree it is."""
-    leaves, tree = jax.tree_util.tree_flatten(value)
+    leaves, flat_tree = jax.tree_util.tree_flatten(value)
+    tree: Any = flat_tree  # PyTreeDef's num_leaves / num_nodes are not in jaxlib's stubs
     if tree.num_leaves == 1 and tree.num_nodes == 1:
         try:
             return format_aval(*leaf_aval(leaves[0]))

@@ -71,13 +71,15 @@ class PadPlan:
                     f"pad_outputs={outputs!r}: expected None (the padded axis), an axis, "
                     "or a mapping from an output path to an axis, e.g. {'[0]': 0}"
                 )
-            outputs = tuple(sorted(outputs.items()))
-        if outputs is None and len({axis for axis in pad.values()}) > 1:
+        out_axes: int | tuple[tuple[str, int], ...] | None = (
+            tuple(sorted(outputs.items())) if isinstance(outputs, Mapping) else outputs
+        )
+        if out_axes is None and len({axis for axis in pad.values()}) > 1:
             raise SpecError(
                 f"pad={dict(pad)!r} pads different axes, so the output axis to slice is "
                 "ambiguous; pass pad_outputs= (an axis, or {output path: axis})"
             )
-        return cls(tuple(sorted(pad.items())), outputs, value)
+        return cls(tuple(sorted(pad.items())), out_axes, value)
 
     def axes_for(self, paths: Sequence[str]) -> dict[int, int]:
         """Flat input index -> axis to pad, for the stored leaf ``paths``."""

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -477,6 +479,7 @@ class ProgramTable:
     def _load(self, program: Program) -> MeshExecutable:
         """Step one: the newest intact executable of this environment; else step two
         (:func:`recompile_program`), unless strict; else an error naming what was tried."""
+        _pause("serve.loading")
         problems: list[str] = []
         unusable: list[IndexEntry] = []  # rows of this environment that failed to load
         limits: list[BaseException] = []  # failures of this process (PROCESS_LIMITS)
@@ -693,3 +696,14 @@ def cannot_serve_here(manifest: Manifest, here: dict[str, str]) -> str | None:
             f"has {len(live)}"
         )
     return None
+
+
+def _pause(point: str) -> None:
+    """:func:`aot.cache.pauses.reached` without importing that writers' module on the
+    serving path: a test that set a hook has imported it; ``AOT_TEST_PAUSE`` (a child
+    process) imports it here."""
+    pauses = sys.modules.get("aot.cache.pauses")
+    if pauses is None and os.environ.get("AOT_TEST_PAUSE"):
+        from aot.cache import pauses
+    if pauses is not None:
+        pauses.reached(point)

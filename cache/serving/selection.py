@@ -141,12 +141,12 @@ def select_rows(
         key = keys.get(env_fp) or next(iter(keys.values()))
         missing.append((signature, key, f"its declared key {key[:12]} is not stored"))
     for signature, members in by_signature.items():
-        keys = decided.get(signature)
-        if keys is None and release is not None:
+        declared_keys = decided.get(signature)
+        if declared_keys is None and release is not None:
             dropped.extend((e, f"not a member of release {release!r}") for e in members)
             continue
-        if keys is not None:
-            targets = [keys[env_fp]] if env_fp in keys else list(keys.values())
+        if declared_keys is not None:
+            targets = [declared_keys[env_fp]] if env_fp in declared_keys else list(declared_keys.values())
             stored = {e.key: e for e in members}
             found = [stored[k] for k in targets if k in stored]
             if not found:
@@ -155,7 +155,7 @@ def select_rows(
                 continue
             first: IndexEntry | None = found[0]
             programs = {e.program_fp for e in found}
-            served[signature] = targets[0] if env_fp in keys else None
+            served[signature] = targets[0] if env_fp in declared_keys else None
         else:
             first = _legacy(members, signature, env_fp)
             programs = {first.program_fp} if first is not None else {e.program_fp for e in members}
@@ -164,7 +164,7 @@ def select_rows(
         for entry in members:
             if entry.program_fp not in programs:
                 dropped.append((entry, f"{signature} serves {first.key[:12] if first else '?'} "
-                                       f"({'declared' if keys is not None else 'newest, no ref'})"))
+                                       f"({'declared' if declared_keys is not None else 'newest, no ref'})"))
         # Filed at the front one by one: the served row last, so it is tried first.
         kept.sort(key=lambda e: (first is not None and e.key == first.key, e.ok, e.created_at, e.key))
         rows.extend(kept)

@@ -77,6 +77,7 @@ class _Merged:
             (text, key): program
             for text, child in children.items() for key, program in child.programs.concrete.items()
         }
+        self.refused = [r for child in children.values() for r in child.programs.refused]
 
 
 class StaticsDispatcher:

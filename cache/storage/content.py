@@ -16,6 +16,7 @@ little time. Decompression is fast at every level.
 
 from __future__ import annotations
 
+import builtins
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -226,7 +227,7 @@ class ContentStore:
                 return
             yield item
 
-    def digests(self) -> list[str]:
+    def digests(self) -> builtins.list[str]:  # builtins: `list` is a method here
         """Every stored digest, sorted."""
         return sorted(s.digest for s in self.list())
 

@@ -6,6 +6,7 @@ contract); hashing, compression and verification are :class:`aot.cache.storage.c
 
 from __future__ import annotations
 
+import builtins
 import errno
 import logging
 import os
@@ -151,7 +152,7 @@ class FolderObjectStore:
 
     # -- temp files ---------------------------------------------------------------
 
-    def temp_files(self) -> list[Path]:
+    def temp_files(self) -> builtins.list[Path]:  # builtins: `list` is a method here
         """Temp files of writes in progress or interrupted (never blobs)."""
         folder = self.root / TEMP_DIR
         try:
@@ -272,7 +273,7 @@ class MemoryObjectStore:
     def __init__(self, *, read_only: bool = False, shares: MemoryObjectStore | None = None) -> None:
         self.read_only = read_only
         self._data: dict[str, tuple[bytes, datetime]] = shares._data if shares is not None else {}
-        self._lock = shares._lock if shares is not None else threading.Lock()
+        self._lock: threading.Lock = shares._lock if shares is not None else threading.Lock()
 
     def __repr__(self) -> str:
         return f"MemoryObjectStore({len(self._data)} blobs, read_only={self.read_only})"

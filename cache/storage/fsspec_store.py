@@ -542,10 +542,10 @@ class FsspecObjectStore:
         if self.protocol in ("memory", "file") or self.read_only:
             return _utcnow()
         if self._clock is not None:
-            stamp, taken = self._clock
+            known, taken = self._clock
             elapsed = time.monotonic() - taken
             if elapsed < _CLOCK_TTL:
-                return stamp + _dt.timedelta(seconds=elapsed)
+                return known + _dt.timedelta(seconds=elapsed)
         marker = f"{self._root}/{_CLOCK_MARKER}"
         taken = time.monotonic()
         try:
@@ -553,7 +553,7 @@ class FsspecObjectStore:
             info = self._fs.info(marker)
         except Exception as exc:  # noqa: BLE001
             raise self._fail(exc, "read the store's clock (write a marker object)") from exc
-        stamp = None
+        stamp: _dt.datetime | None = None
         for key in _MTIME_KEYS:
             stamp = _to_utc(info.get(key))
             if stamp is not None:

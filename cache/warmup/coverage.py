@@ -42,7 +42,7 @@ class Uncovered:
 def target_environments(cache: ArtifactStore) -> Callable[[WarmupItem], Fingerprint]:
     """A function giving a device-target item's environment (in its x64 mode), computed
     once per (target, x64): each costs a libtpu topology, never this host's device."""
-    computed: dict[tuple[str, bool], Fingerprint] = {}
+    computed: dict[tuple[str | None, bool], Fingerprint] = {}
 
     def environment(item: WarmupItem) -> Fingerprint:
         slot = (item.device_target, item.x64)

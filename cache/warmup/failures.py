@@ -29,8 +29,9 @@ def _library_roots() -> tuple[str, ...]:
     roots = {os.path.dirname(os.path.abspath(aot.__file__))}
     for name in ("aot.cache", "aot.cli", "jax", "jaxlib"):
         module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            roots.add(os.path.dirname(os.path.abspath(module.__file__)))
+        file = getattr(module, "__file__", None)
+        if file:
+            roots.add(os.path.dirname(os.path.abspath(file)))
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         path = sysconfig.get_paths().get(key)
         if path:

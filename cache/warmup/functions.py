@@ -115,7 +115,7 @@ def _call_spec_callable(spec_callable: str, base_dir: str | None) -> Any:
     import jax
 
     memo = _SPEC_MEMO.get()
-    key = (spec_callable, base_dir, bool(jax.config.jax_enable_x64))
+    key = (spec_callable, base_dir, bool(getattr(jax.config, "jax_enable_x64")))
     if memo is not None and key in memo:
         return memo[key]
     fn = resolve_function(spec_callable, base_dir=base_dir)

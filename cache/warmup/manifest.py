@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aot.errors import AotError, ManifestError, SpecError
+from aot.errors import AotError, IncompatibleEnvironmentError, ManifestError, SpecError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -60,12 +60,14 @@ else:  # pragma: no cover - Python 3.10
 
 __all__ = [
     "AUTO_SHARDING",
+    "FLEET_DISTRIBUTIONS",
     "FunctionEntry",
     "HOST",
     "RESERVED_KWARGS",
     "WarmupItem",
     "WarmupManifest",
     "expand",
+    "installed_version",
     "load_manifest",
     "parse_manifest",
     "parse_mesh",
@@ -279,6 +281,28 @@ class WarmupManifest:
     # What a reader of the file should change (the old ``target = "module:attr"``
     # spelling); already logged once when the file was parsed.
     warnings: tuple[str, ...] = ()
+    # ``[fleet]``: (distribution, version) the fleet runs, which a runner compiling for
+    # it must have (:meth:`check_fleet`): libtpu, jax, jaxlib.
+    fleet: tuple[tuple[str, str], ...] = ()
+
+    def check_fleet(self) -> None:
+        """Raises :class:`aot.IncompatibleEnvironmentError` naming each ``[fleet]`` pin
+        this process's installed version differs from: a runner with another compiler
+        fails its warm-up or gate, not the fleet's deploy (its entries would be for an
+        environment the fleet does not run)."""
+        differences = []
+        for distribution, pinned in self.fleet:
+            installed = installed_version(distribution)
+            if installed != pinned:
+                differences.append(f"{distribution} {pinned} != {installed or 'not installed'}")
+        if differences:
+            pins = " ".join(f"'{d}=={v}'" for d, v in self.fleet)
+            raise IncompatibleEnvironmentError(
+                f"{self.path}: [fleet] pins {', '.join(f'{d} {v}' for d, v in self.fleet)}, and this "
+                f"process has another: {'; '.join(differences)} (pinned != installed); entries compiled "
+                f"here would not be the fleet's. Install the pinned versions (pip install {pins}) or "
+                "change the pins", tuple(differences),
+            )
 
     def for_targets(self, targets: Iterable[str]) -> WarmupManifest:
         """The same functions for other device targets (``aot warmup --target``): they
@@ -302,7 +326,44 @@ class WarmupManifest:
                 for f in self.functions
             ],
             "targets": list(self.targets),
+            "fleet": dict(self.fleet),
         }
+
+
+#: The distributions a manifest's ``[fleet]`` table may pin, and the names each is
+#: installed under (libtpu's nightly builds are another distribution).
+FLEET_DISTRIBUTIONS = {"libtpu": ("libtpu", "libtpu-nightly"), "jax": ("jax",), "jaxlib": ("jaxlib",)}
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of a :data:`FLEET_DISTRIBUTIONS` key, from the package
+    metadata (never importing it: libtpu opens no device to say its version); None when
+    not installed."""
+    import importlib.metadata
+
+    for name in FLEET_DISTRIBUTIONS.get(distribution, (distribution,)):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _fleet(value: Any, path: str) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ManifestError(f"{path}: [fleet] must be a table of versions (libtpu = \"0.0.42.1\")")
+    unknown = sorted(set(value) - set(FLEET_DISTRIBUTIONS))
+    if unknown:
+        raise ManifestError(
+            f"{path}: [fleet] pins {', '.join(unknown)}, which it cannot pin; it pins "
+            f"{', '.join(FLEET_DISTRIBUTIONS)} (libtpu = \"0.0.42.1\")"
+        )
+    bad = sorted(k for k, v in value.items() if not isinstance(v, str) or not v.strip())
+    if bad:
+        raise ManifestError(f"{path}: [fleet] {bad[0]} must be a version string (libtpu = \"0.0.42.1\")")
+    return tuple((k, value[k].strip()) for k in FLEET_DISTRIBUTIONS if k in value)
 
 
 # ---------------------------------------------------------------- parsing
@@ -333,12 +394,14 @@ def parse_manifest(text: str, path: str = "<manifest>") -> WarmupManifest:
         raise _too_deep(path) from None
     if _nesting_depth(data) > MAX_NESTING:
         raise _too_deep(path)
-    unknown = sorted(set(data) - {"function", "target"})
+    unknown = sorted(set(data) - {"function", "target", "fleet"})
     if unknown:
         raise ManifestError(
             f"{path}: unknown top-level key(s) {unknown}; a manifest holds [[function]] tables "
-            "(and optionally a top-level target = \"tpu:v5e:2x2\" or a list of them)"
+            "(and optionally a top-level target = \"tpu:v5e:2x2\" or a list of them, and a "
+            "[fleet] table of pinned versions)"
         )
+    fleet = _fleet(data.get("fleet"), path)
     try:
         targets = _device_targets(data.get("target"))
     except ManifestError as exc:
@@ -356,11 +419,11 @@ def parse_manifest(text: str, path: str = "<manifest>") -> WarmupManifest:
     for index, table in enumerate(tables):
         line = lines[index] if lines else None
         functions.append(_parse_function(table, index, line, path, old_spelling))
-    warnings = ()
+    warnings: tuple[str, ...] = ()
     if old_spelling:
         warnings = (_old_spelling_warning(path, old_spelling),)
         log.warning("%s", warnings[0])
-    return WarmupManifest(path, tuple(functions), targets, warnings)
+    return WarmupManifest(path, tuple(functions), targets, warnings, fleet)
 
 
 def _old_spelling_warning(path: str, old: list[tuple[str, str]]) -> str:

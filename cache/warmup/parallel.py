@@ -215,7 +215,7 @@ def run_parallel(
 
     from aot.cache.warmup.workers import WorkerPool
 
-    payload = (bool(jax.config.jax_enable_x64), {"location": cache.location, **cache.options()}, claims is not None)
+    payload = (bool(getattr(jax.config, "jax_enable_x64")), {"location": cache.location, **cache.options()}, claims is not None)
     target = jobs if isolate else min(jobs - 1, len(items) - 1)  # worker processes
     if pool is None:
         pool = WorkerPool(0 if isolate else target)
@@ -299,7 +299,7 @@ def run_parallel(
             if not isolate and lowered is None:
                 pair = work.take()
                 if pair is not None:
-                    outcome = lower_here(cache, *pair)
+                    outcome: ItemResult | Deferred | Lowered = lower_here(cache, *pair)
                     if claims is not None and isinstance(outcome, Lowered):
                         outcome = claims.claim(outcome) or outcome  # deferred, or stored meanwhile
                     if not isinstance(outcome, Lowered):

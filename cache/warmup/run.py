@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -39,6 +40,7 @@ from aot.cache.warmup.manifest import (
     parse_manifest,
     parse_mesh,
 )
+from aot.cache.warmup.following import WarmupFollower, WarmupLeader
 from aot.cache.warmup.parallel import run_parallel
 from aot.cache.warmup.shard import parse_shard, select_shard
 from aot.cache.warmup.steps import (
@@ -47,6 +49,7 @@ from aot.cache.warmup.steps import (
     ItemResult,
     Lowered,
     compile_lowered,
+    follow_here,
     lower_here,
     store_here,
 )
@@ -98,6 +101,7 @@ __all__ = [
     "resolve_jobs",
     "resolve_function",
     "declare",
+    "follow_warmup",
     "release_cover",
     "release_run",
     "run_warmup",
@@ -203,11 +207,14 @@ def _run_pipelined(
     try:
         for index, item in enumerate(items):
             outcome = lower_here(cache, index, item)
-            claimed = claims.claim(outcome) if claims is not None and isinstance(outcome, Lowered) else None
-            if isinstance(claimed, Deferred):
-                deferred.append(outcome)  # lowered already: compiled here if its claim becomes ours
-                continue
-            outcome = claimed or outcome  # a hit stored meanwhile
+            if claims is not None and isinstance(outcome, Lowered):
+                claimed = claims.claim(outcome)
+                if isinstance(claimed, Deferred):
+                    deferred.append(outcome)  # lowered already: compiled here if its claim becomes ours
+                    continue
+                if claimed is not None:  # a hit stored meanwhile
+                    emit(claimed)
+                    continue
             if isinstance(outcome, ItemResult):
                 emit(outcome)
                 continue
@@ -242,6 +249,7 @@ def run_warmup(
     claims: bool | None = None,
     claim_seconds: float = CLAIM_SECONDS,
     wait_seconds: float = WAIT_SECONDS,
+    leader: WarmupLeader | None = None,
 ) -> WarmupReport:
     """Compiles every item into the cache at ``location`` (hits cost no compile).
 
@@ -329,6 +337,8 @@ def run_warmup(
         if positions[result.index] != result.index:
             result = dataclasses.replace(result, index=positions[result.index])
         results[result.index] = result
+        if leader is not None:
+            leader.publish(result)
         log.info("warmup: %s %s", result.status, result.describe())
         if on_result is not None:
             on_result(result)
@@ -347,6 +357,8 @@ def run_warmup(
                 chosen = select_shard(items, shard, cache)
                 positions = [i for i, _ in chosen]
                 items = [item for _, item in chosen]
+            if leader is not None:
+                leader.plan(positions)
             use_claims = claims_default(cache) if claims is None else claims
             with (
                 WarmupClaims(cache, claim_seconds=claim_seconds, wait_seconds=wait_seconds) if use_claims
@@ -361,6 +373,10 @@ def run_warmup(
                     _run_pipelined(cache, items, emit, held)
         carried = declare(cache, list(results.values()), origin or RefOrigin("warmup"), release=release,
                           run=run, covered=covered)
+    except BaseException as exc:
+        if leader is not None:  # the others stop waiting for what will not come
+            leader.abort(f"{type(exc).__name__}: {exc}")
+        raise
     finally:
         if workers is not None:
             workers.close()
@@ -436,7 +452,7 @@ def release_cover(cache: ArtifactStore, items: Iterable[WarmupItem]) -> Callable
                       or (m.name, None) in names or (m.name, m.signature, None) in slots)
 
 
-def release_run(commit: str | None, shard: tuple[int, int] | None = None) -> str | None:
+def release_run(commit: str | None, shard: tuple[int, int] | str | None = None) -> str | None:
     """The run id the warm-ups of one CI run share, so that they declare one release
     set: the commit (the shards of a manifest, and several manifests warmed at one
     commit); None (a new set) when no commit is known and the warm-up is not sharded.
@@ -451,6 +467,31 @@ def release_run(commit: str | None, shard: tuple[int, int] | None = None) -> str
             )
         return None
     return f"commit {commit}"
+
+
+def follow_warmup(
+    cache: ArtifactStore, items: Iterable[WarmupItem], on_result: Callable[[ItemResult], None] | None = None,
+) -> WarmupReport:
+    """The warm-up of a process other than 0 of a multi-process job whose process 0 runs
+    :func:`run_warmup` with a :class:`~aot.cache.warmup.following.WarmupLeader`: the
+    items process 0 runs (its shard), each lowered here and loaded from ``cache``
+    (process 0's, opened read-only once process 0 has it open); nothing is stored. Its
+    report counts hits (``waited``: stored by process 0 while this one waited), items
+    compiled here (the cache could not give them) and failures (process 0's, or this
+    process's lowering)."""
+    items = list(items)
+    start = time.perf_counter()
+    follower = WarmupFollower()
+    results = []
+    with remembering_specs():
+        for position in follower.plan():
+            item = items[position]
+            result = follow_here(cache, position, item, functools.partial(follower.key_of, position, item.label))
+            log.info("warmup: %s %s", result.status, result.describe())
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+    return WarmupReport(cache.display_location, 1, tuple(results), time.perf_counter() - start)
 
 
 # ---------------------------------------------------------------- any executor
@@ -468,7 +509,7 @@ def _run_on_executor(
     import jax
 
     options = {"location": cache.location, **cache.options()}
-    x64 = bool(jax.config.jax_enable_x64)
+    x64 = bool(getattr(jax.config, "jax_enable_x64"))
 
     def submit(index: int, item: WarmupItem, claim: bool) -> Future[Any]:
         if claim and claims is not None:
@@ -490,6 +531,7 @@ def _run_on_executor(
         return deferred
 
     def again(d: Deferred) -> None:  # its claim is this process's now
+        assert claims is not None  # only claims defer
         try:
             run({submit(d.index, d.item, False): (d.index, d.item)})
         finally:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.pauses import reached
-from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, SpecError
+from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, SliceError, SpecError
 from aot.signatures import Signature
 from aot.cache.warmup.failures import Failure
 from aot.cache.warmup.manifest import WarmupItem
@@ -40,6 +40,7 @@ __all__ = [
     "ItemResult",
     "Lowered",
     "compile_lowered",
+    "follow_here",
     "load_stored",
     "lower_here",
     "store_here",
@@ -264,6 +265,70 @@ def store_here(
     return _done(index, item, entry, "compiled", seconds)
 
 
+def follow_here(cache: ArtifactStore, index: int, item: WarmupItem, leader_key: Callable[[], str]) -> ItemResult:
+    """An item of a warm-up that process 0 of the job runs (:mod:`aot.cache.warmup.following`):
+    lowered here, loaded when stored; otherwise ``leader_key()`` waits for the key
+    process 0 stored (raising its error) and that entry is loaded. Compiled here, and
+    not stored, only when the cache cannot give it: a program of this process's
+    devices only, or an entry process 0 stored elsewhere (hosts that share no cache)."""
+    from aot.lowering import lower, lower_pmap
+    from aot.slices import slice_of
+
+    start = time.perf_counter()
+    with x64_mode(item):
+        try:
+            prepared = prepare(item)
+            options = dict(prepared.options)
+            pmap = options.pop("pmap", False)
+            computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
+            lowered = Lowered(index, item, computation, time.perf_counter() - start)
+            stored = load_stored(cache, lowered)
+            if stored is not None:
+                return stored
+            # A device target's entry is the same in every process (deviceless); one that
+            # spans the job's processes is process 0's to compile.
+            shared = computation.target is not None or slice_of(computation.devices) is not None
+            if shared:
+                key = leader_key()
+                if key != computation.fingerprint:
+                    raise SliceError(
+                        f"this process lowered {item.label} to key {computation.fingerprint[:12]}, process 0 "
+                        f"to {key[:12]}: every process of the job must run the same code, manifest and "
+                        "environment", key=computation.fingerprint, process=0,
+                    )
+                lowered.seconds = time.perf_counter() - start
+                stored = load_stored(cache, lowered, waited=True)
+                if stored is not None:
+                    return stored
+                log.warning(
+                    "%s: process 0 stored it, but the cache at %s does not have it: the hosts of a slice "
+                    "should share one cache (a PostgreSQL index, or one folder); compiling it here",
+                    item.label, cache.display_location,
+                )
+            if computation.symbolic:
+                raise SliceError(
+                    f"{item.label} is symbolic: process 0 stores it, and the cache at "
+                    f"{cache.display_location} does not have it", key=computation.fingerprint, process=0,
+                )
+        except Exception as exc:  # noqa: BLE001 - every item is tried; failures are recorded
+            return _failed(index, item, exc, time.perf_counter() - start)
+    return _compiled_unstored(cache, lowered, start)
+
+
+def _compiled_unstored(cache: ArtifactStore, lowered: Lowered, start: float) -> ItemResult:
+    """Compiles an item without storing it (a follower of a job stores nothing)."""
+    from aot.build import build_artifact
+    from aot.cache.store import unstored_entry
+
+    try:
+        executable, _ = compile_lowered(lowered)
+        with x64_mode(lowered.item):
+            entry = unstored_entry(build_artifact(executable, None))
+    except Exception as exc:  # noqa: BLE001
+        return _failed(lowered.index, lowered.item, exc, time.perf_counter() - start)
+    return _done(lowered.index, lowered.item, entry, "compiled", time.perf_counter() - start)
+
+
 # ---------------------------------------------------------------- any process, any executor
 
 
@@ -278,7 +343,7 @@ def task_cache(cache_options: dict[str, Any], x64: bool) -> ArtifactStore:
 
     from aot.cache.store import ArtifactStore
 
-    if bool(jax.config.jax_enable_x64) != x64:
+    if bool(getattr(jax.config, "jax_enable_x64")) != x64:
         jax.config.update("jax_enable_x64", x64)
     key = (os.getpid(), threading.get_ident(), repr(sorted(cache_options.items())))
     with _TASK_LOCK:

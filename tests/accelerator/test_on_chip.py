@@ -254,7 +254,6 @@ def _cpu_runner_environment() -> dict[str, str]:
 
 def _compile_deviceless(folder: Path) -> dict[str, Any]:
     import json
-    import os
     import subprocess
     import sys
 
@@ -332,7 +331,6 @@ def test_a_deviceless_compile_is_what_the_chip_compiles(tmp_path: Path) -> None:
     be what the chip compiles from the stored HLO (same optimized HLO, bit-identical
     outputs on generated inputs). This is the README's deviceless == on-chip proof."""
     import json
-    import os
     import subprocess
     import sys
 

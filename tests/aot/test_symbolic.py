@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import aot
-from aot.artifact import EXECUTABLE, FORMAT_VERSION, PORTABLE_HLO, Artifact, Manifest
+from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
 from aot.fingerprint import combined_key
 from aot.build import build_artifact, build_symbolic_artifact
 from aot.recompile import compile_symbolic

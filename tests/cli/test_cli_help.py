@@ -23,6 +23,7 @@ EXPECTED = {
     "compile", "warmup", "ls", "show", "verify", "gc", "rm", "bundle", "bundle export",
     "bundle import", "why", "doctor", "push", "pull", "stats",
     "release", "release ls", "release show", "release promote", "release rollback", "release default", "release history", "release rm",
+    "release diff",
     "history", "target", "target capture", "target ls", "target show",
 }
 GLOBAL = ("--cache", "--blobs", "--local", "--read-only", "--json", "--debug")

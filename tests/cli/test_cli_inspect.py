@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import aot
 from aot.cache.index.entry import SCHEMA_VERSION
 from aot.cache.index.refs import RefOrigin
 from tests.aot.test_targets import needs_libtpu
-from tests.cli.helpers import MLP_TREE, Invoke, one_line_error, store_for_another_environment
+from tests.cli.helpers import Invoke, one_line_error, store_for_another_environment
 
 ENTRY_KEYS = {
     "key", "name", "program_fp", "env_fp", "signature", "platform", "exe_digest", "hlo_digest",
@@ -298,6 +299,12 @@ def test_doctor(invoke: Invoke, warmed, cache_dir) -> None:
     assert set(data) == DOCTOR_KEYS and set(data["cache"]) == DOCTOR_CACHE_KEYS
     assert data["ok"] is True and data["devices"]["count"] == 8
     assert data["cache"]["entries"] == 5 and data["cache"]["schema_version"] == SCHEMA_VERSION
+    # libtpu's version from its package metadata, without opening a device (issue 52).
+    try:
+        libtpu = importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        libtpu = "not installed"
+    assert data["versions"]["libtpu"] == libtpu and f"\n  libtpu      {libtpu}\n" in text, text
     assert data["health"]["ok"] is True
     assert len(data["environment"]["digest"]) == 64
 

@@ -25,6 +25,11 @@ def test_promote_rollback_and_history(invoke: Invoke, warmed, cache_dir) -> None
     promoted = invoke("release", "promote", "candidate", "prod")
     assert promoted.exit_code == 0 and promoted.stdout.startswith("promoted prod: set ")
     assert promoted.stdout.endswith(", 3 members\n")
+    # prod keeps candidate's provenance: the set promoted and its commit (issue 52).
+    prod = invoke("release", "ls").stdout.splitlines()[1]
+    assert prod.startswith("prod  set ") and prod.endswith(
+        f"  promoted from candidate set {second}  commit c2  (no previous set)")
+    assert json.loads(invoke("release", "ls", "--json").stdout)["releases"][1]["commit"] == "c2"
     shown = json.loads(invoke("release", "show", "prod", "--json").stdout)
     assert sorted(m["key"] for m in shown["members"]) == sorted(e.key for e in entries[:3])
     back = invoke("release", "rollback", "candidate")
@@ -295,8 +300,15 @@ def test_release_history_shows_every_move_of_a_label(invoke: Invoke, warmed, cac
     assert invoke("release", "rollback", "prod").exit_code == 0
     moves = json.loads(invoke("release", "history", "prod", "--json").stdout)["history"]
     left, restored = moves[1]["id"], moves[2]["id"]
+    # Each promotion names the set it promoted and keeps its commit (issue 52).
+    promoted = [m["promoted_from"]["set"] for m in moves[1:]]
     assert [m["move"] for m in moves] == [
-        f"rolled back to set {restored} from set {left}", "promoted from candidate", "promoted from candidate",
+        f"rolled back to set {restored} from set {left}",
+        f"promoted from candidate set {promoted[0]}", f"promoted from candidate set {promoted[1]}",
+    ]
+    assert [m["commit"] for m in moves] == ["c2", "c1", "c2"]  # a rollback restores the set's commit too
+    assert [m["promoted_from"] for m in moves] == [
+        None, {"label": "candidate", "set": promoted[0]}, {"label": "candidate", "set": promoted[1]},
     ]
     assert moves[0]["id"] > left > restored and moves[1]["previous"] == restored
     assert all(m["user"] and m["host"] and m["created_at"] for m in moves)
@@ -305,7 +317,7 @@ def test_release_history_shows_every_move_of_a_label(invoke: Invoke, warmed, cac
     assert text[0].startswith("* set ")
     # The rollback names the set it restored (the first, c1) and the one it left (c2),
     # and, having restored the first set, no earlier one to go back to.
-    assert text[0].endswith(f"rolled back to set {sets[2]} from set {sets[1]}  [cpu x8]  (no earlier set)")
+    assert text[0].endswith(f"rolled back to set {sets[2]} from set {sets[1]}  commit c1  [cpu x8]  (no earlier set)")
     assert text[1].endswith(f"declared by ci  commit c2  [cpu x8 (2)]  (replaced set {sets[2]})")
     assert text[2].endswith("declared by ci  commit c1  [cpu x8]  (first set)")
     assert len(invoke("release", "history", "candidate", "--limit", "1").stdout.splitlines()) == 1
@@ -383,6 +395,10 @@ def test_warmups_of_one_commit_build_one_release_and_another_commit_keeps_the_re
         assert result.exit_code == 0, result.output
     assert _members(invoke, "candidate") == both
     assert len(history()) == 1
+    # Both manifests declared the set, and both are credited (issue 52).
+    assert history()[0]["move"] == f"declared by warmup {serve}, warmup {sharded}"
+    again = invoke("warmup", serve, "--release", "candidate", "--commit", "c1")
+    assert again.exit_code == 0 and history()[0]["source"] == f"warmup {serve}, warmup {sharded}"
 
     # The next commit's first warm-up opens a new set that keeps the other manifest's
     # member, and says so; the second manifest's warm-up of that commit joins the set.
@@ -414,3 +430,55 @@ def test_warmups_of_one_commit_build_one_release_and_another_commit_keeps_the_re
 def test_replace_needs_a_release(invoke: Invoke) -> None:
     result = invoke("warmup", "fixtures/warmup.toml", "--replace")
     assert result.exit_code == 2 and "give --release LABEL with it" in result.output
+
+
+# ---------------------------------------------------------------- release diff
+
+TINY = ("compile", "fixtures.models:tiny", "--arg", "f32[8]", "--arg", "f32[8]", "--name", "tiny")
+
+
+def _stablehlo(cache: aot.Cache, key: str) -> str:
+    return json.loads(cache.index.get(key).manifest)["program"]["parts"]["stablehlo"]
+
+
+def test_release_diff_names_each_member_that_differs_and_why(invoke: Invoke, warmed, cache_dir) -> None:  # noqa: ANN001
+    """prod serves tiny, allreduce and one mlp bucket; candidate has tiny compiled with
+    a donation, the same mlp bucket and another: the diff says what promoting candidate
+    to prod changes, and for tiny the parts that differ, as `aot why` names them."""
+    assert invoke(*TINY, "--donate", "0").exit_code == 0
+    with aot.Cache(cache_dir) as cache:
+        entries = cache.entries()
+        tiny, donated = sorted((e for e in entries if e.name == "tiny"),
+                               key=lambda e: json.loads(e.manifest)["program"]["parts"]["donated"] == "[0]")
+        mlp = sorted((e for e in entries if e.name == "mlp.forward"), key=lambda e: e.signature)
+        allreduce = next(e for e in entries if e.name == "allreduce")
+        for label, members, commit in (("prod", [tiny, allreduce, mlp[0]], "c1"),
+                                       ("candidate", [donated, mlp[0], mlp[1]], "c2")):
+            cache.index.declare_release(label, [(e.name, e.signature, e.env_fp, e.key) for e in members],
+                                        RefOrigin("ci", commit=commit))
+        hlo = _stablehlo(cache, tiny.key), _stablehlo(cache, donated.key)
+    prod, candidate = (json.loads(invoke("release", "show", label, "--json").stdout)["id"]
+                       for label in ("prod", "candidate"))
+    result = invoke("release", "diff", "prod", "candidate")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        f"prod (set {prod}) -> candidate (set {candidate}): 1 added, 1 removed, 1 changed, 1 member the same",
+        f"  - {allreduce.key[:12]}  cpu x8  allreduce (f32[8,1024])",
+        f"  + {mlp[1].key[:12]}  cpu x8  mlp.forward ({mlp[1].signature})",
+        f"  ~ {tiny.key[:12]} -> {donated.key[:12]}  cpu x8  tiny (f32[8], f32[8])",
+        "      donated [] != [0]",
+        f"      stablehlo {hlo[0]} != {hlo[1]}",
+    ]
+    data = json.loads(invoke("release", "diff", "prod", "candidate", "--json").stdout)
+    assert (data["a"]["commit"], data["b"]["commit"], data["added"], data["removed"], data["changed"],
+            data["same"]) == ("c1", "c2", 1, 1, 1, 1)
+    assert data["changes"][2] == {
+        "change": "changed", "name": "tiny", "signature": "f32[8], f32[8]", "key_a": tiny.key,
+        "key_b": donated.key, "target_a": "cpu x8", "target_b": "cpu x8", "note": None,
+        "differences": [{"part": "donated", "expected": "[]", "actual": "[0]"},
+                        {"part": "stablehlo", "expected": hlo[0], "actual": hlo[1]}],
+    }
+    same = invoke("release", "diff", "prod", "prod")
+    assert same.stdout == f"prod (set {prod}) -> prod (set {prod}): 0 added, 0 removed, 0 changed, 3 members the same\n"
+    missing = invoke("release", "diff", "prod", "nope")
+    assert missing.exit_code == 1 and "no release labelled 'nope'" in one_line_error(missing)

@@ -16,7 +16,7 @@ STATS_KEYS = {"location", "env", "stored", "rows", "totals", "jit"}
 ROW_KEYS = {
     "env_fp", "name", "signature", "calls", "loads", "load_seconds", "saved_seconds", "misses",
     "miss_reason", "recompiles", "recompile_seconds", "recompile_reason", "created_at",
-    "updated_at", "this_environment",
+    "updated_at", "this_environment", "target",
 }
 
 
@@ -36,8 +36,10 @@ def test_stats(invoke: Invoke, warmed, cache_dir: Path) -> None:  # noqa: ANN001
     result = invoke("stats")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "SIGNATURE", "ENV", "CALLS", "LOADS", "LOAD", "TIME", "SAVED", "RECOMPILES"]
-    assert re.fullmatch(r"tiny\s+x: f32\[8\], y: f32\[8\]\s+this\s+3\s+1\s+\S+s\s+\S+s\s+0", lines[1]), lines[1]
+    assert lines[0].split() == [
+        "NAME", "SIGNATURE", "TARGET", "ENV", "CALLS", "LOADS", "LOAD", "TIME", "SAVED", "RECOMPILES",
+    ]
+    assert re.fullmatch(r"tiny\s+x: f32\[8\], y: f32\[8\]  cpu x8  this\s+3\s+1\s+\S+s\s+\S+s\s+0", lines[1]), lines[1]
     assert lines[2:4] == [
         "misses (calls with no stored executable for their signature):",
         "  tiny (x: f32[4], y: f32[8])  1  last: no stored signature",  # named like the entry
@@ -50,6 +52,7 @@ def test_stats(invoke: Invoke, warmed, cache_dir: Path) -> None:  # noqa: ANN001
     data = json.loads(invoke("stats", "tiny", "--json").stdout)
     assert set(data) == STATS_KEYS and all(set(r) == ROW_KEYS for r in data["rows"])
     assert data["totals"]["calls"] == 3 and data["totals"]["misses"] == 1 and data["stored"] is True
+    assert [r["target"] for r in data["rows"]] == ["cpu x8", "cpu x8"]
     assert invoke("stats", "mlp.*").stdout.startswith("no statistics for 'mlp.*' in ")
     assert json.loads(invoke("stats", "--env", "this", "--json").stdout)["totals"]["calls"] == 3
 
@@ -92,7 +95,7 @@ def test_stats_name_arguments_like_ls_never_cut_inside_an_aval(invoke: Invoke, w
     cache.close()
     lines = invoke("stats", "mlp.*").stdout.splitlines()
     assert re.fullmatch(
-        r"mlp\.forward  params: \[\{2 arrays\}, \{2 arrays\}, \{2 arrays\}\], x: f32\[8,784\]\s+this\s+1\s+1\s.*",
+        r"mlp\.forward  params: \[\{2 arrays\}, \{2 arrays\}, \{2 arrays\}\], x: f32\[8,784\]\s+cpu x8  this\s+1\s+1\s.*",
         lines[1],
     ), lines
     assert "  mlp.forward (params: [{2 arrays}, {2 arrays}, {2 arrays}], x: f32[9,784])  1  last: no stored signature" in lines
@@ -110,9 +113,18 @@ def test_stats_json_reads_no_manifest(invoke: Invoke, warmed, cache_dir: Path, m
     def refused(*args: object) -> None:
         raise AssertionError("aot stats --json read a manifest")
 
-    for method in ("signature_manifests", "signature_keys", "manifests"):
+    for method in ("signature_manifests", "signature_keys"):
         monkeypatch.setattr(SqliteReader, method, refused, raising=False)
+    read: list[str] = []
+    manifests = SqliteReader.manifests
+
+    def counted(self, keys):  # noqa: ANN001, ANN202 - the target column's: one per environment
+        read.extend(keys)
+        return manifests(self, keys)
+
+    monkeypatch.setattr(SqliteReader, "manifests", counted)
     result = invoke("stats", "--json")
+    assert len(read) <= 1  # this host's environment is known: not even one
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert [(r["signature"], r["calls"], r["misses"]) for r in data["rows"]] == [
@@ -134,3 +146,22 @@ def test_stats_prometheus_prints_the_text_format(invoke: Invoke, warmed, cache_d
     assert samples[("aot_index_loads_total", "tiny")] == 1
     assert samples[("aot_index_misses_total", "tiny")] == 1
     assert "# TYPE aot_index_calls_total counter" in result.stdout
+
+
+def test_stats_prometheus_labels_target_and_release(invoke: Invoke, warmed, cache_dir: Path) -> None:  # noqa: ANN001
+    """Each series says what it ran on and which releases serve its signature; a missed
+    signature belongs to no release (issue 52)."""
+    from aot.cache.index.refs import RefOrigin
+
+    with aot.Cache(cache_dir) as cache:
+        (tiny,) = [e for e in cache.entries() if e.name == "tiny"]
+        for label in ("prod", "candidate"):
+            cache.index.declare_release(label, [(tiny.name, tiny.signature, tiny.env_fp, tiny.key)], RefOrigin("ci"))
+    _serve(cache_dir, 3)
+    env = tiny.env_fp[:12]
+    lines = [line for line in invoke("stats", "--prometheus").stdout.splitlines()
+             if line.startswith("aot_index_calls_total")]
+    assert lines == [
+        f'aot_index_calls_total{{env="{env}",name="tiny",release="",target="cpu x8"}} 0.0',
+        f'aot_index_calls_total{{env="{env}",name="tiny",release="candidate,prod",target="cpu x8"}} 3.0',
+    ]

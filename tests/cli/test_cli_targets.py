@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 
 from tests.aot.test_targets import CHIP_PARTS, needs_libtpu
 from tests.cli.helpers import WITHOUT_LIBTPU, Invoke, one_line_error

@@ -150,7 +150,7 @@ def test_push_to_a_missing_bucket_fails_once_naming_it(invoke: Invoke, warmed, p
     lines = pushed.output.splitlines()
     assert len(lines) == 1, pushed.output  # one error, not one per entry plus warnings
     assert lines[0].startswith("Error: nothing copied to ")
-    assert f"cannot write blob " in lines[0] and f"at {blobs}: no such bucket" in lines[0]
+    assert "cannot write blob " in lines[0] and f"at {blobs}: no such bucket" in lines[0]
     assert "cannot read" not in lines[0]
 
 

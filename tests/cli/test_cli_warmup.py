@@ -192,6 +192,10 @@ def test_warmup_warns_when_jobs_exceed_the_cores(invoke: Invoke, warmed, monkeyp
          "{path}:1: [[function]] #1 ('x'): 'donate' must be a list of argument indices"),
         ('[functions]\nname = "x"\n', "{path}: unknown top-level key(s) ['functions']"),
         ('# nothing\n', "{path}: no [[function]] tables; nothing to compile"),
+        ('[fleet]\nlibtpus = "1"\n[[function]]\nname = "x"\nfunction = "m:f"\n',
+         "{path}: [fleet] pins libtpus, which it cannot pin; it pins libtpu, jax, jaxlib"),
+        ('[fleet]\nlibtpu = 42\n[[function]]\nname = "x"\nfunction = "m:f"\n',
+         "{path}: [fleet] libtpu must be a version string"),
     ],
 )
 def test_bad_manifest_is_one_line(invoke: Invoke, tmp_path: Path, text: str, message: str) -> None:
@@ -326,3 +330,44 @@ def test_a_manifest_in_the_old_spelling_warms_up_and_says_once_what_to_write(inv
         '(fixtures.models:tiny); write function = "fixtures.models:tiny" instead (target now '
         'names a device target such as "tpu:v5e:2x2"); the old spelling is still read'
     ]
+
+
+FLEET_TOML = """
+[fleet]
+libtpu = "{libtpu}"
+jax = "{jax}"
+
+[[function]]
+name = "tiny"
+function = "fixtures.models:tiny"
+args = ["f32[16]", "f32[16]"]
+"""
+
+
+def test_a_runner_with_another_libtpu_than_the_fleet_fails_warmup_and_gate(  # noqa: ANN001
+    invoke: Invoke, tmp_path: Path, warmed,
+) -> None:
+    """[fleet] pins the fleet's compiler: a CI runner with another libtpu fails its
+    warm-up and its gate, in one line naming both versions, before compiling anything
+    (issue 52); the pinned versions pass."""
+    import importlib.metadata
+
+    from aot.cache.warmup.manifest import installed_version
+
+    jax = importlib.metadata.version("jax")
+    here = installed_version("libtpu") or "not installed"
+    path = write(tmp_path, FLEET_TOML.format(libtpu="0.0.1", jax=jax))
+    expected = (
+        f"Error: {path}: [fleet] pins libtpu 0.0.1, jax {jax}, and this process has another: "
+        f"libtpu 0.0.1 != {here} (pinned != installed); entries compiled here would not be the fleet's. "
+        f"Install the pinned versions (pip install 'libtpu==0.0.1' 'jax=={jax}') or change the pins"
+    )
+    for command in (("warmup", path), ("verify", "--manifest", path, "--strict")):
+        result = invoke(*command)
+        assert result.exit_code == 1 and one_line_error(result) == expected, command
+    assert json.loads(invoke("ls", "--json").stdout)["count"] == 5  # nothing compiled
+    if here != "not installed":
+        path.write_text(FLEET_TOML.format(libtpu=here, jax=jax))
+        warmed = invoke("warmup", path)
+        assert warmed.exit_code == 0 and warmed.stdout.splitlines()[-1].startswith("1 entry: 1 compiled"), warmed.output
+        assert invoke("verify", "--manifest", path, "--strict").exit_code == 0

@@ -92,15 +92,21 @@ def manifest(tmp_path: Path) -> Path:
     return path
 
 
+def _compiles(run: subprocess.CompletedProcess[str]) -> int:
+    """XLA compiles of one process (JAX_LOG_COMPILES: JAX logs each one it finishes)."""
+    return run.stderr.count("Finished XLA compilation")
+
+
 def test_warmup_distributed_stores_one_entry_and_process_0_reports(tmp_path: Path, manifest: Path) -> None:
     cache, records, port = tmp_path / "cache", tmp_path / "records", _free_port()
-    runs = run_job(
-        ["warmup", str(manifest), "--distributed", "--cache", str(cache)], 2,
-        extra={"AOT_ENV_RECORD": str(records)}, port=port,
-    )
+    # JAX_LOG_COMPILES: JAX logs every compile (a JAX_ variable: in the record's key too).
+    recorded = {"AOT_ENV_RECORD": str(records), "JAX_LOG_COMPILES": "1"}
+    runs = run_job(["warmup", str(manifest), "--distributed", "--cache", str(cache)], 2, extra=recorded, port=port)
     assert [r.returncode for r in runs] == [0, 0], [r.stderr[-2000:] for r in runs]
     assert "1 compiled" in runs[0].stdout and "slice.matmul" in runs[0].stdout, runs[0].stdout
     assert runs[1].stdout == "", runs[1].stdout  # process 1 reports nothing
+    # Compiled once for the slice: process 1 loaded process 0's entry from the cache.
+    assert [_compiles(r) for r in runs] == [1, 0], [r.stderr[-2000:] for r in runs]
 
     import aot
 
@@ -108,19 +114,21 @@ def test_warmup_distributed_stores_one_entry_and_process_0_reports(tmp_path: Pat
     assert len(entries) == 1
     # A host of the slice (a shell with process 1's environment, no device opened: the
     # record) knows the entry as its own: every device of the job, 2 processes.
-    (row,) = _ls(cache, 1, port, extra={"AOT_ENV_RECORD": str(records)})
+    (row,) = _ls(cache, 1, port, extra=recorded)
     assert row["this_environment"] is True, row
     text = subprocess.run(
         [sys.executable, "-m", "aot", "ls", "--cache", str(cache)], cwd=REPO, text=True, capture_output=True,
-        env=job_env(1, 2, port, {"AOT_ENV_RECORD": str(records), "COLUMNS": "200"}), timeout=120,
+        env=job_env(1, 2, port, {**recorded, "COLUMNS": "200"}), timeout=120,
     )
     (line,) = [x for x in text.stdout.splitlines() if "slice.matmul" in x]
     assert " this " in f" {line} ", text.stdout
 
-    # Again: every process of the job hits; nothing compiled.
-    again = run_job(["warmup", str(manifest), "--distributed", "--cache", str(cache)], 2)
+    # Again: every process of the job loads the stored entry; nobody compiles.
+    again = run_job(["warmup", str(manifest), "--distributed", "--cache", str(cache)], 2,
+                    extra={"JAX_LOG_COMPILES": "1"})
     assert [r.returncode for r in again] == [0, 0], [r.stderr[-2000:] for r in again]
-    assert "0 compiled" in again[0].stdout or "1 hit" in again[0].stdout, again[0].stdout
+    assert "1 entry: 0 compiled, 1 hit, 0 failed" in again[0].stdout, again[0].stdout
+    assert [_compiles(r) for r in again] == [0, 0], [r.stderr[-2000:] for r in again]
     assert len(aot.Cache(cache).entries("slice.matmul")) == 1
 
 
@@ -150,17 +158,31 @@ def test_without_the_slice_record_the_entry_is_not_this_hosts(tmp_path: Path, ma
     assert any(d["part"] == "process_count" for d in row["environment_differences"]), row
 
 
-def test_a_failure_in_one_process_fails_every_process(tmp_path: Path, manifest: Path) -> None:
+@pytest.mark.parametrize("bad", [1, 0])
+def test_a_failure_in_one_process_fails_every_process(tmp_path: Path, manifest: Path, bad: int) -> None:
     cache = tmp_path / "cache"
-    bad = tmp_path / "bad.toml"
-    bad.write_text(MESH_MANIFEST.replace("fixtures.models:matmul", "fixtures.models:no_such_function"))
+    broken = tmp_path / "bad.toml"
+    broken.write_text(MESH_MANIFEST.replace("fixtures.models:matmul", "fixtures.models:no_such_function"))
     argv = ["warmup", str(manifest), "--distributed", "--cache", str(cache)]
-    runs = run_job(argv, 2, per_process={1: ["warmup", str(bad), "--distributed", "--cache", str(cache)]})
+    started = time.monotonic()
+    runs = run_job(argv, 2, per_process={bad: ["warmup", str(broken), "--distributed", "--cache", str(cache)]},
+                   extra={"AOT_SLICE_WAIT_SECONDS": "120"})
     assert [r.returncode for r in runs] == [1, 1], [(r.stdout, r.stderr[-2000:]) for r in runs]
-    # Process 0 names who failed and why; process 1 printed its own failure.
-    assert "Error: process 1: 1 failed, first slice.matmul" in runs[0].stderr, runs[0].stderr
+    assert time.monotonic() - started < 100  # process 1 did not wait out its 120 s for process 0's item
     assert "no_such_function" in runs[0].stderr and "no_such_function" in runs[1].stderr
     assert "Traceback" not in runs[0].stderr + runs[1].stderr
+    if bad == 1:  # process 0 names who failed and why; process 1 printed its own failure
+        assert "Error: process 1: 1 failed, first slice.matmul" in runs[0].stderr, runs[0].stderr
+    else:  # process 1 was told process 0's failure of the item it waited for
+        assert "failed: slice.matmul" in runs[1].stderr, runs[1].stderr
+        assert "process 0 failed to warm up slice.matmul" in runs[1].stderr
+    assert aot_entries(cache) == (1 if bad else 0)  # process 0 alone stores
+
+
+def aot_entries(cache: Path) -> int:
+    import aot
+
+    return len(aot.Cache(cache).entries()) if (cache / "index.sqlite").exists() else 0
 
 
 def test_compile_distributed_mesh_over_both_processes(tmp_path: Path) -> None:
@@ -170,33 +192,57 @@ def test_compile_distributed_mesh_over_both_processes(tmp_path: Path) -> None:
         "--mesh", "data=4", "--in-sharding", "data,None", "--in-sharding", "", "--distributed",
         "--cache", str(cache), "--name", "slice.compiled",
     ]
-    runs = run_job(argv, 2)
+    runs = run_job(argv, 2, extra={"JAX_LOG_COMPILES": "1"})
     assert [r.returncode for r in runs] == [0, 0], [r.stderr[-2000:] for r in runs]
     assert runs[0].stdout.startswith("miss: compiled and stored slice.compiled"), runs[0].stdout
     assert runs[1].stdout == ""
+    # Once for the slice: process 1 (the cache read-only) waited and loaded process 0's entry.
+    assert [_compiles(r) for r in runs] == [1, 0], [r.stderr[-2000:] for r in runs]
 
     import aot
 
     (entry,) = aot.Cache(cache).entries("slice.compiled")
     assert entry.manifest is not None
+    # Again: process 1 loads the entry from the shared cache too; nobody compiles.
+    again = run_job(argv, 2, extra={"JAX_LOG_COMPILES": "1"})
+    assert [r.returncode for r in again] == [0, 0], [r.stderr[-2000:] for r in again]
+    assert again[0].stdout.startswith("hit: slice.compiled was in the cache (no compile)"), again[0].stdout
+    assert [_compiles(r) for r in again] == [0, 0], [r.stderr[-2000:] for r in again]
 
 
 def test_a_process_that_never_joins_is_a_bounded_error(tmp_path: Path, manifest: Path) -> None:
-    # One process of a 2-process job: initialize waits for the other, then gives up
-    # within AOT_DISTRIBUTED_TIMEOUT. (JAX's coordination client ends the process itself
-    # when the registration's deadline passes: an abort with its DEADLINE_EXCEEDED line,
-    # which no Python code can turn into an exception; what matters is: no hang, nothing stored.)
-    port = _free_port()
-    env = job_env(0, 2, port, {"AOT_DISTRIBUTED_TIMEOUT": "5"})
+    # Process 0 of a 2-process job whose process 1 never starts, and process 1 of another
+    # whose process 0 (the coordinator) never starts: each ends within
+    # AOT_DISTRIBUTED_TIMEOUT with one aot line naming who did not join, exit 1, and no
+    # abort of JAX's coordination client (its deadline is past ours).
+    bound = 5
+    alone = {}
     start = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "aot", "warmup", str(manifest), "--distributed", "--cache", str(tmp_path / "c")],
-        cwd=REPO, env=env, text=True, capture_output=True, timeout=120,
-    )
-    assert done.returncode != 0, done.stderr
-    assert time.monotonic() - start < 90
-    assert "DEADLINE_EXCEEDED" in done.stderr or "cannot join the multi-process job" in done.stderr, done.stderr
-    assert not (tmp_path / "c").exists()
+    for pid in (0, 1):
+        env = job_env(pid, 2, _free_port(), {"AOT_DISTRIBUTED_TIMEOUT": str(bound)})
+        alone[pid] = subprocess.Popen(
+            [sys.executable, "-m", "aot", "warmup", str(manifest), "--distributed", "--cache", str(tmp_path / f"c{pid}")],
+            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+    try:
+        done = {pid: p.communicate(timeout=120) for pid, p in alone.items()}
+    finally:
+        for p in alone.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    elapsed = time.monotonic() - start
+    assert elapsed < bound + 25, elapsed  # the start-up (imports) and the bound, not JAX's deadline
+    for pid, (stdout, stderr) in done.items():
+        assert alone[pid].returncode == 1, stderr
+        assert stdout == ""
+        (line,) = [x for x in stderr.splitlines() if x.strip()]
+        assert line.startswith(f"Error: process {pid} of 2 waited 5 s (AOT_DISTRIBUTED_TIMEOUT) for the "
+                               "multi-process job to start: "), stderr
+        assert "Start every process of the job (JAX_PROCESS_ID 0 to 1)" in line
+        assert not (tmp_path / f"c{pid}").exists()
+    assert "process 1 did not connect to this process, the job's coordinator at 127.0.0.1:" in done[0][1]
+    assert "the coordinator at 127.0.0.1:" in done[1][1] and "(process 0) or another process" in done[1][1]
 
 
 def test_a_job_without_its_variables_says_what_to_set(tmp_path: Path, manifest: Path) -> None:

@@ -53,6 +53,31 @@ def test_compiled_once_for_the_slice_then_served_strict_without_the_model(tmp_pa
             assert value[mode] == first[i]["want"], f"process {i}, {mode}: not jax.jit's shards"
 
 
+def test_cache_put_of_a_computation_compiles_once_for_the_slice(tmp_path) -> None:
+    cache = str(tmp_path / "cache")
+    first = values(run_job(f"{WORKERS}:put_step", {"cache": cache}))
+    # Process 0 compiled and stored; process 1 waited and returned its entry.
+    assert [v["compiles"] for v in first] == [1, 0]
+    assert len({v["key"] for v in first}) == 1
+    (entry,) = aot.Cache(cache).entries("dist.put")
+    assert entry.key == first[0]["key"]
+    assert [r.slot[0] for r in aot.Cache(cache).refs_named("dist.put")] == ["dist.put"]
+
+
+def test_a_read_only_slice_compiles_in_every_process_without_waiting_for_the_leader(tmp_path) -> None:
+    cache = str(tmp_path / "cache")
+    aot.Cache(cache).close()  # an empty cache, opened read-only by the job
+    # The leader's compile is held for 8 s; a follower that waited for it would raise
+    # after 2 s: it is told at once that nothing will be stored, and compiles itself.
+    results = values(run_job(
+        f"{WORKERS}:compile_step", {"cache": cache, "read_only": True},
+        env={"AOT_SLICE_WAIT_SECONDS": "2"}, env_per_process={0: {"AOT_TEST_PAUSE": "slice.compiling=sleep:8"}},
+    ))
+    assert [v["hit"] for v in results] == [False, False]
+    _digests_equal(results)
+    assert aot.Cache(cache).entries() == []
+
+
 def test_statics_donation_and_padding_in_every_process(tmp_path) -> None:
     cache = str(tmp_path / "cache")
     first = values(run_job(

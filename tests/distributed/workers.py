@@ -64,7 +64,8 @@ def compile_step(payload: dict[str, Any]) -> dict[str, Any]:
     _pause_leader_compile(payload)
     m = model.mesh()
     # blob_location: a fleet's layout, the index in PostgreSQL and the blobs on an object store.
-    cache = aot.Cache(payload["cache"], blob_location=payload.get("blob_location"))
+    cache = aot.Cache(payload["cache"], blob_location=payload.get("blob_location"),
+                      read_only=payload.get("read_only", False))
     rows = model.batch_rows()
     result = cache.compile_entry(
         model.train_step, *specs(rows), name="dist.step", mesh=m, in_shardings=model.IN_SPECS,
@@ -221,3 +222,28 @@ def pmap_step(payload: dict[str, Any]) -> dict[str, Any]:
     got = result.executable(mine)
     want = jax.pmap(step, axis_name="i", devices=devices)(mine)
     return {"hit": result.hit, "equal": shard_digests(got) == shard_digests(want)}
+
+
+def put_step(payload: dict[str, Any]) -> dict[str, Any]:
+    """Cache.put of the lowered train step in every process: the key each returned and
+    how many XLA compiles each ran (JAX logs each one with jax_log_compiles)."""
+    import logging
+
+    import aot
+    from tests.distributed import model
+
+    compiles: list[str] = []
+
+    class Heard(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "Finished XLA compilation" in record.getMessage():
+                compiles.append(record.getMessage())
+
+    logging.getLogger("jax._src.dispatch").addHandler(Heard())
+    jax.config.update("jax_log_compiles", True)
+    computation = aot.lower(
+        model.train_step, *specs(model.batch_rows()), name="dist.put", mesh=model.mesh(),
+        in_shardings=model.IN_SPECS,
+    )
+    entry = aot.Cache(payload["cache"]).put(computation)
+    return {"key": entry.key, "compiles": len(compiles)}

@@ -7,7 +7,6 @@ servers, and count JAX's own cache events (``jax.monitoring``), never time."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import subprocess

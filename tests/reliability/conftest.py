@@ -6,10 +6,14 @@ The PostgreSQL fixtures (``postgres_url``) are shared from tests/conftest.py.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import jax
 import pytest
+
+from aot.cache.cache import Cache
 
 from tests.reliability.helpers import DeserializeSpy, TinyArtifacts
 
@@ -44,3 +48,22 @@ def deserialize_spy(monkeypatch: pytest.MonkeyPatch) -> DeserializeSpy:
 
     monkeypatch.setattr(client_class, "deserialize_executable", deserialize_executable)
     return spy
+
+
+@pytest.fixture(params=["folder", "sqlite-db"])
+def make_cache(request: pytest.FixtureRequest, tmp_path: Path, tiny: TinyArtifacts) -> Iterator[Callable[..., Cache]]:
+    """A cache with rel.tiny f32[1], f32[2], f32[3]; call again to open it again."""
+    location = str(tmp_path / "cache") if request.param == "folder" else f"sqlite:///{tmp_path / 'c.sqlite'}"
+    opened: list[Cache] = []
+
+    def make(**kwargs: Any) -> Cache:
+        cache = Cache(location, **kwargs)
+        opened.append(cache)
+        return cache
+
+    first = make()
+    for n in (1, 2, 3):
+        first.put_artifact(tiny.by_size[n])
+    yield make
+    for cache in opened:
+        cache.close()

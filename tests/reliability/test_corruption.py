@@ -16,7 +16,6 @@ holds f32[1] and f32[3], then checks:
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -127,23 +126,6 @@ TO_DO = r"aot verify|recompile"
 # ---------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(params=["folder", "sqlite-db"])
-def make_cache(request: pytest.FixtureRequest, tmp_path: Path, tiny: TinyArtifacts) -> Callable[..., Cache]:
-    """A cache with rel.tiny f32[1], f32[2], f32[3]; call again to open it again."""
-    location = str(tmp_path / "cache") if request.param == "folder" else f"sqlite:///{tmp_path / 'c.sqlite'}"
-    opened: list[Cache] = []
-
-    def make(**kwargs: Any) -> Cache:
-        cache = Cache(location, **kwargs)
-        opened.append(cache)
-        return cache
-
-    first = make()
-    for n in (1, 2, 3):
-        first.put_artifact(tiny.by_size[n])
-    yield make
-    for cache in opened:
-        cache.close()
 
 
 def victim(cache: Cache) -> Any:

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 import aot
-from aot.artifact import EXECUTABLE
 from aot.cache.admin import bundle as bundles
 from aot.cache.cache import Cache
 
@@ -27,12 +26,11 @@ from tests.cache.storage.zstd_frames import bomb, claiming
 from tests.reliability import reliability_workers as workers
 from tests.reliability.helpers import TinyArtifacts, child_env
 from tests.reliability.rss import run_measured
-from tests.reliability.test_corruption import (  # noqa: F401 - make_cache is a fixture
+from tests.reliability.test_corruption import (
     VICTIM,
     assert_message,
     good_digests,
     heal_and_check,
-    make_cache,
     read_raw,
     victim,
     write_raw,

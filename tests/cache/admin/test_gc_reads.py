@@ -75,7 +75,8 @@ def busy(open_folder_cache: Any, set_blob_age: Any) -> aot.Cache:
     cache.set_refs([new, back], RefOrigin("restore"))
     _jit(cache, "old_step", b"old" * 300, days_ago=60)
     _jit(cache, "new_step", b"new" * 400, days_ago=0.5)
-    orphan_old, orphan_young = cache.blobs.put(b"orphan, old" * 50), cache.blobs.put(b"orphan, young" * 50)
+    orphan_old = cache.blobs.put(b"orphan, old" * 50)
+    cache.blobs.put(b"orphan, young" * 50)  # too young for gc: every plan keeps it
     set_blob_age(cache.blobs, orphan_old, maintenance.ORPHAN_GRACE_SECONDS + 60)
     leased = cache.blobs.put(b"leased" * 50)
     set_blob_age(cache.blobs, leased, maintenance.ORPHAN_GRACE_SECONDS + 60)

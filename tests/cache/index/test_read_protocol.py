@@ -290,6 +290,10 @@ def test_listing_reads_answer_as_specified(filled: IndexReader) -> None:
     assert filled.signature_keys(NAMES) == {pair: e.key for pair, e in smallest.items()}
     pairs = [("mlp.forward", "f32[8,784]"), ("tiny", "f32[b]"), ("tiny", "f32[9]")]
     assert filled.signature_manifests(pairs) == {p: smallest[p].manifest for p in pairs[:2]}
+    by_env: dict[str, str] = {}
+    for e in rows:
+        by_env[e.env_fp] = min(e.key, by_env.get(e.env_fp, e.key))
+    assert filled.environment_keys([*by_env, "no-such-env"]) == by_env and filled.environment_keys([]) == {}
 
 
 def test_refs_releases_and_pins_answer_as_specified(backend: Backend, filled: IndexReader) -> None:

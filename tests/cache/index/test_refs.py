@@ -131,3 +131,30 @@ def test_removing_a_release_keeps_a_set_recorded_after_the_plan(index: Index) ->
     assert index.pinned_keys() == {"k2": "served ref of m"}
     with pytest.raises(CacheError, match="its previous set .* is gone"):
         index.rollback("canary", origin("rollback"))
+
+
+def test_a_promotion_keeps_the_set_it_promoted_and_its_commit(index: Index) -> None:
+    """prod promoted from candidate says which set, at which commit, however the
+    promoter's own environment names none; a rollback restores the set's commit too
+    (issue 52)."""
+    first, _ = index.declare_release("candidate", [("m", SIG, ENV, "k1")], origin("warmup serve.toml", commit="c1"))
+    promoted = index.promote("candidate", "prod", origin("promote candidate"))
+    assert (promoted.promoted_from, promoted.commit, promoted.move()) == (
+        ("candidate", first), "c1", f"promoted from candidate set {first}",
+    )
+    second, _ = index.declare_release("candidate", [("m", SIG, ENV, "k2")], origin("warmup serve.toml", commit="c2"))
+    again = index.promote("candidate", "prod", origin("promote candidate", commit="cd-pipeline"))
+    assert (again.promoted_from, again.commit) == (("candidate", second), "c2")  # the set's commit wins
+    back = index.rollback("prod", origin("rollback prod"), require_stored=False)
+    assert (back.rolled_back, back.commit) == ((promoted.id, again.id), "c1")
+
+
+def test_a_run_set_credits_each_manifest_that_declared_members(index: Index) -> None:
+    run = "commit c1"
+    set_id, _ = index.declare_release("candidate", [("m", SIG, ENV, "k1")], origin("warmup serve.toml"), run=run)
+    index.declare_release("candidate", [("t", SIG, ENV, "k2")], origin("warmup train.toml"), run=run)
+    index.declare_release("candidate", [("m", SIG, ENV, "k1")], origin("warmup serve.toml"), run=run)  # a shard again
+    index.declare_release("candidate", [], origin("warmup empty.toml"), run=run)  # declared nothing
+    release = index.release_set("candidate")
+    assert release is not None and release.id == set_id
+    assert release.move() == "declared by warmup serve.toml, warmup train.toml"

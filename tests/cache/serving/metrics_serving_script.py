@@ -1,6 +1,7 @@
 """A serving process for the Prometheus scrape test: builds a small cache, serves
 ``tiny`` with its metrics on $AOT_METRICS_PORT (started by aot.load, no code), calls it
-CALLS times, says READY and stays up until its stdin closes.
+CALLS times, says READY and stays up until its stdin closes; each line ``miss`` on its
+stdin makes one call of a signature never compiled (answered ``MISSED``).
 
 Usage: python metrics_serving_script.py CACHE_DIR CALLS
 """
@@ -23,4 +24,9 @@ inputs = models.tiny_inputs()
 for _ in range(calls):
     np.asarray(fn(*inputs))
 print("READY", flush=True)
-sys.stdin.read()
+for line in sys.stdin:
+    if line.strip() == "miss":
+        try:
+            fn(np.zeros(4, np.float32), np.zeros(4, np.float32))
+        except aot.SignatureNotFoundError:
+            print("MISSED", flush=True)

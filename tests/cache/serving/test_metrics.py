@@ -118,7 +118,7 @@ def test_misses_fallbacks_and_recompiles(registry, open_folder_cache, compiled, 
     aot.load(compiled.TINY_NAME, cache=cache)
     assert value(registry, "aot_recompiles_total", compiled.TINY_NAME) == 1
     assert value(registry, "aot_recompile_seconds_total", compiled.TINY_NAME) > 0
-    assert value(registry, "aot_loads_total", compiled.TINY_NAME) is None  # compiled, not loaded
+    assert value(registry, "aot_loads_total", compiled.TINY_NAME) == 0  # compiled, not loaded
 
 
 def test_the_endpoint_serves_the_text_format(registry, open_folder_cache, compiled) -> None:  # noqa: ANN001
@@ -208,3 +208,21 @@ def test_every_dashboard_query_names_an_exposed_series(registry) -> None:  # noq
     for series in ("aot_loads_total", "aot_hits_total", "aot_misses_total", "aot_recompiles_total",
                    "aot_fallbacks_total", "aot_load_seconds_bucket", "aot_release_info"):
         assert series in named, f"the dashboard shows no {series}"
+
+
+def test_every_counter_of_a_served_name_is_exported_at_zero_before_its_first_event(  # noqa: ANN001
+    registry, open_folder_cache, compiled,
+) -> None:
+    """rate() needs a sample before a counter's first event: a name served but never
+    missed has its miss, fallback, recompile and quarantine series at 0 (issue 52)."""
+    cache = open_folder_cache()
+    cache.put(compiled.tiny)
+    aot.load(compiled.TINY_NAME, cache=cache)
+    name = compiled.TINY_NAME
+    for series in ("aot_misses_total", "aot_fallbacks_total", "aot_recompiles_total", "aot_recompile_seconds_total",
+                   "aot_quarantines_total", "aot_hits_total"):
+        assert value(registry, series, name) == 0, series
+    assert value(registry, "aot_loads_total", name) == 1
+    text = generate_latest(registry).decode()
+    assert 'aot_quarantines_total{name="tiny",release=""} 0.0' in text
+    assert 'aot_load_seconds_bucket{le="0.001",name="tiny",release=""}' in text
