@@ -409,8 +409,8 @@ def compile_tuned(
     """``compile_fn(options)`` for a program lowered on ``devices``, with the captured
     autotune results of their GPU when there are, and what it was compiled with:
     ``tuned sha256:...`` (every fusion found in the GPU's results), ``defaults`` (XLA's
-    default configs: no results for this GPU, or some of the program's fusions missing
-    from them, said in a warning), ``measured`` (compiled on the GPU itself, which
+    default configs: no results for this GPU), ``defaults sha256:...`` (some of the
+    program's fusions missing from those results, said in a warning), ``measured`` (compiled on the GPU itself, which
     autotunes as it compiles), None (not a GPU)."""
     if not len(devices) or devices[0].platform != "gpu":
         return compile_fn(options), None
@@ -448,7 +448,18 @@ def compile_tuned(
             "with --xla_gpu_dump_autotune_results_to and capture the results again",
             name, config.name, first[:160],
         )
-        return compile_fn(options), "defaults"
+        # With the results' digest: a later warm-up recompiles it only for other results.
+        return compile_fn(options), f"defaults {digest}"
+
+
+def needs_retune(devices: Any, stored: str | None) -> bool:
+    """Whether an entry stored with autotuning ``stored`` (its manifest's) is to be
+    compiled again for ``devices``' target: it got XLA's defaults, and results it has
+    not tried are captured for the GPU now."""
+    config = config_of_devices(devices) if len(devices) else None
+    if config is None or not config.autotune or not stored or not stored.startswith("defaults"):
+        return False
+    return stored.partition(" ")[2] != config.autotune_digest
 
 
 def cudnn_error(name: str, target: str, exc: BaseException) -> DeviceTargetError:

@@ -172,7 +172,8 @@ def test_autotune_results_missing_the_programs_fusions_fall_back_to_defaults(
     cache = _captured(tmp_path, autotune="version: 3\n")
     with caplog.at_level(logging.WARNING, logger="aot.gpu_targets"):
         entry = cache.compile(_matmul, "f32[256,256]", "f32[256,256]", name="matmul", target="cuda:fleet")
-    assert json.loads(entry.manifest)["autotune"] == "defaults"
+    digest = cache.captured_targets()[0].autotune_digest
+    assert json.loads(entry.manifest)["autotune"] == f"defaults {digest}"  # the results it lacked
     assert "the autotune results captured for cuda:fleet lack some of its fusions" in caplog.text
     assert "NOT_FOUND" in caplog.text
 
@@ -272,3 +273,36 @@ def test_without_jax_platforms_cpu_the_plugin_cannot_start_and_says_so(tmp_path:
         "driver needs JAX_PLATFORMS=cpu, here unset); set JAX_PLATFORMS=cpu before importing jax (aot "
         "warmup/compile --target set it themselves)"
     ), done.stderr[-2000:]
+
+
+@needs_plugin
+def test_results_captured_later_replace_an_entry_compiled_with_the_defaults(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    from dataclasses import replace
+
+    from aot.artifact import Artifact
+
+    cache = _captured(tmp_path)  # no autotune results yet
+    first = cache.compile(_matmul, "f32[256,256]", "f32[256,256]", name="matmul", target="cuda:fleet")
+    assert json.loads(first.manifest)["autotune"] == "defaults"
+    # Results captured now: the next compile of the same key compiles it again with them
+    # (here they lack its fusions: the defaults, recorded with the results' digest) and
+    # replaces the row; the one after that is a hit.
+    results = tmp_path / "autotune.textproto"
+    results.write_text("version: 3\n")
+    config = tmp_path / "fleet.txtpb"
+    record = cache.capture_target("fleet", config_file=config, versions_file=tmp_path / "versions.json",
+                                  autotune_file=results)
+    with caplog.at_level(logging.INFO, logger="aot.cache.compiling"):
+        again = cache.compile_entry(_matmul, "f32[256,256]", "f32[256,256]", name="matmul", target="cuda:fleet")
+    assert not again.hit and again.entry.key == first.key
+    assert "stored with XLA's default autotune configs; the GPU's results are captured now" in caplog.text
+    assert json.loads(cache.index.get(first.key).manifest)["autotune"] == f"defaults {record.autotune_digest}"
+    assert cache.compile_entry(_matmul, "f32[256,256]", "f32[256,256]", name="matmul", target="cuda:fleet").hit
+    # A tuned executable of the key (what a GPU's complete results give) replaces it too.
+    artifact = cache.artifact(first.key)
+    tuned = Artifact(replace(artifact.manifest, autotune=f"tuned {record.autotune_digest}"), dict(artifact.blobs))
+    entry, outcome = cache.store_artifact(tuned)
+    assert outcome == "stored" and json.loads(entry.manifest)["autotune"].startswith("tuned sha256:")
+    assert cache.store_artifact(tuned)[1] == "present"
