@@ -86,8 +86,17 @@ class State:
                     named = "cuda:" in f.read().lower()
             except OSError:
                 named = False  # the manifest's own loading says what is wrong with it
-        if named:
+        if not named:
+            return
+        from aot.errors import CacheError
+
+        try:
             self.cache(create=create).use_targets()
+        except CacheError:
+            if create:
+                raise
+            # No cache here (yet): no captured GPU; the command says what is wrong with
+            # the cache, or with the target, itself.
 
     def _open(self, create: bool) -> Cache:
         read_only = self.read_only

@@ -234,7 +234,8 @@ def _function_and_target(function: str | None, device_target: str | None) -> tup
     try:
         return function, parse_target(device_target).name
     except DeviceTargetError as exc:
-        if not _FUNCTION_SPELLING.match(device_target.strip()):
+        # cuda:NAME has the shape of MODULE:FUNCTION: a GPU target's error is its own.
+        if not _FUNCTION_SPELLING.match(device_target.strip()) or device_target.strip().lower().startswith("cuda:"):
             raise click.BadParameter(str(exc), param_hint="'--target'") from None
     if function is not None:
         raise click.BadParameter(

@@ -95,3 +95,10 @@ def test_without_the_plugin_a_gpu_compile_and_a_capture_fail_in_one_line(invoke:
         "Error: aot target capture records this host's GPU, and this host has none"
     )
     assert invoke("target", "ls").stdout == "no captured GPUs (`aot target capture NAME` on a GPU host records one)\n"
+
+
+def test_why_with_an_unknown_gpu_is_a_usage_error_not_a_function(invoke: Invoke) -> None:
+    result = invoke("why", "tiny", "--arg", "f32[8]", "--target", "cuda:a100")
+    assert result.exit_code == 2
+    assert "unknown GPU target 'cuda:a100'; known: cuda:h100, cuda:h200" in result.output
+    assert "--function" not in result.output
