@@ -51,6 +51,12 @@ class IncompatibleEnvironmentError(AotError):
         self.differences = differences
 
 
+class ExportWindowError(IncompatibleEnvironmentError):
+    """An entry of another JAX release has no executable for this one, and its portable
+    HLO is outside what this release's ``jax.export`` can call (its compatibility
+    window): it must be compiled from its code on this release."""
+
+
 class CorruptArtifactError(AotError):
     """Stored bytes do not match their digest, or a manifest cannot be read."""
 

@@ -9,6 +9,7 @@ say *why* they differ (``aot why``).
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,10 @@ class Fingerprint:
         """Parts of ``self`` (expected) that differ in ``actual``."""
         mine, theirs = self.as_dict(), actual.as_dict()
         names = sorted(name for name in set(mine) | set(theirs) if mine.get(name) != theirs.get(name))
+        if "platform" in names and "cpu_isa" in names:
+            # Another platform (a TPU entry, a CPU host): the CPU's features, recorded
+            # for CPU executables only, say nothing more.
+            names.remove("cpu_isa")
         if not names:
             return ()
         return tuple(PartDifference(name, mine.get(name), theirs.get(name)) for name in names)
@@ -99,15 +104,29 @@ class PartDifference:
                 f"cpu_isa: stored artifact needs {missing or 'nothing more'}, "
                 f"this CPU adds {extra or 'nothing'}"
             )
-        return f"{self.part} {_short(expected)} != {_short(actual)}"
+        # Long values that share a long beginning (shardings' JSON over one mesh) are
+        # shown from a little before where they part, else both would read the same.
+        start = 0
+        if expected is not None and actual is not None and max(len(expected), len(actual)) > _LIMIT:
+            common = len(os.path.commonprefix([expected, actual]))
+            start = max(0, common - 20) if common > _LIMIT // 2 else 0
+        return f"{self.part} {_short(expected, start)} != {_short(actual, start)}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"part": self.part, "expected": self.expected, "actual": self.actual}
 
 
-def _short(value: str | None, limit: int = 80) -> str:
+_LIMIT = 80
+
+
+def _short(value: str | None, start: int = 0, limit: int = _LIMIT) -> str:
+    """One line (libtpu's platform version has several) of at most ``limit``
+    characters, from ``start`` (then led by ``...``)."""
     if value is None:
         return "(absent)"
+    value = "; ".join(value.splitlines()) if "\n" in value else value
+    if start:
+        value = "..." + value[start:]
     return value if len(value) <= limit else value[: limit - 3] + "..."
 
 

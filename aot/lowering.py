@@ -200,11 +200,13 @@ def _check_servable(name: str, jaxpr: Any, *, pmap: bool = False) -> None:
 def _all_eqns(jaxpr: Any) -> Iterable[Any]:
     for eqn in jaxpr.eqns:
         yield eqn
-        for sub in jax.core.subjaxprs(eqn.params) if hasattr(jax.core, "subjaxprs") else _subjaxprs(eqn.params):
+        for sub in _subjaxprs(eqn.params):
             yield from _all_eqns(sub)
 
 
 def _subjaxprs(params: dict[str, Any]) -> Iterable[Any]:
+    # Not jax.core.subjaxprs: JAX 0.9.x's takes a whole jaxpr (and is deprecated), 0.10
+    # removed it; the parameters of an equation are walked here on every release.
     for value in params.values():
         items = value if isinstance(value, (tuple, list)) else (value,)
         for item in items:

@@ -20,6 +20,7 @@ from aot.build import build_artifact
 from aot.errors import AotError, CorruptArtifactError
 from aot.executable import ArgAval, ExecutableInfo, executable_class
 from aot.executable_checks import avals_text, hlo_avals
+from aot.export_window import check_window, refusal
 from aot.fingerprint import Fingerprint, canonical_json, environment_fingerprint
 from aot.jaxcompat.build import built_unloaded_executable
 from aot.jaxcompat.shardings import hlo_sharding, hlo_shardings_equal
@@ -41,10 +42,8 @@ def recompile(artifact: Artifact) -> Artifact:
     try:
         exported = jax.export.deserialize(bytearray(hlo))
     except Exception as exc:  # noqa: BLE001 - flatbuffer and version errors vary
-        raise CorruptArtifactError(
-            f"the portable HLO of {manifest.name!r} ({manifest.key[:12]}) cannot be read: "
-            f"{exc}; recompile the entry from its code (aot warmup / aot compile)"
-        ) from None
+        raise refusal(manifest.name, manifest.key, manifest.jax_version, "read", exc) from None
+    check_window(manifest.name, manifest.key, manifest.jax_version, exported)
     trusted = trusted_inputs(manifest, exported)
     devices = live_devices()
     in_shardings = {i: sharding_from_json(s, devices) for i, s in trusted.in_shardings.items()}
@@ -67,7 +66,14 @@ def recompile(artifact: Artifact) -> Artifact:
     jitted = jax.jit(exported.call, donate_argnums=donated, **options)
     # The compiler options are part of the program (its fingerprint's compile_options):
     # compiled without them, the executable would be another program under the same key.
-    compiled = jitted.trace(*specs).lower().compile(stored_compiler_options(manifest) or None)
+    try:
+        # Lowering reads the StableHLO module inside: the third part of the window.
+        lowered = jitted.trace(*specs).lower()
+    except Exception as exc:  # noqa: BLE001 - MLIR's errors vary
+        if manifest.jax_version == jax.__version__:
+            raise
+        raise refusal(manifest.name, manifest.key, manifest.jax_version, "lowered", exc) from exc
+    compiled = lowered.compile(stored_compiler_options(manifest) or None)
     seconds = time.perf_counter() - start
     unloaded = built_unloaded_executable(compiled)
     kept = set(unloaded.kept_var_idx)

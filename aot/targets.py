@@ -151,6 +151,9 @@ def parse_target(text: str | DeviceTarget) -> DeviceTarget:
     if fields[0].strip().lower() == "cuda" and len(fields) in (2, 3) and all(fields) and not hosts:
         return _gpu_target(text, fields)
     if len(fields) != 3 or not all(fields):
+        hint = _accelerator_type_hint(text)
+        if hint is not None:
+            raise DeviceTargetError(hint)
         raise DeviceTargetError(
             f"target {text!r} is not PLATFORM:CHIP:TOPOLOGY (e.g. tpu:v5e:2x2); known: {_known()}"
         )
@@ -189,6 +192,37 @@ def _gpu_target(text: str, fields: list[str]) -> DeviceTarget:
         raise DeviceTargetError(f"target {text!r}: a GPU's name is lower-case letters, digits, '-' and '_' (cuda:h200)")
     gpu_targets.check_name(text, chip)
     return DeviceTarget("cuda", chip, f"{hosts}x{per_host}", (hosts, per_host, 1))
+
+
+#: Cloud TPU accelerator types (``v5litepod-4``, ``v4-8``): the chip each names, and
+#: what the number counts (v4 and v5p count TensorCores, two per chip).
+_ACCELERATOR_TYPES = {"v5litepod": ("v5e", 1), "v5e": ("v5e", 1), "v6e": ("v6e", 1), "v4": ("v4", 2), "v5p": ("v5p", 2)}
+_ACCELERATOR_TYPE = re.compile(r"^(?:tpu[:-])?(v5litepod|v5e|v6e|v4|v5p)-(\d+)$")
+
+
+def _accelerator_type_hint(text: str) -> str | None:
+    """The error for a Cloud TPU accelerator type given as a target: the target it
+    names (``v5litepod-4`` -> ``tpu:v5e:2x2``). Not accepted as a second spelling: an
+    entry's target is one name, and the type's number is not always chips."""
+    match = _ACCELERATOR_TYPE.match(text.strip().lower())
+    if match is None:
+        return None
+    chip, per_chip = _ACCELERATOR_TYPES[match.group(1)]
+    count = int(match.group(2))
+    chips, odd = divmod(count, per_chip)
+    counted = f"{chips} {chip} chip{'s' if chips != 1 else ''}"
+    if per_chip > 1:
+        counted = f"{count} TensorCores" + ("" if odd else f", {counted}")
+    grids = [] if odd else [g for g in KNOWN_TOPOLOGIES[chip] if _chips(g) == chips]
+    if not grids:
+        return (
+            f"target {text!r} is a Cloud TPU accelerator type ({counted}), not PLATFORM:CHIP:TOPOLOGY, "
+            f"and no known topology matches it; known: tpu:{chip}:{{{','.join(KNOWN_TOPOLOGIES[chip])}}}"
+        )
+    return (
+        f"target {text!r} is a Cloud TPU accelerator type ({counted}), not PLATFORM:CHIP:TOPOLOGY; "
+        f"did you mean tpu:{chip}:{grids[0]}?"
+    )
 
 
 def _topology_devices(target: DeviceTarget) -> tuple[Any, ...]:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from aot.cache.admin.maintenance import GcPlan, VerifyReport
     from aot.cache.reports.explain import Explanation
     from aot.cache.reports.release_diff import ReleaseDiff
+    from aot.cache.warmup.manifest import WarmupItem
 
 __all__ = ["Cache", "TieredCache"]
 
@@ -133,18 +134,20 @@ class Cache(ArtifactStore):
     def gc(
         self, max_size: int | str | None = None, older_than: Any = None, *, dry_run: bool = False,
         superseded: bool = False, force: bool = False, manifest: str | os.PathLike[str] | None = None,
-        kind: str = "all",
+        kind: str = "all", jax_release: str | None = None,
     ) -> GcPlan:
         """Plan-then-execute garbage collection; ``force`` deletes blobs even when the
         index is empty (it refuses otherwise: a lost index is not an empty cache).
         Never deletes what a ref or a live release pins; ``manifest`` drops the refs of
         signatures of its names it no longer lists, and collects their entries.
-        ``kind`` (``aot``, ``jit`` or ``all``) narrows the entries it may select."""
+        ``kind`` (``aot``, ``jit`` or ``all``) narrows the entries it may select.
+        ``jax_release`` retires a JAX release: every entry compiled by it goes, and the
+        refs and release members of its environments with them (the plan names them)."""
         from aot.cache.admin.maintenance import collect_garbage
 
         return collect_garbage(
             self, max_size=max_size, older_than=older_than, dry_run=dry_run,
-            superseded=superseded, force=force, manifest=manifest, kind=kind,
+            superseded=superseded, force=force, manifest=manifest, kind=kind, jax_release=jax_release,
         )
 
     def export_bundle(
@@ -176,6 +179,13 @@ class Cache(ArtifactStore):
         from aot.cache.reports.release_diff import release_diff
 
         return release_diff(self, a, b)
+
+    def explain_item(self, item: WarmupItem, *, release: str | None = None) -> Explanation:
+        """Explains a warm-up item (a manifest's entry) lowered as the warm-up lowers it:
+        would the entry it stored be served?"""
+        from aot.cache.reports.explain import explain_item
+
+        return explain_item(self, item, release=release)
 
 
 class TieredCache(TieredStore, Cache):

@@ -33,7 +33,7 @@ ENV_CHOICES = ("this", "all")
 
 __all__ = [
     "ENV_CHOICES", "EntryRow", "EnvironmentStatus", "check_env_choice", "entry_rows", "environment_names",
-    "environment_statuses",
+    "environment_parts_of", "environment_statuses", "jax_release",
     "release_labels", "release_slots", "served_keys", "served_state", "set_targets",
 ]
 
@@ -52,6 +52,10 @@ class EnvironmentStatus:
     #: What the entry is for (:func:`aot.targets.environment_name`): a device target's
     #: name (``tpu:v5e:2x2``), else ``cpu x8``; None when the manifest cannot be read.
     target: str | None = None
+    #: The JAX release that compiled it (:func:`jax_release`: ``0.9.2``); None when the
+    #: manifest cannot be read.
+    jax: str | None = None
+    jaxlib: str | None = None
 
     def short(self) -> str:
         """``this``, or the first differing part with its stored value
@@ -89,6 +93,8 @@ class EnvironmentStatus:
             "this_environment": self.this,
             "environment_differences": [d.to_dict() for d in self.differences],
             "target": self.target,
+            "jax": self.jax,
+            "jaxlib": self.jaxlib,
         }
         if self.unknown:
             out["environment_unknown"] = True
@@ -130,15 +136,17 @@ def environment_statuses(
                 stored = _Fingerprint.from_dict(json.loads(entry.manifest)["environment"])
             except Exception as exc:  # noqa: BLE001 - verify reports unreadable manifests
                 error = f"unreadable manifest: {exc!r}"[:120]
-            target = environment_name(stored.as_dict()) if stored is not None else None
+            parts = stored.as_dict() if stored is not None else {}
+            target = environment_name(parts) if stored is not None else None
+            versions: dict[str, Any] = {"target": target, "jax": parts.get("jax"), "jaxlib": parts.get("jaxlib")}
             if current is None:
-                status = EnvironmentStatus(False, unknown=True, target=target)
+                status = EnvironmentStatus(False, unknown=True, **versions)
             elif entry.env_fp == current.digest:
-                status = EnvironmentStatus(True, target=target)
+                status = EnvironmentStatus(True, **versions)
             elif stored is None:
                 status = EnvironmentStatus(False, error=error)
             else:
-                status = EnvironmentStatus(False, _ordered(stored.diff(current)), target=target)
+                status = EnvironmentStatus(False, _ordered(stored.diff(current)), **versions)
             by_env[entry.env_fp] = status
         out[entry.key] = status
     return out
@@ -182,18 +190,31 @@ def environment_names(cache: ArtifactStore, keys_by_env: Mapping[str, str]) -> d
     ``cpu x8``) of each environment digest, read from the manifest of one entry of it
     (``keys_by_env``: env_fp -> a key); an environment whose manifest cannot be read is
     left out. Reads the index only: no JAX, no device."""
+    return {env: environment_name(parts) for env, parts in environment_parts_of(cache, keys_by_env).items()}
+
+
+def environment_parts_of(cache: ArtifactStore, keys_by_env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """``{env_fp: parts}`` of each environment digest, as :func:`environment_names`
+    reads them."""
     from aot.fingerprint import Fingerprint as _Fingerprint
 
     name_gpus(cache, None)
     manifests = cache.reader.manifests(set(keys_by_env.values()))
-    out: dict[str, str] = {}
+    out: dict[str, dict[str, str]] = {}
     for env_fp, key in keys_by_env.items():
         try:
-            parts = _Fingerprint.from_dict(json.loads(manifests[key])["environment"]).as_dict()
+            out[env_fp] = _Fingerprint.from_dict(json.loads(manifests[key])["environment"]).as_dict()
         except Exception:  # noqa: BLE001 - a missing or unreadable manifest names nothing
             continue
-        out[env_fp] = environment_name(parts)
     return out
+
+
+def jax_release(jax: str | None, jaxlib: str | None) -> str:
+    """The JAX release as listings show it: ``0.9.2``, ``0.9.2 (jaxlib 0.9.1)`` when the
+    two differ, ``-`` when unknown."""
+    if jax is None:
+        return "-" if jaxlib is None else f"jaxlib {jaxlib}"
+    return jax if jaxlib in (None, jax) else f"{jax} (jaxlib {jaxlib})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -439,7 +439,7 @@ class ArtifactStore(ReleaseMethods):
         if not self.index.quarantine(entry.key, reason, expect=entry):
             log.info("not quarantining %s: its row changed since it was read", entry.key[:12])
             return False
-        log.warning("quarantined %s (%s): %s", entry.name, entry.key[:12], reason)
+        log.warning("quarantined %s", described(entry, reason))
         return True
 
     def reread(self, entry: IndexEntry) -> IndexEntry | None:
@@ -453,6 +453,13 @@ class ArtifactStore(ReleaseMethods):
     def entries(self, name: str | None = None) -> list[IndexEntry]:
         """Stored entries, all or those whose name matches a glob."""
         return self.index.entries(name)
+
+
+def described(entry: IndexEntry, reason: str) -> str:
+    """``tiny (e8c40d8df0dc): why``, naming the entry once (a library error's message
+    often starts with the same words)."""
+    head = f"{entry.name} ({entry.key[:12]})"
+    return f"{head}: {reason.removeprefix(head + ': ')}"
 
 
 def _open_reader(cache: ArtifactStore) -> IndexReader:

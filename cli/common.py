@@ -40,6 +40,7 @@ class State:
     read_only: bool = False
     json: bool = False
     debug: bool = False
+    verbose: int = 0  # -v (INFO), -vv (DEBUG): before and after the command add up
     #: The command runs in the ``aot`` process (:func:`aot.cli.main.main`), not inside
     #: a caller's (``CliRunner``, a program calling ``cli.main``): see :meth:`start_up`.
     owns_process: bool = False
@@ -209,9 +210,21 @@ def _setter(attribute: str, flag: bool) -> Callable[[click.Context, click.Parame
     return callback
 
 
+def _more_verbose(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    if value:
+        state = state_of(ctx)
+        state.verbose += value
+        configure_logging(state.verbose)
+    return value
+
+
 def global_options() -> list[click.Option]:
     """Fresh instances of the global options (one set per command)."""
     return [
+        click.Option(
+            ["-v", "--verbose"], count=True, expose_value=False, callback=_more_verbose,
+            help="Log what the library does (-vv: debug).",
+        ),
         click.Option(
             ["--cache"], metavar="LOCATION", expose_value=False, callback=_setter("location", False),
             help="Cache folder or SQLAlchemy URL (env AOT_CACHE, [tool.aot] cache).",

@@ -62,7 +62,9 @@ def ls_command(state: State, glob: str | None, env: str, release: str | None) ->
 
     SIGNATURE names each argument (params: [{b: f32[512], w: f32[784,512]}, ...],
     x: f32[8,784]), folded to fit the terminal; ENV is 'this' or the first part of the
-    environment that differs (device_count 8: the stored value); TARGET names what the
+    environment that differs (device_count 8: the stored value); JAX, shown when the
+    entries listed were compiled by more than one JAX release, names each one's (0.9.2);
+    TARGET names what the
     entry is for: a device target (tpu:v5e:2x2), else the platform and device count
     (cpu x8); STATE is ok,
     superseded (another entry is served for the same name, signature and environment;
@@ -76,6 +78,7 @@ def ls_command(state: State, glob: str | None, env: str, release: str | None) ->
     NAME is the jitted function's, its KEY the start of JAX's hash, its ENV the platform.
     """
     from aot.cache.reports.listing import list_entries
+    from aot.cache.rows import jax_release
 
     cache = state.cache()
     listing = list_entries(cache, glob, env=env, release=resolve_served_release(cache, release))
@@ -110,16 +113,22 @@ def ls_command(state: State, glob: str | None, env: str, release: str | None) ->
     for row, r in zip(rows, listing.rows):
         row[2] = r.signature.compact(signature_width)
     right = (5, 8)
+    releases = [jax_release(r.environment.jax, r.environment.jaxlib) for r in listing.rows]
+    if len(set(releases)) > 1:  # entries of several JAX releases: which is which
+        headers = (*headers[:4], "JAX", *headers[4:])
+        rows = [[*row[:4], release, *row[4:]] for row, release in zip(rows, releases)]
+        right = (6, 9)
     if listing.jit:  # KIND: jit beside aot
         rows = [["aot", *row] for row in rows] + [
             [
-                "jit", e.key.rpartition("-")[2][:12], e.name, "-", e.platform, "-", human_size(e.stored_size),
+                "jit", e.key.rpartition("-")[2][:12], e.name, "-", *(["-"] if "JAX" in headers else []),
+                e.platform, "-", human_size(e.stored_size),
                 when(e.created_at), when(e.last_used_at), e.hits, "ok", "-",
             ]
             for e in listing.jit
         ]
         headers = ("KIND", *headers)
-        right = (6, 9)
+        right = (right[0] + 1, right[1] + 1)
     click.echo(table(headers, rows, right=right))
     footer = f"{counted(len(listing.rows) + len(listing.jit), 'entry')}, {human_size(listing.stored_size)} stored"
     if listing.other_environments:
@@ -136,7 +145,11 @@ def ls_command(state: State, glob: str | None, env: str, release: str | None) ->
 
 def _parts(title: str, fingerprint: Fingerprint) -> str:
     lines = [f"{title} {fingerprint.digest}"]
-    lines.append(key_value([(k, shorten(v, PART_WIDTH)) for k, v in sorted(fingerprint.as_dict().items())]))
+    # One line each: libtpu's platform version has several (--json has it as it is).
+    lines.append(key_value([
+        (k, shorten("; ".join(v.splitlines()) if "\n" in v else v, PART_WIDTH))
+        for k, v in sorted(fingerprint.as_dict().items())
+    ]))
     return "\n".join(lines)
 
 

@@ -28,25 +28,23 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 
 
 @click.group("aot", cls=AotGroup, context_settings=CONTEXT_SETTINGS)
-@click.option("-v", "--verbose", count=True, help="Log what the library does (-vv: debug).")
 @click.version_option(package_name="jax-aot", prog_name="aot")
 @click.pass_context
-def cli(ctx: click.Context, verbose: int) -> None:
+def cli(ctx: click.Context) -> None:
     """Ahead-of-time compilation of JAX programs into a fingerprint-keyed cache.
 
     Compile in CI (`aot warmup manifest.toml`), ship the cache or a bundle, and serve
     with `aot.load(name)` without tracing or compiling.
 
-    The options --cache, --blobs, --local, --read-only, --json and --debug go before or
-    after the command. Settings come from flags, then the environment (AOT_CACHE,
+    The options --cache, --blobs, --local, --read-only, --json, --debug and -v go before
+    or after the command. Settings come from flags, then the environment (AOT_CACHE,
     AOT_BLOBS, AOT_LOCAL, AOT_SIGNING_KEY[_FILE], AOT_MANIFEST), then [tool.aot] in
     pyproject.toml.
     """
-    ctx.ensure_object(State)
-    configure_logging(verbose)
+    configure_logging(ctx.ensure_object(State).verbose)  # -v after the command raises it
 
 
-# The group's own copies of the global options, before -v and --version.
+# The group's own copies of the global options (-v among them), before --version.
 cli.params[:0] = global_options()
 
 

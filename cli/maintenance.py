@@ -47,7 +47,7 @@ VICTIM_SIGNATURE_WIDTH = 60
     "--target", "device_targets", multiple=True, metavar="PLATFORM:CHIP:TOPOLOGY",
     help="Check every entry of the manifest for this accelerator instead of the manifest's "
     "own targets, as aot warmup --target compiles them, e.g. tpu:v5e:2x2 (needs libtpu, not "
-    "the device); repeat for several.",
+    "the device), or 'host' (this host's environment); repeat for several.",
 )
 @click.option(
     "--require-tuned", is_flag=True,
@@ -81,8 +81,8 @@ def verify_command(
     refuses).
     """
     from aot.cache.reports.coverage import verify_with_coverage
+    from aot.cache.warmup.manifest import canonical_targets
     from aot.errors import DeviceTargetError
-    from aot.targets import parse_target
 
     if (strict or device_targets) and manifest is None:
         manifest = state.settings.manifest.value  # None: refs and releases only
@@ -90,7 +90,7 @@ def verify_command(
         raise click.UsageError("--target checks a manifest's entries for a target: give --manifest MANIFEST.toml")
     state.use_gpu_targets(*device_targets, manifest=manifest)  # a fleet's captured GPUs
     try:
-        targets = tuple(parse_target(t).name for t in device_targets)
+        targets = canonical_targets(device_targets)  # "host": this host's environment
     except DeviceTargetError as exc:
         raise click.BadParameter(str(exc), param_hint="'--target'") from None
     from aot.cache.admin.aging import aged_entries
@@ -175,6 +175,15 @@ def _render_pins(plan: GcPlan, *, err: bool = False) -> None:
 
     for name, signature in plan.dropped_refs:
         click.echo(f"{'dropped' if plan.executed else 'would drop'} the ref of {name} ({signature}): not in the manifest", err=err)
+    if plan.jax_release is not None:
+        n = len(plan.retired_environments)
+        click.echo(
+            f"JAX release {plan.jax_release}: "
+            + (f"{'dropped' if plan.executed else 'would drop'} the refs and release members of its "
+               f"{counted(n, 'environment')} with its entries (no host of it serves them)" if n
+               else "no entry in this cache was compiled by it"),
+            err=err,
+        )
     if plan.pinned:
         click.echo(f"kept {len(plan.pinned)} pinned {'entry' if len(plan.pinned) == 1 else 'entries'}:", err=err)
         for victim in plan.pinned:
@@ -199,13 +208,18 @@ def _render_pins(plan: GcPlan, *, err: bool = False) -> None:
     help="Select only entries compiled through jax-aot (aot) or only entries of JAX's "
     "persistent cache stored through aot.jax_cache (jit).",
 )
+@click.option(
+    "--jax-release", metavar="VERSION",
+    help="Retire a JAX release (0.9.2): remove every entry it compiled, pinned or not, with the "
+    "refs and release members of its environments. Once no host runs it.",
+)
 @click.option("--force", is_flag=True, help="Collect even when the index is empty but blobs exist (a lost index?).")
 @click.option("--dry-run", is_flag=True, help="Only print the plan.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation on a terminal.")
 @pass_state
 def gc_command(
     state: State, max_size: int | None, older_than: str | None, superseded: bool,
-    gc_manifest: str | None, gc_kind: str, force: bool, dry_run: bool, yes: bool,
+    gc_manifest: str | None, gc_kind: str, jax_release: str | None, force: bool, dry_run: bool, yes: bool,
 ) -> None:
     """Remove quarantined, stale, superseded and least recently used entries, and
     unreferenced blobs. Entries of JAX's cache (KIND jit, aot.jax_cache) are selected
@@ -217,7 +231,7 @@ def gc_command(
     """
     cache = state.cache()
     options: dict[str, Any] = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force,
-                   manifest=gc_manifest, kind=gc_kind)
+                   manifest=gc_manifest, kind=gc_kind, jax_release=jax_release)
     if not dry_run and not yes and stdin_is_tty():
         plan = cache.gc(dry_run=True, **options)
         if not plan.entries and not plan.blobs:

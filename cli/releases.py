@@ -87,23 +87,32 @@ def release_default(state: State, label: str | None, clear: bool) -> None:
 @pass_state
 def release_show(state: State, label: str) -> None:
     """The members of LABEL's current set: key, target (tpu:v5e:2x2, or cpu x8 for a
-    host's environment), name and signature."""
-    from aot.cache.rows import environment_names
+    host's environment), the JAX release that compiled it (jax 0.9.2) when the set
+    holds entries of more than one, name and signature."""
+    from aot.cache.rows import environment_names, environment_parts_of, jax_release
 
     cache = state.cache()
     release = cache.release(label)
-    targets = environment_names(cache, {m.env_fp: m.key for m in release.members})
+    keys = {m.env_fp: m.key for m in release.members}
+    targets = environment_names(cache, keys)
+    parts = environment_parts_of(cache, keys)
+    jax = {env: (p.get("jax"), p.get("jaxlib")) for env, p in parts.items()}
     if state.json:
         data = release.to_dict()
         for member in data["members"]:
             member["target"] = targets.get(member["env_fp"])
+            member["jax"], member["jaxlib"] = jax.get(member["env_fp"], (None, None))
         echo_json(data)
         return
     click.echo(_release_line(release))
     width = max((len(targets.get(m.env_fp, "-")) for m in release.members), default=0)
+    releases = {m.env_fp: "jax " + jax_release(*jax.get(m.env_fp, (None, None))) for m in release.members}
+    several = len(set(releases.values())) > 1  # a label holding two JAX releases: which is which
+    shown = max((len(r) for r in releases.values()), default=0)
     for member in release.members:
         target = targets.get(member.env_fp, "-").ljust(width)
-        click.echo(f"  {_short(member.key)}  {target}  {member.name} ({member.signature})")
+        version = f"  {releases[member.env_fp].ljust(shown)}" if several else ""
+        click.echo(f"  {_short(member.key)}  {target}{version}  {member.name} ({member.signature})")
 
 
 def _before(release: Release) -> str:

@@ -39,6 +39,8 @@ from __future__ import annotations
 #: Every private attribute of JAX or jaxlib the modules of this package use, as
 #: ``"module:attribute"`` (the attribute may be dotted). A test checks that each
 #: ``from jax._src... import name`` here is listed, and the canary resolves each one.
+#: ``"A | B"``: a release difference (:data:`RELEASE_DIFFERENCES`), where one of the
+#: alternatives (newest release's first) must resolve.
 PRIVATE_SYMBOLS: tuple[str, ...] = (
     # build
     "jax._src.stages:Compiled",
@@ -51,7 +53,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src.stages:ArgInfo",
     "jax._src.lib:xla_client.DeviceList",
     "jax._src.lib:lapack.registrations",
-    "jax._src.lax:linalg.initialize_lapack",
+    "jax._src.lax:linalg.initialize_lapack | jax._src.lib:lapack._lapack.initialize",
     "jax._src.lib:gpu_solver.initialize_hybrid_kernels",
     # callbacks (closures and fields read from the lowering's host callbacks)
     "jax._src.callback:emit_python_callback",
@@ -68,7 +70,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src.core:physical_aval",
     "jax._src.lib:xla_client.Shape.array_shape",
     "jax._src.lib:xla_client.HloSharding.from_proto",
-    "jax._src.lib:hlo",
+    "jax._src.lib:hlo.HloPrintOptions | jax._src.lib:_jax.HloPrintOptions",
     "jax._src:op_shardings.are_hlo_shardings_equal",
     # shardings
     "jax._src.sharding_impls:GSPMDSharding",
@@ -123,6 +125,21 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src.lib:xla_client.get_topology_for_devices",
     "jax._src.lib:cuda_versions",
 )
+
+#: Where the supported releases (:mod:`aot.jaxcompat.versions`) differ in the private
+#: API used here. Each is decided by feature detection where it is used (a comment
+#: ``Release difference "NAME"`` marks the place) and checked by the canary
+#: (tests/aot/jaxcompat/test_canary.py), which CI runs on every supported release.
+RELEASE_DIFFERENCES: dict[str, str] = {
+    "HloPrintOptions": "jaxlib 0.10.1+ has it in jax._src.lib.hlo, 0.9.0-0.10.0 in jax._src.lib._jax (checks)",
+    "initialize_lapack": (
+        "JAX 0.10+ initialises jaxlib's LAPACK kernels with jax._src.lax.linalg.initialize_lapack; "
+        "0.9.x only while lowering, through jaxlib's lapack._lapack.initialize (deserialize)"
+    ),
+    "UnloadedMeshExecutable.auto_spmd_lowering": (
+        "a required field of pxla.UnloadedMeshExecutable in JAX 0.9.x, gone in 0.10 (deserialize)"
+    ),
+}
 
 #: Private attributes of JAX objects the modules of this package read (on a
 #: ``Lowered``, a ``Compiled``, its executables, a ``Sharding``, a ``PjitFunction``).

@@ -16,8 +16,14 @@ from typing import Any
 import jax
 import numpy as np
 from jax._src import core
-from jax._src.lib import hlo as _hlo
 from jax._src.lib import xla_client as xc
+
+# Release difference "HloPrintOptions": jaxlib 0.10.1+ has it in its ``_hlo`` module
+# (``jax._src.lib.hlo``), 0.10.0 and older in ``_jax``.
+try:
+    from jax._src.lib import hlo as _hlo
+except ImportError:
+    from jax._src.lib import _jax as _hlo
 
 # What the module's text need not show: only its first line (the entry computation's
 # layout) is read, and XLA prints that line whatever these say. Each one left on grows
@@ -30,7 +36,9 @@ UNPRINTED_OPTIONS = (
 )
 
 
-def _print_options() -> Any:
+def print_options() -> Any:
+    """``HloPrintOptions`` that print little more than the entry layout; None where
+    jaxlib has none."""
     options_class = getattr(_hlo, "HloPrintOptions", None)
     if options_class is None:
         return None
@@ -49,7 +57,7 @@ def hlo_module_header(xla_executable: Any) -> str | None:
         modules = xla_executable.hlo_modules()
         if len(modules) != 1:
             return None
-        options = _print_options()
+        options = print_options()
         text = modules[0].to_string(options) if options is not None else modules[0].to_string()
     except Exception:  # noqa: BLE001 - an executable without an HLO module to show
         return None

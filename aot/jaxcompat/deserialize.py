@@ -10,6 +10,8 @@ public API to load an executable without the Python function it was traced from.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Sequence
@@ -20,6 +22,17 @@ from jax._src import stages
 from jax._src.interpreters import pxla
 
 log = logging.getLogger(__name__)
+
+#: Release difference "UnloadedMeshExecutable.auto_spmd_lowering": a required field of
+#: JAX 0.9.x (dropped in 0.10.0), filled where the release has it. A loaded artifact is
+#: never auto-sharded: its shardings are the compiled ones.
+RELEASE_FIELDS: dict[str, Any] = {"auto_spmd_lowering": False}
+
+
+@functools.cache
+def _release_fields() -> dict[str, Any]:
+    present = {f.name for f in dataclasses.fields(pxla.UnloadedMeshExecutable)}
+    return {name: value for name, value in RELEASE_FIELDS.items() if name in present}
 
 
 def deserialize_xla_executable(backend: Any, exe_bytes: bytes, devices: Any) -> Any:
@@ -79,6 +92,7 @@ def load_compiled(
         xla_out_layouts=[None] * len(out_avals),
         all_args_info=None,
         pgle_profiler=None,
+        **_release_fields(),
     )
     args_info = in_tree.unflatten(arg_infos(args))
     return stages.Compiled(unloaded.load(), [], args_info, out_tree, no_kwargs=False)
@@ -134,7 +148,14 @@ def ensure_custom_call_targets(platform: str, exe_bytes: bytes | None = None) ->
             from jax._src.lax import linalg
 
             if platform == "cpu":
-                linalg.initialize_lapack()
+                # Release difference "initialize_lapack": JAX 0.10+ has the initialiser
+                # in linalg; 0.9.x calls jaxlib's when lowering a LAPACK call.
+                initialize = getattr(linalg, "initialize_lapack", None)
+                if initialize is None:
+                    from jax._src.lib import lapack
+
+                    initialize = lapack._lapack.initialize
+                initialize()
             elif platform in ("cuda", "rocm", "gpu"):
                 from jax._src.lib import gpu_solver
 

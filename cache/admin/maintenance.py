@@ -30,6 +30,7 @@ from aot.cache.index.entry import GcRow, IndexEntry, collector_paused
 from aot.cache.index.protocol import IndexReader
 from aot.cache.index.jit_records import AOT, JIT, JitEntry
 from aot.cache.index.served import ref_map, superseded_keys
+from aot.cache.admin.gc_selection import release_environments, retire_reason, stale_signatures
 from aot.cache.storage.content import PROBLEM_MISSING
 from aot.cache.storage.objectstore import BlobStat
 from aot.cache.pauses import reached
@@ -371,6 +372,10 @@ class GcPlan:
     pinned: tuple[GcVictim, ...] = ()
     #: Refs dropped (``gc --manifest``): (name, signature) no longer in the manifest.
     dropped_refs: tuple[tuple[str, str], ...] = ()
+    #: ``gc --jax-release``: the release retired and its environments (digests), whose
+    #: refs and release members are dropped with their entries.
+    jax_release: str | None = None
+    retired_environments: tuple[str, ...] = ()
     #: The victims' rows as planned (key -> state, last use): a row used, healed or
     #: replaced after the plan is not deleted.
     _rows: dict[str, tuple[str, _dt.datetime]] = field(default_factory=dict, repr=False, compare=False)
@@ -402,6 +407,8 @@ class GcPlan:
             "warnings": list(self.warnings),
             "pinned": [v.to_dict() for v in self.pinned],
             "dropped_refs": [{"name": n, "signature": sig} for n, sig in self.dropped_refs],
+            "jax_release": self.jax_release,
+            "retired_environments": list(self.retired_environments),
         }
 
 
@@ -444,7 +451,7 @@ def _kinds(kind: str) -> frozenset[str]:
 def plan_gc(
     cache: ArtifactStore, *, max_size: int | str | None = None, older_than: Any = None,
     superseded: bool = False, force: bool = False, unpinned: frozenset[tuple[str, str]] = frozenset(),
-    kind: str = "all", reads: IndexReader | None = None,
+    kind: str = "all", reads: IndexReader | None = None, jax_release: str | None = None,
 ) -> GcPlan:
     """Quarantined entries, entries unused for ``older_than``, superseded entries (with
     ``superseded``: a newer intact entry has the same name, signature and environment),
@@ -462,12 +469,16 @@ def plan_gc(
     last use: when stored, or last hit). ``kind`` (``aot``, ``jit``, ``all``) narrows
     which entries may be selected; every entry's blobs count in the size either way.
 
+    ``jax_release`` retires a JAX release: every entry of it (:mod:`aot.cache.admin.retire`),
+    pinned or not; the refs and release members that pin them are dropped first.
+
     ``reads``: the index's reads to plan with (default the cache's reader: a folder
     cache's through the standard library, without importing SQLAlchemy).
     """
     with collector_paused():  # a million rows: see aot.cache.index.entry
         return _plan_gc(cache, cache.reader if reads is None else reads, max_size=max_size,
-                        older_than=older_than, superseded=superseded, force=force, unpinned=unpinned, kind=kind)
+                        older_than=older_than, superseded=superseded, force=force, unpinned=unpinned, kind=kind,
+                        jax_release=jax_release)
 
 
 #: Above this many unkept blobs, gc reads every referenced digest in one scan rather
@@ -477,7 +488,7 @@ REFERENCED_LOOKUP_MAX = 20_000
 
 def _plan_gc(
     cache: ArtifactStore, reads: IndexReader, *, max_size: int | str | None, older_than: Any, superseded: bool, force: bool,
-    unpinned: frozenset[tuple[str, str]], kind: str,
+    unpinned: frozenset[tuple[str, str]], kind: str, jax_release: str | None = None,
 ) -> GcPlan:
     limit = parse_size(max_size)
     age = parse_age(older_than)
@@ -485,7 +496,7 @@ def _plan_gc(
     # Manifests only where the plan needs them: superseded groups by the input tree;
     # otherwise gc's slim rows, and only the victims' manifests are read, to name their
     # arguments (at the end).
-    entries: Sequence[_Row] = reads.entries() if superseded else reads.gc_rows()
+    entries: Sequence[_Row] = reads.entries() if superseded or jax_release else reads.gc_rows()
     jit_entries = reads.jit_entries()
     now = reads.now()
     victims: dict[str, GcVictim] = {}
@@ -497,6 +508,8 @@ def _plan_gc(
         if (ref.name, ref.signature) in unpinned and pins.get(ref.key, "").startswith("served ref"):
             pins.pop(ref.key)  # its ref is dropped first (a dry run assumes so)
     dropped_names = {name for name, _ in unpinned}
+    retired = release_environments(entries, jax_release) if jax_release and AOT in kinds else frozenset()  # type: ignore[arg-type]
+    unpins = reads.pin_reasons() if retired else {}
 
     chosen: dict[str, tuple[_Row, str]] = {}  # key -> (entry, reason): victims
     kept: dict[str, tuple[_Row, str]] = {}  # key -> (entry, why): pinned
@@ -527,7 +540,10 @@ def _plan_gc(
         ok = entry.state == "ok"
         if ok and entry.name in dropped_names and (entry.name, entry.signature) in unpinned:
             add(entry, "signature no longer in the manifest")
-        if not ok:
+        if retired and entry.env_fp in retired:  # type: ignore[union-attr]
+            pins.pop(entry.key, None)  # its refs and release members are dropped first
+            add(entry, retire_reason(jax_release or "", unpins.get(entry.key, ())))
+        elif not ok:
             add(entry, f"quarantined: {entry.state_reason or ''}".strip())
         elif cutoff is not None and entry.last_used_at < cutoff:
             add(entry, unused)
@@ -604,7 +620,8 @@ def _plan_gc(
     pinned = [_victim(entry, why, names) for entry, why in kept.values()]
     return GcPlan(
         tuple(victims.values()), dead_blobs, freed, size_before, dry_run=True, warnings=warnings,
-        pinned=tuple(pinned), _rows=as_planned, _jit_rows=jit_planned,
+        pinned=tuple(pinned), jax_release=jax_release, retired_environments=tuple(sorted(retired)),
+        _rows=as_planned, _jit_rows=jit_planned,
     )
 
 
@@ -681,25 +698,6 @@ def _victim(entry: _Row, reason: str, names: ArgumentNames) -> GcVictim:
     )
 
 
-def stale_signatures(
-    cache: ArtifactStore, manifest: str | os.PathLike[str], reads: IndexReader | None = None,
-) -> frozenset[tuple[str, str]]:
-    """(name, signature) of the refs and entries whose name manifest ``manifest`` lists
-    but not with that signature (a changed layer size leaves the old ones behind);
-    read through ``reads`` (default the cache's reader)."""
-    from aot.cache.warmup.manifest import expand, load_manifest
-    from aot.cache.warmup.functions import item_signature
-
-    wanted: dict[str, set[str]] = {}
-    for item in expand(load_manifest(manifest)):
-        wanted.setdefault(item.name, set()).add(item_signature(item))
-    reads = cache.reader if reads is None else reads
-    stale = {(r.name, r.signature) for r in reads.refs() if r.name in wanted and r.signature not in wanted[r.name]}
-    for name, signatures in wanted.items():
-        stale |= {(e.name, e.signature) for e in reads.by_name(name, state=None) if e.signature not in signatures}
-    return frozenset(stale)
-
-
 def _digests(entry: _Row | JitEntry) -> set[str]:
     if isinstance(entry, JitEntry):
         return {entry.digest}
@@ -733,7 +731,7 @@ def delete_unreferenced_blobs(cache: ArtifactStore, digests: Sequence[str]) -> t
 def collect_garbage(
     cache: ArtifactStore, *, max_size: int | str | None = None, older_than: Any = None,
     dry_run: bool = False, superseded: bool = False, force: bool = False,
-    manifest: str | os.PathLike[str] | None = None, kind: str = "all",
+    manifest: str | os.PathLike[str] | None = None, kind: str = "all", jax_release: str | None = None,
 ) -> GcPlan:
     """Plans, then (unless ``dry_run``) deletes index rows first and blobs after.
 
@@ -750,12 +748,13 @@ def collect_garbage(
     """
     reads = cache.reader
     stale = stale_signatures(cache, manifest, reads) if manifest is not None else frozenset()
-    options = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force, kind=kind)
+    options = dict(max_size=max_size, older_than=older_than, superseded=superseded, force=force, kind=kind,
+                   jax_release=jax_release)
     plan = plan_gc(cache, unpinned=stale, reads=reads, **options)  # type: ignore[arg-type]
     if dry_run:
         return dataclasses.replace(plan, dropped_refs=tuple(sorted(stale)))
     cache.check_writable("collect garbage")
-    leases_only = not stale and not plan.warnings and not plan.entries and not plan.blobs
+    leases_only = not stale and not plan.retired_environments and not plan.warnings and not plan.entries and not plan.blobs
     if leases_only and not reads.has_expired_leases():
         log.info("gc: removed 0 entries and 0 blobs, freed %s", human_size(0))  # nothing to delete
         return GcPlan((), (), 0, plan.size_before, dry_run=False, executed=True, pinned=plan.pinned)
@@ -764,6 +763,9 @@ def collect_garbage(
         cache.index.drop_refs(slots)
         log.info("gc: dropped %d refs of signatures no longer in %s", len(slots), manifest)
         plan = plan_gc(cache, unpinned=stale, reads=reads, **options)  # type: ignore[arg-type]
+    if plan.retired_environments:  # a retired release serves no host: nothing may pin its entries
+        refs, members = cache.index.retire_environments(plan.retired_environments)
+        log.info("gc: JAX %s retired: dropped %d refs and %d release members", jax_release, refs, members)
     if plan.warnings:
         raise CacheError(f"gc refused: {plan.warnings[0]}")
     plan.name_arguments()  # before their rows go
@@ -783,4 +785,5 @@ def collect_garbage(
     reached("gc.done")
     log.info("gc: removed %d entries and %d blobs, freed %s", len(evicted), len(removed), human_size(freed))
     return GcPlan(evicted, tuple(removed), freed, plan.size_before, dry_run=False, executed=True,
-                  pinned=plan.pinned, dropped_refs=tuple(sorted(stale)))
+                  pinned=plan.pinned, dropped_refs=tuple(sorted(stale)), jax_release=jax_release,
+                  retired_environments=plan.retired_environments)

@@ -243,6 +243,23 @@ class IndexRefs(IndexDescription):
                 )).rowcount
         return n
 
+    def retire_environments(self, env_fps: Iterable[str]) -> tuple[int, int]:
+        """Drops the current refs of the environments ``env_fps`` and their members of
+        every release set (a retired JAX release's: no host serves them any more), in one
+        transaction under the lock of every label move; the refs' history stays.
+        Returns (refs dropped, members dropped)."""
+        envs = sorted(set(env_fps))
+        refs = members = 0
+        with self._write("retire environments") as conn:
+            self._lock_refs(conn)
+            for i in range(0, len(envs), 500):  # SQLite's variable limit
+                chunk = envs[i:i + 500]
+                refs += conn.execute(sa.delete(REFS).where(REFS.c.env_fp.in_(chunk))).rowcount
+                members += conn.execute(
+                    sa.delete(RELEASE_MEMBERS).where(RELEASE_MEMBERS.c.env_fp.in_(chunk))
+                ).rowcount
+        return refs, members
+
     # -------------------------------------------------------------- releases
 
     def open_release(self, label: str, origin: RefOrigin, *, run: str | None = None) -> int:

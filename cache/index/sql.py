@@ -303,8 +303,8 @@ class Index(IndexReads, IndexGc, IndexRefs, IndexJit, IndexTargets):
             )
         with self._write(f"quarantine {key}") as conn:
             n = conn.execute(q.values(state="quarantined", state_reason=reason)).rowcount
-        if n:
-            logger.warning("index: quarantined %s: %s", key, reason)
+        if n:  # the caller, who knows what it refused, tells the user (once)
+            logger.debug("index: quarantined %s: %s", key, reason)
         return bool(n)
 
     def bulk_insert(self, entries: Sequence[IndexEntry]) -> None:

@@ -345,8 +345,8 @@ def verify_with_coverage(
     if manifest is not None:
         loaded = load_manifest(manifest)
         loaded.check_fleet()  # the gate of a runner with another libtpu than the fleet's fails
-        if targets:
-            loaded = loaded.for_targets(tuple(parse_target(t).name for t in targets))
+        if targets:  # device target names, or "host": this host's environment
+            loaded = loaded.for_targets(targets)
         items = expand(loaded)
         wanted = dict.fromkeys(i.device_target for i in items if i.device_target is not None)
         for target in wanted:  # libtpu missing: said now, not after the integrity check

@@ -14,17 +14,18 @@ given, is lowered for the target.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
 
 from aot.artifact import Manifest
-from aot.errors import AotError
+from aot.errors import AotError, SpecError
 from aot.fingerprint import (
     UNKNOWN_ENVIRONMENT_NOTE, Fingerprint, PartDifference, environment_fingerprint, xla_flags_outside_key,
 )
-from aot.lowering import lower
+from aot.lowering import lower, lower_pmap
 from aot.specs import format_aval, spec
 from aot.cache.index.served import Slot, ref_map, served_key
 from aot.cache.rows import release_slots
@@ -33,6 +34,7 @@ from aot.cache.units import counted
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
+    from aot.cache.warmup.manifest import WarmupItem
 
 #: Width of each signature in the first line of :meth:`Explanation.describe`.
 SIGNATURE_WIDTH = 72
@@ -70,11 +72,16 @@ class Explanation:
     refused: str | None = None
     #: The device target explained for (``tpu:v5e:1x1``); None: this host.
     device_target: str | None = None
+    #: Nothing stored under the name: the stored names close to it (a typo?).
+    similar: tuple[str, ...] = ()
+    #: A manifest item's bucket (``[batch=8]``), named in the label.
+    bucket: str = ""
 
     @property
     def label(self) -> str:
-        """``tiny`` or, for a device target, ``tiny@tpu:v5e:1x1`` (as warm-ups name items)."""
-        return self.name + (f"@{self.device_target}" if self.device_target else "")
+        """``tiny`` or, for a device target, ``tiny@tpu:v5e:1x1``; a manifest item's
+        with its bucket, ``mlp.forward[batch=8]`` (as warm-ups name items)."""
+        return self.name + self.bucket + (f"@{self.device_target}" if self.device_target else "")
 
     def _served(self) -> str:
         if self.served_key is None:
@@ -94,7 +101,8 @@ class Explanation:
     def describe(self) -> str:
         request = self._shown(self.arguments, self.signature)
         if self.stored == 0:
-            return f"{self.label}: nothing is stored under this name; compile it first"
+            close = f" (did you mean {' or '.join(map(repr, self.similar))}?)" if self.similar else ""
+            return f"{self.label}: nothing is stored under this name{close}; compile it first"
         if not self.environment_known and not self.differences:
             return (
                 f"{self.label} ({request}): entry {self.nearest_key[:12]} matches the program; whether it "  # type: ignore[index]
@@ -126,6 +134,13 @@ class Explanation:
                 lines += [f"  {leaf.describe()}" for leaf in self.argument_differences]
             else:
                 lines.append(f"  {d.describe()}")
+        parts = {d.part for d in self.differences}
+        if parts & {"jax", "jaxlib"} and parts <= {"jax", "jaxlib", "platform_version"}:
+            lines.append(
+                "  (another JAX release's entry: aot.load recompiles its portable HLO here within "
+                "jax.export's compatibility window, never with strict=True; warm this release up to "
+                "serve it strict: docs/jax-releases.md)"
+            )
         if not self.environment_known:
             lines.append(f"  (environments not compared: {UNKNOWN_ENVIRONMENT_NOTE})")
         if self.xla_flags_outside_key:
@@ -138,6 +153,7 @@ class Explanation:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "label": self.label,
             "signature": self.signature,
             "hit": self.hit,
             "nearest_key": self.nearest_key,
@@ -153,6 +169,7 @@ class Explanation:
             **({} if self.release is None else {"release": self.release, "not_in_release": self.not_in_release}),
             **({} if self.environment_known else {"environment_unknown": True}),
             **({} if self.refused is None else {"refused": self.refused}),
+            **({"did_you_mean": list(self.similar)} if self.similar else {}),
         }
 
 
@@ -188,7 +205,8 @@ def explain(
         environment = cache.known_environment()  # None: unknown here (the device is not opened)
     request: Signature | None
     if fn is not None:
-        computation = lower(fn, *args, name=name, **lower_kwargs)
+        pmap = lower_kwargs.pop("pmap", False)  # a pmap item of a manifest (explain_item)
+        computation = (lower_pmap if pmap else lower)(fn, *args, name=name, **lower_kwargs)
         program_parts = computation.program_fingerprint.as_dict()
         signature = computation.signature
         paths = arg_paths(computation.in_tree, computation.arg_names)
@@ -258,11 +276,14 @@ def explain(
             best = (score, manifest, diffs, stored_signature, mine)
     outside = xla_flags_outside_key()
     if best is None:
+        import difflib
+
         shown = request if request is not None else Signature.from_specs(positional, keywords)
+        similar = tuple(difflib.get_close_matches(name, cache.names(), n=3)) if not entries else ()
         return Explanation(
             name, signature, False, None, None, (), len(entries), shown,
             xla_flags_outside_key=outside, environment_known=environment is not None,
-            device_target=device_target,
+            device_target=device_target, similar=similar,
         )
     _, manifest, diffs, stored_signature, mine = best
     leaf_diffs = (
@@ -284,6 +305,28 @@ def explain(
         served_key=served, served_by=served_by, environment_known=environment is not None,
         release=release, not_in_release=missing_in_release, refused=refusal, device_target=device_target,
     )
+
+
+def explain_item(cache: ArtifactStore, item: WarmupItem, *, release: str | None = None) -> Explanation:
+    """Explains ``item`` (a warm-up manifest's entry, or the one ``aot why``'s options
+    describe) lowered exactly as the warm-up lowers it (:func:`prepare`: the same mesh
+    over the same devices, shardings, donation, statics, x64 mode and device target), so
+    that its key is the one the warm-up stored: every program part and the environment
+    of its target (else this host's) are compared."""
+    from aot.cache.warmup.functions import prepare, x64_hint, x64_mode
+
+    with x64_mode(item):
+        prepared = prepare(item)
+        options = {k: v for k, v in prepared.options.items() if k not in ("name", "target")}
+        try:
+            explanation = explain(
+                cache, item.name, *prepared.args, fn=prepared.fn, release=release,
+                device_target=item.device_target, **options,
+            )
+        except SpecError as exc:  # e.g. a 64-bit dtype refused while lowering
+            raise x64_hint(item, exc) from None
+    bucket = f"[{','.join(f'{k}={v}' for k, v in item.bucket)}]" if item.bucket else ""
+    return dataclasses.replace(explanation, bucket=bucket)
 
 
 def _names_from_paths(manifest: Manifest) -> tuple[str, ...]:

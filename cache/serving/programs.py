@@ -25,6 +25,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from aot.artifact import PORTABLE_HLO, Manifest, json_part, manifest_problems, p
 from aot.errors import (
     AotError,
     CorruptArtifactError,
+    ExportWindowError,
     IncompatibleEnvironmentError,
     IntegrityError,
     ReleaseNotFoundError,
@@ -273,8 +275,7 @@ class ProgramTable:
             self.unusable.append((entry, f"unreadable manifest: {exc}"))
             return None
         if reason is not None:
-            log.warning("aot.load(%r): skipping %s (%s): %s", self.name, entry.key[:12], entry.signature, reason)
-            self.skipped.append((entry.key, entry.signature, reason))
+            self.skipped.append(skipped(self, entry, reason, here))
             return None
         if manifest.is_symbolic:
             self._add_symbolic(entry, manifest, structure, treedef, dtypes)
@@ -523,6 +524,8 @@ class ProgramTable:
                         rereads += 1
                         self.place(program, changed, front=True)
                         continue
+                # Why it was refused, for the recompile to say (the row as read has none).
+                entry = replace(entry, state_reason=str(exc))
                 if isinstance(exc, CorruptArtifactError):
                     program.quarantined.append(entry)
                     if self.strict:
@@ -622,6 +625,7 @@ def _recompile(
     """:func:`recompile_program` in this process: the executable and the key it was
     stored under (None: not stored)."""
     errors: list[str] = []
+    window: list[ExportWindowError] = []
     environment = table.cache.environment
     pending = list(candidates)
     rereads = 0
@@ -651,8 +655,10 @@ def _recompile(
                 pending.insert(0, fresh)
                 continue
             errors.append(f"{entry.key[:12]}: {exc}")
+            if isinstance(exc, ExportWindowError):
+                window.append(exc)
             continue
-        reason = describe_differences(diffs) or f"stored executable unusable: {entry.state_reason}"
+        reason = describe_differences(diffs) or f"stored executable unusable: {_why_unusable(entry)}"
         log.warning("%s (%s): recompiled from portable HLO (%s)", table.name, program.signature, reason)
         table.cache.stats.recompiled(
             table.env, table.name, program.signature, reason, time.perf_counter() - start
@@ -663,10 +669,40 @@ def _recompile(
             program.local.append(stored)
             return executable, stored.key
         return executable, None
+    if window and len(window) == len(errors):  # another release's entries, none callable here
+        raise ExportWindowError(
+            f"{table.name} ({program.signature}): no executable for this JAX release, and no stored "
+            f"portable HLO it can call: {'; '.join(errors)}",
+            tuple(d for exc in window for d in exc.differences),
+        )
     raise CorruptArtifactError(
         f"{table.name} ({program.signature}): cannot recompile from portable HLO: "
         + "; ".join(errors)
     )
+
+
+def _why_unusable(entry: IndexEntry) -> str:
+    """What made ``entry`` unusable, without its name (the line names the program) nor
+    the advice (what to run): the recompile that follows is the remedy."""
+    reason = (entry.state_reason or "quarantined").removeprefix(f"{entry.name} ({entry.key[:12]}): ")
+    return reason.split("; ")[0]
+
+
+def skipped(table: ProgramTable, entry: IndexEntry, reason: str, here: dict[str, str]) -> tuple[str, str, str]:
+    """Logs why ``entry`` is not served in this process; returns (key, signature, why).
+
+    A row of another platform (a TPU entry, on a CPU replica) whose signature a row of
+    this environment serves is nothing to this host: said at the info level only. Any
+    other skipped row is a warning (it leaves its signature unserved, or without the
+    row declared for it)."""
+    try:
+        platform = json.loads(entry.manifest).get("environment", {}).get("parts", {}).get("platform")
+    except (ValueError, AttributeError):
+        platform = None
+    elsewhere = platform is not None and platform != here.get("platform")
+    level = logging.INFO if elsewhere and table.selection.served.get(entry.signature) else logging.WARNING
+    log.log(level, "aot.load(%r): skipping %s (%s): %s", table.name, entry.key[:12], entry.signature, reason)
+    return (entry.key, entry.signature, reason)
 
 
 def cannot_serve_here(manifest: Manifest, here: dict[str, str]) -> str | None:

@@ -28,6 +28,7 @@ __all__ = [
     "Prepared",
     "compile_item",
     "compile_function",
+    "function_item",
     "x64_hint",
     "x64_mode",
     "item_environment",
@@ -75,8 +76,9 @@ def resolve_function(function: str, *, base_dir: str | None = None) -> Any:
                 if missing == module_name.split(".")[0] or missing == module_name
                 else "it is imported by that module; install it"
             )
+            close = _close(missing, _local_modules(base_dir)) if missing == module_name.split(".")[0] else ""
             raise TargetError(
-                f"cannot import {module_name!r} for {function!r}: no module named {missing!r}; {hint}"
+                f"cannot import {module_name!r} for {function!r}: no module named {missing!r}{close}; {hint}"
             ) from None
         except AotError:
             raise
@@ -88,10 +90,35 @@ def resolve_function(function: str, *, base_dir: str | None = None) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
+            names = [n for n in dir(obj) if not n.startswith("_")]
             raise TargetError(
-                f"{function!r}: module {module_name!r} has no attribute {attr_path!r}"
+                f"{function!r}: module {module_name!r} has no attribute {attr_path!r}{_close(part, names)}"
             ) from None
     return obj
+
+
+def _close(name: str, names: Iterable[str]) -> str:
+    """`` (did you mean 'forward'?)`` when a name of ``names`` is close to ``name``."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(names), n=3)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
+def _local_modules(base_dir: str | None) -> list[str]:
+    """The modules and packages in the folders :func:`search_path` puts first."""
+    names: list[str] = []
+    for folder in (base_dir, os.getcwd()):
+        try:
+            entries = os.listdir(folder) if folder else []
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.endswith(".py"):
+                names.append(entry[:-3])
+            elif os.path.isfile(os.path.join(folder, entry, "__init__.py")):  # type: ignore[arg-type]
+                names.append(entry)
+    return names
 
 
 # ``@module:callable`` results remembered for the length of one warm-up: the callable
@@ -370,8 +397,7 @@ def compile_item(cache: ArtifactStore, item: WarmupItem, *, origin: RefOrigin | 
             raise x64_hint(item, exc) from None
 
 
-def compile_function(
-    cache: ArtifactStore,
+def function_item(
     function: str,
     *,
     args: Sequence[str] = (),
@@ -385,15 +411,15 @@ def compile_function(
     out_shardings: Sequence[str] = (),
     donate: Sequence[int] = (),
     x64: bool = False,
-    origin: RefOrigin | None = None,
     device_target: str | None = None,
-) -> CompileResult:
-    """``aot compile``: one function for one set of specs, as a warm-up entry would be.
+) -> WarmupItem:
+    """The warm-up item a command line describes (``aot compile``, ``aot why
+    --function``): one function for one set of specs, as a manifest's entry would be.
 
     ``name`` defaults to the function with ``:`` replaced by ``.``; one ``out_shardings``
     applies to every output, several form a tuple. Raises :class:`aot.ManifestError`
     for inconsistent options (a usage error) before importing anything."""
-    item = WarmupItem(
+    return WarmupItem(
         name=name or function.replace(":", "."),
         function=function,
         args=tuple(args),
@@ -411,6 +437,14 @@ def compile_function(
         x64=x64,
         device_target=device_target,
     )
+
+
+def compile_function(
+    cache: ArtifactStore, function: str, *, origin: RefOrigin | None = None, **options: Any,
+) -> CompileResult:
+    """``aot compile``: the item :func:`function_item` makes of ``options``, compiled
+    as a warm-up compiles it."""
+    item = function_item(function, **options)
     return compile_item(cache, item, origin=origin if origin is not None else RefOrigin("compile"))
 
 

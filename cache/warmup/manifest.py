@@ -68,6 +68,7 @@ __all__ = [
     "WarmupManifest",
     "expand",
     "installed_version",
+    "items_named",
     "load_manifest",
     "parse_manifest",
     "parse_mesh",
@@ -397,7 +398,8 @@ def parse_manifest(text: str, path: str = "<manifest>") -> WarmupManifest:
     unknown = sorted(set(data) - {"function", "target", "fleet"})
     if unknown:
         raise ManifestError(
-            f"{path}: unknown top-level key(s) {unknown}; a manifest holds [[function]] tables "
+            f"{path}: unknown top-level key(s) {unknown}{_did_you_mean(unknown, ('function', 'target', 'fleet'))}; "
+            "a manifest holds [[function]] tables "
             "(and optionally a top-level target = \"tpu:v5e:2x2\" or a list of them, and a "
             "[fleet] table of pinned versions)"
         )
@@ -424,6 +426,15 @@ def parse_manifest(text: str, path: str = "<manifest>") -> WarmupManifest:
         warnings = (_old_spelling_warning(path, old_spelling),)
         log.warning("%s", warnings[0])
     return WarmupManifest(path, tuple(functions), targets, warnings, fleet)
+
+
+def _did_you_mean(unknown: Iterable[str], known: Iterable[str]) -> str:
+    """`` (did you mean 'function'?)`` for the unknown keys close to a known one."""
+    import difflib
+
+    known = list(known)
+    close = [match for key in unknown for match in difflib.get_close_matches(key, known, n=1)]
+    return f" (did you mean {' or '.join(map(repr, dict.fromkeys(close)))}?)" if close else ""
 
 
 def _old_spelling_warning(path: str, old: list[tuple[str, str]]) -> str:
@@ -521,7 +532,7 @@ def _parse_function(
 
     unknown = sorted(set(table) - set(_FUNCTION_KEYS))
     if unknown:
-        raise fail(f"unknown key(s) {unknown}; expected some of {list(_FUNCTION_KEYS)}")
+        raise fail(f"unknown key(s) {unknown}{_did_you_mean(unknown, _FUNCTION_KEYS)}; expected some of {list(_FUNCTION_KEYS)}")
     function, targets, old = _function_and_targets(table, fail)
     if old and old_spelling is not None:
         old_spelling.append((where, function))
@@ -689,3 +700,20 @@ def expand(manifest: WarmupManifest) -> list[WarmupItem]:
                 for item in items
             )
     return [item for items in by_target.values() for item in items]
+
+
+def items_named(items: Iterable[WarmupItem], name: str, path: str = "<manifest>") -> list[WarmupItem]:
+    """The items of ``name`` (every bucket and target), or of the one label ``name``
+    (``mlp.forward[batch=8]``, ``train.step@tpu:v5e:2x2``), in manifest order. Raises
+    :class:`aot.ManifestError` naming the close names when none matches."""
+    import difflib
+
+    items = list(items)
+    named = [item for item in items if name in (item.name, item.label)]
+    if named:
+        return named
+    names = list(dict.fromkeys(n for item in items for n in (item.name, item.label)))
+    close = difflib.get_close_matches(name, names, n=3)
+    hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+    shown = list(dict.fromkeys(item.name for item in items))
+    raise ManifestError(f"{path}: no entry named {name!r}{hint}; its names: {', '.join(shown)}")

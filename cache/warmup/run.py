@@ -15,10 +15,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -92,6 +93,8 @@ __all__ = [
     "coverage",
     "expand",
     "item_signature",
+    "kept_notice",
+    "other_releases_notice",
     "load_manifest",
     "make_mesh",
     "parse_manifest",
@@ -122,6 +125,9 @@ class WarmupReport:
     release: str | None = None
     # Members of the label's previous set this warm-up did not compile, kept in its new set.
     carried: tuple[ReleaseMember, ...] = ()
+    # Those of them another JAX release compiled (docs/jax-releases.md), and those releases.
+    other_releases: tuple[ReleaseMember, ...] = ()
+    carried_releases: tuple[str, ...] = ()
 
     def _count(self, status: str) -> int:
         return sum(1 for r in self.results if r.status == status)
@@ -152,18 +158,12 @@ class WarmupReport:
         return tuple(r for r in self.results if r.status == "failed")
 
     def summary(self) -> str:
+        """One line; the members a release kept are a warning, logged once when it was
+        declared (:func:`kept_notice`), not repeated here."""
         where = f" (shard {self.shard[0]}/{self.shard[1]})" if self.shard else ""
-        kept = ""
-        if self.carried:
-            shown = ", ".join(f"{m.name} ({m.signature})" for m in self.carried[:3])
-            more = f" and {len(self.carried) - 3} more" if len(self.carried) > 3 else ""
-            kept = (f"\nrelease {self.release}: kept {counted(len(self.carried), 'member')} of its previous set "
-                    f"that this warm-up does not compile: {shown}{more} (a later warm-up of this run "
-                    "replaces them; --replace starts the label over)")
         return (
             f"{counted(len(self.results), 'entry')}{where}: {self.compiled} compiled, {self.hit} hit"
             f"{f' ({self.waited} waited for)' if self.waited else ''}, {self.failed} failed in {self.seconds:.1f}s"
-            f"{kept}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -345,6 +345,7 @@ def run_warmup(
 
     covered = None
     carried: list[ReleaseMember] = []
+    releases: dict[str, str] = {}
     try:
         with remembering_specs():
             if release is not None:
@@ -373,6 +374,9 @@ def run_warmup(
                     _run_pipelined(cache, items, emit, held)
         carried = declare(cache, list(results.values()), origin or RefOrigin("warmup"), release=release,
                           run=run, covered=covered)
+        releases = _other_releases(cache, carried)
+        if release is not None:
+            _warn_kept(release, carried, releases)
     except BaseException as exc:
         if leader is not None:  # the others stop waiting for what will not come
             leader.abort(f"{type(exc).__name__}: {exc}")
@@ -386,7 +390,26 @@ def run_warmup(
     return WarmupReport(
         cache.display_location, jobs, ordered, time.perf_counter() - start,
         shard=shard if isinstance(shard, tuple) else None, release=release, carried=tuple(carried),
+        other_releases=tuple(m for m in carried if m.key in releases),
+        carried_releases=tuple(sorted(set(releases.values()))),
     )
+
+
+def _other_releases(cache: ArtifactStore, members: list[ReleaseMember]) -> dict[str, str]:
+    """``{key: jax release}`` of the ``members`` another JAX release compiled (their
+    manifests' environment ``jax`` part)."""
+    import jax
+
+    out: dict[str, str] = {}
+    manifests = cache.reader.manifests({m.key for m in members}) if members else {}
+    for key, text in manifests.items():
+        try:
+            version = json.loads(text)["environment"]["parts"]["jax"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(version, str) and version != jax.__version__:
+            out[key] = version
+    return out
 
 
 def declare(
@@ -419,13 +442,34 @@ def declare(
     carried: list[ReleaseMember] = []
     keep = None if covered is None else (lambda member: not covered(member))
     cache.index.declare_release(release, targets, origin, run=run, keep=keep, carried=carried)
-    if carried:
-        log.warning(
-            "release %s: kept %d member(s) of its previous set that this warm-up does not compile "
-            "(a later warm-up of this run replaces them; --replace starts the label over): %s",
-            release, len(carried), ", ".join(f"{m.name} ({m.signature})" for m in carried[:3]),
-        )
     return carried
+
+
+def _warn_kept(release: str, carried: Sequence[ReleaseMember], releases: dict[str, str]) -> None:
+    """Says once (a warning: stderr, never the report's summary) which members of the
+    label's previous set the new set kept: another JAX release's, which its hosts serve
+    during a rolling upgrade, apart from those a later warm-up of this run replaces."""
+    stale = [m for m in carried if m.key not in releases]
+    if stale:
+        log.warning("%s", kept_notice(release, stale))
+    others = [m for m in carried if m.key in releases]
+    if others:
+        log.warning("%s", other_releases_notice(release, others, releases.values()))
+
+
+def other_releases_notice(release: str, members: Sequence[ReleaseMember], versions: Iterable[str]) -> str:
+    """What a warm-up says of the members of other JAX releases its new set kept."""
+    return (f"release {release}: kept {counted(len(members), 'member')} of other JAX releases "
+            f"({', '.join(sorted(set(versions)))}), which hosts of those releases serve")
+
+
+def kept_notice(release: str, carried: Sequence[ReleaseMember]) -> str:
+    """What a warm-up says of the members of the release's previous set it kept."""
+    shown = ", ".join(f"{m.name} ({m.signature})" for m in carried[:3])
+    more = f" and {len(carried) - 3} more" if len(carried) > 3 else ""
+    return (f"release {release}: kept {counted(len(carried), 'member')} of its previous set that this "
+            f"warm-up does not compile: {shown}{more} (a later warm-up of this run replaces them; "
+            "--replace starts the label over)")
 
 
 def release_cover(cache: ArtifactStore, items: Iterable[WarmupItem]) -> Callable[[ReleaseMember], bool]:

@@ -15,6 +15,8 @@ HIERARCHY = {
     # A release that cannot serve a name is a signature the caller asked for and lacks.
     aot.ReleaseNotFoundError: (aot.SignatureNotFoundError,),
     aot.IncompatibleEnvironmentError: (),
+    # Another JAX release's portable HLO this release cannot call: an environment, not corruption.
+    aot.ExportWindowError: (aot.IncompatibleEnvironmentError,),
     aot.CorruptArtifactError: (),
     aot.UnsupportedComputationError: (),
     aot.SymbolicShapeError: (aot.UnsupportedComputationError,),

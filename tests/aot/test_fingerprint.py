@@ -320,6 +320,20 @@ def test_cpu_isa_difference_names_the_missing_features():
     )
 
 
+def test_a_long_or_multi_line_difference_is_one_line_showing_where_it_parts():
+    version = "PJRT C API\nTFRT TPU v5 lite\nBuilt on Jun 17 2026"
+    assert PartDifference("platform_version", version, "cpu").describe() == (
+        "platform_version PJRT C API; TFRT TPU v5 lite; Built on Jun 17 2026 != cpu"
+    )
+    head = '[{"mesh":{"axis_names":["data"],"axis_types":["Auto"],"devices":'
+    stored, requested = head + "[0,1,2,3]" + "x" * 60, head + "[0,1]" + "x" * 60
+    shown = PartDifference("in_shardings", stored, requested).describe()
+    # 20 characters before the first that differs ("[0,1" is common), 80 at most each.
+    assert shown == (
+        'in_shardings ...uto"],"devices":[0,1,2,3]' + "x" * 49 + '... != ...uto"],"devices":[0,1]' + "x" * 53 + "..."
+    )
+
+
 def test_fingerprint_digest_is_order_independent_and_round_trips():
     a = Fingerprint.of("program", {"a": "1", "b": "2"})
     b = Fingerprint.of("program", {"b": "2", "a": "1"})

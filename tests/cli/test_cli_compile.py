@@ -246,7 +246,7 @@ def test_environment_variable_names_the_cache(invoke: Invoke, tmp_path, monkeypa
 # ---------------------------------------------------------------- why
 
 WHY_KEYS = {
-    "name", "signature", "hit", "nearest_key", "nearest_signature", "differences", "stored",
+    "name", "label", "signature", "hit", "nearest_key", "nearest_signature", "differences", "stored",
     "arguments", "argument_differences", "xla_flags_outside_key", "served_key", "served_by",
     "target",
 }
@@ -326,3 +326,25 @@ def test_why_unknown_name(invoke: Invoke, warmed) -> None:
     result = invoke("why", "nothing.here", "--arg", "f32[8]")
     assert result.exit_code == 1
     assert result.stdout.strip() == "nothing.here: nothing is stored under this name; compile it first"
+
+
+def test_a_corrupt_stored_executable_is_quarantined_once_and_compiled_again(invoke: Invoke, cache_dir) -> None:  # noqa: ANN001
+    """The quarantine is told once (one line on stderr, naming the entry once), then the
+    entry is compiled and stored again."""
+    import zstandard
+
+    tiny = ("compile", "fixtures.models:tiny", "--name", "tiny", "--arg", "f32[8]", "--arg", "f32[8]", "--json")
+    stored = json.loads(invoke(*tiny).stdout)
+    digest = json.loads(invoke("show", "tiny", "--json").stdout)["entries"][0]["entry"]["exe_digest"]
+    blob = cache_dir / "blobs" / digest[:2] / f"{digest}.zst"
+    blob.write_bytes(zstandard.ZstdCompressor().compress(b"not the executable"))
+    again = invoke(*tiny)
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["hit"] is False
+    # Then the store repairs the blob, writing the same bytes again.
+    assert again.stderr.splitlines() == [
+        f"aot: WARNING: quarantined tiny ({stored['key'][:12]}): executable blob {digest} at {cache_dir / 'blobs'} "
+        "is corrupt (digest mismatch); run `aot verify` to quarantine the entries using it (they are "
+        "recompiled on next use) and `aot gc` to remove it",
+        f"aot: WARNING: blob {digest} at {cache_dir / 'blobs'} is corrupt (digest mismatch); rewriting it",
+    ]

@@ -6,6 +6,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from aot.cache.index.entry import SCHEMA_VERSION
 from aot.cli.main import cli
 
 
@@ -26,7 +27,7 @@ EXPECTED = {
     "release diff",
     "history", "target", "target capture", "target ls", "target show",
 }
-GLOBAL = ("--cache", "--blobs", "--local", "--read-only", "--json", "--debug")
+GLOBAL = ("--cache", "--blobs", "--local", "--read-only", "--json", "--debug", "-v")
 
 
 def test_every_documented_command_exists() -> None:
@@ -96,3 +97,21 @@ def test_unknown_command_is_a_usage_error() -> None:
     result = CliRunner().invoke(cli, ["nosuch"])
     assert result.exit_code == 2
     assert "No such command 'nosuch'" in result.output
+
+
+@pytest.mark.parametrize("where", ["before", "after", "both"])
+def test_verbose_before_or_after_the_command(where: str, tmp_path) -> None:  # noqa: ANN001
+    """`aot -v compile ...` and `aot compile ... -v` log the same INFO lines on stderr;
+    one -v on each side is -vv (DEBUG)."""
+    command = ["compile", "fixtures.models:tiny", "--name", "tiny", "--arg", "f32[8]", "--arg", "f32[8]"]
+    args = {"before": ["-v", *command], "after": [*command, "-v"], "both": ["-v", *command, "-v"]}[where]
+    result = CliRunner().invoke(cli, ["--cache", str(tmp_path / "cache"), *args])
+    assert result.exit_code == 0, result.output
+    logged = [line.split(":", 2)[1].strip() for line in result.stderr.splitlines() if line.startswith("aot: ")]
+    info = [line for line in result.stderr.splitlines() if line.startswith("aot: INFO: ")]
+    assert info[0] == f"aot: INFO: creating the cache index schema v{SCHEMA_VERSION} at sqlite:///{tmp_path}/cache/index.sqlite"
+    assert info[1].startswith("aot: INFO: compiled tiny (f32[8], f32[8]) in ")
+    assert ("DEBUG" in logged) == (where == "both"), result.stderr
+    # Not verbose: nothing logged.
+    quiet = CliRunner().invoke(cli, ["--cache", str(tmp_path / "cache"), *command])
+    assert quiet.exit_code == 0 and quiet.stderr == "", quiet.stderr

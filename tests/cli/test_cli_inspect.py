@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import jax
+import jaxlib
 import pytest
 
 import aot
@@ -22,7 +24,7 @@ ENTRY_KEYS = {
     "state_reason",
 }
 LS_ENTRY_KEYS = ENTRY_KEYS | {"arguments", "statics", "this_environment", "environment_differences", "superseded_by",
-                                 "served", "served_by", "releases", "kind", "target"}
+                                 "served", "served_by", "releases", "kind", "target", "jax", "jaxlib"}
 SHOW_KEYS = {
     "entry", "manifest", "manifest_error", "this_environment", "environment_differences", "hlo",
     "arguments", "superseded_by", "statics", "served", "served_by", "releases", "target",
@@ -119,6 +121,7 @@ def test_ls_glob_and_json(invoke: Invoke, warmed, cache_dir) -> None:
     for entry in data["entries"]:
         assert set(entry) == LS_ENTRY_KEYS
         assert entry["this_environment"] is True and entry["superseded_by"] is None
+        assert (entry["jax"], entry["jaxlib"]) == (jax.__version__, jaxlib.__version__)
         assert entry["arguments"][0] == {"path": "params[0]['b']", "aval": "f32[512]"}
         assert entry["arguments"][-1]["path"] == "x"
         assert entry["name"] == "mlp.forward" and entry["state"] == "ok" and entry["platform"] == "cpu"
@@ -451,3 +454,34 @@ def test_ls_and_show_name_each_entry_target(invoke: Invoke, cache_dir) -> None:
     assert "  target       tpu:v5e:2x2" in shown
     (data,) = json.loads(invoke("show", keys["tpu:v5e:1x1"][:12], "--json").stdout)["entries"]
     assert data["target"] == "tpu:v5e:1x1"
+
+
+@needs_libtpu
+def test_show_of_a_tpu_entry_keeps_each_part_on_one_line(invoke: Invoke, cache_dir) -> None:  # noqa: ANN001
+    """libtpu's platform version has several lines: shown as one (joined with '; '),
+    and no cpu_isa difference for an entry of another platform."""
+    compiled = invoke("compile", "fixtures.models:tiny", "--name", "tiny", "--arg", "f32[8]", "--arg", "f32[8]",
+                      "--target", "tpu:v5e:1x1")
+    assert compiled.exit_code == 0, compiled.output
+    with aot.Cache(cache_dir) as cache:
+        (entry,) = cache.entries("tiny")
+        parts = cache.artifact(entry).manifest.environment.as_dict()
+        here = cache.environment.as_dict()
+    version = parts["platform_version"]
+    assert "\n" in version  # what this test is about
+    one_line = "; ".join(version.splitlines())
+    shown = invoke("show", "tiny")
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stdout.splitlines()
+    assert f"  platform_version  {one_line}" in lines
+    (environment,) = [line for line in lines if line.startswith("  environment  ")]
+    assert environment == (
+        f"  environment  another one: device_count 1 != 8; device_kind TPU v5 lite != cpu; platform tpu != cpu; "
+        f"platform_version {one_line[:77]}... != {here['platform_version']}; topology 0@(0, 0, 0)/0 != "
+        f"{here['topology']}"
+    )
+    assert "cpu_isa" not in shown.stdout
+    # --json keeps the value as it is.
+    data = json.loads(invoke("show", "tiny", "--json").stdout)["entries"][0]
+    assert data["manifest"]["environment"]["parts"]["platform_version"] == version
+    assert "cpu_isa" not in {d["part"] for d in data["environment_differences"]}

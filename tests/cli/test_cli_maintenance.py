@@ -14,7 +14,8 @@ VERIFY_KEYS = {"ok", "integrity", "coverage", "dangling", "aging"}  # aging: por
 INTEGRITY_KEYS = {
     "ok", "checked_entries", "checked_blobs", "problems", "quarantined", "removed", "orphan_blobs", "cache_problems",
 }
-GC_KEYS = {"dry_run", "executed", "entries", "blobs", "bytes_freed", "size_before", "size_after", "warnings", "pinned", "dropped_refs"}
+GC_KEYS = {"dry_run", "executed", "entries", "blobs", "bytes_freed", "size_before", "size_after", "warnings", "pinned", "dropped_refs",
+           "jax_release", "retired_environments"}
 BUNDLE_KEYS = {"path", "entries", "imported", "skipped", "repaired", "refused", "bytes", "refs", "carried"}
 
 

@@ -15,7 +15,7 @@ from tests.cli.helpers import REPO
 DOCS = REPO / "docs"
 CLI_MD = (DOCS / "cli.md").read_text()
 GLOBAL = {max(option.opts, key=len) for option in global_options()}
-GROUP_ONLY = {"--verbose", "--version", "--help"}
+GROUP_ONLY = {"--version", "--help"}
 
 
 def _commands(group: click.Group, path: tuple[str, ...] = ()):

@@ -173,3 +173,40 @@ def test_without_libtpu_the_target_gate_is_a_usage_error(tmp_path: Path) -> None
     assert ("Error: cannot compile for tpu:v5e:1x1: the TPU compiler (libtpu) is not installed here; "
             "pip install 'jax-aot[tpu]' (libtpu of the version jax[tpu] pins)") in done.stderr.splitlines()
     assert "verified" not in done.stdout  # said before the integrity check
+
+
+HOST_MANIFEST = '''target = "tpu:v5e:1x1"
+
+[[function]]
+name = "canary.tiny"
+function = "fixtures.models:tiny"
+args = ["f32[8]", "f32[8]"]
+
+[[function]]
+name = "canary.donating"
+function = "tests.cli.models:donating"
+args = ["f32[4]", "f32[4]"]
+'''
+
+
+def test_a_cpu_canary_warmed_for_host_is_gated_for_host(tmp_path: Path, invoke) -> None:
+    """`--target host` means this host's environment, for the gate as for the warm-up:
+    a CPU canary of a TPU manifest can be warmed and then gated on the CPU runner."""
+    manifest = tmp_path / "canary.toml"
+    manifest.write_text(HOST_MANIFEST)
+    warmed = invoke("warmup", str(manifest), "--target", "host")
+    assert warmed.exit_code == 0, warmed.output
+    gate = invoke("verify", "--manifest", str(manifest), "--target", "host", "--strict")
+    assert gate.exit_code == 0, gate.output
+    assert f"{manifest}: all 2 entries are stored for this environment" in gate.stdout.splitlines()
+
+    assert invoke("rm", "canary.donating", "--yes").exit_code == 0
+    gone = invoke("verify", "--manifest", str(manifest), "--target", "host", "--strict", "--no-lower")
+    assert gone.exit_code == 1, gone.output
+    assert gone.stdout.replace(str(tmp_path), "T").splitlines() == [
+        "verified 1 entry and 2 blobs in T/cache: PROBLEMS",
+        gone.stdout.splitlines()[1],  # the removed entry's ref, dangling (its key)
+        "T/canary.toml: 1 of 2 entries missing for this environment:",
+        "  canary.donating (T/canary.toml:8): f32[4], f32[4]: not stored (nothing named 'canary.donating' is)",
+    ]
+    assert gone.stdout.splitlines()[1].startswith("dangling: ref of canary.donating (f32[4], f32[4]) names ")

@@ -14,11 +14,13 @@ import textwrap
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import aot
 import aot.lowering
+from tests.aot.test_targets import needs_libtpu
 from aot.cache.index.refs import RefOrigin
 from aot.computation import MeshComputation
 from aot.errors import (
@@ -273,8 +275,15 @@ def test_corrupt_executable_blob_is_quarantined_and_recompiled(
     with caplog.at_level(logging.WARNING):
         fn = aot.load(compiled.MLP_NAME, cache=cache)
     _check_buckets(fn, compiled)
-    messages = " ".join(r.getMessage() for r in caplog.records)
-    assert "quarantined" in messages and "recompiled from portable HLO" in messages
+    # Told once each: the quarantine (with what to run), then the recompile (with why).
+    told = [r.getMessage() for r in caplog.records if r.name.startswith("aot") and r.levelno >= logging.WARNING]
+    assert len(told) == 2, told
+    blob = f"executable blob {bad.exe_digest} at "
+    assert told[0].startswith(f"quarantined {bad.name} ({bad.key[:12]}): {blob}"), told
+    assert told[0].count(bad.key[:12]) == 1 and "is corrupt (digest mismatch); run `aot verify`" in told[0]
+    assert told[1].startswith(f"{bad.name} (") and (
+        f"): recompiled from portable HLO (stored executable unusable: {blob}") in told[1], told
+    assert told[1].endswith(" is corrupt (digest mismatch))"), told
     healed = cache.index.get(bad.key)  # the quarantined row was replaced
     assert healed.ok and cache.blobs.check(healed.exe_digest) is None
     report = cache.verify()
@@ -555,3 +564,46 @@ def test_the_loaders_error_shows_a_list_in_one_phrase(open_folder_cache, compile
         "{b: f32[512], w: f32[512,512]}, {b: f32[10], w: f32[512,10]}], x: a list of 1000 Python floats)."
     )
     assert len(str(info.value)) < 1000
+
+
+SERVE_BOTH = """
+[[function]]
+name = "serve.forward"
+function = "fixtures.models:tiny"
+args = ["f32[{n}]", "f32[{n}]"]
+vary = { n = [4, 8, 16] }
+target = ["tpu:v5e:1x1", "host"]
+"""
+
+
+@needs_libtpu
+def test_a_cpu_replica_of_its_release_says_nothing_of_the_tpu_entries(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    """A release for CPU replicas (prod-cpu) in a cache that also holds the TPU
+    fleet's entries of the same signatures: those rows are nothing to this host (a row
+    of its own environment serves each signature), so loading warns of none of them;
+    a release that leaves a signature to a TPU row alone still warns."""
+    from aot.cache.warmup.manifest import expand, parse_manifest
+    from aot.cache.warmup.run import run_warmup
+
+    items = expand(parse_manifest(SERVE_BOTH, str(tmp_path / "serve.toml")))
+    tpu = [i for i in items if i.device_target is not None]
+    host = [i for i in items if i.device_target is None]
+    location = tmp_path / "cache"
+    assert run_warmup(location, tpu, origin=RefOrigin("ci", commit="c1"), release="prod").ok
+    assert run_warmup(location, host, origin=RefOrigin("ci", commit="c1"), release="prod-cpu").ok
+    with aot.Cache(location) as cache, caplog.at_level(logging.INFO, logger="aot"):
+        fn = aot.load("serve.forward", cache=cache, release="prod-cpu")
+        for n in (4, 8, 16):
+            np.testing.assert_array_equal(fn(jnp.ones(n), jnp.ones(n)), np.full(n, 2.0))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    skipped = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert len(skipped) == 3 and all(
+        m.endswith("compiled for tpu:v5e:1x1, this process runs cpu x8") for m in skipped
+    ), skipped
+
+    # The TPU fleet's release on this CPU host: its rows are what it names, so each
+    # one this host cannot run is a warning.
+    caplog.clear()
+    with aot.Cache(location) as cache, caplog.at_level(logging.WARNING, logger="aot"):
+        aot.load("serve.forward", cache=cache, release="prod", lazy=False)
+    assert len([r for r in caplog.records if "skipping" in r.getMessage()]) == 3, caplog.text

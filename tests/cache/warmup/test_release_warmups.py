@@ -11,7 +11,7 @@ import pytest
 import aot
 from aot.cache.index.refs import RefOrigin
 from aot.cache.warmup.manifest import expand, parse_manifest
-from aot.cache.warmup.run import run_warmup
+from aot.cache.warmup.run import kept_notice, other_releases_notice, run_warmup
 from tests.aot.test_targets import needs_libtpu
 
 REPO = Path(__file__).resolve().parents[3]
@@ -61,7 +61,9 @@ def test_shards_and_manifests_of_one_commit_make_one_set(tmp_path: Path) -> None
     # members (reported) until a warm-up of that run replaces them; --replace starts over.
     report = run_warmup(location, _items(MATMUL), origin=RefOrigin("ci", commit="def"), release="rc")
     assert report.ok and sorted(m.name for m in report.carried) == ["tiny", "tiny"]
-    assert "release rc: kept 2 members of its previous set that this warm-up does not compile" in report.summary()
+    assert "kept" not in report.summary()  # a warning, logged once when declared
+    assert kept_notice("rc", report.carried).startswith(
+        "release rc: kept 2 members of its previous set that this warm-up does not compile: tiny (f32[")
     assert len(_names(location, "rc")) == 3
     with aot.Cache(location) as cache:
         assert len(cache.release_history("rc")) == 2
@@ -116,3 +118,24 @@ args   = ["@fixtures.models:transformer_param_specs", "@fixtures.models:transfor
     # run's wall time, which holds each once. (A ratio to compile_seconds alone is not a
     # bound: under CI load, tracing this train step's grad took longer than its compile.)
     assert result.compile_seconds <= result.seconds <= report.seconds
+
+
+def test_a_warm_up_on_a_new_jax_release_keeps_the_old_releases_members(tmp_path: Path) -> None:
+    """The rolling upgrade (docs/jax-releases.md): the label holds both releases' members;
+    the warm-up says the old release's are kept for its hosts, not stale."""
+    from tests.cache.conftest import with_environment
+
+    location = tmp_path / "c"
+    assert run_warmup(location, _items(TINY), origin=RefOrigin("ci", commit="c1")).ok
+    with aot.Cache(location) as cache:
+        old = [cache.put_artifact(with_environment(cache.artifact(e), jax="0.9.2", jaxlib="0.9.2"))
+               for e in cache.entries("tiny")]
+        cache.index.declare_release("prod", [(e.name, e.signature, e.env_fp, e.key) for e in old], RefOrigin("ci"))
+    report = run_warmup(location, _items(TINY), origin=RefOrigin("ci", commit="c2"), release="prod")
+    assert report.ok and sorted(m.key for m in report.other_releases) == sorted(e.key for e in old)
+    assert report.carried_releases == ("0.9.2",) and "kept" not in report.summary()
+    assert other_releases_notice("prod", report.other_releases, report.carried_releases) == (
+        "release prod: kept 2 members of other JAX releases (0.9.2), which hosts of those releases serve"
+    )
+    with aot.Cache(location) as cache:
+        assert len(cache.release("prod").members) == 4  # two per release

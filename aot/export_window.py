@@ -1,0 +1,89 @@
+"""Whether this JAX release may call a portable HLO (``jax.export`` bytes) that another
+release stored: ``jax.export``'s compatibility window.
+
+An entry of another JAX release has no executable here (the jaxlib release is part of
+the environment key); the fallback ladder recompiles its portable HLO, which JAX
+promises to call across releases within a window: a release calls what releases of
+about the last six months exported (backward), and what it exports is callable by
+releases of about a month before it (forward). JAX states the window in three places,
+each read here through public ``jax.export`` only:
+
+- the calling convention version of the export, which must lie in
+  ``jax.export.minimum_supported_calling_convention_version`` ..
+  ``maximum_supported_calling_convention_version`` of this release (JAX raises the
+  minimum as old conventions leave the window);
+- the serialization itself: ``jax.export.deserialize`` refuses a flatbuffer this
+  release cannot read (from 0.11 also an expired one: serialization version 12
+  records ``jax_version``);
+- the StableHLO module inside, deserialized when the export is lowered: a module
+  serialized for a newer StableHLO than this release's cannot be read.
+
+A refusal by any of these, for an entry of another release, is
+:class:`aot.ExportWindowError` (an incompatible environment, never corruption: the
+bytes matched their digest, and another host of that release serves them); for an
+entry of this release it stays corruption.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from aot.errors import CorruptArtifactError, ExportWindowError
+
+__all__ = ["calling_convention_window", "check_window", "refusal"]
+
+
+def calling_convention_window() -> tuple[int, int] | None:
+    """(minimum, maximum) calling convention versions this release calls; None when
+    this ``jax.export`` does not say."""
+    low = getattr(jax.export, "minimum_supported_calling_convention_version", None)
+    high = getattr(jax.export, "maximum_supported_calling_convention_version", None)
+    if not isinstance(low, int) or not isinstance(high, int):
+        return None
+    return low, high
+
+
+def _label(name: str, key: str) -> str:
+    return f"{name!r} ({key[:12]})"
+
+
+def _releases(stored_jax: str | None) -> str:
+    return f"exported by jax {stored_jax or '(unknown)'}, served by jax {jax.__version__}"
+
+
+def check_window(name: str, key: str, stored_jax: str | None, exported: Any) -> None:
+    """Raises :class:`aot.ExportWindowError` when ``exported`` (deserialized portable
+    HLO of the entry ``key`` of ``name``, stored by ``stored_jax``) uses a calling
+    convention outside this release's window."""
+    window = calling_convention_window()
+    version = getattr(exported, "calling_convention_version", None)
+    if window is None or not isinstance(version, int) or window[0] <= version <= window[1]:
+        return
+    raise ExportWindowError(
+        f"the portable HLO of {_label(name, key)} uses jax.export calling convention {version}, "
+        f"outside the window this release calls ({window[0]}..{window[1]}): {_releases(stored_jax)}. "
+        f"Compile it from its code on jax {jax.__version__} (aot warmup MANIFEST on a host of this "
+        "release), or serve it from hosts of the release that stored it",
+        (f"jax {stored_jax} != {jax.__version__}",),
+    )
+
+
+def refusal(name: str, key: str, stored_jax: str | None, step: str, exc: BaseException) -> Exception:
+    """What a failure of ``step`` (reading or lowering the portable HLO) means: outside
+    the window when another release stored it (:class:`aot.ExportWindowError`), else
+    corruption (:class:`aot.CorruptArtifactError`)."""
+    if stored_jax is not None and stored_jax != jax.__version__:
+        return ExportWindowError(
+            f"the portable HLO of {_label(name, key)} cannot be {step} by this release: {exc} "
+            f"({_releases(stored_jax)}: outside jax.export's compatibility window, which covers "
+            f"about six months back and one month ahead). Compile it from its code on jax "
+            f"{jax.__version__} (aot warmup MANIFEST on a host of this release), or serve it from "
+            "hosts of the release that stored it",
+            (f"jax {stored_jax} != {jax.__version__}",),
+        )
+    return CorruptArtifactError(
+        f"the portable HLO of {_label(name, key)} cannot be {step}: {exc}; recompile the entry "
+        "from its code (aot warmup / aot compile)"
+    )
