@@ -35,6 +35,7 @@ POINTS = (
     "copy.leased",  # the batch's leases committed; blobs not checked or copied
     "copy.blobs_ready",  # every blob of the batch durable; no row of the batch committed
     "copy.committed",  # the batch's rows committed
+    "stats.flushing",  # a folder cache's statistics flush: rows written in its transaction, not committed
     "refs.recorded",  # a ref change in its history (its seq taken), the ref not written yet
     "gc.planned",  # plan made; nothing deleted
     "gc.rows_deleted",  # victim rows deleted; no blob deleted

@@ -342,6 +342,14 @@ class ArtifactStore(ReleaseMethods):
     def check_writable(self, what: str) -> None:
         """Raises :class:`ReadOnlyCacheError` naming ``what`` when the cache is read-only."""
         if self.read_only:
+            if self._index_file is not None:
+                from aot.cache.index.read_only import read_only_file_system
+
+                if read_only_file_system(self._index_file.parent):
+                    raise ReadOnlyCacheError(
+                        f"cannot {what}: the cache at {self.display_location} is on a read-only "
+                        "file system; copy it to a writable one (or compile in CI and ship a bundle)"
+                    )
             raise ReadOnlyCacheError(
                 f"cannot {what}: the cache at {self.display_location} is read-only; open it "
                 "without read_only=True (or compile in CI and ship a bundle)"

@@ -145,7 +145,8 @@ class State:
                 f"{settings.cache.source})",
             )
         return Cache(
-            location, read_only=read_only, blob_location=settings.blobs.value,
+            location, read_only=read_only or (not create and _read_only_volume(location)),
+            blob_location=settings.blobs.value,
             signing_key=settings.signing_key(), local=settings.local.value,
             blob_mirror=self.mirror, timeouts=settings.timeouts(), create=create,
         )
@@ -183,6 +184,21 @@ class State:
         finally:
             gc.freeze()
             gc.enable()
+
+
+def _read_only_volume(location: str) -> bool:
+    """Whether ``location`` is a folder cache on a file system mounted read-only: the
+    commands that only read open it read-only (SQLite could not open it otherwise), and
+    one that writes says the cache is read-only."""
+    from pathlib import Path
+
+    from aot.cache.index.read_only import read_only_file_system
+    from aot.cache.storage.locations import classify_location
+
+    if classify_location(location).scheme is not None:
+        return False
+    folder = Path(location).expanduser()
+    return folder.is_dir() and read_only_file_system(folder)
 
 
 pass_state = click.make_pass_decorator(State, ensure=True)

@@ -49,7 +49,7 @@ cli.params[:0] = global_options()
 
 
 def _register() -> None:
-    from aot.cli import bundle, compile, doctor, listing, maintenance, releases, stats, targets, transfer, warmup
+    from aot.cli import bundle, compile, doctor, listing, maintenance, releases, repair, stats, targets, transfer, warmup
 
     cli.add_command(compile.compile_command)
     cli.add_command(warmup.warmup_command)
@@ -58,6 +58,7 @@ def _register() -> None:
     cli.add_command(maintenance.verify_command)
     cli.add_command(maintenance.gc_command)
     cli.add_command(maintenance.rm_command)
+    cli.add_command(repair.repair_command)
     cli.add_command(bundle.bundle_group)
     cli.add_command(transfer.push_command)
     cli.add_command(transfer.pull_command)

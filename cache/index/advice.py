@@ -9,7 +9,27 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sqlalchemy.engine.url import URL
 
-__all__ = ["advice_for", "mask_url", "reason_of"]
+__all__ = ["DAMAGED_INDEX_ADVICE", "advice_for", "damaged_index_message", "mask_url", "reason_of"]
+
+#: What to do about a corrupt or truncated SQLite index (``aot repair``: issue 49).
+DAMAGED_INDEX_ADVICE = (
+    "the index file is damaged (corrupt or truncated). Run `aot repair`: it rebuilds the "
+    "index from every row it can still read and the blob store, says what it could not "
+    "recover, and moves the damaged file aside (`aot repair --dry-run` shows the plan "
+    "first); or restore index.sqlite from a backup. Entries it cannot recover: `aot bundle "
+    "import` a bundle of them, or `aot warmup` again"
+)
+
+
+def damaged_index_message(path: object, reason: str) -> str:
+    """The message for a folder cache's index that SQLite cannot read: what is wrong
+    with it (truncated, corrupt: :func:`aot.cache.index.salvage.damage_of`) and what to do."""
+    from pathlib import Path
+
+    from aot.cache.index.salvage import damage_of
+
+    damage = damage_of(Path(str(path))) or f"corrupt ({reason})"
+    return f"the cache index {path} is {damage}; {DAMAGED_INDEX_ADVICE}"
 
 
 def mask_url(url: str | URL) -> str:
@@ -35,12 +55,7 @@ def advice_for(reason: str, read_only: bool = False) -> str:
     """What to do about the database errors a user can fix."""
     text = reason.lower()
     if "malformed" in text or "not a database" in text or "database corrupt" in text:
-        return (
-            "; the index file is damaged (truncated or overwritten). Restore it from a "
-            "backup, or move it aside and rebuild the index: `aot bundle import` a bundle "
-            "of the entries, or `aot warmup` again (stored blobs are reused, and `aot gc` "
-            "refuses to delete them while the index is empty)"
-        )
+        return "; " + DAMAGED_INDEX_ADVICE
     if "disk is full" in text or "no space left" in text or "quota" in text:
         return "; free disk space (e.g. `aot gc --max-size ...`) or move the cache (AOT_CACHE)"
     if "statement timeout" in text:

@@ -8,7 +8,9 @@ that batches them is :mod:`aot.cache.stats_recorder`; the reads are the index's
 from __future__ import annotations
 
 import fnmatch
+import os
 import sqlite3
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,6 +93,15 @@ _SQLITE_UPSERT = (
 _SQLITE_NOW = "SELECT strftime('%Y-%m-%d %H:%M:%f000', 'now')"
 
 
+def _pause_point(point: str) -> None:
+    """:func:`aot.cache.pauses.reached`, without importing that module into a serving
+    process that no test pauses (serving imports only what it needs: tests check it)."""
+    if os.environ.get("AOT_TEST_PAUSE") or "aot.cache.pauses" in sys.modules:
+        from aot.cache.pauses import reached
+
+        reached(point)
+
+
 class SqliteFileSink:
     """Writes a folder cache's ``index.sqlite`` with the standard library, so that a
     serving process that never imported SQLAlchemy does not import it to count calls."""
@@ -115,6 +126,7 @@ class SqliteFileSink:
                 "UPDATE artifacts SET hits = hits + ?, last_used_at = ? WHERE key = ?",
                 [(n, now, key) for key, n in sorted(touches.items())],
             )
+            _pause_point("stats.flushing")
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             try:

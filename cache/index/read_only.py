@@ -32,6 +32,18 @@ log = logging.getLogger(__name__)
 # changes a single page of the database file (it writes to the -wal first), so every
 # statement checks whether the -shm has appeared and reopens the normal way if so.
 # docs/reliability.md ("Serving read-only") has the cases and the test.
+#
+# Nothing here opens the database file (or its -wal/-shm) other than through SQLite:
+# on POSIX, closing *any* descriptor of a file drops every fcntl lock this process
+# holds on it, including those of its own SQLite connections (SQLite's "How To
+# Corrupt An SQLite Database File", section 2.2). A WAL connection that lost its shared
+# lock lets another process's closing connection believe it is the last one, checkpoint
+# and delete the -wal and -shm under it: a corrupt index (issue 49). So the decision
+# below uses os.stat alone (which side files exist), never the database header: jax-aot
+# creates every index in WAL mode, and a database in rollback mode (converted by hand)
+# has a -journal beside it while a writer changes it, which is watched as the -shm is.
+# tests/reliability/test_index_descriptors.py fails on any new raw open in aot/, cache/
+# and cli/.
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,17 +57,8 @@ class ReadOnlyOpen:
     watch_shm: bool = True  # a -shm appearing means a writer: reopen through it
 
 
-def _wal_mode(path: Path) -> bool:
-    """True when the database header says WAL (file format versions 2 at bytes 18-19)."""
-    try:
-        with open(path, "rb") as f:
-            header = f.read(20)
-    except OSError:
-        return False
-    return len(header) == 20 and header[18] == 2 and header[19] == 2
-
-
-def _read_only_file_system(path: Path) -> bool:
+def read_only_file_system(path: Path) -> bool:
+    """Whether ``path`` lies on a file system mounted read-only (statvfs)."""
     try:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except (OSError, AttributeError):  # no statvfs (Windows)
@@ -63,24 +66,29 @@ def _read_only_file_system(path: Path) -> bool:
 
 
 def read_only_open(path: Path) -> ReadOnlyOpen:
-    """The URI a read-only reader of ``path`` uses now (see the comment above)."""
+    """The URI a read-only reader of ``path`` uses now (see the comment above): decided
+    from which side files exist, without opening any file."""
     path = Path(path)
     base = f"file:{quote(path.resolve().as_posix())}?mode=ro"
-    shm = path.with_name(path.name + "-shm")
-    wal = path.with_name(path.name + "-wal")
-    if _read_only_file_system(path):
+    wal = _side(path, "-wal")
+    if read_only_file_system(path):
         return ReadOnlyOpen(base + "&immutable=1", True, "read-only file system")
-    if not _wal_mode(path):
-        return ReadOnlyOpen(base, False, "rollback journal: shared locks only")
-    if shm.exists():
+    if _side(path, "-shm").exists():
         return ReadOnlyOpen(base, False, "WAL with a live -shm: read through it")
+    if _side(path, "-journal").exists():
+        return ReadOnlyOpen(base, False, "rollback journal beside it: shared locks only")
     if wal.exists() and wal.stat().st_size > 0:
         log.warning(
             "%s: the -wal file holds transactions no reader can see without creating a "
             "-shm file, which a read-only reader never does; until a writer opens the "
             "cache once (it folds them in), they are invisible here", path,
         )
-    return ReadOnlyOpen(base + "&immutable=1", True, "WAL, no writer: immutable", file_stamp(path))
+    return ReadOnlyOpen(base + "&immutable=1", True, "no writer (no -shm): immutable", file_stamp(path))
+
+
+def _side(path: Path, suffix: str) -> Path:
+    """The -wal, -shm or -journal file of the database ``path`` (only ever stat'ed here)."""
+    return path.with_name(path.name + suffix)
 
 
 def file_stamp(path: Path) -> tuple[int, int, int] | None:
@@ -94,11 +102,12 @@ def file_stamp(path: Path) -> tuple[int, int, int] | None:
 
 def stale_immutable(path: Path, opened: ReadOnlyOpen) -> bool:
     """True when an immutable open no longer fits: a writer has the database open (its
-    -shm exists), or one came and went (it changed the file: its cached pages are old)."""
+    -shm, or a rollback -journal, exists), or one came and went (it changed the file:
+    its cached pages are old)."""
     if not opened.immutable or opened.stamp is None:
         return False
     path = Path(path)
-    if opened.watch_shm and path.with_name(path.name + "-shm").exists():
+    if opened.watch_shm and (_side(path, "-shm").exists() or _side(path, "-journal").exists()):
         return True
     return file_stamp(path) != opened.stamp
 

@@ -27,11 +27,11 @@ from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from aot.cache.index.advice import advice_for, reason_of
+from aot.cache.index.advice import advice_for, damaged_index_message, reason_of
 from aot.cache.index.entry import SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_MS, IndexEntry, utcnow
 from aot.cache.index.gc_reads import SqliteGcReads
 from aot.cache.index.globs import glob_to_like, like_escape, name_range
-from aot.cache.index.read_only import ReadOnlyOpen, file_stamp, read_only_open, stale_immutable
+from aot.cache.index.read_only import ReadOnlyOpen, file_stamp, read_only_file_system, read_only_open, stale_immutable
 from aot.cache.index.refs import Ref, ReleaseMember
 from aot.errors import CacheError, ReadOnlyCacheError
 
@@ -139,7 +139,7 @@ class SqliteReader(SqliteGcReads):
         except sqlite3.Error as exc:
             if conn is not None:
                 conn.close()
-            raise CacheError(f"cannot read the cache index {self.path}: {exc}") from exc
+            raise CacheError(f"cannot read the cache index {self.path}: {exc}{advice_for(str(exc), self.read_only)}") from exc
         return conn, int(row[0]) if row else 0
 
     def _execute(self, query: str, params: Sequence[object] = ()) -> list[Any]:
@@ -151,7 +151,7 @@ class SqliteReader(SqliteGcReads):
             try:
                 return self._conn.execute(query, params).fetchall()
             except sqlite3.Error as exc:
-                raise CacheError(f"cannot read the cache index {self.path}: {exc}") from exc
+                raise CacheError(f"cannot read the cache index {self.path}: {exc}{advice_for(str(exc), self.read_only)}") from exc
 
     @contextmanager
     def _write(self, what: str) -> Iterator[sqlite3.Connection]:
@@ -434,9 +434,7 @@ def refuse_foreign(index_file: Path) -> None:
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
-        raise CacheError(
-            f"no jax-aot cache index at {index_file}: not an SQLite database ({exc}); check the path or AOT_CACHE"
-        ) from None
+        raise CacheError(_unreadable(index_file, exc)) from None
     if "schema_version" in tables:
         return
     shown = ", ".join(tables[:5]) + (f", ... ({len(tables)} in all)" if len(tables) > 5 else "")
@@ -445,6 +443,24 @@ def refuse_foreign(index_file: Path) -> None:
         f"no jax-aot cache index: {index_file} is not a jax-aot cache index: {found}; "
         "aot compile, aot warmup and aot bundle import create a cache; check the path or AOT_CACHE"
     )
+
+
+def _unreadable(index_file: Path, exc: sqlite3.DatabaseError) -> str:
+    """Why SQLite cannot open ``index_file``, worded for what the user can do: a corrupt
+    or truncated index (SQLite says "malformed"; or "not a database" beside a blob
+    folder) is named as such, never taken for a wrong path; a file system that cannot
+    be written says to read it ``--read-only``."""
+    reason = str(exc)
+    if read_only_file_system(index_file) or "unable to open" in reason:
+        if read_only_file_system(index_file):
+            return (
+                f"cannot open the cache index {index_file}: the file system is read-only; "
+                "read it with --read-only (read_only=True)"
+            )
+        return f"cannot open the cache index {index_file} ({reason}){advice_for(reason)}"
+    if "malformed" in reason or (index_file.parent / "blobs").is_dir():
+        return damaged_index_message(index_file, reason)
+    return f"no jax-aot cache index at {index_file}: not an SQLite database ({reason}); check the path or AOT_CACHE"
 
 
 def _with_times(values: dict[str, Any], *columns: str) -> dict[str, Any]:

@@ -89,7 +89,7 @@ class IndexRefs(IndexDescription):
         with self._write("set refs") as conn:
             self._lock_refs(conn)
             changed = self._set_refs_in(conn, targets, origin, release_id=release_id, keep_existing=keep_existing)
-        self._log_refs(changed, origin)
+        _log_refs(changed, origin)
         return changed
 
     def declare_release(
@@ -113,7 +113,7 @@ class IndexRefs(IndexDescription):
             if run is not None and current is not None and current["run"] == run:
                 set_id = int(current["id"])
                 targets = list(targets)
-                self._credit(conn, current, targets, origin)
+                _credit(conn, current, targets, origin)
             else:
                 set_id = self._new_set(conn, label, origin, previous=None if current is None else current["id"],
                                        run=run)
@@ -129,17 +129,8 @@ class IndexRefs(IndexDescription):
                 changed = []
                 for name, signature, env_fp, key in targets:
                     self._add_member(conn, set_id, ReleaseMember(name, signature, env_fp, key))
-        self._log_refs(changed, origin)
+        _log_refs(changed, origin)
         return set_id, changed
-
-    def _credit(self, conn: Connection, joined: dict[str, Any], targets: list[RefTarget], origin: RefOrigin) -> None:
-        """Credits ``origin``'s source in the run's set ``joined`` when it declares
-        members (another manifest of the run, or its warm-up that hits members carried
-        from the previous set): ``release history`` names each manifest that declared
-        the set, not only the first."""
-        credited = credit_source(joined["source"], origin.source)
-        if targets and credited != joined["source"]:
-            conn.execute(sa.update(RELEASES).where(RELEASES.c.id == joined["id"]).values(source=credited))
 
     def _lock_refs(self, conn: Connection) -> None:
         """One ref or label writer at a time (SQLite: BEGIN IMMEDIATE already), before
@@ -167,36 +158,10 @@ class IndexRefs(IndexDescription):
                 )
             ).scalar_one_or_none()
             if current != key and not (keep_existing and current is not None):
-                changed.append(self._append_ref(conn, name, signature, env_fp, key, origin, now))
+                changed.append(_append_ref(conn, name, signature, env_fp, key, origin, now))
             if release_id is not None:
                 self._add_member(conn, release_id, ReleaseMember(name, signature, env_fp, key))
         return changed
-
-    @staticmethod
-    def _log_refs(changed: list[Ref], origin: RefOrigin) -> None:
-        for ref in changed:
-            logger.info("ref %s (%s) -> %s (%s)", ref.name, ref.signature, ref.key[:12], origin.source)
-
-    def _append_ref(
-        self, conn: Connection, name: str, signature: str, env_fp: str, key: str, origin: RefOrigin, now: Any,
-    ) -> Ref:
-        values = {
-            "env_fp": env_fp, "name": name, "signature_digest": signature_digest(signature),
-            "signature": signature, "key": key, "set_at": now, "host": origin.host, "user": origin.user,
-            "source": origin.source, "release": origin.release, "commit": origin.commit,
-        }
-        seq = int(conn.execute(sa.insert(REF_HISTORY).values(**values).returning(REF_HISTORY.c.seq)).scalar_one())
-        reached("refs.recorded")
-        upsert = insert_ignore(conn, REFS).values(**values, seq=seq)
-        update = {c: upsert.excluded[c] for c in ("signature", "key", "seq", "set_at", "host", "user",
-                                                  "source", "release", "commit")}
-        conn.execute(upsert.on_conflict_do_update(
-            index_elements=[REFS.c.env_fp, REFS.c.name, REFS.c.signature_digest],
-            set_=update, where=REFS.c.seq < upsert.excluded.seq,
-        ))
-        return Ref(name=name, signature=signature, env_fp=env_fp, key=key, seq=seq, set_at=now,
-                   host=origin.host, user=origin.user, source=origin.source, release=origin.release,
-                   commit=origin.commit)
 
     def refs_named(self, name: str, env_fp: str | None = None) -> list[Ref]:
         """The current refs of ``name`` (of one environment), by signature."""
@@ -486,6 +451,43 @@ class IndexRefs(IndexDescription):
             self._lock_refs(conn)
             for member in members:
                 self._add_member(conn, set_id, member)
+
+
+def _append_ref(
+    conn: Connection, name: str, signature: str, env_fp: str, key: str, origin: RefOrigin, now: Any,
+) -> Ref:
+    values = {
+        "env_fp": env_fp, "name": name, "signature_digest": signature_digest(signature),
+        "signature": signature, "key": key, "set_at": now, "host": origin.host, "user": origin.user,
+        "source": origin.source, "release": origin.release, "commit": origin.commit,
+    }
+    seq = int(conn.execute(sa.insert(REF_HISTORY).values(**values).returning(REF_HISTORY.c.seq)).scalar_one())
+    reached("refs.recorded")
+    upsert = insert_ignore(conn, REFS).values(**values, seq=seq)
+    update = {c: upsert.excluded[c] for c in ("signature", "key", "seq", "set_at", "host", "user",
+                                              "source", "release", "commit")}
+    conn.execute(upsert.on_conflict_do_update(
+        index_elements=[REFS.c.env_fp, REFS.c.name, REFS.c.signature_digest],
+        set_=update, where=REFS.c.seq < upsert.excluded.seq,
+    ))
+    return Ref(name=name, signature=signature, env_fp=env_fp, key=key, seq=seq, set_at=now,
+               host=origin.host, user=origin.user, source=origin.source, release=origin.release,
+               commit=origin.commit)
+
+
+def _log_refs(changed: list[Ref], origin: RefOrigin) -> None:
+    for ref in changed:
+        logger.info("ref %s (%s) -> %s (%s)", ref.name, ref.signature, ref.key[:12], origin.source)
+
+
+def _credit(conn: Connection, joined: dict[str, Any], targets: list[RefTarget], origin: RefOrigin) -> None:
+    """Credits ``origin``'s source in the run's set ``joined`` when it declares
+    members (another manifest of the run, or its warm-up that hits members carried
+    from the previous set): ``release history`` names each manifest that declared
+    the set, not only the first."""
+    credited = credit_source(joined["source"], origin.source)
+    if targets and credited != joined["source"]:
+        conn.execute(sa.update(RELEASES).where(RELEASES.c.id == joined["id"]).values(source=credited))
 
 
 def check_label(label: str) -> None:

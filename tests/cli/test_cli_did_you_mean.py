@@ -55,7 +55,8 @@ def test_a_mistyped_manifest_key(invoke: Invoke, folder: Path) -> None:
     (folder / "m.toml").write_text('targets = "host"\n' + MANIFEST.format(key="function"))
     assert one_line_error(invoke("warmup", "m.toml")) == (
         "Error: m.toml: unknown top-level key(s) ['targets'] (did you mean 'target'?); a manifest holds "
-        "[[function]] tables (and optionally a top-level target = \"tpu:v5e:2x2\" or a list of them)"
+        "[[function]] tables (and optionally a top-level target = \"tpu:v5e:2x2\" or a list of them, and a "
+        "[fleet] table of pinned versions)"
     )
 
 

@@ -57,23 +57,38 @@ else:  # "watch": count the rows, wait for the parent, count again, ...
 '''
 
 
-def _as_other_user() -> list[str] | None:
-    """A command prefix that runs a process as an unprivileged user (root only)."""
+def _as_other_user() -> tuple[list[str] | None, str]:
+    """A command prefix that runs this checkout's Python as an unprivileged user (root
+    only), and why there is none. The probe imports what the reader imports (numpy and
+    aot, from this checkout and its venv, with the reader's environment): a checkout
+    in a folder ``nobody`` may not read (``/root``, mode 700; ``mktemp -d``) starts no
+    reader, and the tests say so instead of failing."""
     if os.geteuid() != 0:
-        return None
+        return None, "not root"
     candidates = [
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"],
         ["setpriv", "--reuid=nobody", "--regid=nobody", "--clear-groups"],
         ["runuser", "-u", "nobody", "--"],
     ]
+    why = "neither setpriv nor runuser can switch to nobody"
     for prefix in candidates:
         if shutil.which(prefix[0]) is None:
             continue
-        probe = subprocess.run([*prefix, sys.executable, "-c", "import os; print(os.geteuid())"],
-                               capture_output=True, text=True)
+        probe = subprocess.run(
+            [*prefix, sys.executable, "-c", "import os, numpy, aot; print(os.geteuid())"],
+            capture_output=True, text=True, env=_env(), cwd="/",
+        )
         if probe.returncode == 0 and probe.stdout.strip() not in ("", "0"):
-            return prefix
-    return None
+            return prefix, ""
+        last = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
+        if probe.returncode != 0 and "nobody" not in last and "user" not in last.lower():
+            why = (
+                f"nobody cannot run this checkout's Python and import aot and numpy ({last}): "
+                f"{sys.executable} or the checkout lies in a folder nobody may read (such as "
+                "/root, mode 700, or a mktemp -d folder); clone it where others can read it "
+                "to run this test"
+            )
+    return None, why
 
 
 @pytest.fixture
@@ -85,12 +100,12 @@ def foreign_owned(tiny: TinyArtifacts) -> Iterator[tuple[Path, list[str]]]:
         with Cache(location) as writer:
             for n in (1, 2, 3):
                 writer.put_artifact(tiny.by_size[n])
-        prefix = _as_other_user()
+        prefix, why_not = _as_other_user()
         if prefix is not None:  # root owns it, 0755/0644: nobody reads, never writes
             for path in (root, *root.rglob("*")):
                 path.chmod(0o755 if path.is_dir() else 0o644)
         elif os.geteuid() == 0:
-            pytest.skip("running as root and neither setpriv nor runuser can switch to nobody")
+            pytest.skip(f"running as root, and no reader as another user: {why_not}")
         else:  # another user: take the write permission away
             prefix = []
             for path in (*root.rglob("*"), root):

@@ -1,0 +1,267 @@
+"""``aot repair``: a folder cache whose SQLite index is damaged gets a new index.
+
+Planned first, like gc (:class:`RepairPlan`; ``--dry-run`` prints it): every row the
+damaged index can still give, read table by table and row by row
+(:mod:`aot.cache.index.salvage`), is checked, and an entry is kept only when its manifest
+parses, names its own key, and every blob it references is in the blob store. Refs,
+releases, history, statistics and the cache's description are kept where they still
+name a kept entry. What could not be recovered is named: rows that an index of the
+damaged file names but that could not be read (for entries, their key and name), and
+the blobs no kept entry references (their entries were on unreadable pages: the
+manifest of an entry lives in its index row, not in the blob store, so such blobs
+cannot be turned back into entries; ``aot warmup`` stores them again).
+
+Executed: the new index is written beside the damaged one, the damaged file (with its
+-wal, if any) is moved aside as ``index.sqlite.damaged-<UTC time>``, never deleted, and
+the new one takes its name. Run it while no process uses the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from aot.cache.index.entry import INDEX_FILE, SCHEMA_VERSION
+from aot.cache.index.salvage import SalvagedTable, damage_of, salvage, write_index
+from aot.errors import CacheError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RepairPlan", "describe", "plan_repair", "repair_index"]
+
+
+@dataclass(frozen=True, slots=True)
+class RepairPlan:
+    """What ``aot repair`` will do (or did): see the module docstring."""
+
+    index_file: str
+    damage: str | None  # None: the index is not damaged (nothing to do)
+    aside: str  # where the damaged file goes
+    kept: tuple[tuple[str, int], ...]  # (table, rows the new index gets)
+    entries: tuple[str, ...]  # "name (key12)" of every entry kept
+    lost: tuple[str, ...]  # what could not be recovered, one line each
+    orphan_blobs: int  # stored blobs no kept entry references
+    busy: bool  # a -shm beside the index: a process may have it open
+    done: bool = False
+    tables: tuple[tuple[str, tuple[str, ...], tuple[tuple[Any, ...], ...]], ...] = field(default=(), repr=False)
+
+    @property
+    def needed(self) -> bool:
+        return self.damage is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index_file, "damage": self.damage, "aside": self.aside,
+            "kept": dict(self.kept), "entries": list(self.entries), "lost": list(self.lost),
+            "orphan_blobs": self.orphan_blobs, "busy": self.busy, "done": self.done,
+        }
+
+
+def plan_repair(folder: str | os.PathLike[str], *, blob_store: Any = None) -> RepairPlan:
+    """The plan for the folder cache at ``folder`` (nothing written). ``blob_store``: an
+    :class:`~aot.cache.storage.objectstore.ObjectStore` (default: the location the index
+    records, else ``folder/blobs``)."""
+    folder = Path(folder).expanduser()
+    index_file = folder / INDEX_FILE
+    if not index_file.is_file():
+        raise CacheError(f"no cache index at {index_file} to repair; check the path or AOT_CACHE")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    aside = index_file.with_name(f"{INDEX_FILE}.damaged-{stamp}")
+    busy = index_file.with_name(INDEX_FILE + "-shm").exists()
+    damage = damage_of(index_file)
+    if damage is None:
+        return RepairPlan(str(index_file), None, str(aside), (), (), (), 0, busy)
+    version, salvaged, error = salvage(index_file)
+    if version is not None and version != SCHEMA_VERSION:
+        raise CacheError(
+            f"the damaged index {index_file} has schema version {version}; this jax-aot "
+            f"repairs version {SCHEMA_VERSION}: repair it with the jax-aot that wrote it"
+        )
+    by_name = {t.name: t for t in salvaged}
+    lost: list[str] = []
+    if error is not None:
+        lost.append(f"the whole index: SQLite cannot read its schema ({error})")
+    store = blob_store if blob_store is not None else _blob_store(folder, by_name.get("cache_meta"))
+    kept = _Kept(store, lost)
+    tables = kept.choose(by_name)
+    for t in salvaged:
+        if t.error is not None and not t.lost:
+            lost.append(f"{t.name}: {t.error} (rows on unreadable pages that no index names are not counted)")
+    stored = {s.digest for s in store.list()}
+    orphans = len(stored - kept.digests)
+    if orphans:
+        lost.append(f"{orphans} stored blob(s) belong to no recovered entry (their entries were not readable; "
+                    "`aot warmup` stores them again, `aot gc` removes the blobs)")
+    return RepairPlan(
+        str(index_file), damage, str(aside), tuple((n, len(rows)) for n, _, rows in tables),
+        tuple(kept.entries), tuple(lost), orphans, busy, tables=tuple(tables),
+    )
+
+
+def repair_index(plan: RepairPlan, *, force: bool = False) -> RepairPlan:
+    """Executes ``plan``: the new index written, the damaged one moved aside."""
+    if not plan.needed:
+        return plan
+    if plan.busy and not force:
+        raise CacheError(
+            f"{plan.index_file}-shm exists: a process may have the index open. Stop every "
+            "process that uses the cache, then run `aot repair` again (--force if the -shm "
+            "is a crashed writer's)"
+        )
+    from sqlalchemy.engine import URL
+
+    from aot.cache.index.sql import Index
+
+    index_file = Path(plan.index_file)
+    new = index_file.with_name(INDEX_FILE + ".repairing")
+    for leftover in (new, new.with_name(new.name + "-wal"), new.with_name(new.name + "-shm")):
+        leftover.unlink(missing_ok=True)
+    Index(URL.create("sqlite", database=str(new))).close()  # the current schema
+    written = write_index(new, plan.tables)
+    log.info("repair: wrote %s into %s", written, new)
+    aside = Path(plan.aside)
+    for suffix in ("-wal", "-shm", ""):
+        side = index_file.with_name(index_file.name + suffix)
+        if side.exists():
+            os.replace(side, aside.with_name(aside.name + suffix))
+    os.replace(new, index_file)
+    return RepairPlan(
+        plan.index_file, plan.damage, plan.aside, tuple(written.items()), plan.entries,
+        plan.lost, plan.orphan_blobs, plan.busy, done=True,
+    )
+
+
+def _blob_store(folder: Path, meta: SalvagedTable | None) -> Any:
+    from aot.cache.storage.locations import open_object_store
+
+    recorded = next((r.get("blob_location") for r in meta.dicts()), None) if meta is not None else None
+    return open_object_store(recorded or str(folder / "blobs"), read_only=True)
+
+
+class _Kept:
+    """Chooses the rows the new index gets (see the module docstring)."""
+
+    def __init__(self, store: Any, lost: list[str]) -> None:
+        self.store = store
+        self.lost = lost
+        self.entries: list[str] = []
+        self.digests: set[str] = set()
+        self._sizes: dict[str, int] = {}  # blob digest -> raw size, from the kept manifests
+
+    def choose(self, tables: Mapping[str, SalvagedTable]) -> list[tuple[str, tuple[str, ...], tuple[tuple[Any, ...], ...]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        artifacts = self._artifacts(tables.get("artifacts"))
+        keys = {a["key"] for a in artifacts}
+        out["artifacts"] = artifacts
+        programs = {p["program_fp"]: p for p in _rows(tables, "programs")}
+        out["programs"] = [programs.get(a["program_fp"]) or {
+            "program_fp": a["program_fp"], "name": a["name"], "signature": a["signature"],
+            "hlo_digest": a["hlo_digest"], "created_at": a["created_at"],
+        } for a in {a["program_fp"]: a for a in artifacts}.values()]
+        jit = [j for j in _rows(tables, "jit_entries") if self._stored([j["digest"]])]
+        self._count_dropped("jit_entries", _rows(tables, "jit_entries"), jit, "its blob is not stored")
+        out["jit_entries"] = jit
+        self.digests |= {j["digest"] for j in jit}
+        out["blobs"] = self._blob_rows(tables, artifacts, jit)
+        refs = [r for r in _rows(tables, "refs") if r["key"] in keys]
+        self._count_dropped("refs", _rows(tables, "refs"), refs, "the entry they name was not recovered")
+        out["refs"] = refs
+        releases = _rows(tables, "releases")
+        ids = {r["id"] for r in releases}
+        members = [m for m in _rows(tables, "release_members") if m["key"] in keys and m["release_id"] in ids]
+        self._count_dropped("release_members", _rows(tables, "release_members"), members,
+                            "the entry (or release set) they name was not recovered")
+        out["release_members"] = members
+        for name in ("cache_meta", "index_state", "default_release", "call_stats", "ref_history", "releases", "jit_stats"):
+            out[name] = _rows(tables, name)
+        for t in tables.values():
+            for row in t.lost:
+                shown = ", ".join(f"{k}={str(v)[:24]}" for k, v in sorted(row.items()) if k in ("name", "key", "label", "signature"))
+                self.lost.append(f"{t.name}: a row that could not be read ({shown or 'no readable index names it'})")
+        order = ("cache_meta", "index_state", "default_release", "programs", "blobs", "artifacts", "call_stats",
+                 "ref_history", "refs", "releases", "release_members", "jit_entries", "jit_stats")
+        result = []
+        for name in order:
+            rows = out.get(name, [])
+            columns = tuple(tables[name].columns) if name in tables else tuple(rows[0]) if rows else ()
+            result.append((name, columns, tuple(tuple(r.get(c) for c in columns) for r in rows)))
+        return result
+
+    def _artifacts(self, table: SalvagedTable | None) -> list[dict[str, Any]]:
+        from aot.artifact import Manifest
+
+        kept = []
+        for row in table.dicts() if table is not None else []:
+            label = f"{row.get('name')} ({str(row.get('key'))[:12]})"
+            try:
+                manifest = Manifest.from_json(row["manifest"])
+                if manifest.key != row["key"]:
+                    raise ValueError(f"its manifest is of key {manifest.key[:12]}")
+                for when in ("created_at", "last_used_at"):
+                    datetime.fromisoformat(str(row[when]))
+            except Exception as exc:  # noqa: BLE001 - a damaged row, whatever is wrong in it
+                self.lost.append(f"artifacts: the entry {label}: its row is damaged ({exc})")
+                continue
+            digests = [d for d in (row["exe_digest"], row["hlo_digest"]) if d]
+            missing = [d for d in digests if d not in self.store.exists(digests)]
+            if missing:
+                self.lost.append(f"artifacts: the entry {label}: blob(s) {', '.join(d[:12] for d in missing)} not stored")
+                continue
+            self.digests |= set(digests)
+            self._sizes.update({ref.digest: ref.size for ref in manifest.blobs.values()})
+            kept.append(row)
+            self.entries.append(label)
+        return kept
+
+    def _stored(self, digests: list[str]) -> bool:
+        return set(digests) <= self.store.exists(digests)
+
+    def _blob_rows(self, tables: Mapping[str, SalvagedTable], artifacts: list[dict[str, Any]], jit: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        rows = {b["digest"]: b for b in _rows(tables, "blobs") if b["digest"] in self.digests}
+        missing = sorted(self.digests - set(rows))
+        stats = self.store.stat(missing) if missing else {}
+        created = {d: a["created_at"] for a in artifacts for d in (a["exe_digest"], a["hlo_digest"]) if d}
+        created.update({j["digest"]: j["created_at"] for j in jit})
+        sizes = {**{j["digest"]: j["size"] for j in jit}, **self._sizes}
+        for digest in missing:
+            stat = stats.get(digest)
+            rows[digest] = {
+                "digest": digest, "size": sizes.get(digest, 0),
+                "stored_size": stat.stored_size if stat is not None else 0, "created_at": created[digest],
+            }
+        return list(rows.values())
+
+    def _count_dropped(self, table: str, read: list[dict[str, Any]], kept: list[dict[str, Any]], why: str) -> None:
+        if len(read) > len(kept):
+            self.lost.append(f"{table}: {len(read) - len(kept)} row(s) dropped: {why}")
+
+
+def _rows(tables: Mapping[str, SalvagedTable], name: str) -> list[dict[str, Any]]:
+    table = tables.get(name)
+    return table.dicts() if table is not None else []
+
+
+def describe(plan: RepairPlan) -> str:
+    """The plan (or what was done) as ``aot repair`` prints it."""
+    if not plan.needed:
+        return f"{plan.index_file}: PRAGMA quick_check finds nothing wrong; nothing to repair"
+    head = "repaired" if plan.done else "would repair"
+    lines = [f"{plan.index_file}: {plan.damage}"]
+    lines.append(f"{head}: {len(plan.entries)} entr{'y' if len(plan.entries) == 1 else 'ies'} recovered"
+                 + (f" ({', '.join(plan.entries[:5])}{', ...' if len(plan.entries) > 5 else ''})" if plan.entries else ""))
+    rows = ", ".join(f"{n} {c}" for n, c in plan.kept if c and n not in ("artifacts",))
+    if rows:
+        lines.append(f"  also kept: {rows}")
+    if plan.lost:
+        lines.append("  not recovered:")
+        lines += [f"    {line}" for line in plan.lost]
+    else:
+        lines.append("  nothing was lost")
+    verb = "moved aside to" if plan.done else "to be moved aside to"
+    lines.append(f"  the damaged file {verb} {plan.aside} (never deleted)")
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""A damaged index is named and repaired (issue 49); a cache on a read-only file system
+is read (issue 52).
+
+The damage is real: pages of a real index file overwritten, or the file truncated.
+Which rows are lost is asked of SQLite itself (a row it cannot read by its key), and
+``aot repair`` must recover exactly the others, keep the release and the statistics,
+and name what it lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aot
+from aot.cache.index.refs import RefOrigin
+from tests.cli.helpers import Invoke, one_line_error
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _prepare(cache_dir: Path) -> list[str]:
+    """A release over every entry and one counted call of ``tiny``; the keys, in rowid order."""
+    with aot.Cache(cache_dir) as cache:
+        entries = cache.entries()
+        label = cache.index.open_release("prod", RefOrigin("ci", commit="c1"))
+        cache.set_refs(entries, RefOrigin("ci"), release_id=label)
+    with aot.Cache(cache_dir) as cache:
+        fn = aot.load("tiny", cache=cache, strict=True)
+        fn(np.ones(8, np.float32), np.ones(8, np.float32))
+    conn = sqlite3.connect(cache_dir / "index.sqlite")
+    try:
+        return [k for (k,) in conn.execute("SELECT key FROM artifacts ORDER BY rowid")]
+    finally:
+        conn.close()
+
+
+def _corrupt_first_artifacts_leaf(index: Path) -> list[str]:
+    """Overwrites the first leaf page of the artifacts table; the keys SQLite can no
+    longer read."""
+    conn = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
+    try:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        (page,) = conn.execute(
+            "SELECT min(pageno) FROM dbstat WHERE name = 'artifacts' AND pagetype = 'leaf'"
+        ).fetchone()
+        keys = [k for (k,) in conn.execute("SELECT key FROM artifacts INDEXED BY sqlite_autoindex_artifacts_1 ORDER BY key")]
+    finally:
+        conn.close()
+    with open(index, "r+b") as f:
+        f.seek((page - 1) * page_size)
+        f.write(bytes(range(256)) * (page_size // 256))
+    conn = sqlite3.connect(f"file:{index}?mode=ro&immutable=1", uri=True)
+    lost = []
+    try:
+        for key in keys:
+            try:
+                conn.execute("SELECT manifest FROM artifacts WHERE key = ?", (key,)).fetchall()
+            except sqlite3.DatabaseError:
+                lost.append(key)
+    finally:
+        conn.close()
+    return lost
+
+
+def test_a_corrupt_index_is_named_planned_and_repaired(invoke: Invoke, warmed: Path, cache_dir: Path) -> None:
+    keys = _prepare(cache_dir)
+    index = cache_dir / "index.sqlite"
+    lost = _corrupt_first_artifacts_leaf(index)
+    assert 0 < len(lost) < len(keys), (lost, keys)
+    damaged = _digest(index)
+
+    for command in (["ls"], ["verify"]):
+        error = one_line_error(invoke(*command))
+        assert "is corrupt" in error or "malformed" in error, error
+        assert "aot repair" in error and "check the path" not in error, error
+    doctor = invoke("doctor", "--no-verify")
+    assert "aot repair" in doctor.output and "check the path" not in doctor.output, doctor.output
+
+    plan = invoke("repair", "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    lines = plan.output.splitlines()
+    assert lines[0] == f"{index}: corrupt (database disk image is malformed)"
+    assert lines[1].startswith(f"would repair: {len(keys) - len(lost)} entries recovered (")
+    for key in lost:
+        assert any(line.startswith("    artifacts: a row that could not be read (") and f"key={key[:24]}" in line
+                   for line in lines), plan.output
+    assert lines[-1].startswith(f"  the damaged file to be moved aside to {index}.damaged-")
+    assert _digest(index) == damaged and sorted(p.name for p in cache_dir.iterdir()) == ["blobs", "index.sqlite"]
+
+    done = invoke("repair", "--json")
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.stdout)
+    assert report["done"] is True and report["damage"] == "corrupt (database disk image is malformed)"
+    aside = Path(report["aside"])
+    assert aside.parent == cache_dir and _digest(aside) == damaged  # moved, never deleted
+    assert report["kept"]["artifacts"] == len(keys) - len(lost)
+
+    assert invoke("verify").exit_code == 0
+    listed = json.loads(invoke("ls", "--json").stdout)
+    assert sorted(e["key"] for e in listed["entries"]) == sorted(set(keys) - set(lost))
+    shown = json.loads(invoke("release", "show", "prod", "--json").stdout)
+    assert sorted(m["key"] for m in shown["members"]) == sorted(set(keys) - set(lost))
+    stats = json.loads(invoke("stats", "--json").stdout)
+    assert sum(r["calls"] for r in stats["rows"] if r["name"] == "tiny") == 1
+    again = invoke("repair")
+    assert again.exit_code == 0 and again.output == f"{index}: PRAGMA quick_check finds nothing wrong; nothing to repair\n"
+
+
+def test_a_truncated_index_is_called_truncated_not_a_wrong_path(invoke: Invoke, warmed: Path, cache_dir: Path) -> None:
+    index = cache_dir / "index.sqlite"
+    with open(index, "r+b") as f:
+        f.truncate(index.stat().st_size // 2 + 100)
+    for command in (["ls"], ["verify"], ["stats"], ["release", "ls"]):
+        error = one_line_error(invoke(*command))
+        assert "truncated" in error and "aot repair" in error and "check the path" not in error, error
+    plan = invoke("repair", "--dry-run")
+    assert plan.exit_code == 0 and plan.output.splitlines()[0].startswith(f"{index}: truncated ("), plan.output
+
+
+@pytest.fixture
+def read_only_volume(warmed: Path, tmp_path: Path):  # noqa: ANN201
+    """The warmed cache copied to a file system mounted read-only (root mounts a tmpfs;
+    elsewhere the test skips and says why)."""
+    mount_point = tmp_path / "ro"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode})")
+    try:
+        subprocess.run(["cp", "-r", str(warmed), str(mount_point / "cache")], check=True)
+        remount = subprocess.run(["mount", "-o", "remount,ro", str(mount_point)], capture_output=True, text=True)
+        if remount.returncode != 0:
+            pytest.skip(f"cannot remount read-only: {remount.stderr.strip()}")
+        assert not (mount_point / "cache" / "index.sqlite-shm").exists()
+        yield mount_point / "cache"
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_read_commands_work_on_a_read_only_file_system(invoke: Invoke, read_only_volume: Path) -> None:
+    for command in (["ls"], ["verify"], ["stats"], ["release", "ls"]):
+        result = invoke(*command, cache=read_only_volume)
+        assert result.exit_code == 0, (command, result.output)
+    assert invoke("ls", "--json", cache=read_only_volume).stdout.count('"key"') == len(
+        json.loads(invoke("ls", "--json", cache=read_only_volume).stdout)["entries"]
+    )
+    error = one_line_error(invoke("gc", cache=read_only_volume))
+    assert error == (
+        f"Error: cannot collect garbage: the cache at {read_only_volume} is on a read-only file "
+        "system; copy it to a writable one (or compile in CI and ship a bundle)"
+    )
