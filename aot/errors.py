@@ -156,3 +156,13 @@ class DistributedJobError(AotError, RuntimeError):
     """A multi-process job (``jax.distributed``) could not start, or one of its
     processes failed, died or gave no answer within the bound
     (``AOT_DISTRIBUTED_TIMEOUT``): every process of the job reports it."""
+
+
+class GpuCompilerMissingError(DeviceTargetError):
+    """A GPU target (``cuda:h200``) was asked for, and the CUDA plugin of JAX that
+    compiles for it (with ptxas) is not installed here: ``pip install 'jax-aot[cuda12]'``."""
+
+
+class TargetCaptureError(DeviceTargetError):
+    """``aot target capture`` could not record this host's GPU (no GPU here, a config
+    file that is not a GPU target config, an autotune results file that is not XLA's)."""
