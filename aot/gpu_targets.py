@@ -248,7 +248,7 @@ def _devices(config: GpuConfig, hosts: int, per_host: int, name: str) -> tuple[A
         ) from None
     devices = tuple(topology.devices)
     _CONFIG_OF_DEVICES[id(devices[0])] = config
-    log.info("target %s: %d compile-only %s device(s) (%s config)", name, len(devices), devices[0].device_kind, config.source)
+    log.info("target %s: %d compile-only %s device(s) (%s config)", name, len(devices), getattr(devices[0], "device_kind", "?"), config.source)
     return devices
 
 
