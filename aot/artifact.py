@@ -138,6 +138,10 @@ class Manifest:
     # The host callbacks of the program, bound by name (format 4; absent: none),
     # covered by the key's "host_callbacks" part.
     host_callbacks: tuple[dict[str, Any], ...] = ()
+    # A GPU entry's autotuning (absent elsewhere, and in manifests written before it):
+    # "tuned sha256:..." (the GPU's captured results), "defaults" (XLA's default configs),
+    # "measured" (compiled on the GPU). Informational: the gate reads it (--require-tuned).
+    autotune: str | None = None
     hmac: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -181,6 +185,8 @@ class Manifest:
             data["statics"] = [s.to_dict() for s in self.statics]
         if self.host_callbacks:
             data["host_callbacks"] = [dict(b) for b in self.host_callbacks]
+        if self.autotune is not None:
+            data["autotune"] = self.autotune
         if include_hmac and self.hmac is not None:
             data["hmac"] = self.hmac
         return data
@@ -245,6 +251,7 @@ class Manifest:
                 symbolic=_symbolic_or_none(data.get("symbolic")),
                 statics=statics_from_json(data.get("statics")),
                 host_callbacks=tuple(dict(b) for b in data.get("host_callbacks", ())),
+                autotune=_string_or_none(data.get("autotune")),
                 # As written: a version-1 manifest stays version 1 (its HMAC covers it).
                 format_version=int(version),
                 hmac=_string_or_none(data.get("hmac")),

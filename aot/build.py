@@ -114,6 +114,7 @@ def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
         arg_names=tuple(info.arg_names),
         statics=tuple(info.statics),
         host_callbacks=tuple(info.host_callbacks),
+        autotune=info.autotune,
     )
     return Artifact(manifest, blobs)
 

@@ -64,6 +64,8 @@ class MeshComputation:
         # The static arguments' values (aot.statics): part of the signature and the key.
         self.statics = tuple(statics)
         self.lowered = lowered
+        # What a GPU compile was tuned with (aot.gpu_targets.compile_tuned), set by compile().
+        self.autotune: str | None = None
         self.arg_names = tuple(arg_names)
         self._export = export
         self._options = options
@@ -233,15 +235,24 @@ class MeshComputation:
         if self.symbolic:
             raise self._symbolic_compile_error()
         start = time.perf_counter()
-        compiler_options = self._options.get("compiler_options")
-        compiled = self.lowered.compile(compiler_options) if compiler_options else self.lowered.compile()
+        compiled = self._compile_with(lambda options: self.lowered.compile(options) if options else self.lowered.compile())
         return self._executable(compiled, time.perf_counter() - start)
+
+    def _compile_with(self, compile_fn: Callable[[dict[str, Any] | None], Any]) -> Any:
+        """``compile_fn(compiler options)``; on a GPU with the captured autotune results
+        of its target (aot.gpu_targets), and which it got recorded in ``autotune``."""
+        from aot.gpu_targets import compile_tuned
+
+        compiled, self.autotune = compile_tuned(
+            self.devices, self._options.get("compiler_options"), compile_fn, self.name,
+        )
+        return compiled
 
     def compile_fresh(self) -> MeshExecutable:
         """Compiles again, bypassing JAX's in-memory executable cache: an executable
         XLA can still serialize (one that ``jax.jit`` ran cannot always be)."""
         start = time.perf_counter()
-        compiled = compile_uncached(self.lowered, self._options.get("compiler_options"))
+        compiled = self._compile_with(lambda options: compile_uncached(self.lowered, options))
         executable = self._executable(compiled, time.perf_counter() - start)
         log.info("compiled a fresh copy of %s in %.2fs", self.name, executable.info.compile_seconds)
         return executable
@@ -420,4 +431,5 @@ def executable_info(
         in_structure=computation.program_fingerprint.as_dict()["in_tree"],
         statics=computation.statics,
         host_callbacks=computation.host_callbacks,
+        autotune=getattr(computation, "autotune", None),
     )

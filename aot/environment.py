@@ -43,6 +43,9 @@ _FLAGS_OUTSIDE_KEY = frozenset({
     "--xla_dump_compress_protos",
     "--xla_dump_include_timestamp",
     "--xla_dump_disable_metadata",
+    # Where a GPU writes the autotune results it measured (aot target capture --autotune
+    # reads them); loading results (--xla_gpu_load_autotune_results_from) stays in the key.
+    "--xla_gpu_dump_autotune_results_to",
     # Covered by the `device_count` and `topology` parts.
     "--xla_force_host_platform_device_count",
     # Reporting of TPU silent-data-corruption checks (metrics, callbacks, logging);
@@ -163,6 +166,12 @@ def environment_parts(backend: str | None = None, devices: Sequence[Any] | None 
     }
     if first.platform == "cpu":
         parts["cpu_isa"] = cpu_isa_features()
+    if first.platform == "gpu":
+        # What a GPU executable depends on besides these: its config, CUDA's libraries,
+        # the plugin (aot.gpu_targets), read alike from a target's devices and a GPU's own.
+        from aot.gpu_targets import gpu_parts
+
+        parts.update(gpu_parts(devices))
     if first.platform == "tpu":
         # libtpu compiles with the flags of the process that compiles: this host's for a
         # device target too (aot.targets). Only when set, so that entries stored before

@@ -165,3 +165,13 @@ class UnsupportedJaxError(AotError, RuntimeError):
     def __init__(self, message: str, installed: tuple[tuple[str, str | None], ...] = ()) -> None:
         super().__init__(message)
         self.installed = installed
+
+
+class GpuCompilerMissingError(DeviceTargetError):
+    """A GPU target (``cuda:h200``) was asked for, and the CUDA plugin of JAX that
+    compiles for it (with ptxas) is not installed here: ``pip install 'jax-aot[cuda12]'``."""
+
+
+class TargetCaptureError(DeviceTargetError):
+    """``aot target capture`` could not record this host's GPU (no GPU here, a config
+    file that is not a GPU target config, an autotune results file that is not XLA's)."""

@@ -103,6 +103,9 @@ class ExecutableInfo:
     statics: tuple[Any, ...] = ()
     # The host callbacks the program calls, bound by name (aot.callbacks); format 4.
     host_callbacks: tuple[dict[str, Any], ...] = ()
+    # A GPU entry's autotuning (aot.gpu_targets.compile_tuned): "tuned sha256:...",
+    # "defaults" or "measured"; None elsewhere.
+    autotune: str | None = None
 
     def __post_init__(self) -> None:
         if not self.in_structure:

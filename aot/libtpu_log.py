@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LIBTPU_NOISE", "filter_libtpu_stderr", "quiet_libtpu_load"]
+__all__ = ["LIBTPU_NOISE", "filter_libtpu_stderr", "held_stderr", "quiet_libtpu_load", "write_stderr"]
 
 # What libtpu (0.0.42.1, under jax 0.10.2) writes to stderr, from C++ on fd 2, whenever a
 # process loads it (for a target's topology, or as a backend JAX tries) on a host that is
@@ -96,3 +96,42 @@ def quiet_libtpu_load() -> Iterator[None]:
                 if kept:
                     sys.stderr.flush()
                     os.write(2, kept.encode())
+
+
+@contextmanager
+def held_stderr() -> Iterator[list[str]]:
+    """Holds what is written to fd 2 (XLA's C++ logging) while the block runs; the
+    yielded list receives it at the end, for the caller to write on
+    (:func:`write_stderr`) or to log: a deviceless GPU compile whose autotune results
+    miss fusions logs every one of them, with its HLO, before jax-aot compiles it again
+    with the defaults (aot.gpu_targets)."""
+    held: list[str] = []
+    with _CAPTURE_LOCK:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):
+            saved = None
+        if saved is None:
+            yield held
+            return
+        with tempfile.TemporaryFile() as captured:
+            os.dup2(captured.fileno(), 2)
+            try:
+                yield held
+            finally:
+                try:
+                    sys.stderr.flush()
+                except (OSError, ValueError, AttributeError):
+                    pass
+                os.dup2(saved, 2)
+                os.close(saved)
+                captured.seek(0)
+                held.append(captured.read().decode(errors="replace"))
+
+
+def write_stderr(text: str) -> None:
+    """Writes ``text`` to fd 2 as it came (what :func:`held_stderr` held)."""
+    if text:
+        sys.stderr.flush()
+        os.write(2, text.encode())

@@ -361,10 +361,17 @@ def lower(
     )
     arg_names = [n for i, n in enumerate(_positional_names(fn, len(args))) if i not in static_nums]
     statics = _record_statics(name, fn, args, kwargs, static_nums, static_names)
-    computation = _trace_and_lower(
-        MeshComputation, name, jitted, arg_specs, kwarg_specs, static_nums, static_names,
-        mesh, arg_names, {"compiler_options": compiler_options}, statics, device_target,
-    )
+    try:
+        computation = _trace_and_lower(
+            MeshComputation, name, jitted, arg_specs, kwarg_specs, static_nums, static_names,
+            mesh, arg_names, {"compiler_options": compiler_options}, statics, device_target,
+        )
+    except RuntimeError as exc:
+        if device_target is None or device_target.platform != "cuda" or "cuDNN" not in str(exc):
+            raise
+        from aot.gpu_targets import cudnn_error
+
+        raise cudnn_error(name, device_target.name, exc) from None
     _warn_one_chip(name, device_target, computation.devices)
     return computation
 

@@ -106,6 +106,7 @@ def _executable_info(manifest: Manifest, flat_outputs: bool) -> ExecutableInfo:
         in_structure=in_structure,
         out_json=out_json,
         statics=manifest.statics,
+        autotune=manifest.autotune,
     )
     counts = {
         "in_tree leaves vs args": (info.in_tree.num_leaves, len(args)),

@@ -44,15 +44,16 @@ KNOWN_TOPOLOGIES: dict[str, tuple[str, ...]] = {
     "v5p": ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8"),
     "v6e": ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
 }
-_PLATFORMS = ("tpu",)
+_PLATFORMS = ("tpu", "cuda")
 _DEFAULT_HOST_BOUNDS = (2, 2, 1)
 _ALLOW_MULTIPLE = "ALLOW_MULTIPLE_LIBTPU_LOAD"
 _GRID = re.compile(r"^\d+(x\d+){1,2}$")
 
 def _known() -> str:
-    return "; ".join(
-        f"tpu:{chip}:{{{','.join(grids)}}}" for chip, grids in KNOWN_TOPOLOGIES.items()
-    )
+    from aot import gpu_targets
+
+    tpus = "; ".join(f"tpu:{chip}:{{{','.join(grids)}}}" for chip, grids in KNOWN_TOPOLOGIES.items())
+    return tpus + "; " + ", ".join(f"cuda:{name}[:N|:HxN]" for name in gpu_targets.known())
 
 
 def _dims(grid: str) -> tuple[int, int, int]:
@@ -71,6 +72,11 @@ class DeviceTarget:
 
     @property
     def name(self) -> str:
+        if self.platform == "cuda":
+            from aot.gpu_targets import shape_text
+
+            shape = shape_text(self.host_bounds[0], self.host_bounds[1])
+            return f"cuda:{self.chip}" + (f":{shape}" if shape else "")
         default = tuple(min(a, b) for a, b in zip(_dims(self.topology), _DEFAULT_HOST_BOUNDS))
         suffix = "" if self.host_bounds == default else "@" + "x".join(map(str, self.host_bounds[:len(self.topology.split("x"))]))
         return f"{self.platform}:{self.chip}:{self.topology}{suffix}"
@@ -80,6 +86,8 @@ class DeviceTarget:
 
     @property
     def chip_count(self) -> int:
+        if self.platform == "cuda":
+            return self.host_bounds[0] * self.host_bounds[1]
         a, b, c = _dims(self.topology)
         return a * b * c
 
@@ -135,6 +143,13 @@ def parse_target(text: str | DeviceTarget) -> DeviceTarget:
         raise DeviceTargetError(f"a target is a string like 'tpu:v5e:2x2', got {type(text).__name__}")
     spec, _, hosts = text.strip().partition("@")
     fields = spec.split(":")
+    if fields[0].strip().lower() == "gpu":
+        fixed = ":".join(["cuda", *fields[1:]])
+        raise DeviceTargetError(
+            f"target {text!r}: a GPU target's platform is 'cuda', not 'gpu' (as JAX's topology call names it): {fixed}"
+        )
+    if fields[0].strip().lower() == "cuda" and len(fields) in (2, 3) and all(fields) and not hosts:
+        return _gpu_target(text, fields)
     if len(fields) != 3 or not all(fields):
         hint = _accelerator_type_hint(text)
         if hint is not None:
@@ -146,8 +161,7 @@ def parse_target(text: str | DeviceTarget) -> DeviceTarget:
     if platform not in _PLATFORMS:
         raise DeviceTargetError(
             f"target {text!r}: compiling without the device is supported for {', '.join(_PLATFORMS)} "
-            f"(through libtpu), not {platform!r}; compile on a host with that accelerator instead "
-            "(docs/accelerators.md says what deviceless GPU compilation would need)"
+            f"(through libtpu and JAX's CUDA plugin), not {platform!r}; compile on a host with that accelerator instead"
         )
     if grid not in KNOWN_TOPOLOGIES.get(chip, ()):
         raise DeviceTargetError(f"unknown target {text!r}; known: {_known()}")
@@ -165,6 +179,19 @@ def parse_target(text: str | DeviceTarget) -> DeviceTarget:
     else:
         bounds = default  # type: ignore[assignment]
     return DeviceTarget(platform, chip, grid, tuple(bounds))  # type: ignore[arg-type]
+
+
+def _gpu_target(text: str, fields: list[str]) -> DeviceTarget:
+    """``cuda:GPU[:N|:HxN]`` (:mod:`aot.gpu_targets`) -> :class:`DeviceTarget` whose
+    ``host_bounds`` are (hosts, GPUs per host, 1)."""
+    from aot import gpu_targets
+
+    chip = fields[1].strip().lower()
+    hosts, per_host = gpu_targets.parse_shape(text, fields[2].strip().lower() if len(fields) == 3 else "")
+    if not gpu_targets.NAME.match(chip):
+        raise DeviceTargetError(f"target {text!r}: a GPU's name is lower-case letters, digits, '-' and '_' (cuda:h200)")
+    gpu_targets.check_name(text, chip)
+    return DeviceTarget("cuda", chip, f"{hosts}x{per_host}", (hosts, per_host, 1))
 
 
 #: Cloud TPU accelerator types (``v5litepod-4``, ``v4-8``): the chip each names, and
@@ -198,8 +225,16 @@ def _accelerator_type_hint(text: str) -> str | None:
     )
 
 
-@lru_cache(maxsize=None)
 def _topology_devices(target: DeviceTarget) -> tuple[Any, ...]:
+    if target.platform == "cuda":  # cached by config there: a new capture of a name is new devices
+        from aot.gpu_targets import topology_devices
+
+        return topology_devices(target.chip, target.host_bounds[0], target.host_bounds[1], target.name)
+    return _tpu_topology_devices(target)
+
+
+@lru_cache(maxsize=None)
+def _tpu_topology_devices(target: DeviceTarget) -> tuple[Any, ...]:
     from jax.experimental import topologies
 
     from aot.device import device_error
@@ -250,8 +285,11 @@ def target_name(parts: Mapping[str, str]) -> str | None:
     """The device target an environment fingerprint's ``parts`` describe
     (``tpu:v5e:2x2``), read from its platform, device kind and topology (the device
     grid spanned by the devices' coordinates, else the known grid of its device count);
-    None when no known target does (a CPU or GPU host, an unknown chip). Pure: listings
-    name targets without JAX or libtpu."""
+    None when no known target does (a CPU host, an unknown chip or GPU). Pure: listings
+    name targets without JAX or libtpu. A GPU is named by its target config's digest
+    (:func:`aot.gpu_targets.gpu_name`: ``cuda:h200:8``)."""
+    if parts.get("platform") == "gpu":
+        return _gpu_target_name(parts)
     if parts.get("platform") != "tpu":
         return None
     chip = CHIP_OF_DEVICE_KIND.get(parts.get("device_kind", ""))
@@ -283,6 +321,17 @@ def environment_name(parts: Mapping[str, str]) -> str:
     # A CPU's device kind is "cpu": the platform says it already.
     shown = "" if not kind or kind.lower() == platform else f" {kind}"
     return f"{platform}{shown} x{count}"
+
+
+def _gpu_target_name(parts: Mapping[str, str]) -> str | None:
+    from aot.gpu_targets import gpu_name, shape_text
+
+    name = gpu_name(dict(parts))
+    count, processes = parts.get("device_count", ""), parts.get("process_count", "1")
+    if name is None or not count.isdigit() or not processes.isdigit() or int(count) % int(processes):
+        return None
+    shape = shape_text(int(processes), int(count) // int(processes))
+    return f"cuda:{name}" + (f":{shape}" if shape else "")
 
 
 def _chips(grid: str) -> int:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from aot.artifact import Artifact
     from aot.cache.compiling import CompileResult
     from aot.cache.index.entry import IndexEntry
+    from aot.cache.index.targets import CapturedTarget
     from aot.computation import MeshComputation
     from aot.executable import MeshExecutable
     from aot.cache.admin.bundle import BundleReport
@@ -72,6 +73,7 @@ class Cache(ArtifactStore):
         it, and sets its ref (:mod:`aot.cache.compiling`)."""
         from aot.cache.compiling import compile_entry
 
+        self.use_targets_for(lower_kwargs.get("target"))
         return compile_entry(self, fn, *args, name=name, pmap=pmap, origin=origin, **lower_kwargs)
 
     def compile(
@@ -94,6 +96,35 @@ class Cache(ArtifactStore):
 
             return Dispatcher(self, result.entry.name)
         return result.executable
+
+    def capture_target(
+        self, name: str, *, config_file: str | os.PathLike[str] | None = None,
+        versions_file: str | os.PathLike[str] | None = None, autotune_file: str | os.PathLike[str] | None = None,
+    ) -> CapturedTarget:
+        """Records this host's GPU (or ``config_file``'s) as ``cuda:NAME`` in the cache,
+        with the autotune results of ``autotune_file`` (:mod:`aot.cache.admin.targets`)."""
+        from aot.cache.admin.targets import capture_target
+
+        return capture_target(self, name, config_file=config_file, versions_file=versions_file,
+                              autotune_file=autotune_file)
+
+    def captured_targets(self) -> list[CapturedTarget]:
+        """The GPUs captured in this cache (``aot target ls``)."""
+        return self.index.captured_targets()
+
+    def use_targets(self) -> list[CapturedTarget]:
+        """Makes this cache's captured GPUs what ``cuda:NAME`` compiles for, in this
+        process and the workers it starts."""
+        from aot.cache.index.targets import use_targets
+
+        return use_targets(self.index, self.location)
+
+    def use_targets_for(self, *targets: Any) -> None:
+        """:meth:`use_targets` when one of ``targets`` (names, lists of names or
+        :class:`aot.DeviceTarget`) is a GPU's."""
+        names = [t for item in targets for t in (item if isinstance(item, (list, tuple)) else [item]) if t is not None]
+        if any(str(getattr(t, "name", t)).strip().lower().startswith("cuda:") for t in names):
+            self.use_targets()
 
     def verify(self, *, quarantine: bool = True) -> VerifyReport:
         from aot.cache.admin.maintenance import verify_cache
@@ -139,6 +170,7 @@ class Cache(ArtifactStore):
     def explain(self, name: str, *args: Any, fn: Callable[..., Any] | None = None, **lower_kwargs: Any) -> Explanation:
         from aot.cache.reports.explain import explain
 
+        self.use_targets_for(lower_kwargs.get("target"))
         return explain(self, name, *args, fn=fn, **lower_kwargs)
 
     def release_diff(self, a: str, b: str) -> ReleaseDiff:

@@ -7,6 +7,7 @@ HLO is stored, and ``aot.load`` compiles it per concrete shape.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -167,6 +168,8 @@ def _hit(cache: ArtifactStore, computation: MeshComputation, start: float) -> Co
     """The stored entry of ``computation``, loaded (None: none usable; a corrupt one is
     quarantined)."""
     entry = cache.index.get(computation.fingerprint)
+    if entry is not None and entry.ok and computation.target is not None and _retune(computation, entry):
+        return None  # compiled again, tuned: it replaces the stored row (aot.cache.store.commit)
     if entry is not None and entry.ok and computation.target is not None:
         # Stored for an accelerator this host does not have: nothing to load here.
         cache.touch(entry.key)
@@ -179,6 +182,20 @@ def _hit(cache: ArtifactStore, computation: MeshComputation, start: float) -> Co
         except (CorruptArtifactError, IncompatibleEnvironmentError) as exc:
             cache.quarantine(entry, str(exc))
     return None
+
+
+def _retune(computation: MeshComputation, entry: IndexEntry) -> bool:
+    """A GPU entry stored with XLA's defaults whose target has autotune results now."""
+    if computation.target is None or computation.target.platform != "cuda":
+        return False
+    from aot.gpu_targets import needs_retune
+
+    stored = json.loads(entry.manifest).get("autotune") if entry.manifest else None
+    if not needs_retune(computation.devices, stored):
+        return False
+    log.info("%s: stored with XLA's default autotune configs; the GPU's results are captured now: compiling "
+             "it again with them", computation.name)
+    return True
 
 
 def _hit_or_compile(cache: ArtifactStore, computation: MeshComputation, start: float) -> CompileResult:

@@ -11,6 +11,8 @@ entry (:mod:`aot.cache.index.served`). Every other intact entry of that slot is
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,6 +21,8 @@ from aot.cache.index.entry import IndexEntry
 from aot.cache.index.served import Slot, ref_map, served_key, superseded_keys
 from aot.signatures import Signature
 from aot.targets import environment_name
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from aot.cache.index.releases import Release
@@ -165,6 +169,22 @@ def set_targets(cache: ArtifactStore, sets: Iterable[Release]) -> dict[int, dict
     }
 
 
+def name_gpus(cache: ArtifactStore, entries: Sequence[IndexEntry] | None) -> None:
+    """Makes the cache's captured GPUs known to :func:`aot.targets.environment_name`
+    (``cuda:fleet``) when ``entries`` (None: any) hold a GPU's; a cache that cannot say
+    (read-only copy without the table) leaves GPU entries named by device."""
+    from aot.gpu_targets import CONFIGS_ENV
+
+    if os.environ.get(CONFIGS_ENV) or (entries is not None and not any(e.platform == "gpu" for e in entries)):
+        return
+    try:
+        from aot.cache.index.targets import use_targets
+
+        use_targets(cache.index, cache.location)
+    except Exception as exc:  # noqa: BLE001 - naming is a courtesy of the listing
+        log.debug("captured GPUs not read: %s", exc)
+
+
 def environment_names(cache: ArtifactStore, keys_by_env: Mapping[str, str]) -> dict[str, str]:
     """``{env_fp: name}`` (:func:`aot.targets.environment_name`: ``tpu:v5e:2x2``,
     ``cpu x8``) of each environment digest, read from the manifest of one entry of it
@@ -178,6 +198,7 @@ def environment_parts_of(cache: ArtifactStore, keys_by_env: Mapping[str, str]) -
     reads them."""
     from aot.fingerprint import Fingerprint as _Fingerprint
 
+    name_gpus(cache, None)
     manifests = cache.reader.manifests(set(keys_by_env.values()))
     out: dict[str, dict[str, str]] = {}
     for env_fp, key in keys_by_env.items():
@@ -221,9 +242,18 @@ class EntryRow:
             return self.entry.state
         return "superseded" if self.superseded_by else "ok"
 
+    @property
+    def autotune(self) -> str | None:
+        """A GPU entry's autotuning (:func:`autotune_of`); None elsewhere."""
+        return autotune_of(self.entry.manifest)[0]
+
     def to_dict(self) -> dict[str, Any]:
         data = self.entry.to_dict()
         data.pop("manifest", None)
+        state, digest = autotune_of(self.entry.manifest)
+        if state is not None:  # GPU entries only: the others' JSON is as it was
+            data["autotune"] = state
+            data["autotune_digest"] = digest
         data["arguments"] = self.signature.to_list()
         data["statics"] = list(self.signature.statics)
         data.update(self.environment.to_dict())
@@ -232,6 +262,21 @@ class EntryRow:
         data["served_by"] = self.served_by
         data["releases"] = list(self.releases)
         return data
+
+
+def autotune_of(manifest: str | None) -> tuple[str | None, str | None]:
+    """(``tuned``, ``defaults`` or ``measured``; the digest of the results) of a GPU
+    entry's manifest (:func:`aot.gpu_targets.compile_tuned`); (None, None) elsewhere."""
+    if not manifest or '"autotune"' not in manifest:
+        return None, None
+    try:
+        value = json.loads(manifest).get("autotune")
+    except ValueError:
+        return None, None
+    if not isinstance(value, str) or not value:
+        return None, None
+    state, _, digest = value.partition(" ")
+    return state, digest or None
 
 
 def check_env_choice(env: str) -> str:
@@ -249,6 +294,7 @@ def entry_rows(
     ``peers`` (default: every intact entry of the names in ``entries``). ``current``:
     this host's environment (:meth:`~aot.cache.store.ArtifactStore.known_environment`; None: unknown)."""
     check_env_choice(env)
+    name_gpus(cache, entries)
     if peers is None:
         peers = [p for name in sorted({e.name for e in entries}) for p in cache.reader.by_name(name)]
     superseded, served, labels = served_state(cache, peers, {e.name for e in entries}, release)

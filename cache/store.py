@@ -676,7 +676,8 @@ def commit(
 
     existing = cache.lookup(manifest.key)
     broken = False
-    if existing is not None and existing.ok:
+    retuned = existing is not None and existing.ok and _tunes(existing, manifest)
+    if existing is not None and existing.ok and not retuned:
         if stored_intact(cache, existing):
             # Stored and intact. XLA's executables are not byte-identical from one
             # compile to the next, so writing this one would only leave an orphan
@@ -701,7 +702,7 @@ def commit(
                 raw_size=sum(size for size, _ in sizes.values()),
                 stored_size=sum(stored for _, stored in sizes.values()),
             )
-            added = cache.index.add(final, blob_sizes=sizes, lease=lease, stamp=True, replace=broken,
+            added = cache.index.add(final, blob_sizes=sizes, lease=lease, stamp=True, replace=broken or retuned,
                                     created_at=created_at)
         except LeaseLostError as exc:
             log.warning("%s (attempt %d of %d)", exc, attempt, LEASE_ATTEMPTS)
@@ -723,6 +724,20 @@ def commit(
         "row could be committed (each lease lasts an hour on the database clock); is the "
         "blob store very slow, or this process being suspended?"
     )
+
+
+def _tunes(existing: IndexEntry, manifest: Manifest) -> bool:
+    """Whether ``manifest`` (a GPU entry compiled again once autotune results were
+    captured for its GPU: tuned, or its fallback to the defaults recorded with those
+    results' digest) replaces the stored row of its key, compiled with XLA's defaults
+    before: the same program and environment (aot.gpu_targets.needs_retune; the old
+    blobs are gc's)."""
+    if not manifest.autotune or not existing.manifest:
+        return False
+    import json
+
+    stored = json.loads(existing.manifest).get("autotune")
+    return isinstance(stored, str) and stored.startswith("defaults") and stored != manifest.autotune
 
 
 def unstored_entry(artifact: Artifact) -> IndexEntry:

@@ -76,6 +76,29 @@ class State:
             click.get_current_context().call_on_close(self._close)
         return self._cache
 
+    def use_gpu_targets(self, *texts: str | None, manifest: str | None = None, create: bool = False) -> None:
+        """Opens the cache and makes its captured GPUs what ``cuda:NAME`` compiles for
+        (aot.Cache.use_targets), before any target is parsed or worker started, when
+        one of ``texts`` or the ``manifest`` file names a GPU target; nothing else."""
+        named = any(t and "cuda:" in t.lower() for t in texts)
+        if not named and manifest is not None:
+            try:
+                with open(manifest, encoding="utf-8") as f:
+                    named = "cuda:" in f.read().lower()
+            except OSError:
+                named = False  # the manifest's own loading says what is wrong with it
+        if not named:
+            return
+        from aot.errors import CacheError
+
+        try:
+            self.cache(create=create).use_targets()
+        except CacheError:
+            if create:
+                raise
+            # No cache here (yet): no captured GPU; the command says what is wrong with
+            # the cache, or with the target, itself.
+
     def _open(self, create: bool) -> Cache:
         read_only = self.read_only
         if self.job is not None and not self.job.primary:

@@ -143,6 +143,7 @@ def _compile(state: State, function: str, commit: str | None, *, reports: bool, 
 
     device_target = options["device_target"]
     options["origin"] = RefOrigin("compile", commit=commit or default_commit())
+    state.use_gpu_targets(device_target, create=True)  # type: ignore[arg-type]  # a fleet's captured GPUs
     if device_target is not None:
         from aot.targets import compile_only_here
 
@@ -235,6 +236,7 @@ def why_command(
     from aot.cache.warmup.manifest import HOST
 
     here = device_target is not None and device_target.strip().lower() == HOST  # this host's
+    state.use_gpu_targets(None if here else device_target, manifest=manifest)  # a fleet's captured GPUs
     function, device_target = _function_and_target(function, None if here else device_target)
     lowering = lowering_values(
         args, kwargs, args_from, static, pmap_axis, mesh, in_shardings, out_shardings, donate, x64,
@@ -346,7 +348,8 @@ def _function_and_target(function: str | None, device_target: str | None) -> tup
     try:
         return function, parse_target(device_target).name
     except DeviceTargetError as exc:
-        if not _FUNCTION_SPELLING.match(device_target.strip()):
+        # cuda:NAME has the shape of MODULE:FUNCTION: a GPU target's error is its own.
+        if not _FUNCTION_SPELLING.match(device_target.strip()) or device_target.strip().lower().startswith("cuda:"):
             raise click.BadParameter(str(exc), param_hint="'--target'") from None
     if function is not None:
         raise click.BadParameter(

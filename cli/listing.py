@@ -94,7 +94,8 @@ def ls_command(state: State, glob: str | None, env: str, release: str | None) ->
     headers: tuple[str, ...] = ("KEY", "NAME", "SIGNATURE", "ENV", "TARGET", "SIZE", "COMPILED", "LAST USED", "HITS", "STATE", "SERVED")
     rows = [
         [
-            r.entry.key[:12], r.entry.name, "", r.environment.short(), r.environment.target or "-",
+            r.entry.key[:12], r.entry.name, "", r.environment.short(),
+            (r.environment.target or "-") + (f" {r.autotune}" if r.autotune else ""),
             human_size(r.entry.stored_size),
             when(r.entry.created_at), when(r.entry.last_used_at), r.entry.hits, r.status,
             (r.served_by or "-") + (f" [{','.join(r.releases)}]" if r.releases else ""),
@@ -202,6 +203,7 @@ def _render(details: EntryDetails) -> str:
         ("state", state),
         ("platform", e.platform),
         ("target", details.target or "unknown (unreadable manifest)"),
+        *([("autotune", _autotune_text(m.autotune))] if m is not None and m.autotune else []),
         ("size", f"{human_size(e.raw_size)} ({human_size(e.stored_size)} stored)"),
         ("compiled", f"{when(e.created_at)} UTC in {e.compile_seconds:.3f}s"),
         ("last used", f"{when(e.last_used_at)} UTC ({counted(e.hits, 'hit')})"),
@@ -309,3 +311,12 @@ def show_command(state: State, key_or_name: str, hlo: bool, debug_info: bool, re
     else:
         click.echo("\n\n".join(_render(d) for d in details))
         unknown_environment_note(all(d.environment_known for d in details))
+
+
+def _autotune_text(value: str) -> str:
+    state, _, digest = value.partition(" ")
+    return {
+        "tuned": f"tuned (the GPU's captured autotune results, {digest[7:19]})",
+        "defaults": "defaults (XLA's default configs: no autotune results covered its fusions)",
+        "measured": "measured (compiled on the GPU, which autotuned it)",
+    }.get(state, value)

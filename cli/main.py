@@ -49,7 +49,7 @@ cli.params[:0] = global_options()
 
 
 def _register() -> None:
-    from aot.cli import bundle, compile, doctor, listing, maintenance, releases, repair, stats, transfer, warmup
+    from aot.cli import bundle, compile, doctor, listing, maintenance, releases, repair, stats, targets, transfer, warmup
 
     cli.add_command(compile.compile_command)
     cli.add_command(warmup.warmup_command)
@@ -67,6 +67,7 @@ def _register() -> None:
     cli.add_command(doctor.doctor_command)
     cli.add_command(releases.release_group)
     cli.add_command(releases.history_command)
+    cli.add_command(targets.target_group)
 
 
 _register()

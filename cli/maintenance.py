@@ -50,6 +50,11 @@ VICTIM_SIGNATURE_WIDTH = 60
     "the device), or 'host' (this host's environment); repeat for several.",
 )
 @click.option(
+    "--require-tuned", is_flag=True,
+    help="Also fail when a served GPU entry (of the manifest's names, with --manifest) was compiled "
+    "with XLA's default autotune configs instead of the GPU's captured results (aot ls says tuned/defaults).",
+)
+@click.option(
     "--recompile", is_flag=True,
     help="Also compile each entry of this host's environment from its stored portable HLO and "
     "compare it with the stored executable (equal bytes, else bit-identical outputs on "
@@ -59,7 +64,7 @@ VICTIM_SIGNATURE_WIDTH = 60
 @pass_state
 def verify_command(
     state: State, manifest: str | None, strict: bool, no_lower: bool, device_targets: tuple[str, ...],
-    recompile: bool,
+    require_tuned: bool, recompile: bool,
 ) -> None:
     """Check the cache: re-hash every blob, parse every manifest.
 
@@ -83,6 +88,7 @@ def verify_command(
         manifest = state.settings.manifest.value  # None: refs and releases only
     if device_targets and manifest is None:
         raise click.UsageError("--target checks a manifest's entries for a target: give --manifest MANIFEST.toml")
+    state.use_gpu_targets(*device_targets, manifest=manifest)  # a fleet's captured GPUs
     try:
         targets = canonical_targets(device_targets)  # "host": this host's environment
     except DeviceTargetError as exc:
@@ -91,7 +97,9 @@ def verify_command(
 
     cache = state.cache()
     try:
-        report = verify_with_coverage(cache, manifest, strict=strict, lower=not no_lower, targets=targets)
+        report = verify_with_coverage(
+            cache, manifest, strict=strict, lower=not no_lower, targets=targets, require_tuned=require_tuned,
+        )
     except DeviceTargetError as exc:  # no libtpu here: the gate cannot run as asked
         raise click.UsageError(str(exc)) from None
     aging = aged_entries(cache, deep=True)

@@ -173,6 +173,7 @@ def _warm(
     from aot.errors import DeviceTargetError, UsageError
     from aot.targets import compile_only_here, parse_target
 
+    state.use_gpu_targets(*device_targets, manifest=manifest, create=True)  # a fleet's captured GPUs
     loaded = load_manifest(manifest)  # logs the old target = "module:attr" spelling once
     loaded.check_fleet()  # another libtpu than the fleet's: fail here, not at the deploy
     if device_targets:

@@ -31,6 +31,7 @@ Modules:
   callbacks    the Python functions a lowered program calls back; loading with them
   persistent_cache  plugging a backend into JAX's persistent compilation cache
   distributed  the key-value store of a multi-process job (``jax.distributed``)
+  gpu          a CUDA GPU's target config and the CUDA library versions it loads
 """
 
 from __future__ import annotations
@@ -121,6 +122,9 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src.lib.mlir:ir.SymbolTable",
     "jax._src.lib.mlir:ir.DictAttr.get",
     "jax._src.lib.mlir:ir.ArrayAttr.get",
+    # gpu (cuda_versions is None without the CUDA plugin: the canary checks the name)
+    "jax._src.lib:xla_client.get_topology_for_devices",
+    "jax._src.lib:cuda_versions",
 )
 
 #: Where the supported releases (:mod:`aot.jaxcompat.versions`) differ in the private

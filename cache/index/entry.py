@@ -27,7 +27,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 #: Version of the database schema this code writes; the changelog and the migrations
 #: are in :mod:`aot.cache.index.schema` (here because the stdlib reader checks it).
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 #: Valid values of ``artifacts.state``.
 ARTIFACT_STATES = ("ok", "quarantined")

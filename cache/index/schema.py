@@ -83,6 +83,11 @@ Changelog of :data:`SCHEMA_VERSION`:
   cache stored through jax-aot (KIND ``jit``, under JAX's own key, beside the ``aot``
   artifacts; :mod:`aot.cache.jax_cache`), their hits and misses per function name, and
   the claims of processes compiling a key others wait for (``_migrate_add_jit``). Additive: older rows are untouched.
+* 9 (2026-12-06): captured_targets: the target config of a fleet's own GPU, the CUDA
+  versions and the autotune results recorded with it (``aot target capture``,
+  :mod:`aot.cache.index.targets`), inline: a few KiB of text each, which no gc of blobs
+  can take from under the entries compiled with them (``_migrate_add_captured_targets``).
+  Additive.
 """
 
 from __future__ import annotations
@@ -136,6 +141,7 @@ __all__ = [
     "RELEASE_MEMBERS",
     "CACHE_META",
     "DEFAULT_RELEASE",
+    "CAPTURED_TARGETS",
     "JIT_ENTRIES",
     "JIT_STATS",
     "JIT_CLAIMS",
@@ -401,6 +407,25 @@ DEFAULT_RELEASE = sa.Table(
     CheckConstraint("id = 1", name="ck_default_release_single_row"),
 )
 
+#: A GPU captured from a host of the fleet (``aot target capture NAME``): its target config
+#: (text), the versions recorded with it (JSON), and XLA's autotune results (text) when
+#: captured; ``cuda:NAME`` compiles for exactly that GPU (:mod:`aot.gpu_targets`).
+CAPTURED_TARGETS = sa.Table(
+    "captured_targets",
+    METADATA,
+    _key("name", String(128)),
+    _required("platform", String(32)),
+    _required("config", Text),
+    _required("config_digest", String(80)),
+    _required("versions", Text),
+    _optional("autotune", Text),
+    _optional("autotune_digest", String(80)),
+    _required("device_kind", String(256)),
+    _required("captured_at", UTCDateTime),
+    _required("host", String(256)),
+    _required("user", String(256)),
+)
+
 #: An entry of JAX's persistent compilation cache (KIND ``jit``): JAX's key, the
 #: jitted function's name, the blob of JAX's zstd payload (:mod:`aot.cache.index.jit`).
 JIT_ENTRIES = sa.Table(
@@ -509,6 +534,10 @@ def _migrate_add_default_release(conn: Connection) -> None:
     DEFAULT_RELEASE.create(conn, checkfirst=True)
 
 
+def _migrate_add_captured_targets(conn: Connection) -> None:
+    CAPTURED_TARGETS.create(conn, checkfirst=True)
+
+
 #: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
 #: database is created from the tables at the current version; migration 1 exists
 #: so that the list is complete and every version has a description.
@@ -521,6 +550,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "refs, ref history, releases and cache_meta: what is served is declared", _migrate_add_refs),
     Migration(7, "jit_entries and jit_stats: JAX's persistent cache through jax-aot", _migrate_add_jit),
     Migration(8, "default_release: the release a replica serves when it names none", _migrate_add_default_release),
+    Migration(9, "captured_targets: a fleet's own GPUs, their CUDA versions and autotune results",
+              _migrate_add_captured_targets),
 )
 
 

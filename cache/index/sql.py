@@ -31,6 +31,7 @@ from aot.cache.index.queries import IndexReads
 from aot.cache.index.refs_sql import IndexRefs
 from aot.cache.index.schema import ARTIFACTS, BLOBS, LEASES, PROGRAMS, ensure_schema, read_version
 from aot.cache.index.state import clear_emptied
+from aot.cache.index.targets import IndexTargets
 from aot.cache.pauses import reached
 from aot.cache.timeouts import Timeouts
 from aot.errors import AotError, CacheError
@@ -40,7 +41,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Index"]
 
 
-class Index(IndexReads, IndexGc, IndexRefs, IndexJit):
+class Index(IndexReads, IndexGc, IndexRefs, IndexJit, IndexTargets):
     """The SQL index of a cache: SQLite (default) or PostgreSQL (shared).
 
     Its reads (:class:`~aot.cache.index.queries.IndexReads`) and its side of the gc

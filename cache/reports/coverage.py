@@ -289,12 +289,14 @@ class CheckReport:
     signatures: dict[str, Signature]  # of the entries with problems, by key
     #: With --strict: refs and release members naming an entry not stored or not intact.
     dangling: tuple[DanglingItem, ...] = ()
+    #: With --require-tuned: served GPU entries compiled with XLA's default configs.
+    untuned: tuple[DanglingItem, ...] = ()
 
     @property
     def ok(self) -> bool:
         # Unreferenced blobs are garbage, not damage (a writer may be between its blob
         # and its index row): reported, but only problems with entries fail the check.
-        damaged = self.integrity.problems or self.integrity.cache_problems or self.dangling
+        damaged = self.integrity.problems or self.integrity.cache_problems or self.dangling or self.untuned
         return not damaged and not (self.coverage is not None and self.coverage.failed)
 
     def summary(self) -> str:
@@ -312,6 +314,7 @@ class CheckReport:
             shown = f" ({signature.compact(60)})" if signature is not None and signature.leaves else ""
             lines.append(f"problem: {problem.name}{shown} {problem.key[:12]}: {problem.what}")
         lines += [f"dangling: {item.describe()}" for item in self.dangling]
+        lines += [f"untuned: {item.describe()}" for item in self.untuned]
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -320,12 +323,13 @@ class CheckReport:
             "integrity": self.integrity.to_dict(),
             "coverage": self.coverage.to_dict() if self.coverage is not None else None,
             "dangling": [item.to_dict() for item in self.dangling],
+            **({"untuned": [item.to_dict() for item in self.untuned]} if self.untuned else {}),
         }
 
 
 def verify_with_coverage(
     cache: ArtifactStore, manifest: str | os.PathLike[str] | None = None, *, strict: bool = False,
-    quarantine: bool = True, lower: bool = True, targets: Sequence[str] = (),
+    quarantine: bool = True, lower: bool = True, targets: Sequence[str] = (), require_tuned: bool = False,
 ) -> CheckReport:
     """Parses the manifest first (a bad one fails before anything is checked), then
     verifies the cache and checks the manifest's coverage, each item for its device
@@ -358,4 +362,26 @@ def verify_with_coverage(
         if entry is not None:
             signatures[problem.key] = Signature.from_manifest_json(entry.manifest, entry.signature)
     dangling = find_dangling(cache, integrity) if strict else ()
-    return CheckReport(cache.display_location, integrity, covered, signatures, dangling)
+    names = {i.name for i in items} if items is not None else None
+    untuned = find_untuned(cache, names) if require_tuned else ()
+    return CheckReport(cache.display_location, integrity, covered, signatures, dangling, untuned)
+
+
+def find_untuned(cache: ArtifactStore, names: set[str] | None) -> tuple[DanglingItem, ...]:
+    """Every current ref (of ``names``; None: all) naming a GPU entry compiled without
+    the GPU's autotune results (``defaults``: :func:`aot.gpu_targets.compile_tuned`)."""
+    from aot.cache.rows import autotune_of
+
+    found: list[DanglingItem] = []
+    refs = [r for r in cache.index.refs() if names is None or r.name in names]
+    entries = {e.key: e for e in cache.index.entries()} if refs else {}
+    for ref in refs:
+        entry = entries.get(ref.key)
+        state = autotune_of(entry.manifest)[0] if entry is not None else None
+        if state == "defaults":
+            found.append(DanglingItem(
+                "ref", ref.name, ref.signature, ref.key,
+                "compiled with XLA's default autotune configs, not the GPU's (capture its results: "
+                "aot target capture NAME --autotune FILE, then compile it again)",
+            ))
+    return tuple(found)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from aot.artifact import PORTABLE_HLO, Manifest
 from aot.errors import AotError, ArtifactNotFoundError, CorruptArtifactError
 from aot.fingerprint import PartDifference
-from aot.cache.rows import served_state
+from aot.cache.rows import name_gpus, served_state
 from aot.signatures import Signature
 from aot.targets import environment_name
 
@@ -114,6 +114,7 @@ class EntryDetails:
             "this_environment": self.this_environment,
             "environment_differences": [d.to_dict() for d in self.environment_differences],
             "target": self.target,
+            **({"autotune": self.manifest.autotune} if self.manifest is not None and self.manifest.autotune else {}),
             **({} if self.environment_known else {"environment_unknown": True}),
             "arguments": self.arguments.to_list(),
             "statics": list(self.arguments.statics),
@@ -166,6 +167,7 @@ def describe_entries(
     arguments, supersession and HLO. ``release``: whether each is served is said for
     a replica of that label (:func:`~aot.cache.rows.served_state`)."""
     found = find_entries(cache, key_or_name)
+    name_gpus(cache, found)  # cuda:NAME for the entries of a captured GPU
     peers = [p for name in sorted({e.name for e in found}) for p in cache.reader.by_name(name)]
     superseded, served, labels = served_state(cache, peers, {e.name for e in found}, release)
     details = []

@@ -479,6 +479,12 @@ def _device_targets(value: Any) -> tuple[str, ...]:
         raise ManifestError(str(exc)) from None
 
 
+def _names_function(target: str) -> bool:
+    """Whether a ``target`` string is the old spelling of ``function`` (MODULE:ATTRIBUTE),
+    not a GPU target, which has the same shape (``cuda:h200``)."""
+    return bool(_FUNCTION.match(target)) and not target.strip().lower().startswith("cuda:")
+
+
 def _function_and_targets(
     table: dict[str, Any], fail: Callable[[str], ManifestError],
 ) -> tuple[str, tuple[str, ...] | None, bool]:
@@ -487,7 +493,7 @@ def _function_and_targets(
     function = table.get("function")
     target = table.get("target")
     old = False
-    if function is None and isinstance(target, str) and _FUNCTION.match(target):
+    if function is None and isinstance(target, str) and _names_function(target):
         function, target, old = target, None, True  # before ``function`` existed
     if function is None:
         raise fail(
@@ -500,7 +506,7 @@ def _function_and_targets(
         raise fail(
             f"'function' must be 'MODULE:ATTRIBUTE' (e.g. 'fixtures.models:tiny'), got {function!r}"
         )
-    if isinstance(target, str) and _FUNCTION.match(target):
+    if isinstance(target, str) and _names_function(target):
         raise fail(
             f"target = {target!r} looks like a Python function, but 'function' already names "
             f"{function!r}; target is a device target (\"tpu:v5e:2x2\", a list, or \"host\")"

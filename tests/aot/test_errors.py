@@ -34,6 +34,9 @@ HIERARCHY = {
     aot.DeviceUnavailableError: (RuntimeError,),
     aot.DeviceBusyError: (aot.DeviceUnavailableError, RuntimeError),
     aot.DeviceTargetError: (ValueError,),
+    # GPU targets: no CUDA plugin to compile with; a capture that cannot record the GPU.
+    aot.GpuCompilerMissingError: (aot.DeviceTargetError, ValueError),
+    aot.TargetCaptureError: (aot.DeviceTargetError, ValueError),
     # A process of a multi-process job that could not get its slice's entry.
     aot.SliceError: (RuntimeError,),
     aot.SliceTimeoutError: (aot.SliceError, TimeoutError),

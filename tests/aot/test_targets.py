@@ -64,8 +64,12 @@ def test_an_unknown_target_lists_the_known_ones(text: str) -> None:
 
 
 def test_a_gpu_target_says_what_it_would_need() -> None:
-    with pytest.raises(DeviceTargetError, match="not 'gpu'.*compile on a host with that accelerator"):
+    # GPU targets are cuda:... (tests/aot/test_gpu_targets.py); JAX's own name is refused
+    # with the spelling to use, and another platform with the ones known.
+    with pytest.raises(DeviceTargetError, match="platform is 'cuda', not 'gpu' .*: cuda:h100:1$"):
         parse_target("gpu:h100:1")
+    with pytest.raises(DeviceTargetError, match="supported for tpu, cuda .*not 'rocm'.*compile on a host with that accelerator"):
+        parse_target("rocm:mi300:1")
 
 
 def test_chips_per_host_must_divide_the_topology() -> None:

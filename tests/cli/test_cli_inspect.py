@@ -351,7 +351,7 @@ def test_completion_of_entry_names_and_manifests(warmed, cache_dir, tmp_path, mo
     (tmp_path / "manifests" / "__pycache__").mkdir(parents=True)  # as importing a module there makes
     (tmp_path / "manifests" / "ci.toml").write_text("")
     assert _complete(["warmup"], f"{tmp_path}/manifests/") == [f"{tmp_path}/manifests/ci.toml"]
-    assert _complete(["warmup"], "fixtures/") == ["fixtures/tpu_target.toml", "fixtures/warmup.toml"]
+    assert _complete(["warmup"], "fixtures/") == ["fixtures/gpu_target.toml", "fixtures/tpu_target.toml", "fixtures/warmup.toml"]
     assert _complete(["verify", "--manifest"], "fix") == ["fixtures/"]
 
 

@@ -95,17 +95,27 @@ def test_a_target_named_twice_is_compiled_once() -> None:
     ("target", "message"),
     [
         ('"tpu:v5e:3x3"', "twice.toml:3: [[function]] #1 ('f'): 'target': unknown target 'tpu:v5e:3x3'; known: tpu:v4:{"),
-        ('"gpu:h100:1x1"', "twice.toml:3: [[function]] #1 ('f'): 'target': target 'gpu:h100:1x1': compiling without the device is supported for tpu"),
+        ('"gpu:h100:1x1"', "twice.toml:3: [[function]] #1 ('f'): 'target': target 'gpu:h100:1x1': a GPU target's platform is 'cuda', not 'gpu'"),
+        ('"cuda:a100"', "twice.toml:3: [[function]] #1 ('f'): 'target': unknown GPU target 'cuda:a100'; known: cuda:h100, cuda:h200"),
         ('[]', "twice.toml:3: [[function]] #1 ('f'): 'target': a device target string (\"tpu:v5e:2x2\", or \"host\" for this host's devices) or a non-empty list of them is expected, got []"),
         ('"m:g"', "twice.toml:3: [[function]] #1 ('f'): target = 'm:g' looks like a Python function, but 'function' already names 'm:f'"),
     ],
-    ids=["unknown topology", "gpu", "empty list", "a function as target"],
+    ids=["unknown topology", "gpu", "unknown gpu", "empty list", "a function as target"],
 )
 def test_a_bad_device_target_in_a_function_names_file_and_line(target: str, message: str) -> None:
     text = f'# serving\n\n[[function]]\nname = "f"\nfunction = "m:f"\nargs = ["f32[2]"]\ntarget = {target}\n'
     with pytest.raises(aot.ManifestError) as raised:
         parse_manifest(text, "twice.toml")
     assert str(raised.value).startswith(message), str(raised.value)
+
+
+def test_a_functions_own_gpu_target_is_not_taken_for_a_python_function() -> None:
+    # cuda:h200 has the shape of MODULE:ATTRIBUTE, the old spelling of `function`.
+    text = ('[[function]]\nname = "f"\nfunction = "m:f"\nargs = ["f32[2]"]\ntarget = "cuda:h200"\n\n'
+            '[[function]]\nname = "g"\nfunction = "m:g"\nargs = ["f32[2]"]\ntarget = "CUDA:h200:2x8"\n')
+    manifest = parse_manifest(text, "gpu.toml")
+    assert manifest.warnings == ()
+    assert [f.targets for f in manifest.functions] == [("cuda:h200",), ("cuda:h200:2x8",)]
 
 
 def test_a_bad_top_level_target_names_the_file() -> None:
