@@ -37,8 +37,14 @@ from aot.errors import (
     TargetCaptureError,
     TargetError,
     UnsupportedComputationError,
+    UnsupportedJaxError,
     UsageError,
 )
+from aot.jax_support import check_installed_jax
+
+# Before anything imports JAX: a release outside the tested range fails here, in one
+# line that says which release is installed and what to do, not in a load later.
+check_installed_jax()
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
@@ -126,6 +132,7 @@ __all__ = [
     "TargetError",
     "Timeouts",
     "UnsupportedComputationError",
+    "UnsupportedJaxError",
     "UsageError",
     "load",
     "lower",

@@ -32,6 +32,7 @@ from aot.jaxcompat.build import (
     lowered_devices,
     unloaded_executable,
 )
+from aot.jaxcompat.shape_poly import INCONCLUSIVE_DIMENSION
 from aot.shardings import sharding_to_json
 from aot.specs import format_aval
 from aot.statics import StaticArg, with_statics
@@ -331,7 +332,7 @@ class MeshComputation:
                 return self._export(in_shardings, out_shardings, mesh_context=False)
             except Exception:  # noqa: BLE001 - the program needs the mesh context
                 return self._export(in_shardings, out_shardings)
-        except jax.errors.InconclusiveDimensionOperation as exc:
+        except INCONCLUSIVE_DIMENSION as exc:
             raise SymbolicShapeError(
                 f"{self.name} ({self.signature}): jax.export cannot export it for symbolic "
                 f"shapes: {str(exc).splitlines()[0]}"

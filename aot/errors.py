@@ -158,6 +158,15 @@ class DistributedJobError(AotError, RuntimeError):
     (``AOT_DISTRIBUTED_TIMEOUT``): every process of the job reports it."""
 
 
+class UnsupportedJaxError(AotError, RuntimeError):
+    """The installed jax or jaxlib is not a release jax-aot supports (raised at
+    ``import aot``; :mod:`aot.jaxcompat.versions` holds the range)."""
+
+    def __init__(self, message: str, installed: tuple[tuple[str, str | None], ...] = ()) -> None:
+        super().__init__(message)
+        self.installed = installed
+
+
 class GpuCompilerMissingError(DeviceTargetError):
     """A GPU target (``cuda:h200``) was asked for, and the CUDA plugin of JAX that
     compiles for it (with ptxas) is not installed here: ``pip install 'jax-aot[cuda12]'``."""

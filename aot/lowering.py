@@ -18,6 +18,7 @@ from aot.device import default_devices
 from aot.errors import SpecError, SymbolicShapeError, UnsupportedComputationError
 from aot.jaxcompat.callbacks import pure_callback_function
 from aot.jaxcompat.lowering import jit_settings, no_traceback_locations
+from aot.jaxcompat.shape_poly import INCONCLUSIVE_DIMENSION
 from aot.specs import format_aval, parse_partition_spec, spec
 from aot.statics import StaticArg, sort_statics
 from aot.symbolic import is_symbolic_shape, unify_scopes
@@ -600,7 +601,7 @@ def _symbolic_lowering_error(
         return None
     message = str(exc)
     if not (
-        isinstance(exc, jax.errors.InconclusiveDimensionOperation)
+        isinstance(exc, INCONCLUSIVE_DIMENSION)
         or "symbolic" in message.lower()
         or "DimExpr" in message
     ):

@@ -80,6 +80,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src.export.shape_poly:solve_dim_vars",
     "jax._src.export.shape_poly:all_dim_vars",
     "jax._src.export.shape_poly:ShapeEvaluator",
+    "jax._src.core:InconclusiveDimensionOperation",
     # dtypes
     "jax._src.dtypes:ExtendedDType",
     "jax._src.random:prng.prngs",
@@ -138,6 +139,10 @@ RELEASE_DIFFERENCES: dict[str, str] = {
     ),
     "UnloadedMeshExecutable.auto_spmd_lowering": (
         "a required field of pxla.UnloadedMeshExecutable in JAX 0.9.x, gone in 0.10 (deserialize)"
+    ),
+    "InconclusiveDimensionOperation": (
+        "public as jax.errors.InconclusiveDimensionOperation from JAX 0.10; 0.9.x has only "
+        "jax._src.core's, and shape_poly raises a subclass of it (shape_poly)"
     ),
 }
 

@@ -11,7 +11,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
+from jax._src import core
 from jax._src.export import shape_poly
+
+#: What JAX raises for a comparison or division of symbolic dimensions it cannot decide.
+#: Release difference "InconclusiveDimensionOperation": public as
+#: ``jax.errors.InconclusiveDimensionOperation`` from JAX 0.10; 0.9.x has only
+#: ``jax._src.core``'s (whose subclass ``shape_poly`` raises).
+INCONCLUSIVE_DIMENSION: type[Exception] = (
+    getattr(jax.errors, "InconclusiveDimensionOperation", None) or core.InconclusiveDimensionOperation
+)
 
 
 def is_symbolic_dim(dim: Any) -> bool:

@@ -42,6 +42,8 @@ HIERARCHY = {
     aot.SliceTimeoutError: (aot.SliceError, TimeoutError),
     # A multi-process job that cannot start, or whose process failed (RuntimeError, as JAX raises).
     aot.DistributedJobError: (RuntimeError,),
+    # A jax or jaxlib outside the supported range, refused at `import aot`.
+    aot.UnsupportedJaxError: (RuntimeError,),
 }
 
 

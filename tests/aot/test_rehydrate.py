@@ -21,6 +21,9 @@ from aot.build import build_artifact
 from aot.rehydrate import load_executable
 from tests.aot.helpers import assert_bitwise_equal
 
+# Runs on every supported JAX release (.ci/version-suite.sh).
+pytestmark = pytest.mark.version_suite
+
 
 def sort_then_scale(x):
     return jnp.sort(x) * 2.0 + jnp.argsort(x)

@@ -102,6 +102,7 @@ def test_a_four_chip_target_has_four_devices_and_two_hosts_when_asked() -> None:
     assert two_hosts.environment_fingerprint.as_dict()["process_count"] == "4"
 
 
+@pytest.mark.version_suite
 @needs_libtpu
 def test_cache_compile_for_a_target_stores_an_entry_this_host_does_not_load(tmp_path) -> None:
     cache = aot.Cache(tmp_path / "c")
@@ -116,6 +117,7 @@ def test_cache_compile_for_a_target_stores_an_entry_this_host_does_not_load(tmp_
     cache.close()
 
 
+@pytest.mark.version_suite
 @needs_libtpu
 def test_a_mesh_over_a_multi_chip_target(tmp_path) -> None:
     target = aot.parse_target("tpu:v5e:2x2")

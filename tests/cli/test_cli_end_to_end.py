@@ -60,6 +60,7 @@ SERVE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.version_suite
 def test_ci_to_serving(tmp_path: Path) -> None:
     ci_cache, served, bundle = tmp_path / "ci", tmp_path / "served", tmp_path / "models.aotb"
 

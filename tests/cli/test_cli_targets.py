@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 
 from tests.aot.test_targets import CHIP_PARTS, needs_libtpu
 from tests.cli.helpers import WITHOUT_LIBTPU, Invoke, one_line_error
@@ -30,6 +31,7 @@ def _manifest(tmp_path: Path, head: str = "", body: str = SMALL) -> Path:
     return path
 
 
+@pytest.mark.version_suite
 @needs_libtpu
 def test_warmup_for_two_targets_then_ls_show_verify(invoke: Invoke, tmp_path: Path) -> None:
     manifest = _manifest(tmp_path)

@@ -29,7 +29,8 @@ import pytest
 from tests.conformance import conformance_data as data
 from tests.conformance import conformance_programs as programs
 
-pytestmark = pytest.mark.slow
+# The conformance programs served without their code, on every supported JAX release too.
+pytestmark = [pytest.mark.slow, pytest.mark.version_suite]
 
 HERE = Path(__file__).resolve().parent
 HARNESS = HERE / "conformance_harness.py"

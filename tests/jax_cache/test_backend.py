@@ -93,6 +93,7 @@ def test_the_private_names_we_use_are_there() -> None:
     assert dispatch.BACKEND_COMPILE_EVENT == jaxpc.COMPILE_DONE_EVENT  # releases a jit's claim
 
 
+@pytest.mark.version_suite
 def test_install_routes_jit_and_uninstall_restores(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     before = jaxpc.current_backend()
     min_time = jax.config.jax_persistent_cache_min_compile_time_secs
@@ -161,6 +162,7 @@ def test_a_signed_cache_refuses_an_unsigned_entry(tmp_path: Path, caplog: pytest
 # ---------------------------------------------------------------- PostgreSQL + S3, fresh processes
 
 
+@pytest.mark.version_suite
 @pytest.mark.slow
 def test_a_second_process_hits_every_jit_of_a_training_script(shared: tuple[str, str], tmp_path: Path) -> None:
     db, blobs = shared

@@ -8,9 +8,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from aot.jaxcompat.build import serialize_compiled
 from aot.jaxcompat.callbacks import deserialize_with_callbacks, lowered_callbacks
+
+# Runs on every supported JAX release (.ci/version-suite.sh).
+pytestmark = pytest.mark.version_suite
 
 
 def first(x):

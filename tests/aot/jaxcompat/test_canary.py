@@ -25,6 +25,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from aot.jaxcompat import PRIVATE_ATTRIBUTES, PRIVATE_SYMBOLS
 
+# Runs on every supported JAX release (.ci/version-suite.sh).
+pytestmark = pytest.mark.version_suite
+
 JAXCOMPAT = Path(__file__).resolve().parents[3] / "aot" / "jaxcompat"
 
 

@@ -57,6 +57,7 @@ def _count_loads(cache, monkeypatch: pytest.MonkeyPatch) -> list[str]:  # noqa: 
 # ---------------------------------------------------------------- dispatch
 
 
+@pytest.mark.version_suite
 def test_dispatches_each_bucket(served, compiled) -> None:  # noqa: ANN001
     fn = aot.load(compiled.MLP_NAME, cache=served)
     assert fn.signatures == sorted(a.manifest.signature for a in compiled.mlp.values())
@@ -85,6 +86,7 @@ def test_load_and_call_neither_trace_nor_lower_nor_compile(
     assert work.events == []
 
 
+@pytest.mark.version_suite
 def test_lazy_loads_on_first_call_and_warm_loads_all(
     served, compiled, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
 ) -> None:
@@ -176,6 +178,7 @@ def test_nothing_stored_under_the_name(served, compiled) -> None:  # noqa: ANN00
         fn(*compiled.tiny_inputs)
 
 
+@pytest.mark.version_suite
 def test_fallback_compiles_stores_and_logs(
     served, compiled, caplog, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
 ) -> None:
@@ -232,6 +235,7 @@ def moved(served, compiled, foreign):  # noqa: ANN001, ANN201
     return served, original, other.key
 
 
+@pytest.mark.version_suite
 def test_other_environment_is_recompiled_from_hlo(moved, compiled, caplog) -> None:  # noqa: ANN001
     cache, original, other = moved
     with caplog.at_level(logging.WARNING, logger="aot.cache.serving"):
@@ -245,6 +249,7 @@ def test_other_environment_is_recompiled_from_hlo(moved, compiled, caplog) -> No
     assert "recompiled from portable HLO" in messages and "jaxlib 0.0.1" in messages
 
 
+@pytest.mark.version_suite
 @pytest.mark.parametrize("lazy", [False, True])
 def test_strict_refuses_another_environment_naming_the_part(moved, compiled, lazy: bool) -> None:  # noqa: ANN001
     cache, original, _ = moved
@@ -419,6 +424,7 @@ _SERVER = textwrap.dedent(
 )
 
 
+@pytest.mark.version_suite
 @pytest.mark.slow
 def test_serving_process_without_the_model_code(served, compiled, tmp_path: Path) -> None:  # noqa: ANN001
     arrays = {}
