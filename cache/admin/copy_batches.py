@@ -138,6 +138,10 @@ def _commit_batch(
         try:
             reached("copy.leased")
             sizes, errors = source.blobs.copy_many(destination.blobs, digests, verified=verified, jobs=jobs)
+            manifests = {  # written here, not copied: the row's text (a source may predate schema 9)
+                p.entry.key: store_manifest(destination, rows_of[p.entry.key])
+                for p in pending if not any(d in errors for d in p.raw)
+            }
             reached("copy.blobs_ready")
             rows = []
             ready: list[_Pending] = []
@@ -147,7 +151,7 @@ def _commit_batch(
                     done[p.entry.key] = (None, _refused(p.entry, broken, p.manifest))
                     continue
                 blob_sizes = {d: (size, sizes[d]) for d, size in p.raw.items()}
-                blob_sizes.update(store_manifest(destination, rows_of[p.entry.key]))
+                blob_sizes.update(manifests[p.entry.key])
                 row = replace(
                     rows_of[p.entry.key], raw_size=sum(p.raw.values()),
                     stored_size=sum(stored for _, stored in blob_sizes.values()),

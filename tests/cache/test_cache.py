@@ -100,7 +100,7 @@ def test_same_artifact_twice_is_stored_once(cache: aot.Cache, compiled) -> None:
     second = cache.put(compiled.tiny)
     assert second.key == first.key
     assert len(cache.entries()) == 1
-    assert len(digests) == 2  # executable + portable HLO
+    assert len(digests) == 3  # executable, portable HLO and the manifest
     assert sorted(cache.blobs.digests()) == digests
     assert cache.index.blob_rows() == blob_rows
 
