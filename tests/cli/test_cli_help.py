@@ -25,7 +25,7 @@ EXPECTED = {
     "bundle import", "why", "doctor", "push", "pull", "stats",
     "release", "release ls", "release show", "release promote", "release rollback", "release default", "release history", "release rm",
     "release diff",
-    "history",
+    "history", "repair",
 }
 GLOBAL = ("--cache", "--blobs", "--local", "--read-only", "--json", "--debug", "-v")
 
