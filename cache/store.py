@@ -712,6 +712,11 @@ def commit(
                 raise type(exc)(f"storing {label}: {exc}") from exc
             raise
         reached("put.committed")
+        # Blobs no row may reference now: this writer's, when another committed the key
+        # first (its manifest differs), or the damaged or quarantined row's it replaced.
+        stale = referenced_digests(final if not added else existing) if existing or not added else set()
+        if stale:
+            log.debug("dropped unreferenced blobs %s", cache.index.drop_unreferenced(stale, cache.blobs.delete))
         log.info(
             "%s %s (%s) key %s", "stored" if added else "already had", manifest.name,
             manifest.signature, manifest.key[:12],
@@ -734,9 +739,8 @@ def unstored_entry(artifact: Artifact) -> IndexEntry:
 
 
 def store_manifest(cache: ArtifactStore, entry: IndexEntry) -> dict[str, tuple[int, int]]:
-    """The manifest text of ``entry``'s row, stored as a blob (the exact bytes the row
-    holds, which its signature covers): what ``aot repair`` rebuilds a lost row from.
-    Returns {digest: (size, stored size)}, as a writer's ``write_blobs`` does."""
+    """The exact manifest text of ``entry``'s row (its signature covers it) stored as a
+    blob, which ``aot repair`` rebuilds a lost row from: {digest: (size, stored size)}."""
     stored = cache.blobs.store_bytes(entry.manifest.encode())
     if stored.digest != entry.manifest_digest:  # entry_of hashed the same text: a bug if not
         raise CorruptArtifactError(
