@@ -712,9 +712,9 @@ def commit(
                 raise type(exc)(f"storing {label}: {exc}") from exc
             raise
         reached("put.committed")
-        # Blobs no row may reference now: this writer's, when another committed the key
-        # first (its manifest differs), or the damaged or quarantined row's it replaced.
-        stale = referenced_digests(final if not added else existing) if existing or not added else set()
+        # Blobs no row may reference now: ours when another writer committed the key first
+        replaced = existing if added else final  # (its manifest differs), else the row replaced
+        stale = referenced_digests(replaced) if replaced is not None else set()
         if stale:
             log.debug("dropped unreferenced blobs %s", cache.index.drop_unreferenced(stale, cache.blobs.delete))
         log.info(
