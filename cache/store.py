@@ -712,9 +712,9 @@ def commit(
                 raise type(exc)(f"storing {label}: {exc}") from exc
             raise
         reached("put.committed")
-        # Blobs no row may reference now: ours when another writer committed the key first
-        replaced = existing if added else final  # (its manifest differs), else the row replaced
-        stale = referenced_digests(replaced) if replaced is not None else set()
+        # A manifest blob no row may reference now: ours when another writer committed the
+        replaced = existing if added else final  # key first, else the replaced row's
+        stale = {d for d in (replaced.manifest_digest if replaced else None,) if d and (d != final.manifest_digest or not added)}
         if stale:
             log.debug("dropped unreferenced blobs %s", cache.index.drop_unreferenced(stale, cache.blobs.delete))
         log.info(

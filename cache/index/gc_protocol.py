@@ -164,8 +164,8 @@ class IndexGc(IndexEngine):
 
     def drop_unreferenced(self, digests: Iterable[str], delete: Callable[[list[str]], object]) -> list[str]:
         """Those of ``digests`` that no row references and no lease holds, deleted with
-        ``delete`` under the deletion lock, as gc deletes: the blobs a writer wrote for
-        a key another writer committed first (its own compile's manifest), or those of
+        ``delete`` under the deletion lock, as gc deletes: the manifest blob a writer
+        wrote for a key another writer committed first (its own compile's), or that of
         the damaged row it replaced, instead of orphans left to gc's grace period."""
         with self.deletion_lock() as batch:
             doomed = batch.deletable(digests)
