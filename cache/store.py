@@ -10,6 +10,7 @@ with the public methods that compose those layers.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -27,7 +28,7 @@ from aot.errors import (
 from aot.fingerprint import Fingerprint, environment_fingerprint, known_environment
 from aot.signing import key_from, sign, verify
 from aot.cache.storage.content import ContentStore
-from aot.cache.index.entry import INDEX_FILE, IndexEntry
+from aot.cache.index.entry import INDEX_FILE, IndexEntry, referenced_digests
 from aot.cache.index.release_methods import ReleaseMethods
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
 from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store, same_database
@@ -682,10 +683,11 @@ def commit(
             # Stored and intact. XLA's executables are not byte-identical from one
             # compile to the next, so writing this one would only leave an orphan
             # blob behind (and `aot verify` reports orphans).
+            add_manifest_blob(cache, existing)
             return existing, "present"
         broken = True
     entry = entry_of(manifest)
-    digests = {ref.digest for ref in manifest.blobs.values()}
+    digests = {ref.digest for ref in manifest.blobs.values()} | referenced_digests(entry)
     label = f"{manifest.name!r} ({manifest.key[:12]})"
     for attempt in range(1, LEASE_ATTEMPTS + 1):
         reached("put.start")
@@ -696,12 +698,10 @@ def commit(
         try:
             reached("put.leased")
             sizes = write_blobs()
+            raw_size = sum(size for size, _ in sizes.values())  # the artifact's, as its manifest says
+            sizes.update(store_manifest(cache, entry))  # last: the artifact's blobs first
             reached("put.blobs_ready")
-            final = replace(
-                entry,
-                raw_size=sum(size for size, _ in sizes.values()),
-                stored_size=sum(stored for _, stored in sizes.values()),
-            )
+            final = replace(entry, raw_size=raw_size, stored_size=sum(stored for _, stored in sizes.values()))
             added = cache.index.add(final, blob_sizes=sizes, lease=lease, stamp=True, replace=broken or retuned,
                                     created_at=created_at)
         except LeaseLostError as exc:
@@ -713,6 +713,11 @@ def commit(
                 raise type(exc)(f"storing {label}: {exc}") from exc
             raise
         reached("put.committed")
+        # A manifest blob no row may reference now: ours when another writer committed the
+        replaced = existing if added else final  # key first, else the replaced row's
+        stale = {d for d in (replaced.manifest_digest if replaced else None,) if d and (d != final.manifest_digest or not added)}
+        if stale:
+            log.debug("dropped unreferenced blobs %s", cache.index.drop_unreferenced(stale, cache.blobs.delete))
         log.info(
             "%s %s (%s) key %s", "stored" if added else "already had", manifest.name,
             manifest.signature, manifest.key[:12],
@@ -748,8 +753,30 @@ def unstored_entry(artifact: Artifact) -> IndexEntry:
     )
 
 
+def store_manifest(cache: ArtifactStore, entry: IndexEntry) -> dict[str, tuple[int, int]]:
+    """The exact manifest text of ``entry``'s row (its signature covers it) stored as a
+    blob, which ``aot repair`` rebuilds a lost row from: {digest: (size, stored size)}."""
+    stored = cache.blobs.store_bytes(entry.manifest.encode())
+    if stored.digest != entry.manifest_digest:  # entry_of hashed the same text: a bug if not
+        raise CorruptArtifactError(
+            f"{entry.name} ({entry.key[:12]}): the manifest blob's digest {stored.digest[:12]} is not "
+            f"the row's {str(entry.manifest_digest)[:12]}"
+        )
+    return {stored.digest: (stored.size, stored.stored_size)}
+
+
+def add_manifest_blob(cache: ArtifactStore, entry: IndexEntry) -> None:
+    """The manifest blob of a row written before schema 10 (its digest backfilled, its
+    blob never written), stored now: the row already references it, so gc keeps it."""
+    if entry.manifest_digest is None or cache.blobs.read_only or cache.blobs.has(entry.manifest_digest):
+        return
+    store_manifest(cache, entry)
+    log.info("stored the manifest blob of %s (%s), written before schema 10", entry.name, entry.key[:12])
+
+
 def entry_of(manifest: Manifest) -> IndexEntry:
     """The index row of ``manifest``, sizes not known yet."""
+    text = manifest.to_json()
     return IndexEntry(
         key=manifest.key,
         name=manifest.name,
@@ -757,12 +784,13 @@ def entry_of(manifest: Manifest) -> IndexEntry:
         env_fp=manifest.environment.digest,
         signature=manifest.signature,
         platform=manifest.environment.as_dict().get("platform", "?"),
-        manifest=manifest.to_json(),
+        manifest=text,
         exe_digest=digest_of(manifest, EXECUTABLE),  # None: a symbolic entry
         hlo_digest=digest_of(manifest, PORTABLE_HLO),
         raw_size=0,
         stored_size=0,
         compile_seconds=manifest.compile_seconds,
+        manifest_digest=hashlib.sha256(text.encode()).hexdigest(),
     )
 
 
@@ -774,7 +802,11 @@ def stored_intact(cache: ArtifactStore, entry: IndexEntry) -> bool:
 
 
 def entry_digests(entry: IndexEntry) -> list[str]:
+    """The digests of ``entry``'s artifact blobs (executable, portable HLO); its
+    manifest blob apart (:func:`~aot.cache.index.entry.referenced_digests`): a row whose manifest blob is not
+    stored still loads (the row holds the manifest)."""
     return [d for d in (entry.exe_digest, entry.hlo_digest) if d]
+
 
 
 def digest_of(manifest: Manifest, role: str) -> str | None:

@@ -127,6 +127,10 @@ def verify_command(
                 f"{counted(len(integrity.orphan_blobs), 'blob')} no entry references (`aot gc` removes "
                 "them once they are old enough)"
             )
+        for note in integrity.notes[:5]:
+            click.echo(f"info: {note}")
+        if len(integrity.notes) > 5:
+            click.echo(f"info: ... and {len(integrity.notes) - 5} more entries (`aot verify --json` lists them)")
         if report.coverage is not None:
             click.echo(report.coverage.summary())
             for missing in report.coverage.missing:

@@ -20,10 +20,14 @@ def repair_command(state: State, dry_run: bool, force: bool) -> None:
     releases, history, statistics) goes into a new index, and the damaged file is
     moved aside as index.sqlite.damaged-<UTC time>, never deleted.
 
-    Prints the plan first: what is recovered and what is not (unreadable rows, by key
-    and name where an index of the file names them; blobs no recovered entry
-    references). --dry-run stops after the plan. Stop the processes that use the
-    cache first.
+    Entries whose rows cannot be read are rebuilt from the blob store, where each
+    entry's manifest is a blob too: a manifest whose blobs are all stored and intact
+    (and whose signature verifies, with a signing key configured) becomes a row again.
+
+    Prints the plan first: what is recovered, what is rebuilt from the blob store, and
+    what is not (unreadable rows, by key and name where an index of the file names
+    them; blobs no recovered entry references). --dry-run stops after the plan. Stop
+    the processes that use the cache first.
     """
     from aot.cache.admin.repair import describe, plan_repair, repair_index
     from aot.cache.storage.locations import classify_location
@@ -35,7 +39,9 @@ def repair_command(state: State, dry_run: bool, force: bool) -> None:
             f"aot repair rebuilds a folder cache's SQLite index; {location} is a database: "
             "restore it with the database's own tools"
         )
-    plan = plan_repair(location)
+    # With a signing key configured, a manifest in the blob store becomes a row again
+    # only if its signature verifies with it (as a load would require).
+    plan = plan_repair(location, signing_key=state.settings.signing_key())
     if not dry_run:
         plan = repair_index(plan, force=force)
     if state.json:

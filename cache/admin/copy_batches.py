@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from aot.cache.store import LEASE_ATTEMPTS, entry_digests, entry_of, manifest_to_copy
-from aot.cache.index.entry import IndexEntry
+from aot.cache.store import LEASE_ATTEMPTS, entry_digests, entry_of, manifest_to_copy, store_manifest
+from aot.cache.index.entry import IndexEntry, referenced_digests
 from aot.cache.index.leases import LeaseLostError
 from aot.cache.pauses import reached
 from aot.errors import AotError, CacheError
@@ -125,7 +125,9 @@ def _commit_batch(
 ) -> dict[str, tuple[str | None, str | None]]:
     """The writer's protocol for a batch: lease, blobs durable, rows committed with the
     lease released in one transaction; started over when gc took the expired lease."""
-    digests = sorted({d for p in pending for d in p.raw})
+    rows_of = {p.entry.key: entry_of(p.manifest) for p in pending}
+    # Leased too: each row's manifest blob, written by this process after the copies.
+    digests = sorted({d for p in pending for d in p.raw} | {d for r in rows_of.values() for d in referenced_digests(r)})
     for attempt in range(1, LEASE_ATTEMPTS + 1):
         reached("copy.start")
         try:
@@ -136,6 +138,10 @@ def _commit_batch(
         try:
             reached("copy.leased")
             sizes, errors = source.blobs.copy_many(destination.blobs, digests, verified=verified, jobs=jobs)
+            manifests = {  # written here, not copied: the row's text (a source may predate schema 10)
+                p.entry.key: store_manifest(destination, rows_of[p.entry.key])
+                for p in pending if not any(d in errors for d in p.raw)
+            }
             reached("copy.blobs_ready")
             rows = []
             ready: list[_Pending] = []
@@ -145,8 +151,9 @@ def _commit_batch(
                     done[p.entry.key] = (None, _refused(p.entry, broken, p.manifest))
                     continue
                 blob_sizes = {d: (size, sizes[d]) for d, size in p.raw.items()}
+                blob_sizes.update(manifests[p.entry.key])
                 row = replace(
-                    entry_of(p.manifest), raw_size=sum(p.raw.values()),
+                    rows_of[p.entry.key], raw_size=sum(p.raw.values()),
                     stored_size=sum(stored for _, stored in blob_sizes.values()),
                 )
                 rows.append((row, blob_sizes, p.entry.created_at))

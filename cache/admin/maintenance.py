@@ -25,8 +25,9 @@ from aot.errors import AotError, CacheError, DeviceUnavailableError, IntegrityEr
 from aot.jaxcompat.runtime import backend_started
 from aot.signing import check_identity, verify as verify_signature
 from aot.cache.admin.jit_entries import verify_jit_entries
+from aot.cache.admin.manifest_blobs import manifest_blob_notes
 from aot.cache.index.description import blobs_as_recorded
-from aot.cache.index.entry import GcRow, IndexEntry, collector_paused
+from aot.cache.index.entry import GcRow, IndexEntry, collector_paused, referenced_digests
 from aot.cache.index.protocol import IndexReader
 from aot.cache.index.jit_records import AOT, JIT, JitEntry
 from aot.cache.index.served import ref_map, superseded_keys
@@ -69,6 +70,9 @@ class VerifyReport:
     #: Keys of KIND jit rows deleted (a damaged jit entry is removed, not quarantined:
     #: JAX compiles it again on its next miss).
     removed: tuple[str, ...] = ()
+    #: Information, not problems: rows whose manifest blob is not stored (stored before
+    #: schema 10), so that `aot repair` could not rebuild them.
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -84,6 +88,7 @@ class VerifyReport:
             "removed": list(self.removed),
             "orphan_blobs": list(self.orphan_blobs),
             "cache_problems": list(self.cache_problems),
+            "notes": list(self.notes),
         }
 
 
@@ -164,7 +169,7 @@ def verify_cache(cache: ArtifactStore, *, quarantine: bool = True) -> VerifyRepo
     empty = empty_index_problem(cache, stored) if not entries and not jit_count else None
     report = VerifyReport(
         len(entries) + jit_count, len({d for d, _ in blob_state}), tuple(problems), tuple(quarantined), orphans,
-        (empty,) if empty else (), tuple(jit_removed),
+        (empty,) if empty else (), tuple(jit_removed), tuple(manifest_blob_notes([e for e in entries if e.ok], check)),
     )
     log.info(
         "verify: %d entries, %d blobs, %d problems, %d orphan blobs",
@@ -587,9 +592,8 @@ def _plan_gc(
                     live -= blob_sizes.get(d, 0)
             evicted += 1
         survivors = [e for e in lru if e.key not in victims]
-    keep: set[str] = {
-        d for e in survivors if not isinstance(e, JitEntry) for d in (e.exe_digest, e.hlo_digest)
-        if d is not None  # no executable digest for a symbolic entry
+    keep: set[str] = {  # no executable digest for a symbolic entry
+        d for e in survivors if not isinstance(e, JitEntry) for d in referenced_digests(e)
     }
     keep.update(e.digest for e in survivors if isinstance(e, JitEntry))
     # Programs rows keep their HLO only while an artifact of the program survives.
@@ -701,7 +705,7 @@ def _victim(entry: _Row, reason: str, names: ArgumentNames) -> GcVictim:
 def _digests(entry: _Row | JitEntry) -> set[str]:
     if isinstance(entry, JitEntry):
         return {entry.digest}
-    return {entry.exe_digest, entry.hlo_digest} - {None}  # type: ignore[return-value]
+    return referenced_digests(entry)
 
 
 def delete_unreferenced_blobs(cache: ArtifactStore, digests: Sequence[str]) -> tuple[list[str], int]:

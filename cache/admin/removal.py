@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from aot.errors import ArtifactNotFoundError, CacheError, SpecError
-from aot.cache.index.entry import IndexEntry
+from aot.cache.index.entry import IndexEntry, referenced_digests
 from aot.cache.index.jit_records import JitEntry
 from aot.cache.rows import EntryRow, check_env_choice, entry_rows
 from aot.cache.admin.maintenance import delete_unreferenced_blobs
@@ -234,7 +234,7 @@ def _select(cache: ArtifactStore, target: str) -> list[IndexEntry]:
 
 
 def _digests(entry: IndexEntry) -> set[str]:
-    return {d for d in (entry.exe_digest, entry.hlo_digest) if d}
+    return referenced_digests(entry)
 
 
 def plan_removal(

@@ -5,11 +5,17 @@ damaged index can still give, read table by table and row by row
 (:mod:`aot.cache.index.salvage`), is checked, and an entry is kept only when its manifest
 parses, names its own key, and every blob it references is in the blob store. Refs,
 releases, history, statistics and the cache's description are kept where they still
-name a kept entry. What could not be recovered is named: rows that an index of the
-damaged file names but that could not be read (for entries, their key and name), and
-the blobs no kept entry references (their entries were on unreadable pages: the
-manifest of an entry lives in its index row, not in the blob store, so such blobs
-cannot be turned back into entries; ``aot warmup`` stores them again).
+name a kept entry. Then the entries whose rows were lost are rebuilt from the blob
+store: each entry's manifest is a blob too (schema 10, :mod:`aot.cache.admin.manifest_blobs`),
+so a stored blob that no kept row references and that is a manifest of a key not kept,
+whose blobs are all stored and intact and whose signature verifies (when the cache has
+a key), becomes a row again ("rebuilt from the blob store"). Refs and release members
+naming a rebuilt entry are kept like those of a salvaged one. What could not be
+recovered is named: rows that an index of the damaged file names but that could not be
+read and that no manifest blob rebuilt (for entries, their key and name), manifests
+found but refused (and why), and the blobs no kept or rebuilt entry references (an
+executable or HLO blob of an entry stored before schema 10, whose manifest lived in its
+row only: ``aot warmup`` stores it again, ``aot gc`` removes the blob).
 
 Executed: the new index is written beside the damaged one, the damaged file (with its
 -wal, if any) is moved aside as ``index.sqlite.damaged-<UTC time>``, never deleted, and
@@ -18,15 +24,16 @@ the new one takes its name. Run it while no process uses the cache.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from aot.cache.index.entry import INDEX_FILE, SCHEMA_VERSION
+from aot.cache.index.entry import INDEX_FILE, SCHEMA_VERSION, referenced_digests
 from aot.cache.index.salvage import SalvagedTable, damage_of, salvage, write_index
 from aot.errors import CacheError
 
@@ -49,6 +56,7 @@ class RepairPlan:
     busy: bool  # a -shm beside the index: a process may have it open
     done: bool = False
     tables: tuple[tuple[str, tuple[str, ...], tuple[tuple[Any, ...], ...]], ...] = field(default=(), repr=False)
+    rebuilt: tuple[str, ...] = ()  # "name (key12)" of every entry rebuilt from the blob store
 
     @property
     def needed(self) -> bool:
@@ -59,13 +67,18 @@ class RepairPlan:
             "index": self.index_file, "damage": self.damage, "aside": self.aside,
             "kept": dict(self.kept), "entries": list(self.entries), "lost": list(self.lost),
             "orphan_blobs": self.orphan_blobs, "busy": self.busy, "done": self.done,
+            "rebuilt": list(self.rebuilt),
         }
 
 
-def plan_repair(folder: str | os.PathLike[str], *, blob_store: Any = None) -> RepairPlan:
+def plan_repair(
+    folder: str | os.PathLike[str], *, blob_store: Any = None, signing_key: bytes | None = None,
+    require_signatures: bool = False,
+) -> RepairPlan:
     """The plan for the folder cache at ``folder`` (nothing written). ``blob_store``: an
     :class:`~aot.cache.storage.objectstore.ObjectStore` (default: the location the index
-    records, else ``folder/blobs``)."""
+    records, else ``folder/blobs``). ``signing_key``: the cache's; a manifest in the blob
+    store is rebuilt into a row only if its signature verifies with it."""
     folder = Path(folder).expanduser()
     index_file = folder / INDEX_FILE
     if not index_file.is_file():
@@ -77,29 +90,29 @@ def plan_repair(folder: str | os.PathLike[str], *, blob_store: Any = None) -> Re
     if damage is None:
         return RepairPlan(str(index_file), None, str(aside), (), (), (), 0, busy)
     version, salvaged, error = salvage(index_file)
-    if version is not None and version != SCHEMA_VERSION:
+    if version is not None and version not in (SCHEMA_VERSION - 1, SCHEMA_VERSION):
+        # 8 -> 9 added artifacts.manifest_digest only: computed here from each row's manifest.
         raise CacheError(
             f"the damaged index {index_file} has schema version {version}; this jax-aot "
-            f"repairs version {SCHEMA_VERSION}: repair it with the jax-aot that wrote it"
+            f"repairs versions {SCHEMA_VERSION - 1} and {SCHEMA_VERSION}: repair it with the jax-aot that wrote it"
         )
     by_name = {t.name: t for t in salvaged}
     lost: list[str] = []
     if error is not None:
         lost.append(f"the whole index: SQLite cannot read its schema ({error})")
     store = blob_store if blob_store is not None else _blob_store(folder, by_name.get("cache_meta"))
-    kept = _Kept(store, lost)
+    kept = _Kept(store, lost, signing_key, require_signatures)
     tables = kept.choose(by_name)
     for t in salvaged:
         if t.error is not None and not t.lost:
             lost.append(f"{t.name}: {t.error} (rows on unreadable pages that no index names are not counted)")
-    stored = {s.digest for s in store.list()}
-    orphans = len(stored - kept.digests)
+    orphans = len(kept.listed - kept.digests)
     if orphans:
-        lost.append(f"{orphans} stored blob(s) belong to no recovered entry (their entries were not readable; "
-                    "`aot warmup` stores them again, `aot gc` removes the blobs)")
+        lost.append(f"{orphans} stored blob(s) belong to no recovered entry (their rows were not readable and "
+                    "no manifest blob rebuilt them; `aot warmup` stores them again, `aot gc` removes the blobs)")
     return RepairPlan(
         str(index_file), damage, str(aside), tuple((n, len(rows)) for n, _, rows in tables),
-        tuple(kept.entries), tuple(lost), orphans, busy, tables=tuple(tables),
+        tuple(kept.entries), tuple(lost), orphans, busy, tables=tuple(tables), rebuilt=tuple(kept.rebuilt),
     )
 
 
@@ -132,7 +145,7 @@ def repair_index(plan: RepairPlan, *, force: bool = False) -> RepairPlan:
     os.replace(new, index_file)
     return RepairPlan(
         plan.index_file, plan.damage, plan.aside, tuple(written.items()), plan.entries,
-        plan.lost, plan.orphan_blobs, plan.busy, done=True,
+        plan.lost, plan.orphan_blobs, plan.busy, done=True, rebuilt=plan.rebuilt,
     )
 
 
@@ -146,16 +159,22 @@ def _blob_store(folder: Path, meta: SalvagedTable | None) -> Any:
 class _Kept:
     """Chooses the rows the new index gets (see the module docstring)."""
 
-    def __init__(self, store: Any, lost: list[str]) -> None:
+    def __init__(self, store: Any, lost: list[str], signing_key: bytes | None, require_signatures: bool) -> None:
         self.store = store
         self.lost = lost
+        self.signing = (signing_key, require_signatures)
         self.entries: list[str] = []
+        self.rebuilt: list[str] = []
         self.digests: set[str] = set()
+        self.listed: set[str] = set()  # every stored digest
         self._sizes: dict[str, int] = {}  # blob digest -> raw size, from the kept manifests
 
     def choose(self, tables: Mapping[str, SalvagedTable]) -> list[tuple[str, tuple[str, ...], tuple[tuple[Any, ...], ...]]]:
         out: dict[str, list[dict[str, Any]]] = {}
         artifacts = self._artifacts(tables.get("artifacts"))
+        jit = [j for j in _rows(tables, "jit_entries") if self._stored([j["digest"]])]
+        self.digests |= {j["digest"] for j in jit}
+        artifacts += self._rebuild(artifacts)
         keys = {a["key"] for a in artifacts}
         out["artifacts"] = artifacts
         programs = {p["program_fp"]: p for p in _rows(tables, "programs")}
@@ -163,10 +182,8 @@ class _Kept:
             "program_fp": a["program_fp"], "name": a["name"], "signature": a["signature"],
             "hlo_digest": a["hlo_digest"], "created_at": a["created_at"],
         } for a in {a["program_fp"]: a for a in artifacts}.values()]
-        jit = [j for j in _rows(tables, "jit_entries") if self._stored([j["digest"]])]
         self._count_dropped("jit_entries", _rows(tables, "jit_entries"), jit, "its blob is not stored")
         out["jit_entries"] = jit
-        self.digests |= {j["digest"] for j in jit}
         out["blobs"] = self._blob_rows(tables, artifacts, jit)
         refs = [r for r in _rows(tables, "refs") if r["key"] in keys]
         self._count_dropped("refs", _rows(tables, "refs"), refs, "the entry they name was not recovered")
@@ -181,6 +198,8 @@ class _Kept:
             out[name] = _rows(tables, name)
         for t in tables.values():
             for row in t.lost:
+                if t.name == "artifacts" and row.get("key") in keys:
+                    continue  # rebuilt from its manifest blob
                 shown = ", ".join(f"{k}={str(v)[:24]}" for k, v in sorted(row.items()) if k in ("name", "key", "label", "signature"))
                 self.lost.append(f"{t.name}: a row that could not be read ({shown or 'no readable index names it'})")
         order = ("cache_meta", "index_state", "default_release", "programs", "blobs", "artifacts", "call_stats",
@@ -189,6 +208,7 @@ class _Kept:
         for name in order:
             rows = out.get(name, [])
             columns = tuple(tables[name].columns) if name in tables else tuple(rows[0]) if rows else ()
+            columns += tuple(c for c in (rows[0] if rows else ()) if c not in columns)  # manifest_digest of a schema 8 file
             result.append((name, columns, tuple(tuple(r.get(c) for c in columns) for r in rows)))
         return result
 
@@ -208,15 +228,42 @@ class _Kept:
                 self.lost.append(f"artifacts: the entry {label}: its row is damaged ({exc})")
                 continue
             digests = [d for d in (row["exe_digest"], row["hlo_digest"]) if d]
-            missing = [d for d in digests if d not in self.store.exists(digests)]
+            if not row.get("manifest_digest"):  # a row of schema 8
+                row["manifest_digest"] = hashlib.sha256(row["manifest"].encode()).hexdigest()
+            present = self.store.exists([*digests, row["manifest_digest"]])
+            missing = [d for d in digests if d not in present]
             if missing:
                 self.lost.append(f"artifacts: the entry {label}: blob(s) {', '.join(d[:12] for d in missing)} not stored")
                 continue
             self.digests |= set(digests)
             self._sizes.update({ref.digest: ref.size for ref in manifest.blobs.values()})
+            if row["manifest_digest"] in present:  # not before schema 10
+                self.digests.add(row["manifest_digest"])
+                self._sizes[row["manifest_digest"]] = len(row["manifest"].encode())
             kept.append(row)
             self.entries.append(label)
         return kept
+
+    def _rebuild(self, artifacts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Rows rebuilt from the manifests among the stored blobs no kept row references."""
+        from aot.cache.admin.manifest_blobs import rebuild_rows
+        from aot.cache.storage.content import ContentStore
+
+        listed = list(self.store.list())
+        self.listed = {s.digest for s in listed}
+        candidates = [s for s in listed if s.digest not in self.digests]
+        found = rebuild_rows(ContentStore(self.store), candidates, {a["key"] for a in artifacts},
+                             signing_key=self.signing[0], require_signatures=self.signing[1])
+        self.lost += found.refused
+        rows = []
+        for entry in found.entries:
+            row = {f.name: getattr(entry, f.name) for f in fields(entry)}
+            row["created_at"], row["last_used_at"] = _sqlite_time(entry.created_at), _sqlite_time(entry.last_used_at)
+            rows.append(row)
+            self.digests |= referenced_digests(entry)
+            self.rebuilt.append(f"{entry.name} ({entry.key[:12]})")
+        self._sizes.update({d: size for d, (size, _, _) in found.blobs.items()})
+        return rows
 
     def _stored(self, digests: list[str]) -> bool:
         return set(digests) <= self.store.exists(digests)
@@ -225,7 +272,7 @@ class _Kept:
         rows = {b["digest"]: b for b in _rows(tables, "blobs") if b["digest"] in self.digests}
         missing = sorted(self.digests - set(rows))
         stats = self.store.stat(missing) if missing else {}
-        created = {d: a["created_at"] for a in artifacts for d in (a["exe_digest"], a["hlo_digest"]) if d}
+        created = {d: a["created_at"] for a in artifacts for d in (a["exe_digest"], a["hlo_digest"], a.get("manifest_digest")) if d}
         created.update({j["digest"]: j["created_at"] for j in jit})
         sizes = {**{j["digest"]: j["size"] for j in jit}, **self._sizes}
         for digest in missing:
@@ -241,6 +288,11 @@ class _Kept:
             self.lost.append(f"{table}: {len(read) - len(kept)} row(s) dropped: {why}")
 
 
+def _sqlite_time(value: datetime) -> str:
+    """A time as the SQLite index stores it (naive UTC text, as a salvaged row has it)."""
+    return value.astimezone(timezone.utc).replace(tzinfo=None).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
 def _rows(tables: Mapping[str, SalvagedTable], name: str) -> list[dict[str, Any]]:
     table = tables.get(name)
     return table.dicts() if table is not None else []
@@ -254,6 +306,9 @@ def describe(plan: RepairPlan) -> str:
     lines = [f"{plan.index_file}: {plan.damage}"]
     lines.append(f"{head}: {len(plan.entries)} entr{'y' if len(plan.entries) == 1 else 'ies'} recovered"
                  + (f" ({', '.join(plan.entries[:5])}{', ...' if len(plan.entries) > 5 else ''})" if plan.entries else ""))
+    if plan.rebuilt:
+        lines.append(f"  rebuilt from the blob store: {len(plan.rebuilt)} entr{'y' if len(plan.rebuilt) == 1 else 'ies'} "
+                     f"({', '.join(plan.rebuilt[:5])}{', ...' if len(plan.rebuilt) > 5 else ''})")
     rows = ", ".join(f"{n} {c}" for n, c in plan.kept if c and n not in ("artifacts",))
     if rows:
         lines.append(f"  also kept: {rows}")

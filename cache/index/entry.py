@@ -27,7 +27,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 #: Version of the database schema this code writes; the changelog and the migrations
 #: are in :mod:`aot.cache.index.schema` (here because the stdlib reader checks it).
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 #: Valid values of ``artifacts.state``.
 ARTIFACT_STATES = ("ok", "quarantined")
@@ -71,6 +71,8 @@ class IndexEntry:
     hits: int = 0
     state: str = "ok"
     state_reason: str | None = None
+    #: sha256 of ``manifest`` (its UTF-8 bytes), a blob of the store too (schema 10).
+    manifest_digest: str | None = None
 
     def __post_init__(self) -> None:
         if self.state not in ARTIFACT_STATES:
@@ -124,6 +126,12 @@ class IndexEntry:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def referenced_digests(row: IndexEntry | GcRow) -> set[str]:
+    """Every blob an artifact row keeps from gc: its executable, its portable HLO and
+    its manifest blob (schema 10)."""
+    return {d for d in (row.exe_digest, row.hlo_digest, row.manifest_digest) if d}
+
+
 class GcRow(NamedTuple):
     """The columns of an artifact row that gc plans with: no manifest, no environment.
 
@@ -142,6 +150,7 @@ class GcRow(NamedTuple):
     last_used_at: datetime
     state: str
     state_reason: str | None
+    manifest_digest: str | None
 
     @property
     def ok(self) -> bool:
@@ -164,13 +173,13 @@ def gc_rows_of_sqlite(rows: list[tuple[Any, ...]]) -> list[GcRow]:
     new, parse, row = tuple.__new__, datetime.fromisoformat, GcRow
     try:
         return [
-            new(row, (key, name, sig, program, exe, hlo, size, parse(created + "+00:00"), parse(used + "+00:00"), state, why))
-            for key, name, sig, program, exe, hlo, size, created, used, state, why in rows
+            new(row, (key, name, sig, program, exe, hlo, size, parse(created + "+00:00"), parse(used + "+00:00"), state, why, md))
+            for key, name, sig, program, exe, hlo, size, created, used, state, why, md in rows
         ]
     except (TypeError, ValueError):  # a time not as the index writes it
         return [
-            GcRow(key, name, sig, program, exe, hlo, size, sqlite_utc(created), sqlite_utc(used), state, why)
-            for key, name, sig, program, exe, hlo, size, created, used, state, why in rows
+            GcRow(key, name, sig, program, exe, hlo, size, sqlite_utc(created), sqlite_utc(used), state, why, md)
+            for key, name, sig, program, exe, hlo, size, created, used, state, why, md in rows
         ]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
@@ -64,6 +64,7 @@ class DeletionBatch:
                     sa.union(
                         sa.select(ARTIFACTS.c.exe_digest).where(ARTIFACTS.c.exe_digest.in_(chunk)),
                         sa.select(ARTIFACTS.c.hlo_digest).where(ARTIFACTS.c.hlo_digest.in_(chunk)),
+                        sa.select(ARTIFACTS.c.manifest_digest).where(ARTIFACTS.c.manifest_digest.in_(chunk)),
                         sa.select(PROGRAMS.c.hlo_digest).where(PROGRAMS.c.hlo_digest.in_(chunk)),
                         sa.select(JIT_ENTRIES.c.digest).where(JIT_ENTRIES.c.digest.in_(chunk)),
                     )
@@ -160,6 +161,18 @@ class IndexGc(IndexEngine):
                 conn.exec_driver_sql(_PG_DELETION_LOCK)
             with joined(self._engine, conn):
                 yield DeletionBatch(conn)
+
+    def drop_unreferenced(self, digests: Iterable[str], delete: Callable[[list[str]], object]) -> list[str]:
+        """Those of ``digests`` that no row references and no lease holds, deleted with
+        ``delete`` under the deletion lock, as gc deletes: the manifest blob a writer
+        wrote for a key another writer committed first (its own compile's), or that of
+        the damaged row it replaced, instead of orphans left to gc's grace period."""
+        with self.deletion_lock() as batch:
+            doomed = batch.deletable(digests)
+            if doomed:
+                delete(doomed)
+                batch.forget(doomed)
+        return doomed
 
     def delete(self, keys: Iterable[str], *, keep_programs: bool = False) -> int:
         """Delete artifact rows; return how many existed.

@@ -28,9 +28,9 @@ from aot.cache.index.refs import pin_reasons
 
 __all__ = ["DROP_EXPIRED_LEASES", "SqliteGcReads"]
 
-#: Values per ``IN (...)`` list, four lists a statement: under SQLite's oldest limit
+#: Values per ``IN (...)`` list, five lists a statement: under SQLite's oldest limit
 #: of 999 bound variables.
-_IN_CHUNK = 200
+_IN_CHUNK = 190
 
 #: How SQLAlchemy writes a time into the SQLite index (naive UTC): compared as text.
 _SQLITE_TIME = "%Y-%m-%d %H:%M:%S.%f"
@@ -112,6 +112,7 @@ class SqliteGcReads:
         rows = self._execute(
             "SELECT exe_digest FROM artifacts WHERE exe_digest IS NOT NULL "
             "UNION SELECT hlo_digest FROM artifacts WHERE hlo_digest IS NOT NULL "
+            "UNION SELECT manifest_digest FROM artifacts WHERE manifest_digest IS NOT NULL "
             "UNION SELECT hlo_digest FROM programs WHERE hlo_digest IS NOT NULL "
             "UNION SELECT digest FROM jit_entries"
         )
@@ -127,9 +128,10 @@ class SqliteGcReads:
             rows = self._execute(
                 f"SELECT exe_digest FROM artifacts WHERE exe_digest IN ({marks}) "
                 f"UNION SELECT hlo_digest FROM artifacts WHERE hlo_digest IN ({marks}) "
+                f"UNION SELECT manifest_digest FROM artifacts WHERE manifest_digest IN ({marks}) "
                 f"UNION SELECT hlo_digest FROM programs WHERE hlo_digest IN ({marks}) "
                 f"UNION SELECT digest FROM jit_entries WHERE digest IN ({marks})",
-                chunk * 4,
+                chunk * 5,
             )
             out.update(str(d) for (d,) in rows if d is not None)
         return out

@@ -83,11 +83,16 @@ Changelog of :data:`SCHEMA_VERSION`:
   cache stored through jax-aot (KIND ``jit``, under JAX's own key, beside the ``aot``
   artifacts; :mod:`aot.cache.jax_cache`), their hits and misses per function name, and
   the claims of processes compiling a key others wait for (``_migrate_add_jit``). Additive: older rows are untouched.
+* 8: default_release (``_migrate_add_default_release``).
 * 9 (2026-12-06): captured_targets: the target config of a fleet's own GPU, the CUDA
   versions and the autotune results recorded with it (``aot target capture``,
   :mod:`aot.cache.index.targets`), inline: a few KiB of text each, which no gc of blobs
   can take from under the entries compiled with them (``_migrate_add_captured_targets``).
   Additive.
+* 10 (2026-12-06): ``artifacts.manifest_digest``: the manifest text of every entry is also
+  a blob of the blob store (content-addressed, like its executable), so that ``aot repair``
+  rebuilds an entry whose row was on an unreadable page (``_migrate_add_manifest_digest``:
+  existing rows get the digest, their blob is written by the next store of the entry).
 """
 
 from __future__ import annotations
@@ -244,9 +249,15 @@ ARTIFACTS = sa.Table(
     _required("hits", Integer, default=0),
     _required("state", String(16), default="ok"),
     _optional("state_reason", Text),
+    # sha256 of ``manifest``'s UTF-8 bytes, which the blob store holds too (schema 10):
+    # a blob of the entry like its executable, so that ``aot repair`` can rebuild a row
+    # lost with an unreadable page. NULL: never in a row this jax-aot writes (a row of
+    # an older one is backfilled by the migration; its blob may not exist).
+    _optional("manifest_digest", String(64)),
     SqlIndex("ix_artifacts_name_env_state", "name", "env_fp", "state"),
     SqlIndex("ix_artifacts_exe_digest", "exe_digest"),
     SqlIndex("ix_artifacts_hlo_digest", "hlo_digest"),
+    SqlIndex("ix_artifacts_manifest_digest", "manifest_digest"),
     CheckConstraint("state IN ('ok', 'quarantined')", name="ck_artifacts_state"),
 )
 
@@ -496,12 +507,18 @@ def _migrate_exe_digest_nullable(conn: Connection) -> None:
     PROGRAMS.to_metadata(metadata)  # the foreign key's target, for the DDL
     staging = ARTIFACTS.to_metadata(metadata, name="artifacts__v2")
     conn.execute(sa.schema.CreateTable(staging))
-    columns = ", ".join(c.name for c in ARTIFACTS.columns)
+    # The columns of schema 1 (a later migration adds the newer ones; the staging
+    # table has them, NULL here).
+    columns = ", ".join(c.name for c in ARTIFACTS.columns if c.name not in _ADDED_AFTER_2)
     conn.execute(sa.text(f"INSERT INTO artifacts__v2 ({columns}) SELECT {columns} FROM artifacts"))
     conn.execute(sa.text("DROP TABLE artifacts"))
     conn.execute(sa.text("ALTER TABLE artifacts__v2 RENAME TO artifacts"))
     for index in ARTIFACTS.indexes:
         index.create(conn)
+
+
+#: Columns of ``artifacts`` that migrations after 2 add.
+_ADDED_AFTER_2 = ("manifest_digest",)
 
 
 def _migrate_add_blob_leases(conn: Connection) -> None:
@@ -538,6 +555,37 @@ def _migrate_add_captured_targets(conn: Connection) -> None:
     CAPTURED_TARGETS.create(conn, checkfirst=True)
 
 
+_BACKFILL_BATCH = 1000
+
+
+def _migrate_add_manifest_digest(conn: Connection) -> None:
+    """``artifacts.manifest_digest``, backfilled with the sha256 of each row's manifest
+    text. Only the digest: the blob itself is not written here (a migration touches the
+    index only), so :func:`aot.cache.admin.maintenance.verify` names such an entry as one
+    ``aot repair`` could not rebuild, and the next store of the entry writes its blob."""
+    import hashlib
+
+    have = {c["name"] for c in sa.inspect(conn).get_columns("artifacts")}
+    if "manifest_digest" not in have:  # a database migrated from 1 got it with migration 2's rebuild
+        conn.execute(sa.text("ALTER TABLE artifacts ADD COLUMN manifest_digest VARCHAR(64)"))
+    index = next(i for i in ARTIFACTS.indexes if i.name == "ix_artifacts_manifest_digest")
+    index.create(conn, checkfirst=True)
+    after = ""
+    while True:
+        rows = conn.execute(
+            sa.select(ARTIFACTS.c.key, ARTIFACTS.c.manifest)
+            .where(ARTIFACTS.c.key > after, ARTIFACTS.c.manifest_digest.is_(None))
+            .order_by(ARTIFACTS.c.key).limit(_BACKFILL_BATCH)
+        ).all()
+        if not rows:
+            return
+        conn.execute(
+            sa.update(ARTIFACTS).where(ARTIFACTS.c.key == sa.bindparam("k")).values(manifest_digest=sa.bindparam("d")),
+            [{"k": key, "d": hashlib.sha256(manifest.encode()).hexdigest()} for key, manifest in rows],
+        )
+        after = rows[-1][0]
+
+
 #: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
 #: database is created from the tables at the current version; migration 1 exists
 #: so that the list is complete and every version has a description.
@@ -552,6 +600,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "default_release: the release a replica serves when it names none", _migrate_add_default_release),
     Migration(9, "captured_targets: a fleet's own GPUs, their CUDA versions and autotune results",
               _migrate_add_captured_targets),
+    Migration(10, "artifacts.manifest_digest: each entry's manifest is a blob too", _migrate_add_manifest_digest),
 )
 
 

@@ -100,7 +100,7 @@ def test_same_artifact_twice_is_stored_once(cache: aot.Cache, compiled) -> None:
     second = cache.put(compiled.tiny)
     assert second.key == first.key
     assert len(cache.entries()) == 1
-    assert len(digests) == 2  # executable + portable HLO
+    assert len(digests) == 3  # executable, portable HLO and the manifest
     assert sorted(cache.blobs.digests()) == digests
     assert cache.index.blob_rows() == blob_rows
 
@@ -110,8 +110,8 @@ def test_entries_with_identical_blobs_share_them(cache: aot.Cache, compiled, for
     there = cache.put(foreign(compiled.tiny, jaxlib="0.0.1"))  # same bytes, another key
     assert here.key != there.key
     assert (here.exe_digest, here.hlo_digest) == (there.exe_digest, there.hlo_digest)
-    assert len(list(cache.blobs.digests())) == 2
-    assert len(cache.index.blob_rows()) == 2
+    assert len(list(cache.blobs.digests())) == 4  # the two shared, and a manifest each
+    assert len(cache.index.blob_rows()) == 4
 
 
 def test_two_names_with_identical_programs_share_blobs(open_folder_cache, compiled) -> None:  # noqa: ANN001
@@ -124,7 +124,7 @@ def test_two_names_with_identical_programs_share_blobs(open_folder_cache, compil
     assert sorted(e.name for e in cache.entries()) == ["alpha.tiny", "beta.tiny"]
     assert a.entry.exe_digest == b.entry.exe_digest
     assert a.entry.hlo_digest == b.entry.hlo_digest
-    assert len(list(cache.blobs.digests())) == 2
+    assert len(list(cache.blobs.digests())) == 4  # the two shared, and a manifest each
     for name in ("alpha.tiny", "beta.tiny"):
         fn = aot.load(name, cache=cache)
         np.testing.assert_array_equal(np.asarray(fn(*compiled.tiny_inputs)), compiled.tiny_expected)
@@ -361,7 +361,8 @@ def test_concurrent_compile_of_one_key_from_two_processes(
         np.testing.assert_array_equal(np.asarray(r["out"], np.float32), compiled.tiny_expected)
     entries = cache.entries()  # ... and one entry is stored, once
     assert [e.key for e in entries] == [results[0]["key"]]
-    assert len(list(cache.blobs.digests())) == 2
+    # Its executable, HLO and manifest: the loser's manifest (its own compile's) deleted.
+    assert len(list(cache.blobs.digests())) == 3
     report = cache.verify()
     assert report.ok, report.to_dict()
 

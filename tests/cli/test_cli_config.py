@@ -110,12 +110,12 @@ def test_blob_location_from_the_environment(invoke: Invoke, tmp_path: Path, monk
     result = invoke("compile", "fixtures.models:tiny", "--arg", "f32[8]", "--arg", "f32[8]")
     assert result.exit_code == 0, result.output
     stored = sorted(p.name for p in (tmp_path / "blobs").rglob("*.zst"))
-    assert len(stored) == 2
+    assert len(stored) == 3  # executable, portable HLO, manifest
     assert not (tmp_path / "cache" / "blobs").exists()
     # --blobs after the subcommand wins over the environment.
     other = invoke("compile", "fixtures.models:tiny", "--arg", "f32[4]", "--arg", "f32[4]", "--blobs", tmp_path / "b2")
     assert other.exit_code == 0, other.output
-    assert len(list((tmp_path / "b2").rglob("*.zst"))) == 2
+    assert len(list((tmp_path / "b2").rglob("*.zst"))) == 3
 
 
 def test_signing_key_file_from_the_config(invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

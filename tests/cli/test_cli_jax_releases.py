@@ -94,7 +94,8 @@ def test_gc_jax_release_plans_then_retires(invoke: Invoke, warmed) -> None:
     dry = invoke("gc", "--jax-release", OLD, "--dry-run")
     assert dry.exit_code == 0, dry.output
     lines = dry.stdout.splitlines()
-    assert lines[0].startswith("would remove 1 entry and 0 blobs, freeing 0 B (cache ")  # blobs shared
+    # Its executable and HLO are shared; its manifest (another release's) is its own.
+    assert lines[0].startswith("would remove 1 entry and 1 blob, freeing ")
     assert lines[1].startswith(f"  {old[:12]}  tiny (x: f32[8], y: f32[8])  ")
     assert lines[1].endswith(f"  JAX release {OLD} retired; unpins: served ref of tiny, release prod")
     assert lines[2:] == [
@@ -103,7 +104,7 @@ def test_gc_jax_release_plans_then_retires(invoke: Invoke, warmed) -> None:
     ]
     done = invoke("gc", "--jax-release", OLD, "--yes")
     assert done.exit_code == 0, done.output
-    assert done.stdout.splitlines()[0].startswith("removed 1 entry and 0 blobs")
+    assert done.stdout.splitlines()[0].startswith("removed 1 entry and 1 blob,")
     assert done.stdout.splitlines()[-1].startswith(f"JAX release {OLD}: dropped the refs and release members")
     members = json.loads(invoke("release", "show", "prod", "--json").stdout)["members"]
     assert [m["key"] for m in members] == [here]

@@ -13,6 +13,7 @@ from tests.cli.helpers import MANIFEST, Invoke, one_line_error, store_for_anothe
 VERIFY_KEYS = {"ok", "integrity", "coverage", "dangling", "aging"}  # aging: portable HLO near its end (issue 45)
 INTEGRITY_KEYS = {
     "ok", "checked_entries", "checked_blobs", "problems", "quarantined", "removed", "orphan_blobs", "cache_problems",
+    "notes",
 }
 GC_KEYS = {"dry_run", "executed", "entries", "blobs", "bytes_freed", "size_before", "size_after", "warnings", "pinned", "dropped_refs",
            "jax_release", "retired_environments"}
@@ -83,12 +84,12 @@ def test_verify_manifest_coverage(invoke: Invoke, warmed) -> None:
     assert lenient.exit_code == 0, lenient.output
     assert lenient.stdout.splitlines()[:2] == [
         f"verified 4 entries and 8 blobs in {warmed}: ok",
-        "2 blobs no entry references (`aot gc` removes them once they are old enough)",
+        "3 blobs no entry references (`aot gc` removes them once they are old enough)",  # and its manifest
     ]
     assert "missing for this environment (not a failure without --strict):" in lenient.stdout
     data = json.loads(invoke("verify", "--manifest", MANIFEST, "--strict", "--json").stdout)
     assert data["ok"] is False and data["integrity"]["problems"] == []
-    assert len(data["integrity"]["orphan_blobs"]) == 2  # the deleted entry's blobs: not a failure
+    assert len(data["integrity"]["orphan_blobs"]) == 3  # the deleted entry's blobs (and manifest): not a failure
     coverage = data["coverage"]
     assert set(coverage) == {"manifest", "strict", "items", "missing", "stale", "lower_seconds", "targets", "host"}
     assert coverage["targets"] == [] and coverage["host"] is True  # no device target: this host
@@ -171,7 +172,7 @@ def test_gc_dry_run_then_execute(invoke: Invoke, warmed, cache_dir) -> None:
     dry = invoke("gc", "--max-size", "1", "--dry-run")
     assert dry.exit_code == 0, dry.output
     lines = dry.stdout.splitlines()
-    assert lines[0].startswith("would remove 5 entries and 10 blobs, freeing ")
+    assert lines[0].startswith("would remove 5 entries and 15 blobs, freeing ")  # 3 each: the manifest too
     assert lines[0].endswith("[dry run]")
     assert len(lines) == 6 and all("least recently used; cache over 1 B" in line for line in lines[1:])
     assert json.loads(invoke("ls", "--json").stdout)["count"] == 5  # nothing removed
@@ -181,7 +182,7 @@ def test_gc_dry_run_then_execute(invoke: Invoke, warmed, cache_dir) -> None:
     assert data["size_after"] == data["size_before"] - data["bytes_freed"] == 0
     done = invoke("gc", "--max-size", "1")
     assert done.exit_code == 0, done.output
-    assert done.stdout.startswith("removed 5 entries and 10 blobs, freeing ")
+    assert done.stdout.startswith("removed 5 entries and 15 blobs, freeing ")
     assert json.loads(invoke("ls", "--json").stdout)["count"] == 0
 
 
@@ -190,7 +191,7 @@ def test_gc_after_evicting_the_last_entry_beside_a_young_orphan(invoke: Invoke, 
     with aot.Cache(cache_dir) as cache:
         orphan = cache.blobs.put(b"a young blob nothing references yet")
     done = invoke("gc", "--max-size", "1", "--yes")
-    assert done.exit_code == 0 and done.stdout.startswith("removed 5 entries and 10 blobs"), done.output
+    assert done.exit_code == 0 and done.stdout.startswith("removed 5 entries and 15 blobs"), done.output
     again = invoke("gc")
     assert again.exit_code == 0, again.output
     assert "lost, truncated or replaced" not in again.output

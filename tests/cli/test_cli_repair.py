@@ -20,6 +20,7 @@ import pytest
 
 import aot
 from aot.cache.index.refs import RefOrigin
+from aot.cache.storage.folder import blob_path
 from tests.cli.helpers import Invoke, one_line_error
 
 
@@ -27,18 +28,32 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _prepare(cache_dir: Path) -> list[str]:
-    """A release over every entry and one counted call of ``tiny``; the keys, in rowid order."""
+def _prepare(cache_dir: Path) -> tuple[list[str], np.ndarray]:
+    """A release over every entry and one counted call of ``tiny``; the keys, in rowid
+    order, and what the call returned."""
     with aot.Cache(cache_dir) as cache:
         entries = cache.entries()
         label = cache.index.open_release("prod", RefOrigin("ci", commit="c1"))
         cache.set_refs(entries, RefOrigin("ci"), release_id=label)
     with aot.Cache(cache_dir) as cache:
         fn = aot.load("tiny", cache=cache, strict=True)
-        fn(np.ones(8, np.float32), np.ones(8, np.float32))
+        out = np.asarray(fn(np.arange(8, dtype=np.float32), np.ones(8, np.float32)))
     conn = sqlite3.connect(cache_dir / "index.sqlite")
     try:
-        return [k for (k,) in conn.execute("SELECT key FROM artifacts ORDER BY rowid")]
+        return [k for (k,) in conn.execute("SELECT key FROM artifacts ORDER BY rowid")], out
+    finally:
+        conn.close()
+
+
+#: What a rebuilt row must hold as the lost one did (its times are the manifest's).
+_ROW = "key, name, program_fp, env_fp, signature, platform, manifest, exe_digest, hlo_digest, raw_size, stored_size, " \
+       "compile_seconds, state, manifest_digest"
+
+
+def _rows(index: Path) -> dict[str, tuple[object, ...]]:
+    conn = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
+    try:
+        return {row[0]: tuple(row) for row in conn.execute(f"SELECT {_ROW} FROM artifacts")}
     finally:
         conn.close()
 
@@ -72,8 +87,11 @@ def _corrupt_first_artifacts_leaf(index: Path) -> list[str]:
 
 
 def test_a_corrupt_index_is_named_planned_and_repaired(invoke: Invoke, warmed: Path, cache_dir: Path) -> None:
-    keys = _prepare(cache_dir)
+    """The rows on the unreadable page are rebuilt from their manifest blobs: every
+    entry is back, as it was, serves the same bytes, and the release still names it."""
+    keys, served = _prepare(cache_dir)
     index = cache_dir / "index.sqlite"
+    rows = _rows(index)
     lost = _corrupt_first_artifacts_leaf(index)
     assert 0 < len(lost) < len(keys), (lost, keys)
     damaged = _digest(index)
@@ -90,9 +108,11 @@ def test_a_corrupt_index_is_named_planned_and_repaired(invoke: Invoke, warmed: P
     lines = plan.output.splitlines()
     assert lines[0] == f"{index}: corrupt (database disk image is malformed)"
     assert lines[1].startswith(f"would repair: {len(keys) - len(lost)} entries recovered (")
-    for key in lost:
-        assert any(line.startswith("    artifacts: a row that could not be read (") and f"key={key[:24]}" in line
-                   for line in lines), plan.output
+    many = "entry" if len(lost) == 1 else "entries"
+    assert lines[2].startswith(f"  rebuilt from the blob store: {len(lost)} {many} ("), plan.output
+    assert all(key[:12] in lines[2] for key in lost[:5]), plan.output
+    assert not any("artifacts: a row that could not be read" in line for line in lines), plan.output
+    assert not any("stored blob(s) belong to no recovered entry" in line for line in lines), plan.output
     assert lines[-1].startswith(f"  the damaged file to be moved aside to {index}.damaged-")
     assert _digest(index) == damaged and sorted(p.name for p in cache_dir.iterdir()) == ["blobs", "index.sqlite"]
 
@@ -102,17 +122,49 @@ def test_a_corrupt_index_is_named_planned_and_repaired(invoke: Invoke, warmed: P
     assert report["done"] is True and report["damage"] == "corrupt (database disk image is malformed)"
     aside = Path(report["aside"])
     assert aside.parent == cache_dir and _digest(aside) == damaged  # moved, never deleted
-    assert report["kept"]["artifacts"] == len(keys) - len(lost)
+    assert report["kept"]["artifacts"] == len(keys)
+    assert sorted(label[-13:-1] for label in report["rebuilt"]) == sorted(k[:12] for k in lost)
 
+    assert _rows(index) == rows  # the lost rows as they were: manifest text, digests, sizes
     assert invoke("verify").exit_code == 0
     listed = json.loads(invoke("ls", "--json").stdout)
-    assert sorted(e["key"] for e in listed["entries"]) == sorted(set(keys) - set(lost))
+    assert sorted(e["key"] for e in listed["entries"]) == sorted(keys)
     shown = json.loads(invoke("release", "show", "prod", "--json").stdout)
-    assert sorted(m["key"] for m in shown["members"]) == sorted(set(keys) - set(lost))
+    assert sorted(m["key"] for m in shown["members"]) == sorted(keys)
     stats = json.loads(invoke("stats", "--json").stdout)
     assert sum(r["calls"] for r in stats["rows"] if r["name"] == "tiny") == 1
+    with aot.Cache(cache_dir) as cache:
+        for key in lost:
+            cache.load(key)  # deserialized: its blobs are the ones the manifest names
+        fn = aot.load("tiny", cache=cache, strict=True)
+        again = np.asarray(fn(np.arange(8, dtype=np.float32), np.ones(8, np.float32)))
+    assert again.tobytes() == served.tobytes()
     again = invoke("repair")
     assert again.exit_code == 0 and again.output == f"{index}: PRAGMA quick_check finds nothing wrong; nothing to repair\n"
+
+
+def test_an_entry_whose_manifest_is_not_a_blob_stays_lost_and_named(invoke: Invoke, warmed: Path, cache_dir: Path) -> None:
+    """An entry stored before schema 10 has no manifest blob: its lost row cannot be
+    rebuilt; the plan names it and counts its executable and HLO blobs as orphans."""
+    keys, _ = _prepare(cache_dir)
+    index = cache_dir / "index.sqlite"
+    rows = _rows(index)
+    lost = _corrupt_first_artifacts_leaf(index)
+    gone = lost[0]
+    manifest_digest = str(rows[gone][-1])
+    (cache_dir / "blobs" / blob_path(manifest_digest)).unlink()
+    others = {d for key, row in rows.items() if key != gone for d in row[7:9]}
+    orphans = len({d for d in rows[gone][7:9] if d} - others)
+
+    plan = invoke("repair", "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    lines = plan.output.splitlines()
+    unread = [line for line in lines if line.startswith("    artifacts: a row that could not be read (")]
+    assert len(unread) == 1 and f"key={gone[:24]}" in unread[0], plan.output
+    assert f"    {orphans} stored blob(s) belong to no recovered entry (their rows were not readable and " \
+           "no manifest blob rebuilt them; `aot warmup` stores them again, `aot gc` removes the blobs)" in lines
+    if len(lost) > 1:
+        assert lines[2].startswith(f"  rebuilt from the blob store: {len(lost) - 1} entr"), plan.output
 
 
 def test_a_truncated_index_is_called_truncated_not_a_wrong_path(invoke: Invoke, warmed: Path, cache_dir: Path) -> None:

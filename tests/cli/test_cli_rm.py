@@ -35,14 +35,14 @@ def _stored_blobs(cache_dir: Path) -> int:
 
 def test_rm_by_name_removes_the_entries_and_their_blobs(invoke: Invoke, warmed, cache_dir) -> None:
     key = json.loads(invoke("ls", "tiny", "--json").stdout)["entries"][0]["key"]
-    assert _stored_blobs(cache_dir) == 10
+    assert _stored_blobs(cache_dir) == 15  # 5 entries: executable, HLO, manifest
     result = invoke("rm", "tiny")  # not a terminal: no question
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("removed 1 entry and 2 blobs, freeing ")
+    assert lines[0].startswith("removed 1 entry and 3 blobs, freeing ")
     assert lines[1].startswith(f"  {key[:12]}  tiny (x: f32[8], y: f32[8])  ")
     assert _names(invoke) == ["allreduce"] + ["mlp.forward"] * 3
-    assert _stored_blobs(cache_dir) == 8
+    assert _stored_blobs(cache_dir) == 12
     assert invoke("verify").stdout.endswith(": ok\n")  # no orphan left behind
 
 
@@ -53,12 +53,12 @@ def test_rm_a_glob_with_a_signature_filter(invoke: Invoke, warmed) -> None:
     assert set(victim) == VICTIM_KEYS
     assert victim["signature"].endswith(", f32[1,784]") and victim["environment"] == "this"
     # Its executable is its own; the three buckets share no portable HLO either.
-    assert len(plan["blobs"]) == 2 and plan["bytes_freed"] > 0
+    assert len(plan["blobs"]) == 3 and plan["bytes_freed"] > 0  # and its manifest
     assert _names(invoke).count("mlp.forward") == 3  # a dry run
     flat = "f32[512], f32[784,512], f32[512], f32[512,512], f32[10], f32[512,10], f32[8,784]"
     both = invoke("rm", "mlp.forward", "--signature", flat, "--signature", "x: f32[32,784]")
     assert both.exit_code == 0, both.output
-    assert both.stdout.splitlines()[0].startswith("removed 2 entries and 4 blobs, freeing ")
+    assert both.stdout.splitlines()[0].startswith("removed 2 entries and 6 blobs, freeing ")
     left = json.loads(invoke("ls", "mlp.forward", "--json").stdout)["entries"]
     assert [e["signature"].rsplit(", ", 1)[1] for e in left] == ["f32[1,784]"]
 
@@ -137,7 +137,7 @@ def test_rm_asks_on_a_terminal(invoke: Invoke, warmed, terminal) -> None:
     declined = invoke("rm", "mlp.*", input="n\n")
     assert declined.exit_code == 1
     plan = declined.stdout.splitlines()
-    assert plan[0].startswith("would remove 3 entries and 6 blobs, freeing ") and plan[0].endswith(" [plan]")
+    assert plan[0].startswith("would remove 3 entries and 9 blobs, freeing ") and plan[0].endswith(" [plan]")
     assert sum(MLP_TREE in line for line in plan) == 3  # each entry, by argument name
     err = declined.stderr.splitlines()
     assert len(err) == 2
@@ -146,7 +146,7 @@ def test_rm_asks_on_a_terminal(invoke: Invoke, warmed, terminal) -> None:
     assert _names(invoke).count("mlp.forward") == 3
     accepted = invoke("rm", "mlp.*", input="y\n")
     assert accepted.exit_code == 0, accepted.output
-    assert "\nremoved 3 entries and 6 blobs, freeing " in accepted.stdout
+    assert "\nremoved 3 entries and 9 blobs, freeing " in accepted.stdout
     assert "mlp.forward" not in _names(invoke)
 
 
@@ -164,17 +164,17 @@ def test_gc_asks_on_a_terminal(invoke: Invoke, warmed, terminal) -> None:
     declined = invoke("gc", "--max-size", "1", input="\n")  # the default is no
     assert declined.exit_code == 1
     plan = declined.stdout.splitlines()
-    assert plan[0].startswith("would remove 5 entries and 10 blobs, freeing ")
+    assert plan[0].startswith("would remove 5 entries and 15 blobs, freeing ")
     assert not plan[0].endswith("[dry run]") and len(plan) == 6
     assert declined.stderr.splitlines() == [
         declined.stderr.splitlines()[0], "Aborted: nothing was removed.",
     ]
     question = declined.stderr.splitlines()[0]
-    assert question.startswith("Remove 5 entries and 10 blobs (") and question.endswith(")? [y/N]: ")
+    assert question.startswith("Remove 5 entries and 15 blobs (") and question.endswith(")? [y/N]: ")
     assert len(_names(invoke)) == 5
     accepted = invoke("gc", "--max-size", "1", input="y\n")
     assert accepted.exit_code == 0, accepted.output
-    assert "\nremoved 5 entries and 10 blobs, freeing " in accepted.stdout
+    assert "\nremoved 5 entries and 15 blobs, freeing " in accepted.stdout
     assert _names(invoke) == []
 
 
@@ -191,7 +191,7 @@ def test_gc_json_on_a_terminal_asks_on_stderr(invoke: Invoke, warmed, terminal) 
     result = invoke("gc", "--max-size", "1", "--json", input="y\n")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["executed"] is True  # stdout holds only the JSON
-    assert "Remove 5 entries and 10 blobs" in result.stderr
+    assert "Remove 5 entries and 15 blobs" in result.stderr
 
 
 def _unpin(cache_dir: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 from click.testing import Result
 
 import aot
+from aot.cache.index.entry import referenced_digests
 from tests.cli.helpers import REPO, Invoke, one_line_error
 
 TRANSFER_KEYS = {
@@ -122,8 +123,8 @@ def test_a_push_killed_mid_batch_leaves_no_row_without_blobs_and_resumes_without
         arrived = set(killed.blobs.digests())
     finally:
         killed.close()
-    wanted = {d for e in aot.Cache(cache_dir).entries() for d in (e.exe_digest, e.hlo_digest) if d}
-    assert arrived == wanted  # every blob arrived before the kill
+    wanted = {d for e in aot.Cache(cache_dir).entries() for d in referenced_digests(e)}
+    assert arrived == wanted  # every blob arrived before the kill (each entry's manifest too)
     from aot.cache.storage.folder import FolderObjectStore
 
     written: list[str] = []

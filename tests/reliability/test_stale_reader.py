@@ -19,6 +19,7 @@ import pytest
 import aot
 import aot.recompile as aot_recompile
 from aot.cache.cache import Cache
+from aot.cache.index.entry import referenced_digests
 from aot.recompile import recompile
 
 from tests.reliability import reliability_workers as workers
@@ -60,9 +61,10 @@ def _evict(cache: Cache, key: str) -> None:
     entry = cache.index.get(key)
     assert entry is not None
     cache.index.delete([key])
-    for digest in (entry.exe_digest, entry.hlo_digest):
+    digests = sorted(referenced_digests(entry))  # its manifest blob too
+    for digest in digests:
         cache.blobs.delete(digest)
-    cache.index.delete_blob_rows([entry.exe_digest, entry.hlo_digest])
+    cache.index.delete_blob_rows(digests)
 
 
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])

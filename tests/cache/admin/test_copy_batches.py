@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import sqlite3
 from collections import Counter
 from pathlib import Path
@@ -65,7 +66,10 @@ def store_calls(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, str]]:
 
 def test_a_push_of_many_entries_reads_each_blob_once(source, store_calls, tmp_path: Path) -> None:  # noqa: ANN001
     n = len(source.index.entries())
+    # The blobs the entries share, and a manifest blob each in the destination (the
+    # source's rows, but for the first one, were inserted without theirs).
     digests = {d for e in source.index.entries() for d in (e.exe_digest, e.hlo_digest) if d}
+    digests |= {hashlib.sha256(e.manifest.encode()).hexdigest() for e in source.index.entries()}
     dest = aot.Cache(tmp_path / "dest")
     try:
         where = dest.blobs.location
@@ -74,7 +78,7 @@ def test_a_push_of_many_entries_reads_each_blob_once(source, store_calls, tmp_pa
         reads = store_calls[where, "read"] + store_calls[where, "read_stream"]
         # One copy per distinct blob, and each looked at a handful of times, not once
         # per entry (a copy entry by entry read every blob of every entry: 2 x n).
-        assert store_calls[where, "write"] == len(digests) == 2
+        assert store_calls[where, "write"] == len(digests) == 2 + n  # the shared two, a manifest each
         assert reads <= 2 * len(digests), dict(store_calls)
         assert store_calls[where, "stat"] <= 2 * (n // copy_batches.BATCH + 2), dict(store_calls)
         # Copies keep their identity: the source's compile time, every row, every blob.
@@ -114,10 +118,13 @@ def test_an_interrupted_batch_commits_no_row_and_the_next_copy_writes_no_blob_ag
         assert all(dest.blobs.check(d) is None for r in rows for d in (r.exe_digest, r.hlo_digest) if d)
         assert dest.index.leased_digests() == set()  # given back
         written = store_calls[where, "write"]
-        assert written == 2  # every blob arrived before the interruption
+        # Every blob of the first batch arrived before the interruption: the two the
+        # entries share, the first entry's manifest and the batch's manifests.
+        assert written == 3 + copy_batches.BATCH
         resumed = copy_entries(source, dest, jobs=2)
         assert (len(resumed.copied), len(resumed.skipped), resumed.failed) == (n - 1, 1, ())
-        assert store_calls[where, "write"] == written  # nothing copied again
+        # Nothing written again: only the manifests of the batches not reached.
+        assert store_calls[where, "write"] == written + (n - 1 - copy_batches.BATCH)
         assert dest.verify().ok
     finally:
         dest.close()

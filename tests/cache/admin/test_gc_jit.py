@@ -99,7 +99,7 @@ def test_max_size_evicts_the_least_recently_used_across_kinds(cache: aot.Cache, 
 
     mlp1 = aot_entries[1]
     size = stored(*cache.blobs.digests())
-    limit = size - stored(mlp1.exe_digest, mlp1.hlo_digest) - stored(oldest_jit.digest)
+    limit = size - stored(mlp1.exe_digest, mlp1.hlo_digest, mlp1.manifest_digest) - stored(oldest_jit.digest)
     plan = cache.gc(max_size=limit, dry_run=True)
     assert [v.key for v in plan.entries] == [mlp1.key, oldest_jit.key]
     assert [v.kind for v in plan.entries] == ["aot", "jit"]

@@ -9,7 +9,7 @@ import json
 import pytest
 
 import aot
-from aot.cache.index.entry import utcnow
+from aot.cache.index.entry import referenced_digests, utcnow
 from aot.cache.admin import maintenance
 from aot.cache.admin.maintenance import ORPHAN_GRACE_SECONDS, human_size, parse_age, parse_size
 from aot.errors import CacheError
@@ -110,8 +110,8 @@ def aged(cache: aot.Cache, compiled):  # noqa: ANN001, ANN201
         key = cache.put_artifact(compiled.mlp[batch]).key
         cache.index.touch(key, when=now - dt.timedelta(hours=hours))
         entries[batch] = cache.index.get(key)
-    digests = {d for e in entries.values() for d in (e.exe_digest, e.hlo_digest)}
-    assert len(digests) == 6  # no blob is shared: each entry frees its own bytes
+    digests = {d for e in entries.values() for d in referenced_digests(e)}
+    assert len(digests) == 9  # no blob is shared: each entry frees its own bytes (manifests included)
     return cache, entries
 
 
@@ -126,7 +126,7 @@ def test_gc_by_size_plans_lru_and_dry_run_deletes_nothing(aged) -> None:  # noqa
     assert plan.bytes_freed == size[1]
     assert plan.size_before == _stored(cache) == sum(size.values())
     assert plan.size_after == size[2] + size[4]
-    assert set(plan.blobs) == {e[1].exe_digest, e[1].hlo_digest}
+    assert set(plan.blobs) == {e[1].exe_digest, e[1].hlo_digest, e[1].manifest_digest}
     assert "least recently used" in plan.entries[0].reason
     json.dumps(plan.to_dict())
 
@@ -153,7 +153,7 @@ def test_gc_by_size_frees_the_planned_bytes(aged, compiled) -> None:  # noqa: AN
     assert done.bytes_freed == planned.bytes_freed == size[1]
     assert _stored(cache) == done.size_after == size[2] + size[4]
     assert {x.key for x in cache.entries()} == {e[2].key, e[4].key}
-    assert not cache.blobs.has(e[1].exe_digest) and not cache.blobs.has(e[1].hlo_digest)
+    assert not any(cache.blobs.has(d) for d in referenced_digests(e[1]))  # the manifest blob too
     assert {r.digest for r in cache.index.blob_rows()} == set(cache.blobs.digests())
     assert cache.verify().ok
     cache.get(e[4].key)  # the survivors still load
@@ -182,9 +182,11 @@ def test_gc_keeps_blobs_another_entry_still_uses(cache: aot.Cache, compiled, for
     here = cache.put_artifact(compiled.tiny)
     there = cache.put_artifact(foreign(compiled.tiny, jaxlib="0.0.1"))  # shares both blobs
     cache.index.touch(here.key, when=utcnow() - dt.timedelta(days=2))
+    freed = cache.blobs.stored_size(here.manifest_digest)
     plan = cache.gc(older_than="1d")
     assert [v.key for v in plan.entries] == [here.key]
-    assert plan.blobs == () and plan.bytes_freed == 0
+    # Only its manifest goes (the other entry's manifest is another blob).
+    assert plan.blobs == (here.manifest_digest,) and plan.bytes_freed == freed
     assert cache.artifact(there).blob("executable")  # intact, and so is the portable HLO
     assert cache.artifact(there).blob("portable_hlo")
 
@@ -463,4 +465,4 @@ def test_a_victims_young_blobs_are_planned_by_either_referenced_read(aged, monke
     monkeypatch.setattr(maintenance, "REFERENCED_LOOKUP_MAX", lookup_max)
     plan = cache.gc(older_than="150min", dry_run=True)
     assert [v.key for v in plan.entries] == [e[1].key]
-    assert set(plan.blobs) == {e[1].exe_digest, e[1].hlo_digest}
+    assert set(plan.blobs) == {e[1].exe_digest, e[1].hlo_digest, e[1].manifest_digest}

@@ -19,7 +19,7 @@ def test_plan_then_execute_removes_rows_then_unshared_blobs(cache, compiled) -> 
     plan = plan_removal(cache, "mlp.*", signatures=["x: f32[2,784]"])
     (victim,) = plan.entries
     assert victim.signature.endswith("f32[2,784]") and victim.environment == "this"
-    assert not plan.executed and len(plan.blobs) == 2 and plan.bytes_freed > 0
+    assert not plan.executed and len(plan.blobs) == 3 and plan.bytes_freed > 0  # executable, HLO, manifest
     assert set(cache.blobs.digests()) == before  # planning changes nothing
     done = execute_removal(cache, plan)
     assert done.executed and set(done.blobs) == set(plan.blobs)
@@ -32,7 +32,8 @@ def test_a_blob_referenced_meanwhile_is_kept(cache, compiled) -> None:  # noqa: 
     """Between the plan and its execution another entry starts using a planned blob."""
     entry = cache.put(compiled.tiny)
     plan = plan_removal(cache, "tiny")
-    assert set(plan.blobs) == {entry.exe_digest, entry.hlo_digest}
+    assert set(plan.blobs) == {entry.exe_digest, entry.hlo_digest, entry.manifest_digest}
+    manifest_size = cache.blobs.stored_size(entry.manifest_digest)
     twin = replace(compiled.tiny.manifest, name="tiny.twin")  # same blobs, other name
     from aot.artifact import Artifact
     from aot.fingerprint import combined_key
@@ -41,7 +42,8 @@ def test_a_blob_referenced_meanwhile_is_kept(cache, compiled) -> None:  # noqa: 
     twin = replace(twin, program=program, key=combined_key(program, twin.environment))
     cache.put_artifact(Artifact(twin, dict(compiled.tiny.blobs)))
     done = execute_removal(cache, plan)
-    assert done.blobs == () and done.bytes_freed == 0
+    # The twin's manifest is another blob: only tiny's, which nothing else references, goes.
+    assert done.blobs == (entry.manifest_digest,) and done.bytes_freed == manifest_size
     assert cache.artifact(cache.entries("tiny.twin")[0]).blob("executable")
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -215,7 +215,9 @@ def test_a_folder_the_stdlib_reader_cannot_read_is_read_through_the_sql_index(tm
     cache = aot.Cache(folder)
     try:
         assert cache.reader is cache.index
-        assert cache.lookup(_rows()[0].key) == _rows()[0]
+        # Migration 9 ran again over a row without a manifest digest: it has its manifest's.
+        digest = hashlib.sha256(_rows()[0].manifest.encode()).hexdigest()
+        assert cache.lookup(_rows()[0].key) == replace(_rows()[0], manifest_digest=digest)
     finally:
         cache.close()
     with aot.Cache(folder) as migrated:

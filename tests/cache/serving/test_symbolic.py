@@ -180,9 +180,9 @@ def test_verify_gc_and_a_missing_blob(open_folder_cache, compiled, mlp_symbolic,
     concrete = [e for e in cache.entries(SYMBOLIC) if e.exe_digest is not None][0]
     cache.quarantine(concrete, "test: collect it")
     plan = cache.gc()
-    # The concrete entry and its executable go; the shared portable HLO stays.
+    # The concrete entry, its executable and its manifest go; the shared portable HLO stays.
     assert [v.key for v in plan.entries] == [concrete.key]
-    assert plan.blobs == (concrete.exe_digest,)
+    assert set(plan.blobs) == {concrete.exe_digest, concrete.manifest_digest}
     assert cache.blobs.check(symbolic.hlo_digest) is None
     assert [e.key for e in cache.entries(SYMBOLIC)] == [symbolic.key]
     # A symbolic entry whose portable HLO is gone is a problem, and is quarantined.
