@@ -41,6 +41,7 @@ _SHUTIL = {"copy", "copy2", "copyfile", "copytree", "move"}
 _USER_FILE = "a file the user names (never the index: a manifest, a bundle, a config, a key)"
 _BLOB = "a blob (blobs/ab/<digest>.zst) or its temporary file, never the index"
 _PROC = "a /proc or /sys file"
+_CAPTURED = "a captured GPU target's JSON file (<name>.json, aot.gpu_targets.captured_file), never the index"
 
 #: Every raw open of the package: (file, function, call) -> why it never opens an index.
 ALLOWED: dict[tuple[str, str, str], str] = {
@@ -78,6 +79,16 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("cache/warmup/jobs.py", "_mem_available", "meminfo.read_text"): _PROC,
     ("cache/warmup/manifest.py", "load_manifest", "path.read_text"): _USER_FILE,
     ("cache/warmup/workers.py", "is_stopped", "open"): _PROC,
+    ("aot/gpu_targets.py", "autotune_options", "tmp.write_text"): "a temporary file of autotune results, for XLA's flag",
+    ("aot/gpu_targets.py", "config_for", "(resources.files('aot') / 'gpu_configs' / f'{name}.txtpb').read_text"):
+        "a GPU target config shipped in the package",
+    ("aot/gpu_targets.py", "config_for", "path.read_text"): _CAPTURED,
+    ("aot/jaxcompat/versions.py", "installed_version", "(Path(location) / 'version.py').read_text"):
+        "jax's or jaxlib's version.py",
+    ("cache/admin/targets.py", "_read", "Path(path).read_text"): _USER_FILE,
+    ("cache/index/targets.py", "use_targets", "os.fdopen"): _CAPTURED,
+    ("cache/index/targets.py", "use_targets", "path.read_text"): _CAPTURED,
+    ("cli/common.py", "State.use_gpu_targets", "open"): _USER_FILE,
 }
 
 
