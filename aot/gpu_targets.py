@@ -462,6 +462,17 @@ def needs_retune(devices: Any, stored: str | None) -> bool:
     return stored.partition(" ")[2] != config.autotune_digest
 
 
+def replaces_defaults(stored_manifest: str | None, autotune: str | None) -> bool:
+    """Whether an entry compiled with autotuning ``autotune`` (tuned, or its fallback to
+    the defaults recorded with the captured results' digest) replaces the stored row of
+    its key, manifest text ``stored_manifest``, which got XLA's defaults before: the
+    same program and environment (:func:`needs_retune`)."""
+    if not autotune or not stored_manifest:
+        return False
+    stored = json.loads(stored_manifest).get("autotune")
+    return isinstance(stored, str) and stored.startswith("defaults") and stored != autotune
+
+
 def cudnn_error(name: str, target: str, exc: BaseException) -> DeviceTargetError:
     """The one-line error for a program JAX lowers through cuDNN (cuDNN attention:
     ``jax.nn.dot_product_attention(..., implementation="cudnn")``), which JAX checks

@@ -28,7 +28,7 @@ from aot.errors import (
 from aot.fingerprint import Fingerprint, environment_fingerprint, known_environment
 from aot.signing import key_from, sign, verify
 from aot.cache.storage.content import ContentStore
-from aot.cache.index.entry import INDEX_FILE, IndexEntry, referenced_digests
+from aot.cache.index.entry import INDEX_FILE, IndexEntry, entry_digests, referenced_digests
 from aot.cache.index.release_methods import ReleaseMethods
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember
 from aot.cache.storage.locations import DATABASE, FOLDER, OBJECT, classify_location, open_object_store, same_database
@@ -674,10 +674,13 @@ def commit(
     the lease in one transaction; start over if gc took an expired lease meanwhile."""
     from aot.cache.index.leases import LeaseLostError
     from aot.cache.pauses import reached  # writers only: serving never imports it
+    from aot.gpu_targets import replaces_defaults
 
     existing = cache.lookup(manifest.key)
     broken = False
-    retuned = existing is not None and existing.ok and _tunes(existing, manifest)
+    # A GPU entry compiled again once its GPU's autotune results were captured replaces
+    # the row compiled with XLA's defaults (the old blobs are gc's).
+    retuned = existing is not None and existing.ok and replaces_defaults(existing.manifest, manifest.autotune)
     if existing is not None and existing.ok and not retuned:
         if stored_intact(cache, existing):
             # Stored and intact. XLA's executables are not byte-identical from one
@@ -729,20 +732,6 @@ def commit(
         "row could be committed (each lease lasts an hour on the database clock); is the "
         "blob store very slow, or this process being suspended?"
     )
-
-
-def _tunes(existing: IndexEntry, manifest: Manifest) -> bool:
-    """Whether ``manifest`` (a GPU entry compiled again once autotune results were
-    captured for its GPU: tuned, or its fallback to the defaults recorded with those
-    results' digest) replaces the stored row of its key, compiled with XLA's defaults
-    before: the same program and environment (aot.gpu_targets.needs_retune; the old
-    blobs are gc's)."""
-    if not manifest.autotune or not existing.manifest:
-        return False
-    import json
-
-    stored = json.loads(existing.manifest).get("autotune")
-    return isinstance(stored, str) and stored.startswith("defaults") and stored != manifest.autotune
 
 
 def unstored_entry(artifact: Artifact) -> IndexEntry:
@@ -799,14 +788,6 @@ def stored_intact(cache: ArtifactStore, entry: IndexEntry) -> bool:
     read and verified against its digest (a single entry's copy or store, and the
     check that a copy has nothing to do: :mod:`aot.cache.admin.up_to_date`)."""
     return all(cache.blobs.check(d) is None for d in entry_digests(entry))
-
-
-def entry_digests(entry: IndexEntry) -> list[str]:
-    """The digests of ``entry``'s artifact blobs (executable, portable HLO); its
-    manifest blob apart (:func:`~aot.cache.index.entry.referenced_digests`): a row whose manifest blob is not
-    stored still loads (the row holds the manifest)."""
-    return [d for d in (entry.exe_digest, entry.hlo_digest) if d]
-
 
 
 def digest_of(manifest: Manifest, role: str) -> str | None:

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from aot.cache.store import LEASE_ATTEMPTS, entry_digests, entry_of, manifest_to_copy, store_manifest
-from aot.cache.index.entry import IndexEntry, referenced_digests
+from aot.cache.store import LEASE_ATTEMPTS, entry_of, manifest_to_copy, store_manifest
+from aot.cache.index.entry import IndexEntry, entry_digests, referenced_digests
 from aot.cache.index.leases import LeaseLostError
 from aot.cache.pauses import reached
 from aot.errors import AotError, CacheError

@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING
 from aot.cache.admin.carried_refs import CarriedRefs, RefsOutcome, carried_refs, log_refs, unchanged_refs
 from aot.cache.admin.copy_batches import BATCH
 from aot.cache.admin.jit_entries import jit_selected, jit_stored_intact
-from aot.cache.store import entry_digests, manifest_to_copy, stored_intact
-from aot.cache.index.entry import IndexEntry
+from aot.cache.store import manifest_to_copy, stored_intact
+from aot.cache.index.entry import IndexEntry, entry_digests
 from aot.cache.index.reader import SqliteReader
 from aot.cache.names import name_problem
 from aot.errors import AotError

@@ -132,6 +132,13 @@ def referenced_digests(row: IndexEntry | GcRow) -> set[str]:
     return {d for d in (row.exe_digest, row.hlo_digest, row.manifest_digest) if d}
 
 
+def entry_digests(entry: IndexEntry) -> list[str]:
+    """The digests of ``entry``'s artifact blobs (executable, portable HLO); its
+    manifest blob apart (:func:`referenced_digests`): a row whose manifest blob is not
+    stored still loads (the row holds the manifest)."""
+    return [d for d in (entry.exe_digest, entry.hlo_digest) if d]
+
+
 class GcRow(NamedTuple):
     """The columns of an artifact row that gc plans with: no manifest, no environment.
 
