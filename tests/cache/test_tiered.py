@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sqlalchemy.engine import url as sa_url
 
 import aot
 from aot.cache.storage.fsspec_store import FsspecObjectStore
@@ -82,6 +83,11 @@ def remote_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+def dead_url(url: str) -> str:
+    """``url`` with a port nobody listens on (whatever port the test server has)."""
+    return sa_url.make_url(url).set(port=free_port()).render_as_string(hide_password=False)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -140,7 +146,7 @@ def test_a_replica_serves_from_its_tier_while_s3_is_stopped(private_fleet, compi
 def test_a_replica_started_while_everything_remote_is_down(fleet: Fleet, compiled, caplog) -> None:  # noqa: ANN001
     _store_mlp(fleet.remote(), compiled)
     _check(aot.load(compiled.MLP_NAME, cache=fleet.replica(), strict=True), compiled)
-    dead_db = fleet.url.replace(":5432/", f":{free_port()}/")
+    dead_db = dead_url(fleet.url)
     assert dead_db != fleet.url
     with caplog.at_level(logging.WARNING, logger="aot.cache.tiered"):
         replica = fleet.replica(url=dead_db, blobs=f"s3://nowhere-{free_port()}/x")
@@ -160,7 +166,7 @@ def test_a_name_missing_from_the_tier_of_an_offline_replica_is_not_called_absent
     _store_mlp(remote, compiled, (1,))
     remote.compile(lambda x: x + 1, "f32[4]", name="h")  # stored at the remote only
     _check(aot.load(compiled.MLP_NAME, cache=fleet.replica(), strict=True), compiled, (1,))
-    offline = fleet.replica(url=fleet.url.replace(":5432/", f":{free_port()}/"))
+    offline = fleet.replica(url=dead_url(fleet.url))
     assert offline.remote_error is not None
     with pytest.raises(SignatureNotFoundError) as caught:
         aot.load("h", cache=offline)
@@ -276,7 +282,7 @@ def test_a_replica_serves_the_remote_ref_and_keeps_it_when_the_remote_is_down(fl
     assert [r.key for r in replica.local.refs_named("act.tier")] == [e1.key]
     held = {e.key for e in replica.local.entries("act.tier")}
     assert held == {e1.key, e2.key}
-    offline = fleet.replica(url=fleet.url.replace(":5432/", f":{free_port()}/"),
+    offline = fleet.replica(url=dead_url(fleet.url),
                             blobs=f"s3://nowhere-{free_port()}/x")
     assert offline.remote_error is not None
     np.testing.assert_array_equal(np.asarray(aot.load("act.tier", cache=offline, strict=True)(x)),
