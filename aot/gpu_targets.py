@@ -469,7 +469,10 @@ def replaces_defaults(stored_manifest: str | None, autotune: str | None) -> bool
     same program and environment (:func:`needs_retune`)."""
     if not autotune or not stored_manifest:
         return False
-    stored = json.loads(stored_manifest).get("autotune")
+    try:
+        stored = json.loads(stored_manifest).get("autotune")
+    except (ValueError, AttributeError):  # an unreadable row: verify's to report, not a retune
+        return False
     return isinstance(stored, str) and stored.startswith("defaults") and stored != autotune
 
 

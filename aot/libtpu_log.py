@@ -66,36 +66,18 @@ def quiet_libtpu_load() -> Iterator[None]:
     """Captures fd 2 while libtpu loads; afterwards logs its start-up noise at DEBUG and
     writes every other line to the real stderr. When the load fails, every line is
     written (never hide what explains a failure); the exception passes unchanged."""
-    with _CAPTURE_LOCK:  # fd 2 is saved under the lock too: never another capture's file
-        try:
-            sys.stderr.flush()
-            saved = os.dup(2)
-        except (OSError, ValueError, AttributeError):  # no fd 2 (or no sys.stderr): nothing to quiet
-            saved = None
-        if saved is None:
+    held: list[str] = []
+    failed = True
+    try:
+        with held_stderr() as held:
             yield
-            return
-        with tempfile.TemporaryFile() as captured:
-            os.dup2(captured.fileno(), 2)
-            failed = True
-            try:
-                yield
-                failed = False
-            finally:
-                try:
-                    sys.stderr.flush()
-                except (OSError, ValueError, AttributeError):
-                    pass
-                os.dup2(saved, 2)
-                os.close(saved)
-                captured.seek(0)
-                text = captured.read().decode(errors="replace")
-                kept, dropped = (text, []) if failed else filter_libtpu_stderr(text)
-                for line in dropped:
-                    log.debug("libtpu: %s", line)
-                if kept:
-                    sys.stderr.flush()
-                    os.write(2, kept.encode())
+        failed = False
+    finally:
+        text = "".join(held)
+        kept, dropped = (text, []) if failed else filter_libtpu_stderr(text)
+        for line in dropped:
+            log.debug("libtpu: %s", line)
+        write_stderr(kept)
 
 
 @contextmanager
@@ -106,11 +88,11 @@ def held_stderr() -> Iterator[list[str]]:
     miss fusions logs every one of them, with its HLO, before jax-aot compiles it again
     with the defaults (aot.gpu_targets)."""
     held: list[str] = []
-    with _CAPTURE_LOCK:
+    with _CAPTURE_LOCK:  # fd 2 is saved under the lock too: never another capture's file
         try:
             sys.stderr.flush()
             saved = os.dup(2)
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError):  # no fd 2 (or no sys.stderr): nothing held
             saved = None
         if saved is None:
             yield held

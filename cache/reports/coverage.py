@@ -140,8 +140,7 @@ def find_stale(
     Returns the stale items and the seconds the lowerings took."""
     from aot.artifact import Manifest
     from aot.cache.index.served import ref_map, served_key
-    from aot.cache.warmup.functions import prepare
-    from aot.lowering import lower, lower_pmap
+    from aot.cache.warmup.functions import lower_item
 
     stale: list[StaleItem] = []
     seconds = 0.0
@@ -149,10 +148,7 @@ def find_stale(
     for item in items:
         with x64_mode(item):
             start = time.perf_counter()
-            prepared = prepare(item)
-            options = dict(prepared.options)
-            pmap = options.pop("pmap", False)
-            computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
+            computation = lower_item(item)
             key = computation.fingerprint
             seconds += time.perf_counter() - start
             env = target_environment(item).digest if item.device_target is not None else cache.environment.digest

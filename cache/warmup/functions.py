@@ -33,6 +33,7 @@ __all__ = [
     "x64_mode",
     "item_environment",
     "item_signature",
+    "lower_item",
     "make_mesh",
     "place_statics",
     "prepare",
@@ -488,3 +489,14 @@ def _item_statics(item: WarmupItem) -> tuple[Any, ...]:
         StaticArg(positional.index(k) if k in positional else None, k, canonical_text(v) or repr(v))
         for k, v in item.static
     )
+
+
+def lower_item(item: WarmupItem) -> Any:
+    """``item``'s function lowered as the warm-up lowers it (jit or pmap; in the
+    caller's x64 mode): a :class:`~aot.computation.MeshComputation`."""
+    from aot.lowering import lower, lower_pmap
+
+    prepared = prepare(item)
+    options = dict(prepared.options)
+    pmap = options.pop("pmap", False)
+    return (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)

@@ -27,7 +27,7 @@ from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError, Slice
 from aot.signatures import Signature
 from aot.cache.warmup.failures import Failure
 from aot.cache.warmup.manifest import WarmupItem
-from aot.cache.warmup.functions import prepare, x64_hint, x64_mode
+from aot.cache.warmup.functions import lower_item, x64_hint, x64_mode
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
@@ -202,15 +202,11 @@ def lower_here(cache: ArtifactStore, index: int, item: WarmupItem) -> ItemResult
     compile. Every item is lowered: what a trace reads (files, environment variables)
     cannot be proven unchanged without tracing; only the compile is skipped on a hit."""
     from aot.cache.names import check_name
-    from aot.lowering import lower, lower_pmap
 
     start = time.perf_counter()
     with x64_mode(item):
         try:
-            prepared = prepare(item)
-            options = dict(prepared.options)
-            pmap = options.pop("pmap", False)
-            computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
+            computation = lower_item(item)
             check_name(computation.name)  # before an XLA compile that could not be stored
             key = computation.fingerprint
             entry = cache.lookup(key)
@@ -271,16 +267,12 @@ def follow_here(cache: ArtifactStore, index: int, item: WarmupItem, leader_key: 
     process 0 stored (raising its error) and that entry is loaded. Compiled here, and
     not stored, only when the cache cannot give it: a program of this process's
     devices only, or an entry process 0 stored elsewhere (hosts that share no cache)."""
-    from aot.lowering import lower, lower_pmap
     from aot.slices import slice_of
 
     start = time.perf_counter()
     with x64_mode(item):
         try:
-            prepared = prepare(item)
-            options = dict(prepared.options)
-            pmap = options.pop("pmap", False)
-            computation = (lower_pmap if pmap else lower)(prepared.fn, *prepared.args, **options)
+            computation = lower_item(item)
             lowered = Lowered(index, item, computation, time.perf_counter() - start)
             stored = load_stored(cache, lowered)
             if stored is not None:
