@@ -22,11 +22,14 @@ from pathlib import Path
 
 #: The supported releases of jax and of jaxlib: ``(lowest, first unsupported)``, as
 #: pyproject.toml's ``jax>=LOWEST,<FIRST_UNSUPPORTED`` (and jaxlib's, and the tpu extra's).
-SUPPORTED_JAX: tuple[str, str] = ("0.9.0", "0.10.3")
+SUPPORTED_JAX: tuple[str, str] = ("0.9.0", "0.12.2")
 
 #: The releases CI runs (.ci/run reads this list): the last one the full suite, every
 #: other one the version suite (.ci/version-suite.sh).
-TESTED_RELEASES: tuple[str, ...] = ("0.9.0", "0.9.0.1", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.10.2")
+TESTED_RELEASES: tuple[str, ...] = (
+    "0.9.0", "0.9.0.1", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.10.2",
+    "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.12.0.1", "0.12.1",
+)
 
 _VERSION_LINE = re.compile(r'^_version(?:\s*:\s*str)?\s*=\s*["\']([^"\']+)["\']', re.MULTILINE)
 

@@ -54,9 +54,9 @@ def _run(root: Path, *argv: str, hide_jaxlib: bool = False) -> subprocess.Comple
 
 def _expected(jax_version: str, jaxlib_version: str) -> str:
     return (
-        "jax-aot supports JAX 0.9.0 through 0.10.2 (jax and jaxlib of one release); "
+        "jax-aot supports JAX 0.9.0 through 0.12.1 (jax and jaxlib of one release); "
         f"this environment has jax {jax_version}, jaxlib {jaxlib_version}. Install a supported release, "
-        "e.g. pip install 'jax>=0.9.0,<0.10.3' 'jaxlib>=0.9.0,<0.10.3', or a jax-aot that supports yours."
+        "e.g. pip install 'jax>=0.9.0,<0.12.2' 'jaxlib>=0.9.0,<0.12.2', or a jax-aot that supports yours."
     )
 
 
@@ -84,14 +84,15 @@ def test_the_installed_jax_is_supported_and_read_without_importing_it() -> None:
 
 @pytest.mark.parametrize(
     ("version", "ok"),
-    [("0.8.3", False), ("0.9.0", True), ("0.9.0.1", True), ("0.10.2", True), ("0.10.3", False),
-     ("0.10.3.dev20260801", False), ("0.11.0", False), ("1.0", False)],
+    [("0.8.3", False), ("0.9.0", True), ("0.9.0.1", True), ("0.10.2", True), ("0.11.0", True),
+     ("0.12.0.1", True), ("0.12.1", True), ("0.12.2", False), ("0.12.2.dev20261201", False),
+     ("0.13.0", False), ("1.0", False)],
 )
 def test_the_range_is_inclusive_below_and_exclusive_above(version: str, ok: bool) -> None:
     assert versions.supported(version) is ok
 
 
-@pytest.mark.parametrize(("jax_version", "jaxlib_version"), [("0.8.0", "0.8.0"), ("0.12.0", "0.12.0"), ("0.10.2", "0.11.0")])
+@pytest.mark.parametrize(("jax_version", "jaxlib_version"), [("0.8.0", "0.8.0"), ("0.13.0", "0.13.0"), ("0.12.1", "0.12.2")])
 def test_import_aot_refuses_an_unsupported_jax_in_one_line(tmp_path: Path, jax_version: str, jaxlib_version: str) -> None:
     root = _fake_jax(tmp_path, jax_version, jaxlib_version)
     done = _run(root, "-c", "import aot")
