@@ -169,8 +169,11 @@ class ExportVerdict:
         }
 
 
-def judge_header(header: ExportHeader, entry_jax: str | None, release: str) -> ExportVerdict:
-    """What JAX ``release`` makes of the export with ``header``."""
+def judge_header(
+    header: ExportHeader, entry_jax: str | None, release: str, *, calling_convention: bool = True,
+) -> ExportVerdict:
+    """What JAX ``release`` makes of the export with ``header``. ``calling_convention=False``:
+    not judged by it (the running release checks it with its own window)."""
     date = date_export(header, entry_jax)
     refused: list[str] = []
     if release_tuple(release) >= RECORDS_FROM:
@@ -181,7 +184,7 @@ def judge_header(header: ExportHeader, entry_jax: str | None, release: str) -> E
             refused.append(f"its shardings are HloSharding protos only (made before 2026-01-15, the "
                            f"HloShardingProto change), which jax {release} refuses")
     low, high = CALLING_CONVENTIONS
-    if not low <= header.calling_convention <= high:
+    if calling_convention and not low <= header.calling_convention <= high:
         refused.append(f"calling convention {header.calling_convention} is outside jax {release}'s ({low}..{high})")
     start = window_start(release) if release in RELEASE_DATES else None
     expired: list[str] = []
@@ -190,10 +193,14 @@ def judge_header(header: ExportHeader, entry_jax: str | None, release: str) -> E
     return ExportVerdict(release, date, header.calling_convention, start, tuple(refused), tuple(expired))
 
 
-def judge(blob: bytes, entry_jax: str | None, release: str) -> ExportVerdict | None:
+def judge(
+    blob: bytes, entry_jax: str | None, release: str, *, calling_convention: bool = True,
+) -> ExportVerdict | None:
     """:func:`judge_header` of ``blob``; None when its header cannot be read."""
     header = read_export_header(blob)
-    return None if header is None else judge_header(header, entry_jax, release)
+    if header is None:
+        return None
+    return judge_header(header, entry_jax, release, calling_convention=calling_convention)
 
 
 def known_release(release: str) -> bool:

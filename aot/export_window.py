@@ -102,7 +102,8 @@ def check_expiry(name: str, key: str, stored_jax: str | None, hlo: bytes) -> Non
     from aot.export_rules import judge, refresh_advice
 
     release = jax.__version__
-    verdict = judge(hlo, stored_jax, release)
+    # The calling convention is check_window's, against this release's live window.
+    verdict = judge(hlo, stored_jax, release, calling_convention=False)
     if verdict is None or verdict.status is None:
         return  # unreadable: jax.export.deserialize says why (refusal)
     window = f"jax {release}'s window starts {verdict.window_start}" if verdict.window_start else f"jax {release}"
