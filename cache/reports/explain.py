@@ -174,6 +174,7 @@ class Explanation:
             **({} if self.release is None else {"release": self.release, "not_in_release": self.not_in_release}),
             **({} if self.environment_known else {"environment_unknown": True}),
             **({} if self.refused is None else {"refused": self.refused}),
+            **({} if self.export_window is None else {"export_window": self.export_window}),
             **({"did_you_mean": list(self.similar)} if self.similar else {}),
         }
 
