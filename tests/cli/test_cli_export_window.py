@@ -126,3 +126,17 @@ def test_the_ladder_refuses_an_expired_export_in_one_line(invoke: Invoke, warmed
             out = aot.load("tiny", cache=str(fleet))(*inputs)
         assert np.asarray(out).shape == (8,)
         assert "is outside jax.export's window" in caplog.text and "--refresh-exports" in caplog.text
+
+
+def test_each_shard_refreshes_its_own_entries(warmed) -> None:  # noqa: ANN001
+    """--shard I/N: results are indexed by manifest position, and so is the refresh."""
+    from aot.cache.warmup.run import expand, load_manifest, run_warmup
+
+    key = _age_tiny(warmed)
+    items = expand(load_manifest(MANIFEST))
+    reports = [run_warmup(str(warmed), items, shard=(i, 2), refresh_exports=NEWEST) for i in (1, 2)]
+    refreshed = [r for report in reports for r in report.refreshed]
+    assert [(r.key, r.label, r.refreshed) for r in refreshed] == [(key, "tiny", True)]
+    assert all(report.ok and report.compiled == 0 for report in reports)
+    with aot.Cache(warmed) as cache:
+        assert cache.verify().ok
