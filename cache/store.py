@@ -681,10 +681,10 @@ def commit(
 
     existing = cache.lookup(manifest.key)
     broken = False
-    # A GPU entry compiled again once its GPU's autotune results were captured replaces
-    # the row compiled with XLA's defaults (the old blobs are gc's).
-    retuned = existing is not None and existing.ok and (replace_row or replaces_defaults(existing.manifest, manifest.autotune))
-    if existing is not None and existing.ok and not retuned:
+    # A GPU entry compiled again once its autotune results were captured replaces the row
+    # compiled with XLA's defaults, a refreshed export (replace_row) the stored row (old blobs: gc's).
+    replacing = existing is not None and existing.ok and (replace_row or replaces_defaults(existing.manifest, manifest.autotune))
+    if existing is not None and existing.ok and not replacing:
         if stored_intact(cache, existing):
             # Stored and intact. XLA's executables are not byte-identical from one
             # compile to the next, so writing this one would only leave an orphan
@@ -708,7 +708,7 @@ def commit(
             sizes.update(store_manifest(cache, entry))  # last: the artifact's blobs first
             reached("put.blobs_ready")
             final = replace(entry, raw_size=raw_size, stored_size=sum(stored for _, stored in sizes.values()))
-            added = cache.index.add(final, blob_sizes=sizes, lease=lease, stamp=True, replace=broken or retuned,
+            added = cache.index.add(final, blob_sizes=sizes, lease=lease, stamp=True, replace=broken or replacing,
                                     created_at=created_at)
         except LeaseLostError as exc:
             log.warning("%s (attempt %d of %d)", exc, attempt, LEASE_ATTEMPTS)
