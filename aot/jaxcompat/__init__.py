@@ -130,7 +130,10 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src.export:serialization_generated.Exported.CallingConventionVersion",
     "jax._src.export:serialization_generated.Exported.NrDevices",
     "jax._src.export:serialization_generated.Exported.NrDevicesShort",
-    "jax._src.export:serialization_generated.Exported.UniqueAvalsLength",
+    "jax._src.export:serialization_generated.Exported.UniqueAvalsLength"
+    " | jax._src.export:serialization_generated.Exported.InShardingsLength",
+    "jax._src.export:serialization_generated.Exported.JaxVersion"
+    " | jax._src.export:serialization_generated.Exported.SerializationVersion",
     "jax._src.export:serialization_generated.Sharding.HloShardingProtoIsNone",
     # gpu (cuda_versions is None without the CUDA plugin: the canary checks the name)
     "jax._src.lib:xla_client.get_topology_for_devices",
@@ -153,6 +156,11 @@ RELEASE_DIFFERENCES: dict[str, str] = {
     "Exported.JaxVersion": (
         "the generated reader of jax.export's flatbuffer has Exported.JaxVersion (serialization "
         "version 12, the serializer's JAX release) from JAX 0.11.1; older readers do not (export_header)"
+    ),
+    "Exported.UniqueAvalsLength": (
+        "the generated reader of jax.export's flatbuffer reads the unique avals and shardings "
+        "tables of serialization version 10 from JAX 0.10.0; 0.9.x's reads the per-argument "
+        "vectors only (export_header)"
     ),
     "InconclusiveDimensionOperation": (
         "public as jax.errors.InconclusiveDimensionOperation from JAX 0.10; 0.9.x has only "

@@ -9,6 +9,9 @@ generated reader (``jax._src.export.serialization_generated``) reads those field
 accessor this release's reader lacks (``JaxVersion`` before 0.11.1) reads as unknown.
 Release difference "Exported.JaxVersion": the generated reader of JAX 0.11.1+ has
 ``Exported.JaxVersion`` (serialization version 12), older ones do not.
+Release difference "Exported.UniqueAvalsLength": the readers of JAX 0.10.0+ have the
+unique avals and shardings tables (version 10), 0.9.x's do not (read as absent: an
+export this release's reader cannot index is dated by its other fields).
 """
 
 from __future__ import annotations
