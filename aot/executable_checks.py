@@ -238,6 +238,13 @@ def portable_hlo_problems(manifest: Manifest, hlo: bytes) -> list[str]:
             # Another release's export outside this one's window (aot.export_window):
             # not corruption, and that release's hosts still serve it.
             return []
+        from aot.export_rules import judge
+
+        verdict = judge(hlo, manifest.jax_version, jax.__version__)
+        if verdict is not None and verdict.refused:
+            # A format this release refuses (JAX 0.11.1+'s export rules): expired, not
+            # corrupt; the executable still serves, `aot verify --jax-release` names it.
+            return []
         return [f"the portable HLO cannot be read: {exc}"]
     problems: list[str] = []
     hlo_in, hlo_out = hlo_avals(manifest, exported)

@@ -26,13 +26,16 @@ entry of this release it stays corruption.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jax
 
 from aot.errors import CorruptArtifactError, ExportWindowError
 
-__all__ = ["calling_convention_window", "check_window", "refusal"]
+__all__ = ["calling_convention_window", "check_expiry", "check_window", "refusal"]
+
+log = logging.getLogger(__name__)
 
 
 def calling_convention_window() -> tuple[int, int] | None:
@@ -86,4 +89,31 @@ def refusal(name: str, key: str, stored_jax: str | None, step: str, exc: BaseExc
     return CorruptArtifactError(
         f"the portable HLO of {_label(name, key)} cannot be {step}: {exc}; recompile the entry "
         "from its code (aot warmup / aot compile)"
+    )
+
+
+def check_expiry(name: str, key: str, stored_jax: str | None, hlo: bytes) -> None:
+    """Raises :class:`aot.ExportWindowError` when this release refuses the portable HLO
+    ``hlo`` of the entry ``key`` of ``name`` for its format (:mod:`aot.export_rules`:
+    JAX 0.11.1+'s refusals), read from its header before JAX's own ``deserialize``
+    refuses it, so that the refusal names the export's date, the window and the
+    refresh. An export only older than the window this release promises is still
+    called (JAX reads it), with a warning naming the refresh."""
+    from aot.export_rules import judge, refresh_advice
+
+    release = jax.__version__
+    # The calling convention is check_window's, against this release's live window.
+    verdict = judge(hlo, stored_jax, release, calling_convention=False)
+    if verdict is None or verdict.status is None:
+        return  # unreadable: jax.export.deserialize says why (refusal)
+    window = f"jax {release}'s window starts {verdict.window_start}" if verdict.window_start else f"jax {release}"
+    if not verdict.refused:
+        log.warning("the portable HLO of %s is outside jax.export's window: %s (%s); %s",
+                    _label(name, key), verdict.describe(), window, refresh_advice(release))
+        return
+    raise ExportWindowError(
+        f"the portable HLO of {_label(name, key)} has expired for this release: {verdict.describe()} "
+        f"({verdict.date.how}; {window}; the entry is of jax {stored_jax or '(unknown)'}). To serve it here, "
+        f"{refresh_advice(release)}, or compile it from its code on this release (aot warmup MANIFEST)",
+        (f"export {verdict.date.made or 'before 2025-11-23'} refused by jax {release}",),
     )

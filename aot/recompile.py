@@ -20,7 +20,7 @@ from aot.build import build_artifact
 from aot.errors import AotError, CorruptArtifactError
 from aot.executable import ArgAval, ExecutableInfo, executable_class
 from aot.executable_checks import avals_text, hlo_avals
-from aot.export_window import check_window, refusal
+from aot.export_window import check_expiry, check_window, refusal
 from aot.fingerprint import Fingerprint, canonical_json, environment_fingerprint
 from aot.jaxcompat.build import built_unloaded_executable
 from aot.jaxcompat.shardings import hlo_sharding, hlo_shardings_equal
@@ -39,6 +39,8 @@ def recompile(artifact: Artifact) -> Artifact:
     """
     manifest = artifact.manifest
     hlo = artifact.blob(PORTABLE_HLO)
+    # JAX 0.11.1+'s refusals, said with the export's date and the refresh that fixes them.
+    check_expiry(manifest.name, manifest.key, manifest.jax_version, hlo)
     try:
         exported = jax.export.deserialize(bytearray(hlo))
     except Exception as exc:  # noqa: BLE001 - flatbuffer and version errors vary
@@ -132,6 +134,7 @@ def compile_symbolic(artifact: Artifact, shapes: Sequence[Sequence[int]]) -> Art
     if not manifest.is_symbolic:
         raise ValueError(f"{manifest.name}: not a symbolic entry")
     hlo = artifact.blob(PORTABLE_HLO)
+    check_expiry(manifest.name, manifest.key, manifest.jax_version, hlo)
     exported = jax.export.deserialize(bytearray(hlo))
     devices = live_devices()
     shardings = iter(manifest.in_shardings)

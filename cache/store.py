@@ -365,12 +365,15 @@ class ArtifactStore(ReleaseMethods):
         """
         return self.store_artifact(artifact)[0]
 
-    def store_artifact(self, artifact: Artifact, *, created_at: datetime | None = None) -> tuple[IndexEntry, str]:
+    def store_artifact(
+        self, artifact: Artifact, *, created_at: datetime | None = None, replace_row: bool = False,
+    ) -> tuple[IndexEntry, str]:
         """:meth:`put_artifact`, and what it did: ``"stored"``, ``"present"`` (stored
         and intact already: nothing written) or ``"repaired"`` (the stored row's blobs
         were missing or corrupt; blobs written again and the row replaced).
-        ``created_at``: the compile time to keep (a bundle's entry), else now."""
-        return _store_artifact(self, artifact, created_at=created_at)
+        ``created_at``: the compile time to keep (a bundle's entry), else now.
+        ``replace_row``: replace the stored row of the key (a refreshed portable HLO)."""
+        return _store_artifact(self, artifact, created_at=created_at, replace_row=replace_row)
 
     def copy_entry_from(self, source: ArtifactStore, entry: IndexEntry) -> tuple[IndexEntry, str]:
         """Stores ``source``'s entry here: its blobs copied as stored (no recompression,
@@ -607,7 +610,7 @@ def _read_artifact(
 
 
 def _store_artifact(
-    cache: ArtifactStore, artifact: Artifact, *, created_at: datetime | None = None,
+    cache: ArtifactStore, artifact: Artifact, *, created_at: datetime | None = None, replace_row: bool = False,
 ) -> tuple[IndexEntry, str]:
     """Stores ``artifact`` in ``cache``: the entry, and ``"stored"``, ``"present"`` or
     ``"repaired"`` (:meth:`Cache.store_artifact <aot.cache.store.ArtifactStore.store_artifact>`).
@@ -624,7 +627,7 @@ def _store_artifact(
         return sizes
 
     manifest = manifest_to_store(cache, artifact.manifest)
-    return commit(cache, manifest, write_blobs, created_at=created_at)
+    return commit(cache, manifest, write_blobs, created_at=created_at, replace_row=replace_row)
 
 
 def _copy_entry(cache: ArtifactStore, source: ArtifactStore, entry: IndexEntry) -> tuple[IndexEntry, str]:
@@ -667,7 +670,7 @@ def manifest_to_store(cache: ArtifactStore, manifest: Manifest) -> Manifest:
 
 def commit(
     cache: ArtifactStore, manifest: Manifest, write_blobs: Callable[[], dict[str, tuple[int, int]]],
-    *, created_at: datetime | None = None,
+    *, created_at: datetime | None = None, replace_row: bool = False,
 ) -> tuple[IndexEntry, str]:
     """The writer's side of the gc protocol: lease the digests, make the blobs durable
     (``write_blobs`` -> digest: (size, stored size)), then commit the row and release
@@ -678,10 +681,10 @@ def commit(
 
     existing = cache.lookup(manifest.key)
     broken = False
-    # A GPU entry compiled again once its GPU's autotune results were captured replaces
-    # the row compiled with XLA's defaults (the old blobs are gc's).
-    retuned = existing is not None and existing.ok and replaces_defaults(existing.manifest, manifest.autotune)
-    if existing is not None and existing.ok and not retuned:
+    # A GPU entry compiled again once its autotune results were captured replaces the row
+    # compiled with XLA's defaults, a refreshed export (replace_row) the stored row (old blobs: gc's).
+    replacing = existing is not None and existing.ok and (replace_row or replaces_defaults(existing.manifest, manifest.autotune))
+    if existing is not None and existing.ok and not replacing:
         if stored_intact(cache, existing):
             # Stored and intact. XLA's executables are not byte-identical from one
             # compile to the next, so writing this one would only leave an orphan
@@ -705,7 +708,7 @@ def commit(
             sizes.update(store_manifest(cache, entry))  # last: the artifact's blobs first
             reached("put.blobs_ready")
             final = replace(entry, raw_size=raw_size, stored_size=sum(stored for _, stored in sizes.values()))
-            added = cache.index.add(final, blob_sizes=sizes, lease=lease, stamp=True, replace=broken or retuned,
+            added = cache.index.add(final, blob_sizes=sizes, lease=lease, stamp=True, replace=broken or replacing,
                                     created_at=created_at)
         except LeaseLostError as exc:
             log.warning("%s (attempt %d of %d)", exc, attempt, LEASE_ATTEMPTS)

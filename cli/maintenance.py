@@ -61,10 +61,17 @@ VICTIM_SIGNATURE_WIDTH = 60
     "generated inputs, the optimized HLO compared too): OK, DIFFERS (what) or SKIPPED (why) per entry; "
     "exit 1 on any DIFFERS. Needs the device; on the chip it proves a deviceless compile.",
 )
+@click.option(
+    "--jax-release", "jax_release", metavar="VERSION",
+    help="Also list the entries whose portable HLO JAX release VERSION (e.g. 0.12.1) would refuse "
+    "(old export formats, from 0.11.1) or no longer promise to call (older than its six-month "
+    "window), read from each export's header without that release; exit 1 when any "
+    "(aot warmup --refresh-exports exports them again).",
+)
 @pass_state
 def verify_command(
     state: State, manifest: str | None, strict: bool, no_lower: bool, device_targets: tuple[str, ...],
-    require_tuned: bool, recompile: bool,
+    require_tuned: bool, recompile: bool, jax_release: str | None,
 ) -> None:
     """Check the cache: re-hash every blob, parse every manifest.
 
@@ -103,6 +110,15 @@ def verify_command(
     except DeviceTargetError as exc:  # no libtpu here: the gate cannot run as asked
         raise click.UsageError(str(exc)) from None
     aging = aged_entries(cache, deep=True)
+    exports = None
+    if jax_release is not None:
+        from aot.cache.admin.export_expiry import expired_exports
+        from aot.errors import UsageError
+
+        try:
+            exports = expired_exports(cache, jax_release)
+        except UsageError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--jax-release'") from None
     parity = None
     if recompile:
         from aot.cache.admin.parity import verify_recompile
@@ -112,6 +128,7 @@ def verify_command(
         echo_json({
             **report.to_dict(), "aging": aging.to_dict(),
             **({"recompile": parity.to_dict()} if parity is not None else {}),
+            **({"exports": exports.to_dict()} if exports is not None else {}),
         })
     else:
         click.echo(report.summary())
@@ -139,11 +156,13 @@ def verify_command(
                 click.echo(stale.describe())
         for line in aging.lines():
             click.echo(line)
+        for line in exports.lines() if exports is not None else ():
+            click.echo(line)
         if parity is not None:
             click.echo(parity.summary())
             for line in parity.lines():
                 click.echo(line)
-    if not report.ok or (parity is not None and not parity.ok):
+    if not report.ok or (parity is not None and not parity.ok) or (exports is not None and not exports.ok):
         click.get_current_context().exit(1)
 
 

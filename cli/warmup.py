@@ -106,11 +106,18 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) 
     "the top-level one and each [[function]]'s own.",
 )
 @click.option("--distributed", is_flag=True, help=DISTRIBUTED_HELP)
+@click.option(
+    "--refresh-exports", is_flag=True,
+    help="Also export again, with this JAX, the portable HLO of every entry compiled or hit whose "
+    "export the newest supported JAX release would refuse or no longer promise to call (jax.export's "
+    "window; `aot verify --jax-release` lists them), replacing the stored blob; the executable is kept.",
+)
 @pass_state
 def warmup_command(
     state: State, manifest: str | None, jobs: int | str, shard: tuple[int, int] | None,
     isolate: bool, relower: bool, commit: str | None, release: str | None, run_id: str | None,
     claims: bool | None, device_targets: tuple[str, ...], replace: bool, distributed: bool,
+    refresh_exports: bool,
 ) -> None:
     """Compile every (function x bucket) listed in MANIFEST.toml into the cache.
 
@@ -126,7 +133,7 @@ def warmup_command(
     with job_command(state, distributed, "warmup") as role:
         _warmup(
             state, manifest, jobs, shard, isolate, commit, release, run_id, claims, device_targets,
-            replace, role=role, distributed=distributed,
+            replace, role=role, distributed=distributed, refresh_exports=refresh_exports,
         )
 
 
@@ -134,7 +141,7 @@ def _warmup(
     state: State, manifest: str | None, jobs: int | str, shard: tuple[int, int] | None,
     isolate: bool, commit: str | None, release: str | None, run_id: str | None,
     claims: bool | None, device_targets: tuple[str, ...], replace: bool, *, role: JobRole,
-    distributed: bool,
+    distributed: bool, refresh_exports: bool = False,
 ) -> None:
     from aot.cache.warmup.following import WarmupLeader
 
@@ -142,7 +149,7 @@ def _warmup(
     leader = WarmupLeader() if state.job is not None and state.job.primary else None
     try:
         _warm(state, manifest, jobs, shard, isolate, commit, release, run_id, claims, device_targets, replace,
-              role=role, distributed=distributed, leader=leader)
+              role=role, distributed=distributed, leader=leader, refresh_exports=refresh_exports)
     except BaseException as exc:
         if leader is not None and not (isinstance(exc, click.exceptions.Exit) and exc.exit_code == 0):
             leader.abort(role.failure or f"{type(exc).__name__}: {exc}")
@@ -153,9 +160,10 @@ def _warm(
     state: State, manifest: str | None, jobs: int | str, shard: tuple[int, int] | None,
     isolate: bool, commit: str | None, release: str | None, run_id: str | None,
     claims: bool | None, device_targets: tuple[str, ...], replace: bool, *, role: JobRole,
-    distributed: bool, leader: WarmupLeader | None,
+    distributed: bool, leader: WarmupLeader | None, refresh_exports: bool = False,
 ) -> None:
     from aot.cache.warmup.run import expand, follow_warmup, load_manifest, run_warmup
+    from aot.export_rules import newest_release
     from aot.distributed_job import requested
 
     reports = role.reports
@@ -245,7 +253,7 @@ def _warm(
             report = run_warmup(
                 cache, items, jobs=jobs, shard=shard, on_result=on_result, isolate=isolate,
                 workers=workers, origin=origin, release=release, run=run_id, replace=replace, claims=claims,
-                leader=leader,
+                leader=leader, refresh_exports=newest_release() if refresh_exports else None,
             )
     finally:
         if progress is not None:
@@ -253,6 +261,8 @@ def _warm(
     if reports and state.json:
         echo_json(report.to_dict())
     elif reports:
+        for refreshed in report.refreshed:
+            click.echo(refreshed.line())
         click.echo(report.summary())
     if not state.json or not reports:  # another process of the job: its own failures, on stderr
         for failure in report.failures:

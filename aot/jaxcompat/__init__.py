@@ -32,6 +32,7 @@ Modules:
   persistent_cache  plugging a backend into JAX's persistent compilation cache
   distributed  the key-value store of a multi-process job (``jax.distributed``)
   gpu          a CUDA GPU's target config and the CUDA library versions it loads
+  export_header  the fields of a serialized jax.export that date it (its flatbuffer's header)
 """
 
 from __future__ import annotations
@@ -122,6 +123,18 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "jax._src.lib.mlir:ir.SymbolTable",
     "jax._src.lib.mlir:ir.DictAttr.get",
     "jax._src.lib.mlir:ir.ArrayAttr.get",
+    # export_header (the generated reader of jax.export's flatbuffer; the accessors
+    # read are checked by tests/aot/jaxcompat/test_export_header.py)
+    "jax._src.export:serialization_generated.Exported.GetRootAsExported",
+    "jax._src.export:serialization_generated.Exported.SerializationVersion",
+    "jax._src.export:serialization_generated.Exported.CallingConventionVersion",
+    "jax._src.export:serialization_generated.Exported.NrDevices",
+    "jax._src.export:serialization_generated.Exported.NrDevicesShort",
+    "jax._src.export:serialization_generated.Exported.UniqueAvalsLength"
+    " | jax._src.export:serialization_generated.Exported.InShardingsLength",
+    "jax._src.export:serialization_generated.Exported.JaxVersion"
+    " | jax._src.export:serialization_generated.Exported.SerializationVersion",
+    "jax._src.export:serialization_generated.Sharding.HloShardingProtoIsNone",
     # gpu (cuda_versions is None without the CUDA plugin: the canary checks the name)
     "jax._src.lib:xla_client.get_topology_for_devices",
     "jax._src.lib:cuda_versions",
@@ -139,6 +152,15 @@ RELEASE_DIFFERENCES: dict[str, str] = {
     ),
     "UnloadedMeshExecutable.auto_spmd_lowering": (
         "a required field of pxla.UnloadedMeshExecutable in JAX 0.9.x, gone in 0.10 (deserialize)"
+    ),
+    "Exported.JaxVersion": (
+        "the generated reader of jax.export's flatbuffer has Exported.JaxVersion (serialization "
+        "version 12, the serializer's JAX release) from JAX 0.11.1; older readers do not (export_header)"
+    ),
+    "Exported.UniqueAvalsLength": (
+        "the generated reader of jax.export's flatbuffer reads the unique avals and shardings "
+        "tables of serialization version 10 from JAX 0.10.0; 0.9.x's reads the per-argument "
+        "vectors only (export_header)"
     ),
     "InconclusiveDimensionOperation": (
         "public as jax.errors.InconclusiveDimensionOperation from JAX 0.10; 0.9.x has only "

@@ -76,6 +76,9 @@ class Explanation:
     similar: tuple[str, ...] = ()
     #: A manifest item's bucket (``[batch=8]``), named in the label.
     bucket: str = ""
+    #: Another release's nearest entry whose portable HLO this release refuses or no
+    #: longer promises to call (aot.export_rules): why. None: callable, or not asked.
+    export_window: str | None = None
 
     @property
     def label(self) -> str:
@@ -135,7 +138,9 @@ class Explanation:
             else:
                 lines.append(f"  {d.describe()}")
         parts = {d.part for d in self.differences}
-        if parts & {"jax", "jaxlib"} and parts <= {"jax", "jaxlib", "platform_version"}:
+        if parts & {"jax", "jaxlib"} and parts <= {"jax", "jaxlib", "platform_version"} and self.export_window:
+            lines.append(f"  (another JAX release's entry, whose portable HLO {self.export_window})")
+        elif parts & {"jax", "jaxlib"} and parts <= {"jax", "jaxlib", "platform_version"}:
             lines.append(
                 "  (another JAX release's entry: aot.load recompiles its portable HLO here within "
                 "jax.export's compatibility window, never with strict=True; warm this release up to "
@@ -169,6 +174,7 @@ class Explanation:
             **({} if self.release is None else {"release": self.release, "not_in_release": self.not_in_release}),
             **({} if self.environment_known else {"environment_unknown": True}),
             **({} if self.refused is None else {"refused": self.refused}),
+            **({} if self.export_window is None else {"export_window": self.export_window}),
             **({"did_you_mean": list(self.similar)} if self.similar else {}),
         }
 
@@ -299,12 +305,37 @@ def explain(
     matches = not diffs and environment is not None
     missing_in_release = matches and members is not None and served is None
     refusal = refused.get(manifest.key) if matches else None
+    parts = {d.part for d in diffs}
+    window = None
+    if parts & {"jax", "jaxlib"} and parts <= {"jax", "jaxlib", "platform_version"}:
+        window = _export_window(cache, manifest)
     return Explanation(
         name, signature, matches and not missing_in_release and refusal is None, manifest.key, manifest.signature, diffs,
         len(entries), mine, stored_signature, leaf_diffs, xla_flags_outside_key=outside,
         served_key=served, served_by=served_by, environment_known=environment is not None,
         release=release, not_in_release=missing_in_release, refused=refusal, device_target=device_target,
+        export_window=window,
     )
+
+
+def _export_window(cache: ArtifactStore, manifest: Manifest) -> str | None:
+    """Why this JAX release refuses (or no longer promises to call) the portable HLO of
+    another release's entry the fallback ladder would recompile; None: it calls it."""
+    from aot.artifact import PORTABLE_HLO
+    from aot.export_rules import judge, refresh_advice
+
+    entry = cache.lookup(manifest.key)
+    if entry is None or entry.hlo_digest is None:
+        return None
+    try:
+        blob = cache.artifact(entry, roles=(PORTABLE_HLO,)).blob(PORTABLE_HLO)
+    except AotError:
+        return None
+    verdict = judge(blob, manifest.jax_version, jax.__version__)
+    if verdict is None or verdict.status is None:
+        return None
+    what = "aot.load refuses it" if verdict.refused else "aot.load recompiles it with a warning"
+    return f"is {verdict.status} for jax {jax.__version__}: {verdict.describe()}; {what}: {refresh_advice(jax.__version__)}"
 
 
 def explain_item(cache: ArtifactStore, item: WarmupItem, *, release: str | None = None) -> Explanation:

@@ -43,6 +43,7 @@ from aot.cache.warmup.manifest import (
 )
 from aot.cache.warmup.following import WarmupFollower, WarmupLeader
 from aot.cache.warmup.parallel import run_parallel
+from aot.cache.warmup.refresh import RefreshedExport, refresh_entries
 from aot.cache.warmup.shard import parse_shard, select_shard
 from aot.cache.warmup.steps import (
     SIGNATURE_WIDTH,
@@ -128,6 +129,9 @@ class WarmupReport:
     # Those of them another JAX release compiled (docs/jax-releases.md), and those releases.
     other_releases: tuple[ReleaseMember, ...] = ()
     carried_releases: tuple[str, ...] = ()
+    # --refresh-exports: the release the portable HLO was refreshed for, and each entry looked at.
+    refresh_release: str | None = None
+    refreshed: tuple[RefreshedExport, ...] = ()
 
     def _count(self, status: str) -> int:
         return sum(1 for r in self.results if r.status == status)
@@ -151,7 +155,7 @@ class WarmupReport:
 
     @property
     def ok(self) -> bool:
-        return self.failed == 0
+        return self.failed == 0 and all(r.refreshed for r in self.refreshed)
 
     @property
     def failures(self) -> tuple[ItemResult, ...]:
@@ -164,7 +168,15 @@ class WarmupReport:
         return (
             f"{counted(len(self.results), 'entry')}{where}: {self.compiled} compiled, {self.hit} hit"
             f"{f' ({self.waited} waited for)' if self.waited else ''}, {self.failed} failed in {self.seconds:.1f}s"
+            + (self.refresh_summary() if self.refresh_release is not None else "")
         )
+
+    def refresh_summary(self) -> str:
+        """``; 2 exports refreshed for jax 0.12.1`` (and how many could not be)."""
+        done = sum(1 for r in self.refreshed if r.refreshed)
+        failed = len(self.refreshed) - done
+        return (f"; {counted(done, 'export')} refreshed for jax {self.refresh_release}"
+                + (f", {failed} could not be" if failed else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -181,6 +193,8 @@ class WarmupReport:
             "results": [r.to_dict() for r in self.results],
             "release": self.release,
             "carried": [{"name": m.name, "signature": m.signature, "key": m.key} for m in self.carried],
+            "refresh_release": self.refresh_release,
+            "refreshed_exports": [r.to_dict() for r in self.refreshed],
         }
 
 
@@ -250,8 +264,13 @@ def run_warmup(
     claim_seconds: float = CLAIM_SECONDS,
     wait_seconds: float = WAIT_SECONDS,
     leader: WarmupLeader | None = None,
+    refresh_exports: str | None = None,
 ) -> WarmupReport:
     """Compiles every item into the cache at ``location`` (hits cost no compile).
+
+    ``refresh_exports=RELEASE``: then exports again the portable HLO of every entry
+    compiled or hit that JAX ``RELEASE`` would refuse or not promise to call
+    (:mod:`aot.cache.warmup.refresh`), reported in the summary line.
 
     ``jobs`` XLA compiles run at once (``"auto"``: :func:`auto_jobs`): one in this
     process and ``jobs - 1`` in worker processes (started with "spawn"; they inherit
@@ -306,6 +325,7 @@ def run_warmup(
     from aot.cache.store import ArtifactStore
 
     items = list(items)
+    manifest_items = items  # results are indexed by manifest position, whatever the shard
     jobs = resolve_jobs(jobs, entries=len(items))
     if executor is not None and (jobs != 1 or isolate or workers is not None):
         raise ValueError("give either jobs or executor, not both")
@@ -344,6 +364,7 @@ def run_warmup(
             on_result(result)
 
     covered = None
+    refreshed: tuple[RefreshedExport, ...] = ()
     carried: list[ReleaseMember] = []
     releases: dict[str, str] = {}
     try:
@@ -372,6 +393,8 @@ def run_warmup(
                     run_parallel(cache, items, jobs, emit, isolate=isolate, pool=pool, claims=held)
                 else:
                     _run_pipelined(cache, items, emit, held)
+            if refresh_exports is not None:
+                refreshed = refresh_entries(cache, manifest_items, [results[i] for i in sorted(results)], refresh_exports)
         carried = declare(cache, list(results.values()), origin or RefOrigin("warmup"), release=release,
                           run=run, covered=covered)
         releases = _other_releases(cache, carried)
@@ -392,6 +415,7 @@ def run_warmup(
         shard=shard if isinstance(shard, tuple) else None, release=release, carried=tuple(carried),
         other_releases=tuple(m for m in carried if m.key in releases),
         carried_releases=tuple(sorted(set(releases.values()))),
+        refresh_release=refresh_exports, refreshed=refreshed,
     )
 
 
