@@ -60,6 +60,8 @@ def test_a_fresh_process_loading_and_calling_a_stored_entry_writes_nothing_to_st
 def test_only_the_known_lines_are_caught_and_a_missing_hardware_feature_is_still_written() -> None:
     kept, dropped = filter_libtpu_stderr(LINES_092, XLA_CPU_LOAD_NOISE)
     assert (kept, len(dropped)) == ("", 2)
+    as_warning = LINES_092.splitlines(keepends=True)[1].replace("E1207", "W1207")
+    assert filter_libtpu_stderr(as_warning, XLA_CPU_LOAD_NOISE)[0] == ""
     real = LINES_092.splitlines(keepends=True)[1].replace("+prefer-no-gather is", "+avx512f is")
     other = "E1207 02:54:01.962017   21100 cpu_client.cc:1] something else\n"
     assert filter_libtpu_stderr(real + other, XLA_CPU_LOAD_NOISE) == (real + other, [])
