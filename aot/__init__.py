@@ -7,6 +7,8 @@ imported on first use, so ``import aot`` (and ``aot --help``) stays quick.
 from __future__ import annotations
 
 import importlib
+import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from aot.errors import (
@@ -45,6 +47,26 @@ from aot.jax_support import check_installed_jax
 # Before anything imports JAX: a release outside the tested range fails here, in one
 # line that says which release is installed and what to do, not in a load later.
 check_installed_jax()
+
+#: Started at ``import aot`` when its variable is set: the metrics endpoint and its
+#: ``/ready``, so that a readiness probe gets 503 (not a refused port) until the first
+#: load. By name, as the lazy names below: the core imports no floor above it.
+_AT_IMPORT = ("AOT_METRICS_PORT", "aot.cache.serving.metrics", "serve_metrics_from_env")
+
+
+def _start_at_import() -> None:
+    variable, module, function = _AT_IMPORT
+    if not os.environ.get(variable, "").strip():
+        return
+    try:
+        getattr(importlib.import_module(module), function)()
+    except AotError as exc:
+        # Not an import error: the first aot.load tries again and raises it (a command in
+        # the same container, with the port already served, just warns).
+        logging.getLogger(__name__).warning("%s=%s: no metrics endpoint: %s", variable, os.environ[variable], exc)
+
+
+_start_at_import()
 
 if TYPE_CHECKING:
     from aot.cache.cache import Cache

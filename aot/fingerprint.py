@@ -193,6 +193,17 @@ def describe_differences(diffs: Iterable[PartDifference]) -> str:
     return "; ".join(d.describe() for d in diffs)
 
 
+#: The environment parts a JAX release changes (the platform version is the jaxlib's).
+RELEASE_PARTS = frozenset({"jax", "jaxlib", "platform_version"})
+
+
+def release_only(diffs: Iterable[PartDifference]) -> bool:
+    """Whether ``diffs`` are another JAX release's and nothing else (the same device and
+    flags): an entry a warm-up of this release replaces, in the same label."""
+    parts = {d.part for d in diffs}
+    return bool(parts & {"jax", "jaxlib"}) and parts <= RELEASE_PARTS
+
+
 def is_digest(text: str) -> bool:
     return bool(re.match(r"^[0-9a-f]{64}$", text))  # compiled on first use, not at import
 

@@ -21,10 +21,22 @@ def check_installed_jax() -> None:
     import are supported releases; the error is then reported in one line if nothing
     catches it (:func:`report_in_one_line`)."""
     problem = unsupported_jax()
-    if problem is None:
+    if problem is None or _asks_for_version():
         return
     sys.excepthook = functools.partial(report_in_one_line, previous=sys.excepthook)
     raise UnsupportedJaxError(*problem)
+
+
+def _asks_for_version() -> bool:
+    """Whether this process is ``aot --version`` (or ``python -m aot --version``): it
+    answers under any JAX, which it never imports."""
+    command = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return command in _COMMANDS and "--version" in sys.argv[1:]
+
+
+#: What ``sys.argv[0]`` reads in the ``aot`` command: the console script, or ``python
+#: -m aot`` (``-m`` while the package imports, ``__main__.py`` after).
+_COMMANDS = frozenset({"aot", "__main__.py", "-m"})
 
 
 def report_in_one_line(
@@ -40,5 +52,5 @@ def report_in_one_line(
         hook(kind, error, tb)
         return
     command = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
-    prefix = "Error" if command in {"aot", "__main__.py", "-m"} else "aot.UnsupportedJaxError"
+    prefix = "Error" if command in _COMMANDS else "aot.UnsupportedJaxError"
     sys.stderr.write(f"{prefix}: {error}\n")

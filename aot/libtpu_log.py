@@ -17,10 +17,14 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LIBTPU_NOISE", "filter_libtpu_stderr", "held_stderr", "quiet_libtpu_load", "write_stderr"]
+__all__ = [
+    "LIBTPU_NOISE", "XLA_CPU_LOAD_NOISE", "deserialize_quietly", "filter_libtpu_stderr", "held_stderr", "quiet_cpu_load",
+    "quiet_libtpu_load", "write_stderr",
+]
 
 # What libtpu (0.0.42.1, under jax 0.10.2) writes to stderr, from C++ on fd 2, whenever a
 # process loads it (for a target's topology, or as a backend JAX tries) on a host that is
@@ -40,6 +44,31 @@ LIBTPU_NOISE: tuple[re.Pattern[str], ...] = (
     ),
     re.compile(r"^I\d{4} [\d:.]+\s+\d+ \S+\] "),  # glog INFO lines: never a failure
 )
+# What XLA's CPU runtime of jaxlib 0.9.x writes to fd 2 each time it loads a stored CPU
+# executable (seen with 0.9.2 on an AMD EPYC with AVX-512; 0.10.2 writes nothing there):
+# - "W ... pjrt_executable.cc:642] Assume version compatibility. PjRt-IFRT does not track
+#   XLA executable versions.": every deserialization, whatever the executable;
+# - "E ... cpu_aot_loader.cc:220] ... Target machine feature +prefer-no-gather is not
+#   supported on the host machine ... SIGILL", once per such feature. XLA's CPU compiler
+#   adds LLVM *tuning* features (+prefer-no-gather, +prefer-no-scatter: gathers and
+#   scatters are slow on AMD Zen) to the features it compiles for, and its loader checks
+#   every compile feature against the host's hardware features, which never list a
+#   tuning one. The compile happened on this CPU (the environment key holds its ISA), so
+#   nothing can SIGILL; no compile option drops those two features (XLA adds them
+#   itself), so the lines are caught here. Only tuning features (prefer-, fast-, slow-):
+#   a missing hardware feature (+avx512f) is still written, it is a real warning.
+#   jaxlib 0.10.2 carries the same message (at E or W level, whichever a release uses),
+#   though it did not write it on this project's machine: caught on every release.
+XLA_CPU_LOAD_NOISE: tuple[re.Pattern[str], ...] = (
+    re.compile(
+        r"^W\d{4} [\d:.]+\s+\d+ pjrt_executable\.cc:\d+\] Assume version compatibility\. "
+        r"PjRt-IFRT does not track XLA executable versions\.$"
+    ),
+    re.compile(
+        r"^[EW]\d{4} [\d:.]+\s+\d+ cpu_aot_loader\.cc:\d+\] Loading XLA:CPU AOT result\. Target machine "
+        r"feature \+(prefer|fast|slow)-[\w.-]+ is not\s+supported on the host machine\."
+    ),
+)
 # The lines of a source-location trace that follow a glog line: they go where it goes.
 _TRACE_LINE = re.compile(r"^(=== Source Location Trace: ===|[\w./-]+\.cc:\d+)$")
 # fd 2 is the process's: one capture at a time (another thread's writes to stderr
@@ -47,16 +76,17 @@ _TRACE_LINE = re.compile(r"^(=== Source Location Trace: ===|[\w./-]+\.cc:\d+)$")
 _CAPTURE_LOCK = threading.RLock()  # re-entrant: a nested capture writes into the outer one
 
 
-def filter_libtpu_stderr(text: str) -> tuple[str, list[str]]:
+def filter_libtpu_stderr(text: str, noise_patterns: tuple[re.Pattern[str], ...] = LIBTPU_NOISE) -> tuple[str, list[str]]:
     """Splits what libtpu wrote to stderr while loading into the text to write on
-    (every line that is not :data:`LIBTPU_NOISE`, unchanged) and the noise lines."""
+    (every line that is not :data:`LIBTPU_NOISE`, or ``noise_patterns``, unchanged)
+    and the noise lines."""
     kept: list[str] = []
     dropped: list[str] = []
     noise = False
     for line in text.splitlines(keepends=True):
         bare = line.strip()
         if not (_TRACE_LINE.match(bare) and kept + dropped):
-            noise = any(p.match(bare) for p in LIBTPU_NOISE)
+            noise = any(p.match(bare) for p in noise_patterns)
         (dropped if noise else kept).append(line)
     return "".join(kept), [line.rstrip("\n") for line in dropped]
 
@@ -66,6 +96,31 @@ def quiet_libtpu_load() -> Iterator[None]:
     """Captures fd 2 while libtpu loads; afterwards logs its start-up noise at DEBUG and
     writes every other line to the real stderr. When the load fails, every line is
     written (never hide what explains a failure); the exception passes unchanged."""
+    with _quiet(LIBTPU_NOISE, "libtpu"):
+        yield
+
+
+@contextmanager
+def quiet_cpu_load() -> Iterator[None]:
+    """:func:`quiet_libtpu_load` for XLA's CPU runtime loading a stored executable:
+    :data:`XLA_CPU_LOAD_NOISE` logged at DEBUG, every other line written on."""
+    with _quiet(XLA_CPU_LOAD_NOISE, "XLA:CPU load"):
+        yield
+
+
+def deserialize_quietly(backend: Any, exe_bytes: bytes, devices: Any) -> Any:
+    """XLA's deserialization of a stored executable (the one path of every load, and
+    of the serving read-ahead); on CPU under :func:`quiet_cpu_load`."""
+    from aot.jaxcompat.deserialize import deserialize_xla_executable
+
+    if getattr(backend, "platform", None) != "cpu":
+        return deserialize_xla_executable(backend, exe_bytes, devices)
+    with quiet_cpu_load():
+        return deserialize_xla_executable(backend, exe_bytes, devices)
+
+
+@contextmanager
+def _quiet(noise_patterns: tuple[re.Pattern[str], ...], source: str) -> Iterator[None]:
     held: list[str] = []
     failed = True
     try:
@@ -74,9 +129,9 @@ def quiet_libtpu_load() -> Iterator[None]:
         failed = False
     finally:
         text = "".join(held)
-        kept, dropped = (text, []) if failed else filter_libtpu_stderr(text)
+        kept, dropped = (text, []) if failed else filter_libtpu_stderr(text, noise_patterns)
         for line in dropped:
-            log.debug("libtpu: %s", line)
+            log.debug("%s: %s", source, line)
         write_stderr(kept)
 
 

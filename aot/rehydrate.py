@@ -37,7 +37,8 @@ from aot.errors import (
 from aot.executable import ArgAval, ExecutableInfo, MeshExecutable, executable_class
 from aot.executable_checks import check_executable, executable_problems, portable_hlo_problems
 from aot.fingerprint import Fingerprint
-from aot.jaxcompat.deserialize import deserialize_xla_executable, ensure_custom_call_targets, load_compiled
+from aot.jaxcompat.deserialize import ensure_custom_call_targets, load_compiled
+from aot.libtpu_log import deserialize_quietly, quiet_cpu_load
 from aot.shardings import aval_from_json, device_list, live_devices, sharding_from_json
 
 log = logging.getLogger(__name__)
@@ -147,8 +148,11 @@ def _deserialize(
 
             if callbacks is None:  # verify: a cross-check, never run
                 callbacks = [_never_called] * len(manifest.host_callbacks)
-            return deserialize_with_callbacks(backend, exe_bytes, dlist, callbacks)
-        return deserialize_xla_executable(backend, exe_bytes, dlist)
+            if backend.platform != "cpu":
+                return deserialize_with_callbacks(backend, exe_bytes, dlist, callbacks)
+            with quiet_cpu_load():  # jaxlib 0.9's loader writes lines that are no error (libtpu_log)
+                return deserialize_with_callbacks(backend, exe_bytes, dlist, callbacks)
+        return deserialize_quietly(backend, exe_bytes, dlist)
     except Exception as exc:  # noqa: BLE001 - XLA reports as RuntimeError/XlaRuntimeError
         raise IncompatibleEnvironmentError(
             f"XLA could not load the executable of {manifest.name!r} ({manifest.key[:12]}): "

@@ -1,6 +1,6 @@
 """Warm-up CPU seconds next to plain JAX, and A/B between checkouts (issue 25 goal 1).
 
-    python -m benchmarks.bench_warmup_cpu [--heavy] [--runs 3] [--tree LABEL=PATH ...]
+    python -m benchmarks.bench_warmup_cpu [--heavy] [--runs 5] [--tree LABEL=PATH ...]
 
 Each run, interleaved: plain JAX compiling the manifest's programs in one process
 (cold), then for each tree ``aot warmup MANIFEST --jobs 1`` into a fresh cache, the
@@ -8,7 +8,10 @@ same warm-up again on that cache (every entry a hit), and JAX with its persisten
 cache warm. A tree is a checkout with its own ``.venv`` (default: this one, labelled
 ``this``): ``--tree base=/tmp/base`` compares a commit's warm-up with this one's in
 the same run, under the same load. Printed: the median wall and CPU seconds (user +
-system of the process and its children) of each way, and aot / JAX per run.
+system of the process and its children) of each way, aot / JAX per run, and for each
+aot way the median of those ratios with their spread (lowest-highest, and the
+interquartile range from 4 runs on): whether a goal such as "<= 1.05x of plain JAX"
+holds is read from the median, and the spread says how far one run can mislead.
 Fixtures come from this repository; every process gets 8 virtual CPU devices.
 
 Bytecode: every process, JAX's and aot's, reads its modules' bytecode from one
@@ -60,16 +63,27 @@ def _run(cmd: list[str], root: Path, pycache: Path | None = None) -> tuple[float
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def _aot(root: Path) -> str:
+    """The ``aot`` command of the checkout ``root``: its ``.venv``'s; for this checkout
+    without one, the command beside the Python running the benchmark."""
+    command = root / ".venv" / "bin" / "aot"
+    if root == REPO and not command.exists():
+        command = Path(sys.executable).with_name("aot")
+    return str(command)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_warmup_cpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--heavy", action="store_true", help="benchmarks/heavy.toml instead of fixtures/warmup.toml")
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5, help="interleaved repetitions (default 5)")
     parser.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
                         help="a checkout with its own .venv to time too (repeatable)")
     parser.add_argument("--no-pycache", action="store_true",
                         help="bytecode as the environment leaves it (no shared PYTHONPYCACHEPREFIX)")
     args = parser.parse_args(argv)
     trees = [("this", REPO)] + [(t.partition("=")[0], Path(t.partition("=")[2]).resolve()) for t in args.tree]
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     manifest = MANIFESTS[args.heavy]
     variant = "cold:heavy" if args.heavy else "cold"
     folder = Path(tempfile.mkdtemp(prefix="aot-bench-warmup-cpu-"))
@@ -84,14 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         if pycache is not None:  # the small manifest imports the same modules
             _run([*jax_cmd, "--variant", "cold"], REPO, pycache)
             for label, root in trees:
-                untimed = [str(root / ".venv" / "bin" / "aot"), "--cache", str(folder / f"{label}-untimed"),
+                untimed = [_aot(root), "--cache", str(folder / f"{label}-untimed"),
                            "warmup", str(MANIFESTS[False]), "--jobs", "1"]
                 _run(untimed, root, pycache)  # compiles
                 _run(untimed, root, pycache)  # all cached
         for run in range(args.runs):
             ways = [("JAX cold", [*jax_cmd, "--variant", variant], REPO)]
             for label, root in trees:
-                cli = str(root / ".venv" / "bin" / "aot")
+                cli = _aot(root)
                 cache = str(folder / f"{label}-{run}")
                 ways.append((f"aot {label} --jobs 1", [cli, "--cache", cache, "warmup", str(manifest), "--jobs", "1"], root))
                 ways.append((f"aot {label} all cached", [cli, "--cache", cache, "warmup", str(manifest), "--jobs", "1"], root))
@@ -112,7 +126,24 @@ def main(argv: list[str] | None = None) -> int:
         if name.startswith("aot"):
             ratios = ", ".join(f"{v[1] / r[1]:.2f}; {v[0] / r[0]:.2f}" for v, r in zip(values, reference))
         print(f"{name:30s} {wall:8.2f} {cpu:8.2f}   {ratios}")
+    for name, values in samples.items():
+        if name.startswith("aot"):
+            reference = samples["JAX pcache warm" if "cached" in name else "JAX cold"]
+            what = "JAX pcache warm" if "cached" in name else "JAX cold"
+            for unit, index in (("CPU", 1), ("wall", 0)):
+                ratios_of = [v[index] / r[index] for v, r in zip(values, reference)]
+                print(f"{name} / {what}, {unit}: {spread(ratios_of)}")
     return 0
+
+
+def spread(ratios: list[float]) -> str:
+    """``median 1.03x, spread 0.97-1.09x (IQR 1.00-1.05x), 5 runs``."""
+    low, high = min(ratios), max(ratios)
+    text = f"median {statistics.median(ratios):.2f}x, spread {low:.2f}-{high:.2f}x"
+    if len(ratios) >= 4:
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        text += f" (IQR {q1:.2f}-{q3:.2f}x)"
+    return f"{text}, {len(ratios)} runs"
 
 
 if __name__ == "__main__":

@@ -29,6 +29,11 @@ class AotGroup(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:
+            if not stdout_closed():  # a socket's (the index's, a blob store's): an error
+                raise click.ClickException("Broken pipe (a connection closed)") from None
+            # The reader of our output left (`aot ls | head`): end quietly, as git and ls do.
+            raise click.exceptions.Exit(0) from None
         except Exception as exc:
             state = ctx.find_object(State)
             if state is not None and state.debug:
@@ -54,3 +59,31 @@ def error_message(exc: BaseException) -> str:
         where = f": {exc.filename}" if exc.filename else ""
         return f"{exc.strerror}{where}"
     return f"{Failure.of(exc).describe()}\n(run `aot --debug ...` for the traceback)"
+
+
+def stdout_closed() -> bool:
+    """Whether standard output is a pipe its reader closed (``aot ls | head``); if so,
+    it now writes to the null device, so that what is still buffered, and the exit's
+    flush, write nowhere instead of failing again (Python's own advice for SIGPIPE)."""
+    import os
+    import select
+    import stat
+    import sys
+
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        # A pipe without a reader polls as an error (Linux and the BSDs alike).
+        if not any(events & select.POLLERR for _, events in poller.poll(0)):
+            return False
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test's), no poll()
+        return False
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+    return True

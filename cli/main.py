@@ -20,7 +20,7 @@ from typing import NoReturn
 import click
 
 from aot.cli.common import State, configure_logging, global_options
-from aot.cli.group import AotGroup, error_message  # noqa: F401 - error_message re-exported
+from aot.cli.group import AotGroup, error_message, stdout_closed  # noqa: F401 - error_message re-exported
 from aot.jaxcompat.runtime import distributed_client_active
 
 
@@ -94,6 +94,9 @@ def leave(code: object) -> NoReturn:
     it: another non-daemon thread alive, or JAX's distributed runtime started by the
     user's code (a manifest's module)."""
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's own exit step
+    # A reader that left early (`aot ls | head`) leaves the last of the output unwritten:
+    # written nowhere, so that no exit path reports it (Python's own exit would).
+    stdout_closed()
     if run_exit_handlers is None or _teardown_needed():
         sys.exit(code if code is None or isinstance(code, (int, str)) else str(code))
     if code is None:

@@ -9,7 +9,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sqlalchemy.engine.url import URL
 
-__all__ = ["DAMAGED_INDEX_ADVICE", "advice_for", "damaged_index_message", "mask_url", "reason_of"]
+__all__ = [
+    "DAMAGED_INDEX_ADVICE", "advice_for", "damaged_index_message", "mask_url", "on_read_only_file_system",
+    "reason_of",
+]
 
 #: What to do about a corrupt or truncated SQLite index (``aot repair``: issue 49).
 DAMAGED_INDEX_ADVICE = (
@@ -51,8 +54,9 @@ def reason_of(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def advice_for(reason: str, read_only: bool = False) -> str:
-    """What to do about the database errors a user can fix."""
+def advice_for(reason: str, read_only: bool = False, database: str | None = None) -> str:
+    """What to do about the database errors a user can fix (``database``: a SQLite
+    index's file, whose file system is looked at when it cannot be written)."""
     text = reason.lower()
     if "malformed" in text or "not a database" in text or "database corrupt" in text:
         return "; " + DAMAGED_INDEX_ADVICE
@@ -78,6 +82,12 @@ def advice_for(reason: str, read_only: bool = False) -> str:
             "folder and index.sqlite (and, while a writer has it open, index.sqlite-wal "
             "and index.sqlite-shm)"
         )
+    if (readonly or "unable to open database file" in text) and on_read_only_file_system(database):
+        return (
+            "; the cache folder is on a read-only file system (a read-only mount): nothing can be "
+            "written there, whatever the permissions. Serve it read-only (read_only=True, "
+            "`aot --read-only`), or warm up into a cache on a writable file system and ship that"
+        )
     if readonly or "unable to open database file" in text:
         return (
             "; the index cannot be written here: fix the permissions of the cache folder, "
@@ -85,3 +95,21 @@ def advice_for(reason: str, read_only: bool = False) -> str:
             "access only"
         )
     return ""
+
+
+def on_read_only_file_system(path: str | None) -> bool:
+    """Whether ``path`` (or, when it does not exist yet, the nearest folder above it) is
+    on a file system mounted read-only (``statvfs``'s ST_RDONLY: EROFS for every write)."""
+    if not path or path == ":memory:":
+        return False
+    import os
+    from pathlib import Path
+
+    for candidate in (Path(path), *Path(path).parents):
+        try:
+            return bool(os.statvfs(candidate).f_flag & os.ST_RDONLY)
+        except FileNotFoundError:
+            continue
+        except (OSError, AttributeError):  # no statvfs (Windows), or unreadable: unknown
+            return False
+    return False

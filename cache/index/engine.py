@@ -427,7 +427,8 @@ class IndexEngine:
     def _fail(self, what: str, e: BaseException) -> CacheError:
         reason = reason_of(e)
         return CacheError(
-            f"{what} failed on the cache index at {self.url}: {reason}{advice_for(reason, self.read_only)}"
+            f"{what} failed on the cache index at {self.url}: {reason}"
+            f"{advice_for(reason, self.read_only, self._engine.url.database if self.dialect == 'sqlite' else None)}"
         )
 
     @contextmanager

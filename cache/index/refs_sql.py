@@ -21,7 +21,8 @@ from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
 from aot.cache.index.globs import glob_to_like
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember, pin_reasons, signature_digest
 from aot.cache.index.releases import (
-    CacheDescription, Release, ReleaseRemoval, RemovedRelease, credit_source, promote_source, rollback_source,
+    CacheDescription, Release, ReleaseRemoval, RemovedRelease, credit_source, label_hint, promote_source,
+    rollback_source,
 )
 from aot.cache.pauses import reached
 from aot.cache.index.schema import ARTIFACTS, CACHE_META, REF_HISTORY, REFS, RELEASE_MEMBERS, RELEASES
@@ -250,7 +251,7 @@ class IndexRefs(IndexDescription):
             self._lock_refs(conn)
             current = self._current_set(conn, source)
             if current is None:
-                raise CacheError(f"no release labelled {source!r}; `aot release ls` lists the labels")
+                raise CacheError(f"no release labelled {source!r}{_hint(conn, source)}; `aot release ls` lists the labels")
             before = self._current_set(conn, target)
             # The new set keeps the promoted set's provenance: which set it was, and the
             # commit its members were built from (the promoter's only when it has none).
@@ -270,7 +271,7 @@ class IndexRefs(IndexDescription):
             self._lock_refs(conn)
             current = self._current_set(conn, label)
             if current is None:
-                raise CacheError(f"no release labelled {label!r}; `aot release ls` lists the labels")
+                raise CacheError(f"no release labelled {label!r}{_hint(conn, label)}; `aot release ls` lists the labels")
             if current["previous"] is None:
                 raise CacheError(_no_earlier_set(label, _release(current, ())))
             target = conn.execute(sa.select(RELEASES).where(RELEASES.c.id == current["previous"])).first()
@@ -356,7 +357,8 @@ class IndexRefs(IndexDescription):
         unknown = [label for label in labels if label not in known]
         if unknown:
             raise CacheError(
-                f"no release labelled {', '.join(repr(u) for u in unknown)}; the labels are "
+                f"no release labelled {', '.join(repr(u) for u in unknown)}"
+                f"{label_hint(unknown[0], known) if len(unknown) == 1 else ''}; the labels are "
                 f"{', '.join(known) if known else '(none)'} (`aot release ls` lists them)"
             )
         removed = []
@@ -488,6 +490,11 @@ def _credit(conn: Connection, joined: dict[str, Any], targets: list[RefTarget], 
     credited = credit_source(joined["source"], origin.source)
     if targets and credited != joined["source"]:
         conn.execute(sa.update(RELEASES).where(RELEASES.c.id == joined["id"]).values(source=credited))
+
+
+def _hint(conn: Connection, label: str) -> str:
+    """:func:`label_hint` over the labels stored (read in the move's transaction)."""
+    return label_hint(label, conn.execute(sa.select(RELEASES.c.label).distinct()).scalars())
 
 
 def check_label(label: str) -> None:

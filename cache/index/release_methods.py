@@ -32,6 +32,11 @@ class ReleaseMethods:
     def check_writable(self, what: str) -> None:  # implemented by ArtifactStore
         raise NotImplementedError
 
+    def _label_hint(self, label: str) -> str:
+        from aot.cache.index.releases import label_hint  # not on a serving process's path
+
+        return label_hint(label, self.reader.release_labels())
+
     def releases(self) -> list[Release]:
         """The current set of every release label (without members)."""
         return self.index.releases()
@@ -40,7 +45,8 @@ class ReleaseMethods:
         """The current set of ``label`` with its members; CacheError when none."""
         found = self.index.release_set(label)
         if found is None:
-            raise CacheError(f"no release labelled {label!r} in {self.display_location}; `aot release ls` lists them")
+            raise CacheError(f"no release labelled {label!r} in {self.display_location}"
+                             f"{self._label_hint(label)}; `aot release ls` lists them")
         return found
 
     def release_history(self, label: str, limit: int | None = None) -> list[Release]:
@@ -50,7 +56,8 @@ class ReleaseMethods:
         -- with when, host and user. CacheError when there is no such label."""
         found = self.index.release_history(label)
         if not found:
-            raise CacheError(f"no release labelled {label!r} in {self.display_location}; `aot release ls` lists them")
+            raise CacheError(f"no release labelled {label!r} in {self.display_location}"
+                             f"{self._label_hint(label)}; `aot release ls` lists them")
         return found[:limit] if limit is not None else found
 
     def promote(self, source: str, target: str, origin: RefOrigin | None = None) -> Release:

@@ -9,6 +9,7 @@ costs a serving process's start-up its creation.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -16,8 +17,8 @@ from typing import Any
 from aot.cache.index.refs import ReleaseMember
 
 __all__ = [
-    "CacheDescription", "Release", "ReleaseRemoval", "RemovedRelease", "credit_source", "promote_source",
-    "rollback_source",
+    "CacheDescription", "Release", "ReleaseRemoval", "RemovedRelease", "credit_source", "label_hint",
+    "promote_source", "rollback_source",
 ]
 
 
@@ -87,6 +88,15 @@ _PROMOTE = re.compile(r"promote (\S+)(?: set (\d+))?")
 
 #: Between the sources of the manifests that added members to one run's set.
 _CREDIT_SEPARATOR = ", "
+
+
+def label_hint(label: str, labels: Iterable[str]) -> str:
+    """`` (did you mean 'candidate'?)`` when labels of ``labels`` are close to
+    ``label`` (a mistyped one), each once; else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(label, sorted(set(labels)), n=3)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
 
 
 def promote_source(label: str, set_id: int) -> str:

@@ -70,7 +70,9 @@ class Index(IndexReads, IndexGc, IndexRefs, IndexJit, IndexTargets):
             reason = reason_of(e)
             raise CacheError(
                 f"cannot open the cache index at {self.url}: {reason}"
-                + (advice_for(reason, read_only) or "; check that the database is reachable and that "
+                + (advice_for(reason, read_only, self._engine.url.database if self._engine.dialect.name == "sqlite"
+                              else None)
+                   or "; check that the database is reachable and that "
                    "the URL, user and password are right")
             ) from e
         self._autocommit_reads = self._engine.dialect.name == "postgresql"

@@ -23,7 +23,8 @@ import jax
 from aot.artifact import Manifest
 from aot.errors import AotError, SpecError
 from aot.fingerprint import (
-    UNKNOWN_ENVIRONMENT_NOTE, Fingerprint, PartDifference, environment_fingerprint, xla_flags_outside_key,
+    UNKNOWN_ENVIRONMENT_NOTE, Fingerprint, PartDifference, environment_fingerprint, release_only,
+    xla_flags_outside_key,
 )
 from aot.lowering import lower, lower_pmap
 from aot.specs import format_aval, spec
@@ -137,10 +138,9 @@ class Explanation:
                 lines += [f"  {leaf.describe()}" for leaf in self.argument_differences]
             else:
                 lines.append(f"  {d.describe()}")
-        parts = {d.part for d in self.differences}
-        if parts & {"jax", "jaxlib"} and parts <= {"jax", "jaxlib", "platform_version"} and self.export_window:
+        if release_only(self.differences) and self.export_window:
             lines.append(f"  (another JAX release's entry, whose portable HLO {self.export_window})")
-        elif parts & {"jax", "jaxlib"} and parts <= {"jax", "jaxlib", "platform_version"}:
+        elif release_only(self.differences):
             lines.append(
                 "  (another JAX release's entry: aot.load recompiles its portable HLO here within "
                 "jax.export's compatibility window, never with strict=True; warm this release up to "

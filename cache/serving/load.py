@@ -203,24 +203,62 @@ def check_release(dispatcher: Dispatcher | StaticsDispatcher, release: str) -> N
     missing = {signature for signature, _, _ in table.selection.missing}
     problems = [f"  ({signature}) {key[:12]}: {why}" for signature, key, why in table.selection.missing]
     skipped = {signature: reason for t in tables for _, signature, reason in t.skipped}
+    foreign = _foreign_differences(tables)
+    releases_only = True
     for signature in sorted(table.selection.declared - servable - missing):
-        why = skipped.get(signature, "cannot be served here" + (" with strict=True" if table.strict else ""))
-        problems.append(f"  ({signature}): {why[:200]}")
+        why = skipped.get(signature)
+        if why is None:
+            why = "cannot be served here" + (" with strict=True (it never compiles)" if table.strict else "")
+            differences = foreign.get(signature, [])
+            releases_only = releases_only and bool(differences) and all(only for _, _, only in differences)
+            why += "".join(f"; {key[:12]} compiled for another environment: {text}" for key, text, _ in differences)
+        else:
+            releases_only = False
+        problems.append(f"  ({signature}): {why[:400]}")
     if problems:
+        releases_only = releases_only and not table.selection.missing
         raise ReleaseNotFoundError(
             f"aot.load({dispatcher.name!r}, release={release!r}): {len(problems)} member signature(s) "
             "of the release cannot be served here:\n" + "\n".join(problems)
-            + f"\n{_release_advice(release)}", tuple(dispatcher.signatures),
+            + f"\n{_release_advice(release, releases_only=releases_only)}", tuple(dispatcher.signatures),
         )
 
 
-def _release_advice(release: str) -> str:
-    """What to do when a release's members cannot be served here. Never `aot warmup
-    --release LABEL` for this environment: a set is declared for the environments its
-    members were compiled for, and a warm-up of this one into that label would open a
-    set mixing this host's entries into what the fleet serves."""
+def _foreign_differences(tables: list[Any]) -> dict[str, list[tuple[str, str, bool]]]:
+    """signature -> (key, the parts of its environment that differ from this one's,
+    whether only the JAX release differs), for the rows of other environments filed."""
+    from aot.artifact import Manifest
+    from aot.fingerprint import describe_differences, release_only
+
+    found: dict[str, list[tuple[str, str, bool]]] = {}
+    for t in tables:
+        environment = t.cache.environment
+        for program in t.concrete.values():
+            for entry in program.foreign:
+                try:
+                    diffs = Manifest.from_json(entry.manifest).environment.diff(environment)
+                except AotError:
+                    continue
+                text = describe_differences(diffs) or "another environment"
+                found.setdefault(program.signature, []).append((entry.key, text, release_only(diffs)))
+    return found
+
+
+def _release_advice(release: str, *, releases_only: bool = False) -> str:
+    """What to do when a release's members cannot be served here. Members of another
+    JAX release only: warm this release into the same label (docs/jax-releases.md's
+    runbook: one label holds a member per release, each host serves its own). Members
+    of another device or target: never `aot warmup --release LABEL` for this
+    environment, which would mix this host's entries into what the fleet serves."""
     import jax
 
+    if releases_only:
+        return (
+            f"Warm this JAX release ({jax.__version__}) into the same label before serving it "
+            f"here: aot warmup MANIFEST --release {release} --commit COMMIT on a host of this "
+            f"release, with the commit `aot release show {release}` prints (docs/jax-releases.md); "
+            f"or load with strict=False to recompile from the portable HLO"
+        )
     here = jax.default_backend()  # started already: the dispatcher's entries were filed
     return (
         f"Serve release {release!r} where its members were compiled (the target or host each "

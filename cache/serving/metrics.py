@@ -7,7 +7,7 @@ added to the call path (calls are read from the dispatchers' counters when Prome
 scrapes). Started by one call or one environment variable::
 
     aot.serve_metrics(9464)                 # http://127.0.0.1:9464/metrics
-    AOT_METRICS_PORT=9464 python serve.py   # started by the first aot.load
+    AOT_METRICS_PORT=9464 python serve.py   # started by `import aot` (/ready: 503 until a load)
 
 Series (labels ``name``: the entry name; ``release``: the release label the process
 serves for it, "" when it serves the name's refs):
@@ -59,7 +59,7 @@ __all__ = [
     "serve_metrics", "serve_metrics_from_env",
 ]
 
-#: The port a serving process exposes its metrics on (``aot.load`` starts the server).
+#: The port a serving process exposes its metrics on (``import aot`` starts the server).
 ENV_PORT = "AOT_METRICS_PORT"
 #: The address it listens on (default :data:`DEFAULT_ADDR`; ``0.0.0.0`` for a Prometheus
 #: on another host).
@@ -311,7 +311,9 @@ def _start_server(client: Any, port: int, addr: str, registry: Any) -> tuple[WSG
 
 def serve_metrics_from_env(environ: Mapping[str, str] | None = None) -> MetricsServer | None:
     """:func:`serve_metrics` on ``$AOT_METRICS_PORT`` (and ``$AOT_METRICS_ADDR``); None
-    when the port is not set. ``aot.load`` calls it, so a serving process needs no code."""
+    when the port is not set. ``import aot`` calls it (so ``/ready`` answers 503 before
+    the first load, not a refused port), and ``aot.load`` again (raising what the import
+    only logged), so a serving process needs no code."""
     env = os.environ if environ is None else environ
     text = env.get(ENV_PORT, "").strip()
     if not text:

@@ -41,7 +41,8 @@ from typing import Any
 
 from aot import ahead
 from aot.environment import environment_digest, environment_parts
-from aot.jaxcompat.deserialize import deserialize_xla_executable, ensure_custom_call_targets
+from aot.jaxcompat.deserialize import ensure_custom_call_targets
+from aot.libtpu_log import deserialize_quietly
 from aot.shardings import device_list, live_devices
 
 from aot.cache.index.read_only import served_manifests
@@ -90,7 +91,7 @@ class ReadAhead:
                 ids = j[1]
                 device = self._devices[ids[0]]
                 ensure_custom_call_targets(device.platform, data)
-                result = deserialize_xla_executable(device.client, data, device_list(ids, self._devices))
+                result = deserialize_quietly(device.client, data, device_list(ids, self._devices))
             except Exception as exc:  # noqa: BLE001 - the load meets it again and says why
                 log.debug("aot.load(%r): %s not deserialized ahead: %s", self.name, j[0][:12], exc)
             finally:

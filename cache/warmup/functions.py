@@ -102,7 +102,8 @@ def _close(name: str, names: Iterable[str]) -> str:
     """`` (did you mean 'forward'?)`` when a name of ``names`` is close to ``name``."""
     import difflib
 
-    close = difflib.get_close_matches(name, list(names), n=3)
+    # Each name once: the manifest's folder is often the working directory too.
+    close = difflib.get_close_matches(name, list(dict.fromkeys(names)), n=3)
     return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
 
 

@@ -45,6 +45,16 @@ def test_a_mistyped_function_or_module(invoke: Invoke, folder: Path) -> None:
     )
 
 
+def test_a_mistyped_module_in_a_manifest_of_the_working_directory_is_suggested_once(
+    invoke: Invoke, folder: Path,
+) -> None:
+    # The manifest's folder and the working directory are one: its modules are one list.
+    (folder / "m.toml").write_text(MANIFEST.format(key="function").replace("dym_model:", "dym_modle:"))
+    output = invoke("warmup", "m.toml").output
+    assert "no module named 'dym_modle' (did you mean 'dym_model'?); run from the folder" in output
+    assert " or 'dym_model'" not in output
+
+
 def test_a_mistyped_manifest_key(invoke: Invoke, folder: Path) -> None:
     (folder / "m.toml").write_text(MANIFEST.format(key="fucntion"))
     assert one_line_error(invoke("warmup", "m.toml")) == (

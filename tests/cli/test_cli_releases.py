@@ -109,8 +109,8 @@ def test_release_rm_json_unknown_label_and_read_only(invoke: Invoke, labelled, c
     assert sorted(m["key"] for m in plan["unpinned"]) == sorted(labelled.values())
     assert plan["still_pinned"] == []
     unknown = one_line_error(invoke("release", "rm", "canary-2026-11", "canary-2026-12"))
-    assert unknown == ("Error: no release labelled 'canary-2026-12'; the labels are canary-2026-11, prod "
-                       "(`aot release ls` lists them)")
+    assert unknown == ("Error: no release labelled 'canary-2026-12' (did you mean 'canary-2026-11'?); the labels "
+                       "are canary-2026-11, prod (`aot release ls` lists them)")
     read_only = one_line_error(invoke("release", "rm", "prod", "--read-only"))
     assert read_only.startswith(f"Error: cannot remove a release: the cache at {cache_dir} is read-only")
     assert _labels(invoke) == ["canary-2026-11", "prod"]
@@ -201,6 +201,24 @@ def test_a_mistyped_label_says_did_you_mean(warmed, cache_dir) -> None:  # noqa:
         cache.set_refs([entry], RefOrigin("ci"), release_id=prod)
     with pytest.raises(aot.ReleaseNotFoundError, match="did you mean 'prod'"):
         aot.load("mlp.forward", cache=str(cache_dir), release="prd")
+
+
+def test_release_commands_say_did_you_mean_for_a_mistyped_label(invoke: Invoke, labelled, cache_dir) -> None:  # noqa: ANN001
+    assert one_line_error(invoke("release", "promote", "cannary-2026-11", "prod")) == (
+        "Error: no release labelled 'cannary-2026-11' (did you mean 'canary-2026-11'?); "
+        "`aot release ls` lists the labels")
+    assert one_line_error(invoke("release", "rollback", "prd")) == (
+        "Error: no release labelled 'prd' (did you mean 'prod'?); `aot release ls` lists the labels")
+    for command in ("show", "history", "default"):
+        assert one_line_error(invoke("release", command, "prd")) == (
+            f"Error: no release labelled 'prd' in {cache_dir} (did you mean 'prod'?); `aot release ls` lists them")
+    assert one_line_error(invoke("release", "rm", "prd")) == (
+        "Error: no release labelled 'prd' (did you mean 'prod'?); the labels are canary-2026-11, prod "
+        "(`aot release ls` lists them)")
+    # Nothing close: no guess.
+    assert one_line_error(invoke("release", "promote", "staging", "prod")) == (
+        "Error: no release labelled 'staging'; `aot release ls` lists the labels")
+    assert _labels(invoke) == ["canary-2026-11", "prod"]
 
 
 def test_rollback_onto_a_removed_entry_refuses_and_leaves_the_label(invoke: Invoke, warmed, cache_dir) -> None:  # noqa: ANN001

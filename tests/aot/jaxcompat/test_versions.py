@@ -125,6 +125,17 @@ def test_every_command_refuses_it_in_one_line(tmp_path: Path, argv: tuple[str, .
     assert done.stderr == f"Error: {_expected('0.12.0', '0.12.0')}\n"
 
 
+@pytest.mark.parametrize("argv", [("-m", "aot", "--version"), ("-m", "aot", "--cache", "x", "--version")])
+def test_aot_version_answers_under_any_jax(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    """`aot --version` is what one asks first under a JAX it refuses: it answers, without
+    importing JAX (the fake one exits if imported)."""
+    from importlib import metadata
+
+    root = _fake_jax(tmp_path, "0.8.0", "0.8.0")
+    done = _run(root, *argv)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"aot, version {metadata.version('jax-aot')}\n", "")
+
+
 def test_the_console_script_refuses_it_in_one_line(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("aot")
     if not script.exists():

@@ -89,3 +89,31 @@ def test_outside_the_window_is_refused_clearly_and_not_quarantined(open_folder_c
     [row] = cache.entries(compiled.TINY_NAME)
     assert row.key == stored.key and row.state == "ok"  # another release's hosts still serve it
     assert cache.verify().ok  # and `aot verify` here finds nothing wrong with it
+
+
+def test_a_strict_release_refusal_names_the_release_parts_and_advises_the_same_label(
+    open_folder_cache, compiled, foreign,  # noqa: ANN001
+) -> None:
+    """docs/jax-releases.md: a strict host of a release with no member of its own refuses
+    naming `jax OTHER != THIS`, and the runbook's advice is a warm-up of this release into
+    the same label, not a label of its own."""
+    cache = open_folder_cache()
+    entry = cache.put_artifact(foreign(compiled.tiny, jax=OTHER, jaxlib=OTHER))
+    set_id = cache.index.open_release("prod", RefOrigin("warmup", release="prod"))
+    cache.set_refs([entry], RefOrigin("warmup", release="prod"), release_id=set_id)
+    with pytest.raises(aot.ReleaseNotFoundError) as info:
+        aot.load(compiled.TINY_NAME, cache=cache, release="prod", strict=True)
+    lines = str(info.value).splitlines()
+    assert lines[1] == (
+        f"  ({entry.signature}): cannot be served here with strict=True (it never compiles); "
+        f"{entry.key[:12]} compiled for another environment: jax {OTHER} != {jax.__version__}; "
+        f"jaxlib {OTHER} != {jax.__version__}"
+    )
+    assert lines[-1] == (
+        f"Warm this JAX release ({jax.__version__}) into the same label before serving it here: "
+        "aot warmup MANIFEST --release prod --commit COMMIT on a host of this release, with the "
+        "commit `aot release show prod` prints (docs/jax-releases.md); or load with strict=False "
+        "to recompile from the portable HLO"
+    )
+    assert "of its own" not in str(info.value)
+    assert len(cache.entries(compiled.TINY_NAME)) == 1  # nothing compiled

@@ -100,3 +100,55 @@ def test_an_eager_load_and_a_declared_name_hold_readiness_back(  # noqa: ANN001
         aot.load("nope", cache=cache)
     assert probe(server) == (503, "not ready: mlp.forward lazy, nope failed, tiny loaded\n")
     assert kept is not None and len(served) == 1
+
+
+#: A serving process: `import aot` (AOT_METRICS_PORT set), then waits for a line on its
+#: stdin before loading `tiny` from the cache its argument names.
+_SERVING = """
+import sys
+import aot
+print("IMPORTED", flush=True)
+sys.stdin.readline()
+fn = aot.load("tiny", cache=sys.argv[1])
+print("LOADED", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_ready_answers_503_from_import_until_the_first_load(tmp_path, compiled) -> None:  # noqa: ANN001
+    """With AOT_METRICS_PORT set, a readiness probe gets 503 from `import aot` on, not a
+    refused port before the first aot.load, then 200 once it loaded."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import free_port
+
+    with aot.Cache(tmp_path / "c") as cache:
+        cache.put(compiled.tiny)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/ready"
+    env = {**os.environ, "AOT_METRICS_PORT": str(port)}
+    env.pop(readiness.ENV_NAMES, None)
+    root = Path(__file__).resolve().parents[3]
+    with subprocess.Popen([sys.executable, "-c", _SERVING, str(tmp_path / "c")], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True, env=env, cwd=root) as process:
+        try:
+            assert process.stdout is not None and process.stdin is not None
+            assert process.stdout.readline() == "IMPORTED\n"
+            assert _get(url) == (503, "not ready: nothing loaded yet\n")
+            process.stdin.write("load\n")
+            process.stdin.flush()
+            assert process.stdout.readline() == "LOADED\n"
+            assert _get(url) == (200, "ready: tiny loaded\n")
+        finally:
+            process.kill()
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
