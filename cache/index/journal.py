@@ -28,7 +28,7 @@ import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -148,11 +148,35 @@ class IndexJournal(IndexEngine):
 
     #: Set by the cache that opens this index writable: how a journal blob is written.
     journal_writer: BlobWriter | None = None
+    #: ... and how one no row names any more is deleted (the content store's ``delete``).
+    _journal_deleter: Callable[[list[str]], object] | None = None
+    #: Digests of journal rows deleted (changed or removed declarations): each is
+    #: deleted after the next journaling, unless a row names it again.
+    _stale_journals: list[str]
+
+    if TYPE_CHECKING:
+        def drop_unreferenced(self, digests: Iterable[str], delete: Callable[[list[str]], object]) -> list[str]: ...
 
     def journal_to(self, owner: Callable[[], Any]) -> None:
         """Journals declarations into the blob store of the cache ``owner()`` returns (a
         weak reference to it) from now on."""
         self.journal_writer = blob_writer(owner)
+
+        def delete(digests: list[str]) -> object:
+            cache = owner()
+            return cache.blobs.delete(digests) if cache is not None else 0
+        self._journal_deleter = delete
+
+    def forget_journal(self, conn: Connection, kind: str, names: Iterable[str | int]) -> None:
+        """Deletes the ``journal`` rows of declarations changed or removed in ``conn``'s
+        transaction: a changed one is journaled again, and their old blobs are deleted
+        by the next :meth:`journal_pending` (as gc deletes: unless a row names them)."""
+        wanted = sorted({str(n) for n in names})
+        for i in range(0, len(wanted), 500):
+            chunk = JOURNAL.c.kind == kind, JOURNAL.c.name.in_(wanted[i:i + 500])
+            old = list(conn.execute(sa.select(JOURNAL.c.digest).where(*chunk)).scalars())
+            conn.execute(sa.delete(JOURNAL).where(*chunk))
+            self.__dict__.setdefault("_stale_journals", []).extend(old)
 
     def journal_pending(self) -> int:
         """Journals every release set and captured GPU without a ``journal`` row (see
@@ -161,7 +185,11 @@ class IndexJournal(IndexEngine):
         if writer is None or self.read_only:
             return 0
         try:
-            return self._journal_all(writer)
+            written = self._journal_all(writer)
+            stale, self._stale_journals = self.__dict__.get("_stale_journals", []), []
+            if stale and self._journal_deleter is not None:
+                self.drop_unreferenced(stale, self._journal_deleter)
+            return written
         except (AotError, OSError) as exc:
             logger.warning("could not journal the release sets and captured GPUs (a repair aid; the next "
                            "change journals them): %s", exc)
@@ -228,14 +256,6 @@ def _declaration(conn: Connection, kind: str, name: str) -> bytes | None:
         return release_blob(dict(row._mapping), [ReleaseMember(m.name, m.signature, m.env_fp, m.key) for m in members])
     row = conn.execute(sa.select(CAPTURED_TARGETS).where(CAPTURED_TARGETS.c.name == name)).first()
     return None if row is None else target_blob(dict(row._mapping))
-
-
-def forget_journal(conn: Connection, kind: str, names: Iterable[str | int]) -> None:
-    """Deletes the ``journal`` rows of declarations changed or removed in ``conn``'s
-    transaction: their blobs become gc's, and a changed one is journaled again."""
-    wanted = sorted({str(n) for n in names})
-    for i in range(0, len(wanted), 500):
-        conn.execute(sa.delete(JOURNAL).where(JOURNAL.c.kind == kind, JOURNAL.c.name.in_(wanted[i:i + 500])))
 
 
 def blob_writer(owner: Callable[[], Any]) -> BlobWriter:

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from aot.cache.index.engine import insert_ignore, server_now
-from aot.cache.index.journal import RELEASE, IndexJournal, forget_journal
+from aot.cache.index.journal import RELEASE, IndexJournal
 from aot.cache.index.globs import glob_to_like
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember, pin_reasons, signature_digest
 from aot.cache.index.releases import (
@@ -91,7 +91,7 @@ class IndexRefs(IndexDescription):
             self._lock_refs(conn)
             changed = self._set_refs_in(conn, targets, origin, release_id=release_id, keep_existing=keep_existing)
             if release_id is not None:
-                forget_journal(conn, RELEASE, [release_id])
+                self.forget_journal(conn, RELEASE, [release_id])
         _log_refs(changed, origin)
         if release_id is not None:
             self.journal_pending()
@@ -119,7 +119,7 @@ class IndexRefs(IndexDescription):
                 set_id = int(current["id"])
                 targets = list(targets)
                 _credit(conn, current, targets, origin)
-                forget_journal(conn, RELEASE, [set_id])
+                self.forget_journal(conn, RELEASE, [set_id])
             else:
                 set_id = self._new_set(conn, label, origin, previous=None if current is None else current["id"],
                                        run=run)
@@ -228,7 +228,7 @@ class IndexRefs(IndexDescription):
                 chunk = envs[i:i + 500]
                 touched = conn.execute(sa.select(RELEASE_MEMBERS.c.release_id).distinct()
                                        .where(RELEASE_MEMBERS.c.env_fp.in_(chunk))).scalars()
-                forget_journal(conn, RELEASE, list(touched))
+                self.forget_journal(conn, RELEASE, list(touched))
                 refs += conn.execute(sa.delete(REFS).where(REFS.c.env_fp.in_(chunk))).rowcount
                 members += conn.execute(
                     sa.delete(RELEASE_MEMBERS).where(RELEASE_MEMBERS.c.env_fp.in_(chunk))
@@ -413,7 +413,7 @@ class IndexRefs(IndexDescription):
                 sets = sa.select(RELEASES.c.id).where(
                     RELEASES.c.label == release.label, RELEASES.c.id <= release.current.id
                 )
-                forget_journal(conn, RELEASE, list(conn.execute(sets).scalars()))
+                self.forget_journal(conn, RELEASE, list(conn.execute(sets).scalars()))
                 conn.execute(sa.delete(RELEASE_MEMBERS).where(RELEASE_MEMBERS.c.release_id.in_(sets)))
                 conn.execute(sa.delete(RELEASES).where(
                     RELEASES.c.label == release.label, RELEASES.c.id <= release.current.id
@@ -423,6 +423,7 @@ class IndexRefs(IndexDescription):
                     logger.warning("release %s: set %s was recorded after the plan and is kept",
                                    release.label, newer["id"])
         logger.info("removed releases %s; %d entries unpinned", ", ".join(plan.labels), len(plan.unpinned))
+        self.journal_pending()  # their journal blobs go now: a repair never brings a removed label back
         return replace(plan, executed=True)
 
     def _current_set(self, conn: Connection, label: str) -> dict[str, Any] | None:
@@ -466,7 +467,7 @@ class IndexRefs(IndexDescription):
             self._lock_refs(conn)
             for member in members:
                 self._add_member(conn, set_id, member)
-            forget_journal(conn, RELEASE, [set_id])
+            self.forget_journal(conn, RELEASE, [set_id])
         self.journal_pending()
 
 

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from aot import gpu_targets
 from aot.cache.index.entry import as_utc, utcnow
-from aot.cache.index.journal import TARGET, IndexJournal, forget_journal
+from aot.cache.index.journal import TARGET, IndexJournal
 from aot.cache.index.schema import CAPTURED_TARGETS
 
 __all__ = ["CapturedTarget", "IndexTargets", "targets_folder", "use_targets"]
@@ -87,7 +87,7 @@ class IndexTargets(IndexJournal):
         with self._write(f"record captured target {target.name}") as conn:
             conn.execute(sa.delete(CAPTURED_TARGETS).where(CAPTURED_TARGETS.c.name == target.name))
             conn.execute(sa.insert(CAPTURED_TARGETS).values(**row))
-            forget_journal(conn, TARGET, [target.name])  # journaled anew (aot.cache.index.journal)
+            self.forget_journal(conn, TARGET, [target.name])  # journaled anew (aot.cache.index.journal)
         self.journal_pending()
 
 
