@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from aot.cache.index.engine import IndexEngine, joined, server_now
 from aot.cache.index.gc_reads import DROP_EXPIRED_LEASES
 from aot.cache.index.leases import Lease
-from aot.cache.index.schema import ARTIFACTS, BLOBS, JIT_ENTRIES, LEASES, PROGRAMS, UTCDateTime, blob_reference_columns
+from aot.cache.index.schema import ARTIFACTS, BLOBS, LEASES, PROGRAMS, UTCDateTime, blob_reference_columns
 from aot.cache.index.state import has_no_rows, mark_emptied
 from aot.errors import AotError
 

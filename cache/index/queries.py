@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from aot.cache.index.engine import IndexEngine
 from aot.cache.index.entry import BLOB_OWNERS, GC_COLUMNS, GcRow, IndexEntry, collector_paused, gc_rows_of_sqlite, utc_value
 from aot.cache.index.globs import glob_to_like, like_escape, name_range
-from aot.cache.index.schema import ARTIFACTS, BLOBS, CALL_STATS, DEFAULT_RELEASE, JIT_ENTRIES, PROGRAMS, RELEASES, blob_reference_columns
+from aot.cache.index.schema import ARTIFACTS, BLOBS, CALL_STATS, DEFAULT_RELEASE, PROGRAMS, RELEASES, blob_reference_columns
 from aot.cache.index.state import emptiness_query
 
 __all__ = ["BlobRow", "IndexReads"]
