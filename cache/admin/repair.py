@@ -15,7 +15,13 @@ recovered is named: rows that an index of the damaged file names but that could 
 read and that no manifest blob rebuilt (for entries, their key and name), manifests
 found but refused (and why), and the blobs no kept or rebuilt entry references (an
 executable or HLO blob of an entry stored before schema 10, whose manifest lived in its
-row only: ``aot warmup`` stores it again, ``aot gc`` removes the blob).
+row only: ``aot warmup`` stores it again, ``aot gc`` removes the blob). Release sets and
+captured GPUs whose rows are lost come back from their journal blobs (schema 11), and
+the refs of a lost ``refs`` table from the release sets and entries
+(:mod:`aot.cache.admin.repair_declarations`); what nothing journals (statistics, ref
+history, JAX's own cache, the default release) is named with what to run instead. The
+tables carried over are the schema's (:func:`aot.cache.index.schema.salvaged_tables`).
+Each thing lost is a typed :class:`~aot.cache.admin.lost.Lost`.
 
 Executed: the new index is written beside the damaged one, the damaged file (with its
 -wal, if any) is moved aside as ``index.sqlite.damaged-<UTC time>``, never deleted, and
@@ -97,11 +103,12 @@ def plan_repair(
     if damage is None:
         return RepairPlan(index_file=str(index_file), damage=None, aside=str(aside), busy=busy)
     version, salvaged, error = salvage(index_file, salvaged_tables())
-    if version is not None and version not in (SCHEMA_VERSION - 1, SCHEMA_VERSION):
-        # 10 -> 11 added the journal table only (none: nothing journaled yet).
+    if version is not None and not SCHEMA_VERSION - 2 <= version <= SCHEMA_VERSION:
+        # 9 -> 10 added artifacts.manifest_digest only (computed here from each row's
+        # manifest), 10 -> 11 the journal table only (none: nothing journaled yet).
         raise CacheError(
             f"the damaged index {index_file} has schema version {version}; this jax-aot "
-            f"repairs versions {SCHEMA_VERSION - 1} and {SCHEMA_VERSION}: repair it with the jax-aot that wrote it"
+            f"repairs versions {SCHEMA_VERSION - 2} to {SCHEMA_VERSION}: repair it with the jax-aot that wrote it"
         )
     by_name = {t.name: t for t in salvaged}
     lost: list[Lost] = []
