@@ -183,6 +183,8 @@ class ArtifactStore(ReleaseMethods):
         else:
             store = _open_folder(self, Path(where.target))
         self.blobs = ContentStore(store)
+        if self._index is not None and not read_only:
+            self._index.journal_to(weakref.ref(self))  # release sets and captured GPUs journaled as blobs
         if where.kind == DATABASE and described is None and not read_only and not blob_mirror:
             _record_description(self)
         try:
@@ -241,6 +243,8 @@ class ArtifactStore(ReleaseMethods):
 
             assert self._index_file is not None
             self._index = Index.for_folder(self._index_file.parent, read_only=self.read_only, create=self.create)
+            if not self.read_only:
+                self._index.journal_to(weakref.ref(self))
         return self._index
 
     def entries_named(self, name: str, *, state: str | None = "ok") -> list[IndexEntry]:

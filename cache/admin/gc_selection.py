@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from aot.cache.index.entry import IndexEntry
+from aot.cache.index.entry import BLOB_OWNERS, IndexEntry
 from aot.cache.index.protocol import IndexReader
 
 if TYPE_CHECKING:
     from aot.cache.store import ArtifactStore
 
-__all__ = ["entry_release", "release_environments", "retire_reason", "stale_signatures"]
+__all__ = ["entry_release", "kept_by_rows", "release_environments", "retire_reason", "stale_signatures"]
 
 
 def stale_signatures(
@@ -73,3 +73,16 @@ def retire_reason(jax_release: str, pins: Iterable[str]) -> str:
     """Why gc removes an entry of a retired release, with what it unpins."""
     whys = list(dict.fromkeys(pins))
     return f"JAX release {jax_release} retired" + (f"; unpins: {', '.join(whys)}" if whys else "")
+
+
+def kept_by_rows(
+    reads: IndexReader, digests: Sequence[str], programs: Collection[str], victims: Collection[str],
+) -> set[str]:
+    """Those of ``digests`` (blobs of the entries a plan deletes) that a row the run
+    keeps still references, as the run's deletion lock will find (so that the plan
+    equals its run): a programs row of a program in ``programs`` (one of its entries
+    survives; the row's HLO may be an older release's export, which only a deleted entry
+    had), an artifact or jit row not among ``victims``, and a row of any table gc never
+    deletes rows of (a journaled release set or captured GPU)."""
+    return {d for d, table, owner in reads.referencing(digests) if (table == "programs" and owner in programs)
+            or table not in BLOB_OWNERS or (table != "programs" and owner not in victims)}

@@ -31,7 +31,7 @@ from aot.cache.index.entry import GcRow, IndexEntry, collector_paused, reference
 from aot.cache.index.protocol import IndexReader
 from aot.cache.index.jit_records import AOT, JIT, JitEntry
 from aot.cache.index.served import ref_map, superseded_keys
-from aot.cache.admin.gc_selection import release_environments, retire_reason, stale_signatures
+from aot.cache.admin.gc_selection import kept_by_rows, release_environments, retire_reason, stale_signatures
 from aot.cache.storage.content import PROBLEM_MISSING
 from aot.cache.storage.objectstore import BlobStat
 from aot.cache.pauses import reached
@@ -596,12 +596,17 @@ def _plan_gc(
         d for e in survivors if not isinstance(e, JitEntry) for d in referenced_digests(e)
     }
     keep.update(e.digest for e in survivors if isinstance(e, JitEntry))
-    # Programs rows keep their HLO only while an artifact of the program survives.
     unkept = [d for d in stored if d not in keep]
     referenced = (
         reads.referenced_among(unkept) if len(unkept) <= REFERENCED_LOOKUP_MAX
         else reads.referenced_digests()
     )
+    # A blob referenced by a row the run keeps is kept, as the run's deletion lock will
+    # find (the plan equals its run): a programs row of a program an entry of which
+    # survives (its HLO may be an older release's export, which a retired entry had), and
+    # a row of any table gc never deletes (a journaled release set or captured GPU).
+    alive = {e.program_fp for e in survivors if not isinstance(e, JitEntry)}
+    keep |= kept_by_rows(reads, [d for d in unkept if d in referenced], alive, victims)
     keep |= reads.leased_digests()
     grace = _dt.timedelta(seconds=ORPHAN_GRACE_SECONDS)
 

@@ -22,6 +22,7 @@ from typing import Any
 import zstandard
 
 from aot.artifact import Manifest
+from aot.cache.admin.lost import Lost, LostKind
 from aot.cache.index.entry import IndexEntry
 from aot.cache.storage.content import ContentStore
 from aot.cache.storage.objectstore import BlobStat
@@ -31,7 +32,7 @@ from aot.signing import verify
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MANIFEST_MAX_BYTES", "Rebuilt", "manifest_blob_notes", "rebuild_rows"]
+__all__ = ["MANIFEST_MAX_BYTES", "Rebuilt", "manifest_blob_notes", "rebuild_rows", "small_blob"]
 
 #: A blob larger than this (stored or inflated) is not read as a manifest candidate: a
 #: manifest is a few KB of JSON (tens of KB with many arguments), an executable MBs.
@@ -65,15 +66,15 @@ def manifest_blob_notes(entries: Iterable[IndexEntry], check: Any) -> list[str]:
     return notes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Rebuilt:
     """The rows ``aot repair`` derives from the manifests of the blob store."""
 
     entries: tuple[IndexEntry, ...]
     #: digest -> (size, stored size, modified) of every blob the rebuilt rows reference.
     blobs: dict[str, tuple[int, int, datetime]]
-    #: What was found but could not be rebuilt, one line each.
-    refused: tuple[str, ...]
+    #: What was found but could not be rebuilt.
+    refused: tuple[Lost, ...]
 
 
 def rebuild_rows(
@@ -91,13 +92,16 @@ def rebuild_rows(
         parsed = _manifest_in(blobs, stat)
         if parsed is not None and parsed[0].key not in known_keys:
             found[parsed[0].key] = (*parsed, stat)  # the newest last
-    entries, sizes, refused = [], {}, []
+    entries: list[IndexEntry] = []
+    sizes: dict[str, tuple[int, int, datetime]] = {}
+    refused: list[Lost] = []
     for key in sorted(found):
         manifest, text, stat = found[key]
         label = f"{manifest.name} ({key[:12]})"
         why = _unusable(blobs, manifest, signing_key, require_signatures)
         if why is not None:
-            refused.append(f"artifacts: the entry {label}: its manifest is in the blob store but {why}: not rebuilt")
+            refused.append(Lost(kind=LostKind.REFUSED, table="artifacts", subject=label,
+                                reason=f"its manifest is in the blob store but {why}: not rebuilt"))
             continue
         refs = {ref.digest: ref.size for ref in manifest.blobs.values()}
         stored = blobs.stat(refs)
@@ -111,12 +115,13 @@ def rebuild_rows(
         sizes.update({d: (refs[d], stored[d].stored_size, stored[d].modified) for d in refs})
         sizes[stat.digest] = (len(text.encode()), stat.stored_size, stats[stat.digest].modified)
         log.info("repair: rebuilt %s from its manifest blob %s", label, stat.digest[:12])
-    return Rebuilt(tuple(entries), sizes, tuple(refused))
+    return Rebuilt(entries=tuple(entries), blobs=sizes, refused=tuple(refused))
 
 
-def _manifest_in(blobs: ContentStore, stat: BlobStat) -> tuple[Manifest, str] | None:
-    """The manifest (and its exact text) that the blob ``stat`` holds; None when it is
-    not one (an executable, HLO, a JAX cache entry) or cannot be read."""
+def small_blob(blobs: ContentStore, stat: BlobStat) -> bytes | None:
+    """The bytes of the blob ``stat`` (inflated and digest-checked) when it is small
+    enough to be a manifest or a journal blob (:data:`MANIFEST_MAX_BYTES`, told from its
+    stored size and its frame header, unread past them); None otherwise or unreadable."""
     if stat.stored_size > MANIFEST_MAX_BYTES:
         return None
     try:
@@ -126,12 +131,21 @@ def _manifest_in(blobs: ContentStore, stat: BlobStat) -> tuple[Manifest, str] | 
         size = zstandard.frame_content_size(payload[:18])  # the header: no inflating
         if size < 0 or size > MANIFEST_MAX_BYTES:
             return None
-        data = blobs.get(stat.digest, size)  # inflated and digest-checked
-        if data is None or not data.lstrip().startswith(b"{"):
-            return None
+        return blobs.get(stat.digest, size)  # inflated and digest-checked
+    except (AotError, ValueError, zstandard.ZstdError):
+        return None
+
+
+def _manifest_in(blobs: ContentStore, stat: BlobStat) -> tuple[Manifest, str] | None:
+    """The manifest (and its exact text) that the blob ``stat`` holds; None when it is
+    not one (an executable, HLO, a JAX cache entry, a journal blob) or cannot be read."""
+    data = small_blob(blobs, stat)
+    if data is None or not data.lstrip().startswith(b"{"):
+        return None
+    try:
         text = data.decode("utf-8")
         return Manifest.from_json(text), text
-    except (AotError, ValueError, zstandard.ZstdError, UnicodeDecodeError, KeyError, TypeError):
+    except (AotError, ValueError, UnicodeDecodeError, KeyError, TypeError):
         return None  # not a manifest: what every executable and HLO blob is
 
 

@@ -26,6 +26,7 @@ from aot.errors import ArtifactNotFoundError, CacheError, SpecError
 from aot.cache.index.entry import IndexEntry, referenced_digests
 from aot.cache.index.jit_records import JitEntry
 from aot.cache.rows import EntryRow, check_env_choice, entry_rows
+from aot.cache.admin.gc_selection import kept_by_rows
 from aot.cache.admin.maintenance import delete_unreferenced_blobs
 from aot.signatures import Signature
 from aot.cache.units import human_size
@@ -265,15 +266,18 @@ def plan_removal(
         rows = [r for r in rows if any(f.matches(r.entry, r.signature) for f in filters)]
     victims = {r.entry.key for r in rows}
     survivors: set[str] = set()
+    alive: set[str] = set()  # the programs an entry of which survives
     reads = cache.reader  # the plan reads without SQLAlchemy on a folder cache
     for entry in reads.entries():
         if entry.key not in victims:
             survivors |= _digests(entry)
+            alive.add(entry.program_fp)
     jit_keys = {e.key for e in jit}
     if rows or jit:
         survivors |= {e.digest for e in reads.jit_entries() if e.key not in jit_keys}
     candidates = set().union(*(_digests(r.entry) for r in rows), {e.digest for e in jit})
-    freed_blobs = sorted(candidates - survivors)
+    unkept = sorted(candidates - survivors)
+    freed_blobs = sorted(set(unkept) - kept_by_rows(reads, unkept, alive, victims | jit_keys))
     sizes = reads.blob_sizes()
     freed = sum(sizes.get(d, 0) for d in freed_blobs)
     pins = _release_pins(cache) if rows else {}

@@ -15,7 +15,13 @@ recovered is named: rows that an index of the damaged file names but that could 
 read and that no manifest blob rebuilt (for entries, their key and name), manifests
 found but refused (and why), and the blobs no kept or rebuilt entry references (an
 executable or HLO blob of an entry stored before schema 10, whose manifest lived in its
-row only: ``aot warmup`` stores it again, ``aot gc`` removes the blob).
+row only: ``aot warmup`` stores it again, ``aot gc`` removes the blob). Release sets and
+captured GPUs whose rows are lost come back from their journal blobs (schema 11), and
+the refs of a lost ``refs`` table from the release sets and entries
+(:mod:`aot.cache.admin.repair_declarations`); what nothing journals (statistics, ref
+history, JAX's own cache, the default release) is named with what to run instead. The
+tables carried over are the schema's (:func:`aot.cache.index.schema.salvaged_tables`).
+Each thing lost is a typed :class:`~aot.cache.admin.lost.Lost`.
 
 Executed: the new index is written beside the damaged one, the damaged file (with its
 -wal, if any) is moved aside as ``index.sqlite.damaged-<UTC time>``, never deleted, and
@@ -28,13 +34,16 @@ import hashlib
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from aot.cache.admin.lost import Lost, LostKind
+from aot.cache.admin.repair_declarations import Declarations, rebuild_declarations, sqlite_time
 from aot.cache.index.entry import INDEX_FILE, SCHEMA_VERSION, referenced_digests
 from aot.cache.index.salvage import SalvagedTable, damage_of, salvage, write_index
+from aot.cache.index.schema import salvaged_tables
 from aot.errors import CacheError
 
 log = logging.getLogger(__name__)
@@ -42,21 +51,24 @@ log = logging.getLogger(__name__)
 __all__ = ["RepairPlan", "describe", "plan_repair", "repair_index"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RepairPlan:
     """What ``aot repair`` will do (or did): see the module docstring."""
 
     index_file: str
     damage: str | None  # None: the index is not damaged (nothing to do)
     aside: str  # where the damaged file goes
-    kept: tuple[tuple[str, int], ...]  # (table, rows the new index gets)
-    entries: tuple[str, ...]  # "name (key12)" of every entry kept
-    lost: tuple[str, ...]  # what could not be recovered, one line each
-    orphan_blobs: int  # stored blobs no kept entry references
     busy: bool  # a -shm beside the index: a process may have it open
+    kept: tuple[tuple[str, int], ...] = ()  # (table, rows the new index gets)
+    entries: tuple[str, ...] = ()  # "name (key12)" of every entry kept
+    lost: tuple[Lost, ...] = ()  # what could not be recovered
+    orphan_blobs: int = 0  # stored blobs no kept entry references
     done: bool = False
     tables: tuple[tuple[str, tuple[str, ...], tuple[tuple[Any, ...], ...]], ...] = field(default=(), repr=False)
     rebuilt: tuple[str, ...] = ()  # "name (key12)" of every entry rebuilt from the blob store
+    releases_rebuilt: tuple[str, ...] = ()  # "label (set N)" of every release set rebuilt from its journal blob
+    targets_rebuilt: tuple[str, ...] = ()  # names of the captured GPUs rebuilt from their journal blobs
+    refs_rebuilt: int = 0  # refs set again (the refs table was lost)
 
     @property
     def needed(self) -> bool:
@@ -65,9 +77,10 @@ class RepairPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "index": self.index_file, "damage": self.damage, "aside": self.aside,
-            "kept": dict(self.kept), "entries": list(self.entries), "lost": list(self.lost),
+            "kept": dict(self.kept), "entries": list(self.entries), "lost": [item.to_dict() for item in self.lost],
             "orphan_blobs": self.orphan_blobs, "busy": self.busy, "done": self.done,
-            "rebuilt": list(self.rebuilt),
+            "rebuilt": list(self.rebuilt), "releases_rebuilt": list(self.releases_rebuilt),
+            "targets_rebuilt": list(self.targets_rebuilt), "refs_rebuilt": self.refs_rebuilt,
         }
 
 
@@ -88,31 +101,39 @@ def plan_repair(
     busy = index_file.with_name(INDEX_FILE + "-shm").exists()
     damage = damage_of(index_file)
     if damage is None:
-        return RepairPlan(str(index_file), None, str(aside), (), (), (), 0, busy)
-    version, salvaged, error = salvage(index_file)
-    if version is not None and version not in (SCHEMA_VERSION - 1, SCHEMA_VERSION):
-        # 8 -> 9 added artifacts.manifest_digest only: computed here from each row's manifest.
+        return RepairPlan(index_file=str(index_file), damage=None, aside=str(aside), busy=busy)
+    version, salvaged, error = salvage(index_file, salvaged_tables())
+    if version is not None and not SCHEMA_VERSION - 2 <= version <= SCHEMA_VERSION:
+        # 9 -> 10 added artifacts.manifest_digest only (computed here from each row's
+        # manifest), 10 -> 11 the journal table only (none: nothing journaled yet).
         raise CacheError(
             f"the damaged index {index_file} has schema version {version}; this jax-aot "
-            f"repairs versions {SCHEMA_VERSION - 1} and {SCHEMA_VERSION}: repair it with the jax-aot that wrote it"
+            f"repairs versions {SCHEMA_VERSION - 2} to {SCHEMA_VERSION}: repair it with the jax-aot that wrote it"
         )
     by_name = {t.name: t for t in salvaged}
-    lost: list[str] = []
+    lost: list[Lost] = []
     if error is not None:
-        lost.append(f"the whole index: SQLite cannot read its schema ({error})")
+        lost.append(Lost(kind=LostKind.WHOLE_INDEX, reason=error))
     store = blob_store if blob_store is not None else _blob_store(folder, by_name.get("cache_meta"))
     kept = _Kept(store, lost, signing_key, require_signatures)
-    tables = kept.choose(by_name)
+    tables = kept.choose(by_name, whole_index_lost=error is not None)
     for t in salvaged:
         if t.error is not None and not t.lost:
-            lost.append(f"{t.name}: {t.error} (rows on unreadable pages that no index names are not counted)")
-    orphans = len(kept.listed - kept.digests)
+            lost.append(Lost(kind=LostKind.TABLE_READ_IN_PART, table=t.name, reason=t.error))
+    orphans = len(kept.listed - kept.digests - (kept.declared.journals if kept.declared else set()))
     if orphans:
-        lost.append(f"{orphans} stored blob(s) belong to no recovered entry (their rows were not readable and "
-                    "no manifest blob rebuilt them; `aot warmup` stores them again, `aot gc` removes the blobs)")
+        lost.append(Lost(
+            kind=LostKind.ORPHAN_BLOBS, count=orphans,
+            reason="their rows were not readable and no manifest blob rebuilt them",
+            advice="`aot warmup` stores them again, `aot gc` removes the blobs",
+        ))
+    declared = kept.declared
     return RepairPlan(
-        str(index_file), damage, str(aside), tuple((n, len(rows)) for n, _, rows in tables),
-        tuple(kept.entries), tuple(lost), orphans, busy, tables=tuple(tables), rebuilt=tuple(kept.rebuilt),
+        index_file=str(index_file), damage=damage, aside=str(aside), busy=busy,
+        kept=tuple((n, len(rows)) for n, _, rows in tables), entries=tuple(kept.entries), lost=tuple(lost),
+        orphan_blobs=orphans, tables=tuple(tables), rebuilt=tuple(kept.rebuilt),
+        releases_rebuilt=tuple(declared.releases) if declared else (),
+        targets_rebuilt=tuple(declared.targets) if declared else (), refs_rebuilt=declared.refs if declared else 0,
     )
 
 
@@ -143,10 +164,7 @@ def repair_index(plan: RepairPlan, *, force: bool = False) -> RepairPlan:
         if side.exists():
             os.replace(side, aside.with_name(aside.name + suffix))
     os.replace(new, index_file)
-    return RepairPlan(
-        plan.index_file, plan.damage, plan.aside, tuple(written.items()), plan.entries,
-        plan.lost, plan.orphan_blobs, plan.busy, done=True, rebuilt=plan.rebuilt,
-    )
+    return replace(plan, kept=tuple(written.items()), done=True, tables=())
 
 
 def _blob_store(folder: Path, meta: SalvagedTable | None) -> Any:
@@ -159,7 +177,7 @@ def _blob_store(folder: Path, meta: SalvagedTable | None) -> Any:
 class _Kept:
     """Chooses the rows the new index gets (see the module docstring)."""
 
-    def __init__(self, store: Any, lost: list[str], signing_key: bytes | None, require_signatures: bool) -> None:
+    def __init__(self, store: Any, lost: list[Lost], signing_key: bytes | None, require_signatures: bool) -> None:
         self.store = store
         self.lost = lost
         self.signing = (signing_key, require_signatures)
@@ -167,9 +185,16 @@ class _Kept:
         self.rebuilt: list[str] = []
         self.digests: set[str] = set()
         self.listed: set[str] = set()  # every stored digest
+        self._stats: list[Any] = []  # every stored blob's BlobStat
         self._sizes: dict[str, int] = {}  # blob digest -> raw size, from the kept manifests
+        self._created: dict[str, Any] = {}  # blob digest -> when (SQLite text), of journal blobs
+        self.declared: Declarations | None = None
 
-    def choose(self, tables: Mapping[str, SalvagedTable]) -> list[tuple[str, tuple[str, ...], tuple[tuple[Any, ...], ...]]]:
+    def choose(
+        self, tables: Mapping[str, SalvagedTable], *, whole_index_lost: bool = False,
+    ) -> list[tuple[str, tuple[str, ...], tuple[tuple[Any, ...], ...]]]:
+        from aot.cache.storage.content import ContentStore
+
         out: dict[str, list[dict[str, Any]]] = {}
         artifacts = self._artifacts(tables.get("artifacts"))
         jit = [j for j in _rows(tables, "jit_entries") if self._stored([j["digest"]])]
@@ -184,28 +209,28 @@ class _Kept:
         } for a in {a["program_fp"]: a for a in artifacts}.values()]
         self._count_dropped("jit_entries", _rows(tables, "jit_entries"), jit, "its blob is not stored")
         out["jit_entries"] = jit
+        # Releases, captured GPUs, the journal and refs: salvaged, else from journal blobs.
+        candidates = [s for s in self._stats if s.digest not in self.digests]
+        declared = rebuild_declarations(tables, ContentStore(self.store), candidates, artifacts,
+                                        whole_index_lost=whole_index_lost)
+        self.declared = declared
+        self.lost += declared.lost
+        out.update(declared.tables)
+        self.digests |= set(declared.blobs)
+        self._sizes.update({d: size for d, (size, _) in declared.blobs.items()})
+        self._created.update({d: when for d, (_, when) in declared.blobs.items()})
         out["blobs"] = self._blob_rows(tables, artifacts, jit)
-        refs = [r for r in _rows(tables, "refs") if r["key"] in keys]
-        self._count_dropped("refs", _rows(tables, "refs"), refs, "the entry they name was not recovered")
-        out["refs"] = refs
-        releases = _rows(tables, "releases")
-        ids = {r["id"] for r in releases}
-        members = [m for m in _rows(tables, "release_members") if m["key"] in keys and m["release_id"] in ids]
-        self._count_dropped("release_members", _rows(tables, "release_members"), members,
-                            "the entry (or release set) they name was not recovered")
-        out["release_members"] = members
-        for name in ("cache_meta", "index_state", "default_release", "call_stats", "ref_history", "releases", "jit_stats"):
-            out[name] = _rows(tables, name)
+        for name in salvaged_tables():  # every other table as read (stats, cache_meta, ...)
+            if name not in out:
+                out[name] = _rows(tables, name)
         for t in tables.values():
             for row in t.lost:
                 if t.name == "artifacts" and row.get("key") in keys:
                     continue  # rebuilt from its manifest blob
                 shown = ", ".join(f"{k}={str(v)[:24]}" for k, v in sorted(row.items()) if k in ("name", "key", "label", "signature"))
-                self.lost.append(f"{t.name}: a row that could not be read ({shown or 'no readable index names it'})")
-        order = ("cache_meta", "index_state", "default_release", "programs", "blobs", "artifacts", "call_stats",
-                 "ref_history", "refs", "releases", "release_members", "jit_entries", "jit_stats")
+                self.lost.append(Lost(kind=LostKind.UNREADABLE_ROW, table=t.name, subject=shown or None))
         result = []
-        for name in order:
+        for name in salvaged_tables():
             rows = out.get(name, [])
             columns = tuple(tables[name].columns) if name in tables else tuple(rows[0]) if rows else ()
             columns += tuple(c for c in (rows[0] if rows else ()) if c not in columns)  # manifest_digest of a schema 8 file
@@ -225,7 +250,8 @@ class _Kept:
                 for when in ("created_at", "last_used_at"):
                     datetime.fromisoformat(str(row[when]))
             except Exception as exc:  # noqa: BLE001 - a damaged row, whatever is wrong in it
-                self.lost.append(f"artifacts: the entry {label}: its row is damaged ({exc})")
+                self.lost.append(Lost(kind=LostKind.DAMAGED_ENTRY, table="artifacts", subject=label,
+                                      reason=f"its row is damaged ({exc})"))
                 continue
             digests = [d for d in (row["exe_digest"], row["hlo_digest"]) if d]
             if not row.get("manifest_digest"):  # a row of schema 8
@@ -233,7 +259,8 @@ class _Kept:
             present = self.store.exists([*digests, row["manifest_digest"]])
             missing = [d for d in digests if d not in present]
             if missing:
-                self.lost.append(f"artifacts: the entry {label}: blob(s) {', '.join(d[:12] for d in missing)} not stored")
+                self.lost.append(Lost(kind=LostKind.MISSING_BLOBS, table="artifacts", subject=label,
+                                      reason=f"blob(s) {', '.join(d[:12] for d in missing)} not stored"))
                 continue
             self.digests |= set(digests)
             self._sizes.update({ref.digest: ref.size for ref in manifest.blobs.values()})
@@ -250,6 +277,7 @@ class _Kept:
         from aot.cache.storage.content import ContentStore
 
         listed = list(self.store.list())
+        self._stats = listed
         self.listed = {s.digest for s in listed}
         candidates = [s for s in listed if s.digest not in self.digests]
         found = rebuild_rows(ContentStore(self.store), candidates, {a["key"] for a in artifacts},
@@ -258,7 +286,7 @@ class _Kept:
         rows = []
         for entry in found.entries:
             row = {f.name: getattr(entry, f.name) for f in fields(entry)}
-            row["created_at"], row["last_used_at"] = _sqlite_time(entry.created_at), _sqlite_time(entry.last_used_at)
+            row["created_at"], row["last_used_at"] = sqlite_time(entry.created_at), sqlite_time(entry.last_used_at)
             rows.append(row)
             self.digests |= referenced_digests(entry)
             self.rebuilt.append(f"{entry.name} ({entry.key[:12]})")
@@ -274,6 +302,7 @@ class _Kept:
         stats = self.store.stat(missing) if missing else {}
         created = {d: a["created_at"] for a in artifacts for d in (a["exe_digest"], a["hlo_digest"], a.get("manifest_digest")) if d}
         created.update({j["digest"]: j["created_at"] for j in jit})
+        created.update(self._created)
         sizes = {**{j["digest"]: j["size"] for j in jit}, **self._sizes}
         for digest in missing:
             stat = stats.get(digest)
@@ -285,12 +314,7 @@ class _Kept:
 
     def _count_dropped(self, table: str, read: list[dict[str, Any]], kept: list[dict[str, Any]], why: str) -> None:
         if len(read) > len(kept):
-            self.lost.append(f"{table}: {len(read) - len(kept)} row(s) dropped: {why}")
-
-
-def _sqlite_time(value: datetime) -> str:
-    """A time as the SQLite index stores it (naive UTC text, as a salvaged row has it)."""
-    return value.astimezone(timezone.utc).replace(tzinfo=None).strftime("%Y-%m-%d %H:%M:%S.%f")
+            self.lost.append(Lost(kind=LostKind.DROPPED_ROWS, table=table, count=len(read) - len(kept), reason=why))
 
 
 def _rows(tables: Mapping[str, SalvagedTable], name: str) -> list[dict[str, Any]]:
@@ -309,12 +333,21 @@ def describe(plan: RepairPlan) -> str:
     if plan.rebuilt:
         lines.append(f"  rebuilt from the blob store: {len(plan.rebuilt)} entr{'y' if len(plan.rebuilt) == 1 else 'ies'} "
                      f"({', '.join(plan.rebuilt[:5])}{', ...' if len(plan.rebuilt) > 5 else ''})")
+    if plan.releases_rebuilt:
+        lines.append(f"  release sets rebuilt from their journal blobs: {len(plan.releases_rebuilt)} "
+                     f"({', '.join(plan.releases_rebuilt[:5])}{', ...' if len(plan.releases_rebuilt) > 5 else ''})")
+    if plan.targets_rebuilt:
+        lines.append(f"  captured GPUs rebuilt from their journal blobs: {len(plan.targets_rebuilt)} "
+                     f"({', '.join(plan.targets_rebuilt[:5])}{', ...' if len(plan.targets_rebuilt) > 5 else ''})")
+    if plan.refs_rebuilt:
+        lines.append(f"  refs set again (the refs table was lost): {plan.refs_rebuilt}, from the release sets "
+                     "and the newest entry of each signature")
     rows = ", ".join(f"{n} {c}" for n, c in plan.kept if c and n not in ("artifacts",))
     if rows:
         lines.append(f"  also kept: {rows}")
     if plan.lost:
         lines.append("  not recovered:")
-        lines += [f"    {line}" for line in plan.lost]
+        lines += [f"    {item.line()}" for item in plan.lost]
     else:
         lines.append("  nothing was lost")
     verb = "moved aside to" if plan.done else "to be moved aside to"

@@ -7,7 +7,6 @@ XLA's autotune results measured on it) in the index (:mod:`aot.cache.index.targe
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import os
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aot import gpu_targets
+from aot.cache.index.refs import current_user
 from aot.cache.index.targets import CapturedTarget
 from aot.errors import TargetCaptureError
 
@@ -25,13 +25,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["capture_target"]
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user name in some containers
-        return str(os.getuid()) if hasattr(os, "getuid") else "unknown"
 
 
 def _read(path: str | os.PathLike[str], what: str) -> str:
@@ -71,7 +64,7 @@ def capture_target(
     record = CapturedTarget(
         name=name, platform=gpu_targets.PLATFORM, config=config, config_digest=gpu.digest,
         versions=json.dumps(dict(sorted(versions.items()))), device_kind=gpu.device_kind() or "unknown",
-        host=socket.gethostname(), user=_user(), autotune=autotune, autotune_digest=gpu.autotune_digest,
+        host=socket.gethostname(), user=current_user(), autotune=autotune, autotune_digest=gpu.autotune_digest,
     )
     store.index.put_captured_target(record)
     log.info("captured cuda:%s (%s, config %s)", name, record.device_kind, record.config_digest[:19])

@@ -27,7 +27,25 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 #: Version of the database schema this code writes; the changelog and the migrations
 #: are in :mod:`aot.cache.index.schema` (here because the stdlib reader checks it).
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
+
+#: Every column whose value names a blob that gc must keep while the row lives, as
+#: (table, column): the one list gc's plan, its deletion step and the stdlib reader
+#: query (here, not in the schema module, because the stdlib reader imports no
+#: SQLAlchemy; tests/cache/index/test_journal.py checks it against the schema's columns
+#: marked ``info={"blob": True}``).
+BLOB_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("programs", "hlo_digest"),
+    ("artifacts", "exe_digest"),
+    ("artifacts", "hlo_digest"),
+    ("artifacts", "manifest_digest"),
+    ("journal", "digest"),
+    ("jit_entries", "digest"),
+)
+
+#: The column naming the row that holds a blob reference, of the tables gc deletes rows
+#: of (a blob referenced from any other table is kept while its row lives).
+BLOB_OWNERS = {"artifacts": "key", "programs": "program_fp", "jit_entries": "key"}
 
 #: Valid values of ``artifacts.state``.
 ARTIFACT_STATES = ("ok", "quarantined")

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from aot.cache.index.engine import IndexEngine, joined, server_now
 from aot.cache.index.gc_reads import DROP_EXPIRED_LEASES
 from aot.cache.index.leases import Lease
-from aot.cache.index.schema import ARTIFACTS, BLOBS, JIT_ENTRIES, LEASES, PROGRAMS, UTCDateTime
+from aot.cache.index.schema import ARTIFACTS, BLOBS, LEASES, PROGRAMS, UTCDateTime, blob_reference_columns
 from aot.cache.index.state import has_no_rows, mark_emptied
 from aot.errors import AotError
 
@@ -46,7 +46,7 @@ class DeletionBatch:
         self.now = server_now(conn)
 
     def deletable(self, digests: Iterable[str]) -> list[str]:
-        """The digests no artifact or program row references and no live lease holds.
+        """The digests no row references (:data:`~aot.cache.index.entry.BLOB_COLUMNS`) and no live lease holds.
 
         Expired leases on them are deleted, so that their writers, if still alive,
         find out when they commit (:class:`LeaseLostError`) and start over.
@@ -61,13 +61,7 @@ class DeletionBatch:
             chunk = wanted[i : i + _CHUNK]
             protected.update(
                 conn.execute(
-                    sa.union(
-                        sa.select(ARTIFACTS.c.exe_digest).where(ARTIFACTS.c.exe_digest.in_(chunk)),
-                        sa.select(ARTIFACTS.c.hlo_digest).where(ARTIFACTS.c.hlo_digest.in_(chunk)),
-                        sa.select(ARTIFACTS.c.manifest_digest).where(ARTIFACTS.c.manifest_digest.in_(chunk)),
-                        sa.select(PROGRAMS.c.hlo_digest).where(PROGRAMS.c.hlo_digest.in_(chunk)),
-                        sa.select(JIT_ENTRIES.c.digest).where(JIT_ENTRIES.c.digest.in_(chunk)),
-                    )
+                    sa.union(*(sa.select(c.label("d")).where(c.in_(chunk)) for c in blob_reference_columns()))
                 ).scalars()
             )
             for digest, expires_at in conn.execute(

@@ -23,14 +23,19 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
-from aot.cache.index.entry import GC_COLUMNS, GcRow, gc_rows_of_sqlite, sqlite_clock, sqlite_utc
+from aot.cache.index.entry import BLOB_COLUMNS, BLOB_OWNERS, GC_COLUMNS, GcRow, gc_rows_of_sqlite, sqlite_clock, sqlite_utc
 from aot.cache.index.refs import pin_reasons
 
 __all__ = ["DROP_EXPIRED_LEASES", "SqliteGcReads"]
 
-#: Values per ``IN (...)`` list, five lists a statement: under SQLite's oldest limit
-#: of 999 bound variables.
-_IN_CHUNK = 190
+#: Values per ``IN (...)`` list, one list per blob column a statement: under SQLite's
+#: oldest limit of 999 bound variables.
+_IN_CHUNK = 999 // len(BLOB_COLUMNS)
+
+def _owner(table: str) -> str:
+    owner = BLOB_OWNERS.get(table)
+    return f'"{owner}"' if owner else "''"
+
 
 #: How SQLAlchemy writes a time into the SQLite index (naive UTC): compared as text.
 _SQLITE_TIME = "%Y-%m-%d %H:%M:%S.%f"
@@ -108,14 +113,10 @@ class SqliteGcReads:
         return bool(self._execute("SELECT 1 FROM blob_leases WHERE expires_at <= ? LIMIT 1", [now]))
 
     def referenced_digests(self) -> set[str]:
-        """Every blob digest an artifact, program or jit entry row references."""
-        rows = self._execute(
-            "SELECT exe_digest FROM artifacts WHERE exe_digest IS NOT NULL "
-            "UNION SELECT hlo_digest FROM artifacts WHERE hlo_digest IS NOT NULL "
-            "UNION SELECT manifest_digest FROM artifacts WHERE manifest_digest IS NOT NULL "
-            "UNION SELECT hlo_digest FROM programs WHERE hlo_digest IS NOT NULL "
-            "UNION SELECT digest FROM jit_entries"
-        )
+        """Every blob digest a row references (:data:`~aot.cache.index.entry.BLOB_COLUMNS`)."""
+        rows = self._execute(" UNION ".join(
+            f'SELECT "{column}" FROM "{table}" WHERE "{column}" IS NOT NULL' for table, column in BLOB_COLUMNS
+        ))
         return {str(d) for (d,) in rows if d is not None}
 
     def referenced_among(self, digests: Collection[str]) -> set[str]:
@@ -125,15 +126,25 @@ class SqliteGcReads:
         for i in range(0, len(ordered), _IN_CHUNK):
             chunk = ordered[i : i + _IN_CHUNK]
             marks = ", ".join("?" * len(chunk))
-            rows = self._execute(
-                f"SELECT exe_digest FROM artifacts WHERE exe_digest IN ({marks}) "
-                f"UNION SELECT hlo_digest FROM artifacts WHERE hlo_digest IN ({marks}) "
-                f"UNION SELECT manifest_digest FROM artifacts WHERE manifest_digest IN ({marks}) "
-                f"UNION SELECT hlo_digest FROM programs WHERE hlo_digest IN ({marks}) "
-                f"UNION SELECT digest FROM jit_entries WHERE digest IN ({marks})",
-                chunk * 5,
-            )
+            rows = self._execute(" UNION ".join(
+                f'SELECT "{column}" FROM "{table}" WHERE "{column}" IN ({marks})' for table, column in BLOB_COLUMNS
+            ), chunk * len(BLOB_COLUMNS))
             out.update(str(d) for (d,) in rows if d is not None)
+        return out
+
+    def referencing(self, digests: Collection[str]) -> set[tuple[str, str, str]]:
+        """(digest, table, owner) of each row referencing one of ``digests``: owner the
+        row's key for the tables of :data:`~aot.cache.index.entry.BLOB_OWNERS`, else ''."""
+        ordered = sorted(set(digests))
+        out: set[tuple[str, str, str]] = set()
+        for i in range(0, len(ordered), _IN_CHUNK):
+            chunk = ordered[i : i + _IN_CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            rows = self._execute(" UNION ".join(
+                f"SELECT \"{column}\", '{table}', {_owner(table)} FROM \"{table}\" WHERE \"{column}\" IN ({marks})"
+                for table, column in BLOB_COLUMNS
+            ), chunk * len(BLOB_COLUMNS))
+            out.update((str(d), str(t), str(o)) for d, t, o in rows if d is not None)
         return out
 
     def emptiness(self) -> tuple[bool, datetime | None]:

@@ -12,9 +12,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from aot.cache.index.engine import IndexEngine
-from aot.cache.index.entry import GC_COLUMNS, GcRow, IndexEntry, collector_paused, gc_rows_of_sqlite, utc_value
+from aot.cache.index.entry import BLOB_OWNERS, GC_COLUMNS, GcRow, IndexEntry, collector_paused, gc_rows_of_sqlite, utc_value
 from aot.cache.index.globs import glob_to_like, like_escape, name_range
-from aot.cache.index.schema import ARTIFACTS, BLOBS, CALL_STATS, DEFAULT_RELEASE, JIT_ENTRIES, PROGRAMS, RELEASES
+from aot.cache.index.schema import ARTIFACTS, BLOBS, CALL_STATS, DEFAULT_RELEASE, PROGRAMS, RELEASES, blob_reference_columns
 from aot.cache.index.state import emptiness_query
 
 __all__ = ["BlobRow", "IndexReads"]
@@ -88,6 +88,13 @@ def _by_name_query(with_env: bool, with_state: bool) -> sa.Select[Any]:
 
 #: Values per ``IN (...)`` list (SQLite's oldest limit is 999 bound variables).
 _IN_CHUNK = 500
+
+
+def _owner(column: sa.Column[Any]) -> Any:
+    owner = BLOB_OWNERS.get(column.table.name)
+    return sa.cast(column.table.c[owner], sa.String) if owner else sa.literal("")
+
+
 #: (name, signature) pairs per statement: their names and the pairs' two values each.
 _PAIR_CHUNK = 300
 
@@ -260,34 +267,37 @@ class IndexReads(IndexEngine):
         return [k for k in keys if k.startswith(prefix)]  # SQLite LIKE ignores case
 
     def referenced_digests(self) -> set[str]:
-        """Every blob digest that an artifact or program row references."""
-        q = sa.union(
-            sa.select(ARTIFACTS.c.exe_digest.label("d")).where(ARTIFACTS.c.exe_digest.is_not(None)),
-            sa.select(ARTIFACTS.c.hlo_digest.label("d")).where(ARTIFACTS.c.hlo_digest.is_not(None)),
-            sa.select(ARTIFACTS.c.manifest_digest.label("d")).where(ARTIFACTS.c.manifest_digest.is_not(None)),
-            sa.select(PROGRAMS.c.hlo_digest.label("d")).where(PROGRAMS.c.hlo_digest.is_not(None)),
-            sa.select(JIT_ENTRIES.c.digest.label("d")),
-        )
+        """Every blob digest that a row references (:data:`~aot.cache.index.entry.BLOB_COLUMNS`)."""
+        q = sa.union(*(sa.select(c.label("d")).where(c.is_not(None)) for c in blob_reference_columns()))
         with self._read("list referenced blobs") as conn:
             return {d for d in conn.execute(q).scalars() if d is not None}
 
     def referenced_among(self, digests: Collection[str]) -> set[str]:
-        """Those of ``digests`` that an artifact or program row (or a jit entry)
-        references: :meth:`referenced_digests` narrowed to a few candidates, through the
-        digest columns' indexes, instead of a scan of every row."""
+        """Those of ``digests`` that a row references: :meth:`referenced_digests`
+        narrowed to a few candidates, through the digest columns' indexes, instead of a
+        scan of every row."""
         ordered = sorted(set(digests))
         out: set[str] = set()
         with self._read("look up referenced blobs") as conn:
             for i in range(0, len(ordered), _IN_CHUNK):
                 chunk = ordered[i : i + _IN_CHUNK]
-                q = sa.union(
-                    sa.select(ARTIFACTS.c.exe_digest.label("d")).where(ARTIFACTS.c.exe_digest.in_(chunk)),
-                    sa.select(ARTIFACTS.c.hlo_digest.label("d")).where(ARTIFACTS.c.hlo_digest.in_(chunk)),
-                    sa.select(ARTIFACTS.c.manifest_digest.label("d")).where(ARTIFACTS.c.manifest_digest.in_(chunk)),
-                    sa.select(PROGRAMS.c.hlo_digest.label("d")).where(PROGRAMS.c.hlo_digest.in_(chunk)),
-                    sa.select(JIT_ENTRIES.c.digest.label("d")).where(JIT_ENTRIES.c.digest.in_(chunk)),
-                )
+                q = sa.union(*(sa.select(c.label("d")).where(c.in_(chunk)) for c in blob_reference_columns()))
                 out.update(d for d in conn.execute(q).scalars() if d is not None)
+        return out
+
+    def referencing(self, digests: Collection[str]) -> set[tuple[str, str, str]]:
+        """(digest, table, owner) of each row referencing one of ``digests``: owner the
+        row's key for the tables of :data:`~aot.cache.index.entry.BLOB_OWNERS`, else ''."""
+        ordered = sorted(set(digests))
+        out: set[tuple[str, str, str]] = set()
+        with self._read("look up the rows referencing blobs") as conn:
+            for i in range(0, len(ordered), _IN_CHUNK):
+                chunk = ordered[i : i + _IN_CHUNK]
+                q = sa.union(*(
+                    sa.select(c.label("d"), sa.literal(c.table.name).label("t"), _owner(c).label("o")).where(c.in_(chunk))
+                    for c in blob_reference_columns()
+                ))
+                out.update((str(d), str(t), str(o)) for d, t, o in conn.execute(q) if d is not None)
         return out
 
     def blob_rows(self) -> list[BlobRow]:

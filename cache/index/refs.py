@@ -30,6 +30,7 @@ __all__ = [
     "Ref",
     "RefOrigin",
     "ReleaseMember",
+    "current_user",
     "default_commit",
     "pin_reasons",
     "pins_of",
@@ -56,7 +57,8 @@ def default_commit() -> str | None:
     return None
 
 
-def _user() -> str:
+def current_user() -> str:
+    """Who runs this process, as a ref, a release set and a captured GPU record it."""
     try:
         return getpass.getuser()
     except Exception:  # noqa: BLE001 - no user name in some containers
@@ -69,7 +71,7 @@ class RefOrigin:
 
     source: str  # "warmup fixtures/warmup.toml", "compile", "promote candidate", ...
     host: str = field(default_factory=socket.gethostname)
-    user: str = field(default_factory=_user)
+    user: str = field(default_factory=current_user)
     commit: str | None = field(default_factory=default_commit)
     release: str | None = None  # the label the change was recorded under, if any
 

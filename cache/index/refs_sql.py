@@ -17,7 +17,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from aot.cache.index.engine import IndexEngine, insert_ignore, server_now
+from aot.cache.index.engine import insert_ignore, server_now
+from aot.cache.index.journal import RELEASE, IndexJournal
 from aot.cache.index.globs import glob_to_like
 from aot.cache.index.refs import Ref, RefOrigin, ReleaseMember, pin_reasons, signature_digest
 from aot.cache.index.releases import (
@@ -47,7 +48,7 @@ def _ref(row: Any) -> Ref:
     return Ref(**{c: m[c] for c in _REF_COLUMNS})
 
 
-class IndexDescription(IndexEngine):
+class IndexDescription(IndexJournal):
     """What a shared cache records about itself (apart from the refs: one class stays
     under the size every class keeps)."""
 
@@ -90,7 +91,11 @@ class IndexRefs(IndexDescription):
         with self._write("set refs") as conn:
             self._lock_refs(conn)
             changed = self._set_refs_in(conn, targets, origin, release_id=release_id, keep_existing=keep_existing)
+            if release_id is not None:
+                self.forget_journal(conn, RELEASE, [release_id])
         _log_refs(changed, origin)
+        if release_id is not None:
+            self.journal_pending()
         return changed
 
     def declare_release(
@@ -115,6 +120,7 @@ class IndexRefs(IndexDescription):
                 set_id = int(current["id"])
                 targets = list(targets)
                 _credit(conn, current, targets, origin)
+                self.forget_journal(conn, RELEASE, [set_id])
             else:
                 set_id = self._new_set(conn, label, origin, previous=None if current is None else current["id"],
                                        run=run)
@@ -131,6 +137,7 @@ class IndexRefs(IndexDescription):
                 for name, signature, env_fp, key in targets:
                     self._add_member(conn, set_id, ReleaseMember(name, signature, env_fp, key))
         _log_refs(changed, origin)
+        self.journal_pending()
         return set_id, changed
 
     def _lock_refs(self, conn: Connection) -> None:
@@ -220,10 +227,14 @@ class IndexRefs(IndexDescription):
             self._lock_refs(conn)
             for i in range(0, len(envs), 500):  # SQLite's variable limit
                 chunk = envs[i:i + 500]
+                touched = conn.execute(sa.select(RELEASE_MEMBERS.c.release_id).distinct()
+                                       .where(RELEASE_MEMBERS.c.env_fp.in_(chunk))).scalars()
+                self.forget_journal(conn, RELEASE, list(touched))
                 refs += conn.execute(sa.delete(REFS).where(REFS.c.env_fp.in_(chunk))).rowcount
                 members += conn.execute(
                     sa.delete(RELEASE_MEMBERS).where(RELEASE_MEMBERS.c.env_fp.in_(chunk))
                 ).rowcount
+        self.journal_pending()
         return refs, members
 
     # -------------------------------------------------------------- releases
@@ -240,8 +251,9 @@ class IndexRefs(IndexDescription):
             current = self._current_set(conn, label)
             if run is not None and current is not None and current["run"] == run:
                 return int(current["id"])
-            return self._new_set(conn, label, origin, previous=None if current is None else current["id"],
-                                 run=run)
+            set_id = self._new_set(conn, label, origin, previous=None if current is None else current["id"], run=run)
+        self.journal_pending()
+        return set_id
 
     def promote(self, source: str, target: str, origin: RefOrigin) -> Release:
         """Points label ``target`` at the set ``source`` points to now (a new set of
@@ -259,6 +271,7 @@ class IndexRefs(IndexDescription):
                              commit=current["commit"] or origin.commit)
             new = self._new_set(conn, target, origin, previous=None if before is None else before["id"])
             self._copy_members(conn, int(current["id"]), new)
+        self.journal_pending()
         release = self.release_set(target)
         assert release is not None
         return release
@@ -284,6 +297,7 @@ class IndexRefs(IndexDescription):
                              commit=target._mapping["commit"] or origin.commit)
             new = self._new_set(conn, label, origin, previous=target._mapping["previous"])
             self._copy_members(conn, int(target._mapping["id"]), new)
+        self.journal_pending()
         release = self.release_set(label)
         assert release is not None
         return release
@@ -401,6 +415,7 @@ class IndexRefs(IndexDescription):
                 sets = sa.select(RELEASES.c.id).where(
                     RELEASES.c.label == release.label, RELEASES.c.id <= release.current.id
                 )
+                self.forget_journal(conn, RELEASE, list(conn.execute(sets).scalars()))
                 conn.execute(sa.delete(RELEASE_MEMBERS).where(RELEASE_MEMBERS.c.release_id.in_(sets)))
                 conn.execute(sa.delete(RELEASES).where(
                     RELEASES.c.label == release.label, RELEASES.c.id <= release.current.id
@@ -410,6 +425,7 @@ class IndexRefs(IndexDescription):
                     logger.warning("release %s: set %s was recorded after the plan and is kept",
                                    release.label, newer["id"])
         logger.info("removed releases %s; %d entries unpinned", ", ".join(plan.labels), len(plan.unpinned))
+        self.journal_pending()  # their journal blobs go now: a repair never brings a removed label back
         return replace(plan, executed=True)
 
     def _current_set(self, conn: Connection, label: str) -> dict[str, Any] | None:
@@ -453,6 +469,8 @@ class IndexRefs(IndexDescription):
             self._lock_refs(conn)
             for member in members:
                 self._add_member(conn, set_id, member)
+            self.forget_journal(conn, RELEASE, [set_id])
+        self.journal_pending()
 
 
 def _append_ref(

@@ -23,16 +23,7 @@ from urllib.parse import quote
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SALVAGED_TABLES", "SalvagedTable", "damage_of", "salvage", "write_index"]
-
-#: The tables a repaired index carries over, parents before children. Not carried:
-#: ``blob_leases`` and ``jit_claims`` (a writer's, minutes long), ``blobs_data`` (the
-#: bytes of a database blob store: a folder cache keeps its blobs in files),
-#: ``schema_version`` (the new index's own).
-SALVAGED_TABLES = (
-    "cache_meta", "index_state", "default_release", "programs", "blobs", "artifacts",
-    "call_stats", "ref_history", "refs", "releases", "release_members", "jit_entries", "jit_stats",
-)
+__all__ = ["SalvagedTable", "damage_of", "salvage", "write_index"]
 
 _MAX_PROBES = 64  # probes past one unreadable region before giving the rest up
 
@@ -92,9 +83,10 @@ def damage_of(path: Path) -> str | None:
     return None if found == ["ok"] else f"corrupt ({'; '.join(found)})"
 
 
-def salvage(path: Path) -> tuple[int | None, list[SalvagedTable], str | None]:
-    """(the schema version read, every table of :data:`SALVAGED_TABLES` that exists, the
-    error that kept the file from being opened at all or None)."""
+def salvage(path: Path, tables: Sequence[str]) -> tuple[int | None, list[SalvagedTable], str | None]:
+    """(the schema version read, every table of ``tables`` that exists (repair passes
+    :func:`aot.cache.index.schema.salvaged_tables`), the error that kept the file from
+    being opened at all or None)."""
     from aot.cache.index.read_only import read_only_open
 
     try:
@@ -110,10 +102,10 @@ def salvage(path: Path) -> tuple[int | None, list[SalvagedTable], str | None]:
             version = int(row[0]) if row else None
         except sqlite3.Error as exc:
             log.warning("%s: schema version unreadable: %s", path, exc)
-        tables = [_salvage_table(conn, t) for t in SALVAGED_TABLES if t in names]
+        found = [_salvage_table(conn, t) for t in tables if t in names]
     finally:
         conn.close()
-    return version, tables, None
+    return version, found, None
 
 
 def _salvage_table(conn: sqlite3.Connection, table: str) -> SalvagedTable:

@@ -93,6 +93,12 @@ Changelog of :data:`SCHEMA_VERSION`:
   a blob of the blob store (content-addressed, like its executable), so that ``aot repair``
   rebuilds an entry whose row was on an unreadable page (``_migrate_add_manifest_digest``:
   existing rows get the digest, their blob is written by the next store of the entry).
+* 11 (2026-12-07): journal: each release set (its label, members and commit) and each
+  captured GPU is also a content-addressed blob (:mod:`aot.cache.index.journal`), named
+  here so that gc keeps it while the set or capture lives, and so that ``aot repair``
+  rebuilds releases, their history and the captured GPUs of an index lost whole
+  (``_migrate_add_journal``). Additive: the next change of a release or capture journals
+  every set and capture not journaled yet.
 """
 
 from __future__ import annotations
@@ -120,7 +126,7 @@ from sqlalchemy import Index as SqlIndex
 from sqlalchemy.engine import Connection, Dialect, Engine
 
 from aot.cache.index.advice import mask_url, reason_of
-from aot.cache.index.entry import SCHEMA_VERSION, as_utc, utcnow
+from aot.cache.index.entry import BLOB_COLUMNS, SCHEMA_VERSION, as_utc, utcnow
 from aot.errors import CacheError
 
 logger = logging.getLogger(__name__)
@@ -150,9 +156,14 @@ __all__ = [
     "JIT_ENTRIES",
     "JIT_STATS",
     "JIT_CLAIMS",
+    "JOURNAL",
     "NOT_CREATED",
+    "NOT_SALVAGED",
+    "blob_columns",
+    "blob_reference_columns",
     "ensure_schema",
     "found_instead",
+    "salvaged_tables",
     "read_version",
 ]
 
@@ -223,7 +234,7 @@ PROGRAMS = sa.Table(
     _key("program_fp", String(128)),
     _required("name", String(512)),
     _required("signature", Text),
-    _optional("hlo_digest", String(64)),
+    _optional("hlo_digest", String(64), info={"blob": True}),
     _required("created_at", UTCDateTime),
     SqlIndex("ix_programs_hlo_digest", "hlo_digest"),
 )
@@ -239,8 +250,8 @@ ARTIFACTS = sa.Table(
     _required("platform", String(64)),
     _required("manifest", Text),
     # NULL for a symbolic (shape-polymorphic) entry: portable HLO only (schema 2).
-    _optional("exe_digest", String(64)),
-    _optional("hlo_digest", String(64)),
+    _optional("exe_digest", String(64), info={"blob": True}),
+    _optional("hlo_digest", String(64), info={"blob": True}),
     _required("raw_size", BigInteger),
     _required("stored_size", BigInteger),
     _required("compile_seconds", Float),
@@ -253,7 +264,7 @@ ARTIFACTS = sa.Table(
     # a blob of the entry like its executable, so that ``aot repair`` can rebuild a row
     # lost with an unreadable page. NULL: never in a row this jax-aot writes (a row of
     # an older one is backfilled by the migration; its blob may not exist).
-    _optional("manifest_digest", String(64)),
+    _optional("manifest_digest", String(64), info={"blob": True}),
     SqlIndex("ix_artifacts_name_env_state", "name", "env_fp", "state"),
     SqlIndex("ix_artifacts_exe_digest", "exe_digest"),
     SqlIndex("ix_artifacts_hlo_digest", "hlo_digest"),
@@ -437,6 +448,48 @@ CAPTURED_TARGETS = sa.Table(
     _required("user", String(256)),
 )
 
+#: The blob journaling each declaration (:mod:`aot.cache.index.journal`): ``kind``
+#: ``release`` (``name`` the set's id) or ``target`` (``name`` the captured GPU's). A
+#: declaration without a row here is not journaled yet (new, or changed since): the
+#: next journaling writes its blob. The row goes with its set or capture, and gc frees
+#: the blob then.
+JOURNAL = sa.Table(
+    "journal",
+    METADATA,
+    _key("kind", String(16)),
+    _key("name", String(256)),
+    _required("digest", String(64), index=True, info={"blob": True}),
+    _required("written_at", UTCDateTime),
+)
+
+
+def blob_columns() -> tuple[tuple[str, str], ...]:
+    """(table, column) of every column marked as naming a blob gc keeps while its row
+    lives (``info={"blob": True}``), read from :data:`METADATA` when called."""
+    return tuple((t.name, c.name) for t in METADATA.sorted_tables for c in t.columns if c.info.get("blob"))
+
+
+#: The tables a repaired index does not carry over (``aot repair``): ``blob_leases`` and
+#: ``jit_claims`` (a writer's, minutes long), ``blobs_data`` (the bytes of a database blob
+#: store: a folder cache keeps its blobs in files), ``schema_version`` (the new index's
+#: own). Every other table is salvaged: a table added to the schema is carried over
+#: unless it is named here.
+NOT_SALVAGED = frozenset({"blob_leases", "jit_claims", "blobs_data", "schema_version"})
+
+
+def salvaged_tables() -> tuple[str, ...]:
+    """The tables a repaired index carries over, parents before children: every table
+    of :data:`METADATA` but :data:`NOT_SALVAGED`, read when called (one list, never
+    typed out twice)."""
+    return tuple(t.name for t in METADATA.sorted_tables if t.name not in NOT_SALVAGED)
+
+
+def blob_reference_columns() -> list[sa.Column[Any]]:
+    """The columns of :data:`~aot.cache.index.entry.BLOB_COLUMNS`: what gc's queries
+    union (a digest any of them holds is referenced)."""
+    return [METADATA.tables[table].c[column] for table, column in BLOB_COLUMNS]
+
+
 #: An entry of JAX's persistent compilation cache (KIND ``jit``): JAX's key, the
 #: jitted function's name, the blob of JAX's zstd payload (:mod:`aot.cache.index.jit`).
 JIT_ENTRIES = sa.Table(
@@ -444,7 +497,7 @@ JIT_ENTRIES = sa.Table(
     METADATA,
     _key("key", String(1024)),
     _required("name", String(512), index=True),
-    _required("digest", String(64), index=True),
+    _required("digest", String(64), index=True, info={"blob": True}),
     _required("size", BigInteger),
     _required("stored_size", BigInteger),
     _required("compile_seconds", Float),
@@ -555,6 +608,10 @@ def _migrate_add_captured_targets(conn: Connection) -> None:
     CAPTURED_TARGETS.create(conn, checkfirst=True)
 
 
+def _migrate_add_journal(conn: Connection) -> None:
+    JOURNAL.create(conn, checkfirst=True)
+
+
 _BACKFILL_BATCH = 1000
 
 
@@ -601,6 +658,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "captured_targets: a fleet's own GPUs, their CUDA versions and autotune results",
               _migrate_add_captured_targets),
     Migration(10, "artifacts.manifest_digest: each entry's manifest is a blob too", _migrate_add_manifest_digest),
+    Migration(11, "journal: each release set and captured GPU is a blob too", _migrate_add_journal),
 )
 
 

@@ -23,8 +23,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from aot import gpu_targets
-from aot.cache.index.engine import IndexEngine
 from aot.cache.index.entry import as_utc, utcnow
+from aot.cache.index.journal import TARGET, IndexJournal
 from aot.cache.index.schema import CAPTURED_TARGETS
 
 __all__ = ["CapturedTarget", "IndexTargets", "targets_folder", "use_targets"]
@@ -68,7 +68,7 @@ class CapturedTarget:
         return data
 
 
-class IndexTargets(IndexEngine):
+class IndexTargets(IndexJournal):
     """Reads and writes of ``captured_targets``."""
 
     def captured_targets(self) -> list[CapturedTarget]:
@@ -87,6 +87,8 @@ class IndexTargets(IndexEngine):
         with self._write(f"record captured target {target.name}") as conn:
             conn.execute(sa.delete(CAPTURED_TARGETS).where(CAPTURED_TARGETS.c.name == target.name))
             conn.execute(sa.insert(CAPTURED_TARGETS).values(**row))
+            self.forget_journal(conn, TARGET, [target.name])  # journaled anew (aot.cache.index.journal)
+        self.journal_pending()
 
 
 def targets_folder(location: object) -> Path:

@@ -211,3 +211,81 @@ def test_read_commands_work_on_a_read_only_file_system(invoke: Invoke, read_only
         f"Error: cannot collect garbage: the cache at {read_only_volume} is on a read-only file "
         "system; copy it to a writable one (or compile in CI and ship a bundle)"
     )
+
+
+def test_an_index_lost_whole_gets_its_releases_refs_and_captured_gpus_back(
+    invoke: Invoke, warmed: Path, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`truncate -s 50% index.sqlite`: every entry comes back from its manifest blob, the
+    release sets (label, members, commit, their chain) and the captured GPU from their
+    journal blobs, the refs from the release; what nothing journals is named, with what
+    to run instead. `release="prod", strict=True` serves as before."""
+    from aot import gpu_targets
+    from aot.cache.index.targets import CapturedTarget
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv(gpu_targets.CONFIGS_ENV, "")
+    keys, served = _prepare(cache_dir)  # prod set 1: every entry, commit c1
+    with aot.Cache(cache_dir) as cache:
+        entries = cache.entries()
+        cache.index.declare_release("prod", [(e.name, e.signature, e.env_fp, e.key) for e in entries],
+                                    RefOrigin("ci", commit="c2"))  # set 2, its previous set 1
+        cache.index.put_captured_target(CapturedTarget(
+            name="fleet", platform="cuda", config="gpu_device_info { }\n", config_digest="sha256:" + "ab" * 32,
+            versions='{"runtime": "12.8"}', device_kind="NVIDIA H200", host="gpu-host-1", user="ci",
+        ))
+    before = {
+        "show": json.loads(invoke("release", "show", "prod", "--json").stdout),
+        "ls": invoke("release", "ls").stdout,
+        "history": invoke("release", "history", "prod").stdout,
+        "targets": invoke("target", "ls").stdout,
+        "refs": sorted((r["name"], r["key"]) for r in json.loads(invoke("ls", "--json").stdout)["entries"]),
+    }
+    assert "prod" in before["ls"] and "cuda:fleet" in before["targets"]
+    index = cache_dir / "index.sqlite"
+    with open(index, "r+b") as f:
+        f.truncate(index.stat().st_size // 2)
+
+    plan = invoke("repair", "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    lines = plan.output.splitlines()
+    assert lines[1] == "would repair: 0 entries recovered"
+    assert lines[2].startswith(f"  rebuilt from the blob store: {len(keys)} entries ("), plan.output
+    assert lines[3] == "  release sets rebuilt from their journal blobs: 2 (prod (set 1), prod (set 2))"
+    assert lines[4] == "  captured GPUs rebuilt from their journal blobs: 1 (fleet)"
+    assert lines[5] == (f"  refs set again (the refs table was lost): {len(keys)}, from the release sets "
+                        "and the newest entry of each signature")
+    assert lines[7:14] == [
+        "  not recovered:",
+        "    the whole index: SQLite cannot read its schema (database disk image is malformed)",
+        "    call_stats: serving statistics (calls, loads, misses, recompiles) are not journaled; "
+        "they count again from the next calls (`aot stats`)",
+        "    ref_history: the history of each ref is not journaled; each ref rebuilt has one record "
+        "(source repair); `aot release history LABEL` shows the release sets",
+        "    jit_entries: entries of JAX's own cache (aot.jax_cache) are not journaled; JAX compiles them "
+        "again on their next miss; `aot gc` removes their blobs",
+        "    jit_stats: hits and misses of JAX's own cache are not journaled; they count again from the next calls",
+        "    default_release: the default release label is not journaled; run `aot release default LABEL` again",
+    ], plan.output
+    assert len(lines) == 15 and lines[14].startswith("  the damaged file to be moved aside to ")
+
+    planned = json.loads(invoke("repair", "--dry-run", "--json").stdout)
+    done = invoke("repair", "--json")
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.stdout)
+    assert report["releases_rebuilt"] == ["prod (set 1)", "prod (set 2)"] and report["targets_rebuilt"] == ["fleet"]
+    assert report["kept"] == planned["kept"]  # the plan equals its run
+    assert [item["kind"] for item in report["lost"]] == ["whole_index", *(["not_journaled"] * 5)]
+
+    assert invoke("release", "ls").stdout == before["ls"]
+    assert json.loads(invoke("release", "show", "prod", "--json").stdout) == before["show"]
+    assert invoke("release", "history", "prod").stdout == before["history"]
+    assert invoke("target", "ls").stdout == before["targets"]
+    assert sorted((r["name"], r["key"]) for r in json.loads(invoke("ls", "--json").stdout)["entries"]) == before["refs"]
+    assert invoke("verify").exit_code == 0
+    with aot.Cache(cache_dir) as cache:
+        fn = aot.load("tiny", cache=cache, release="prod", strict=True)
+        again = np.asarray(fn(np.arange(8, dtype=np.float32), np.ones(8, np.float32)))
+        assert again.tobytes() == served.tobytes()
+        assert [t.name for t in cache.index.captured_targets()] == ["fleet"]
+        assert cache.gc(dry_run=True).blobs == ()  # every journal blob is named again

@@ -8,6 +8,7 @@ import hashlib
 from pathlib import Path
 
 import aot
+from aot.cache.admin.lost import LostKind
 from aot.cache.admin.manifest_blobs import rebuild_rows
 
 
@@ -47,13 +48,16 @@ def test_a_manifest_is_rebuilt_only_with_its_blobs_intact_and_its_signature_vali
         assert rebuild_rows(cache.blobs, stats, {entry.key}).entries == ()  # a salvaged row: not twice
         other = rebuild_rows(cache.blobs, stats, set(), signing_key=b"another key")
         assert other.entries == () and len(other.refused) == 1
-        assert "its signature does not verify with this cache's key" in other.refused[0]
+        (refused,) = other.refused
+        assert refused.kind is LostKind.REFUSED and refused.table == "artifacts"
+        assert refused.subject == f"tiny ({entry.key[:12]})"
+        assert "its signature does not verify with this cache's key" in refused.line()
 
         assert entry.exe_digest is not None
         cache.blobs.delete(entry.exe_digest)
         missing = rebuild_rows(cache.blobs, list(cache.blobs.list()), set(), signing_key=b"the cache's key")
         assert missing.entries == ()
-        assert missing.refused == (
+        assert tuple(item.line() for item in missing.refused) == (
             f"artifacts: the entry tiny ({entry.key[:12]}): its manifest is in the blob store but its "
             f"executable blob {entry.exe_digest[:12]} is missing: not rebuilt",
         )
