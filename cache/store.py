@@ -123,10 +123,8 @@ class ArtifactStore(ReleaseMethods):
     serving replicas: the object is then a :class:`~aot.cache.cache.TieredCache`
     (see :mod:`aot.cache.tiered`).
 
-    ``cache.stats`` records serving statistics (:mod:`aot.cache.stats_recorder`).
-
-    ``timeouts``: an :class:`aot.Timeouts` bounding its network waits, used whole (None:
-    the environment's; :mod:`aot.cache.timeouts`).
+    ``cache.stats`` records serving statistics (:mod:`aot.cache.stats_recorder`). ``timeouts``:
+    an :class:`aot.Timeouts` bounding its network waits (None: the environment's).
 
     ``create=False`` opens an existing cache only (the read commands): a folder or
     SQLite file that is missing, an empty or foreign database, or an index of an older
@@ -208,9 +206,8 @@ class ArtifactStore(ReleaseMethods):
         return self
 
     def recorder(self) -> StatsRecorder:
-        """A recorder of serving statistics into this cache's index, in memory when
-        read-only (it never holds the cache: the cache's finalizer flushes it); its last
-        flush is bounded by the cache's ``timeouts`` when it was given some."""
+        """A recorder of serving statistics into this cache's index, in memory when read-only (it
+        never holds the cache: its finalizer flushes it); the last flush bounded by ``timeouts``."""
         from aot.cache.index.call_stats import IndexSink, SqliteFileSink
         from aot.cache.stats_recorder import StatsRecorder
 
