@@ -91,7 +91,7 @@ def plan_repair(
         return RepairPlan(str(index_file), None, str(aside), (), (), (), 0, busy)
     version, salvaged, error = salvage(index_file)
     if version is not None and version not in (SCHEMA_VERSION - 1, SCHEMA_VERSION):
-        # 8 -> 9 added artifacts.manifest_digest only: computed here from each row's manifest.
+        # 10 -> 11 added artifacts.const_digest only: NULL in every row of 10 (no constants).
         raise CacheError(
             f"the damaged index {index_file} has schema version {version}; this jax-aot "
             f"repairs versions {SCHEMA_VERSION - 1} and {SCHEMA_VERSION}: repair it with the jax-aot that wrote it"
@@ -227,7 +227,7 @@ class _Kept:
             except Exception as exc:  # noqa: BLE001 - a damaged row, whatever is wrong in it
                 self.lost.append(f"artifacts: the entry {label}: its row is damaged ({exc})")
                 continue
-            digests = [d for d in (row["exe_digest"], row["hlo_digest"]) if d]
+            digests = [d for d in (row["exe_digest"], row["hlo_digest"], row.get("const_digest")) if d]
             if not row.get("manifest_digest"):  # a row of schema 8
                 row["manifest_digest"] = hashlib.sha256(row["manifest"].encode()).hexdigest()
             present = self.store.exists([*digests, row["manifest_digest"]])
@@ -272,7 +272,7 @@ class _Kept:
         rows = {b["digest"]: b for b in _rows(tables, "blobs") if b["digest"] in self.digests}
         missing = sorted(self.digests - set(rows))
         stats = self.store.stat(missing) if missing else {}
-        created = {d: a["created_at"] for a in artifacts for d in (a["exe_digest"], a["hlo_digest"], a.get("manifest_digest")) if d}
+        created = {d: a["created_at"] for a in artifacts for d in (a["exe_digest"], a["hlo_digest"], a.get("manifest_digest"), a.get("const_digest")) if d}
         created.update({j["digest"]: j["created_at"] for j in jit})
         sizes = {**{j["digest"]: j["size"] for j in jit}, **self._sizes}
         for digest in missing:

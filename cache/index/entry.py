@@ -27,7 +27,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 #: Version of the database schema this code writes; the changelog and the migrations
 #: are in :mod:`aot.cache.index.schema` (here because the stdlib reader checks it).
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 #: Valid values of ``artifacts.state``.
 ARTIFACT_STATES = ("ok", "quarantined")
@@ -73,6 +73,8 @@ class IndexEntry:
     state_reason: str | None = None
     #: sha256 of ``manifest`` (its UTF-8 bytes), a blob of the store too (schema 10).
     manifest_digest: str | None = None
+    #: The blob of the constants JAX hoisted into the executable's arguments (schema 11).
+    const_digest: str | None = None
 
     def __post_init__(self) -> None:
         if self.state not in ARTIFACT_STATES:
@@ -127,16 +129,16 @@ class IndexEntry:
 
 
 def referenced_digests(row: IndexEntry | GcRow) -> set[str]:
-    """Every blob an artifact row keeps from gc: its executable, its portable HLO and
-    its manifest blob (schema 10)."""
-    return {d for d in (row.exe_digest, row.hlo_digest, row.manifest_digest) if d}
+    """Every blob an artifact row keeps from gc: its executable, its portable HLO, its
+    manifest blob (schema 10) and its hoisted constants (schema 11)."""
+    return {d for d in (row.exe_digest, row.hlo_digest, row.manifest_digest, row.const_digest) if d}
 
 
 def entry_digests(entry: IndexEntry) -> list[str]:
-    """The digests of ``entry``'s artifact blobs (executable, portable HLO); its
-    manifest blob apart (:func:`referenced_digests`): a row whose manifest blob is not
-    stored still loads (the row holds the manifest)."""
-    return [d for d in (entry.exe_digest, entry.hlo_digest) if d]
+    """The digests of ``entry``'s artifact blobs (executable, portable HLO, hoisted
+    constants); its manifest blob apart (:func:`referenced_digests`): a row whose
+    manifest blob is not stored still loads (the row holds the manifest)."""
+    return [d for d in (entry.exe_digest, entry.hlo_digest, entry.const_digest) if d]
 
 
 class GcRow(NamedTuple):
@@ -158,6 +160,7 @@ class GcRow(NamedTuple):
     state: str
     state_reason: str | None
     manifest_digest: str | None
+    const_digest: str | None
 
     @property
     def ok(self) -> bool:
@@ -180,13 +183,13 @@ def gc_rows_of_sqlite(rows: list[tuple[Any, ...]]) -> list[GcRow]:
     new, parse, row = tuple.__new__, datetime.fromisoformat, GcRow
     try:
         return [
-            new(row, (key, name, sig, program, exe, hlo, size, parse(created + "+00:00"), parse(used + "+00:00"), state, why, md))
-            for key, name, sig, program, exe, hlo, size, created, used, state, why, md in rows
+            new(row, (key, name, sig, program, exe, hlo, size, parse(created + "+00:00"), parse(used + "+00:00"), state, why, md, cd))
+            for key, name, sig, program, exe, hlo, size, created, used, state, why, md, cd in rows
         ]
     except (TypeError, ValueError):  # a time not as the index writes it
         return [
-            GcRow(key, name, sig, program, exe, hlo, size, sqlite_utc(created), sqlite_utc(used), state, why, md)
-            for key, name, sig, program, exe, hlo, size, created, used, state, why, md in rows
+            GcRow(key, name, sig, program, exe, hlo, size, sqlite_utc(created), sqlite_utc(used), state, why, md, cd)
+            for key, name, sig, program, exe, hlo, size, created, used, state, why, md, cd in rows
         ]
 
 

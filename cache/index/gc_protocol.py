@@ -65,6 +65,7 @@ class DeletionBatch:
                         sa.select(ARTIFACTS.c.exe_digest).where(ARTIFACTS.c.exe_digest.in_(chunk)),
                         sa.select(ARTIFACTS.c.hlo_digest).where(ARTIFACTS.c.hlo_digest.in_(chunk)),
                         sa.select(ARTIFACTS.c.manifest_digest).where(ARTIFACTS.c.manifest_digest.in_(chunk)),
+                        sa.select(ARTIFACTS.c.const_digest).where(ARTIFACTS.c.const_digest.in_(chunk)),
                         sa.select(PROGRAMS.c.hlo_digest).where(PROGRAMS.c.hlo_digest.in_(chunk)),
                         sa.select(JIT_ENTRIES.c.digest).where(JIT_ENTRIES.c.digest.in_(chunk)),
                     )

@@ -113,6 +113,7 @@ class SqliteGcReads:
             "SELECT exe_digest FROM artifacts WHERE exe_digest IS NOT NULL "
             "UNION SELECT hlo_digest FROM artifacts WHERE hlo_digest IS NOT NULL "
             "UNION SELECT manifest_digest FROM artifacts WHERE manifest_digest IS NOT NULL "
+            "UNION SELECT const_digest FROM artifacts WHERE const_digest IS NOT NULL "
             "UNION SELECT hlo_digest FROM programs WHERE hlo_digest IS NOT NULL "
             "UNION SELECT digest FROM jit_entries"
         )
@@ -129,9 +130,10 @@ class SqliteGcReads:
                 f"SELECT exe_digest FROM artifacts WHERE exe_digest IN ({marks}) "
                 f"UNION SELECT hlo_digest FROM artifacts WHERE hlo_digest IN ({marks}) "
                 f"UNION SELECT manifest_digest FROM artifacts WHERE manifest_digest IN ({marks}) "
+                f"UNION SELECT const_digest FROM artifacts WHERE const_digest IN ({marks}) "
                 f"UNION SELECT hlo_digest FROM programs WHERE hlo_digest IN ({marks}) "
                 f"UNION SELECT digest FROM jit_entries WHERE digest IN ({marks})",
-                chunk * 5,
+                chunk * 6,
             )
             out.update(str(d) for (d,) in rows if d is not None)
         return out

@@ -162,8 +162,8 @@ class IndexReads(IndexEngine):
                 rows = _driver_rows(conn, _GC_SELECT if sqlite else _GC_ROWS)
             if not sqlite:
                 return [
-                    GcRow(key, name, sig, program, exe, hlo, size, utc_value(created), utc_value(used), state, why, md)
-                    for key, name, sig, program, exe, hlo, size, created, used, state, why, md in rows
+                    GcRow(key, name, sig, program, exe, hlo, size, utc_value(created), utc_value(used), state, why, md, cd)
+                    for key, name, sig, program, exe, hlo, size, created, used, state, why, md, cd in rows
                 ]
             return gc_rows_of_sqlite(rows)  # sorted there, as SQLite compares text
 
@@ -265,6 +265,7 @@ class IndexReads(IndexEngine):
             sa.select(ARTIFACTS.c.exe_digest.label("d")).where(ARTIFACTS.c.exe_digest.is_not(None)),
             sa.select(ARTIFACTS.c.hlo_digest.label("d")).where(ARTIFACTS.c.hlo_digest.is_not(None)),
             sa.select(ARTIFACTS.c.manifest_digest.label("d")).where(ARTIFACTS.c.manifest_digest.is_not(None)),
+            sa.select(ARTIFACTS.c.const_digest.label("d")).where(ARTIFACTS.c.const_digest.is_not(None)),
             sa.select(PROGRAMS.c.hlo_digest.label("d")).where(PROGRAMS.c.hlo_digest.is_not(None)),
             sa.select(JIT_ENTRIES.c.digest.label("d")),
         )
@@ -284,6 +285,7 @@ class IndexReads(IndexEngine):
                     sa.select(ARTIFACTS.c.exe_digest.label("d")).where(ARTIFACTS.c.exe_digest.in_(chunk)),
                     sa.select(ARTIFACTS.c.hlo_digest.label("d")).where(ARTIFACTS.c.hlo_digest.in_(chunk)),
                     sa.select(ARTIFACTS.c.manifest_digest.label("d")).where(ARTIFACTS.c.manifest_digest.in_(chunk)),
+                    sa.select(ARTIFACTS.c.const_digest.label("d")).where(ARTIFACTS.c.const_digest.in_(chunk)),
                     sa.select(PROGRAMS.c.hlo_digest.label("d")).where(PROGRAMS.c.hlo_digest.in_(chunk)),
                     sa.select(JIT_ENTRIES.c.digest.label("d")).where(JIT_ENTRIES.c.digest.in_(chunk)),
                 )
