@@ -1,12 +1,14 @@
 """Closed-over constants through the cache: an entry whose function closes over a
 200,000-float NumPy array and a JAX array is served strictly by a process that cannot
 import the function, bit for bit as ``jax.jit`` runs it; its constants blob is kept and
-freed by gc with the entry, checked by verify, and carried by bundles and push/pull."""
+freed by gc with the entry, checked by verify, and carried by bundles, push/pull and
+repair."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -19,6 +21,7 @@ import pytest
 import aot
 from aot.artifact import CONSTANTS, Manifest
 from aot.cache.admin.removal import remove
+from aot.cache.admin.repair import plan_repair, repair_index
 from aot.cache.admin.transfer import pull, push
 
 TABLE = (np.arange(200_000, dtype=np.float32) / 7.0).reshape(200, 1000)
@@ -142,3 +145,33 @@ def test_bundles_and_push_pull_carry_the_constants(tmp_path) -> None:  # noqa: A
             assert copy.verify().ok
             location = str(copy.location)
         assert _serve_elsewhere(location) == [expected] * 3
+
+
+def _corrupt_artifacts_pages(index) -> None:  # noqa: ANN001
+    """Overwrites every leaf page of the artifacts table (a real damage: SQLite can no
+    longer read those rows)."""
+    conn = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
+    try:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        pages = [p for (p,) in conn.execute("SELECT pageno FROM dbstat WHERE name = 'artifacts' AND pagetype = 'leaf'")]
+    finally:
+        conn.close()
+    with open(index, "r+b") as f:
+        for page in pages:
+            f.seek((page - 1) * page_size)
+            f.write(bytes(range(256)) * (page_size // 256))
+
+
+def test_repair_rebuilds_the_entry_with_its_constants(tmp_path) -> None:  # noqa: ANN001
+    folder = tmp_path / "cache"
+    with aot.Cache(folder) as cache:
+        entry = cache.put(aot.lower(closes_over, aot.spec("f32[4,200]"), name=NAME))
+        digest = _constants_digest(entry)
+    _corrupt_artifacts_pages(folder / "index.sqlite")
+    plan = repair_index(plan_repair(folder), force=True)  # this process closed the cache; its -shm may stay
+    assert plan.done
+    with aot.Cache(folder) as cache:
+        (rebuilt,) = cache.entries(NAME)
+        assert rebuilt.key == entry.key and _constants_digest(rebuilt) == digest
+        assert cache.verify().ok
+    assert _serve_elsewhere(str(folder)) == [_digest(jax.jit(closes_over)(_inputs()))] * 3
