@@ -23,6 +23,8 @@ from aot.artifact import CONSTANTS, Manifest
 from aot.cache.admin.removal import remove
 from aot.cache.admin.repair import plan_repair, repair_index
 from aot.cache.admin.transfer import pull, push
+from aot.cache.warmup.manifest import parse_manifest
+from aot.cache.warmup.run import expand, run_warmup
 
 TABLE = (np.arange(200_000, dtype=np.float32) / 7.0).reshape(200, 1000)
 OFFSETS = jnp.linspace(-1.0, 1.0, 1000, dtype=jnp.float32)
@@ -87,6 +89,23 @@ def test_served_strictly_by_a_process_without_the_model_code(tmp_path) -> None: 
         assert _digest(hit(_inputs())) == expected
         location = str(cache.location)
     assert _serve_elsewhere(location) == [expected] * 3
+
+
+def test_a_warm_up_stores_each_bucket_sharing_one_constants_blob(tmp_path) -> None:  # noqa: ANN001
+    manifest = parse_manifest(textwrap.dedent(f"""
+        [[function]]
+        name = "{NAME}"
+        function = "{__name__}:closes_over"
+        args = ["f32[{{b}},200]"]
+        vary = {{ b = [1, 4] }}
+    """))
+    report = run_warmup(str(tmp_path / "cache"), expand(manifest))
+    assert [r.status for r in report.results] == ["compiled", "compiled"], report.results
+    with aot.Cache(tmp_path / "cache") as cache:
+        digests = {_constants_digest(e) for e in cache.entries(NAME)}
+        assert len(digests) == 1  # the same arrays closed over: stored once
+        assert cache.verify().ok
+    assert _serve_elsewhere(str(tmp_path / "cache")) == [_digest(jax.jit(closes_over)(_inputs()))] * 3
 
 
 def test_gc_keeps_the_constants_blob_with_its_entry_and_frees_it_after(cache, set_blob_age) -> None:  # noqa: ANN001
