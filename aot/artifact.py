@@ -649,6 +649,7 @@ def manifest_problems(manifest: Manifest) -> list[str]:
     problems += constants_problems(
         manifest.constants, blob.size if blob else None, blob.digest if blob else None,
         program.get(CONSTANTS_PART), lambda name: parse_manifest_dtype(name).itemsize,
+        lambda sharding, rank: _placement_problem(sharding, rank, device_ids),
     )
     for role, ref in manifest.blobs.items():
         if role not in ROLES:
@@ -656,6 +657,14 @@ def manifest_problems(manifest: Manifest) -> list[str]:
         if len(ref.digest) != 64 or any(c not in "0123456789abcdef" for c in ref.digest) or ref.size < 0:
             problems.append(f"{role} blob {ref.digest[:16]!r} ({ref.size} bytes) is not a sha256 digest and size")
     return problems
+
+
+def _placement_problem(sharding: Any, rank: int, device_ids: list[int]) -> str | None:
+    try:
+        ids = sharding_device_ids(sharding, rank)
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"malformed ({exc})"
+    return None if ids == device_ids else f"on devices {ids}, the executable runs on device_ids {device_ids}"
 
 
 def _tree_digest(manifest: Manifest, tree: Any) -> str:

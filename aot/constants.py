@@ -114,10 +114,12 @@ def unpack(blob: bytes | memoryview, constants: Sequence[Constant], parse_dtype:
 
 
 def problems(constants: Sequence[Constant], blob_size: int | None, blob_digest: str | None,
-             pinned: str | None, itemsize: Any) -> list[str]:
+             pinned: str | None, itemsize: Any, placement: Any) -> list[str]:
     """What in a manifest's constants contradicts its fingerprint and blob (empty:
     consistent). A manifest without constants whose fingerprint pins some is an entry
-    recompiled from its portable HLO, where jax.export embedded them: consistent."""
+    recompiled from its portable HLO, where jax.export embedded them: consistent.
+    ``itemsize(dtype name)``; ``placement(sharding, rank)``: what is wrong with where a
+    sharding puts a constant (None: on the executable's devices)."""
     if not constants:
         return ["a constants blob without constants"] if blob_digest is not None else []
     if blob_digest is None or blob_size is None:
@@ -133,6 +135,9 @@ def problems(constants: Sequence[Constant], blob_size: int | None, blob_digest: 
         except Exception as exc:  # noqa: BLE001 - reported as a problem
             found.append(f"constants[{i}] dtype {c.dtype[:40]!r}: {exc}")
             continue
+        where = placement(c.sharding, len(c.shape))
+        if where is not None:
+            found.append(f"constants[{i}].sharding: {where}")
         if c.offset != offset or c.size != size:
             found.append(f"constants[{i}] at {c.offset} with {c.size} bytes, expected {offset} with {size}")
         offset = c.offset + c.size

@@ -136,3 +136,22 @@ def test_a_manifest_whose_constants_contradict_its_fingerprint_is_refused() -> N
     )
     with pytest.raises(CorruptArtifactError, match="arguments"):
         load_executable(Artifact(stripped, artifact.blobs))
+
+
+@pytest.mark.parametrize("change", ["offset", "shape", "dtype", "device", "sharding"])
+def test_an_altered_constant_description_is_refused(change: str) -> None:
+    computation, artifact = _stored()
+    if not _hoists(computation):
+        pytest.skip(f"jax {jax.__version__} embeds closed-over constants in the program")
+    manifest = artifact.manifest
+    first = manifest.constants[0]
+    altered = {
+        "offset": dataclasses.replace(first, offset=first.offset + 4),
+        "shape": dataclasses.replace(first, shape=(1000, 200)),
+        "dtype": dataclasses.replace(first, dtype="int32"),
+        "device": dataclasses.replace(first, sharding={**first.sharding, "device": 1}),
+        "sharding": dataclasses.replace(first, sharding={"type": "spmd"}),
+    }[change]
+    forged = dataclasses.replace(manifest, constants=(altered, *manifest.constants[1:]))
+    with pytest.raises(CorruptArtifactError, match="constants"):
+        load_executable(Artifact(Manifest.from_json(forged.to_json()), artifact.blobs))
