@@ -3,6 +3,7 @@
 Blobs, by role:
   ``executable``    XLA's own serialized executable (PJRT ``serialize_executable``)
   ``portable_hlo``  the ``jax.export`` serialization (StableHLO + avals + shardings)
+  ``constants``     the closed-over arrays JAX hoisted into arguments (:mod:`aot.constants`)
 
 Both are opaque bytes covered by their sha256 in the manifest; the manifest itself can
 carry an HMAC-SHA256 over its canonical JSON (see :mod:`aot.signing`).
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aot.constants import CONSTANTS, PART as CONSTANTS_PART, Constant, problems as constants_problems
 from aot.dtype_names import short_dtype
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError
 from aot.fingerprint import (
@@ -63,15 +65,24 @@ log = logging.getLogger(__name__)
 #      back, covered by the program fingerprint's "host_callbacks" part. A reader of
 #      version 3 would load such an executable without its callbacks.
 #      Version-1/2/3 manifests read as "no host callbacks".
-FORMAT_VERSION = 4
-READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
+#   5 (2026-12-07): closed-over constants hoisted into arguments (JAX >= 0.11): a
+#      "constants" list ({"dtype", "shape", "offset", "size", "sharding"} per leading
+#      argument of the executable) and a "constants" blob (their raw bytes), pinned by
+#      the program fingerprint's "constants" part. A reader of version 4 would call
+#      the executable without them. Version-1..4 manifests read as "no constants".
+FORMAT_VERSION = 5
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4, 5)
 
 
-def lowest_format_version(*, statics: Sequence[Any] = (), host_callbacks: Sequence[Any] = ()) -> int:
+def lowest_format_version(
+    *, statics: Sequence[Any] = (), host_callbacks: Sequence[Any] = (), constants: Sequence[Any] = ()
+) -> int:
     """The oldest format that carries a new manifest's fields. Written instead of the
     newest, it lets replicas still on an older jax-aot serve every entry they can read
     (a rolling upgrade in either order); only an entry that needs a newer field is
     refused by them, as an incompatible environment."""
+    if constants:
+        return 5
     if host_callbacks:
         return 4
     if statics:
@@ -80,7 +91,7 @@ def lowest_format_version(*, statics: Sequence[Any] = (), host_callbacks: Sequen
 
 EXECUTABLE = "executable"
 PORTABLE_HLO = "portable_hlo"
-ROLES = (EXECUTABLE, PORTABLE_HLO)
+ROLES = (EXECUTABLE, PORTABLE_HLO, CONSTANTS)
 # A symbolic entry's sharding that was not given at lowering time (chosen by XLA when
 # the entry is compiled for a concrete shape).
 UNSPECIFIED_SHARDING = {"type": "unspecified"}
@@ -142,11 +153,16 @@ class Manifest:
     # "tuned sha256:..." (the GPU's captured results), "defaults" (XLA's default configs),
     # "measured" (compiled on the GPU). Informational: the gate reads it (--require-tuned).
     autotune: str | None = None
+    # The constants JAX hoisted into the executable's leading arguments (format 5;
+    # absent: none), their bytes in the "constants" blob (aot.constants).
+    constants: tuple[Constant, ...] = ()
     hmac: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.format_version == 0:
-            lowest = lowest_format_version(statics=self.statics, host_callbacks=self.host_callbacks)
+            lowest = lowest_format_version(
+                statics=self.statics, host_callbacks=self.host_callbacks, constants=self.constants
+            )
             object.__setattr__(self, "format_version", lowest)
 
     # -- (de)serialization
@@ -187,6 +203,8 @@ class Manifest:
             data["host_callbacks"] = [dict(b) for b in self.host_callbacks]
         if self.autotune is not None:
             data["autotune"] = self.autotune
+        if self.constants:
+            data["constants"] = [c.to_dict() for c in self.constants]
         if include_hmac and self.hmac is not None:
             data["hmac"] = self.hmac
         return data
@@ -252,6 +270,7 @@ class Manifest:
                 statics=statics_from_json(data.get("statics")),
                 host_callbacks=tuple(dict(b) for b in data.get("host_callbacks", ())),
                 autotune=_string_or_none(data.get("autotune")),
+                constants=tuple(Constant.from_dict(c) for c in data.get("constants", ())),
                 # As written: a version-1 manifest stays version 1 (its HMAC covers it).
                 format_version=int(version),
                 hmac=_string_or_none(data.get("hmac")),
@@ -626,12 +645,26 @@ def manifest_problems(manifest: Manifest) -> list[str]:
         )
     if EXECUTABLE not in manifest.blobs and not manifest.is_symbolic:
         problems.append("no executable blob")
+    blob = manifest.blobs.get(CONSTANTS)
+    problems += constants_problems(
+        manifest.constants, blob.size if blob else None, blob.digest if blob else None,
+        program.get(CONSTANTS_PART), lambda name: parse_manifest_dtype(name).itemsize,
+        lambda sharding, rank: _placement_problem(sharding, rank, device_ids),
+    )
     for role, ref in manifest.blobs.items():
         if role not in ROLES:
             problems.append(f"unknown blob role {role!r}")
         if len(ref.digest) != 64 or any(c not in "0123456789abcdef" for c in ref.digest) or ref.size < 0:
             problems.append(f"{role} blob {ref.digest[:16]!r} ({ref.size} bytes) is not a sha256 digest and size")
     return problems
+
+
+def _placement_problem(sharding: Any, rank: int, device_ids: list[int]) -> str | None:
+    try:
+        ids = sharding_device_ids(sharding, rank)
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"malformed ({exc})"
+    return None if ids == device_ids else f"on devices {ids}, the executable runs on device_ids {device_ids}"
 
 
 def _tree_digest(manifest: Manifest, tree: Any) -> str:

@@ -17,7 +17,8 @@ from aot.artifact import EXECUTABLE, PORTABLE_HLO, UNSPECIFIED_SHARDING, Artifac
 from aot.errors import UnsupportedComputationError
 from aot.executable import ArgAval, MeshExecutable, arg_paths
 from aot.fingerprint import combined_key, sha256_hex
-from aot.jaxcompat.build import built_unloaded_executable, compile_args, serialize_compiled
+from aot.constants import CONSTANTS, Constant, pack
+from aot.jaxcompat.build import built_unloaded_executable, compile_args, hoisted_constants, serialize_compiled
 from aot.shardings import aval_to_json, sharding_to_json
 from aot.specs import dtype_to_str
 
@@ -85,6 +86,8 @@ def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
         refs[role] = BlobRef(digest, len(data))
     kept_args = [a for a in info.args if a.kept]
     unloaded = built_unloaded_executable(exe.compiled)
+    skip = len(info.constants)  # hoisted constants lead the executable's inputs
+    constants = _constants(exe, blobs, refs)
     manifest = Manifest(
         name=info.name,
         kind=info.kind,
@@ -95,7 +98,7 @@ def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
         in_tree=treedefs.to_json(info.in_tree),
         out_tree=treedefs.to_json(info.out_tree),
         args=tuple(_arg_json(a) for a in info.args),
-        in_avals=tuple(aval_to_json(a) for a in unloaded.input_avals),
+        in_avals=tuple(aval_to_json(a) for a in unloaded.input_avals[skip:]),
         in_shardings=tuple(
             sharding_to_json(s, len(a.shape)) for s, a in zip(info.in_shardings, kept_args)
         ),
@@ -115,8 +118,31 @@ def build_artifact(exe: MeshExecutable, portable_hlo: bytes | None) -> Artifact:
         statics=tuple(info.statics),
         host_callbacks=tuple(info.host_callbacks),
         autotune=info.autotune,
+        constants=constants,
     )
     return Artifact(manifest, blobs)
+
+
+def _constants(exe: MeshExecutable, blobs: dict[str, bytes], refs: dict[str, BlobRef]) -> tuple[Constant, ...]:
+    """The hoisted constants of ``exe`` (aot.constants): their blob added to ``blobs``
+    and ``refs``, their descriptions returned."""
+    avals = exe.info.constants
+    if not avals:
+        return ()
+    values = hoisted_constants(exe.compiled)
+    try:
+        data, layout = pack(values, [a.dtype for a in avals])
+    except TypeError as exc:
+        raise UnsupportedComputationError(
+            f"{exe.name}: closes over an array that cannot be stored ({exc}); pass it as an argument instead"
+        ) from None
+    digest = sha256_hex(data)
+    blobs[digest] = data
+    refs[CONSTANTS] = BlobRef(digest, len(data))
+    return tuple(
+        Constant(dtype, shape, offset, size, sharding_to_json(a.sharding, len(shape)))
+        for (dtype, shape, offset, size), a in zip(layout, avals)
+    )
 
 
 def _arg_json(a: ArgAval) -> dict[str, Any]:
@@ -179,7 +205,7 @@ def build_symbolic_artifact(computation: Any) -> Artifact:
         }
         for i, (path, aval, donated) in enumerate(zip(paths, computation.in_avals, computation.donated))
     )
-    kept_avals = list(args_of_compile["global_in_avals"])
+    kept_avals = computation.per_input("global_in_avals")
     out_avals = list(args_of_compile["global_out_avals"])
     program = computation.program_fingerprint
     environment = computation.environment_fingerprint

@@ -13,6 +13,7 @@ from jax.tree_util import PyTreeDef
 
 from aot import treedef as treedefs
 from aot.callbacks import bind as bind_callbacks
+from aot.constants import PART as CONSTANTS_PART, lowered_part
 from aot.errors import SymbolicShapeError, UnsupportedComputationError
 from aot.executable import ArgAval, ExecutableInfo, MeshExecutable, arg_paths, executable_class
 from aot.fingerprint import (
@@ -28,8 +29,8 @@ from aot.jaxcompat.build import (
     built_unloaded_executable,
     compile_args,
     compile_uncached,
-    hoisted_constants,
     lowered_devices,
+    lowering_constants,
     unloaded_executable,
 )
 from aot.jaxcompat.shape_poly import INCONCLUSIVE_DIMENSION
@@ -70,6 +71,9 @@ class MeshComputation:
         self._export = export
         self._options = options
         self._compile_args = compile_args(lowered)
+        # Closed-over arrays JAX hoisted into leading arguments (aot.constants): the
+        # compile arguments list them before the function's own.
+        self.constants = lowering_constants(lowered)
         # The fingerprints are computed lazily, but must describe the configuration
         # the program was lowered under (x64, XLA flags), not the one current when
         # they are first read.
@@ -105,6 +109,10 @@ class MeshComputation:
             jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self._compile_args["global_out_avals"]
         )
 
+    def per_input(self, name: str) -> list[Any]:
+        """A compile argument's per-input list without the hoisted constants' entries."""
+        return list(self._compile_args[name])[len(self.constants):]
+
     @property
     def donated(self) -> tuple[bool, ...]:
         return tuple(bool(a.donated) for a in self._args_info)
@@ -112,12 +120,13 @@ class MeshComputation:
     @property
     def kept(self) -> frozenset[int]:
         """Indices of the flat inputs the program uses (jit drops the others)."""
-        return frozenset(int(i) for i in self._compile_args["kept_var_idx"])
+        skip = len(self.constants)
+        return frozenset(int(i) - skip for i in self._compile_args["kept_var_idx"] if int(i) >= skip)
 
     @property
     def in_shardings(self) -> tuple[Any, ...]:
         """Shardings of the kept inputs as lowered (may be unspecified before compile)."""
-        return tuple(self._compile_args["in_shardings"])
+        return tuple(self.per_input("in_shardings"))
 
     @property
     def out_shardings(self) -> tuple[Any, ...]:
@@ -149,7 +158,7 @@ class MeshComputation:
                 [_sharding_data(s, len(a.shape)) for s, a in zip(items, avals)]
             )
 
-        kept_avals = self._compile_args["global_in_avals"]
+        kept_avals = self.per_input("global_in_avals")
         parts = {
             # The name is part of the program's identity: one program stored under two
             # names is two entries (their blobs are still stored once).
@@ -179,6 +188,17 @@ class MeshComputation:
             # Two statics are two entries even when they lower to one program; entries
             # without statics keep exactly the parts (and keys) they always had.
             parts["statics"] = canonical_json([s.to_dict() for s in self.statics])
+        if self.constants:
+            # The StableHLO no longer holds the values JAX hoisted: their digest does.
+            try:
+                parts[CONSTANTS_PART] = lowered_part(
+                    self.constants, [a.dtype for a in self._compile_args["global_in_avals"][: len(self.constants)]]
+                )
+            except TypeError as exc:
+                raise UnsupportedComputationError(
+                    f"{self.name}: closes over an array that cannot be stored ({exc}); pass "
+                    "it as an argument instead"
+                ) from None
         return program_fingerprint(parts)
 
     @property
@@ -213,7 +233,9 @@ class MeshComputation:
                 self.name, ", ".join(sorted({b["function"] for b in self.host_callbacks})),
             )
             return None
-        exported = export_from_lowering(self.name, self.lowered, executable)
+        # A lowering with hoisted constants takes them as arguments: jax.export's own
+        # trace embeds them instead, so the portable HLO takes only the function's.
+        exported = None if self.constants else export_from_lowering(self.name, self.lowered, executable)
         if exported is not None:
             return exported
         executable = executable or self.compile()
@@ -266,13 +288,6 @@ class MeshComputation:
                 f"{self.name}: the compiled program calls back into Python on the host, "
                 "which cannot be served from an artifact; remove jax.debug.print / "
                 "pure_callback / io_callback from the function"
-            )
-        constants = hoisted_constants(compiled)
-        if constants:
-            raise UnsupportedComputationError(
-                f"{self.name}: the program takes {len(constants)} "
-                "hoisted constant arguments, which artifacts cannot store yet; pass the "
-                "constants as arguments instead"
             )
         log.info("compiled %s (%s) in %.2fs", self.name, self.signature, seconds)
         info = executable_info(self, compiled, seconds)
@@ -402,6 +417,7 @@ def executable_info(
     computation: MeshComputation, compiled: jax.stages.Compiled, seconds: float
 ) -> ExecutableInfo:
     unloaded = built_unloaded_executable(compiled)
+    skip = len(computation.constants)  # the hoisted constants lead every per-input list
     paths = arg_paths(computation.in_tree, computation.arg_names)
     kept = computation.kept
     args = tuple(
@@ -421,7 +437,7 @@ def executable_info(
         out_tree=computation.out_tree,
         args=args,
         out_avals=out_avals,
-        in_shardings=tuple(unloaded.input_shardings),
+        in_shardings=tuple(unloaded.input_shardings[skip:]),
         out_shardings=tuple(unloaded.output_shardings),
         device_ids=tuple(int(d.id) for d in unloaded.device_list),
         program_fingerprint=computation.program_fingerprint,
@@ -432,4 +448,8 @@ def executable_info(
         statics=computation.statics,
         host_callbacks=computation.host_callbacks,
         autotune=getattr(computation, "autotune", None),
+        constants=tuple(
+            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+            for a, s in zip(unloaded.input_avals[:skip], unloaded.input_shardings[:skip])
+        ),
     )

@@ -106,6 +106,9 @@ class ExecutableInfo:
     # A GPU entry's autotuning (aot.gpu_targets.compile_tuned): "tuned sha256:...",
     # "defaults" or "measured"; None elsewhere.
     autotune: str | None = None
+    # The constants JAX hoisted into the executable's leading arguments (aot.constants):
+    # their avals, with the shardings the executable expects them on.
+    constants: tuple[jax.ShapeDtypeStruct, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.in_structure:

@@ -14,7 +14,7 @@ import jax
 
 from aot.artifact import Manifest, parse_manifest_dtype
 from aot.errors import AotError, CorruptArtifactError
-from aot.executable import ExecutableInfo
+from aot.executable import ArgAval, ExecutableInfo
 from aot.jaxcompat.checks import (
     hlo_module_header,
     output_memory_kinds,
@@ -43,7 +43,11 @@ def executable_problems(manifest: Manifest, info: ExecutableInfo, xla_executable
     """Where the executable's parameters and results (per-device shapes and dtypes,
     shardings, output memory kinds) differ from the manifest."""
     problems: list[str] = []
-    kept = [a for a in info.args if a.kept]
+    # The constants JAX hoisted lead the executable's parameters (aot.constants).
+    kept = [
+        ArgAval(f"constants[{i}]", tuple(c.shape), c.dtype, False, True) for i, c in enumerate(info.constants)
+    ] + [a for a in info.args if a.kept]
+    in_shardings = [c.sharding for c in info.constants] + list(info.in_shardings)
     signature = _entry_signature(xla_executable)
     if signature is not None:
         params, results = signature
@@ -55,7 +59,7 @@ def executable_problems(manifest: Manifest, info: ExecutableInfo, xla_executable
         if len(params) != len(kept):
             problems.append(f"the executable takes {len(params)} arguments, the manifest keeps {len(kept)}")
         else:
-            for i, (got, arg, sharding) in enumerate(zip(params, kept, info.in_shardings)):
+            for i, (got, arg, sharding) in enumerate(zip(params, kept, in_shardings)):
                 problems += _shape_problem(f"argument {arg.path!r}", got, arg.shape, arg.dtype, sharding)
         if len(results) != len(info.out_avals):
             problems.append(
@@ -67,7 +71,7 @@ def executable_problems(manifest: Manifest, info: ExecutableInfo, xla_executable
     if len(info.device_ids) > 1:
         problems += _sharding_problems(
             "in_shardings", _per_value(parameter_shardings(xla_executable), len(kept)),
-            info.in_shardings, [a.shape for a in kept],
+            in_shardings, [a.shape for a in kept],
         )
         problems += _sharding_problems(
             "out_shardings", _per_value(output_shardings(xla_executable), len(info.out_avals)),

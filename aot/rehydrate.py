@@ -15,7 +15,9 @@ import jax
 
 from aot import treedef as treedefs
 from aot.ahead import take
+from aot.constants import unpack
 from aot.artifact import (
+    CONSTANTS,
     EXECUTABLE,
     PORTABLE_HLO,
     Artifact,
@@ -108,6 +110,10 @@ def _executable_info(manifest: Manifest, flat_outputs: bool) -> ExecutableInfo:
         out_json=out_json,
         statics=manifest.statics,
         autotune=manifest.autotune,
+        constants=tuple(
+            jax.ShapeDtypeStruct(c.shape, parse_manifest_dtype(c.dtype), sharding=sharding_from_json(c.sharding, devices))
+            for c in manifest.constants
+        ),
     )
     counts = {
         "in_tree leaves vs args": (info.in_tree.num_leaves, len(args)),
@@ -159,6 +165,19 @@ def _deserialize(
             f"{exc}. Recompile it from its portable HLO.",
             (f"deserialize: {exc}",),
         ) from exc
+
+
+def _device_constants(manifest: Manifest, info: ExecutableInfo, blob: bytes | None) -> list[tuple[Any, Any]]:
+    """The hoisted constants of a verified blob, put once on the devices and shardings
+    the executable takes them on (every call passes these arrays: no per-call copy),
+    each with its aval."""
+    if blob is None:
+        return []
+    arrays = unpack(blob, manifest.constants, parse_manifest_dtype)
+    return [
+        (jax.device_put(array, aval.sharding), jax.core.ShapedArray(aval.shape, aval.dtype))
+        for array, aval in zip(arrays, info.constants)
+    ]
 
 
 def _never_called(*args: Any) -> Any:
@@ -242,6 +261,7 @@ def load_executable(
             "aot.load(name), which compiles it for each concrete shape it is called with"
         )
     exe_bytes = artifact.blob(EXECUTABLE)  # verifies the digest before anything else
+    constants_bytes = artifact.blob(CONSTANTS) if manifest.constants else None  # and this one
     if check_env:
         check_environment(manifest, current)
     if not manifest_checked:
@@ -284,6 +304,7 @@ def load_executable(
         in_tree=info.in_tree,
         out_tree=info.out_tree,
         host_callbacks=callbacks,
+        constants=_device_constants(manifest, info, constants_bytes),
     )
     log.debug(
         "loaded %s (%s) in %.1f ms", manifest.name, manifest.signature,

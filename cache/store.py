@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
+from aot.artifact import CONSTANTS, EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
 from aot.errors import (
     ArtifactNotFoundError, CacheError, CorruptArtifactError, IncompatibleEnvironmentError, ReadOnlyCacheError,
 )
@@ -429,7 +429,7 @@ class ArtifactStore(ReleaseMethods):
             entry = self.entry(entry)
         start = time.perf_counter()
         # Only the executable: a damaged portable HLO must not block an intact one.
-        artifact = self.artifact(entry, roles=(EXECUTABLE,), manifest=manifest)
+        artifact = self.artifact(entry, roles=(EXECUTABLE, CONSTANTS), manifest=manifest)
         checked = manifest is not None and artifact.manifest is manifest  # a tier reads its own
         executable = load_executable(artifact, current=self.environment, manifest_checked=checked)
         self.stats.loaded(self.environment.digest, entry, time.perf_counter() - start)
@@ -780,6 +780,7 @@ def entry_of(manifest: Manifest) -> IndexEntry:
         manifest=text,
         exe_digest=digest_of(manifest, EXECUTABLE),  # None: a symbolic entry
         hlo_digest=digest_of(manifest, PORTABLE_HLO),
+        const_digest=digest_of(manifest, CONSTANTS),
         raw_size=0,
         stored_size=0,
         compile_seconds=manifest.compile_seconds,

@@ -33,8 +33,17 @@ def built_unloaded_executable(compiled: Any) -> Any:
 
 
 def hoisted_constants(compiled: Any) -> Sequence[Any]:
-    """The constants JAX hoisted out of the program into extra arguments."""
-    return compiled._params.const_args
+    """The constants JAX hoisted out of the program into extra arguments: the leading
+    flat parameters of the executable, before the caller's (JAX >= 0.11 hoists every
+    closed-over array above ``jax_embedded_constants_max_bytes``; 0.10.2 embeds them
+    unless ``jax_use_simplified_jaxpr_constants`` is set)."""
+    return tuple(compiled._params.const_args)
+
+
+def lowering_constants(lowered: Any) -> Sequence[Any]:
+    """The constants ``lowered`` hoisted (what :func:`hoisted_constants` of its compile
+    will be), known before compiling: ``pxla.MeshComputation.const_args``."""
+    return tuple(getattr(lowered._lowering, "const_args", None) or ())
 
 
 def serialize_compiled(compiled: Any) -> bytes:

@@ -66,11 +66,20 @@ def load_compiled(
     in_tree: Any,
     out_tree: Any,
     host_callbacks: Sequence[Any] = (),
+    constants: Sequence[tuple[Any, Any]] = (),
 ) -> Any:
     """A ``jax.stages.Compiled`` around a deserialized XLA executable, as JAX's own
     ``Lowered.compile()`` would have built it for a program without effects or custom
     layouts (which artifacts refuse at lowering time); ``host_callbacks`` are those the
-    executable was deserialized with (aot.callbacks)."""
+    executable was deserialized with (aot.callbacks); ``constants``, (array on its
+    devices, aval) pairs, the constants JAX hoisted into its leading parameters: the
+    ``Compiled`` passes them before the caller's inputs, as ``jax.jit`` does
+    (``stages.CompiledCallParams.const_args``)."""
+    if constants:
+        values = [value for value, _ in constants]
+        in_avals = [*(aval for _, aval in constants), *in_avals]
+        in_shardings = [*(value.sharding for value in values), *in_shardings]
+        kept_var_idx = set(range(len(values))) | {i + len(values) for i in kept_var_idx}
     unloaded = pxla.UnloadedMeshExecutable(
         xla_executable=xla_executable,
         device_list=devices,
@@ -95,7 +104,9 @@ def load_compiled(
         **_release_fields(),
     )
     args_info = in_tree.unflatten(arg_infos(args))
-    return stages.Compiled(unloaded.load(), [], args_info, out_tree, no_kwargs=False)
+    return stages.Compiled(
+        unloaded.load(), [value for value, _ in constants], args_info, out_tree, no_kwargs=False
+    )
 
 
 _custom_calls_ready: set[str] = set()

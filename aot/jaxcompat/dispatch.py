@@ -34,7 +34,10 @@ def flat_call(compiled: Any, args: Sequence[Any], out_tree: Any) -> Any:
     already). It is JAX's C++ dispatch function itself (``Compiled._call``), built
     now rather than on the first call."""
     args_info: tuple[tuple[Any, ...], dict[str, Any]] = (tuple(arg_infos(args)), {})
-    flat = stages.Compiled(compiled._executable, [], args_info, out_tree, no_kwargs=True)
+    # The constants JAX hoisted into leading parameters (aot.constants) go with it
+    # (``_params.const_args``, as jaxcompat.build.hoisted_constants reads them; that
+    # module is not imported on the serving path).
+    flat = stages.Compiled(compiled._executable, list(compiled._params.const_args), args_info, out_tree, no_kwargs=True)
     try:
         fn = flat._executable.create_cpp_call(flat._params)
     except Exception:  # noqa: BLE001 - an executable kind without a C++ path

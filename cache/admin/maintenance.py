@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
+from aot.artifact import CONSTANTS, EXECUTABLE, PORTABLE_HLO, Artifact, Manifest
 from aot.device import accelerator_runtime, default_devices, device_holder
 from aot.errors import AotError, CacheError, DeviceUnavailableError, IntegrityError, UsageError
 from aot.jaxcompat.runtime import backend_started
@@ -300,7 +300,7 @@ def _entry_problems(entry: IndexEntry, check: Any) -> list[str]:
     if manifest.key != entry.key:
         found.append(f"manifest is for key {manifest.key[:12]}, not this row")
     # gc keeps the blobs the index columns name: they must be the manifest's.
-    for role, column in ((EXECUTABLE, entry.exe_digest), (PORTABLE_HLO, entry.hlo_digest)):
+    for role, column in ((EXECUTABLE, entry.exe_digest), (PORTABLE_HLO, entry.hlo_digest), (CONSTANTS, entry.const_digest)):
         ref = manifest.blobs.get(role)
         if (ref.digest if ref is not None else None) != column:
             found.append(

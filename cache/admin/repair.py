@@ -103,12 +103,13 @@ def plan_repair(
     if damage is None:
         return RepairPlan(index_file=str(index_file), damage=None, aside=str(aside), busy=busy)
     version, salvaged, error = salvage(index_file, salvaged_tables())
-    if version is not None and not SCHEMA_VERSION - 2 <= version <= SCHEMA_VERSION:
+    if version is not None and not SCHEMA_VERSION - 3 <= version <= SCHEMA_VERSION:
         # 9 -> 10 added artifacts.manifest_digest only (computed here from each row's
-        # manifest), 10 -> 11 the journal table only (none: nothing journaled yet).
+        # manifest), 10 -> 11 the journal table only (none: nothing journaled yet),
+        # 11 -> 12 artifacts.const_digest only (NULL in every older row: no constants).
         raise CacheError(
             f"the damaged index {index_file} has schema version {version}; this jax-aot "
-            f"repairs versions {SCHEMA_VERSION - 2} to {SCHEMA_VERSION}: repair it with the jax-aot that wrote it"
+            f"repairs versions {SCHEMA_VERSION - 3} to {SCHEMA_VERSION}: repair it with the jax-aot that wrote it"
         )
     by_name = {t.name: t for t in salvaged}
     lost: list[Lost] = []
@@ -253,7 +254,7 @@ class _Kept:
                 self.lost.append(Lost(kind=LostKind.DAMAGED_ENTRY, table="artifacts", subject=label,
                                       reason=f"its row is damaged ({exc})"))
                 continue
-            digests = [d for d in (row["exe_digest"], row["hlo_digest"]) if d]
+            digests = [d for d in (row["exe_digest"], row["hlo_digest"], row.get("const_digest")) if d]
             if not row.get("manifest_digest"):  # a row of schema 8
                 row["manifest_digest"] = hashlib.sha256(row["manifest"].encode()).hexdigest()
             present = self.store.exists([*digests, row["manifest_digest"]])
@@ -300,7 +301,7 @@ class _Kept:
         rows = {b["digest"]: b for b in _rows(tables, "blobs") if b["digest"] in self.digests}
         missing = sorted(self.digests - set(rows))
         stats = self.store.stat(missing) if missing else {}
-        created = {d: a["created_at"] for a in artifacts for d in (a["exe_digest"], a["hlo_digest"], a.get("manifest_digest")) if d}
+        created = {d: a["created_at"] for a in artifacts for d in (a["exe_digest"], a["hlo_digest"], a.get("manifest_digest"), a.get("const_digest")) if d}
         created.update({j["digest"]: j["created_at"] for j in jit})
         created.update(self._created)
         sizes = {**{j["digest"]: j["size"] for j in jit}, **self._sizes}

@@ -27,7 +27,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 #: Version of the database schema this code writes; the changelog and the migrations
 #: are in :mod:`aot.cache.index.schema` (here because the stdlib reader checks it).
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 #: Every column whose value names a blob that gc must keep while the row lives, as
 #: (table, column): the one list gc's plan, its deletion step and the stdlib reader
@@ -39,6 +39,7 @@ BLOB_COLUMNS: tuple[tuple[str, str], ...] = (
     ("artifacts", "exe_digest"),
     ("artifacts", "hlo_digest"),
     ("artifacts", "manifest_digest"),
+    ("artifacts", "const_digest"),
     ("journal", "digest"),
     ("jit_entries", "digest"),
 )
@@ -91,6 +92,8 @@ class IndexEntry:
     state_reason: str | None = None
     #: sha256 of ``manifest`` (its UTF-8 bytes), a blob of the store too (schema 10).
     manifest_digest: str | None = None
+    #: The blob of the constants JAX hoisted into the executable's arguments (schema 12).
+    const_digest: str | None = None
 
     def __post_init__(self) -> None:
         if self.state not in ARTIFACT_STATES:
@@ -145,16 +148,16 @@ class IndexEntry:
 
 
 def referenced_digests(row: IndexEntry | GcRow) -> set[str]:
-    """Every blob an artifact row keeps from gc: its executable, its portable HLO and
-    its manifest blob (schema 10)."""
-    return {d for d in (row.exe_digest, row.hlo_digest, row.manifest_digest) if d}
+    """Every blob an artifact row keeps from gc: its executable, its portable HLO, its
+    manifest blob (schema 10) and its hoisted constants (schema 12)."""
+    return {d for d in (row.exe_digest, row.hlo_digest, row.manifest_digest, row.const_digest) if d}
 
 
 def entry_digests(entry: IndexEntry) -> list[str]:
-    """The digests of ``entry``'s artifact blobs (executable, portable HLO); its
-    manifest blob apart (:func:`referenced_digests`): a row whose manifest blob is not
-    stored still loads (the row holds the manifest)."""
-    return [d for d in (entry.exe_digest, entry.hlo_digest) if d]
+    """The digests of ``entry``'s artifact blobs (executable, portable HLO, hoisted
+    constants); its manifest blob apart (:func:`referenced_digests`): a row whose
+    manifest blob is not stored still loads (the row holds the manifest)."""
+    return [d for d in (entry.exe_digest, entry.hlo_digest, entry.const_digest) if d]
 
 
 class GcRow(NamedTuple):
@@ -176,6 +179,7 @@ class GcRow(NamedTuple):
     state: str
     state_reason: str | None
     manifest_digest: str | None
+    const_digest: str | None
 
     @property
     def ok(self) -> bool:
@@ -198,13 +202,13 @@ def gc_rows_of_sqlite(rows: list[tuple[Any, ...]]) -> list[GcRow]:
     new, parse, row = tuple.__new__, datetime.fromisoformat, GcRow
     try:
         return [
-            new(row, (key, name, sig, program, exe, hlo, size, parse(created + "+00:00"), parse(used + "+00:00"), state, why, md))
-            for key, name, sig, program, exe, hlo, size, created, used, state, why, md in rows
+            new(row, (key, name, sig, program, exe, hlo, size, parse(created + "+00:00"), parse(used + "+00:00"), state, why, md, cd))
+            for key, name, sig, program, exe, hlo, size, created, used, state, why, md, cd in rows
         ]
     except (TypeError, ValueError):  # a time not as the index writes it
         return [
-            GcRow(key, name, sig, program, exe, hlo, size, sqlite_utc(created), sqlite_utc(used), state, why, md)
-            for key, name, sig, program, exe, hlo, size, created, used, state, why, md in rows
+            GcRow(key, name, sig, program, exe, hlo, size, sqlite_utc(created), sqlite_utc(used), state, why, md, cd)
+            for key, name, sig, program, exe, hlo, size, created, used, state, why, md, cd in rows
         ]
 
 

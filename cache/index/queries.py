@@ -169,8 +169,8 @@ class IndexReads(IndexEngine):
                 rows = _driver_rows(conn, _GC_SELECT if sqlite else _GC_ROWS)
             if not sqlite:
                 return [
-                    GcRow(key, name, sig, program, exe, hlo, size, utc_value(created), utc_value(used), state, why, md)
-                    for key, name, sig, program, exe, hlo, size, created, used, state, why, md in rows
+                    GcRow(key, name, sig, program, exe, hlo, size, utc_value(created), utc_value(used), state, why, md, cd)
+                    for key, name, sig, program, exe, hlo, size, created, used, state, why, md, cd in rows
                 ]
             return gc_rows_of_sqlite(rows)  # sorted there, as SQLite compares text
 

@@ -99,6 +99,10 @@ Changelog of :data:`SCHEMA_VERSION`:
   rebuilds releases, their history and the captured GPUs of an index lost whole
   (``_migrate_add_journal``). Additive: the next change of a release or capture journals
   every set and capture not journaled yet.
+* 12 (2026-12-07): ``artifacts.const_digest``: the blob of the closed-over constants JAX
+  (>= 0.11) hoisted into the executable's arguments (:mod:`aot.constants`), a blob of the
+  entry like its executable, kept by gc while the row lives and carried by every copy
+  (``_migrate_add_const_digest``). Additive: NULL in every older row (no constants).
 """
 
 from __future__ import annotations
@@ -265,10 +269,13 @@ ARTIFACTS = sa.Table(
     # lost with an unreadable page. NULL: never in a row this jax-aot writes (a row of
     # an older one is backfilled by the migration; its blob may not exist).
     _optional("manifest_digest", String(64), info={"blob": True}),
+    # The entry's hoisted constants (schema 12; NULL: none), aot.constants.
+    _optional("const_digest", String(64), info={"blob": True}),
     SqlIndex("ix_artifacts_name_env_state", "name", "env_fp", "state"),
     SqlIndex("ix_artifacts_exe_digest", "exe_digest"),
     SqlIndex("ix_artifacts_hlo_digest", "hlo_digest"),
     SqlIndex("ix_artifacts_manifest_digest", "manifest_digest"),
+    SqlIndex("ix_artifacts_const_digest", "const_digest"),
     CheckConstraint("state IN ('ok', 'quarantined')", name="ck_artifacts_state"),
 )
 
@@ -571,7 +578,7 @@ def _migrate_exe_digest_nullable(conn: Connection) -> None:
 
 
 #: Columns of ``artifacts`` that migrations after 2 add.
-_ADDED_AFTER_2 = ("manifest_digest",)
+_ADDED_AFTER_2 = ("manifest_digest", "const_digest")
 
 
 def _migrate_add_blob_leases(conn: Connection) -> None:
@@ -643,6 +650,15 @@ def _migrate_add_manifest_digest(conn: Connection) -> None:
         after = rows[-1][0]
 
 
+def _migrate_add_const_digest(conn: Connection) -> None:
+    """``artifacts.const_digest`` (NULL in every existing row: no hoisted constants)."""
+    have = {c["name"] for c in sa.inspect(conn).get_columns("artifacts")}
+    if "const_digest" not in have:  # a database migrated from 1 got it with migration 2's rebuild
+        conn.execute(sa.text("ALTER TABLE artifacts ADD COLUMN const_digest VARCHAR(64)"))
+    index = next(i for i in ARTIFACTS.indexes if i.name == "ix_artifacts_const_digest")
+    index.create(conn, checkfirst=True)
+
+
 #: Ordered migrations; ``MIGRATIONS[-1].version == SCHEMA_VERSION``. A fresh
 #: database is created from the tables at the current version; migration 1 exists
 #: so that the list is complete and every version has a description.
@@ -659,6 +675,7 @@ MIGRATIONS: tuple[Migration, ...] = (
               _migrate_add_captured_targets),
     Migration(10, "artifacts.manifest_digest: each entry's manifest is a blob too", _migrate_add_manifest_digest),
     Migration(11, "journal: each release set and captured GPU is a blob too", _migrate_add_journal),
+    Migration(12, "artifacts.const_digest: an entry's hoisted constants are a blob of it", _migrate_add_const_digest),
 )
 
 

@@ -21,7 +21,7 @@ from tests.cli.helpers import Invoke, one_line_error, store_for_another_environm
 ENTRY_KEYS = {
     "key", "name", "program_fp", "env_fp", "signature", "platform", "exe_digest", "hlo_digest",
     "raw_size", "stored_size", "compile_seconds", "created_at", "last_used_at", "hits", "state",
-    "state_reason", "manifest_digest",
+    "state_reason", "manifest_digest", "const_digest",
 }
 LS_ENTRY_KEYS = ENTRY_KEYS | {"arguments", "statics", "this_environment", "environment_differences", "superseded_by",
                                  "served", "served_by", "releases", "kind", "target", "jax", "jaxlib"}

@@ -429,6 +429,22 @@ def test_custom_call_targets_register(platform: str, caplog: pytest.LogCaptureFi
     assert not caplog.records, [r.getMessage() for r in caplog.records]
 
 
+def test_closed_over_constants_are_seen_before_and_after_compiling() -> None:
+    """Release difference "hoisted constants": JAX >= 0.11 passes a large array a
+    function closes over as a leading argument of the executable (aot.constants), 0.10
+    embeds it. What :func:`build.lowering_constants` sees before compiling (the key's
+    ``constants`` part) must be what :func:`build.hoisted_constants` hands the call."""
+    from aot.jaxcompat import build
+
+    table = np.arange(100_000, dtype=np.float32).reshape(8, 12_500)
+    lowered = jax.jit(lambda x: x @ table).lower(jax.ShapeDtypeStruct((8,), np.float32))
+    before = build.lowering_constants(lowered)
+    after = build.hoisted_constants(lowered.compile())
+    assert len(before) == len(after) and all(a is b for a, b in zip(before, after))
+    hoists = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11)
+    assert [np.asarray(c).shape for c in after] == ([(8, 12_500)] if hoists else [])
+
+
 def test_what_jax_0_11_changed_resolves_either_way() -> None:
     """Each difference JAX 0.11's source shows for what jax-aot uses (docs/jax-releases.md,
     "JAX 0.11"), checked so that it passes on 0.10.2 and on 0.11: either spelling

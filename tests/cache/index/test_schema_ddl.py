@@ -5,8 +5,9 @@
 (``sqlite_master``) and PostgreSQL's catalogue as ``sa.inspect`` reads it, for a fresh
 index and for one migrated from schema 1. A later migration may add tables and indexes;
 every table, column, constraint and index of the file must stay exactly as it is, but
-for the ``artifacts`` table, to which schema 10 added ``manifest_digest`` (and its index):
-``schema_ddl_v10.json`` (written by this code at schema 10, in the same way) pins it.
+for the ``artifacts`` table, to which schema 10 added ``manifest_digest`` and schema 12
+``const_digest`` (and their indexes): ``schema_ddl_v12.json`` (written at schema 10 by this
+code, in the same way, with schema 12's column and index added) pins it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from aot.cache.index.entry import SCHEMA_VERSION
 from aot.cache.index.sql import Index
 
 GOLDEN = Path(__file__).with_name("schema_ddl_v7.json")
-GOLDEN_V10 = Path(__file__).with_name("schema_ddl_v10.json")
+GOLDEN_V12 = Path(__file__).with_name("schema_ddl_v12.json")
 T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
 
 
@@ -124,9 +125,9 @@ def test_the_created_schema_is_schema_7_as_the_orm_created_it(index_url: str, ho
     golden = json.loads(GOLDEN.read_text())[_dialect(index_url)][how]
     found = describe(index_url)
     _assert_keeps(found, {t: v for t, v in golden.items() if t != "artifacts"}, any_order=how != "fresh")
-    for name, index in golden["artifacts"]["indexes"].items():  # schema 10 added one
+    for name, index in golden["artifacts"]["indexes"].items():  # schemas 10 and 11 added one each
         assert found["artifacts"]["indexes"].get(name) == index, f"index {name} of artifacts differs"
-    _assert_keeps(found, json.loads(GOLDEN_V10.read_text())[_dialect(index_url)][how], any_order=how != "fresh")
+    _assert_keeps(found, json.loads(GOLDEN_V12.read_text())[_dialect(index_url)][how], any_order=how != "fresh")
 
 
 def test_schema_10_backfills_the_manifest_digest_of_older_rows(index_url: str) -> None:
@@ -158,6 +159,35 @@ def test_schema_10_backfills_the_manifest_digest_of_older_rows(index_url: str) -
     engine.dispose()
     assert version == SCHEMA_VERSION
     assert rows == {f"k{i}": hashlib.sha256(f'{{"manifest": {i}}}'.encode()).hexdigest() for i in range(3)}
+
+
+def test_schema_11_adds_the_constants_digest_to_older_rows(index_url: str) -> None:
+    """An index of schema 11 (no ``const_digest``) gets the column and its index; its
+    rows keep NULL there (no entry written before it has hoisted constants)."""
+    Index(index_url).close()
+    engine = sa.create_engine(index_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP INDEX ix_artifacts_const_digest"))
+        conn.execute(sa.text("ALTER TABLE artifacts DROP COLUMN const_digest"))
+        conn.execute(sa.text(
+            "INSERT INTO programs (program_fp, name, signature, hlo_digest, created_at) VALUES ('p', 'f', 's', NULL, :t)"
+        ), {"t": T0})
+        conn.execute(sa.text(
+            "INSERT INTO artifacts (key, name, program_fp, env_fp, signature, platform, manifest, exe_digest, "
+            "hlo_digest, raw_size, stored_size, compile_seconds, created_at, last_used_at, hits, state) "
+            "VALUES ('k', 'f', 'p', 'e', 's', 'cpu', '{}', 'x', NULL, 1, 1, 0.5, :t, :t, 0, 'ok')"
+        ), {"t": T0})
+        conn.execute(sa.text("UPDATE schema_version SET version = 11"))
+    engine.dispose()
+    Index(index_url).close()  # migrates
+    engine = sa.create_engine(index_url)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT key, const_digest FROM artifacts")).all()
+        version = conn.execute(sa.text("SELECT version FROM schema_version")).scalar_one()
+    engine.dispose()
+    assert version == SCHEMA_VERSION == 12
+    assert [tuple(r) for r in rows] == [("k", None)]
+    assert "ix_artifacts_const_digest" in describe(index_url)["artifacts"]["indexes"]
 
 
 def test_opening_and_writing_an_index_imports_no_orm(tmp_path: Path) -> None:
