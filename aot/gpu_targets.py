@@ -234,15 +234,22 @@ def topology_devices(chip: str, hosts: int, per_host: int, name: str) -> tuple[A
 def cuda_plugins() -> dict[str, str]:
     """The installed distributions of JAX's CUDA plugin and their versions
     (``{"jax-cuda12-plugin": "0.10.2", "jax-cuda12-pjrt": "0.10.2"}``), read from their
-    metadata: nothing is imported."""
+    metadata: nothing is imported. Read once per ``sys.path`` (every GPU compile asks)."""
+    import sys
+
+    return dict(_cuda_plugins(tuple(sys.path)))
+
+
+@lru_cache(maxsize=4)
+def _cuda_plugins(path: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     from importlib import metadata
 
     found: dict[str, str] = {}
-    for dist in metadata.distributions():
+    for dist in metadata.distributions(path=list(path)):
         name = (dist.metadata["Name"] or "").lower().replace("_", "-")
         if re.fullmatch(r"jax-cuda\d+-(plugin|pjrt)", name):
             found.setdefault(name, dist.version)
-    return found
+    return tuple(found.items())
 
 
 def jaxlib_version() -> str:

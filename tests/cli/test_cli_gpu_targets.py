@@ -192,6 +192,8 @@ def test_with_the_plugin_every_command_is_quiet_and_ls_show_do_not_load_it(tmp_p
     assert compiled.returncode == 0 and _noise(compiled.stderr) == [], compiled.stderr
     host = _aot(tmp_path, "compile", "fixtures.models:tiny", "--arg", "f32[8]", "--arg", "f32[8]", "--name", "tiny")
     assert host.returncode == 0 and _noise(host.stderr) == [], host.stderr  # this host's backend: JAX starts the plugin
+    warmup = _aot(tmp_path, "warmup", str(GPU_MANIFEST), "--jobs", "2")  # workers: fresh processes
+    assert warmup.returncode == 0 and _noise(warmup.stderr) == [], warmup.stderr
     doctor = _aot(tmp_path, "doctor", "--no-verify")
     assert doctor.returncode == 0 and _noise(doctor.stderr) == [], doctor.stderr
     assert "gpu_compiler" in doctor.stdout
