@@ -240,16 +240,23 @@ def cuda_plugins() -> dict[str, str]:
     return dict(_cuda_plugins(tuple(sys.path)))
 
 
+#: The CUDA majors JAX publishes a plugin for (jax-cudaN-plugin, jax-cudaN-pjrt).
+_CUDA_MAJORS = ("12", "13")
+
+
 @lru_cache(maxsize=4)
 def _cuda_plugins(path: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     from importlib import metadata
 
-    found: dict[str, str] = {}
-    for dist in metadata.distributions(path=list(path)):
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if re.fullmatch(r"jax-cuda\d+-(plugin|pjrt)", name):
-            found.setdefault(name, dist.version)
-    return tuple(found.items())
+    found: list[tuple[str, str]] = []
+    for major in _CUDA_MAJORS:  # by name, the first on the path: as pip and JAX see them
+        for kind in ("plugin", "pjrt"):
+            name = f"jax-cuda{major}-{kind}"
+            try:
+                found.append((name, metadata.version(name)))
+            except metadata.PackageNotFoundError:
+                continue
+    return tuple(found)
 
 
 def jaxlib_version() -> str:

@@ -26,6 +26,12 @@ def versions() -> dict[str, str]:
     return out
 
 
+def is_gpu_compiler_key(key: str) -> bool:
+    """Whether a key of :func:`versions` is one of :func:`gpu_compiler`'s (doctor shows
+    them in a section of their own)."""
+    return key == "gpu_compiler" or key.startswith(("jax-cuda", "nvidia-"))
+
+
 def gpu_compiler() -> dict[str, str]:
     """The GPU compiler here, from package metadata (nothing imported): JAX's CUDA plugin
     distributions, ptxas's (``nvidia-cuda-nvcc``) and the CUDA runtime's versions, and

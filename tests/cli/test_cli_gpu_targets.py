@@ -149,6 +149,8 @@ def test_fleet_pins_the_cuda_plugin_like_libtpu(invoke: Invoke, tmp_path: Path) 
 def test_doctor_names_the_gpu_compiler(invoke: Invoke, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import jaxlib
 
+    text = invoke("doctor", "--no-verify").stdout
+    assert "\ngpu compiler\n  gpu_compiler " in text, text
     versions = json.loads(invoke("doctor", "--json", "--no-verify").stdout)["versions"]
     if HAS_PLUGIN:
         assert versions["gpu_compiler"] == "ok"
