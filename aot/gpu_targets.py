@@ -63,7 +63,14 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # A '#' outside double quotes, and the rest of its line: a text-format comment.
 _COMMENT = re.compile(r'#(?=(?:[^"]*"[^"]*")*[^"]*$).*$')
 _SHAPE = re.compile(r"^(?:(\d+)x)?(\d+)$")
-_INSTALL = "pip install 'jax-aot[cuda12]' (jax-cuda12-plugin and jax-cuda12-pjrt of this jax, and ptxas)"
+#: The oldest jaxlib whose CUDA plugin parses the shipped target configs (0.9.2's
+#: GpuTargetConfigProto has no ``thread_dim_limit_x``) and compiles them deviceless: the
+#: release the GPU path is tested on. GPU targets are refused below it, in one line.
+GPU_FLOOR = "0.10.2"
+#: The last release of jax-cuda12-plugin on the registry; later ones are CUDA 13's only.
+_LAST_CUDA12 = (0, 12, 0, 1)
+#: ptxas of each CUDA major, from NVIDIA's wheels (XLA calls it to compile PTX).
+_PTXAS = {"12": "nvidia-cuda-nvcc-cu12", "13": "'nvidia-cuda-nvcc>=13,<14'"}
 #: Versions a datasheet cannot know: what a shipped config's key says for them.
 UNKNOWN = "unknown"
 
@@ -161,7 +168,7 @@ def known() -> list[str]:
     return sorted(names)
 
 
-def check_name(target: str, name: str) -> None:
+def check_known_gpu(target: str, name: str) -> None:
     """Refuses a GPU this process has no config for, naming the ones it has."""
     if config_for(name) is None:
         captured = "" if _captured_folder() else " (no captured GPU in use: a cache's captured ones are named by aot target ls)"
@@ -205,9 +212,11 @@ def nccl_version() -> str:
     return UNKNOWN
 
 
-# The compile-only devices of each target config, by the id of their first device: their
-# environment parts read the config's digest and versions (the devices do not carry them).
-_CONFIG_OF_DEVICES: dict[int, GpuConfig] = {}
+# The target config of each compile-only device (the device itself is the key, held, so
+# no other object can take its place): their environment parts read the config's digest
+# and versions (the devices do not carry them). Every device is mapped, so any subset of a
+# topology's devices (a mesh over some of them) finds its config.
+_CONFIG_OF_DEVICES: dict[Any, GpuConfig] = {}
 
 
 def topology_devices(chip: str, hosts: int, per_host: int, name: str) -> tuple[Any, ...]:
@@ -216,21 +225,122 @@ def topology_devices(chip: str, hosts: int, per_host: int, name: str) -> tuple[A
     line without the plugin."""
     config = config_for(chip)
     if config is None:
-        check_name(name, chip)
+        check_known_gpu(name, chip)
     assert config is not None
+    check_compiler(name)
     return _devices(config, hosts, per_host, name)
+
+
+def cuda_plugins() -> dict[str, str]:
+    """The installed distributions of JAX's CUDA plugin and their versions
+    (``{"jax-cuda12-plugin": "0.10.2", "jax-cuda12-pjrt": "0.10.2"}``), read from their
+    metadata: nothing is imported. Read once per ``sys.path`` (every GPU compile asks)."""
+    import sys
+
+    return dict(_cuda_plugins(tuple(sys.path)))
+
+
+#: The CUDA majors JAX publishes a plugin for (jax-cudaN-plugin, jax-cudaN-pjrt).
+_CUDA_MAJORS = ("12", "13")
+
+
+@lru_cache(maxsize=4)
+def _cuda_plugins(path: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    from importlib import metadata
+
+    found: list[tuple[str, str]] = []
+    for major in _CUDA_MAJORS:  # by name, the first on the path: as pip and JAX see them
+        for kind in ("plugin", "pjrt"):
+            name = f"jax-cuda{major}-{kind}"
+            try:
+                found.append((name, metadata.version(name)))
+            except metadata.PackageNotFoundError:
+                continue
+    return tuple(found)
+
+
+def jaxlib_version() -> str:
+    from aot.jaxcompat.versions import installed_version
+
+    return installed_version("jaxlib") or "unknown"
+
+
+def _cuda_major(jaxlib: str, plugins: dict[str, str]) -> str:
+    """The CUDA major whose plugin to install for ``jaxlib``: the one installed, where
+    JAX publishes it for that release; else 12 up to its last release, 13 after."""
+    from aot.jaxcompat.versions import release_tuple
+
+    last12 = release_tuple(jaxlib) <= _LAST_CUDA12
+    for name in sorted(plugins):
+        major = name.split("-")[1].removeprefix("cuda")
+        if major != "12" or last12:
+            return major
+    return "12" if last12 else "13"
+
+
+def install_command(jaxlib: str | None = None, plugins: dict[str, str] | None = None) -> str:
+    """The pip command that installs the CUDA plugin of ``jaxlib``'s release (JAX's own
+    extra, without the CUDA runtime a compile does not need) and ptxas."""
+    jaxlib = jaxlib or jaxlib_version()
+    major = _cuda_major(jaxlib, cuda_plugins() if plugins is None else plugins)
+    return (f"pip install 'jax[cuda{major}-local]=={jaxlib}' {_PTXAS[major]} (the CUDA plugin of jaxlib {jaxlib}, "
+            "and ptxas)")
+
+
+def compiler_problem(jaxlib: str, plugins: dict[str, str], importable: bool) -> tuple[type[DeviceTargetError], str] | None:
+    """Why this host cannot compile for a GPU (the error class and the reason, one line),
+    or None: a GPU compile uses only a CUDA plugin whose release is jaxlib's, as a GPU
+    host of that release runs it (the plugin is part of the key), at or above
+    :data:`GPU_FLOOR`. ``plugins``: :func:`cuda_plugins`; ``importable``: whether its
+    ``jax_plugins`` module is there (:func:`plugin_installed`)."""
+    from aot.jaxcompat.versions import release_tuple
+
+    if release_tuple(jaxlib) < release_tuple(GPU_FLOOR):
+        return DeviceTargetError, (
+            f"GPU targets need jaxlib {GPU_FLOOR} or later (older CUDA plugins cannot read the GPU target configs "
+            f"jax-aot ships), and jaxlib here is {jaxlib}; compile GPU targets with jax {GPU_FLOOR} or later"
+        )
+    majors = sorted({name.split("-")[1] for name in plugins})
+    matching = any(plugins.get(f"jax-{m}-plugin") == jaxlib and plugins.get(f"jax-{m}-pjrt") == jaxlib for m in majors)
+    if matching and importable:
+        return None
+    if matching or not plugins:  # no plugin, or its distribution without its module
+        return GpuCompilerMissingError, f"JAX's CUDA plugin is not installed here; {install_command(jaxlib, plugins)}"
+    found = ", ".join(f"{name} {version}" for name, version in sorted(plugins.items()))
+    return GpuCompilerMissingError, (
+        f"the CUDA plugin here is {found} and jaxlib is {jaxlib}; a GPU compile needs the plugin of jaxlib's "
+        f"release (a GPU host on jaxlib {jaxlib} runs that one, and it is part of the key): "
+        f"{install_command(jaxlib, plugins)}"
+    )
+
+
+def problem_here() -> tuple[type[DeviceTargetError], str] | None:
+    """:func:`compiler_problem` of this process's jaxlib and CUDA plugin."""
+    return compiler_problem(jaxlib_version(), cuda_plugins(), plugin_installed())
+
+
+def check_compiler(name: str) -> None:
+    """Refuses, in one line, a compile for GPU target ``name`` that this host's CUDA
+    plugin cannot make for jaxlib's release (:func:`compiler_problem`)."""
+    problem = problem_here()
+    if problem is not None:
+        error, reason = problem
+        raise error(f"cannot compile for {name}: {reason}")
 
 
 @lru_cache(maxsize=None)
 def _devices(config: GpuConfig, hosts: int, per_host: int, name: str) -> tuple[Any, ...]:
-    if not plugin_installed():
-        raise GpuCompilerMissingError(f"cannot compile for {name}: JAX's CUDA plugin is not installed here; {_INSTALL}")
     from jax.experimental import topologies
 
+    from aot.libtpu_log import quiet_libtpu_load
+
     try:
-        topology = topologies.get_topology_desc(
-            platform=PLATFORM, target_config=config.text, topology=f"1x{hosts}x{per_host}",
-        )
+        # The plugin starts here (the first topology): on a host without a CUDA driver it
+        # says so on fd 2 ("Could not find cuda drivers"), which a deviceless compile expects.
+        with quiet_libtpu_load():
+            topology = topologies.get_topology_desc(
+                platform=PLATFORM, target_config=config.text, topology=f"1x{hosts}x{per_host}",
+            )
     except (RuntimeError, NotImplementedError) as exc:  # JaxRuntimeError is a RuntimeError
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         if "not implemented for cuda" in first:
@@ -242,19 +352,19 @@ def _devices(config: GpuConfig, hosts: int, per_host: int, name: str) -> tuple[A
                 "JAX_PLATFORMS=cpu before importing jax (aot warmup/compile --target set it themselves)"
             ) from None
         if "Unknown backend" in first or "not found" in first.lower() and "plugin" in first.lower():
-            raise GpuCompilerMissingError(f"cannot compile for {name}: {first}; {_INSTALL}") from None
+            raise GpuCompilerMissingError(f"cannot compile for {name}: {first}; {install_command()}") from None
         raise DeviceTargetError(
             f"cannot compile for {name}: the CUDA plugin refused its target config ({config.source}): {first[:300]}"
         ) from None
     devices = tuple(topology.devices)
-    _CONFIG_OF_DEVICES[id(devices[0])] = config
+    _CONFIG_OF_DEVICES.update(dict.fromkeys(devices, config))
     log.info("target %s: %d compile-only %s device(s) (%s config)", name, len(devices), getattr(devices[0], "device_kind", "?"), config.source)
     return devices
 
 
 def config_of_devices(devices: Any) -> GpuConfig | None:
     """The config a target's compile-only ``devices`` were made from; None for a real GPU's."""
-    return _CONFIG_OF_DEVICES.get(id(devices[0])) if len(devices) else None
+    return _CONFIG_OF_DEVICES.get(devices[0]) if len(devices) else None
 
 
 def gpu_parts(devices: Any) -> dict[str, str]:
@@ -276,7 +386,7 @@ def gpu_parts(devices: Any) -> dict[str, str]:
     # device's name: the first line is the plugin's API, the rest the parts below cover.
     platform_version = str(getattr(getattr(first, "client", None), "platform_version", "")).splitlines()
     return {
-        "platform_version": platform_version[0] if platform_version else UNKNOWN,
+        "platform_version": _platform_api(platform_version[0]) if platform_version else UNKNOWN,
         "gpu_compute_capability": str(getattr(first, "compute_capability", UNKNOWN)),
         "gpu_target_config": digest,
         "cuda_versions": " ".join(f"{k}={versions.get(k, UNKNOWN)}" for k in ("runtime", "cudnn", "cublas", "nccl")),
@@ -285,6 +395,14 @@ def gpu_parts(devices: Any) -> dict[str, str]:
         # GPU and in a deviceless topology, and say nothing the ids and processes don't.
         "topology": ",".join(f"{d.id}/p{d.process_index}" for d in sorted(devices, key=lambda d: d.id)),
     }
+
+
+def _platform_api(first_line: str) -> str:
+    """The plugin's API from the first line of a client's platform version: jaxlib 0.12's
+    compile-only client says ``cuda 0`` (no CUDA runtime loaded) where 0.10's says ``PJRT
+    C API``; the runtime's number is :func:`gpu_parts`' ``cuda_versions``, not this part
+    (a GPU host's loaded runtime would otherwise split its key from a deviceless one)."""
+    return re.sub(r"^(cuda|rocm) \d+$", r"\1", first_line.strip())
 
 
 def live_versions() -> dict[str, str]:
@@ -476,15 +594,33 @@ def replaces_defaults(stored_manifest: str | None, autotune: str | None) -> bool
     return isinstance(stored, str) and stored.startswith("defaults") and stored != autotune
 
 
-def cudnn_error(name: str, target: str, exc: BaseException) -> DeviceTargetError:
+def cudnn_missing(exc: BaseException | None) -> BaseException | None:
+    """The error in ``exc``'s chain that says cuDNN is missing (JAX checks for it when
+    it lowers cuDNN attention; jaxlib 0.12 hands its RuntimeError on as the cause of a
+    nanobind SystemError), or None."""
+    from aot.jaxcompat.gpu import cudnn_check_failed
+
+    seen = 0
+    while exc is not None and seen < 8:
+        if "cuDNN" in str(exc) or cudnn_check_failed(exc):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def cudnn_error(name: str, target: str, exc: BaseException | None) -> DeviceTargetError:
     """The one-line error for a program JAX lowers through cuDNN (cuDNN attention:
     ``jax.nn.dot_product_attention(..., implementation="cudnn")``), which JAX checks
     against the cuDNN loaded in the compiling process: none on a CPU runner."""
     first = (str(exc).splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, SystemError):  # jaxlib 0.12's untranslated error: it says nothing
+        first = "cuDNN not found."
+    plugins = cuda_plugins()
+    major = _cuda_major(jaxlib_version(), plugins) if plugins else "12"
     return DeviceTargetError(
         f"{name}: cannot be compiled for {target} here: it calls cuDNN (cuDNN attention, for one), which JAX "
         f"looks up in the compiling process when it lowers ({first[:160]}); install cuDNN beside the CUDA plugin "
-        "(pip install nvidia-cudnn-cu12) or compile this program on the GPU, or use "
+        f"(pip install nvidia-cudnn-cu{major}) or compile this program on the GPU, or use "
         "implementation='xla' for a deviceless compile"
     )
 

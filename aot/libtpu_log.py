@@ -9,6 +9,8 @@ to the real stderr unchanged.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import logging
 import os
 import re
@@ -23,7 +25,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "LIBTPU_NOISE", "XLA_CPU_LOAD_NOISE", "deserialize_quietly", "filter_libtpu_stderr", "held_stderr", "quiet_cpu_load",
-    "quiet_libtpu_load", "write_stderr",
+    "quiet_jax_import", "quiet_libtpu_load", "write_stderr",
 ]
 
 # What libtpu (0.0.42.1, under jax 0.10.2) writes to stderr, from C++ on fd 2, whenever a
@@ -43,6 +45,10 @@ LIBTPU_NOISE: tuple[re.Pattern[str], ...] = (
         r"hostname 'WARNING: could not determine TPU worker hostnames"
     ),
     re.compile(r"^I\d{4} [\d:.]+\s+\d+ \S+\] "),  # glog INFO lines: never a failure
+    # JAX's CUDA plugin, loaded by `import jax` where it is installed (jax-aot[cuda12]), on a
+    # host without a CUDA driver (a CPU runner compiling for cuda: targets): absl's banner,
+    # then glog INFO "cudart_stub.cc] Could not find cuda drivers on your machine" (above).
+    re.compile(r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"),
 )
 # What XLA's CPU runtime of jaxlib 0.9.x writes to fd 2 each time it loads a stored CPU
 # executable (seen with 0.9.2 on an AMD EPYC with AVX-512; 0.10.2 writes nothing there):
@@ -172,3 +178,75 @@ def write_stderr(text: str) -> None:
     if text:
         sys.stderr.flush()
         os.write(2, text.encode())
+
+
+class _QuietJaxImport(importlib.abc.MetaPathFinder):
+    """The finder of the first ``import jax``: it hands the import on to the other finders
+    with its module's execution under :func:`quiet_libtpu_load` (then steps aside)."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "jax":
+            return None
+        _remove_finder(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+class _QuietLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        with quiet_libtpu_load():
+            self._loader.exec_module(module)
+
+
+def _remove_finder(finder: object) -> None:
+    try:
+        sys.meta_path.remove(finder)  # type: ignore[arg-type]
+    except ValueError:
+        pass
+
+
+class _PluginStartFilter(logging.Filter):
+    """JAX's "Jax plugin configuration error" of the CUDA plugin on a host without a GPU
+    (no NVIDIA device file; it cannot start there, as expected: jaxlib 0.10 says it cannot
+    load the CUDA libraries, 0.12 that it cannot load cuDNN): logged at DEBUG here instead
+    of an ERROR with its traceback. On a host with a GPU, and for any other failure, the
+    record passes unchanged."""
+
+    _NO_GPU = re.compile(r"Error loading CUDA libraries|no CUDA-capable device|CUDA_ERROR_NO_DEVICE|"
+                         r"Could not find cuda drivers|CUDA driver version is insufficient|Unable to load CUDA|"
+                         r"Unable to load cuDNN")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Jax plugin configuration error") or "cuda" not in record.getMessage():
+            return True
+        if os.path.exists("/dev/nvidiactl"):  # a GPU host: its plugin's failure is news
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        while error is not None:
+            if self._NO_GPU.search(str(error)):
+                log.debug("%s: %s (no CUDA GPU here)", record.getMessage(), str(error).splitlines()[0])
+                return False
+            error = error.__cause__ or error.__context__
+        return True
+
+
+def quiet_jax_import() -> None:
+    """For a command-line process on a host where JAX's CUDA plugin is installed: the
+    first ``import jax`` (which loads the plugin) runs under :func:`quiet_libtpu_load`, so
+    its driver-less start-up noise (absl's banner, "Could not find cuda drivers") goes to
+    DEBUG, and the plugin's start-up failure on a host without a GPU too. Nothing is
+    imported here; a process that never imports JAX (``aot ls``) pays a finder's lookup."""
+    if "jax" in sys.modules or importlib.util.find_spec("jax_plugins") is None:
+        return
+    if not any(isinstance(f, _QuietJaxImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _QuietJaxImport())
+    logging.getLogger("jax._src.xla_bridge").addFilter(_PluginStartFilter())

@@ -366,12 +366,12 @@ def lower(
             MeshComputation, name, jitted, arg_specs, kwarg_specs, static_nums, static_names,
             mesh, arg_names, {"compiler_options": compiler_options}, statics, device_target,
         )
-    except RuntimeError as exc:
-        if device_target is None or device_target.platform != "cuda" or "cuDNN" not in str(exc):
-            raise
-        from aot.gpu_targets import cudnn_error
+    except (RuntimeError, SystemError) as exc:  # jaxlib 0.12's nanobind wraps JAX's RuntimeError in a SystemError
+        from aot.gpu_targets import cudnn_error, cudnn_missing
 
-        raise cudnn_error(name, device_target.name, exc) from None
+        if device_target is None or device_target.platform != "cuda" or cudnn_missing(exc) is None:
+            raise
+        raise cudnn_error(name, device_target.name, cudnn_missing(exc)) from None
     _warn_one_chip(name, device_target, computation.devices)
     return computation
 

@@ -190,7 +190,7 @@ def _gpu_target(text: str, fields: list[str]) -> DeviceTarget:
     hosts, per_host = gpu_targets.parse_shape(text, fields[2].strip().lower() if len(fields) == 3 else "")
     if not gpu_targets.NAME.match(chip):
         raise DeviceTargetError(f"target {text!r}: a GPU's name is lower-case letters, digits, '-' and '_' (cuda:h200)")
-    gpu_targets.check_name(text, chip)
+    gpu_targets.check_known_gpu(text, chip)
     return DeviceTarget("cuda", chip, f"{hosts}x{per_host}", (hosts, per_host, 1))
 
 

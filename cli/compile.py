@@ -231,7 +231,7 @@ def why_command(
     """
     from aot.cache.warmup.functions import function_item
     from aot.cache.warmup.manifest import expand, items_named, load_manifest
-    from aot.errors import DeviceTargetError, ManifestError
+    from aot.errors import ManifestError
 
     from aot.cache.warmup.manifest import HOST
 
@@ -263,13 +263,12 @@ def why_command(
         items = []
     cache = state.cache()
     served = resolve_served_release(cache, release)
-    try:
-        if items:
-            explanations = [cache.explain_item(item, release=served) for item in items]
-        else:
-            explanations = [_explain_signature(cache, name, lowering, device_target, served)]
-    except DeviceTargetError as exc:  # no libtpu here: cannot answer for the target
-        raise click.UsageError(str(exc)) from None
+    # A target this host cannot compile for (no libtpu, no CUDA plugin of this jaxlib):
+    # Error: and exit 1, as any failure to answer (not a usage error).
+    if items:
+        explanations = [cache.explain_item(item, release=served) for item in items]
+    else:
+        explanations = [_explain_signature(cache, name, lowering, device_target, served)]
     if state.json:
         shown = [e.to_dict() for e in explanations]
         echo_json(shown if manifest is not None else shown[0])

@@ -27,14 +27,17 @@ def doctor_command(state: State, no_verify: bool) -> None:
     Opens the cache read-only and changes nothing. Exit status 1 if the cache cannot
     be opened or has problems.
     """
-    from aot.cache.reports.doctor import diagnose
+    from aot.cache.reports.doctor import diagnose, is_gpu_compiler_key
 
     d = diagnose(check=not no_verify, settings=state.settings)
     if state.json:
         echo_json(d.to_dict())
     else:
+        gpu = {k: v for k, v in d.versions.items() if is_gpu_compiler_key(k)}
         click.echo("versions")
-        click.echo(key_value(sorted(d.versions.items())))
+        click.echo(key_value(sorted((k, v) for k, v in d.versions.items() if k not in gpu)))
+        click.echo("gpu compiler")  # JAX's CUDA plugin, ptxas, and whether a cuda: target compiles here
+        click.echo(key_value(sorted(gpu.items())))
         dev = d.devices
         click.echo("devices")
         if "error" in dev:

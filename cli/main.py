@@ -75,6 +75,9 @@ _register()
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point (``aot``) and ``python -m aot``."""
+    from aot.libtpu_log import quiet_jax_import
+
+    quiet_jax_import()  # JAX's CUDA plugin's start-up noise on a host without a GPU
     try:
         cli.main(args=argv, prog_name="aot", obj=State(owns_process=True))
     except SystemExit as exc:

@@ -138,6 +138,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     # gpu (cuda_versions is None without the CUDA plugin: the canary checks the name)
     "jax._src.lib:xla_client.get_topology_for_devices",
     "jax._src.lib:cuda_versions",
+    "jax._src.cudnn.fused_attention_stablehlo:check_cudnn_version",
 )
 
 #: Where the supported releases (:mod:`aot.jaxcompat.versions`) differ in the private

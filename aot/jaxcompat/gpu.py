@@ -6,6 +6,8 @@
   compile gives back to ``jax.experimental.topologies.get_topology_desc``.
 * ``jax._src.lib.cuda_versions`` (the CUDA plugin's ``_versions`` module, None without
   the plugin): the CUDA runtime, cuDNN and cuBLAS versions loaded in this process.
+* ``jax._src.cudnn.fused_attention_stablehlo.check_cudnn_version``: where JAX looks for
+  cuDNN as it lowers cuDNN attention (:func:`cudnn_check_failed` names its failure).
 
 Nothing here opens a device: the callers pass devices they already hold.
 """
@@ -49,3 +51,16 @@ def cuda_versions() -> dict[str, str]:
         except Exception:  # noqa: BLE001 - the plugin raises a RuntimeError where no GPU loads the library
             continue
     return found
+
+
+def cudnn_check_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of JAX's cuDNN check (``check_cudnn_version``, as cuDNN
+    attention lowers): on jaxlib 0.12 with the CUDA 13 plugin and no cuDNN, the plugin's
+    version call fails with a nanobind ``SystemError`` that names nothing, so the place
+    it was raised is what says it."""
+    trace = exc.__traceback__
+    while trace is not None:
+        if trace.tb_frame.f_code.co_name == "check_cudnn_version":
+            return True
+        trace = trace.tb_next
+    return False

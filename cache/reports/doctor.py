@@ -22,6 +22,32 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             if dist != "psycopg":
                 out[dist] = "not installed"
+    out.update(gpu_compiler())
+    return out
+
+
+def is_gpu_compiler_key(key: str) -> bool:
+    """Whether a key of :func:`versions` is one of :func:`gpu_compiler`'s (doctor shows
+    them in a section of their own)."""
+    return key == "gpu_compiler" or key.startswith(("jax-cuda", "nvidia-"))
+
+
+def gpu_compiler() -> dict[str, str]:
+    """The GPU compiler here, from package metadata (nothing imported): JAX's CUDA plugin
+    distributions, ptxas's (``nvidia-cuda-nvcc``) and the CUDA runtime's versions, and
+    ``gpu_compiler``: ``ok`` or why a GPU target cannot be compiled here (no plugin, one
+    of another release than jaxlib's, a jaxlib below the floor)."""
+    from aot import gpu_targets
+
+    plugins = gpu_targets.cuda_plugins()
+    out = dict(plugins) if plugins else {"jax-cuda-plugin": "not installed"}
+    for dist in ("nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvcc", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    problem = gpu_targets.problem_here()
+    out["gpu_compiler"] = "ok" if problem is None else problem[1]
     return out
 
 

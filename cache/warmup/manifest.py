@@ -332,8 +332,12 @@ class WarmupManifest:
 
 
 #: The distributions a manifest's ``[fleet]`` table may pin, and the names each is
-#: installed under (libtpu's nightly builds are another distribution).
-FLEET_DISTRIBUTIONS = {"libtpu": ("libtpu", "libtpu-nightly"), "jax": ("jax",), "jaxlib": ("jaxlib",)}
+#: installed under (libtpu's nightly builds are another distribution): the compilers of
+#: a TPU (libtpu) and of a GPU (JAX's CUDA plugin, whose release is jaxlib's).
+FLEET_DISTRIBUTIONS = {
+    "libtpu": ("libtpu", "libtpu-nightly"), "jax": ("jax",), "jaxlib": ("jaxlib",),
+    "jax-cuda12-plugin": ("jax-cuda12-plugin",), "jax-cuda13-plugin": ("jax-cuda13-plugin",),
+}
 
 
 def installed_version(distribution: str) -> str | None:

@@ -215,6 +215,9 @@ def _worker_main(conn: Connection, env: dict[str, str], log_level: int, parent_p
     exit_with_parent(parent_pid)
     os.environ.update(env)
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    from aot.libtpu_log import quiet_jax_import
+
+    quiet_jax_import()  # as the command's own process: the CUDA plugin's start-up noise held
     import gc
     import importlib
 

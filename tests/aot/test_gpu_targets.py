@@ -16,15 +16,19 @@ import pytest
 import aot
 from aot import gpu_targets
 from aot.build import serialize_executable
+from aot.jaxcompat.versions import release_tuple
 from aot.targets import environment_name, target_name
 
-HAS_PLUGIN = gpu_targets.plugin_installed()
+#: JAX's CUDA plugin of this jaxlib's release is installed (jax-aot[cuda12], or [cuda13] on 0.12.1).
+HAS_PLUGIN = gpu_targets.problem_here() is None
 needs_plugin = pytest.mark.skipif(not HAS_PLUGIN, reason="needs jax-aot[cuda12] (JAX's CUDA plugin and ptxas)")
 
-#: What a deviceless compile for the shipped H200 config records (checked below).
+#: What a deviceless compile for the shipped H200 config records (checked below): its
+#: client's platform version says "PJRT C API" on 0.10.2, "cuda 0" (kept as "cuda") on 0.12.
 H200_PARTS = {
     "platform": "gpu", "device_kind": "NVIDIA H200", "device_count": "1", "process_count": "1",
-    "topology": "0/p0", "gpu_compute_capability": "9.0", "platform_version": "PJRT C API",
+    "topology": "0/p0", "gpu_compute_capability": "9.0",
+    "platform_version": "cuda" if release_tuple(gpu_targets.jaxlib_version()) >= (0, 12) else "PJRT C API",
     "cuda_versions": "runtime=unknown cudnn=unknown cublas=unknown nccl=unknown",
 }
 
@@ -79,14 +83,87 @@ def test_listings_name_gpu_entries_from_their_parts() -> None:
     assert target_name(other) is None and environment_name(other) == "gpu NVIDIA H200 x1"
 
 
-@pytest.mark.skipif(HAS_PLUGIN, reason="the CUDA plugin is installed here")
+@pytest.mark.skipif(HAS_PLUGIN or bool(gpu_targets.cuda_plugins()), reason="a CUDA plugin is installed here")
 def test_without_the_plugin_a_gpu_target_is_one_line_saying_what_to_install() -> None:
+    import jaxlib
+
     with pytest.raises(aot.GpuCompilerMissingError) as info:
         aot.lower(lambda x: x * 2, "f32[8]", name="double", target="cuda:h200")
+    release = jaxlib.__version__
+    major, ptxas = ("13", "'nvidia-cuda-nvcc>=13,<14'") if release == "0.12.1" else ("12", "nvidia-cuda-nvcc-cu12")
     assert str(info.value) == (
-        "cannot compile for cuda:h200: JAX's CUDA plugin is not installed here; pip install 'jax-aot[cuda12]' "
-        "(jax-cuda12-plugin and jax-cuda12-pjrt of this jax, and ptxas)"
+        f"cannot compile for cuda:h200: JAX's CUDA plugin is not installed here; pip install "
+        f"'jax[cuda{major}-local]=={release}' {ptxas} (the CUDA plugin of jaxlib {release}, and ptxas)"
     )
+
+
+#: What :func:`_fake_plugin` installs, as the refusals name it.
+FAKE_PLUGINS = ("jax-cuda12-pjrt 0.10.1, jax-cuda12-plugin 0.10.1, jax-cuda13-pjrt 0.10.1, "
+                "jax-cuda13-plugin 0.10.1")
+
+
+def _fake_plugin(folder: Path, version: str) -> None:
+    """Distributions of JAX's CUDA plugins (12 and 13) of ``version`` (metadata only),
+    ahead of any installed one on sys.path: what pip leaves after `pip install
+    jax-cuda12-plugin==V` beside another jaxlib."""
+    for major in ("12", "13"):
+        for kind in ("plugin", "pjrt"):
+            info = folder / f"jax_cuda{major}_{kind}-{version}.dist-info"
+            info.mkdir(parents=True)
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: jax-cuda{major}-{kind}\nVersion: {version}\n")
+
+
+def test_a_plugin_of_another_release_is_refused_in_one_line_naming_both(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """The issue's 0.9.2 case the other way round: a plugin whose release is not
+    jaxlib's is never used to compile (a GPU host of this jaxlib runs its own)."""
+    import jaxlib
+
+    release = jaxlib.__version__
+    _fake_plugin(tmp_path, "0.10.1")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(aot.GpuCompilerMissingError) as info:
+        aot.lower(lambda x: x * 2, "f32[8]", name="double", target="cuda:h100")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"cannot compile for cuda:h100: the CUDA plugin here is {FAKE_PLUGINS} "
+        f"and jaxlib is {release}; a GPU compile needs the plugin of jaxlib's release"
+    ), message
+    assert "pip install 'jax[cuda" in message and f"-local]=={release}'" in message
+
+
+@pytest.mark.parametrize("jaxlib,plugins,expected", [
+    ("0.10.2", {"jax-cuda12-plugin": "0.10.2", "jax-cuda12-pjrt": "0.10.2"}, None),
+    ("0.12.1", {"jax-cuda13-plugin": "0.12.1", "jax-cuda13-pjrt": "0.12.1",
+                "jax-cuda12-plugin": "0.12.0.1", "jax-cuda12-pjrt": "0.12.0.1"}, None),
+    ("0.9.2", {"jax-cuda12-plugin": "0.9.2", "jax-cuda12-pjrt": "0.9.2"},
+     "GPU targets need jaxlib 0.10.2 or later (older CUDA plugins cannot read the GPU target configs jax-aot "
+     "ships), and jaxlib here is 0.9.2; compile GPU targets with jax 0.10.2 or later"),
+    ("0.10.2", {"jax-cuda12-plugin": "0.10.2", "jax-cuda12-pjrt": "0.10.1"},
+     "the CUDA plugin here is jax-cuda12-pjrt 0.10.1, jax-cuda12-plugin 0.10.2 and jaxlib is 0.10.2; a GPU "
+     "compile needs the plugin of jaxlib's release (a GPU host on jaxlib 0.10.2 runs that one, and it is part "
+     "of the key): pip install 'jax[cuda12-local]==0.10.2' nvidia-cuda-nvcc-cu12 (the CUDA plugin of jaxlib "
+     "0.10.2, and ptxas)"),
+    ("0.12.1", {"jax-cuda12-plugin": "0.12.0.1", "jax-cuda12-pjrt": "0.12.0.1"},  # no cuda12 0.12.1 exists
+     "the CUDA plugin here is jax-cuda12-pjrt 0.12.0.1, jax-cuda12-plugin 0.12.0.1 and jaxlib is 0.12.1; a GPU "
+     "compile needs the plugin of jaxlib's release (a GPU host on jaxlib 0.12.1 runs that one, and it is part "
+     "of the key): pip install 'jax[cuda13-local]==0.12.1' 'nvidia-cuda-nvcc>=13,<14' (the CUDA plugin of "
+     "jaxlib 0.12.1, and ptxas)"),
+    ("0.12.0.1", {}, "JAX's CUDA plugin is not installed here; pip install 'jax[cuda12-local]==0.12.0.1' "
+                     "nvidia-cuda-nvcc-cu12 (the CUDA plugin of jaxlib 0.12.0.1, and ptxas)"),
+    ("0.11.2", {"jax-cuda13-plugin": "0.11.1", "jax-cuda13-pjrt": "0.11.1"},
+     "the CUDA plugin here is jax-cuda13-pjrt 0.11.1, jax-cuda13-plugin 0.11.1 and jaxlib is 0.11.2; a GPU "
+     "compile needs the plugin of jaxlib's release (a GPU host on jaxlib 0.11.2 runs that one, and it is part "
+     "of the key): pip install 'jax[cuda13-local]==0.11.2' 'nvidia-cuda-nvcc>=13,<14' (the CUDA plugin of "
+     "jaxlib 0.11.2, and ptxas)"),
+])
+def test_the_compiler_is_the_plugin_of_jaxlibs_release(
+    jaxlib: str, plugins: dict[str, str], expected: str | None,
+) -> None:
+    problem = gpu_targets.compiler_problem(jaxlib, plugins, importable=True)
+    assert (problem[1] if problem else None) == expected
 
 
 def _matmul(a, b):  # noqa: ANN001, ANN202
@@ -104,7 +181,8 @@ def test_deviceless_compiles_for_an_h100_and_an_h200() -> None:
     h200 = computations["cuda:h200"].environment_fingerprint.as_dict()
     assert {k: h200[k] for k in H200_PARTS} == H200_PARTS
     assert h200["gpu_target_config"] == gpu_targets.config_for("h200").digest  # type: ignore[union-attr]
-    assert h200["gpu_plugin"].startswith("jax-cuda12-p")
+    release = gpu_targets.jaxlib_version()  # the plugin of jaxlib's release, no other
+    assert h200["gpu_plugin"] in (f"jax-cuda{m}-pjrt={release} jax-cuda{m}-plugin={release}" for m in ("12", "13"))
     h100 = computations["cuda:h100"].environment_fingerprint.as_dict()
     assert h100["device_kind"] == "NVIDIA H100 80GB HBM3"
     # One program, two GPUs: the same program fingerprint, two keys.

@@ -193,7 +193,8 @@ def test_warmup_warns_when_jobs_exceed_the_cores(invoke: Invoke, warmed, monkeyp
         ('[functions]\nname = "x"\n', "{path}: unknown top-level key(s) ['functions']"),
         ('# nothing\n', "{path}: no [[function]] tables; nothing to compile"),
         ('[fleet]\nlibtpus = "1"\n[[function]]\nname = "x"\nfunction = "m:f"\n',
-         "{path}: [fleet] pins libtpus, which it cannot pin; it pins libtpu, jax, jaxlib"),
+         "{path}: [fleet] pins libtpus, which it cannot pin; it pins libtpu, jax, jaxlib, jax-cuda12-plugin, "
+         "jax-cuda13-plugin"),
         ('[fleet]\nlibtpu = 42\n[[function]]\nname = "x"\nfunction = "m:f"\n',
          "{path}: [fleet] libtpu must be a version string"),
     ],
