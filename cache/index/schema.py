@@ -41,19 +41,12 @@ database blob store, those too, in ``blobs_data``):
 
 Schema versions and migrations
 ------------------------------
-The schema carries a version (:data:`SCHEMA_VERSION`) and an ordered tuple of
-migration functions (:data:`MIGRATIONS`), rather than alembic, because:
-
-* jax-aot owns exactly one small table set, so a migration is a few DDL
-  statements; alembic would add a dependency, a migrations folder and an
-  ``alembic.ini`` to every installation for no gain;
-* migrations must run implicitly and safely when *any* process first opens a
-  cache (a CI job, a server fleet starting at once), not from an operator's
-  command line. :func:`ensure_schema` does that in one transaction under a lock:
-  ``pg_advisory_xact_lock`` on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite. The
-  version is re-read under the lock, so concurrent first opens create the tables
-  once and the losers see a finished schema. DDL is transactional on both
-  databases, so a failing migration leaves the previous version intact.
+The schema carries a version (:data:`SCHEMA_VERSION`) and an ordered tuple of migration
+functions (:data:`MIGRATIONS`), not alembic: the table set is small (a migration is a few DDL
+statements), and migrations run implicitly when *any* process first opens a cache (a fleet
+starting at once): :func:`ensure_schema` runs them in one transaction under a lock
+(``pg_advisory_xact_lock`` on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite), re-reading the
+version under it; DDL is transactional on both, so a failing migration changes nothing.
 
 A fresh database is created directly at the current version from the tables; an
 older one is upgraded by running every migration whose version is newer than the
@@ -84,11 +77,9 @@ Changelog of :data:`SCHEMA_VERSION`:
   artifacts; :mod:`aot.cache.jax_cache`), their hits and misses per function name, and
   the claims of processes compiling a key others wait for (``_migrate_add_jit``). Additive: older rows are untouched.
 * 8: default_release (``_migrate_add_default_release``).
-* 9 (2026-12-06): captured_targets: the target config of a fleet's own GPU, the CUDA
-  versions and the autotune results recorded with it (``aot target capture``,
-  :mod:`aot.cache.index.targets`), inline: a few KiB of text each, which no gc of blobs
-  can take from under the entries compiled with them (``_migrate_add_captured_targets``).
-  Additive.
+* 9 (2026-12-06): captured_targets: a fleet's own GPU's target config, CUDA versions and
+  autotune results (``aot target capture``, :mod:`aot.cache.index.targets`), inline: a few
+  KiB of text each (``_migrate_add_captured_targets``). Additive.
 * 10 (2026-12-06): ``artifacts.manifest_digest``: the manifest text of every entry is also
   a blob of the blob store (content-addressed, like its executable), so that ``aot repair``
   rebuilds an entry whose row was on an unreadable page (``_migrate_add_manifest_digest``:
