@@ -155,7 +155,7 @@ def jax_events() -> Iterator[collections.Counter[str]]:
         jax.monitoring.unregister_event_duration_listener(listen)
 
 
-def test_compile_and_store_traces_and_lowers_once(tmp_path, jax_events) -> None:
+def test_compile_and_store_traces_and_lowers_once(tmp_path, jax_events, caplog) -> None:
     def fresh(x: jax.Array, y: jax.Array) -> jax.Array:  # not in any JAX cache yet
         return jnp.cos(x) * y - 2.0
 
@@ -169,8 +169,13 @@ def test_compile_and_store_traces_and_lowers_once(tmp_path, jax_events) -> None:
     one_trace = jax_events["jaxpr_trace_duration"]
     jax_events.clear()
     cache = aot.Cache(tmp_path / "cache")
-    exe = cache.compile(fresh, "f32[16]", "f32[16]", name="one.trace")
+    with caplog.at_level(logging.WARNING, logger="aot.computation"):
+        exe = cache.compile(fresh, "f32[16]", "f32[16]", name="one.trace")
     assert jax_events["jaxpr_trace_duration"] == one_trace
+    # The one-lowering route works on this release: no "tracing each program again"
+    # warning, now or earlier in this process (it is logged once per process).
+    assert not [r for r in caplog.records if "one-lowering route" in r.getMessage()]
+    assert not computation_module._ROUTE_MISSING, computation_module._ROUTE_MISSING
     assert jax_events["jaxpr_to_mlir_module_duration"] == 1
     assert jax_events["backend_compile_duration"] == 1
     (entry,) = cache.entries(name="one.trace")
