@@ -363,11 +363,8 @@ def export_from_lowering(
     """The ``jax.export`` bytes of ``lowered`` itself (no second trace), or None when
     this program (or this JAX) needs the public ``jax.export`` path. With
     ``executable``, the shardings the lowering left to the compiler are its."""
-    try:
-        from aot.jaxcompat.export import ExportRouteUnavailable, export_lowered
-    except ImportError as exc:  # a JAX without the private route
-        _route_missing(f"{type(exc).__name__}: {exc}")
-        return None
+    from aot.jaxcompat.export import ExportRouteUnavailable, export_lowered
+
     try:
         shardings = (
             (executable.info.in_shardings, executable.info.out_shardings) if executable else (None, None)
@@ -375,7 +372,7 @@ def export_from_lowering(
         return bytes(export_lowered(lowered, *shardings).serialize())
     except ExportRouteUnavailable as exc:
         log.debug("%s: exported through jax.export (%s)", name, exc)
-    except (AttributeError, TypeError) as exc:  # JAX's internals moved
+    except (ImportError, AttributeError, TypeError) as exc:  # JAX's internals moved
         _route_missing(f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # noqa: BLE001 - the public path says what it cannot export
         log.debug("%s: exported through jax.export (%s: %s)", name, type(exc).__name__, exc)

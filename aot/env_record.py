@@ -250,12 +250,12 @@ def _initial_environment() -> dict[str, str] | None:
 def _config_matches_environment(parts: Mapping[str, str]) -> bool:
     """Whether JAX's configuration is what the environment variables alone give (a
     fresh ``aot ls`` has no ``jax.config.update`` of its own)."""
-    import jax
+    from aot.jaxcompat.releases import config_value
 
     x64 = os.environ.get("JAX_ENABLE_X64", "0").strip().lower() in _TRUE
     if parts.get("x64") != str(x64).lower():
         return False
-    platforms = getattr(jax.config, "jax_platforms", None) or None
+    platforms = config_value("jax_platforms") or None
     wanted_platforms = os.environ.get("JAX_PLATFORMS") or None
     # On a TPU host `import jax` sets jax_platforms to "tpu,cpu" when the variable is
     # unset (jax/_src/cloud_tpu_init.py), as it does in every fresh process there; it
@@ -263,7 +263,7 @@ def _config_matches_environment(parts: Mapping[str, str]) -> bool:
     by_jax = wanted_platforms is None and platforms == "tpu,cpu" and "TPU_ML_PLATFORM" in os.environ
     if platforms != wanted_platforms and not by_jax:
         return False
-    cpu_devices = getattr(jax.config, "jax_num_cpu_devices", -1)
+    cpu_devices = config_value("jax_num_cpu_devices", -1)
     wanted = os.environ.get("JAX_NUM_CPU_DEVICES", "").strip()
     return str(cpu_devices) == (wanted or "-1")
 

@@ -15,6 +15,7 @@ import jax
 from aot.artifact import Manifest, parse_manifest_dtype
 from aot.errors import AotError, CorruptArtifactError
 from aot.executable import ArgAval, ExecutableInfo
+from aot.jaxcompat.releases import same_release
 from aot.jaxcompat.checks import (
     hlo_module_header,
     output_memory_kinds,
@@ -238,7 +239,7 @@ def portable_hlo_problems(manifest: Manifest, hlo: bytes) -> list[str]:
     try:
         exported = jax.export.deserialize(bytearray(hlo))
     except Exception as exc:  # noqa: BLE001
-        if manifest.jax_version != jax.__version__:
+        if not same_release(manifest.jax_version):
             # Another release's export outside this one's window (aot.export_window):
             # not corruption, and that release's hosts still serve it.
             return []

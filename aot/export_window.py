@@ -32,20 +32,11 @@ from typing import Any
 import jax
 
 from aot.errors import CorruptArtifactError, ExportWindowError
+from aot.jaxcompat.releases import calling_convention, calling_convention_window, same_release
 
 __all__ = ["calling_convention_window", "check_expiry", "check_window", "refusal"]
 
 log = logging.getLogger(__name__)
-
-
-def calling_convention_window() -> tuple[int, int] | None:
-    """(minimum, maximum) calling convention versions this release calls; None when
-    this ``jax.export`` does not say."""
-    low = getattr(jax.export, "minimum_supported_calling_convention_version", None)
-    high = getattr(jax.export, "maximum_supported_calling_convention_version", None)
-    if not isinstance(low, int) or not isinstance(high, int):
-        return None
-    return low, high
 
 
 def _label(name: str, key: str) -> str:
@@ -61,8 +52,8 @@ def check_window(name: str, key: str, stored_jax: str | None, exported: Any) -> 
     HLO of the entry ``key`` of ``name``, stored by ``stored_jax``) uses a calling
     convention outside this release's window."""
     window = calling_convention_window()
-    version = getattr(exported, "calling_convention_version", None)
-    if window is None or not isinstance(version, int) or window[0] <= version <= window[1]:
+    version = calling_convention(exported)
+    if window is None or version is None or window[0] <= version <= window[1]:
         return
     raise ExportWindowError(
         f"the portable HLO of {_label(name, key)} uses jax.export calling convention {version}, "
@@ -77,7 +68,7 @@ def refusal(name: str, key: str, stored_jax: str | None, step: str, exc: BaseExc
     """What a failure of ``step`` (reading or lowering the portable HLO) means: outside
     the window when another release stored it (:class:`aot.ExportWindowError`), else
     corruption (:class:`aot.CorruptArtifactError`)."""
-    if stored_jax is not None and stored_jax != jax.__version__:
+    if stored_jax is not None and not same_release(stored_jax):
         return ExportWindowError(
             f"the portable HLO of {_label(name, key)} cannot be {step} by this release: {exc} "
             f"({_releases(stored_jax)}: outside jax.export's compatibility window, which covers "

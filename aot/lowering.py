@@ -17,7 +17,7 @@ from aot.computation import MeshComputation, PmapComputation
 from aot.device import default_devices
 from aot.errors import SpecError, SymbolicShapeError, UnsupportedComputationError
 from aot.jaxcompat.callbacks import pure_callback_function
-from aot.jaxcompat.lowering import jit_settings, no_traceback_locations
+from aot.jaxcompat.lowering import all_equations, closed_over_constants, jit_settings, no_traceback_locations
 from aot.jaxcompat.shape_poly import INCONCLUSIVE_DIMENSION
 from aot.specs import format_aval, parse_partition_spec, spec
 from aot.statics import StaticArg, sort_statics
@@ -168,7 +168,7 @@ def _resolve_shardings(tree: Any, mesh: Mesh | None) -> Any:
 def _check_servable(name: str, jaxpr: Any, *, pmap: bool = False) -> None:
     """Refuses host callbacks (but those aot.callbacks binds, except under pmap),
     ordered effects and closed-over refs at lowering time."""
-    for eqn in _all_eqns(jaxpr.jaxpr):
+    for eqn in all_equations(jaxpr):
         what = _HOST_CALLBACK_PRIMITIVES.get(eqn.primitive.name)
         if eqn.primitive.name == "pure_callback":
             function = pure_callback_function(eqn.params)
@@ -184,7 +184,7 @@ def _check_servable(name: str, jaxpr: Any, *, pmap: bool = False) -> None:
                 "into the Python host; an artifact cannot be served without the model's "
                 "code. Remove it (or guard it behind a flag) before compiling ahead of time."
             )
-    for const in getattr(jaxpr, "consts", ()):
+    for const in closed_over_constants(jaxpr):
         if "Ref" in type(const).__name__ or "MutableArray" in type(const).__name__:
             raise UnsupportedComputationError(
                 f"{name}: closes over a mutable array ref ({type(const).__name__}); pass "
@@ -196,26 +196,6 @@ def _check_servable(name: str, jaxpr: Any, *, pmap: bool = False) -> None:
             f"{name}: has side effects {sorted(map(str, effects))} that an artifact cannot "
             "replay; remove ordered effects and callbacks before compiling ahead of time"
         )
-
-
-def _all_eqns(jaxpr: Any) -> Iterable[Any]:
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for sub in _subjaxprs(eqn.params):
-            yield from _all_eqns(sub)
-
-
-def _subjaxprs(params: dict[str, Any]) -> Iterable[Any]:
-    # Not jax.core.subjaxprs: JAX 0.9.x's takes a whole jaxpr (and is deprecated), 0.10
-    # removed it; the parameters of an equation are walked here on every release.
-    for value in params.values():
-        items = value if isinstance(value, (tuple, list)) else (value,)
-        for item in items:
-            inner = getattr(item, "jaxpr", None)
-            if inner is not None and hasattr(inner, "eqns"):
-                yield inner
-            elif hasattr(item, "eqns"):
-                yield item
 
 
 def _specs_for(args: Sequence[Any], static: set[int], mesh: Mesh | None) -> list[Any]:

@@ -23,6 +23,7 @@ from aot.executable_checks import avals_text, hlo_avals
 from aot.export_window import check_expiry, check_window, refusal
 from aot.fingerprint import Fingerprint, canonical_json, environment_fingerprint
 from aot.jaxcompat.build import built_unloaded_executable
+from aot.jaxcompat.releases import same_release
 from aot.jaxcompat.shardings import hlo_sharding, hlo_shardings_equal
 from aot.shardings import live_devices, sharding_from_json, sharding_to_json
 
@@ -72,7 +73,7 @@ def recompile(artifact: Artifact) -> Artifact:
         # Lowering reads the StableHLO module inside: the third part of the window.
         lowered = jitted.trace(*specs).lower()
     except Exception as exc:  # noqa: BLE001 - MLIR's errors vary
-        if manifest.jax_version == jax.__version__:
+        if same_release(manifest.jax_version):
             raise
         raise refusal(manifest.name, manifest.key, manifest.jax_version, "lowered", exc) from exc
     compiled = lowered.compile(stored_compiler_options(manifest) or None)

@@ -7,11 +7,13 @@ from typing import Any, cast
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from aot.device import default_devices
 from aot.errors import CorruptArtifactError, IncompatibleEnvironmentError
-from aot.jaxcompat.shardings import device_assignment, gspmd_sharding, hlo_sharding, xla_device_list
+from aot.jaxcompat.shardings import (
+    device_assignment, gspmd_sharding, hlo_sharding, is_single_device_sharding, single_device_sharding, xla_device_list,
+)
 from aot.specs import dtype_to_str, parse_dtype
 
 Devices = Mapping[int, Any]
@@ -37,7 +39,7 @@ def mesh_to_json(mesh: Mesh) -> dict[str, Any]:
 def mesh_from_json(data: Mapping[str, Any], devices: Devices) -> Mesh:
     ids = data["device_ids"]
     grid = np.array([_device(devices, i) for i in ids], dtype=object).reshape(data["shape"])
-    types = tuple(getattr(AxisType, t) for t in data.get("axis_types", []))
+    types = tuple(AxisType[t] for t in data.get("axis_types", []))  # an enum member by name
     return Mesh(grid, tuple(data["axis_names"]), axis_types=types or None)
 
 
@@ -55,7 +57,7 @@ def _device(devices: Devices, device_id: int) -> Any:
 
 def sharding_to_json(sharding: Any, ndim: int) -> dict[str, Any]:
     memory_kind = getattr(sharding, "memory_kind", None)
-    if isinstance(sharding, SingleDeviceSharding):
+    if is_single_device_sharding(sharding):
         (device,) = sharding.device_set
         return {"type": "single", "device": int(getattr(device, "id")), "memory_kind": memory_kind}
     if isinstance(sharding, NamedSharding):
@@ -80,7 +82,7 @@ def sharding_from_json(data: Mapping[str, Any], devices: Devices) -> Any:
     memory_kind = data.get("memory_kind")
     try:
         if kind == "single":
-            return SingleDeviceSharding(_device(devices, data["device"]), memory_kind=memory_kind)
+            return single_device_sharding(_device(devices, data["device"]), memory_kind)
         if kind == "named":
             mesh = mesh_from_json(data["mesh"], devices)
             return NamedSharding(mesh, spec_from_json(data["spec"]), memory_kind=memory_kind)

@@ -36,11 +36,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from aot.errors import SpecError
+from aot.jaxcompat.dtypes import available_dtypes
 
 # Short name -> attribute of jax.numpy. Only the dtypes this jax has are offered (a
 # jaxlib without float8_e8m0fnu simply does not know "f8e8m0fnu").
@@ -74,11 +74,7 @@ _DTYPE_ATTRS = {
     "f8e8m0fnu": "float8_e8m0fnu",
     "f4e2m1fn": "float4_e2m1fn",
 }
-DTYPES: dict[str, np.dtype] = {
-    short: np.dtype(getattr(jnp, attr))
-    for short, attr in _DTYPE_ATTRS.items()
-    if getattr(jnp, attr, None) is not None
-}
+DTYPES: dict[str, np.dtype] = available_dtypes(_DTYPE_ATTRS)
 _SHORT_NAMES = {dtype: short for short, dtype in DTYPES.items()}
 _ALIASES = {dtype.name: dtype for dtype in DTYPES.values()} | {"pred": DTYPES["bool"]}
 # Dtypes that exist only with jax_enable_x64 on (jax.jit truncates them otherwise).

@@ -35,19 +35,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+# The names JAX records (jax/_src/compiler.py, jax/_src/compilation_cache.py), kept
+# with the other facts of a release in aot.jaxcompat.releases.
+from aot.jaxcompat.releases import CACHE_HITS, CACHE_MISSES, COMPILE_REQUESTS, RETRIEVAL_TIME, TIME_SAVED
+
 log = logging.getLogger(__name__)
 
 __all__ = [
     "CACHE_HITS", "CACHE_MISSES", "COMPILE_REQUESTS", "KINDS", "RETRIEVAL_TIME", "TIME_SAVED",
     "StatsEvent", "add_listener", "notify", "remove_listener",
 ]
-
-# The names JAX 0.10.2 records (jax/_src/compiler.py, jax/_src/compilation_cache.py).
-COMPILE_REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
-CACHE_HITS = "/jax/compilation_cache/cache_hits"
-CACHE_MISSES = "/jax/compilation_cache/cache_misses"
-TIME_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
-RETRIEVAL_TIME = "/jax/compilation_cache/cache_retrieval_time_sec"
 
 #: What happened: an executable ``load``\ ed from the cache; ``calls`` served (``count``
 #: of them, since the last report); a ``miss``; a miss ``fallback`` compiled by the

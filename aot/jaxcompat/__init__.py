@@ -33,6 +33,8 @@ Modules:
   distributed  the key-value store of a multi-process job (``jax.distributed``)
   gpu          a CUDA GPU's target config and the CUDA library versions it loads
   export_header  the fields of a serialized jax.export that date it (its flatbuffer's header)
+  releases     what the rest asks of the running release: same_release(), the export
+               calling-convention window, config options, JAX's monitoring event names
 """
 
 from __future__ import annotations
@@ -166,6 +168,18 @@ RELEASE_DIFFERENCES: dict[str, str] = {
     "InconclusiveDimensionOperation": (
         "public as jax.errors.InconclusiveDimensionOperation from JAX 0.10; 0.9.x has only "
         "jax._src.core's, and shape_poly raises a subclass of it (shape_poly)"
+    ),
+    "ClosedJaxpr": (
+        "JAX 0.9-0.10 wrap a sub-jaxpr in a ClosedJaxpr (equations on .jaxpr); 0.11 merged "
+        "ClosedJaxpr into Jaxpr (.jaxpr is a legacy accessor to itself) (lowering)"
+    ),
+    "SingleDeviceSharding": (
+        "JAX 0.12.1 deprecates jax.sharding.SingleDeviceSharding for jax.sharding."
+        "make_single_device_sharding / is_single_device_sharding, which 0.9-0.12.0 lack (shardings)"
+    ),
+    "Lowered._in_types": (
+        "JAX 0.12.1+'s _export._export_lowered reads Lowered._in_types/_out_types, (treedef, "
+        "avals) with unreduced 'high' types; 0.9-0.12.0 never read them (export)"
     ),
 }
 

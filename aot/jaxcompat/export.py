@@ -27,9 +27,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import jax
-from jax._src.export import _export
-from jax._src.interpreters import mlir, pxla
-from jax._src.lib.mlir import ir, passmanager
+
+try:
+    from jax._src.export import _export
+    from jax._src.interpreters import mlir, pxla
+    from jax._src.lib.mlir import ir, passmanager
+except ImportError as exc:  # a JAX without the private route: export_lowered says so
+    _ROUTE_IMPORT_ERROR: ImportError | None = exc
+else:
+    _ROUTE_IMPORT_ERROR = None
 
 #: Argument attributes of a compile lowering that a portable export does not carry.
 _DONATION_ATTRIBUTES = frozenset({"tf.aliasing_output", "jax.buffer_donor"})
@@ -83,6 +89,17 @@ def _completed(lowered_shardings: Any, compiled: Sequence[Any] | None) -> Any:
     )
 
 
+def _high_types(lowered: Any) -> bool:
+    """Whether ``lowered`` has "high" (unreduced) input or output types, which JAX
+    0.12.1+ exports in place of the flat avals (release difference "Lowered._in_types";
+    0.9-0.12.0 keep other data there, never read by the export)."""
+    for types in (getattr(lowered, "_in_types", None), getattr(lowered, "_out_types", None)):
+        if isinstance(types, tuple) and len(types) == 2 and isinstance(types[0], jax.tree_util.PyTreeDef):
+            if any(getattr(aval, "is_high", False) for aval in types[1]):
+                return True
+    return False
+
+
 def export_lowered(
     lowered: Any,
     in_shardings: Sequence[Any] | None = None,
@@ -96,9 +113,11 @@ def export_lowered(
     executable's, recorded for what the lowering left to the compiler.
 
     Raises what ``_export_lowered`` raises for a program it cannot export, and
-    ``AttributeError``/``TypeError`` when JAX's internals moved (the caller then
-    exports through the public ``jax.export``).
+    ``ImportError``/``AttributeError``/``TypeError`` when JAX's internals moved (the
+    caller then exports through the public ``jax.export``).
     """
+    if _ROUTE_IMPORT_ERROR is not None:
+        raise _ROUTE_IMPORT_ERROR
     lowering = lowered._lowering
     if not isinstance(lowering, pxla.MeshComputation):
         raise ExportRouteUnavailable(f"only a jit lowering can be exported, not {type(lowering).__name__}")
@@ -116,6 +135,8 @@ def export_lowered(
             "out_shardings": _completed(lowering.compile_args["out_shardings"], out_shardings),
         },
     )
+    if _high_types(lowered):
+        raise ExportRouteUnavailable("the program has unreduced (high) input or output types")
     flat_avals = tuple(jax.tree_util.tree_leaves(lowered.in_avals))
     out_count = lowered.out_tree.num_leaves
     view = SimpleNamespace(
@@ -124,5 +145,11 @@ def export_lowered(
         in_tree=jax.tree_util.tree_structure((tuple(range(len(flat_avals))), {})),
         out_tree=jax.tree_util.tree_structure(tuple(range(out_count))),
         compile_args=lowering.compile_args,
+        # Release difference "Lowered._in_types": JAX 0.12.1+'s _export_lowered reads
+        # the lowered's "high" types (tree, avals) for unreduced shardings; None means
+        # none, and a program that has some took the public route above. Earlier
+        # releases never read them.
+        _in_types=None,
+        _out_types=None,
     )
     return _export._export_lowered(view, None, fun_name)  # type: ignore[arg-type]

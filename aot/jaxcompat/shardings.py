@@ -4,7 +4,8 @@ Wraps ``jax._src.sharding_impls.GSPMDSharding`` (a manifest may record a shardin
 that only an HLO sharding describes), the private ``Sharding._to_xla_hlo_sharding``
 and ``_device_assignment``, ``xla_client.HloSharding`` and
 ``op_shardings.are_hlo_shardings_equal`` (two HLO shardings that place data the
-same way can differ as text), and ``xla_client.DeviceList``.
+same way can differ as text), and ``xla_client.DeviceList``; a one-device sharding
+on every release.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 from jax._src import op_shardings
 from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
@@ -46,3 +48,22 @@ def hlo_sharding_from_proto(op_sharding: Any) -> Any:
 def hlo_shardings_equal(left: Any, right: Any) -> bool:
     """True when two HLO shardings place data the same way."""
     return bool(op_shardings.are_hlo_shardings_equal(left, right))
+
+
+def single_device_sharding(device: Any, memory_kind: str | None = None) -> Any:
+    """The sharding that places an array on ``device`` alone."""
+    # Release difference "SingleDeviceSharding": JAX 0.12.1 deprecates the public class
+    # jax.sharding.SingleDeviceSharding (a warning on each use) for
+    # make_single_device_sharding / is_single_device_sharding, which 0.9-0.12.0 lack.
+    make = getattr(jax.sharding, "make_single_device_sharding", None)
+    if make is not None:
+        return make(device, memory_kind=memory_kind)
+    return jax.sharding.SingleDeviceSharding(device, memory_kind=memory_kind)
+
+
+def is_single_device_sharding(sharding: Any) -> bool:
+    """Whether ``sharding`` is one :func:`single_device_sharding` makes."""
+    check = getattr(jax.sharding, "is_single_device_sharding", None)
+    if check is not None:
+        return bool(check(sharding))
+    return isinstance(sharding, jax.sharding.SingleDeviceSharding)

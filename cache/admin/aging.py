@@ -161,6 +161,7 @@ def _version_problem(cache: ArtifactStore, entry: IndexEntry) -> str | None:
 
     from aot.artifact import PORTABLE_HLO
     from aot.errors import AotError
+    from aot.jaxcompat.releases import calling_convention, this_release
 
     try:
         blob = cache.artifact(entry, roles=(PORTABLE_HLO,)).blob(PORTABLE_HLO)
@@ -169,16 +170,20 @@ def _version_problem(cache: ArtifactStore, entry: IndexEntry) -> str | None:
     try:
         exported = jax.export.deserialize(bytearray(blob))
     except Exception as exc:  # noqa: BLE001 - flatbuffer and version errors vary
-        return f"this jax ({jax.__version__}) cannot read it: {exc}"
-    return calling_convention_problem(exported.calling_convention_version)
+        return f"this jax ({this_release()}) cannot read it: {exc}"
+    version = calling_convention(exported)
+    return None if version is None else calling_convention_problem(version)
 
 
 def calling_convention_problem(version: int) -> str | None:
     """Why an export of calling-convention ``version`` is not compiled by this JAX."""
-    import jax
+    from aot.jaxcompat.releases import calling_convention_window, this_release
 
-    low = jax.export.minimum_supported_calling_convention_version
+    window = calling_convention_window()
+    if window is None:
+        return None
+    low = window[0]
     if version < low:
-        return (f"calling convention version {version} is older than this jax ({jax.__version__}) "
+        return (f"calling convention version {version} is older than this jax ({this_release()}) "
                 f"compiles (oldest {low})")
     return None

@@ -422,7 +422,7 @@ def run_warmup(
 def _other_releases(cache: ArtifactStore, members: list[ReleaseMember]) -> dict[str, str]:
     """``{key: jax release}`` of the ``members`` another JAX release compiled (their
     manifests' environment ``jax`` part)."""
-    import jax
+    from aot.jaxcompat.releases import same_release
 
     out: dict[str, str] = {}
     manifests = cache.reader.manifests({m.key for m in members}) if members else {}
@@ -431,7 +431,7 @@ def _other_releases(cache: ArtifactStore, members: list[ReleaseMember]) -> dict[
             version = json.loads(text)["environment"]["parts"]["jax"]
         except (ValueError, KeyError, TypeError):
             continue
-        if isinstance(version, str) and version != jax.__version__:
+        if isinstance(version, str) and not same_release(version):
             out[key] = version
     return out
 

@@ -22,9 +22,10 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import aot
+from aot.jaxcompat.shardings import single_device_sharding
 from aot.artifact import (
     EXECUTABLE,
     FORMAT_VERSION,
@@ -121,7 +122,7 @@ def _compile(kind, models, mesh):
         comp = aot.lower(models.mlp, "f32[8,16]", "f32[16,4]")
         return comp, jax.jit(models.mlp)
     if kind == "pinned":
-        device = SingleDeviceSharding(jax.devices()[3])
+        device = single_device_sharding(jax.devices()[3])
         comp = aot.lower(
             models.mlp, "f32[8,16]", "f32[16,4]", in_shardings=device, out_shardings=device
         )

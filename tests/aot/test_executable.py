@@ -8,9 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import aot
+from aot.jaxcompat.shardings import single_device_sharding
 from tests.aot.helpers import assert_bitwise_equal, block
 
 Batch = collections.namedtuple("Batch", ["x", "mask"])
@@ -79,7 +80,7 @@ def test_jit_on_one_device_matches_jax_jit(mlp_exe):
     out = mlp_exe(x, w)
     assert isinstance(mlp_exe, aot.MeshExecutable)
     assert out.shape == (8, 4) and out.dtype == np.float32
-    assert out.sharding == SingleDeviceSharding(jax.devices()[0])
+    assert out.sharding == single_device_sharding(jax.devices()[0])
     assert_bitwise_equal(out, jax.jit(mlp)(x, w))
     # jax.Array inputs work the same as numpy inputs.
     assert_bitwise_equal(mlp_exe(jnp.asarray(x), jnp.asarray(w)), jax.jit(mlp)(x, w))
@@ -89,7 +90,7 @@ def test_jit_pinned_to_another_device_runs_there():
     device = jax.devices()[3]
     exe = aot.lower(
         mlp, "f32[8,16]", "f32[16,4]",
-        in_shardings=SingleDeviceSharding(device), out_shardings=SingleDeviceSharding(device),
+        in_shardings=single_device_sharding(device), out_shardings=single_device_sharding(device),
     ).compile()
     x, w = mlp_inputs()
     out = exe(jax.device_put(x, device), jax.device_put(w, device))

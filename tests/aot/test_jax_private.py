@@ -153,3 +153,87 @@ def test_jaxcompat_imports_nothing_of_ours_but_itself() -> None:
                 if module.split(".")[0] == "aot" and not module.startswith("aot.jaxcompat"):
                     found.append(f"{path.name}:{node.lineno}: {module}")
     assert not found, "aot/jaxcompat imports the code that uses it:\n  " + "\n  ".join(found)
+
+
+def _jax_names(tree: ast.AST) -> set[str]:
+    """The names a module binds to JAX or jaxlib modules (``jax``, ``jnp``, ``lax``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in ("jax", "jaxlib"):
+                    names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] in ("jax", "jaxlib"):
+                names |= {alias.asname or alias.name for alias in node.names}
+    return names
+
+
+def _root(node: ast.expr) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def release_probes(source: str, filename: str = "<source>") -> Iterator[tuple[int, str]]:
+    """``(line, what)`` for each probe of the JAX release outside aot/jaxcompat:
+    a ``hasattr``, or a ``getattr`` with a default, on a JAX module or anything reached
+    from one (``jax.export``, ``jnp``), a ``getattr`` of a computed name there, and a
+    comparison with ``jax.__version__`` (that is ``jaxcompat.releases.same_release``).
+    A two-argument ``getattr(jax.config, "jax_enable_x64")`` reads a flag every release
+    has (it raises when one is missing): not a probe."""
+    tree = ast.parse(source, filename)
+    jax_names = _jax_names(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
+            func, target = node.func.id, node.args[0]
+            if func not in ("getattr", "hasattr") or _root(target) not in jax_names:
+                continue
+            constant = len(node.args) == 2 and isinstance(node.args[1], ast.Constant)
+            if func == "getattr" and constant and not node.keywords:
+                continue
+            yield node.lineno, f"{func}({ast.unparse(target)}, ...)"
+        elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(
+                isinstance(o, ast.Attribute) and o.attr == "__version__" and _root(o) in jax_names
+                for o in operands
+            ):
+                yield node.lineno, f"{ast.unparse(node)} (use aot.jaxcompat.releases.same_release)"
+
+
+def test_no_release_probe_outside_jaxcompat() -> None:
+    """What differs between JAX releases is decided in aot/jaxcompat only (DESIGN.md,
+    "one same_release(), no getattr(jax...) probes elsewhere")."""
+    found = []
+    for folder in SCANNED:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if ALLOWED in path.parents:
+                continue
+            relative = path.relative_to(ROOT)
+            found += [f"{relative}:{line}: {what}" for line, what in sorted(release_probes(path.read_text()))]
+    assert not found, (
+        "JAX release probes outside aot/jaxcompat/ (move them there, e.g. into "
+        "aot.jaxcompat.releases, and name each release difference):\n  " + "\n  ".join(found)
+    )
+
+
+def test_the_walk_finds_each_kind_of_release_probe() -> None:
+    source = '''
+import jax
+import jax.numpy as jnp
+from jax import export as jex
+import jaxlib
+low = getattr(jax.export, "minimum_supported_calling_convention_version", None)
+has = hasattr(jnp, "float8_e8m0fnu")
+again = getattr(jex, name)
+dtype = getattr(jnp, "int2", None)
+if manifest.jax_version != jax.__version__:
+    pass
+old = jaxlib.__version__ == "0.9.2"
+x64 = getattr(jax.config, "jax_enable_x64")
+other = getattr(thing, "field", None)
+public = jax.__version__
+'''
+    found = {line for line, _ in release_probes(source)}
+    assert found == {6, 7, 8, 9, 10, 12}, sorted(release_probes(source))

@@ -8,9 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import aot
+from aot.jaxcompat.shardings import single_device_sharding
 from aot.specs import GRAMMAR, format_aval, leaf_signature, parse_partition_spec
 
 # Every dtype docs/specs.md lists, with the numpy dtype it must become.
@@ -146,7 +147,7 @@ def test_committed_mesh_array_keeps_its_sharding(mesh):
     assert aot.spec(jnp.zeros((2,))).sharding is None
     # ... a committed one does, as with jax.jit.
     device = jax.devices()[3]
-    assert aot.spec(jax.device_put(np.zeros(2), device)).sharding == SingleDeviceSharding(device)
+    assert aot.spec(jax.device_put(np.zeros(2), device)).sharding == single_device_sharding(device)
 
 
 def test_python_scalars_become_weakly_typed_scalar_specs():

@@ -12,6 +12,7 @@ import pytest
 
 from aot.jaxcompat.build import serialize_compiled
 from aot.jaxcompat.callbacks import deserialize_with_callbacks, lowered_callbacks
+from aot.jaxcompat.shardings import single_device_sharding
 
 # Runs on every supported JAX release (.ci/version-suite.sh).
 pytestmark = pytest.mark.version_suite
@@ -43,7 +44,7 @@ def test_an_executable_loads_with_other_callbacks_bound_to_its_indices() -> None
     compiled = jax.jit(program).lower(jax.ShapeDtypeStruct((3,), jnp.float32)).compile()
     data = serialize_compiled(compiled)
     device = jax.devices()[0]
-    devices = jax.sharding.SingleDeviceSharding(device)._internal_device_list
+    devices = single_device_sharding(device)._internal_device_list
     seen = []
 
     def minus(x):

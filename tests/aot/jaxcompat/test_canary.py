@@ -544,3 +544,72 @@ def test_every_release_difference_is_named_where_it_is_decided() -> None:
     for path in sorted(JAXCOMPAT.glob("*.py")):
         marked |= set(re.findall(r"Release difference \"([^\"]+)\"", path.read_text())) - {"NAME"}
     assert marked == set(RELEASE_DIFFERENCES)
+
+
+def test_each_release_difference_holds_either_way() -> None:
+    """One check per entry of RELEASE_DIFFERENCES, run on every supported release
+    (.ci/version-suite.sh): whichever side of the difference this release is on, the
+    code that decides it takes a path that works here."""
+    import warnings
+
+    from aot.jaxcompat import RELEASE_DIFFERENCES, checks, deserialize, lowering, shape_poly, shardings
+    from aot.jaxcompat import export as route
+
+    def hlo_print_options() -> str | None:
+        return None if checks.print_options() is not None else "no HloPrintOptions in _hlo nor in _jax"
+
+    def initialize_lapack() -> str | None:
+        resolve_any("jax._src.lax:linalg.initialize_lapack | jax._src.lib:lapack._lapack.initialize")
+        return None
+
+    def auto_spmd_lowering() -> str | None:
+        from jax._src.interpreters import pxla
+
+        fields = {f.name for f in dataclasses.fields(pxla.UnloadedMeshExecutable)}
+        passed = deserialize._release_fields()
+        return None if set(passed) == set(deserialize.RELEASE_FIELDS) & fields else f"passes {passed}"
+
+    def inconclusive_dimension() -> str | None:
+        (b,) = jax.export.symbolic_shape("b")
+        try:
+            bool(b >= 3)
+        except shape_poly.INCONCLUSIVE_DIMENSION:
+            return None
+        return "comparing a symbolic dimension with 3 was decided"
+
+    def closed_jaxpr() -> str | None:
+        inner = jax.jit(lambda x: jnp.sin(x) + 1)
+        program = jax.jit(lambda x: jax.lax.cond(x.sum() > 0, jnp.sin, jnp.cos, inner(x)))
+        names = {eqn.primitive.name for eqn in lowering.all_equations(program.trace(jnp.ones(3)).jaxpr)}
+        return None if {"sin", "cos", "cond"} <= names else f"found {sorted(names)}"
+
+    def lowered_in_types() -> str | None:
+        _, lowered, _ = _program()
+        if route._high_types(lowered):
+            return "a plain program is taken for one with unreduced types"
+        exported = route.export_lowered(lowered)
+        return None if len(exported.in_avals) == 2 and len(exported.out_avals) == 1 else f"exported {exported}"
+
+    def single_device() -> str | None:
+        device = jax.devices()[1]
+        mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            placed = shardings.single_device_sharding(device)
+            ok = shardings.is_single_device_sharding(placed) and placed.device_set == {device}
+            ok = ok and not shardings.is_single_device_sharding(NamedSharding(mesh, PartitionSpec("x")))
+        x = jax.device_put(np.ones(2, np.float32), placed)
+        return None if ok and x.devices() == {device} else f"{placed} places on {x.devices()}"
+
+    checks_by_name = {
+        "HloPrintOptions": hlo_print_options,
+        "initialize_lapack": initialize_lapack,
+        "UnloadedMeshExecutable.auto_spmd_lowering": auto_spmd_lowering,
+        "InconclusiveDimensionOperation": inconclusive_dimension,
+        "ClosedJaxpr": closed_jaxpr,
+        "Lowered._in_types": lowered_in_types,
+        "SingleDeviceSharding": single_device,
+    }
+    assert set(checks_by_name) == set(RELEASE_DIFFERENCES), "check each release difference here"
+    problems = _moved(checks_by_name)
+    assert not problems, f"jax {jax.__version__}: release differences unhandled:\n  " + "\n  ".join(problems)

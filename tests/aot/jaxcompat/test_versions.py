@@ -119,10 +119,10 @@ def test_the_error_can_be_caught_and_names_what_is_installed(tmp_path: Path) -> 
 @pytest.mark.parametrize("argv", [("-m", "aot", "ls"), ("-m", "aot", "warmup", "fixtures/warmup.toml"),
                                   ("-m", "aot", "--help"), ("-m", "aot", "doctor")])
 def test_every_command_refuses_it_in_one_line(tmp_path: Path, argv: tuple[str, ...]) -> None:
-    root = _fake_jax(tmp_path, "0.12.0", "0.12.0")
+    root = _fake_jax(tmp_path, "0.13.0", "0.13.0")
     done = _run(root, *argv)
     assert (done.returncode, done.stdout) == (1, "")
-    assert done.stderr == f"Error: {_expected('0.12.0', '0.12.0')}\n"
+    assert done.stderr == f"Error: {_expected('0.13.0', '0.13.0')}\n"
 
 
 @pytest.mark.parametrize("argv", [("-m", "aot", "--version"), ("-m", "aot", "--cache", "x", "--version")])
