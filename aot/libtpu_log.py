@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from aot.jaxcompat.runtime import BACKEND_LOGGER
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -249,4 +251,4 @@ def quiet_jax_import() -> None:
         return
     if not any(isinstance(f, _QuietJaxImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _QuietJaxImport())
-    logging.getLogger("jax._src.xla_bridge").addFilter(_PluginStartFilter())
+    logging.getLogger(BACKEND_LOGGER).addFilter(_PluginStartFilter())

@@ -9,6 +9,9 @@ import sys
 
 from aot.jaxcompat.distributed import client
 
+#: The logger through which JAX reports a plugin (JAX's CUDA plugin) that failed to start.
+BACKEND_LOGGER = "jax._src.xla_bridge"
+
 
 def distributed_client_active() -> bool:
     """True when ``jax.distributed.initialize`` has connected this process."""
@@ -19,7 +22,7 @@ def backend_started() -> bool:
     """True when JAX has initialised a backend in this process (asking again then opens
     nothing: the device, if any, is this process's already). False when JAX is not
     imported, or its private ``xla_bridge.backends_are_initialized`` moved."""
-    bridge = sys.modules.get("jax._src.xla_bridge")
+    bridge = sys.modules.get(BACKEND_LOGGER)  # the logger is named for its module
     started = getattr(bridge, "backends_are_initialized", None)
     return bool(started()) if callable(started) else False
 

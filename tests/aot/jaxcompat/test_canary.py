@@ -601,7 +601,27 @@ def test_each_release_difference_holds_either_way() -> None:
         x = jax.device_put(np.ones(2, np.float32), placed)
         return None if ok and x.devices() == {device} else f"{placed} places on {x.devices()}"
 
+    def export_header() -> tuple[Any, Any]:
+        from aot.jaxcompat.export_header import read_export_header
+
+        exported = jax.export.export(jax.jit(lambda x: x * 2))(jax.ShapeDtypeStruct((8,), jnp.float32))
+        return exported, read_export_header(bytes(exported.serialize()))
+
+    def jax_version_field() -> str | None:
+        _, header = export_header()
+        if header is None:
+            return "the reader cannot walk this release's own export"
+        recorded = header.serialization_field >= 12
+        return None if header.jax_version == (jax.__version__ if recorded else None) else f"read {header}"
+
+    def unique_avals() -> str | None:
+        exported, header = export_header()
+        ok = header is not None and header.nr_devices == exported.nr_devices
+        return None if ok and header.calling_convention == exported.calling_convention_version else f"read {header}"
+
     checks_by_name = {
+        "Exported.JaxVersion": jax_version_field,
+        "Exported.UniqueAvalsLength": unique_avals,
         "HloPrintOptions": hlo_print_options,
         "initialize_lapack": initialize_lapack,
         "UnloadedMeshExecutable.auto_spmd_lowering": auto_spmd_lowering,
