@@ -11,7 +11,7 @@ from typing import Any
 import jax
 from jax.tree_util import PyTreeDef
 
-from aot import treedef as treedefs
+from aot import platforms, treedef as treedefs
 from aot.callbacks import bind as bind_callbacks
 from aot.constants import PART as CONSTANTS_PART, lowered_part
 from aot.errors import SymbolicShapeError, UnsupportedComputationError
@@ -65,7 +65,7 @@ class MeshComputation:
         # The static arguments' values (aot.statics): part of the signature and the key.
         self.statics = tuple(statics)
         self.lowered = lowered
-        # What a GPU compile was tuned with (aot.gpu_targets.compile_tuned), set by compile().
+        # What a GPU compile was tuned with (aot.platforms.cuda.compile_tuned), set by compile().
         self.autotune: str | None = None
         self.arg_names = tuple(arg_names)
         self._export = export
@@ -262,12 +262,13 @@ class MeshComputation:
 
     def _compile_with(self, compile_fn: Callable[[dict[str, Any] | None], Any]) -> Any:
         """``compile_fn(compiler options)``; on a GPU with the captured autotune results
-        of its target (aot.gpu_targets), and which it got recorded in ``autotune``."""
-        from aot.gpu_targets import compile_tuned
-
-        compiled, self.autotune = compile_tuned(
-            self.devices, self._options.get("compiler_options"), compile_fn, self.name,
-        )
+        of its target (aot.platforms.cuda), and which it got recorded in ``autotune``."""
+        room = platforms.of_devices(self.devices)
+        options = self._options.get("compiler_options")
+        if room is None:  # a platform without a room (ROCm): compiled as it is
+            self.autotune = None
+            return compile_fn(options)
+        compiled, self.autotune = room.compile_step(self.devices, options, compile_fn, self.name)
         return compiled
 
     def compile_fresh(self) -> MeshExecutable:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.served import Slot, ref_map, served_key, superseded_keys
+from aot import platforms
 from aot.signatures import Signature
 from aot.targets import environment_name
 
@@ -169,13 +170,18 @@ def set_targets(cache: ArtifactStore, sets: Iterable[Release]) -> dict[int, dict
     }
 
 
+def _captured(platform: str) -> bool:
+    room = platforms.of(platform)
+    return room is not None and room.CAPTURED_CONFIGS
+
+
 def name_gpus(cache: ArtifactStore, entries: Sequence[IndexEntry] | None) -> None:
     """Makes the cache's captured GPUs known to :func:`aot.targets.environment_name`
     (``cuda:fleet``) when ``entries`` (None: any) hold a GPU's; a cache that cannot say
     (read-only copy without the table) leaves GPU entries named by device."""
-    from aot.gpu_targets import CONFIGS_ENV
+    from aot.platforms.cuda import CONFIGS_ENV
 
-    if os.environ.get(CONFIGS_ENV) or (entries is not None and not any(e.platform == "gpu" for e in entries)):
+    if os.environ.get(CONFIGS_ENV) or (entries is not None and not any(_captured(e.platform) for e in entries)):
         return
     try:
         from aot.cache.index.targets import use_targets
@@ -266,7 +272,7 @@ class EntryRow:
 
 def autotune_of(manifest: str | None) -> tuple[str | None, str | None]:
     """(``tuned``, ``defaults`` or ``measured``; the digest of the results) of a GPU
-    entry's manifest (:func:`aot.gpu_targets.compile_tuned`); (None, None) elsewhere."""
+    entry's manifest (:func:`aot.platforms.cuda.compile_tuned`); (None, None) elsewhere."""
     if not manifest or '"autotune"' not in manifest:
         return None, None
     try:

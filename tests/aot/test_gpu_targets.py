@@ -1,4 +1,4 @@
-"""GPU targets (aot/gpu_targets.py): names, keys, deviceless compiles for an H100 and an
+"""GPU targets (aot/platforms/cuda.py): names, keys, deviceless compiles for an H100 and an
 H200 through JAX's CUDA plugin on this CPU-only host, captured GPUs and autotune results.
 
 The compiles need ``jax-aot[cuda12]`` (the plugin and ptxas): CI runs this file again in
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import aot
-from aot import gpu_targets
+from aot.platforms import cuda as gpu_targets
 from aot.build import serialize_executable
 from aot.jaxcompat.versions import release_tuple
 from aot.targets import environment_name, target_name
@@ -248,7 +248,7 @@ def test_autotune_results_missing_the_programs_fusions_fall_back_to_defaults(
     # Real results of XLA's format with no entry: the compile loads them, requires them
     # complete, XLA refuses, and it compiles with the default configs, saying so.
     cache = _captured(tmp_path, autotune="version: 3\n")
-    with caplog.at_level(logging.WARNING, logger="aot.gpu_targets"):
+    with caplog.at_level(logging.WARNING, logger="aot.platforms.cuda"):
         entry = cache.compile(_matmul, "f32[256,256]", "f32[256,256]", name="matmul", target="cuda:fleet")
     digest = cache.captured_targets()[0].autotune_digest
     assert json.loads(entry.manifest)["autotune"] == f"defaults {digest}"  # the results it lacked

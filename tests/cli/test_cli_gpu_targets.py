@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from aot import gpu_targets
+from aot.platforms import cuda as gpu_targets
 from tests.aot.test_gpu_targets import FAKE_PLUGINS, HAS_PLUGIN, _fake_plugin, needs_plugin
 from tests.cli.helpers import REPO, Invoke, one_line_error
 

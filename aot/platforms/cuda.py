@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from aot.errors import DeviceTargetError, GpuCompilerMissingError
@@ -48,18 +49,23 @@ from aot.errors import DeviceTargetError, GpuCompilerMissingError
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "CONFIGS_ENV", "PLATFORM", "SHIPPED", "GpuConfig", "autotune_options", "config_digest", "config_for",
+    "CAPTURED_CONFIGS", "COMPILER_ARGS", "CONFIGS_ENV", "DEVICELESS", "NAME", "PLATFORM", "SHIPPED", "chip_count",
+    "compile_step", "config_name", "environment_parts", "hint", "known_targets", "lowering_error", "parse", "target_name", "target_text", "GpuConfig", "autotune_options", "config_digest", "config_for",
     "gpu_name", "gpu_parts", "plugin_versions", "topology_devices",
 ]
 
 #: The platform of a GPU target's name, and of JAX's topology call ("gpu" is refused there).
-PLATFORM = "cuda"
+PLATFORM = NAME = "cuda"
+#: A GPU target is named by a config (captured from the fleet, or shipped): ``cuda:NAME``.
+CAPTURED_CONFIGS = True
+DEVICELESS = True
+COMPILER_ARGS: tuple[str, str] | None = None
 #: The GPUs jax-aot ships a target config for (aot/gpu_configs/NAME.txtpb).
 SHIPPED = ("h100", "h200")
 #: The folder of captured configs a process compiles with (:meth:`aot.Cache.use_targets`).
 CONFIGS_ENV = "AOT_TARGET_CONFIGS"
 #: A GPU's name in a target: lower-case letters, digits, '-' and '_' (``h200``, ``fleet-a``).
-NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # A '#' outside double quotes, and the rest of its line: a text-format comment.
 _COMMENT = re.compile(r'#(?=(?:[^"]*"[^"]*")*[^"]*$).*$')
 _SHAPE = re.compile(r"^(?:(\d+)x)?(\d+)$")
@@ -125,6 +131,59 @@ def shape_text(hosts: int, per_host: int) -> str:
     if hosts == 1 and per_host == 1:
         return ""
     return f"{per_host}" if hosts == 1 else f"{hosts}x{per_host}"
+
+
+def parse(text: str, fields: list[str], hosts: str) -> tuple[str, str, tuple[int, int, int]] | None:
+    """``cuda:GPU[:N|:HxN]`` -> (GPU, "HxN", (hosts, GPUs per host, 1)); None for another
+    shape (the caller's error names the spelling). JAX's own name of the platform
+    (``gpu:``) is refused with the target spelled right."""
+    if fields[0].strip().lower() != NAME:
+        fixed = ":".join([NAME, *fields[1:]])
+        raise DeviceTargetError(
+            f"target {text!r}: a GPU target's platform is 'cuda', not {fields[0].strip().lower()!r} (as JAX's topology "
+            f"call names it): {fixed}"
+        )
+    if len(fields) not in (2, 3) or not all(fields) or hosts:
+        return None
+    chip = fields[1].strip().lower()
+    count, per_host = parse_shape(text, fields[2].strip().lower() if len(fields) == 3 else "")
+    if not NAME_PATTERN.match(chip):
+        raise DeviceTargetError(f"target {text!r}: a GPU's name is lower-case letters, digits, '-' and '_' (cuda:h200)")
+    check_known_gpu(text, chip)
+    return chip, f"{count}x{per_host}", (count, per_host, 1)
+
+
+def target_text(chip: str, topology: str, host_bounds: tuple[int, int, int]) -> str:
+    shape = shape_text(host_bounds[0], host_bounds[1])
+    return f"{NAME}:{chip}" + (f":{shape}" if shape else "")
+
+
+def chip_count(topology: str, host_bounds: tuple[int, int, int]) -> int:
+    return host_bounds[0] * host_bounds[1]
+
+
+def config_name(target: str) -> str:
+    """The GPU's name in a target name or a GPU's name: ``cuda:h200`` -> ``h200``."""
+    return target.removeprefix(f"{NAME}:")
+
+
+def known_targets() -> str:
+    return ", ".join(f"cuda:{name}[:N|:HxN]" for name in known())
+
+
+def hint(text: str) -> str | None:
+    return None
+
+
+def target_name(parts: Mapping[str, str]) -> str | None:
+    """The GPU target of an environment's parts: named by its target config's digest
+    (:func:`gpu_name`: ``cuda:h200:8``)."""
+    name = gpu_name(dict(parts))
+    count, processes = parts.get("device_count", ""), parts.get("process_count", "1")
+    if name is None or not count.isdigit() or not processes.isdigit() or int(count) % int(processes):
+        return None
+    shape = shape_text(int(processes), int(count) // int(processes))
+    return f"cuda:{name}" + (f":{shape}" if shape else "")
 
 
 def _captured_folder() -> Path | None:
@@ -219,10 +278,12 @@ def nccl_version() -> str:
 _CONFIG_OF_DEVICES: dict[Any, GpuConfig] = {}
 
 
-def topology_devices(chip: str, hosts: int, per_host: int, name: str) -> tuple[Any, ...]:
-    """The compile-only devices of ``hosts`` x ``per_host`` GPUs ``chip`` (JAX's
-    topology API through the CUDA plugin); :class:`aot.GpuCompilerMissingError` in one
-    line without the plugin."""
+def topology_devices(chip: str, topology: str, host_bounds: tuple[int, int, int], name: str) -> tuple[Any, ...]:
+    """The compile-only devices of ``hosts`` x ``per_host`` GPUs ``chip`` (``host_bounds``
+    are (hosts, GPUs per host, 1); JAX's topology API through the CUDA plugin, cached by
+    config: a new capture of a name is new devices); :class:`aot.GpuCompilerMissingError`
+    in one line without the plugin."""
+    hosts, per_host = host_bounds[0], host_bounds[1]
     config = config_for(chip)
     if config is None:
         check_known_gpu(name, chip)
@@ -521,6 +582,11 @@ def missing_results(exc: BaseException) -> bool:
     return text.startswith("NOT_FOUND") and ("cached config" in text or "autotun" in text.lower())
 
 
+def environment_parts(devices: Any) -> dict[str, str]:
+    """:func:`gpu_parts`: what a GPU executable depends on besides the platform-neutral parts."""
+    return gpu_parts(devices)
+
+
 def compile_tuned(
     devices: Any, options: dict[str, Any] | None, compile_fn: Any, name: str,
 ) -> tuple[Any, str | None]:
@@ -639,3 +705,14 @@ def gpu_name(parts: dict[str, str] | Any) -> str | None:
         if config is not None and config.digest == digest:
             return name
     return None
+
+
+#: The compile step of the protocol (:mod:`aot.platforms`).
+compile_step = compile_tuned
+
+
+def lowering_error(name: str, target: str, exc: BaseException) -> Exception | None:
+    """The one-line error for a lowering that failed for want of cuDNN here
+    (:func:`cudnn_error`), or None for another failure."""
+    missing = cudnn_missing(exc)
+    return cudnn_error(name, target, missing) if missing is not None else None
