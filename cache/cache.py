@@ -116,9 +116,12 @@ class Cache(ArtifactStore):
     def use_targets(self) -> list[CapturedTarget]:
         """Makes this cache's captured GPUs what ``cuda:NAME`` compiles for, in this
         process and the workers it starts."""
-        from aot.cache.index.targets import use_targets
+        from aot.cache.index.targets import write_targets
+        from aot.platforms.cuda import use_captured
 
-        return use_targets(self.index, self.location)
+        captured, configs = write_targets(self.index, self.location)
+        use_captured(configs)
+        return captured
 
     def use_targets_for(self, *targets: Any) -> None:
         """:meth:`use_targets` when one of ``targets`` (names, lists of names or

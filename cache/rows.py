@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -179,14 +178,14 @@ def name_gpus(cache: ArtifactStore, entries: Sequence[IndexEntry] | None) -> Non
     """Makes the cache's captured GPUs known to :func:`aot.targets.environment_name`
     (``cuda:fleet``) when ``entries`` (None: any) hold a GPU's; a cache that cannot say
     (read-only copy without the table) leaves GPU entries named by device."""
-    from aot.platforms.cuda import CONFIGS_ENV
+    from aot.platforms.cuda import captured_in_use, use_captured
 
-    if os.environ.get(CONFIGS_ENV) or (entries is not None and not any(_captured(e.platform) for e in entries)):
+    if captured_in_use() is not None or (entries is not None and not any(_captured(e.platform) for e in entries)):
         return
     try:
-        from aot.cache.index.targets import use_targets
+        from aot.cache.index.targets import write_targets
 
-        use_targets(cache.index, cache.location)
+        use_captured(write_targets(cache.index, cache.location)[1])
     except Exception as exc:  # noqa: BLE001 - naming is a courtesy of the listing
         log.debug("captured GPUs not read: %s", exc)
 

@@ -12,7 +12,8 @@ Where the config of ``GPU`` comes from, first found:
 
 1. a config captured from the fleet's own GPU (``aot target capture GPU`` on a GPU
    host; :meth:`aot.Cache.use_targets` writes a cache's captured configs to a folder and
-   names it in ``AOT_TARGET_CONFIGS``, which worker processes inherit);
+   hands it here as :class:`CapturedConfigs` (:func:`use_captured`), and the warm-up
+   hands the same object to its workers with each task);
 2. the config jax-aot ships for ``h100`` and ``h200`` (``aot/gpu_configs``), written from
    NVIDIA's published figures (docs/accelerators.md names the source of each).
 
@@ -49,9 +50,9 @@ from aot.errors import DeviceTargetError, GpuCompilerMissingError
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "CAPTURED_CONFIGS", "COMPILER_ARGS", "CONFIGS_ENV", "DEVICELESS", "NAME", "PLATFORM", "SHIPPED", "chip_count",
+    "CAPTURED_CONFIGS", "COMPILER_ARGS", "CapturedConfigs", "DEVICELESS", "NAME", "PLATFORM", "SHIPPED", "chip_count",
     "compile_step", "config_name", "environment_parts", "hint", "known_targets", "lowering_error", "parse", "target_name", "target_text", "GpuConfig", "autotune_options", "config_digest", "config_for",
-    "gpu_name", "gpu_parts", "plugin_versions", "topology_devices",
+    "captured_in_use", "gpu_name", "gpu_parts", "plugin_versions", "topology_devices", "use_captured",
 ]
 
 #: The platform of a GPU target's name, and of JAX's topology call ("gpu" is refused there).
@@ -62,8 +63,6 @@ DEVICELESS = True
 COMPILER_ARGS: tuple[str, str] | None = None
 #: The GPUs jax-aot ships a target config for (aot/gpu_configs/NAME.txtpb).
 SHIPPED = ("h100", "h200")
-#: The folder of captured configs a process compiles with (:meth:`aot.Cache.use_targets`).
-CONFIGS_ENV = "AOT_TARGET_CONFIGS"
 #: A GPU's name in a target: lower-case letters, digits, '-' and '_' (``h200``, ``fleet-a``).
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # A '#' outside double quotes, and the rest of its line: a text-format comment.
@@ -186,9 +185,31 @@ def target_name(parts: Mapping[str, str]) -> str | None:
     return f"cuda:{name}" + (f":{shape}" if shape else "")
 
 
+@dataclass(frozen=True, slots=True)
+class CapturedConfigs:
+    """A cache's captured GPUs, written as files to ``folder`` (one ``NAME.json`` each:
+    :func:`captured_file`): what ``cuda:NAME`` compiles for where they are in use."""
+
+    folder: Path
+
+
+#: The captured GPUs this process compiles for (:func:`use_captured`); None: the shipped ones only.
+_in_use: list[CapturedConfigs | None] = [None]
+
+
+def use_captured(configs: CapturedConfigs | None) -> None:
+    """Makes ``configs`` what ``cuda:NAME`` compiles for in this process (None: only the
+    shipped configs): :meth:`aot.Cache.use_targets`, and a warm-up worker given them."""
+    _in_use[0] = configs
+
+
+def captured_in_use() -> CapturedConfigs | None:
+    return _in_use[0]
+
+
 def _captured_folder() -> Path | None:
-    configured = os.environ.get(CONFIGS_ENV, "").strip()
-    return Path(configured) if configured else None
+    configs = _in_use[0]
+    return configs.folder if configs is not None else None
 
 
 def captured_file(folder: Path, name: str) -> Path:
@@ -196,7 +217,7 @@ def captured_file(folder: Path, name: str) -> Path:
 
 
 def config_for(name: str) -> GpuConfig | None:
-    """The target config of the GPU ``name``: captured (``AOT_TARGET_CONFIGS``) before
+    """The target config of the GPU ``name``: captured (:func:`use_captured`) before
     shipped; None when neither knows it."""
     folder = _captured_folder()
     if folder is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,12 @@ H200_PARTS = {
 
 
 @pytest.fixture(autouse=True)
-def _own_target_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No captured GPU leaks between tests (aot.Cache.use_targets sets the variable)."""
-    monkeypatch.setenv(gpu_targets.CONFIGS_ENV, "")
+def _own_target_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No captured GPU leaks between tests (aot.Cache.use_targets puts them in use)."""
+    gpu_targets.use_captured(None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    yield
+    gpu_targets.use_captured(None)
 
 
 @pytest.mark.parametrize("text,name,count", [
@@ -212,6 +215,31 @@ def test_a_mesh_over_two_hosts_of_eight_gpus() -> None:
     assert "all-reduce" in computation.compile().compiled.as_text()
 
 
+def test_the_captured_gpus_travel_with_a_warmup_task_not_the_environment(tmp_path: Path) -> None:
+    """A warm-up worker compiles for the parent's captured GPUs because each task hands
+    them over (aot.platforms.cuda.CapturedConfigs), not because a variable was set: a
+    process with none in use (a fresh worker) knows cuda:fleet once it opens the task's cache."""
+    import os
+
+    from aot.cache.warmup.steps import task_cache, task_options
+
+    cache = _captured(tmp_path)
+    with pytest.raises(aot.DeviceTargetError, match="unknown GPU target 'cuda:fleet'"):
+        aot.parse_target("cuda:fleet")
+    cache.use_targets()
+    assert aot.parse_target("cuda:fleet").name == "cuda:fleet"
+    assert not any("TARGET_CONFIGS" in name for name in os.environ)
+    options = task_options(cache)
+    assert options["captured_gpus"] == gpu_targets.captured_in_use()
+    gpu_targets.use_captured(None)  # a fresh worker's process
+    with pytest.raises(aot.DeviceTargetError, match="unknown GPU target"):
+        aot.parse_target("cuda:fleet")
+    opened = task_cache(options, x64=False)
+    assert opened.location == cache.location
+    assert gpu_targets.config_for("fleet") is not None and gpu_targets.config_for("fleet").source == "captured"  # type: ignore[union-attr]
+    cache.close()
+
+
 def _captured(tmp_path: Path, *, clock: str = "1.755", autotune: str | None = None) -> aot.Cache:
     cache = aot.Cache(tmp_path / "cache")
     config = tmp_path / "fleet.txtpb"
@@ -276,7 +304,7 @@ def test_autotune_results_of_another_version_are_refused(tmp_path: Path) -> None
     import subprocess
     import sys
 
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", gpu_targets.CONFIGS_ENV: "", "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XDG_CACHE_HOME": str(tmp_path / "xdg")}
     done = subprocess.run([sys.executable, "-c", REFUSED, str(tmp_path)], capture_output=True, text=True,
                           env=env, cwd=Path(__file__).resolve().parents[2], timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

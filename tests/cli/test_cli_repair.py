@@ -224,7 +224,7 @@ def test_an_index_lost_whole_gets_its_releases_refs_and_captured_gpus_back(
     from aot.cache.index.targets import CapturedTarget
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setenv(gpu_targets.CONFIGS_ENV, "")
+    gpu_targets.use_captured(None)
     keys, served = _prepare(cache_dir)  # prod set 1: every entry, commit c1
     with aot.Cache(cache_dir) as cache:
         entries = cache.entries()
