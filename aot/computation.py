@@ -34,6 +34,7 @@ from aot.jaxcompat.build import (
     unloaded_executable,
 )
 from aot.jaxcompat.shape_poly import INCONCLUSIVE_DIMENSION
+from aot.platforms.tuning import Tuning
 from aot.shardings import sharding_to_json
 from aot.specs import format_aval
 from aot.statics import StaticArg, with_statics
@@ -66,7 +67,7 @@ class MeshComputation:
         self.statics = tuple(statics)
         self.lowered = lowered
         # What a GPU compile was tuned with (aot.platforms.cuda.compile_tuned), set by compile().
-        self.autotune: str | None = None
+        self.tuning: Tuning | None = None
         self.arg_names = tuple(arg_names)
         self._export = export
         self._options = options
@@ -266,10 +267,15 @@ class MeshComputation:
         room = platforms.of_devices(self.devices)
         options = self._options.get("compiler_options")
         if room is None:  # a platform without a room (ROCm): compiled as it is
-            self.autotune = None
+            self.tuning = None
             return compile_fn(options)
-        compiled, self.autotune = room.compile_step(self.devices, options, compile_fn, self.name)
+        compiled, self.tuning = room.compile_step(self.devices, options, compile_fn, self.name)
         return compiled
+
+    @property
+    def autotune(self) -> str | None:
+        """The stored spelling of :attr:`tuning` (an entry's manifest holds it)."""
+        return self.tuning.text if self.tuning is not None else None
 
     def compile_fresh(self) -> MeshExecutable:
         """Compiles again, bypassing JAX's in-memory executable cache: an executable

@@ -189,8 +189,9 @@ def _retune(computation: MeshComputation, entry: IndexEntry) -> bool:
     if computation.target is None or not computation.target.room.CAPTURED_CONFIGS:
         return False
     from aot.platforms.cuda import needs_retune
+    from aot.platforms.tuning import Tuning
 
-    stored = json.loads(entry.manifest).get("autotune") if entry.manifest else None
+    stored = Tuning.parse(json.loads(entry.manifest).get("autotune")) if entry.manifest else None
     if not needs_retune(computation.devices, stored):
         return False
     log.info("%s: stored with XLA's default autotune configs; the GPU's results are captured now: compiling "

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.served import Slot, ref_map, served_key, superseded_keys
 from aot import platforms
+from aot.platforms.tuning import Tuning
 from aot.signatures import Signature
 from aot.targets import environment_name
 
@@ -278,10 +279,8 @@ def autotune_of(manifest: str | None) -> tuple[str | None, str | None]:
         value = json.loads(manifest).get("autotune")
     except ValueError:
         return None, None
-    if not isinstance(value, str) or not value:
-        return None, None
-    state, _, digest = value.partition(" ")
-    return state, digest or None
+    tuning = Tuning.parse(value)
+    return (tuning.state, tuning.results) if tuning is not None else (None, None)
 
 
 def check_env_choice(env: str) -> str:

@@ -15,9 +15,10 @@ from typing import Any, Protocol
 
 from aot.platforms import cpu, cuda, tpu
 from aot.platforms.names import label, room_name
+from aot.platforms.tuning import Tuning
 
 __all__ = [
-    "PLATFORMS", "Platform", "captured_target", "deviceless", "label", "mentions_captured_target", "of", "of_devices",
+    "PLATFORMS", "Platform", "Tuning", "captured_target", "deviceless", "label", "mentions_captured_target", "of", "of_devices",
     "target_room",
 ]
 
@@ -62,7 +63,7 @@ class Platform(Protocol):
 
     def compile_step(
         self, devices: Sequence[Any], options: dict[str, Any] | None, compile_fn: Callable[..., Any], name: str,
-    ) -> tuple[Any, str | None]:
+    ) -> tuple[Any, Tuning | None]:
         """``compile_fn(options)`` as this platform compiles, and the tuning it got."""
 
 

@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+from aot.platforms.tuning import Tuning
+
 __all__ = [
     "CAPTURED_CONFIGS", "COMPILER_ARGS", "DEVICELESS", "NAME", "chip_count", "compile_step", "cpu_isa_features",
     "environment_parts", "hint", "known_targets", "lowering_error", "parse", "target_name", "target_text",
@@ -54,7 +56,7 @@ def target_name(parts: Mapping[str, str]) -> str | None:
     return None
 
 
-def compile_step(devices: Sequence[Any], options: dict[str, Any] | None, compile_fn: Callable[..., Any], name: str) -> tuple[Any, str | None]:
+def compile_step(devices: Sequence[Any], options: dict[str, Any] | None, compile_fn: Callable[..., Any], name: str) -> tuple[Any, Tuning | None]:
     return compile_fn(options), None
 
 

@@ -46,6 +46,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from aot.errors import DeviceTargetError, GpuCompilerMissingError
+from aot.platforms.tuning import DEFAULTS, MEASURED, TUNED, Tuning
 
 log = logging.getLogger(__name__)
 
@@ -610,7 +611,7 @@ def environment_parts(devices: Any) -> dict[str, str]:
 
 def compile_tuned(
     devices: Any, options: dict[str, Any] | None, compile_fn: Any, name: str,
-) -> tuple[Any, str | None]:
+) -> tuple[Any, Tuning | None]:
     """``compile_fn(options)`` for a program lowered on ``devices``, with the captured
     autotune results of their GPU when there are, and what it was compiled with:
     ``tuned sha256:...`` (every fusion found in the GPU's results), ``defaults`` (XLA's
@@ -621,10 +622,10 @@ def compile_tuned(
         return compile_fn(options), None
     config = config_of_devices(devices)
     if config is None:
-        return compile_fn(options), "measured"
+        return compile_fn(options), Tuning(MEASURED)
     tuned = autotune_options(config, _autotune_folder())
     if tuned is None:
-        return compile_fn(options), "defaults"
+        return compile_fn(options), Tuning(DEFAULTS)
     from aot.libtpu_log import held_stderr, write_stderr
 
     extra, digest = tuned
@@ -633,7 +634,7 @@ def compile_tuned(
         with held_stderr() as held:
             compiled = compile_fn({**(options or {}), **extra})
         write_stderr("".join(held))
-        return compiled, f"tuned {digest}"
+        return compiled, Tuning(TUNED, digest)
     except RuntimeError as exc:  # JaxRuntimeError is one
         if not missing_results(exc):
             write_stderr("".join(held))
@@ -654,17 +655,17 @@ def compile_tuned(
             name, config.name, first[:160],
         )
         # With the results' digest: a later warm-up recompiles it only for other results.
-        return compile_fn(options), f"defaults {digest}"
+        return compile_fn(options), Tuning(DEFAULTS, digest)
 
 
-def needs_retune(devices: Any, stored: str | None) -> bool:
+def needs_retune(devices: Any, stored: Tuning | None) -> bool:
     """Whether an entry stored with autotuning ``stored`` (its manifest's) is to be
     compiled again for ``devices``' target: it got XLA's defaults, and results it has
     not tried are captured for the GPU now."""
     config = config_of_devices(devices) if len(devices) else None
-    if config is None or not config.autotune or not stored or not stored.startswith("defaults"):
+    if config is None or not config.autotune or stored is None or not stored.fell_back:
         return False
-    return stored.partition(" ")[2] != config.autotune_digest
+    return stored.results != config.autotune_digest
 
 
 def replaces_defaults(stored_manifest: str | None, autotune: str | None) -> bool:
@@ -675,10 +676,10 @@ def replaces_defaults(stored_manifest: str | None, autotune: str | None) -> bool
     if not autotune or not stored_manifest:
         return False
     try:
-        stored = json.loads(stored_manifest).get("autotune")
+        stored = Tuning.parse(json.loads(stored_manifest).get("autotune"))
     except (ValueError, AttributeError):  # an unreadable row: verify's to report, not a retune
         return False
-    return isinstance(stored, str) and stored.startswith("defaults") and stored != autotune
+    return stored is not None and stored.fell_back and stored != Tuning.parse(autotune)
 
 
 def cudnn_missing(exc: BaseException | None) -> BaseException | None:

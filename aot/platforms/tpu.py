@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from aot.errors import DeviceTargetError
+from aot.platforms.tuning import Tuning
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ def target_name(parts: Mapping[str, str]) -> str | None:
     return f"tpu:{chip}:{by_count[0]}" if len(by_count) == 1 else None
 
 
-def compile_step(devices: Sequence[Any], options: dict[str, Any] | None, compile_fn: Callable[..., Any], name: str) -> tuple[Any, str | None]:
+def compile_step(devices: Sequence[Any], options: dict[str, Any] | None, compile_fn: Callable[..., Any], name: str) -> tuple[Any, Tuning | None]:
     return compile_fn(options), None
 
 

@@ -215,6 +215,20 @@ def test_a_mesh_over_two_hosts_of_eight_gpus() -> None:
     assert "all-reduce" in computation.compile().compiled.as_text()
 
 
+@pytest.mark.parametrize("text,state,results", [
+    ("tuned sha256:ab", "tuned", "sha256:ab"), ("defaults", "defaults", None),
+    ("defaults sha256:cd", "defaults", "sha256:cd"), ("measured", "measured", None),
+])
+def test_a_tuning_reads_and_writes_the_stored_spelling(text: str, state: str, results: str | None) -> None:
+    """Tuning is a typed value; manifests and index rows keep the spelling they hold."""
+    from aot.platforms.tuning import Tuning
+
+    tuning = Tuning.parse(text)
+    assert tuning == Tuning(state, results) and tuning.text == text
+    assert tuning.fell_back == (state == "defaults")
+    assert Tuning.parse(None) is None and Tuning.parse("") is None and Tuning.parse(3) is None
+
+
 def test_the_captured_gpus_travel_with_a_warmup_task_not_the_environment(tmp_path: Path) -> None:
     """A warm-up worker compiles for the parent's captured GPUs because each task hands
     them over (aot.platforms.cuda.CapturedConfigs), not because a variable was set: a
