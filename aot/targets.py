@@ -70,7 +70,15 @@ class DeviceTarget:
 
     def devices(self) -> tuple[Any, ...]:
         """The target's compile-only devices (JAX's topology API through the platform's compiler)."""
-        return self.room.topology_devices(self.chip, self.topology, self.host_bounds, self.name)
+        try:
+            return self.room.topology_devices(self.chip, self.topology, self.host_bounds, self.name)
+        except RuntimeError as exc:  # JaxRuntimeError is one: the compiler refused to load
+            from aot.device import device_error
+
+            busy = device_error(exc)  # a device here, held by another process (a server on the chip)
+            if busy is None:
+                raise
+            raise busy from None
 
     def mesh(self, axes: Any) -> Any:
         """A ``jax.sharding.Mesh`` over the target's devices: ``axes`` is a sequence of

@@ -497,15 +497,15 @@ def live_versions() -> dict[str, str]:
     return versions
 
 
-def capture_here() -> tuple[str, dict[str, str]]:
+def capture_here(runtime: str | None, default_devices: Any) -> tuple[str, dict[str, str]]:
     """This host's GPU: its target config (text) and the versions the key and the
     record need (CUDA runtime and driver, cuDNN, cuBLAS, NCCL, the plugin, jaxlib).
-    :class:`aot.TargetCaptureError` in one line on a host without a GPU (it opens no
-    device there), or where this jaxlib does not expose the config."""
-    from aot.device import accelerator_runtime
+    ``runtime``: this host's accelerator runtime (:func:`aot.device.accelerator_runtime`);
+    ``default_devices``: what opens its devices (:func:`aot.device.default_devices`), called
+    only where there is a GPU. :class:`aot.TargetCaptureError` in one line on a host without
+    a GPU (it opens no device there), or where this jaxlib does not expose the config."""
     from aot.errors import TargetCaptureError
 
-    runtime = accelerator_runtime()
     if runtime is None or not plugin_installed():
         raise TargetCaptureError(
             "aot target capture records this host's GPU, and this host has none (no CUDA plugin of JAX, "
@@ -515,7 +515,6 @@ def capture_here() -> tuple[str, dict[str, str]]:
     import jax
     import jaxlib
 
-    from aot.device import default_devices
     from aot.jaxcompat.gpu import gpu_target_config
 
     devices = default_devices()

@@ -127,7 +127,6 @@ def topology_devices(chip: str, topology: str, host_bounds: tuple[int, int, int]
     """The compile-only devices of a TPU slice (JAX's topology API through libtpu)."""
     from jax.experimental import topologies
 
-    from aot.device import device_error
     from aot.libtpu_log import quiet_libtpu_load
 
     # libtpu refuses to load while another process holds the host's lock file (a server
@@ -142,9 +141,8 @@ def topology_devices(chip: str, topology: str, host_bounds: tuple[int, int, int]
                 f"{chip}:{topology}", NAME, chips_per_host_bounds=host_bounds, num_slices=1,
             )
     except RuntimeError as exc:  # JaxRuntimeError is one
-        busy = device_error(exc) if "in use by process" in str(exc) else None
-        if busy is not None:  # a chip here, held by a server: libtpu refuses to load
-            raise busy from None
+        if "in use by process" in str(exc):  # a chip here, held by a server: libtpu refuses to
+            raise  # load (DeviceTarget.devices names the holder: aot.device.device_error)
         if "not installed" in str(exc):
             raise DeviceTargetError(
                 f"cannot compile for {name}: the TPU compiler (libtpu) is not installed "

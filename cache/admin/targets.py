@@ -56,7 +56,9 @@ def capture_target(
                 raise TargetCaptureError(f"the versions file {versions_file} is not a JSON object")
             versions = {str(k): str(v) for k, v in loaded.items()}
     else:
-        config, versions = cuda.capture_here()
+        from aot.device import accelerator_runtime, default_devices
+
+        config, versions = cuda.capture_here(accelerator_runtime(), default_devices)
     autotune = None
     if autotune_file is not None:
         autotune = cuda.check_autotune(_read(autotune_file, "autotune results"), str(autotune_file))
