@@ -11,7 +11,7 @@ from typing import Any
 import jax
 from jax.tree_util import PyTreeDef
 
-from aot import treedef as treedefs
+from aot import platforms, treedef as treedefs
 from aot.callbacks import bind as bind_callbacks
 from aot.constants import PART as CONSTANTS_PART, lowered_part
 from aot.errors import SymbolicShapeError, UnsupportedComputationError
@@ -34,6 +34,7 @@ from aot.jaxcompat.build import (
     unloaded_executable,
 )
 from aot.jaxcompat.shape_poly import INCONCLUSIVE_DIMENSION
+from aot.platforms.tuning import Tuning
 from aot.shardings import sharding_to_json
 from aot.specs import format_aval
 from aot.statics import StaticArg, with_statics
@@ -65,8 +66,8 @@ class MeshComputation:
         # The static arguments' values (aot.statics): part of the signature and the key.
         self.statics = tuple(statics)
         self.lowered = lowered
-        # What a GPU compile was tuned with (aot.gpu_targets.compile_tuned), set by compile().
-        self.autotune: str | None = None
+        # What a GPU compile was tuned with (aot.platforms.cuda.compile_tuned), set by compile().
+        self.tuning: Tuning | None = None
         self.arg_names = tuple(arg_names)
         self._export = export
         self._options = options
@@ -262,13 +263,19 @@ class MeshComputation:
 
     def _compile_with(self, compile_fn: Callable[[dict[str, Any] | None], Any]) -> Any:
         """``compile_fn(compiler options)``; on a GPU with the captured autotune results
-        of its target (aot.gpu_targets), and which it got recorded in ``autotune``."""
-        from aot.gpu_targets import compile_tuned
-
-        compiled, self.autotune = compile_tuned(
-            self.devices, self._options.get("compiler_options"), compile_fn, self.name,
-        )
+        of its target (aot.platforms.cuda), and which it got recorded in ``autotune``."""
+        room = platforms.of_devices(self.devices)
+        options = self._options.get("compiler_options")
+        if room is None:  # a platform without a room (ROCm): compiled as it is
+            self.tuning = None
+            return compile_fn(options)
+        compiled, self.tuning = room.compile_step(self.devices, options, compile_fn, self.name)
         return compiled
+
+    @property
+    def autotune(self) -> str | None:
+        """The stored spelling of :attr:`tuning` (an entry's manifest holds it)."""
+        return self.tuning.text if self.tuning is not None else None
 
     def compile_fresh(self) -> MeshExecutable:
         """Compiles again, bypassing JAX's in-memory executable cache: an executable

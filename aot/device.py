@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aot.errors import DeviceBusyError, DeviceUnavailableError
+from aot.platforms.names import label
 
 # Device files a TPU runtime holds open (v5e and later: VFIO; older: /dev/accel*).
 # GPUs are shared between processes: their device files say nothing about a holder.
@@ -136,7 +137,7 @@ def device_error(exc: BaseException, patterns: Sequence[str] = TPU_DEVICE_FILES)
     if backend is None and "in use by process" not in message:
         return None
     name = backend.group(1) if backend else "tpu"
-    platform = "GPU" if name in ("cuda", "rocm", "gpu") else name.upper()
+    platform = label(name)
     pid = held_pid(message)
     if pid is not None or "already in use" in message:
         holder = device_holder(patterns)

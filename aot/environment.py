@@ -11,11 +11,10 @@ read-ahead, which runs before they are imported.
 from __future__ import annotations
 
 import os
-import platform
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from typing import Any
 
+from aot import platforms
 from aot.digests import parts_digest, sha256_hex, sorted_parts
 
 ENVIRONMENT_KIND = "environment"
@@ -60,20 +59,6 @@ _FLAGS_OUTSIDE_KEY = frozenset({
 # the kernels, and --xla_gpu_experimental_autotune_cache_mode decides whether stored
 # autotuning results choose them.
 _FLAGS_KEPT_DESPITE_JAX = ("--xla_gpu_cuda_data_dir", "--xla_gpu_experimental_autotune_cache_mode")
-
-
-@lru_cache(maxsize=1)
-def cpu_isa_features() -> str:
-    """The host CPU's ISA feature flags, sorted; XLA's CPU backend compiles for them."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return " ".join(sorted(set(value.split())))
-    except OSError:
-        pass
-    return f"{platform.machine()} {platform.processor()}".strip()
 
 
 def _flag_name(flag: str) -> str:
@@ -164,21 +149,20 @@ def environment_parts(backend: str | None = None, devices: Sequence[Any] | None 
         "x64": str(bool(getattr(jax.config, "jax_enable_x64"))).lower(),
         "xla_flags": relevant_xla_flags(),
     }
-    if first.platform == "cpu":
-        parts["cpu_isa"] = cpu_isa_features()
-    if first.platform == "gpu":
-        # What a GPU executable depends on besides these: its config, CUDA's libraries,
-        # the plugin (aot.gpu_targets), read alike from a target's devices and a GPU's own.
-        from aot.gpu_targets import gpu_parts
-
-        parts.update(gpu_parts(devices))
-    if first.platform == "tpu":
-        # libtpu compiles with the flags of the process that compiles: this host's for a
-        # device target too (aot.targets). Only when set, so that entries stored before
-        # this part existed keep their keys; only on TPU, the one platform libtpu builds for.
-        libtpu_args = relevant_libtpu_init_args()
-        if libtpu_args:
-            parts["libtpu_init_args"] = libtpu_args
+    room = platforms.of(first.platform)
+    if room is not None:
+        # What an executable of the platform depends on besides these (a CPU's ISA, a
+        # GPU's config, CUDA's libraries and the plugin), read alike from a target's
+        # devices and the platform's own.
+        parts.update(room.environment_parts(devices))
+        if room.COMPILER_ARGS is not None:
+            # The compiler's own flags (libtpu's) are the compiling process's: this host's
+            # for a device target too. Only when set, so that entries stored before this
+            # part existed keep their keys; only for the platform whose compiler reads them.
+            part, variable = room.COMPILER_ARGS
+            args = relevant_libtpu_init_args(os.environ.get(variable, ""))
+            if args:
+                parts[part] = args
     return parts
 
 

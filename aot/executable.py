@@ -103,7 +103,7 @@ class ExecutableInfo:
     statics: tuple[Any, ...] = ()
     # The host callbacks the program calls, bound by name (aot.callbacks); format 4.
     host_callbacks: tuple[dict[str, Any], ...] = ()
-    # A GPU entry's autotuning (aot.gpu_targets.compile_tuned): "tuned sha256:...",
+    # A GPU entry's autotuning (aot.platforms.cuda.compile_tuned): "tuned sha256:...",
     # "defaults" or "measured"; None elsewhere.
     autotune: str | None = None
     # The constants JAX hoisted into the executable's leading arguments (aot.constants):

@@ -21,11 +21,11 @@ from aot.errors import DeviceUnavailableError
 from aot.env_record import read_parts, remember
 from aot.environment import (
     ENVIRONMENT_KIND,
-    cpu_isa_features,
     environment_parts,
     relevant_xla_flags,
     xla_flags_outside_key,
 )
+from aot.platforms.cpu import cpu_isa_features
 
 log = logging.getLogger(__name__)
 

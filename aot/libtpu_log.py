@@ -149,7 +149,7 @@ def held_stderr() -> Iterator[list[str]]:
     yielded list receives it at the end, for the caller to write on
     (:func:`write_stderr`) or to log: a deviceless GPU compile whose autotune results
     miss fusions logs every one of them, with its HLO, before jax-aot compiles it again
-    with the defaults (aot.gpu_targets)."""
+    with the defaults (aot.platforms.cuda)."""
     held: list[str] = []
     with _CAPTURE_LOCK:  # fd 2 is saved under the lock too: never another capture's file
         try:

@@ -347,11 +347,10 @@ def lower(
             mesh, arg_names, {"compiler_options": compiler_options}, statics, device_target,
         )
     except (RuntimeError, SystemError) as exc:  # jaxlib 0.12's nanobind wraps JAX's RuntimeError in a SystemError
-        from aot.gpu_targets import cudnn_error, cudnn_missing
-
-        if device_target is None or device_target.platform != "cuda" or cudnn_missing(exc) is None:
+        failure = device_target.room.lowering_error(name, device_target.name, exc) if device_target is not None else None
+        if failure is None:
             raise
-        raise cudnn_error(name, device_target.name, cudnn_missing(exc)) from None
+        raise failure from None
     _warn_one_chip(name, device_target, computation.devices)
     return computation
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aot import platforms
 from aot.cache.index.refs import RefOrigin
 from aot.cache.store import ArtifactStore
 from aot.cache.tiered import TieredStore
@@ -115,15 +116,18 @@ class Cache(ArtifactStore):
     def use_targets(self) -> list[CapturedTarget]:
         """Makes this cache's captured GPUs what ``cuda:NAME`` compiles for, in this
         process and the workers it starts."""
-        from aot.cache.index.targets import use_targets
+        from aot.cache.index.targets import write_targets
+        from aot.platforms.cuda import use_captured
 
-        return use_targets(self.index, self.location)
+        captured, configs = write_targets(self.index, self.location)
+        use_captured(configs)
+        return captured
 
     def use_targets_for(self, *targets: Any) -> None:
         """:meth:`use_targets` when one of ``targets`` (names, lists of names or
         :class:`aot.DeviceTarget`) is a GPU's."""
         names = [t for item in targets for t in (item if isinstance(item, (list, tuple)) else [item]) if t is not None]
-        if any(str(getattr(t, "name", t)).strip().lower().startswith("cuda:") for t in names):
+        if any(platforms.captured_target(str(getattr(t, "name", t))) for t in names):
             self.use_targets()
 
     def verify(self, *, quarantine: bool = True) -> VerifyReport:

@@ -186,11 +186,12 @@ def _hit(cache: ArtifactStore, computation: MeshComputation, start: float) -> Co
 
 def _retune(computation: MeshComputation, entry: IndexEntry) -> bool:
     """A GPU entry stored with XLA's defaults whose target has autotune results now."""
-    if computation.target is None or computation.target.platform != "cuda":
+    if computation.target is None or not computation.target.room.CAPTURED_CONFIGS:
         return False
-    from aot.gpu_targets import needs_retune
+    from aot.platforms.cuda import needs_retune
+    from aot.platforms.tuning import Tuning
 
-    stored = json.loads(entry.manifest).get("autotune") if entry.manifest else None
+    stored = Tuning.parse(json.loads(entry.manifest).get("autotune")) if entry.manifest else None
     if not needs_retune(computation.devices, stored):
         return False
     log.info("%s: stored with XLA's default autotune configs; the GPU's results are captured now: compiling "

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aot.cache.index.entry import IndexEntry
 from aot.cache.index.served import Slot, ref_map, served_key, superseded_keys
+from aot import platforms
+from aot.platforms.tuning import Tuning
 from aot.signatures import Signature
 from aot.targets import environment_name
 
@@ -169,18 +170,23 @@ def set_targets(cache: ArtifactStore, sets: Iterable[Release]) -> dict[int, dict
     }
 
 
+def _captured(platform: str) -> bool:
+    room = platforms.of(platform)
+    return room is not None and room.CAPTURED_CONFIGS
+
+
 def name_gpus(cache: ArtifactStore, entries: Sequence[IndexEntry] | None) -> None:
     """Makes the cache's captured GPUs known to :func:`aot.targets.environment_name`
     (``cuda:fleet``) when ``entries`` (None: any) hold a GPU's; a cache that cannot say
     (read-only copy without the table) leaves GPU entries named by device."""
-    from aot.gpu_targets import CONFIGS_ENV
+    from aot.platforms.cuda import captured_in_use, use_captured
 
-    if os.environ.get(CONFIGS_ENV) or (entries is not None and not any(e.platform == "gpu" for e in entries)):
+    if captured_in_use() is not None or (entries is not None and not any(_captured(e.platform) for e in entries)):
         return
     try:
-        from aot.cache.index.targets import use_targets
+        from aot.cache.index.targets import write_targets
 
-        use_targets(cache.index, cache.location)
+        use_captured(write_targets(cache.index, cache.location)[1])
     except Exception as exc:  # noqa: BLE001 - naming is a courtesy of the listing
         log.debug("captured GPUs not read: %s", exc)
 
@@ -266,17 +272,15 @@ class EntryRow:
 
 def autotune_of(manifest: str | None) -> tuple[str | None, str | None]:
     """(``tuned``, ``defaults`` or ``measured``; the digest of the results) of a GPU
-    entry's manifest (:func:`aot.gpu_targets.compile_tuned`); (None, None) elsewhere."""
+    entry's manifest (:func:`aot.platforms.cuda.compile_tuned`); (None, None) elsewhere."""
     if not manifest or '"autotune"' not in manifest:
         return None, None
     try:
         value = json.loads(manifest).get("autotune")
     except ValueError:
         return None, None
-    if not isinstance(value, str) or not value:
-        return None, None
-    state, _, digest = value.partition(" ")
-    return state, digest or None
+    tuning = Tuning.parse(value)
+    return (tuning.state, tuning.results) if tuning is not None else (None, None)
 
 
 def check_env_choice(env: str) -> str:

@@ -678,7 +678,7 @@ def commit(
     the lease in one transaction; start over if gc took an expired lease meanwhile."""
     from aot.cache.index.leases import LeaseLostError
     from aot.cache.pauses import reached  # writers only: serving never imports it
-    from aot.gpu_targets import replaces_defaults
+    from aot.platforms.cuda import replaces_defaults
 
     existing = cache.lookup(manifest.key)
     broken = False

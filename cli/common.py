@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from aot.platforms import mentions_captured_target
+
 if TYPE_CHECKING:
     from aot.cache.cache import Cache
     from aot.cache.config import Settings
@@ -80,11 +82,11 @@ class State:
         """Opens the cache and makes its captured GPUs what ``cuda:NAME`` compiles for
         (aot.Cache.use_targets), before any target is parsed or worker started, when
         one of ``texts`` or the ``manifest`` file names a GPU target; nothing else."""
-        named = any(t and "cuda:" in t.lower() for t in texts)
+        named = any(t and mentions_captured_target(t) for t in texts)
         if not named and manifest is not None:
             try:
                 with open(manifest, encoding="utf-8") as f:
-                    named = "cuda:" in f.read().lower()
+                    named = mentions_captured_target(f.read())
             except OSError:
                 named = False  # the manifest's own loading says what is wrong with it
         if not named:

@@ -21,6 +21,7 @@ from aot.cli.common import (
 )
 from aot.cli.distributed import DISTRIBUTED_HELP, job_command
 from aot.cli.params import MESH, complete_entry_names, complete_manifests
+from aot.platforms import captured_target
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -348,7 +349,7 @@ def _function_and_target(function: str | None, device_target: str | None) -> tup
         return function, parse_target(device_target).name
     except DeviceTargetError as exc:
         # cuda:NAME has the shape of MODULE:FUNCTION: a GPU target's error is its own.
-        if not _FUNCTION_SPELLING.match(device_target.strip()) or device_target.strip().lower().startswith("cuda:"):
+        if not _FUNCTION_SPELLING.match(device_target.strip()) or captured_target(device_target):
             raise click.BadParameter(str(exc), param_hint="'--target'") from None
     if function is not None:
         raise click.BadParameter(

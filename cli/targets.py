@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from aot.cli.common import State, echo_json, pass_state, table
+from aot.platforms.cuda import config_name
 
 if TYPE_CHECKING:
     from aot.cache.index.targets import CapturedTarget
@@ -79,7 +80,7 @@ def target_ls(state: State) -> None:
 def target_show(state: State, name: str) -> None:
     """Show a captured GPU: its versions, its target config, whether it has autotune results."""
     found = {t.name: t for t in state.cache().captured_targets()}
-    target = found.get(name.removeprefix("cuda:"))
+    target = found.get(config_name(name))
     if target is None:
         known = ", ".join(f"cuda:{n}" for n in found) or "none"
         raise click.ClickException(f"no captured GPU {name!r} in this cache; captured: {known}")

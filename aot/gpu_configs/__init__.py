@@ -1,1 +1,1 @@
-"""The target configs of the GPUs jax-aot names (aot.gpu_targets): package data."""
+"""The target configs of the GPUs jax-aot names (aot.platforms.cuda): package data."""

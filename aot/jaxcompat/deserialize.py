@@ -22,6 +22,9 @@ from jax._src import stages
 from jax._src.interpreters import pxla
 
 log = logging.getLogger(__name__)
+# JAX's names of a GPU's platform: its GPU solver kernels serve each (a JAX fact, kept
+# here with the release differences; aot.platforms.names maps them for everything else).
+_GPU_PLATFORMS = frozenset({"cuda", "rocm", "gpu"})
 
 #: Release difference "UnloadedMeshExecutable.auto_spmd_lowering": a required field of
 #: JAX 0.9.x (dropped in 0.10.0), filled where the release has it. A loaded artifact is
@@ -167,7 +170,7 @@ def ensure_custom_call_targets(platform: str, exe_bytes: bytes | None = None) ->
 
                     initialize = lapack._lapack.initialize
                 initialize()
-            elif platform in ("cuda", "rocm", "gpu"):
+            elif platform in _GPU_PLATFORMS:
                 from jax._src.lib import gpu_solver
 
                 gpu_solver.initialize_hybrid_kernels()

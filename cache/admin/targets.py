@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aot import gpu_targets
+from aot.platforms import cuda
 from aot.cache.index.refs import current_user
 from aot.cache.index.targets import CapturedTarget
 from aot.errors import TargetCaptureError
@@ -41,11 +41,11 @@ def capture_target(
     """Records this host's GPU as ``name`` (``cuda:NAME``), or the config of
     ``config_file`` (written on a GPU host: ``--from-file``) with the versions of
     ``versions_file`` (JSON); ``autotune_file``: XLA's autotune results measured on it."""
-    if not gpu_targets.NAME.match(name):
+    if not cuda.NAME_PATTERN.match(name):
         raise TargetCaptureError(f"a GPU's name is lower-case letters, digits, '-' and '_' (h200, fleet-a), got {name!r}")
     store.check_writable(f"record the captured target {name}")
     if config_file is not None:
-        config = gpu_targets.check_config(_read(config_file, "target config"), str(config_file))
+        config = cuda.check_config(_read(config_file, "target config"), str(config_file))
         versions: dict[str, str] = {}
         if versions_file is not None:
             try:
@@ -56,13 +56,15 @@ def capture_target(
                 raise TargetCaptureError(f"the versions file {versions_file} is not a JSON object")
             versions = {str(k): str(v) for k, v in loaded.items()}
     else:
-        config, versions = gpu_targets.capture_here()
+        from aot.device import accelerator_runtime, default_devices
+
+        config, versions = cuda.capture_here(accelerator_runtime(), default_devices)
     autotune = None
     if autotune_file is not None:
-        autotune = gpu_targets.check_autotune(_read(autotune_file, "autotune results"), str(autotune_file))
-    gpu = gpu_targets.GpuConfig(name, config, "captured", tuple(sorted(versions.items())), autotune)
+        autotune = cuda.check_autotune(_read(autotune_file, "autotune results"), str(autotune_file))
+    gpu = cuda.GpuConfig(name, config, "captured", tuple(sorted(versions.items())), autotune)
     record = CapturedTarget(
-        name=name, platform=gpu_targets.PLATFORM, config=config, config_digest=gpu.digest,
+        name=name, platform=cuda.PLATFORM, config=config, config_digest=gpu.digest,
         versions=json.dumps(dict(sorted(versions.items()))), device_kind=gpu.device_kind() or "unknown",
         host=socket.gethostname(), user=current_user(), autotune=autotune, autotune_digest=gpu.autotune_digest,
     )

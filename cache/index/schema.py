@@ -429,7 +429,7 @@ DEFAULT_RELEASE = sa.Table(
 
 #: A GPU captured from a host of the fleet (``aot target capture NAME``): its target config
 #: (text), the versions recorded with it (JSON), and XLA's autotune results (text) when
-#: captured; ``cuda:NAME`` compiles for exactly that GPU (:mod:`aot.gpu_targets`).
+#: captured; ``cuda:NAME`` compiles for exactly that GPU (:mod:`aot.platforms.cuda`).
 CAPTURED_TARGETS = sa.Table(
     "captured_targets",
     METADATA,

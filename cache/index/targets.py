@@ -4,7 +4,7 @@
 ``aot target capture NAME`` on a GPU host records the GPU's target config, the CUDA
 versions beside it and, when given, XLA's autotune results measured there; from then
 ``--target cuda:NAME`` compiles for exactly that GPU in every process that opens the
-cache (:meth:`aot.Cache.use_targets` hands them to :mod:`aot.gpu_targets`). A capture
+cache (:meth:`aot.Cache.use_targets` writes them, :mod:`aot.platforms.cuda` compiles with them). A capture
 under a name already recorded replaces it (the fleet's GPUs changed): the entries
 compiled for the old config keep their keys and stop matching the new one.
 """
@@ -22,12 +22,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from aot import gpu_targets
+from aot.platforms import cuda
 from aot.cache.index.entry import as_utc, utcnow
 from aot.cache.index.journal import TARGET, IndexJournal
 from aot.cache.index.schema import CAPTURED_TARGETS
 
-__all__ = ["CapturedTarget", "IndexTargets", "targets_folder", "use_targets"]
+__all__ = ["CapturedTarget", "IndexTargets", "targets_folder", "write_targets"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,17 +97,16 @@ def targets_folder(location: object) -> Path:
     return Path(base) / "jax-aot" / "targets" / hashlib.sha256(str(location).encode()).hexdigest()[:16]
 
 
-def use_targets(index: IndexTargets, location: object) -> list[CapturedTarget]:
-    """Writes the captured GPUs of ``index`` to :func:`targets_folder` and names it in
-    ``AOT_TARGET_CONFIGS`` (:mod:`aot.gpu_targets`), so that ``cuda:NAME`` in this
-    process and the worker processes it starts compiles for exactly the captured GPU,
-    and listings name their entries; returns them."""
+def write_targets(index: IndexTargets, location: object) -> tuple[list[CapturedTarget], cuda.CapturedConfigs]:
+    """Writes the captured GPUs of ``index`` to :func:`targets_folder`; returns them and
+    the :class:`aot.platforms.cuda.CapturedConfigs` that compiles for exactly them (the
+    cache hands it to the compiles and the warm-up workers; nothing here puts it in use)."""
     captured = index.captured_targets()
     folder = targets_folder(location)
     folder.mkdir(parents=True, exist_ok=True)
     wanted = set()
     for target in captured:
-        path = gpu_targets.captured_file(folder, target.name)
+        path = cuda.captured_file(folder, target.name)
         wanted.add(path.name)
         body = json.dumps({"config": target.config, "versions": target.version_map, "autotune": target.autotune},
                           sort_keys=True)
@@ -123,5 +122,4 @@ def use_targets(index: IndexTargets, location: object) -> list[CapturedTarget]:
     for stale in folder.glob("*.json"):
         if stale.name not in wanted:
             stale.unlink(missing_ok=True)
-    os.environ[gpu_targets.CONFIGS_ENV] = str(folder)
-    return captured
+    return captured, cuda.CapturedConfigs(folder)

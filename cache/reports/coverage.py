@@ -365,7 +365,7 @@ def verify_with_coverage(
 
 def find_untuned(cache: ArtifactStore, names: set[str] | None) -> tuple[DanglingItem, ...]:
     """Every current ref (of ``names``; None: all) naming a GPU entry compiled without
-    the GPU's autotune results (``defaults``: :func:`aot.gpu_targets.compile_tuned`)."""
+    the GPU's autotune results (``defaults``: :func:`aot.platforms.cuda.compile_tuned`)."""
     from aot.cache.rows import autotune_of
 
     found: list[DanglingItem] = []

@@ -37,16 +37,16 @@ def gpu_compiler() -> dict[str, str]:
     distributions, ptxas's (``nvidia-cuda-nvcc``) and the CUDA runtime's versions, and
     ``gpu_compiler``: ``ok`` or why a GPU target cannot be compiled here (no plugin, one
     of another release than jaxlib's, a jaxlib below the floor)."""
-    from aot import gpu_targets
+    from aot.platforms import cuda
 
-    plugins = gpu_targets.cuda_plugins()
+    plugins = cuda.cuda_plugins()
     out = dict(plugins) if plugins else {"jax-cuda-plugin": "not installed"}
     for dist in ("nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvcc", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime"):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             continue
-    problem = gpu_targets.problem_here()
+    problem = cuda.problem_here()
     out["gpu_compiler"] = "ok" if problem is None else problem[1]
     return out
 

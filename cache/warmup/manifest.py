@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aot import platforms
 from aot.errors import AotError, IncompatibleEnvironmentError, ManifestError, SpecError
 
 if sys.version_info >= (3, 11):
@@ -486,7 +487,7 @@ def _device_targets(value: Any) -> tuple[str, ...]:
 def _names_function(target: str) -> bool:
     """Whether a ``target`` string is the old spelling of ``function`` (MODULE:ATTRIBUTE),
     not a GPU target, which has the same shape (``cuda:h200``)."""
-    return bool(_FUNCTION.match(target)) and not target.strip().lower().startswith("cuda:")
+    return bool(_FUNCTION.match(target)) and not platforms.captured_target(target)
 
 
 def _function_and_targets(

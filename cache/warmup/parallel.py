@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot.cache.timeouts import timeouts
 from aot.cache.warmup.manifest import WarmupItem
-from aot.cache.warmup.steps import Deferred, ItemResult, Lowered, compile_lowered, lower_here, store_here
+from aot.cache.warmup.steps import Deferred, ItemResult, Lowered, compile_lowered, lower_here, store_here, task_options
 from aot.cache.warmup.functions import item_environment, item_signature, x64_mode
 
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ def run_parallel(
 
     from aot.cache.warmup.workers import WorkerPool
 
-    payload = (bool(getattr(jax.config, "jax_enable_x64")), {"location": cache.location, **cache.options()}, claims is not None)
+    payload = (bool(getattr(jax.config, "jax_enable_x64")), task_options(cache), claims is not None)
     target = jobs if isolate else min(jobs - 1, len(items) - 1)  # worker processes
     if pool is None:
         pool = WorkerPool(0 if isolate else target)

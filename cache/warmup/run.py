@@ -54,6 +54,7 @@ from aot.cache.warmup.steps import (
     follow_here,
     lower_here,
     store_here,
+    task_options,
 )
 from aot.cache.warmup.functions import (
     Prepared,
@@ -576,7 +577,7 @@ def _run_on_executor(
     process holds its claim, released with its result)."""
     import jax
 
-    options = {"location": cache.location, **cache.options()}
+    options = task_options(cache)
     x64 = bool(getattr(jax.config, "jax_enable_x64"))
 
     def submit(index: int, item: WarmupItem, claim: bool) -> Future[Any]:

@@ -44,7 +44,7 @@ __all__ = [
     "load_stored",
     "lower_here",
     "store_here",
-    "task_cache",
+    "task_cache", "task_options",
 ]
 
 #: Width of the signature in a report line (both ends kept; --json has it whole).
@@ -328,6 +328,19 @@ _TASK_CACHES: dict[tuple[Any, ...], ArtifactStore] = {}
 _TASK_LOCK = threading.Lock()
 
 
+#: The task options' captured GPUs (:class:`aot.platforms.cuda.CapturedConfigs`): the
+#: parent's, handed to each worker with its task, not through its environment.
+_CAPTURED = "captured_gpus"
+
+
+def task_options(cache: ArtifactStore) -> dict[str, Any]:
+    """What a task opens its cache with (:func:`task_cache`), and the captured GPUs this
+    process compiles for, which the task's process takes as its own."""
+    from aot.platforms.cuda import captured_in_use
+
+    return {"location": cache.location, **cache.options(), _CAPTURED: captured_in_use()}
+
+
 def task_cache(cache_options: dict[str, Any], x64: bool) -> ArtifactStore:
     """The cache ``cache_options`` (``location`` and :meth:`ArtifactStore.options`) names, opened once per process and thread (and
     JAX's x64 mode set to the warm-up's)."""
@@ -337,11 +350,16 @@ def task_cache(cache_options: dict[str, Any], x64: bool) -> ArtifactStore:
 
     if bool(getattr(jax.config, "jax_enable_x64")) != x64:
         jax.config.update("jax_enable_x64", x64)
+    if cache_options.get(_CAPTURED) is not None:
+        from aot.platforms.cuda import use_captured
+
+        use_captured(cache_options[_CAPTURED])
     key = (os.getpid(), threading.get_ident(), repr(sorted(cache_options.items())))
     with _TASK_LOCK:
         cache = _TASK_CACHES.get(key)
     if cache is None:
         options = dict(cache_options)
+        options.pop(_CAPTURED, None)
         cache = ArtifactStore(options.pop("location"), **options)
         with _TASK_LOCK:
             _TASK_CACHES[key] = cache

@@ -16,7 +16,7 @@ python3 -m compileall -q /tmp/site/aot >/dev/null
 python3 -P - <<'PY' || exit 1
 import sys
 import jax, jaxlib
-from aot import gpu_targets
+from aot.platforms import cuda as gpu_targets
 problem = gpu_targets.problem_here()
 print(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, plugins {gpu_targets.cuda_plugins()}: "
       + ("ok" if problem is None else problem[1]))

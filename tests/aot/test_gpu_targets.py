@@ -1,4 +1,4 @@
-"""GPU targets (aot/gpu_targets.py): names, keys, deviceless compiles for an H100 and an
+"""GPU targets (aot/platforms/cuda.py): names, keys, deviceless compiles for an H100 and an
 H200 through JAX's CUDA plugin on this CPU-only host, captured GPUs and autotune results.
 
 The compiles need ``jax-aot[cuda12]`` (the plugin and ptxas): CI runs this file again in
@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import aot
-from aot import gpu_targets
+from aot.platforms import cuda as gpu_targets
 from aot.build import serialize_executable
 from aot.jaxcompat.versions import release_tuple
 from aot.targets import environment_name, target_name
@@ -34,10 +35,12 @@ H200_PARTS = {
 
 
 @pytest.fixture(autouse=True)
-def _own_target_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No captured GPU leaks between tests (aot.Cache.use_targets sets the variable)."""
-    monkeypatch.setenv(gpu_targets.CONFIGS_ENV, "")
+def _own_target_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No captured GPU leaks between tests (aot.Cache.use_targets puts them in use)."""
+    gpu_targets.use_captured(None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    yield
+    gpu_targets.use_captured(None)
 
 
 @pytest.mark.parametrize("text,name,count", [
@@ -212,6 +215,45 @@ def test_a_mesh_over_two_hosts_of_eight_gpus() -> None:
     assert "all-reduce" in computation.compile().compiled.as_text()
 
 
+@pytest.mark.parametrize("text,state,results", [
+    ("tuned sha256:ab", "tuned", "sha256:ab"), ("defaults", "defaults", None),
+    ("defaults sha256:cd", "defaults", "sha256:cd"), ("measured", "measured", None),
+])
+def test_a_tuning_reads_and_writes_the_stored_spelling(text: str, state: str, results: str | None) -> None:
+    """Tuning is a typed value; manifests and index rows keep the spelling they hold."""
+    from aot.platforms.tuning import Tuning
+
+    tuning = Tuning.parse(text)
+    assert tuning == Tuning(state, results) and tuning.text == text
+    assert tuning.fell_back == (state == "defaults")
+    assert Tuning.parse(None) is None and Tuning.parse("") is None and Tuning.parse(3) is None
+
+
+def test_the_captured_gpus_travel_with_a_warmup_task_not_the_environment(tmp_path: Path) -> None:
+    """A warm-up worker compiles for the parent's captured GPUs because each task hands
+    them over (aot.platforms.cuda.CapturedConfigs), not because a variable was set: a
+    process with none in use (a fresh worker) knows cuda:fleet once it opens the task's cache."""
+    import os
+
+    from aot.cache.warmup.steps import task_cache, task_options
+
+    cache = _captured(tmp_path)
+    with pytest.raises(aot.DeviceTargetError, match="unknown GPU target 'cuda:fleet'"):
+        aot.parse_target("cuda:fleet")
+    cache.use_targets()
+    assert aot.parse_target("cuda:fleet").name == "cuda:fleet"
+    assert not any("TARGET_CONFIGS" in name for name in os.environ)
+    options = task_options(cache)
+    assert options["captured_gpus"] == gpu_targets.captured_in_use()
+    gpu_targets.use_captured(None)  # a fresh worker's process
+    with pytest.raises(aot.DeviceTargetError, match="unknown GPU target"):
+        aot.parse_target("cuda:fleet")
+    opened = task_cache(options, x64=False)
+    assert opened.location == cache.location
+    assert gpu_targets.config_for("fleet") is not None and gpu_targets.config_for("fleet").source == "captured"  # type: ignore[union-attr]
+    cache.close()
+
+
 def _captured(tmp_path: Path, *, clock: str = "1.755", autotune: str | None = None) -> aot.Cache:
     cache = aot.Cache(tmp_path / "cache")
     config = tmp_path / "fleet.txtpb"
@@ -248,7 +290,7 @@ def test_autotune_results_missing_the_programs_fusions_fall_back_to_defaults(
     # Real results of XLA's format with no entry: the compile loads them, requires them
     # complete, XLA refuses, and it compiles with the default configs, saying so.
     cache = _captured(tmp_path, autotune="version: 3\n")
-    with caplog.at_level(logging.WARNING, logger="aot.gpu_targets"):
+    with caplog.at_level(logging.WARNING, logger="aot.platforms.cuda"):
         entry = cache.compile(_matmul, "f32[256,256]", "f32[256,256]", name="matmul", target="cuda:fleet")
     digest = cache.captured_targets()[0].autotune_digest
     assert json.loads(entry.manifest)["autotune"] == f"defaults {digest}"  # the results it lacked
@@ -276,7 +318,7 @@ def test_autotune_results_of_another_version_are_refused(tmp_path: Path) -> None
     import subprocess
     import sys
 
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", gpu_targets.CONFIGS_ENV: "", "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XDG_CACHE_HOME": str(tmp_path / "xdg")}
     done = subprocess.run([sys.executable, "-c", REFUSED, str(tmp_path)], capture_output=True, text=True,
                           env=env, cwd=Path(__file__).resolve().parents[2], timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

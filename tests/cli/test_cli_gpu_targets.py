@@ -5,12 +5,13 @@ and the one-line refusals without JAX's CUDA plugin."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from aot import gpu_targets
+from aot.platforms import cuda as gpu_targets
 from tests.aot.test_gpu_targets import FAKE_PLUGINS, HAS_PLUGIN, _fake_plugin, needs_plugin
 from tests.cli.helpers import REPO, Invoke, one_line_error
 
@@ -18,9 +19,11 @@ GPU_MANIFEST = REPO / "fixtures" / "gpu_target.toml"
 
 
 @pytest.fixture(autouse=True)
-def _own_target_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(gpu_targets.CONFIGS_ENV, "")
+def _own_target_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    gpu_targets.use_captured(None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    yield
+    gpu_targets.use_captured(None)
 
 
 @needs_plugin
@@ -171,7 +174,7 @@ def _aot(tmp_path: Path, *args: str, env: dict[str, str] | None = None, importti
     import subprocess
     import sys
 
-    base = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", gpu_targets.CONFIGS_ENV)}
+    base = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     command = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "aot", "--cache",
                str(tmp_path / "cache"), *args]
     return subprocess.run(command, cwd=REPO, env={**base, **(env or {})}, capture_output=True, text=True, timeout=300)

@@ -220,11 +220,11 @@ def test_an_index_lost_whole_gets_its_releases_refs_and_captured_gpus_back(
     release sets (label, members, commit, their chain) and the captured GPU from their
     journal blobs, the refs from the release; what nothing journals is named, with what
     to run instead. `release="prod", strict=True` serves as before."""
-    from aot import gpu_targets
+    from aot.platforms import cuda as gpu_targets
     from aot.cache.index.targets import CapturedTarget
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setenv(gpu_targets.CONFIGS_ENV, "")
+    gpu_targets.use_captured(None)
     keys, served = _prepare(cache_dir)  # prod set 1: every entry, commit c1
     with aot.Cache(cache_dir) as cache:
         entries = cache.entries()

@@ -41,7 +41,7 @@ _SHUTIL = {"copy", "copy2", "copyfile", "copytree", "move"}
 _USER_FILE = "a file the user names (never the index: a manifest, a bundle, a config, a key)"
 _BLOB = "a blob (blobs/ab/<digest>.zst) or its temporary file, never the index"
 _PROC = "a /proc or /sys file"
-_CAPTURED = "a captured GPU target's JSON file (<name>.json, aot.gpu_targets.captured_file), never the index"
+_CAPTURED = "a captured GPU target's JSON file (<name>.json, aot.platforms.cuda.captured_file), never the index"
 
 #: Every raw open of the package: (file, function, call) -> why it never opens an index.
 ALLOWED: dict[tuple[str, str, str], str] = {
@@ -55,7 +55,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("aot/env_record.py", "_initial_environment", "open"): _PROC,
     ("aot/env_record.py", "_remember", "path.read_text"): "the per-host environment record (JSON)",
     ("aot/env_record.py", "_remember", "os.fdopen"): "the per-host environment record (JSON)",
-    ("aot/environment.py", "cpu_isa_features", "open"): _PROC,
+    ("aot/platforms/cpu.py", "cpu_isa_features", "open"): _PROC,
     ("cache/admin/bundle.py", "_write_bundle", "os.fdopen"): _USER_FILE,
     ("cache/admin/bundle.py", "_write_file", "os.fdopen"): _USER_FILE,
     ("cache/admin/bundle.py", "_open_source", "where.file.open"): _USER_FILE,
@@ -79,10 +79,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("cache/warmup/jobs.py", "_mem_available", "meminfo.read_text"): _PROC,
     ("cache/warmup/manifest.py", "load_manifest", "path.read_text"): _USER_FILE,
     ("cache/warmup/workers.py", "is_stopped", "open"): _PROC,
-    ("aot/gpu_targets.py", "autotune_options", "tmp.write_text"): "a temporary file of autotune results, for XLA's flag",
-    ("aot/gpu_targets.py", "config_for", "(resources.files('aot') / 'gpu_configs' / f'{name}.txtpb').read_text"):
+    ("aot/platforms/cuda.py", "autotune_options", "tmp.write_text"): "a temporary file of autotune results, for XLA's flag",
+    ("aot/platforms/cuda.py", "config_for", "(resources.files('aot') / 'gpu_configs' / f'{name}.txtpb').read_text"):
         "a GPU target config shipped in the package",
-    ("aot/gpu_targets.py", "config_for", "path.read_text"): _CAPTURED,
+    ("aot/platforms/cuda.py", "config_for", "path.read_text"): _CAPTURED,
     ("aot/jaxcompat/versions.py", "installed_version", "(Path(location) / 'version.py').read_text"):
         "jax's or jaxlib's version.py",
     ("cache/admin/targets.py", "_read", "Path(path).read_text"): _USER_FILE,

@@ -12,7 +12,8 @@ Where the config of ``GPU`` comes from, first found:
 
 1. a config captured from the fleet's own GPU (``aot target capture GPU`` on a GPU
    host; :meth:`aot.Cache.use_targets` writes a cache's captured configs to a folder and
-   names it in ``AOT_TARGET_CONFIGS``, which worker processes inherit);
+   hands it here as :class:`CapturedConfigs` (:func:`use_captured`), and the warm-up
+   hands the same object to its workers with each task);
 2. the config jax-aot ships for ``h100`` and ``h200`` (``aot/gpu_configs``), written from
    NVIDIA's published figures (docs/accelerators.md names the source of each).
 
@@ -41,25 +42,30 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from aot.errors import DeviceTargetError, GpuCompilerMissingError
+from aot.platforms.tuning import DEFAULTS, MEASURED, TUNED, Tuning
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "CONFIGS_ENV", "PLATFORM", "SHIPPED", "GpuConfig", "autotune_options", "config_digest", "config_for",
-    "gpu_name", "gpu_parts", "plugin_versions", "topology_devices",
+    "CAPTURED_CONFIGS", "COMPILER_ARGS", "CapturedConfigs", "DEVICELESS", "NAME", "PLATFORM", "SHIPPED", "chip_count",
+    "compile_step", "config_name", "environment_parts", "hint", "known_targets", "lowering_error", "parse", "target_name", "target_text", "GpuConfig", "autotune_options", "config_digest", "config_for",
+    "captured_in_use", "gpu_name", "gpu_parts", "plugin_versions", "topology_devices", "use_captured",
 ]
 
 #: The platform of a GPU target's name, and of JAX's topology call ("gpu" is refused there).
-PLATFORM = "cuda"
+PLATFORM = NAME = "cuda"
+#: A GPU target is named by a config (captured from the fleet, or shipped): ``cuda:NAME``.
+CAPTURED_CONFIGS = True
+DEVICELESS = True
+COMPILER_ARGS: tuple[str, str] | None = None
 #: The GPUs jax-aot ships a target config for (aot/gpu_configs/NAME.txtpb).
 SHIPPED = ("h100", "h200")
-#: The folder of captured configs a process compiles with (:meth:`aot.Cache.use_targets`).
-CONFIGS_ENV = "AOT_TARGET_CONFIGS"
 #: A GPU's name in a target: lower-case letters, digits, '-' and '_' (``h200``, ``fleet-a``).
-NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # A '#' outside double quotes, and the rest of its line: a text-format comment.
 _COMMENT = re.compile(r'#(?=(?:[^"]*"[^"]*")*[^"]*$).*$')
 _SHAPE = re.compile(r"^(?:(\d+)x)?(\d+)$")
@@ -127,9 +133,84 @@ def shape_text(hosts: int, per_host: int) -> str:
     return f"{per_host}" if hosts == 1 else f"{hosts}x{per_host}"
 
 
+def parse(text: str, fields: list[str], hosts: str) -> tuple[str, str, tuple[int, int, int]] | None:
+    """``cuda:GPU[:N|:HxN]`` -> (GPU, "HxN", (hosts, GPUs per host, 1)); None for another
+    shape (the caller's error names the spelling). JAX's own name of the platform
+    (``gpu:``) is refused with the target spelled right."""
+    if fields[0].strip().lower() != NAME:
+        fixed = ":".join([NAME, *fields[1:]])
+        raise DeviceTargetError(
+            f"target {text!r}: a GPU target's platform is 'cuda', not {fields[0].strip().lower()!r} (as JAX's topology "
+            f"call names it): {fixed}"
+        )
+    if len(fields) not in (2, 3) or not all(fields) or hosts:
+        return None
+    chip = fields[1].strip().lower()
+    count, per_host = parse_shape(text, fields[2].strip().lower() if len(fields) == 3 else "")
+    if not NAME_PATTERN.match(chip):
+        raise DeviceTargetError(f"target {text!r}: a GPU's name is lower-case letters, digits, '-' and '_' (cuda:h200)")
+    check_known_gpu(text, chip)
+    return chip, f"{count}x{per_host}", (count, per_host, 1)
+
+
+def target_text(chip: str, topology: str, host_bounds: tuple[int, int, int]) -> str:
+    shape = shape_text(host_bounds[0], host_bounds[1])
+    return f"{NAME}:{chip}" + (f":{shape}" if shape else "")
+
+
+def chip_count(topology: str, host_bounds: tuple[int, int, int]) -> int:
+    return host_bounds[0] * host_bounds[1]
+
+
+def config_name(target: str) -> str:
+    """The GPU's name in a target name or a GPU's name: ``cuda:h200`` -> ``h200``."""
+    return target.removeprefix(f"{NAME}:")
+
+
+def known_targets() -> str:
+    return ", ".join(f"cuda:{name}[:N|:HxN]" for name in known())
+
+
+def hint(text: str) -> str | None:
+    return None
+
+
+def target_name(parts: Mapping[str, str]) -> str | None:
+    """The GPU target of an environment's parts: named by its target config's digest
+    (:func:`gpu_name`: ``cuda:h200:8``)."""
+    name = gpu_name(dict(parts))
+    count, processes = parts.get("device_count", ""), parts.get("process_count", "1")
+    if name is None or not count.isdigit() or not processes.isdigit() or int(count) % int(processes):
+        return None
+    shape = shape_text(int(processes), int(count) // int(processes))
+    return f"cuda:{name}" + (f":{shape}" if shape else "")
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedConfigs:
+    """A cache's captured GPUs, written as files to ``folder`` (one ``NAME.json`` each:
+    :func:`captured_file`): what ``cuda:NAME`` compiles for where they are in use."""
+
+    folder: Path
+
+
+#: The captured GPUs this process compiles for (:func:`use_captured`); None: the shipped ones only.
+_in_use: list[CapturedConfigs | None] = [None]
+
+
+def use_captured(configs: CapturedConfigs | None) -> None:
+    """Makes ``configs`` what ``cuda:NAME`` compiles for in this process (None: only the
+    shipped configs): :meth:`aot.Cache.use_targets`, and a warm-up worker given them."""
+    _in_use[0] = configs
+
+
+def captured_in_use() -> CapturedConfigs | None:
+    return _in_use[0]
+
+
 def _captured_folder() -> Path | None:
-    configured = os.environ.get(CONFIGS_ENV, "").strip()
-    return Path(configured) if configured else None
+    configs = _in_use[0]
+    return configs.folder if configs is not None else None
 
 
 def captured_file(folder: Path, name: str) -> Path:
@@ -137,7 +218,7 @@ def captured_file(folder: Path, name: str) -> Path:
 
 
 def config_for(name: str) -> GpuConfig | None:
-    """The target config of the GPU ``name``: captured (``AOT_TARGET_CONFIGS``) before
+    """The target config of the GPU ``name``: captured (:func:`use_captured`) before
     shipped; None when neither knows it."""
     folder = _captured_folder()
     if folder is not None:
@@ -219,10 +300,12 @@ def nccl_version() -> str:
 _CONFIG_OF_DEVICES: dict[Any, GpuConfig] = {}
 
 
-def topology_devices(chip: str, hosts: int, per_host: int, name: str) -> tuple[Any, ...]:
-    """The compile-only devices of ``hosts`` x ``per_host`` GPUs ``chip`` (JAX's
-    topology API through the CUDA plugin); :class:`aot.GpuCompilerMissingError` in one
-    line without the plugin."""
+def topology_devices(chip: str, topology: str, host_bounds: tuple[int, int, int], name: str) -> tuple[Any, ...]:
+    """The compile-only devices of ``hosts`` x ``per_host`` GPUs ``chip`` (``host_bounds``
+    are (hosts, GPUs per host, 1); JAX's topology API through the CUDA plugin, cached by
+    config: a new capture of a name is new devices); :class:`aot.GpuCompilerMissingError`
+    in one line without the plugin."""
+    hosts, per_host = host_bounds[0], host_bounds[1]
     config = config_for(chip)
     if config is None:
         check_known_gpu(name, chip)
@@ -414,15 +497,15 @@ def live_versions() -> dict[str, str]:
     return versions
 
 
-def capture_here() -> tuple[str, dict[str, str]]:
+def capture_here(runtime: str | None, default_devices: Any) -> tuple[str, dict[str, str]]:
     """This host's GPU: its target config (text) and the versions the key and the
     record need (CUDA runtime and driver, cuDNN, cuBLAS, NCCL, the plugin, jaxlib).
-    :class:`aot.TargetCaptureError` in one line on a host without a GPU (it opens no
-    device there), or where this jaxlib does not expose the config."""
-    from aot.device import accelerator_runtime
+    ``runtime``: this host's accelerator runtime (:func:`aot.device.accelerator_runtime`);
+    ``default_devices``: what opens its devices (:func:`aot.device.default_devices`), called
+    only where there is a GPU. :class:`aot.TargetCaptureError` in one line on a host without
+    a GPU (it opens no device there), or where this jaxlib does not expose the config."""
     from aot.errors import TargetCaptureError
 
-    runtime = accelerator_runtime()
     if runtime is None or not plugin_installed():
         raise TargetCaptureError(
             "aot target capture records this host's GPU, and this host has none (no CUDA plugin of JAX, "
@@ -432,7 +515,6 @@ def capture_here() -> tuple[str, dict[str, str]]:
     import jax
     import jaxlib
 
-    from aot.device import default_devices
     from aot.jaxcompat.gpu import gpu_target_config
 
     devices = default_devices()
@@ -521,9 +603,14 @@ def missing_results(exc: BaseException) -> bool:
     return text.startswith("NOT_FOUND") and ("cached config" in text or "autotun" in text.lower())
 
 
+def environment_parts(devices: Any) -> dict[str, str]:
+    """:func:`gpu_parts`: what a GPU executable depends on besides the platform-neutral parts."""
+    return gpu_parts(devices)
+
+
 def compile_tuned(
     devices: Any, options: dict[str, Any] | None, compile_fn: Any, name: str,
-) -> tuple[Any, str | None]:
+) -> tuple[Any, Tuning | None]:
     """``compile_fn(options)`` for a program lowered on ``devices``, with the captured
     autotune results of their GPU when there are, and what it was compiled with:
     ``tuned sha256:...`` (every fusion found in the GPU's results), ``defaults`` (XLA's
@@ -534,10 +621,10 @@ def compile_tuned(
         return compile_fn(options), None
     config = config_of_devices(devices)
     if config is None:
-        return compile_fn(options), "measured"
+        return compile_fn(options), Tuning(MEASURED)
     tuned = autotune_options(config, _autotune_folder())
     if tuned is None:
-        return compile_fn(options), "defaults"
+        return compile_fn(options), Tuning(DEFAULTS)
     from aot.libtpu_log import held_stderr, write_stderr
 
     extra, digest = tuned
@@ -546,7 +633,7 @@ def compile_tuned(
         with held_stderr() as held:
             compiled = compile_fn({**(options or {}), **extra})
         write_stderr("".join(held))
-        return compiled, f"tuned {digest}"
+        return compiled, Tuning(TUNED, digest)
     except RuntimeError as exc:  # JaxRuntimeError is one
         if not missing_results(exc):
             write_stderr("".join(held))
@@ -567,17 +654,17 @@ def compile_tuned(
             name, config.name, first[:160],
         )
         # With the results' digest: a later warm-up recompiles it only for other results.
-        return compile_fn(options), f"defaults {digest}"
+        return compile_fn(options), Tuning(DEFAULTS, digest)
 
 
-def needs_retune(devices: Any, stored: str | None) -> bool:
+def needs_retune(devices: Any, stored: Tuning | None) -> bool:
     """Whether an entry stored with autotuning ``stored`` (its manifest's) is to be
     compiled again for ``devices``' target: it got XLA's defaults, and results it has
     not tried are captured for the GPU now."""
     config = config_of_devices(devices) if len(devices) else None
-    if config is None or not config.autotune or not stored or not stored.startswith("defaults"):
+    if config is None or not config.autotune or stored is None or not stored.fell_back:
         return False
-    return stored.partition(" ")[2] != config.autotune_digest
+    return stored.results != config.autotune_digest
 
 
 def replaces_defaults(stored_manifest: str | None, autotune: str | None) -> bool:
@@ -588,10 +675,10 @@ def replaces_defaults(stored_manifest: str | None, autotune: str | None) -> bool
     if not autotune or not stored_manifest:
         return False
     try:
-        stored = json.loads(stored_manifest).get("autotune")
+        stored = Tuning.parse(json.loads(stored_manifest).get("autotune"))
     except (ValueError, AttributeError):  # an unreadable row: verify's to report, not a retune
         return False
-    return isinstance(stored, str) and stored.startswith("defaults") and stored != autotune
+    return stored is not None and stored.fell_back and stored != Tuning.parse(autotune)
 
 
 def cudnn_missing(exc: BaseException | None) -> BaseException | None:
@@ -639,3 +726,14 @@ def gpu_name(parts: dict[str, str] | Any) -> str | None:
         if config is not None and config.digest == digest:
             return name
     return None
+
+
+#: The compile step of the protocol (:mod:`aot.platforms`).
+compile_step = compile_tuned
+
+
+def lowering_error(name: str, target: str, exc: BaseException) -> Exception | None:
+    """The one-line error for a lowering that failed for want of cuDNN here
+    (:func:`cudnn_error`), or None for another failure."""
+    missing = cudnn_missing(exc)
+    return cudnn_error(name, target, missing) if missing is not None else None
