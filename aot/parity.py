@@ -42,6 +42,9 @@ _DROPPED_ATTRIBUTES = ("metadata", "frontend_attributes", "origin")
 _NAME = re.compile(r"%[A-Za-z_][\w.\-]*")
 _HEADER = re.compile(r"^(ENTRY )?(%[\w.\-]+) \((.*)\) -> (.*) \{$")
 _PARAM_NAME = re.compile(r"(?:^|, )[\w.\-]+: ")
+# A replicated sharding as XLA 0.12.1 prints an export's parameters (an empty mesh, no axis
+# per dimension, or `replicated` for a scalar): the same note as ``sharding={replicated}``, which the lowering omits.
+_REPLICATED = re.compile(r", sharding=\{mesh\[\], (?:replicated|\[(?:\{\}(?:, )?)*\])\}")
 
 
 def _drop_attribute(line: str, name: str) -> str:
@@ -92,7 +95,7 @@ def _stripped_lines(text: str) -> list[str]:
             continue
         for attribute in _DROPPED_ATTRIBUTES:
             line = _drop_attribute(line, attribute)
-        lines.append(line.replace(", sharding={replicated}", ""))
+        lines.append(_REPLICATED.sub("", line.replace(", sharding={replicated}", "")))
     return lines
 
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 import aot
 from aot.artifact import EXECUTABLE, PORTABLE_HLO, Artifact
 from aot.build import build_artifact
+from aot.jaxcompat.versions import release_tuple
 from aot.cache.admin.parity import DIFFERS, OK, SKIPPED, verify_recompile
 from aot.cli.main import cli
 from aot.parity import canonical_hlo
@@ -124,7 +125,10 @@ def test_a_pruned_argument_and_typed_keys_still_verify(tmp_path: Path) -> None:
     cache.compile(lambda k, x: jax.random.normal(k, (3,)) + x, jax.ShapeDtypeStruct((), jax.random.key(0).dtype),
                   "f32[3]", name="p.key")
     items = {i.name: i for i in verify_recompile(cache).items}
-    assert (items["p.key"].status, items["p.key"].method) == (OK, "hlo+outputs")
+    assert items["p.key"].status == OK
+    # JAX 0.12's export writes the normal sampler's polynomial as multiply and add where
+    # the original lowering has fma: equal outputs, an optimized HLO that differs in form.
+    assert items["p.key"].method == ("outputs" if release_tuple(jax.__version__) >= (0, 12) else "hlo+outputs")
     assert (items["p.unused"].status, items["p.unused"].method) == (OK, "outputs")
     assert items["p.unused"].detail.startswith("outputs equal; optimized HLO differs: line 1: stored 'HloModule (f32[8,4]")
     cache.close()
