@@ -95,12 +95,18 @@ cat >"$IN_ROOT" <<EOF
 # own paths, so that venvs, checkouts and pip's cache made in there are the same files
 # outside: the checkout, /tmp, /var/tmp, pip's cache, and AOT_CI_ROOT_MOUNTS (.ci/run adds
 # the prefix of the other Python, whose venvs the cross-release tests run from in there).
+# The mounts live in a mount namespace of this command's own (unshare): none is left
+# behind, so removing the cached root never reaches through one into the checkout.
 set -euo pipefail
+if [ -z "\${AOT_CI_IN_NAMESPACE:-}" ]; then
+    AOT_CI_IN_NAMESPACE=1 exec unshare --mount --propagation private "\$0" "\$@"
+fi
+unset AOT_CI_IN_NAMESPACE
 ROOT=$ROOT
 for d in /proc /dev /tmp /var/tmp "\${HOME:-/root}/.cache" "\$(git -C "\$PWD" rev-parse --show-toplevel 2>/dev/null || echo "\$PWD")" \${AOT_CI_ROOT_MOUNTS:-}; do
     [ -d "\$d" ] || continue
     mkdir -p "\$ROOT\$d"
-    mountpoint -q "\$ROOT\$d" || mount --bind "\$d" "\$ROOT\$d"
+    mount --rbind "\$d" "\$ROOT\$d"
 done
 exec chroot "\$ROOT" /usr/bin/env -C "\$PWD" "\$@"
 EOF
