@@ -81,13 +81,17 @@ def test_another_releases_entry_is_served_here_through_the_ladder(
     assert sorted(line[start:end].strip() for line in listing[1:3]) == sorted([other, jax.__version__]), listing
 
 
-@pytest.mark.postgres
-def test_one_postgres_cache_through_an_upgrade_of_the_fleet(
-    other_python: tuple[str, str], this_python: str, manifest: str, postgres_url: str,
+@pytest.mark.parametrize("index", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_one_cache_through_an_upgrade_of_the_fleet(
+    other_python: tuple[str, str], this_python: str, manifest: str, index: str, tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
+    """The runbook of docs/jax-releases.md, on the embedded default and on PostgreSQL; in
+    CI (.ci/run) across Pythons too: the other release is 0.10.2 on Python 3.11, this one
+    the newest on Python 3.13."""
     old_python, old = other_python
     new = jax.__version__
-    url = postgres_url
+    url = str(tmp_path / "cache") if index == "sqlite" else request.getfixturevalue("postgres_url")
     # Before: the fleet runs the other release and serves label prod.
     aot_cli(old_python, "--cache", url, "warmup", manifest, "--release", "prod", "--commit", "c1")
     _served_own(worker(old_python, "serve", url, "--release", "prod", "--strict"))
