@@ -22,9 +22,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where constants are packed or unpacked: listings never need it
+    import numpy as np
 
 from aot.fingerprint import canonical_json, sha256_hex
 
@@ -78,6 +79,8 @@ def pack(values: Sequence[Any], dtypes: Sequence[Any]) -> tuple[bytes, list[tupl
     them (``dtypes``: its parameters', so a float64 NumPy array under x64 off is stored
     as the float32 JAX passes) and, per value, its (dtype name, shape, offset, size).
     A typed PRNG key array has no raw bytes of its own and is refused (``TypeError``)."""
+    import numpy as np
+
     chunks: list[bytes] = []
     layout = []
     offset = 0
@@ -106,6 +109,8 @@ def lowered_part(values: Sequence[Any], dtypes: Sequence[Any]) -> str:
 def unpack(blob: bytes | memoryview, constants: Sequence[Constant], parse_dtype: Any) -> list[np.ndarray]:
     """The arrays of a verified constants blob: views of its bytes, no copy
     (``parse_dtype``: the manifest's dtype names to dtypes, JAX's extended ones too)."""
+    import numpy as np
+
     out = []
     for c in constants:
         dtype = np.dtype(parse_dtype(c.dtype))

@@ -12,7 +12,7 @@ from tests.cli.helpers import MANIFEST, MANIFEST_LABELS, Invoke, one_line_error
 
 REPORT_KEYS = {
     "cache", "jobs", "shard", "total", "compiled", "hit", "waited", "failed", "seconds", "ok", "results",
-    "release", "carried",
+    "release", "carried", "refresh_release", "refreshed_exports",
 }
 RESULT_KEYS = {
     "name", "label", "status", "key", "signature", "seconds", "compile_seconds", "raw_size",
@@ -51,6 +51,7 @@ def test_warmup_json_report(invoke: Invoke, warmed, cache_dir) -> None:
     assert set(report) == REPORT_KEYS
     assert (report["total"], report["compiled"], report["hit"], report["failed"]) == (5, 0, 5, 0)
     assert report["ok"] is True and report["jobs"] == 1 and report["cache"] == str(cache_dir)
+    assert (report["refresh_release"], report["refreshed_exports"]) == (None, [])  # no --refresh-exports
     assert [r["label"] for r in report["results"]] == MANIFEST_LABELS
     for r in report["results"]:
         assert set(r) == RESULT_KEYS
