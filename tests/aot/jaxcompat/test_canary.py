@@ -441,8 +441,16 @@ def test_closed_over_constants_are_seen_before_and_after_compiling() -> None:
     before = build.lowering_constants(lowered)
     after = build.hoisted_constants(lowered.compile())
     assert len(before) == len(after) and all(a is b for a, b in zip(before, after))
-    hoists = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11)
-    assert [np.asarray(c).shape for c in after] == ([(8, 12_500)] if hoists else [])
+    # 0.10 embeds it; 0.12 hoists it (the CI rehearsal of 2026-12-07: 0.11.0 through 0.11.2
+    # still embed a 400 KB one); either way what the key saw is what the call gets (above).
+    release = tuple(int(p) for p in jax.__version__.split(".")[:2])
+    shapes = [np.asarray(c).shape for c in after]
+    if release >= (0, 12):
+        assert shapes == [(8, 12_500)]
+    elif release >= (0, 11):
+        assert shapes in ([], [(8, 12_500)])
+    else:
+        assert shapes == []
 
 
 def test_what_jax_0_11_changed_resolves_either_way() -> None:
