@@ -34,7 +34,7 @@ def built_unloaded_executable(compiled: Any) -> Any:
 
 def hoisted_constants(compiled: Any) -> Sequence[Any]:
     """The constants JAX hoisted out of the program into extra arguments: the leading
-    flat parameters of the executable, before the caller's (JAX 0.12 hoists every
+    flat parameters of the executable, before the caller's (JAX 0.12.1 hoists every
     closed-over array above ``jax_embedded_constants_max_bytes``; 0.10.2 embeds them
     unless ``jax_use_simplified_jaxpr_constants`` is set)."""
     return tuple(compiled._params.const_args)

@@ -91,7 +91,7 @@ Changelog of :data:`SCHEMA_VERSION`:
   (``_migrate_add_journal``). Additive: the next change of a release or capture journals
   every set and capture not journaled yet.
 * 12 (2026-12-07): ``artifacts.const_digest``: the blob of the closed-over constants JAX
-  (0.12) hoisted into the executable's arguments (:mod:`aot.constants`), a blob of the
+  (0.12.1) hoisted into the executable's arguments (:mod:`aot.constants`), a blob of the
   entry like its executable, kept by gc while the row lives and carried by every copy
   (``_migrate_add_const_digest``). Additive: NULL in every older row (no constants).
 """
