@@ -34,7 +34,7 @@ import jax
 from aot.errors import CorruptArtifactError, ExportWindowError
 from aot.jaxcompat.releases import calling_convention, calling_convention_window, same_release
 
-__all__ = ["calling_convention_window", "check_expiry", "check_window", "refusal"]
+__all__ = ["check_expiry", "check_window", "refusal"]
 
 log = logging.getLogger(__name__)
 

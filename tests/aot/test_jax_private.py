@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from aot.jaxcompat import PRIVATE_ATTRIBUTES
@@ -81,15 +81,17 @@ def private_uses(source: str, filename: str = "<source>") -> Iterator[tuple[int,
                 yield node.lineno, f"the module name {node.value!r}"
 
 
-def offenders() -> list[str]:
+def offenders(finder: Callable[[str, str], Iterable[tuple[int, str]]] | None = None) -> list[str]:
+    """``finder(source, relative path)``'s findings (default: private uses) in every scanned
+    file outside aot/jaxcompat, as ``path:line: what``."""
+    finder = finder or private_uses
     found = []
     for folder in SCANNED:
         for path in sorted((ROOT / folder).rglob("*.py")):
             if ALLOWED in path.parents:
                 continue
             relative = path.relative_to(ROOT)
-            for line, what in sorted(private_uses(path.read_text(), str(relative))):
-                found.append(f"{relative}:{line}: {what}")
+            found += [f"{relative}:{line}: {what}" for line, what in sorted(finder(path.read_text(), str(relative)))]
     return found
 
 
@@ -205,13 +207,7 @@ def release_probes(source: str, filename: str = "<source>") -> Iterator[tuple[in
 def test_no_release_probe_outside_jaxcompat() -> None:
     """What differs between JAX releases is decided in aot/jaxcompat only (DESIGN.md,
     "one same_release(), no getattr(jax...) probes elsewhere")."""
-    found = []
-    for folder in SCANNED:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            if ALLOWED in path.parents:
-                continue
-            relative = path.relative_to(ROOT)
-            found += [f"{relative}:{line}: {what}" for line, what in sorted(release_probes(path.read_text()))]
+    found = offenders(lambda source, _: release_probes(source))
     assert not found, (
         "JAX release probes outside aot/jaxcompat/ (move them there, e.g. into "
         "aot.jaxcompat.releases, and name each release difference):\n  " + "\n  ".join(found)

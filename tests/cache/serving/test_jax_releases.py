@@ -19,7 +19,7 @@ import aot
 from aot.artifact import PORTABLE_HLO, Artifact, BlobRef
 from aot.cache.index.refs import RefOrigin
 from aot.errors import CorruptArtifactError, ExportWindowError, IncompatibleEnvironmentError
-from aot.export_window import calling_convention_window
+from aot.jaxcompat.releases import calling_convention_window
 from aot.fingerprint import combined_key
 
 pytestmark = pytest.mark.version_suite  # cross-release: on every supported JAX release
